@@ -1,0 +1,59 @@
+"""The `base_model` asset: the frozen starting policy both loops build on."""
+
+
+import time
+
+import dagster as dg
+
+from resources.models import ModelBackendResource
+from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
+
+
+class BaseModelConfig(dg.Config):
+    rebuild: bool = False  # tiny-local: build even when a folder with the same fingerprint exists
+
+
+@dg.asset(
+    group_name="models",
+    pool="accelerator",
+    kinds={"pytorch"},
+    check_specs=[dg.AssetCheckSpec("loads_and_generates", asset="base_model", blocking=True)],
+)
+def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, model_backend: ModelBackendResource):
+    """Resolves FLYWHEEL_BASE_MODEL to a model folder. `tiny-local` is built here from bundled
+    text (BPE tokenizer, small Qwen3, short training on example notes), deterministically
+    from FLYWHEEL_SEED; a hub id is downloaded into the Hugging Face cache; a local folder is
+    used as it is."""
+    started = time.perf_counter()
+    metadata: dict = {"base_model": model_backend.base_model, "backend": model_backend.backend}
+    if model_backend.is_tiny_local:
+        out_dir = model_backend.tiny_local_dir()
+        tiny_config = TinyLocalConfig(seed=model_backend.seed)
+        info = read_build_info(out_dir)
+        if config.rebuild or info is None or info.get("fingerprint") != tiny_config.fingerprint():
+            info = build_tiny_local(out_dir, tiny_config, log=context.log.info)
+            metadata["reused_existing_build"] = False
+        else:
+            metadata["reused_existing_build"] = True
+        metadata.update(
+            parameters=info["parameters"], vocab_size=info["vocab_size"], build_seconds=info["build_seconds"],
+            weights_sha256=info["weights_sha256"], fingerprint=info["fingerprint"],
+        )
+        path = out_dir
+    else:
+        path = model_backend.base_model_dir(download=True)
+
+    backend = model_backend.load(model_path=path)
+    sample = backend.greedy([[{"role": "user", "content": "Headline: Apple beats estimates. Write a trading note."}]], max_new_tokens=24)[0]
+    metadata.update(
+        path=dg.MetadataValue.path(str(path)),
+        parameters=backend.num_parameters(),
+        wall_seconds=round(time.perf_counter() - started, 2),
+        sample_text=dg.MetadataValue.md(f"```\n{sample}\n```"),
+    )
+    if not model_backend.is_tiny_local:
+        metadata["vocab_size"] = len(backend.tokenizer) if hasattr(backend, "tokenizer") else -1
+    yield dg.MaterializeResult(metadata=metadata)
+    yield dg.AssetCheckResult(
+        check_name="loads_and_generates", passed=bool(sample.strip()), metadata={"sample": sample[:200]}
+    )

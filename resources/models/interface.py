@@ -1,0 +1,126 @@
+"""The framework-neutral model backend interface.
+
+A backend holds one policy: a base model, optionally with a LoRA adapter on top. Prompts are
+chat messages; the backend renders them with the tokenizer's chat template. Everything that
+crosses the interface is plain Python / NumPy, so assets never import torch or mlx.
+
+Each training entry point is a plain function in its own module (`gspo.py`, `weighted_dpo.py`
+for torch; `mlx_backend.py` for MLX) with a Config dataclass beside it; the backend method
+only dispatches to it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+Messages = list[dict[str, str]]  # [{"role": "user", "content": "..."}]
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 50
+    max_new_tokens: int = 128
+    # Prompts sampled in one forward batch: batch rows = prompts_per_batch * n.
+    prompts_per_batch: int = 32
+
+
+@dataclass
+class Sample:
+    """One sampled completion: its text, token ids and the log-probability of each token
+    under the policy's *unmodified* distribution (temperature 1, no top-p/top-k), which is
+    what GSPO needs as pi_old and what teacher forcing reproduces."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finished: bool  # ended with an end-of-turn token rather than the length cap
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    # Attention and MLP projections of Qwen-style blocks.
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class TrainStats:
+    steps: int = 0
+    losses: list[float] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_loss(self) -> float:
+        return float(np.mean(self.losses)) if self.losses else float("nan")
+
+
+class ModelBackend(ABC):
+    """One loaded policy. Implementations: `TorchBackend`, `MLXBackend`."""
+
+    name: str = "abstract"
+    model_path: Path
+    adapter_path: Path | None
+
+    # -- text and tokens ----------------------------------------------------------------
+    @abstractmethod
+    def prompt_ids(self, messages: Messages) -> list[int]:
+        """Token ids of the chat-rendered prompt, generation prompt included."""
+
+    @abstractmethod
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def encode_response(self, text: str) -> list[int]:
+        """Token ids of a response as the model would emit it (end-of-turn appended)."""
+
+    # -- inference ----------------------------------------------------------------------
+    @abstractmethod
+    def sample(
+        self, prompts: Sequence[Messages], n: int, config: SamplingConfig, seeds: Sequence[int]
+    ) -> list[list[Sample]]:
+        """`n` completions per prompt, batched; `seeds[i]` makes prompt i's samples reproducible."""
+
+    @abstractmethod
+    def response_logprobs(
+        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True
+    ) -> list[np.ndarray]:
+        """Teacher-forced per-token log-probs of each response given its prompt."""
+
+    def greedy(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
+        """Greedy completions (used by the judge's retry)."""
+        cfg = SamplingConfig(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
+        return [s[0].text for s in self.sample(prompts, 1, cfg, seeds=[0] * len(prompts))]
+
+    # -- weights ------------------------------------------------------------------------
+    @abstractmethod
+    def add_lora(self, settings: LoraSettings) -> None:
+        """Wrap the base in a fresh trainable LoRA adapter (no-op if one is loaded)."""
+
+    @property
+    @abstractmethod
+    def has_adapter(self) -> bool: ...
+
+    @abstractmethod
+    def save(self, path: Path) -> None:
+        """Safetensors: the adapter (PEFT layout) if there is one, else the full weights."""
+
+    @abstractmethod
+    def num_parameters(self, trainable_only: bool = False) -> int: ...
+
+    # -- training entry points (the loops add them) ---------------------------------------
+    def train_gspo(self, examples, config) -> TrainStats:  # pragma: no cover - per backend
+        raise NotImplementedError(f"{self.name} backend has no GSPO trainer")
+
+    def train_weighted_dpo(self, pairs, config) -> TrainStats:  # pragma: no cover - per backend
+        raise NotImplementedError(f"{self.name} backend has no weighted DPO trainer")

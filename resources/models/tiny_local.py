@@ -1,0 +1,209 @@
+"""`tiny-local`: a small Qwen3 model built on this machine from bundled text, no download.
+
+1. A byte-level BPE tokenizer trained with `tokenizers` on the bundled notes.
+2. A small Qwen3 config (hidden 128, 4 layers, tied embeddings).
+3. A short causal-LM training on the bundled example trading notes (loss on the note only),
+   so sampled output is note-like text that sometimes carries the six section headers.
+
+Deterministic from the seed: same seed and corpus -> same weights (see `weights_sha256`).
+Saved as an ordinary Hugging Face model folder with a chat template, so both backends load it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from resources.models.prompts import trading_note_messages
+from resources.settings import SAMPLE_DATA
+from resources.storage import publish_dir
+
+CORPUS = SAMPLE_DATA / "tiny_local" / "notes.jsonl"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# ChatML, as Qwen uses; `enable_thinking` and other template kwargs are accepted and ignored.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyLocalConfig:
+    seed: int = 0
+    vocab_size: int = 2048
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 1024
+    train_steps: int = 300
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+
+    def fingerprint(self) -> str:
+        payload = json.dumps(asdict(self), sort_keys=True) + _sha256_file(CORPUS)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_corpus() -> list[dict]:
+    return [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """Hash of every tensor (name, dtype, shape, bytes) in the folder's safetensors files."""
+    from safetensors.numpy import load_file
+
+    digest = hashlib.sha256()
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        tensors = load_file(str(file))
+        for name in sorted(tensors):
+            arr = np.ascontiguousarray(tensors[name])
+            digest.update(f"{name}|{arr.dtype}|{arr.shape}".encode())
+            digest.update(arr.tobytes())
+    return digest.hexdigest()
+
+
+def _train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(), log=print) -> dict:
+    """Build the model into `out_dir` (replaced atomically). Returns build info (also saved)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    started = time.perf_counter()
+    rows = load_corpus()
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+
+    texts = [f"{r['title']}\n{r['summary']}\n{r['note']}" for r in rows]
+    tokenizer = _train_tokenizer(texts, config.vocab_size)
+    pad_id = tokenizer.pad_token_id
+    eos_id = tokenizer.eos_token_id
+
+    model_config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.hidden_size // config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=pad_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    model = Qwen3ForCausalLM(model_config)
+    model.train()
+
+    # Each example: chat prompt (no loss) + note + <|im_end|> (loss).
+    examples = []
+    for r in rows:
+        prompt = tokenizer.apply_chat_template(
+            trading_note_messages(r["title"], r["summary"]), add_generation_prompt=True, tokenize=False
+        )
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r_ids = tokenizer(r["note"], add_special_tokens=False)["input_ids"] + [eos_id]
+        examples.append((p_ids, r_ids))
+
+    gen = torch.Generator().manual_seed(config.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+
+    def lr_at(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        progress = (step - config.warmup_steps) / max(1, config.train_steps - config.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    losses = []
+    for step in range(config.train_steps):
+        idx = torch.randint(len(examples), (config.batch_size,), generator=gen).tolist()
+        batch = [examples[i] for i in idx]
+        length = max(len(p) + len(r) for p, r in batch)
+        input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), length), -100, dtype=torch.long)
+        attn = torch.zeros((len(batch), length), dtype=torch.long)
+        for b, (p, r) in enumerate(batch):
+            seq = p + r
+            input_ids[b, : len(seq)] = torch.tensor(seq)
+            labels[b, len(p) : len(seq)] = torch.tensor(r)
+            attn[b, : len(seq)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 50 == 0 or step == config.train_steps - 1:
+            log(f"tiny-local step {step}/{config.train_steps} loss {loss.item():.3f}")
+
+    model.eval()
+    model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        info = {
+            "name": "tiny-local",
+            "config": asdict(config),
+            "fingerprint": config.fingerprint(),
+            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "vocab_size": len(tokenizer),
+            "final_loss": losses[-1],
+            "build_seconds": round(time.perf_counter() - started, 2),
+            "weights_sha256": weights_sha256(staging),
+        }
+        (staging / "build_info.json").write_text(json.dumps(info, indent=2))
+        publish_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return info
+
+
+def read_build_info(model_dir: Path) -> dict | None:
+    path = Path(model_dir) / "build_info.json"
+    return json.loads(path.read_text()) if path.exists() else None

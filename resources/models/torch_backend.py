@@ -1,0 +1,268 @@
+"""PyTorch backend: transformers for the model, PEFT for LoRA adapters.
+
+Sampling is our own batched loop over the model's KV cache rather than `generate()`, for two
+reasons: each prompt gets its own random generator (seeded by the caller, so a headline's
+samples do not depend on which other headlines share the batch), and the log-probability of
+every sampled token is taken from the raw distribution (temperature 1, no top-p / top-k), the
+exact quantity teacher forcing reproduces and GSPO needs as pi_old.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from resources.models.interface import LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device != "auto":
+        return torch.device(device)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def row_seed(seed: int, sample_index: int) -> int:
+    """Seed of one sample's generator, from the prompt's seed and the sample's index."""
+    return (int(seed) * 1_000_003 + sample_index * 7919 + 1) % (2**63 - 1)
+
+
+def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k then nucleus (top-p) filtering on temperature-scaled logits, as transformers does."""
+    if top_k and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if 0.0 < top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop tokens once the mass before them already reaches top_p; always keep the best.
+        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
+        drop_sorted[..., 0] = False
+        drop = drop_sorted.scatter(-1, sorted_idx, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+class TorchBackend(ModelBackend):
+    name = "torch"
+
+    def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto", trainable: bool = True):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = Path(model_path)
+        self.adapter_path = Path(adapter_path) if adapter_path else None
+        self.device = resolve_device(device)
+        # bf16 on CUDA; fp32 elsewhere (CPU has no fast bf16 path, and the parity tests need fp32).
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        if self.adapter_path is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, self.adapter_path, is_trainable=trainable)
+        self.model = model.to(self.device)
+        self.model.eval()
+        self.stop_ids = self._stop_ids()
+
+    # -- text and tokens ----------------------------------------------------------------
+    def _stop_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        for tok in ("<|im_end|>", "<|endoftext|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif gen_eos:
+            ids.update(gen_eos)
+        return {i for i in ids if i is not None}
+
+    def prompt_ids(self, messages: Messages) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def encode_response(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+    # -- inference ----------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, prompts: Sequence[Messages], n: int, config: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+        if len(seeds) != len(prompts):
+            raise ValueError("one seed per prompt")
+        out: list[list[Sample]] = []
+        step = max(1, config.prompts_per_batch)
+        for start in range(0, len(prompts), step):
+            chunk = [self.prompt_ids(p) for p in prompts[start : start + step]]
+            out.extend(self._sample_batch(chunk, n, config, seeds[start : start + step]))
+        return out
+
+    def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+        pad = self.tokenizer.pad_token_id
+        rows = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
+        width = max(len(p) for p in prompt_ids)
+        # Left padding so every row's next token sits in the last column.
+        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        for r, (i, _) in enumerate(rows):
+            ids = prompt_ids[i]
+            input_ids[r, width - len(ids) :] = torch.tensor(ids)
+            attention[r, width - len(ids) :] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        generators = [torch.Generator(device=self.device).manual_seed(row_seed(seeds[i], j)) for i, j in rows]
+
+        tokens = [[] for _ in rows]
+        logps = [[] for _ in rows]
+        done = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
+        stop = torch.tensor(sorted(self.stop_ids), device=self.device)
+
+        outputs = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        past = outputs.past_key_values
+        logits = outputs.logits[:, -1, :].float()
+        next_pos = positions[:, -1:] + 1
+        for _ in range(cfg.max_new_tokens):
+            raw_logp = F.log_softmax(logits, dim=-1)
+            if cfg.temperature <= 0:
+                chosen = logits.argmax(-1)
+            else:
+                probs = _filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
+                chosen = torch.stack(
+                    [torch.multinomial(probs[r], 1, generator=generators[r])[0] for r in range(len(rows))]
+                )
+            chosen = torch.where(done, torch.full_like(chosen, pad), chosen)
+            chosen_logp = raw_logp.gather(-1, chosen[:, None])[:, 0]
+            for r in torch.nonzero(~done).flatten().tolist():
+                tokens[r].append(int(chosen[r]))
+                logps[r].append(float(chosen_logp[r]))
+            done = done | torch.isin(chosen, stop)
+            if bool(done.all()):
+                break
+            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)
+            outputs = self.model(
+                input_ids=chosen[:, None], attention_mask=attention, position_ids=next_pos,
+                past_key_values=past, use_cache=True,
+            )
+            past = outputs.past_key_values
+            logits = outputs.logits[:, -1, :].float()
+            next_pos = next_pos + 1
+
+        grouped: list[list[Sample]] = [[] for _ in prompt_ids]
+        for r, (i, _) in enumerate(rows):
+            finished = bool(tokens[r]) and tokens[r][-1] in self.stop_ids
+            grouped[i].append(Sample(text=self.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
+        return grouped
+
+    def batch_logprobs(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Differentiable teacher-forced log-probs: `(logp, mask)`, both `[B, max_response_len]`.
+
+        Sequences are right-padded (causal attention makes the padding invisible to real
+        tokens), and logits are computed only for the tail that holds responses.
+        """
+        pad = self.tokenizer.pad_token_id
+        seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+        width = max(len(s) for s in seqs)
+        resp_len = max(len(r) for r in response_ids)
+        input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        for b, s in enumerate(seqs):
+            input_ids[b, : len(s)] = torch.tensor(s)
+            attention[b, : len(s)] = 1
+        min_prompt = min(len(p) for p in prompt_ids)
+        keep = width - min_prompt + 1  # logits for positions min_prompt-1 .. width-1
+        out = self.model(
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), logits_to_keep=keep
+        )
+        logits = out.logits.float()  # [B, keep, V]; column c is position width-keep+c
+        offset = width - keep
+        gather_pos = torch.zeros((len(seqs), resp_len), dtype=torch.long)
+        targets = torch.full((len(seqs), resp_len), pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), resp_len), dtype=torch.bool)
+        for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+            k = len(r)
+            gather_pos[b, :k] = torch.arange(len(p) - 1, len(p) - 1 + k) - offset
+            targets[b, :k] = torch.tensor(list(r))
+            mask[b, :k] = True
+        gather_pos, targets, mask = gather_pos.to(self.device), targets.to(self.device), mask.to(self.device)
+        picked = logits.gather(1, gather_pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
+        logp = picked.gather(-1, targets[:, :, None])[:, :, 0] - torch.logsumexp(picked, dim=-1)
+        return logp.masked_fill(~mask, 0.0), mask
+
+    @torch.no_grad()
+    def response_logprobs(self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True, batch_size: int = 16) -> list[np.ndarray]:
+        result: list[np.ndarray] = []
+        ctx = contextlib.nullcontext() if use_adapter else self.adapter_disabled()
+        with ctx:
+            for start in range(0, len(prompts), batch_size):
+                p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
+                r_ids = [list(r) for r in responses[start : start + batch_size]]
+                logp, mask = self.batch_logprobs(p_ids, r_ids)
+                for b in range(len(p_ids)):
+                    result.append(logp[b][mask[b]].float().cpu().numpy())
+        return result
+
+    # -- weights ------------------------------------------------------------------------
+    @property
+    def has_adapter(self) -> bool:
+        from peft import PeftModel
+
+        return isinstance(self.model, PeftModel)
+
+    @contextlib.contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """The base model's view: the reference policy for DPO and KL."""
+        if self.has_adapter:
+            with self.model.disable_adapter():
+                yield
+        else:
+            yield
+
+    def add_lora(self, settings: LoraSettings) -> None:
+        if self.has_adapter:
+            return
+        from peft import LoraConfig, get_peft_model
+
+        cfg = LoraConfig(
+            r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+            target_modules=list(settings.target_modules), task_type="CAUSAL_LM",
+        )
+        self.model = get_peft_model(self.model, cfg)
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        if not self.has_adapter:
+            self.tokenizer.save_pretrained(path)
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return int(sum(p.numel() for p in self.model.parameters() if p.requires_grad or not trainable_only))
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    # -- training entry points ------------------------------------------------------------
+    def train_gspo(self, examples, config) -> TrainStats:
+        from resources.models.gspo import train_gspo
+
+        return train_gspo(self, examples, config)
+
+    def train_weighted_dpo(self, pairs, config) -> TrainStats:
+        from resources.models.weighted_dpo import train_weighted_dpo
+
+        return train_weighted_dpo(self, pairs, config)

@@ -1,0 +1,61 @@
+"""Shared fixtures: a tiny-local model built once per machine (cached under .cache/), and a
+fresh data dir per test with that model linked in where the `base_model` asset puts it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from resources.models import ModelBackendResource
+from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
+from resources.settings import PROJECT_ROOT
+from resources.storage import Warehouse
+
+SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """tiny-local with the default config, built once and reused while its fingerprint holds."""
+    config = TinyLocalConfig()
+    path = PROJECT_ROOT / ".cache" / f"tiny-local-{config.fingerprint()}"
+    info = read_build_info(path)
+    if info is None or info.get("fingerprint") != config.fingerprint():
+        build_tiny_local(path, config)
+    return path
+
+
+@pytest.fixture()
+def data_dir(tmp_path, monkeypatch, tiny_model_dir) -> Path:
+    """An empty FLYWHEEL_DATA_DIR holding only the prebuilt tiny-local model."""
+    root = tmp_path / "data"
+    (root / "models").mkdir(parents=True)
+    os.symlink(tiny_model_dir, root / "models" / "tiny-local")
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(root))
+    return root
+
+
+@pytest.fixture()
+def warehouse(data_dir) -> Warehouse:
+    return Warehouse(data_dir=str(data_dir))
+
+
+@pytest.fixture()
+def model_backend(data_dir) -> ModelBackendResource:
+    return ModelBackendResource(data_dir=str(data_dir), base_model="tiny-local", backend="torch", device="cpu")
+
+
+@pytest.fixture()
+def torch_policy(model_backend):
+    """The tiny-local base loaded with the torch backend."""
+    return model_backend.load()
+
+
+def shared_data(*parts: str) -> Path:
+    """A path under ../shared/data; tests that need it skip where it is absent."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is not present on this machine")
+    return path
