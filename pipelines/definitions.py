@@ -8,8 +8,8 @@ from assets.base_model import base_model
 from pipelines.resources import core_resources
 
 # Each area exposes its own `defs` (assets, checks, jobs, schedules, sensors, and the
-# resources only it uses) in `<area>/definitions.py`.
-AREAS = ("assets.daily_rl.definitions", "assets.flywheel.definitions")
+# resources only it uses) in `pipelines/<area>.py`.
+AREAS = ("pipelines.daily_rl", "pipelines.flywheel")
 
 
 def _area_defs() -> list[dg.Definitions]:
