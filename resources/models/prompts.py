@@ -22,3 +22,39 @@ def trading_note_messages(title: str, summary: str = "") -> list[dict[str, str]]
         body += f"\nSummary: {summary.strip()}"
     body += "\nWrite a trading note with these sections: " + ", ".join(NOTE_SECTIONS) + "."
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": body}]
+
+
+JUDGE_LETTERS = "ABCDEFGH"
+JUDGE_SYSTEM_PROMPT = "You judge trading notes against what happened next. You answer with one letter."
+
+
+def judge_messages(
+    prediction_headline: str,
+    outcome_headlines: list[str],
+    candidates: list[str],
+    letters: str = JUDGE_LETTERS,
+    max_candidate_chars: int = 360,
+    strict: bool = False,
+) -> list[dict[str, str]]:
+    """Ask which candidate note proved most useful given the next day's headlines.
+
+    `candidates[i]` is shown under `letters[i]`; long notes are cut to `max_candidate_chars`
+    so eight of them fit a small model's context. `strict=True` is the greedy retry's wording.
+    """
+    if len(candidates) > len(letters):
+        raise ValueError(f"at most {len(letters)} candidates")
+    lines = [f"Notes written about: {prediction_headline.strip()}", "", "What happened next:"]
+    lines += [f"- {h.strip()}" for h in outcome_headlines] or ["- (no headlines)"]
+    lines += ["", "Candidates:"]
+    for letter, text in zip(letters, candidates):
+        body = " ".join(text.split())
+        if len(body) > max_candidate_chars:
+            body = body[:max_candidate_chars].rstrip() + " ..."
+        lines.append(f"[{letter}] {body}")
+    valid = f"{letters[0]}-{letters[len(candidates) - 1]}"
+    lines.append("")
+    if strict:
+        lines.append(f"Reply with exactly one letter ({valid}) and nothing else.")
+    else:
+        lines.append(f"Which candidate was the most useful given what happened? Answer with one letter ({valid}).")
+    return [{"role": "system", "content": JUDGE_SYSTEM_PROMPT}, {"role": "user", "content": "\n".join(lines)}]

@@ -3,7 +3,10 @@
 1. A byte-level BPE tokenizer trained with `tokenizers` on the bundled notes.
 2. A small Qwen3 config (hidden 128, 4 layers, tied embeddings).
 3. A short causal-LM training on the bundled example trading notes (loss on the note only),
-   so sampled output is note-like text that sometimes carries the six section headers.
+   so sampled output is note-like text that sometimes carries the six section headers; and on
+   judge prompts built from the same notes (answer: one letter), so the frozen base can act as
+   the daily loop's judge. Its judgement is weak (it prefers notes with more sections whose
+   direction matches the next day's move), but it answers in the expected form.
 
 Deterministic from the seed: same seed and corpus -> same weights (see `weights_sha256`).
 Saved as an ordinary Hugging Face model folder with a chat template, so both backends load it.
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from resources.models.prompts import trading_note_messages
+from resources.models.prompts import JUDGE_LETTERS, NOTE_SECTIONS, judge_messages, trading_note_messages
 from resources.settings import SAMPLE_DATA
 from resources.storage import publish_dir
 
@@ -48,6 +51,8 @@ class TinyLocalConfig:
     max_position_embeddings: int = 1024
     train_steps: int = 300
     batch_size: int = 16
+    judge_examples: int = 400
+    judge_every: int = 3  # every n-th step is a batch of judge prompts
     learning_rate: float = 3e-3
     warmup_steps: int = 20
 
@@ -62,6 +67,31 @@ def _sha256_file(path: Path) -> str:
 
 def load_corpus() -> list[dict]:
     return [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+
+
+def _judge_examples(rows: list[dict], n: int, seed: int) -> list[tuple[list[dict], str]]:
+    """Judge prompts over 2..8 corpus notes with the letter of the best one as the answer:
+    most sections present, +3 when its Buy/Sell side matches the next day's move."""
+    rng = random.Random(seed + 1)
+    out = []
+    for _ in range(n):
+        subject = rng.choice(rows)
+        rose = rng.random() < 0.5
+        move = f"{subject['ticker']} shares {'rise' if rose else 'fall'} {rng.randint(1, 9)}% after the news"
+        noise = [rng.choice(rows)["title"] for _ in range(rng.randint(0, 2))]
+        k = rng.randint(2, len(JUDGE_LETTERS))
+        candidates = [rng.choice(rows)["note"] for _ in range(k)]
+
+        def score(note: str) -> int:
+            sections = sum(f"{name}:" in note for name in NOTE_SECTIONS)
+            side_up = "Buy " in note or "constructive" in note
+            side_down = "Sell " in note or "cautious" in note
+            return sections + 3 * ((rose and side_up) or (not rose and side_down))
+
+        best = max(range(k), key=lambda i: (score(candidates[i]), -i))
+        messages = judge_messages(subject["title"], [move, *noise], candidates)
+        out.append((messages, JUDGE_LETTERS[best]))
+    return out
 
 
 def weights_sha256(model_dir: Path) -> str:
@@ -113,7 +143,9 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
     np.random.seed(config.seed)
     torch.manual_seed(config.seed)
 
+    judge = _judge_examples(rows, config.judge_examples, config.seed)
     texts = [f"{r['title']}\n{r['summary']}\n{r['note']}" for r in rows]
+    texts += [m[-1]["content"] for m, _ in judge[:50]]
     tokenizer = _train_tokenizer(texts, config.vocab_size)
     pad_id = tokenizer.pad_token_id
     eos_id = tokenizer.eos_token_id
@@ -144,6 +176,11 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
         p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         r_ids = tokenizer(r["note"], add_special_tokens=False)["input_ids"] + [eos_id]
         examples.append((p_ids, r_ids))
+    judge_batches = []
+    for messages, letter in judge:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        judge_batches.append((p_ids, tokenizer(letter, add_special_tokens=False)["input_ids"] + [eos_id]))
 
     gen = torch.Generator().manual_seed(config.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
@@ -157,8 +194,10 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
     losses = []
     for step in range(config.train_steps):
-        idx = torch.randint(len(examples), (config.batch_size,), generator=gen).tolist()
-        batch = [examples[i] for i in idx]
+        pool = judge_batches if judge_batches and step % config.judge_every == config.judge_every - 1 else examples
+        size = config.batch_size if pool is examples else max(1, config.batch_size // 2)
+        idx = torch.randint(len(pool), (size,), generator=gen).tolist()
+        batch = [pool[i] for i in idx]
         length = max(len(p) + len(r) for p, r in batch)
         input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
         labels = torch.full((len(batch), length), -100, dtype=torch.long)
