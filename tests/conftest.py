@@ -3,6 +3,7 @@ fresh data dir per test with that model linked in where the `base_model` asset p
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -21,9 +22,13 @@ def tiny_model_dir() -> Path:
     """tiny-local with the default config, built once and reused while its fingerprint holds."""
     config = TinyLocalConfig()
     path = PROJECT_ROOT / ".cache" / f"tiny-local-{config.fingerprint()}"
-    info = read_build_info(path)
-    if info is None or info.get("fingerprint") != config.fingerprint():
-        build_tiny_local(path, config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A lock, so test runs started side by side build it once.
+    with open(path.parent / ".tiny-local.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        info = read_build_info(path)
+        if info is None or info.get("fingerprint") != config.fingerprint():
+            build_tiny_local(path, config)
     return path
 
 

@@ -1,0 +1,101 @@
+"""Generation benchmark: the same prompts and sample count, one sample at a time vs batched.
+
+    python -m benchmarks.generation [--prompts 8] [--samples 8] [--max-new-tokens 64]
+
+Uses the project's base model (tiny-local is built into $FLYWHEEL_DATA_DIR/models/tiny-local
+first if missing). Prints wall time and tokens/s of each way and their ratio; the last line is
+one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+
+from resources.models import ModelBackendResource
+from resources.models.interface import SamplingConfig
+from resources.models.prompts import trading_note_messages
+from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
+
+HEADLINES = [
+    ("Nvidia beats quarterly estimates on strong data center demand", "Revenue rose 12% as data center sales beat forecasts."),
+    ("Exxon Mobil cuts outlook, shares slide after hours", "The company blamed weaker energy orders."),
+    ("Apple announces $40 billion share buyback", "The board approved a larger repurchase program."),
+    ("Boeing faces antitrust probe over defense practices", "Officials opened a formal investigation."),
+    ("Eli Lilly wins multi-year pharma contract", "The contract is worth about $9 billion over five years."),
+    ("Netflix misses estimates as advertising sales slow", "Revenue fell 4% short of forecasts."),
+    ("JPMorgan raises full-year guidance", "Management lifted its outlook citing payments momentum."),
+    ("Intel chief financial officer steps down", "The exit comes ahead of a key data center launch."),
+]
+
+
+def ensure_model(resource: ModelBackendResource):
+    if resource.is_tiny_local:
+        path = resource.tiny_local_dir()
+        if read_build_info(path) is None or read_build_info(path)["fingerprint"] != TinyLocalConfig(seed=resource.seed).fingerprint():
+            build_tiny_local(path, TinyLocalConfig(seed=resource.seed))
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args()
+
+    resource = ModelBackendResource.from_env().process_config_and_initialize()
+    ensure_model(resource)
+    backend = resource.load()
+    prompts = [trading_note_messages(*HEADLINES[i % len(HEADLINES)]) for i in range(args.prompts)]
+    seeds = list(range(args.prompts))
+    # min_new_tokens is not a knob here: both ways stop at end-of-turn, so compare tokens/s.
+    cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, prompts_per_batch=args.prompts)
+    backend.sample(prompts[:1], 1, cfg, seeds[:1])  # warm-up
+
+    started = time.perf_counter()
+    sequential_tokens = 0
+    for i, prompt in enumerate(prompts):
+        for j in range(args.samples):
+            # One sample per call, seeded per (prompt, sample): the original loop's way.
+            [[s]] = backend.sample([prompt], 1, cfg, [seeds[i] * 1000 + j])
+            sequential_tokens += len(s.token_ids)
+    sequential_s = time.perf_counter() - started
+
+    started = time.perf_counter()
+    groups = backend.sample(prompts, args.samples, cfg, seeds)
+    batched_s = time.perf_counter() - started
+    batched_tokens = sum(len(s.token_ids) for g in groups for s in g)
+
+    seq_tps = sequential_tokens / sequential_s
+    bat_tps = batched_tokens / batched_s
+    result = {
+        "benchmark": "generation",
+        "model": resource.base_model,
+        "backend": resource.backend,
+        "device": str(getattr(backend, "device", "cpu")),
+        "machine": f"{platform.machine()} {torch.get_num_threads()} threads",
+        "prompts": args.prompts,
+        "samples_per_prompt": args.samples,
+        "max_new_tokens": args.max_new_tokens,
+        "sequential_s": round(sequential_s, 3),
+        "sequential_tokens": sequential_tokens,
+        "sequential_tokens_per_s": round(seq_tps, 1),
+        "batched_s": round(batched_s, 3),
+        "batched_tokens": batched_tokens,
+        "batched_tokens_per_s": round(bat_tps, 1),
+        "speedup_wall": round(sequential_s / batched_s, 2),
+        "speedup_tokens_per_s": round(bat_tps / seq_tps, 2),
+    }
+    print(f"one at a time: {sequential_s:.2f} s, {sequential_tokens} tokens, {seq_tps:.0f} tokens/s")
+    print(f"batched:       {batched_s:.2f} s, {batched_tokens} tokens, {bat_tps:.0f} tokens/s")
+    print(f"speed-up: {result['speedup_tokens_per_s']}x tokens/s, {result['speedup_wall']}x wall time")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
