@@ -1,0 +1,63 @@
+"""The `headlines` asset: the day's feed entries, normalised, de-duplicated, with a quarantine."""
+
+import dagster as dg
+
+from assets.daily_rl.feeds import FEED_LEVEL_REASONS, build_headlines
+from pipelines.partitions import daily_partitions
+from resources.feeds import FeedSource
+from resources.storage import Warehouse
+
+
+def _markdown_table(df, columns, limit=10) -> str:
+    if df.empty:
+        return "_none_"
+    rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for _, r in df.head(limit).iterrows():
+        rows.append("| " + " | ".join(str(r[c]).replace("|", "/")[:90] for c in columns) + " |")
+    return "\n".join(rows)
+
+
+@dg.asset(
+    partitions_def=daily_partitions,
+    group_name="daily_rl",
+    pool="duckdb",
+    kinds={"parquet", "duckdb"},
+    check_specs=[dg.AssetCheckSpec("entries_accounted_for", asset="headlines",
+                                   description="Every feed entry is either a headline or a quarantine row.")],
+)
+def headlines(context: dg.AssetExecutionContext, warehouse: Warehouse, feeds: FeedSource):
+    """Headlines published on day D (in FLYWHEEL_TIMEZONE) from the archive folder or live feeds:
+    HTML stripped, duplicates (same normalised title) dropped, dates range-checked, capped at
+    FLYWHEEL_MAX_HEADLINES. Anything unusable (a broken feed, an entry without title or with a
+    nonsense date, another day's item, a duplicate, one over the cap) goes to
+    `headlines_quarantine` with its file and reason; per-feed counts go to `headline_sources`."""
+    day = context.partition_key
+    raws = feeds.fetch(day)
+    kept, quarantine, sources = build_headlines(raws, day, daily_partitions.timezone, feeds.max_headlines)
+    warehouse.write("headlines", kept, partition=day)
+    warehouse.write("headlines_quarantine", quarantine, partition=day)
+    warehouse.write("headline_sources", sources, partition=day)
+
+    entries_in = int(sources["entries"].sum()) if not sources.empty else 0
+    entry_rows = int((~quarantine["reason"].isin(FEED_LEVEL_REASONS)).sum()) if not quarantine.empty else 0
+    balanced = entries_in == len(kept) + entry_rows
+    reasons = quarantine["reason"].value_counts().to_dict() if not quarantine.empty else {}
+    context.log.info(f"{day}: {len(kept)} headlines from {len(raws)} feeds ({feeds.describe()}), quarantined {reasons}")
+    yield dg.MaterializeResult(
+        metadata={
+            "headlines": len(kept),
+            "feeds": len(raws),
+            "entries_in": entries_in,
+            "quarantined": len(quarantine),
+            "quarantine_reasons": dg.MetadataValue.json({k: int(v) for k, v in reasons.items()}),
+            "source": feeds.describe(),
+            "dagster/row_count": len(kept),
+            "preview": dg.MetadataValue.md(_markdown_table(kept, ["title", "source", "published_at"])),
+            "quarantine_preview": dg.MetadataValue.md(_markdown_table(quarantine, ["feed_file", "reason", "detail"])),
+        }
+    )
+    yield dg.AssetCheckResult(
+        check_name="entries_accounted_for", passed=bool(balanced),
+        metadata={"entries_in": entries_in, "headlines": len(kept), "quarantined_entries": entry_rows},
+    )
+

@@ -1,0 +1,232 @@
+"""The three steps of one daily partition as plain functions (no Dagster): score yesterday's
+rollouts, train the policy on them, generate today's rollouts; plus the dated checkpoints.
+
+Checkpoint folder `$FLYWHEEL_DATA_DIR/checkpoints/policy/D/` holds `checkpoint.json` and:
+- kind "base": nothing else; the policy of that day is the frozen base model (the first
+  partition, and any day before the first training step);
+- kind "lora": a PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`);
+- kind "full": a full Hugging Face model folder (full fine-tune, `lora=None`).
+`policy_version` = "D@<sha256 of the weight files, 12 hex>" ("D@base" for the base), stamped on
+every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import date, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import pandas as pd
+
+from assets.daily_rl.judging import GroupJudgement, JudgeGroup, is_permutation, stable_seed
+from assets.daily_rl.rewards import group_advantages, mixed_reward, rank_reward
+from assets.daily_rl.structure import structure_score
+from resources.models.interface import SamplingConfig
+from resources.models.prompts import trading_note_messages
+from resources.storage import atomic_symlink, atomic_write_bytes, publish_dir
+
+if TYPE_CHECKING:
+    from resources.models.interface import ModelBackend
+
+CHECKPOINT_FILE = "checkpoint.json"
+ROLLOUT_COLUMNS = [
+    "date", "headline_id", "rollout_index", "title", "summary", "prompt", "response", "response_ids", "n_tokens",
+    "finished", "structure_score", "behavior_logprobs", "policy_version", "seed",
+]
+SCORE_COLUMNS = [
+    "date", "prediction_date", "outcome_headlines_date", "headline_id", "rollout_index", "rank", "outcome_reward",
+    "structure_score", "reward", "advantage", "usable", "judge_retries", "judge_fallback", "judge_rounds_answered",
+    "judge_answers", "outcome_headlines_shown",
+]
+
+
+def previous_day(day: str) -> str:
+    return (date.fromisoformat(day) - timedelta(days=1)).isoformat()
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+def read_checkpoint(folder: Path) -> dict | None:
+    path = Path(folder) / CHECKPOINT_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def parent_checkpoint(root: Path, day: str) -> tuple[Path, dict] | None:
+    """The newest checkpoint dated before `day` (normally D-1), or None (start from the base)."""
+    if not root.is_dir():
+        return None
+    dated = sorted(p.name for p in root.iterdir() if p.is_dir() and _is_date(p.name) and p.name < day)
+    for name in reversed(dated):
+        info = read_checkpoint(root / name)
+        if info is not None:
+            return root / name, info
+    return None
+
+
+def _is_date(name: str) -> bool:
+    try:
+        date.fromisoformat(name)
+        return True
+    except ValueError:
+        return False
+
+
+def weights_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def load_policy(model_backend, folder: Path | None, info: dict | None) -> "ModelBackend":
+    """A checkpoint as a trainable policy (`model_backend` is a `ModelBackendResource`)."""
+    if info is None or info["kind"] == "base":
+        return model_backend.load()
+    if info["kind"] == "lora":
+        return model_backend.load(adapter_path=folder)
+    if info["kind"] == "full":
+        return model_backend.load(model_path=folder)
+    raise ValueError(f"unknown checkpoint kind {info['kind']!r} in {folder}")
+
+
+def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict, is_base: bool) -> dict:
+    """Save the day's policy to `root/D/` (staging folder, then one rename) and move `latest`."""
+    staging = root / f".{day}.{uuid.uuid4().hex}.staging"
+    staging.mkdir(parents=True)
+    if is_base:
+        info = {**info, "kind": "base", "policy_version": f"{day}@base"}
+    else:
+        policy.save(staging)
+        info = {**info, "kind": "lora" if policy.has_adapter else "full",
+                "policy_version": f"{day}@{weights_digest(staging)[:12]}"}
+    atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
+    final = root / day
+    publish_dir(staging, final)
+    latest = root / "latest"
+    current = latest.resolve().name if latest.is_symlink() else ""
+    if not _is_date(current) or current <= day:  # a backfill of an older day leaves `latest` alone
+        atomic_symlink(final, latest)
+    return info
+
+
+# -- generate --------------------------------------------------------------------------------
+def generation_seed(seed: int, day: str, headline_id: str) -> int:
+    return stable_seed(seed, day, headline_id) % (2**31 - 1)
+
+
+def generate_rollouts(
+    policy: "ModelBackend", headlines: pd.DataFrame, day: str, seed: int, n: int, max_new_tokens: int,
+    policy_version: str,
+) -> pd.DataFrame:
+    """`n` notes per headline, sampled with temperature 0.8, top_p 0.95, top_k 50."""
+    if headlines.empty:
+        return pd.DataFrame(columns=ROLLOUT_COLUMNS)
+    prompts = [trading_note_messages(t, s) for t, s in zip(headlines["title"], headlines["summary"])]
+    seeds = [generation_seed(seed, day, h) for h in headlines["headline_id"]]
+    config = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=max_new_tokens)
+    samples = policy.sample(prompts, n, config, seeds)
+    rows = []
+    for (_, h), prompt, group_seed, group in zip(headlines.iterrows(), prompts, seeds, samples):
+        for k, s in enumerate(group):
+            rows.append(dict(
+                date=day, headline_id=h["headline_id"], rollout_index=k, title=h["title"], summary=h["summary"],
+                prompt=json.dumps(prompt), response=s.text, response_ids=[int(t) for t in s.token_ids],
+                n_tokens=len(s.token_ids), finished=bool(s.finished), structure_score=structure_score(s.text),
+                behavior_logprobs=[float(x) for x in s.logprobs], policy_version=policy_version, seed=group_seed,
+            ))
+    return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
+
+
+# -- score -----------------------------------------------------------------------------------
+@dataclass
+class ScoringInput:
+    groups: list[JudgeGroup]
+    keys: list[str]  # headline_id per group
+    frames: list[pd.DataFrame]  # the group's rollouts, in rollout_index order
+
+
+def judge_inputs(rollouts: pd.DataFrame, outcome_titles: Sequence[str], select_outcomes, seed: int, day: str) -> ScoringInput:
+    """One judge group per headline of the previous day's rollouts."""
+    groups, keys, frames = [], [], []
+    for headline_id, frame in rollouts.groupby("headline_id", sort=True):
+        frame = frame.sort_values("rollout_index")
+        title = frame["title"].iloc[0]
+        groups.append(JudgeGroup(title, select_outcomes(title, list(outcome_titles)), list(frame["response"]),
+                                 stable_seed(seed, day, headline_id, "judge")))
+        keys.append(headline_id)
+        frames.append(frame)
+    return ScoringInput(groups, keys, frames)
+
+
+def score_table(
+    inputs: ScoringInput, judgements: Sequence[GroupJudgement], day: str, prediction_date: str, outcome_date: str,
+) -> pd.DataFrame:
+    """rollout_scores rows: rank -> rank reward, 0.5/0.5 mix with structure, group advantages.
+
+    Unusable groups (the judge never answered) keep their rows with advantage 0.
+    """
+    rows = []
+    for group, key, frame, judgement in zip(inputs.groups, inputs.keys, inputs.frames, judgements):
+        if not is_permutation(judgement.ranks):  # rank_groups guarantees it; never train on anything else
+            raise AssertionError(f"ranks of {key} are not a permutation: {judgement.ranks}")
+        n = len(judgement.ranks)
+        structure = [float(s) for s in frame["structure_score"]]
+        outcome = [rank_reward(r, n) for r in judgement.ranks]
+        reward = [mixed_reward(s, o) for s, o in zip(structure, outcome)]
+        advantage = group_advantages(reward) if judgement.usable else np.zeros(n)
+        for k, rollout_index in enumerate(frame["rollout_index"]):
+            rows.append(dict(
+                date=day, prediction_date=prediction_date, outcome_headlines_date=outcome_date, headline_id=key,
+                rollout_index=int(rollout_index), rank=int(judgement.ranks[k]), outcome_reward=outcome[k],
+                structure_score=structure[k], reward=reward[k], advantage=float(advantage[k]),
+                usable=bool(judgement.usable), judge_retries=int(judgement.retries),
+                judge_fallback=bool(judgement.fallback), judge_rounds_answered=int(judgement.rounds_answered),
+                judge_answers=json.dumps(judgement.answers), outcome_headlines_shown=json.dumps(group.outcome_headlines),
+            ))
+    return pd.DataFrame(rows, columns=SCORE_COLUMNS)
+
+
+# -- train -----------------------------------------------------------------------------------
+def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_advantage: float = 1e-8) -> list:
+    """GSPO examples from the usable scored rollouts (zero-advantage ones carry no gradient)."""
+    from resources.models.gspo import GSPOExample
+
+    if rollouts.empty or scores.empty:
+        return []
+    merged = rollouts.merge(
+        scores[["headline_id", "rollout_index", "advantage", "usable"]], on=["headline_id", "rollout_index"], how="inner"
+    )
+    merged = merged[merged["usable"] & (merged["advantage"].abs() > min_abs_advantage)]
+    merged = merged.sort_values(["headline_id", "rollout_index"])
+    return [
+        GSPOExample(prompt=json.loads(r.prompt), response_ids=[int(t) for t in r.response_ids],
+                    behavior_logprobs=[float(x) for x in r.behavior_logprobs], advantage=float(r.advantage))
+        for r in merged.itertuples()
+        if len(r.response_ids)
+    ]
+
+
+def kl_to_base(policy_logprobs: Sequence[Sequence[float]], base_logprobs: Sequence[Sequence[float]]) -> float:
+    """Mean per-token log pi(y) - log base(y) over responses sampled from pi: a Monte-Carlo
+    estimate of KL(pi || base) per token."""
+    num, den = 0.0, 0
+    for p, b in zip(policy_logprobs, base_logprobs):
+        p, b = np.asarray(p, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if len(p) != len(b):
+            raise ValueError("log-prob sequences differ in length")
+        num += float((p - b).sum())
+        den += len(p)
+    return num / den if den else 0.0
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """(median, inter-quartile range); NaN for no values."""
+    if not len(values):
+        return float("nan"), float("nan")
+    q1, med, q3 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
+    return float(med), float(q3 - q1)

@@ -1,0 +1,97 @@
+"""Per-day summary of the daily loop and its figures (PNG, matplotlib's Agg backend, no display)."""
+
+from __future__ import annotations
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+SUMMARY_COLUMNS = [
+    "date", "headlines", "rollouts", "mean_structure", "scored", "usable_share", "reward_n", "reward_avg",
+    "reward_min", "reward_max", "reward_negatives", "negative_advantages", "trained", "steps", "loss", "kl_to_base",
+    "grad_norm_median", "grad_norm_iqr", "clip_fraction", "policy_version",
+]
+
+
+def day_summary(day: str, headlines: pd.DataFrame, rollouts: pd.DataFrame, scores: pd.DataFrame, training: pd.DataFrame) -> dict:
+    """One row: what came in, what was generated, how it was scored, how training went."""
+    t = training.iloc[0].to_dict() if not training.empty else {}
+    usable = scores[scores["usable"].astype(bool)] if not scores.empty else scores
+    rewards = usable["reward"] if len(usable) else pd.Series(dtype=float)
+    return dict(
+        date=day,
+        headlines=int(len(headlines)),
+        rollouts=int(len(rollouts)),
+        mean_structure=float(rollouts["structure_score"].mean()) if len(rollouts) else np.nan,
+        scored=int(len(scores)),
+        usable_share=float(scores["usable"].astype(bool).mean()) if len(scores) else np.nan,
+        reward_n=int(len(rewards)),
+        reward_avg=float(rewards.mean()) if len(rewards) else np.nan,
+        reward_min=float(rewards.min()) if len(rewards) else np.nan,
+        reward_max=float(rewards.max()) if len(rewards) else np.nan,
+        reward_negatives=int((rewards < 0).sum()),
+        negative_advantages=int((usable["advantage"] < 0).sum()) if len(usable) else 0,
+        trained=bool(t.get("trained", False)),
+        steps=int(t.get("steps", 0) or 0),
+        loss=float(t.get("loss", np.nan)),
+        kl_to_base=float(t.get("kl_to_base", np.nan)),
+        grad_norm_median=float(t.get("grad_norm_median", np.nan)),
+        grad_norm_iqr=float(t.get("grad_norm_iqr", np.nan)),
+        clip_fraction=float(t.get("clip_fraction", np.nan)),
+        policy_version=str(t.get("policy_version", "")),
+    )
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _dates(summary: pd.DataFrame):
+    return pd.to_datetime(summary["date"])
+
+
+def reward_figure(summary: pd.DataFrame) -> bytes:
+    """Mean reward of the scored rollouts (min-max band) and mean structure score of the day's rollouts."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    x = _dates(summary)
+    ax.fill_between(x, summary["reward_min"], summary["reward_max"], alpha=0.15, color="C0", label="reward min-max")
+    ax.plot(x, summary["reward_avg"], "o-", color="C0", label="mean reward (scored day)")
+    ax.plot(x, summary["mean_structure"], "s--", color="C2", label="mean structure score (rollouts)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("[0, 1]")
+    ax.set_title("Reward and structure per day")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.autofmt_xdate()
+    return _png(fig)
+
+
+def kl_figure(summary: pd.DataFrame) -> bytes:
+    """Per-token KL(policy || base) on each day's own rollouts."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.plot(_dates(summary), summary["kl_to_base"], "o-", color="C3")
+    ax.set_ylabel("nats / token")
+    ax.set_title("KL to the base model (policy's own samples)")
+    fig.autofmt_xdate()
+    return _png(fig)
+
+
+def pass_through_figure(summary: pd.DataFrame) -> bytes:
+    """Share of scored rollouts in groups the judge answered (the rest are not trained on)."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.bar(_dates(summary), summary["usable_share"].fillna(0.0), color="C1")
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("usable share")
+    ax.set_title("Judge pass-through per day")
+    fig.autofmt_xdate()
+    return _png(fig)
+
+
+FIGURES = {"reward": reward_figure, "kl": kl_figure, "pass_through": pass_through_figure}

@@ -1,0 +1,124 @@
+"""`preference_adapter`: LoRA weighted DPO on the base model from the training split of `dpo_dataset`."""
+
+import json
+import shutil
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import Optional
+
+import dagster as dg
+import pandas as pd
+
+from assets.flywheel.scoring import training_pairs
+from assets.flywheel.status import ADAPTERS_DIR, TRAIN_INFO
+from assets.flywheel.weighting import dataset_fingerprint
+from resources.models import LoraSettings, ModelBackendResource
+from resources.models.weighted_dpo import WeightedDPOConfig
+from resources.storage import Warehouse, atomic_symlink, publish_dir
+
+HISTORY_TABLE = "preference_training_history"
+
+
+class PreferenceAdapterConfig(dg.Config):
+    # None = the per-base-model default of WeightedDPOConfig.for_base_model (TRL's 5e-5 for real
+    # models; 2e-3 and 8 epochs for tiny-local, see docs/flywheel.md).
+    learning_rate: Optional[float] = None
+    epochs: Optional[int] = None
+    beta: float = 0.1
+    batch_size: int = 8
+    lora_r: int = 8
+    lora_alpha: int = 16
+    max_grad_norm: float = 1.0
+    seed: Optional[int] = None  # None = FLYWHEEL_SEED
+
+
+def adapter_run_id(dagster_run_id: str, now: datetime) -> str:
+    """Sortable and unique: UTC time then the Dagster run id's first 8 characters."""
+    return f"{now:%Y%m%dT%H%M%SZ}-{dagster_run_id[:8]}"
+
+
+@dg.asset(
+    group_name="flywheel",
+    deps=["dpo_dataset", "base_model"],
+    pool="accelerator",
+    kinds={"pytorch", "safetensors"},
+    check_specs=[dg.AssetCheckSpec("loss_is_finite", asset="preference_adapter", blocking=True)],
+)
+def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdapterConfig, model_backend: ModelBackendResource, warehouse: Warehouse):
+    """LoRA adapter (r=8) trained with outcome-weighted DPO (beta 0.1) on the training split of
+    `dpo_dataset`: exact per-pair weights, reference = the base with the adapter disabled. Saved
+    in PEFT layout under adapters/preference/<run>/; the `latest` pointer moves only after a
+    successful run. Every run (failed ones too) appends a row to `preference_training_history`."""
+    pairs_df = warehouse.read("dpo_dataset")
+    train = pairs_df[pairs_df["split"] == "train"] if len(pairs_df) else pairs_df
+    cfg = WeightedDPOConfig.for_base_model(
+        model_backend.base_model, learning_rate=config.learning_rate, epochs=config.epochs, beta=config.beta,
+        batch_size=config.batch_size, max_grad_norm=config.max_grad_norm,
+        lora=LoraSettings(r=config.lora_r, alpha=config.lora_alpha),
+        seed=model_backend.seed if config.seed is None else config.seed,
+    )
+    started_at = datetime.now(timezone.utc)
+    run = adapter_run_id(context.run_id, started_at)
+    root = warehouse.path(*ADAPTERS_DIR)
+    final = root / run
+    staging = root / f".staging-{run}-{uuid.uuid4().hex[:6]}"
+    history = {
+        "run": run, "dagster_run_id": context.run_id, "started_at": started_at.isoformat(),
+        "base_model": model_backend.base_model, "backend": model_backend.backend,
+        "n_pairs": int(len(train)), "n_holdout": int(len(pairs_df) - len(train)),
+        "dataset_fingerprint": dataset_fingerprint(pairs_df) if len(pairs_df) else "",
+        "learning_rate": cfg.learning_rate, "beta": cfg.beta, "epochs": cfg.epochs, "lora_r": cfg.lora.r,
+        "steps": 0, "loss_first": float("nan"), "loss_last": float("nan"), "wall_s": float("nan"),
+        "status": "failed", "error": "", "adapter_path": "",
+    }
+    t0 = time.perf_counter()
+    try:
+        if train.empty:
+            raise ValueError("dpo_dataset has no training pairs: materialise operator_decisions, decision_outcomes and dpo_dataset first")
+        pairs = training_pairs(pairs_df)
+        backend = model_backend.load()
+        backend.add_lora(cfg.lora)
+        stats = backend.train_weighted_dpo(pairs, cfg)
+        staging.mkdir(parents=True)
+        backend.save(staging)
+        info = {
+            "run": run, "config": cfg.as_dict(), "base_model": model_backend.base_model,
+            "base_model_dir": str(model_backend.base_model_dir()), "dataset_fingerprint": history["dataset_fingerprint"],
+            "n_pairs": len(pairs), "steps": stats.steps, "losses": stats.losses, "wall_s": stats.wall_s,
+            # decision_id -> verdict trained on: the sensor counts pairs new since this adapter.
+            "trained": dict(zip(train["decision_id"], train["verdict"])),
+        }
+        (staging / TRAIN_INFO).write_text(json.dumps(info, indent=1, sort_keys=True))
+        publish_dir(staging, final)
+        atomic_symlink(final, root / "latest")  # only now: a failed run never moves `latest`
+        history.update(
+            status="succeeded", steps=stats.steps, loss_first=float(stats.losses[0]), loss_last=float(stats.losses[-1]),
+            adapter_path=str(final),
+        )
+    except Exception as err:
+        history["error"] = f"{type(err).__name__}: {err}"[:2000]
+        raise
+    finally:
+        history["wall_s"] = round(time.perf_counter() - t0, 3)
+        history["finished_at"] = datetime.now(timezone.utc).isoformat()
+        warehouse.write(HISTORY_TABLE, pd.DataFrame([history]), partition=run, key="run")
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    acc = stats.extra.get("rewards_accuracy", [])
+    yield dg.MaterializeResult(
+        metadata={
+            "run": run,
+            "adapter_path": dg.MetadataValue.path(str(final)),
+            "n_pairs": len(pairs),
+            "steps": stats.steps,
+            "loss_first": float(stats.losses[0]),
+            "loss_last": float(stats.losses[-1]),
+            "mean_loss_last_epoch": float(pd.Series(stats.losses[-max(1, len(stats.losses) // cfg.epochs):]).mean()),
+            "rewards_accuracy_last_epoch": float(pd.Series(acc[-max(1, len(acc) // cfg.epochs):]).mean()) if acc else float("nan"),
+            "wall_seconds": round(stats.wall_s, 2),
+            "config": dg.MetadataValue.json(cfg.as_dict()),
+        }
+    )
+    finite = all(pd.notna(stats.losses)) and all(abs(x) < 1e6 for x in stats.losses)
+    yield dg.AssetCheckResult(check_name="loss_is_finite", passed=bool(finite), metadata={"loss_last": float(stats.losses[-1])})

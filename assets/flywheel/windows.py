@@ -1,0 +1,176 @@
+"""The T+5 outcome window of a decision, on the NYSE calendar (exchange_calendars, XNYS).
+
+Entry = the close of the first session closing at or after the decision time (a decision at
+10:00 enters at that day's close; one after the close, or on a weekend or holiday, at the next
+session's close; a half day closes at 13:00 New York and the calendar knows it). Exit = the close
+`window_days` (5) sessions after the entry session.
+
+The basket is equal-weighted over the proposal's orders. A sell order counts as a short leg, so
+`return_pct = mean(sign_i * r_i)` and `vs_spy_pct = mean(sign_i * (r_i - r_SPY))` in percentage
+points; for an all-buy proposal these are the plain basket return and basket minus SPY.
+
+Status: `matured` (both closes known), `pending` (the exit session has not closed yet, or the
+price data does not reach it yet) or `no_data` (with the reason: unknown symbol, a close missing
+inside the data's range, no orders). A price is never invented: no forward fill, no nearest date.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from functools import lru_cache
+from typing import Any, Iterable, Mapping
+
+import exchange_calendars as xc
+import pandas as pd
+
+WINDOW_DAYS = 5
+BENCHMARK = "SPY"
+
+
+@lru_cache(maxsize=4)
+def nyse_calendar(start: str = "2005-01-01") -> xc.ExchangeCalendar:
+    return xc.get_calendar("XNYS", start=start)
+
+
+@dataclass(frozen=True)
+class Window:
+    entry_date: str  # session label, YYYY-MM-DD
+    exit_date: str
+    entry_close_utc: pd.Timestamp
+    exit_close_utc: pd.Timestamp
+
+
+def t5_window(ts: datetime | pd.Timestamp | str, window_days: int = WINDOW_DAYS, calendar: xc.ExchangeCalendar | None = None) -> Window:
+    """Entry at the first session close at or after `ts`; exit `window_days` sessions later."""
+    cal = calendar or nyse_calendar()
+    ts = pd.Timestamp(ts)
+    if ts.tzinfo is None:
+        raise ValueError("ts must be timezone-aware")
+    ts = ts.tz_convert("UTC")
+    day = ts.tz_convert("America/New_York").normalize().tz_localize(None)
+    if day < cal.first_session or day > cal.last_session:
+        raise ValueError(f"{ts} is outside the XNYS calendar's range {cal.first_session.date()}..{cal.last_session.date()}")
+    sessions = cal.sessions_in_range(day - pd.Timedelta(days=1), min(day + pd.Timedelta(days=14), cal.last_session))
+    closes = cal.closes.loc[sessions]
+    after = sessions[(closes >= ts).values]  # closes are UTC timestamps (half days included)
+    if len(after) == 0:
+        raise ValueError(f"no session closes after {ts} inside the calendar")
+    entry = after[0]
+    exit_ = cal.session_offset(entry, window_days)
+    return Window(
+        entry_date=entry.date().isoformat(),
+        exit_date=exit_.date().isoformat(),
+        entry_close_utc=pd.Timestamp(cal.session_close(entry)),
+        exit_close_utc=pd.Timestamp(cal.session_close(exit_)),
+    )
+
+
+class PriceTable:
+    """Closes by (date, symbol) with each symbol's last date, from a frame `date, symbol, close`."""
+
+    def __init__(self, prices: pd.DataFrame):
+        missing = {"date", "symbol", "close"} - set(prices.columns)
+        if missing:
+            raise ValueError(f"price frame lacks columns {sorted(missing)}")
+        df = prices[["date", "symbol", "close"]].copy()
+        df["date"] = pd.to_datetime(df["date"]).dt.strftime("%Y-%m-%d")
+        df["symbol"] = df["symbol"].astype(str).str.upper()
+        df = df.dropna(subset=["close"])
+        df = df[df["close"] > 0]
+        self.close: dict[tuple[str, str], float] = {
+            (d, s): float(c) for d, s, c in zip(df["date"], df["symbol"], df["close"])
+        }
+        self.last_date: dict[str, str] = df.groupby("symbol")["date"].max().to_dict()
+        self.first_date: dict[str, str] = df.groupby("symbol")["date"].min().to_dict()
+
+    def __contains__(self, symbol: str) -> bool:
+        return symbol in self.last_date
+
+
+OUTCOME_COLUMNS = {
+    "decision_id": "string", "decision_date": "string", "status": "string", "reason": "string",
+    "symbols": "string", "entry_date": "string", "exit_date": "string", "exit_close_utc": "string",
+    "return_pct": "float64", "spy_return_pct": "float64", "vs_spy_pct": "float64", "window_days": "int64",
+    "computed_at": "string",
+}
+
+
+def empty_outcomes() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=t) for c, t in OUTCOME_COLUMNS.items()})
+
+
+def compute_outcome(
+    ts: datetime | pd.Timestamp | str,
+    orders: Iterable[Mapping[str, Any]],
+    prices: PriceTable,
+    now: datetime | pd.Timestamp | None = None,
+    window_days: int = WINDOW_DAYS,
+    benchmark: str = BENCHMARK,
+    calendar: xc.ExchangeCalendar | None = None,
+) -> dict[str, Any]:
+    """The outcome of one proposal: status, reason, window dates and the returns when matured."""
+    now = pd.Timestamp(now or datetime.now(timezone.utc))
+    now = now.tz_localize("UTC") if now.tzinfo is None else now.tz_convert("UTC")
+    orders = list(orders)
+    out: dict[str, Any] = {
+        "status": "no_data", "reason": None, "symbols": ",".join(sorted({o["symbol"] for o in orders})),
+        "entry_date": None, "exit_date": None, "exit_close_utc": None,
+        "return_pct": float("nan"), "spy_return_pct": float("nan"), "vs_spy_pct": float("nan"),
+        "window_days": window_days,
+    }
+    if not orders:
+        out["reason"] = "the proposal has no orders"
+        return out
+    try:
+        w = t5_window(ts, window_days, calendar)
+    except ValueError as err:
+        out["reason"] = str(err)
+        return out
+    out.update(entry_date=w.entry_date, exit_date=w.exit_date, exit_close_utc=w.exit_close_utc.isoformat())
+    if w.exit_close_utc > now:
+        out.update(status="pending", reason=f"exit session {w.exit_date} closes at {w.exit_close_utc.isoformat()}, not yet closed")
+        return out
+    needed = sorted({o["symbol"] for o in orders} | {benchmark})
+    unknown = [s for s in needed if s not in prices]
+    if unknown:
+        out["reason"] = "no prices at all for " + ", ".join(unknown)
+        return out
+    behind = [s for s in needed if prices.last_date[s] < w.exit_date]
+    if behind:
+        last = min(prices.last_date[s] for s in behind)
+        out.update(status="pending", reason=f"price data ends {last}, before the exit session {w.exit_date} ({', '.join(behind)})")
+        return out
+    closes: dict[str, tuple[float, float]] = {}
+    gaps = []
+    for s in needed:
+        if prices.first_date[s] > w.entry_date:
+            gaps.append(f"{s} has no prices before {prices.first_date[s]} (entry {w.entry_date})")
+            continue
+        entry, exit_ = prices.close.get((w.entry_date, s)), prices.close.get((w.exit_date, s))
+        if entry is None or exit_ is None:
+            gaps.append(f"{s} has no close on {w.entry_date if entry is None else w.exit_date}")
+            continue
+        closes[s] = (entry, exit_)
+    if gaps:
+        out["reason"] = "; ".join(gaps)
+        return out
+
+    def ret(symbol: str) -> float:
+        entry, exit_ = closes[symbol]
+        return (exit_ / entry - 1.0) * 100.0
+
+    spy = ret(benchmark)
+    signs = [1.0 if o["side"] == "buy" else -1.0 for o in orders]
+    legs = [ret(o["symbol"]) for o in orders]
+    out.update(
+        status="matured", reason=None,
+        return_pct=sum(g * r for g, r in zip(signs, legs)) / len(legs),
+        spy_return_pct=spy,
+        vs_spy_pct=sum(g * (r - spy) for g, r in zip(signs, legs)) / len(legs),
+    )
+    return out
+
+
+def window_dict(w: Window) -> dict[str, Any]:
+    return asdict(w)

@@ -1,0 +1,48 @@
+"""Shared set-up of the daily-loop benchmarks: a data dir with tiny-local, the real assets and resources."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from resources.settings import PROJECT_ROOT
+
+
+def tiny_local_data_dir(data_dir: str | None = None) -> Path:
+    """A data dir holding tiny-local (built once into .cache/, as the tests do) at models/tiny-local."""
+    from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
+
+    config = TinyLocalConfig()
+    cached = PROJECT_ROOT / ".cache" / f"tiny-local-{config.fingerprint()}"
+    info = read_build_info(cached)
+    if info is None or info.get("fingerprint") != config.fingerprint():
+        build_tiny_local(cached, config)
+    root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="flywheel-bench-")) / "data"
+    (root / "models").mkdir(parents=True, exist_ok=True)
+    link = root / "models" / "tiny-local"
+    if not link.exists():
+        os.symlink(cached, link)
+    os.environ["FLYWHEEL_DATA_DIR"] = str(root)
+    return root
+
+
+def resources(root: Path, max_headlines: int) -> dict:
+    from resources.feeds import FeedSource
+    from resources.judge import JudgeResource
+    from resources.models import ModelBackendResource
+    from resources.storage import Warehouse
+
+    return dict(
+        warehouse=Warehouse(data_dir=str(root)),
+        model_backend=ModelBackendResource(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
+        feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
+        judge=JudgeResource(),
+    )
+
+
+def archive_days(n: int, start: str | None = None) -> list[str]:
+    days = sorted(p.name for p in (PROJECT_ROOT / "sample_data" / "feeds_archive").iterdir() if p.is_dir())
+    if start:
+        days = [d for d in days if d >= start]
+    return days[:n]

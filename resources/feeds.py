@@ -1,0 +1,127 @@
+"""Where the day's feeds come from: a folder archive (default, bundled) or live URLs.
+
+Archive: `FLYWHEEL_FEEDS_ARCHIVE/YYYY-MM-DD/*.xml` (default `sample_data/feeds_archive`).
+Live: `FLYWHEEL_FEED_URLS`, comma-separated http(s) URLs, fetched with a timeout and a size
+cap. Each live feed's raw bytes are kept under `$FLYWHEEL_DATA_DIR/raw/feeds/D/` with a
+`manifest.json` of sha256 sums; a later run of the same day replays those files instead of
+fetching again (the live feed has moved on by then), unless `refetch` is set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+from pydantic import Field
+
+from assets.daily_rl.feeds import RawFeed, sha256_bytes
+from resources.settings import env_int_or_default, env_or_default, resolve_path
+from resources.storage import atomic_write_bytes
+
+DEFAULT_ARCHIVE = "sample_data/feeds_archive"
+USER_AGENT = "outcome-flywheel/0.1 (+feedparser)"
+
+
+def _slug(url: str) -> str:
+    base = re.sub(r"[^A-Za-z0-9]+", "-", url.split("://", 1)[-1]).strip("-")[:60]
+    return f"{base}-{hashlib.sha256(url.encode()).hexdigest()[:8]}.xml"
+
+
+class FeedSource(dg.ConfigurableResource):
+    """The day's raw feeds, from the archive folder or from live URLs (kept for replay)."""
+
+    archive_dir: str = Field(default=DEFAULT_ARCHIVE, description="FLYWHEEL_FEEDS_ARCHIVE: folder of YYYY-MM-DD/*.xml.")
+    feed_urls: str = Field(default="", description="FLYWHEEL_FEED_URLS: comma-separated http(s) feed URLs; when set, live mode.")
+    max_headlines: int = Field(default=30, description="FLYWHEEL_MAX_HEADLINES: headlines kept per day.")
+    timeout_s: float = Field(default=20.0, description="Live fetch timeout per feed, seconds.")
+    max_bytes: int = Field(default=5_000_000, description="Live fetch size cap per feed; larger feeds are quarantined.")
+    refetch: bool = Field(default=False, description="Live mode: fetch again even when the day's raw files are kept.")
+    data_dir: str = Field(default="./data", description="FLYWHEEL_DATA_DIR (raw feeds go to raw/feeds/D/).")
+
+    @classmethod
+    def from_env(cls) -> "FeedSource":
+        return cls(
+            archive_dir=env_or_default("FLYWHEEL_FEEDS_ARCHIVE", DEFAULT_ARCHIVE),
+            feed_urls=env_or_default("FLYWHEEL_FEED_URLS", ""),
+            max_headlines=env_int_or_default("FLYWHEEL_MAX_HEADLINES", 30),
+            data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
+        )
+
+    @property
+    def live(self) -> bool:
+        return bool(self.urls())
+
+    def urls(self) -> list[str]:
+        return [u.strip() for u in self.feed_urls.split(",") if u.strip()]
+
+    def raw_dir(self, day: str) -> Path:
+        return resolve_path(self.data_dir) / "raw" / "feeds" / day
+
+    def describe(self) -> str:
+        return f"live: {len(self.urls())} URLs" if self.live else f"archive: {resolve_path(self.archive_dir)}"
+
+    def fetch(self, day: str) -> list[RawFeed]:
+        """The raw feeds of `day` (YYYY-MM-DD). Never raises for one bad feed: it comes back with `error`."""
+        return self._live(day) if self.live else self._archive(day)
+
+    # -- archive -------------------------------------------------------------------------
+    def _archive(self, day: str) -> list[RawFeed]:
+        folder = resolve_path(self.archive_dir) / day
+        feeds = []
+        for path in sorted(folder.glob("*.xml")) if folder.is_dir() else []:
+            try:
+                data = path.read_bytes()
+                feeds.append(RawFeed(path.name, data, sha256_bytes(data), str(path)))
+            except OSError as err:
+                feeds.append(RawFeed(path.name, None, path=str(path), error=f"{type(err).__name__}: {err}"))
+        return feeds
+
+    # -- live ----------------------------------------------------------------------------
+    def _live(self, day: str) -> list[RawFeed]:
+        folder = self.raw_dir(day)
+        manifest_path = folder / "manifest.json"
+        if manifest_path.exists() and not self.refetch:
+            return self._replay(folder, json.loads(manifest_path.read_text()))
+        feeds, manifest = [], []
+        for url in self.urls():
+            feed = self._fetch_one(url)
+            name = _slug(url)
+            if feed.data is not None:
+                path = folder / name
+                atomic_write_bytes(path, feed.data)
+                feed.path = str(path)
+            manifest.append(dict(url=url, file=name if feed.data is not None else None, sha256=feed.sha256, error=feed.error))
+            feeds.append(feed)
+        atomic_write_bytes(manifest_path, json.dumps(manifest, indent=1).encode())
+        return feeds
+
+    def _replay(self, folder: Path, manifest: list[dict]) -> list[RawFeed]:
+        feeds = []
+        for item in manifest:
+            if not item.get("file"):
+                feeds.append(RawFeed(item["url"], None, error=item.get("error") or "not fetched"))
+                continue
+            path = folder / item["file"]
+            data = path.read_bytes() if path.exists() else None
+            if data is None or sha256_bytes(data) != item["sha256"]:
+                feeds.append(RawFeed(item["url"], None, path=str(path), error="kept raw file missing or sha256 mismatch"))
+            else:
+                feeds.append(RawFeed(item["url"], data, item["sha256"], str(path)))
+        return feeds
+
+    def _fetch_one(self, url: str) -> RawFeed:
+        if not url.startswith(("http://", "https://")):
+            return RawFeed(url, None, error="not an http(s) URL")
+        request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                data = response.read(self.max_bytes + 1)
+        except Exception as err:  # network errors of every kind become a quarantine row
+            return RawFeed(url, None, error=f"{type(err).__name__}: {err}"[:300])
+        if len(data) > self.max_bytes:
+            return RawFeed(url, None, error=f"larger than the {self.max_bytes}-byte cap")
+        return RawFeed(url, data, sha256_bytes(data))

@@ -1,0 +1,172 @@
+"""Daily closes for the flywheel's T+5 outcomes.
+
+Two sources, one shape (a long frame `date, symbol, close`; `close` adjusted for splits and
+dividends, which is what returns need):
+  - `file` (default): an offline CSV or Parquet with columns `date, symbol, close`
+    (FLYWHEEL_PRICES_FILE; default the bundled real prices in `sample_data/prices/`, see the
+    PROVENANCE.md there).
+  - `yfinance`: Yahoo Finance, one batched `yf.download` for every symbol and date the run needs,
+    retried with exponential backoff. Downloads go to a cache under
+    `$FLYWHEEL_DATA_DIR/market_data/`, with the range each symbol is known for, so a re-run over
+    the same decisions downloads nothing.
+A missing close stays missing: nothing here fills, interpolates or invents a price.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import date, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+import dagster as dg
+import pandas as pd
+from pydantic import Field
+
+from resources.settings import SAMPLE_DATA, env_or_default, resolve_path
+from resources.storage import atomic_write_bytes
+
+BUNDLED_PRICES = SAMPLE_DATA / "prices" / "daily_close.csv"
+SOURCES = ("file", "yfinance")
+
+FetchFn = Callable[[list[str], str, str], pd.DataFrame]  # (symbols, start, end inclusive) -> long frame
+
+
+def read_price_file(path: str | Path) -> pd.DataFrame:
+    """A CSV or Parquet with at least `date, symbol, close`; a clear error otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"price file {path} does not exist (FLYWHEEL_PRICES_FILE)")
+    df = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
+    missing = {"date", "symbol", "close"} - set(df.columns)
+    if missing:
+        raise ValueError(f"price file {path} lacks columns {sorted(missing)} (needs date, symbol, close)")
+    df = df[["date", "symbol", "close"]].copy()
+    df["date"] = pd.to_datetime(df["date"]).dt.strftime("%Y-%m-%d")
+    df["symbol"] = df["symbol"].astype(str).str.upper()
+    return df
+
+
+def yfinance_long(raw: pd.DataFrame, symbols: Sequence[str]) -> pd.DataFrame:
+    """`yf.download(...)` output (wide, columns (field, ticker) or flat) -> long `date, symbol, close`."""
+    if raw is None or raw.empty:
+        return pd.DataFrame(columns=["date", "symbol", "close"])
+    if isinstance(raw.columns, pd.MultiIndex):
+        level = 0 if "Close" in raw.columns.get_level_values(0) else 1
+        close = raw.xs("Close", axis=1, level=level)
+    else:
+        close = raw[["Close"]].rename(columns={"Close": symbols[0]})
+    close.index = pd.to_datetime(close.index).strftime("%Y-%m-%d")
+    long = close.stack(future_stack=True).rename("close").reset_index()
+    long.columns = ["date", "symbol", "close"]
+    return long.dropna(subset=["close"]).reset_index(drop=True)
+
+
+def fetch_yfinance(
+    symbols: list[str], start: str, end: str, retries: int = 4, backoff_s: float = 2.0,
+    download: Callable | None = None, sleep: Callable[[float], None] = time.sleep,
+) -> pd.DataFrame:
+    """One batched download of all `symbols` over [start, end], retried with exponential backoff."""
+    if download is None:
+        import yfinance as yf
+
+        download = yf.download
+    end_exclusive = (date.fromisoformat(end) + timedelta(days=1)).isoformat()  # yfinance's end is exclusive
+    last_error: Exception | None = None
+    for attempt in range(retries):
+        try:
+            raw = download(
+                symbols, start=start, end=end_exclusive, auto_adjust=True, progress=False,
+                group_by="column", threads=False,
+            )
+            if raw is not None and not raw.empty:
+                return yfinance_long(raw, symbols)
+            last_error = RuntimeError("yfinance returned no rows")
+        except Exception as err:  # network errors, rate limits: retry
+            last_error = err
+        if attempt < retries - 1:
+            sleep(backoff_s * 2**attempt)
+    raise RuntimeError(f"yfinance download of {len(symbols)} symbols {start}..{end} failed after {retries} tries: {last_error}")
+
+
+class PriceCache:
+    """Closes already downloaded (`closes.parquet`) and, per symbol, the range they cover
+    (`coverage.json`). A range that has been fetched is never fetched again; a range that ends
+    today or later is only covered up to yesterday (today's close may not be final yet)."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.prices_path = self.folder / "closes.parquet"
+        self.coverage_path = self.folder / "coverage.json"
+
+    def _coverage(self) -> dict[str, list[str]]:
+        return json.loads(self.coverage_path.read_text()) if self.coverage_path.exists() else {}
+
+    def _prices(self) -> pd.DataFrame:
+        return pd.read_parquet(self.prices_path) if self.prices_path.exists() else pd.DataFrame(columns=["date", "symbol", "close"])
+
+    def missing(self, symbols: Sequence[str], start: str, end: str) -> list[str]:
+        cov = self._coverage()
+        return sorted(s for s in set(symbols) if s not in cov or cov[s][0] > start or cov[s][1] < end)
+
+    def get(self, symbols: Sequence[str], start: str, end: str, fetch: FetchFn, today: date | None = None) -> tuple[pd.DataFrame, int]:
+        """(closes for symbols over [start, end], number of downloads made: 0 or 1)."""
+        today = today or datetime.now(timezone.utc).date()
+        settled_end = min(end, (today - timedelta(days=1)).isoformat())
+        need = self.missing(symbols, start, settled_end)
+        downloads = 0
+        prices = self._prices()
+        if need:
+            cov = self._coverage()
+            fetch_start = min([start] + [cov[s][1] for s in need if s in cov and cov[s][0] <= start])
+            fresh = fetch(need, fetch_start, end)
+            downloads = 1
+            prices = pd.concat([prices, fresh], ignore_index=True).drop_duplicates(["date", "symbol"], keep="last")
+            prices = prices.sort_values(["symbol", "date"]).reset_index(drop=True)
+            buf = prices.to_parquet(index=False)
+            atomic_write_bytes(self.prices_path, buf)
+            for s in need:
+                old = cov.get(s)
+                lo = min(start, old[0]) if old else start
+                hi = max(settled_end, old[1]) if old else settled_end
+                cov[s] = [lo, hi]
+            atomic_write_bytes(self.coverage_path, json.dumps(cov, sort_keys=True, indent=1).encode())
+        sel = prices[prices["symbol"].isin(set(symbols)) & (prices["date"] >= start) & (prices["date"] <= end)]
+        return sel.reset_index(drop=True), downloads
+
+
+class MarketData(dg.ConfigurableResource):
+    """Daily adjusted closes: an offline file (default: the bundled real prices) or yfinance."""
+
+    source: str = Field(default="file", description="FLYWHEEL_MARKET_DATA: file | yfinance.")
+    prices_file: str = Field(default=str(BUNDLED_PRICES), description="FLYWHEEL_PRICES_FILE: CSV or Parquet with date, symbol, close.")
+    data_dir: str = Field(default="./data", description="FLYWHEEL_DATA_DIR; the yfinance cache lives in market_data/ under it.")
+    retries: int = Field(default=4, description="yfinance download attempts.")
+    backoff_seconds: float = Field(default=2.0, description="First retry wait; doubles each attempt.")
+
+    @classmethod
+    def from_env(cls) -> "MarketData":
+        return cls(
+            source=env_or_default("FLYWHEEL_MARKET_DATA", "file"),
+            prices_file=env_or_default("FLYWHEEL_PRICES_FILE", str(BUNDLED_PRICES)),
+            data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
+        )
+
+    def cache(self) -> PriceCache:
+        return PriceCache(resolve_path(self.data_dir) / "market_data")
+
+    def describe(self) -> str:
+        return f"yfinance (cache {self.cache().folder})" if self.source == "yfinance" else f"file {resolve_path(self.prices_file)}"
+
+    def closes(self, symbols: Sequence[str], start: str, end: str) -> tuple[pd.DataFrame, int]:
+        """(long frame of closes for `symbols` over [start, end], downloads made)."""
+        symbols = sorted({s.upper() for s in symbols})
+        if self.source == "file":
+            df = read_price_file(resolve_path(self.prices_file))
+            sel = df[df["symbol"].isin(symbols) & (df["date"] >= start) & (df["date"] <= end)]
+            return sel.reset_index(drop=True), 0
+        if self.source == "yfinance":
+            fetch = lambda syms, s, e: fetch_yfinance(syms, s, e, retries=self.retries, backoff_s=self.backoff_seconds)  # noqa: E731
+            return self.cache().get(symbols, start, end, fetch)
+        raise ValueError(f"FLYWHEEL_MARKET_DATA must be one of {SOURCES}, got {self.source!r}")

@@ -1,0 +1,160 @@
+"""GSPO for the daily loop, in PyTorch (TRL style: a Config dataclass beside the trainer).
+
+Group Sequence Policy Optimization (Zheng et al. 2025, "Group Sequence Policy Optimization"):
+for response y_i of prompt x with group-normalised advantage A_i,
+
+    s_i  = (pi_theta(y_i|x) / pi_old(y_i|x)) ** (1/|y_i|) = exp(mean_t(log pi_theta - log pi_old))
+    loss = mean_i  -min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)
+
+over response tokens only. pi_old is the policy that generated the rollout: its per-token
+log-probs are stored at generation time (`GSPOExample.behavior_logprobs`). At s_i = 1 the
+gradient is exactly that of the group-normalised reward-weighted log-likelihood
+`-A_i * mean_t log pi_theta` (objective "reward_weighted", the original loop's update).
+
+`gspo_loss` is the plain function the MLX backend mirrors (parity within 1e-4); `train_gspo`
+feeds padded minibatches through `TorchBackend.batch_logprobs` and `torch_training.train_loop`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from resources.models.interface import LoraSettings, Messages, TrainStats
+from resources.models.torch_training import train_loop
+
+if TYPE_CHECKING:
+    from resources.models.torch_backend import TorchBackend
+
+OBJECTIVES = ("gspo", "reward_weighted")
+
+
+@dataclass
+class GSPOConfig:
+    objective: str = "gspo"  # "gspo" | "reward_weighted"
+    # LoRA on tiny-local needs a large step to move in one epoch a day (benchmarks/daily_learning.py);
+    # for a 0.6B+ model start near 1e-5 (full) / 1e-4 (LoRA).
+    learning_rate: float = 2e-3
+    epsilon_low: float = 3e-4  # paper values
+    epsilon_high: float = 4e-4
+    batch_size: int = 16  # sequences per padded minibatch (one Adam step each)
+    epochs: int = 1
+    max_grad_norm: float = 1.0
+    lora: LoraSettings | None = field(default_factory=LoraSettings)  # None = full fine-tune
+    seed: int = 0  # shuffles the minibatch order
+    one_at_a_time: bool = False  # the original loop's way (one sequence per forward), for the benchmark
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+
+
+@dataclass
+class GSPOExample:
+    prompt: Messages
+    response_ids: list[int]
+    behavior_logprobs: list[float]  # per response token, under the policy that sampled it (pi_old)
+    advantage: float
+
+
+def gspo_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    epsilon_low: float = 3e-4,
+    epsilon_high: float = 4e-4,
+    objective: str = "gspo",
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO (or reward-weighted) loss of a padded batch.
+
+    logp, old_logp, mask: [B, T] (mask true on response tokens); advantages: [B].
+    Metrics: clip_fraction (sequences whose clipped term is the active one, TRL's definition:
+    ratio above 1+eps_high with A>0 or below 1-eps_low with A<0), ratio mean/min/max, mean logp.
+    """
+    maskf = mask.to(logp.dtype)
+    lengths = maskf.sum(-1).clamp(min=1.0)
+    mean_logp = (logp * maskf).sum(-1) / lengths  # mean_t log pi_theta, [B]
+    log_ratio = ((logp - old_logp.to(logp.dtype)) * maskf).sum(-1) / lengths
+    ratio = torch.exp(log_ratio)  # s_i
+    advantages = advantages.to(logp.dtype)
+    if objective == "gspo":
+        clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+        per_sequence = -torch.minimum(ratio * advantages, clipped * advantages)
+    elif objective == "reward_weighted":
+        per_sequence = -advantages * mean_logp
+    else:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    loss = per_sequence.mean()
+    with torch.no_grad():
+        low = (ratio < 1.0 - epsilon_low) & (advantages < 0)
+        high = (ratio > 1.0 + epsilon_high) & (advantages > 0)
+        metrics = {
+            "clip_fraction": float((low | high).float().mean()),
+            "ratio_mean": float(ratio.mean()),
+            "ratio_min": float(ratio.min()),
+            "ratio_max": float(ratio.max()),
+            "mean_logp": float(mean_logp.mean()),
+        }
+    return loss, metrics
+
+
+def _pad(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = torch.tensor(list(row), dtype=torch.float32)
+    return out
+
+
+def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config: GSPOConfig) -> TrainStats:
+    """`config.epochs` passes over `examples` in shuffled padded minibatches, one Adam step each.
+
+    Adds a fresh LoRA adapter when `config.lora` is set and the policy has none (the first
+    trained day); with `lora=None` every weight trains.
+    """
+    usable = [ex for ex in examples if ex.response_ids]
+    for ex in usable:
+        if len(ex.behavior_logprobs) != len(ex.response_ids):
+            raise ValueError("behavior_logprobs must have one value per response token")
+    if config.lora is not None and not backend.has_adapter:
+        backend.add_lora(config.lora)
+    params = backend.trainable_parameters()
+
+    prompt_cache: dict[str, list[int]] = {}
+
+    def prompt_ids(messages: Messages) -> list[int]:
+        key = repr(messages)
+        if key not in prompt_cache:
+            prompt_cache[key] = backend.prompt_ids(messages)
+        return prompt_cache[key]
+
+    encoded = [(prompt_ids(ex.prompt), list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)) for ex in usable]
+    batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
+    rng = random.Random(config.seed)
+    batches = []
+    for _ in range(config.epochs):
+        order = list(range(len(encoded)))
+        rng.shuffle(order)
+        batches += [[encoded[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
+
+    device = backend.device
+
+    def loss_fn(batch):
+        p_ids = [b[0] for b in batch]
+        r_ids = [b[1] for b in batch]
+        logp, mask = backend.batch_logprobs(p_ids, r_ids)
+        old = _pad([b[2] for b in batch], logp.shape[1]).to(device)
+        adv = torch.tensor([b[3] for b in batch], dtype=torch.float32, device=device)
+        return gspo_loss(logp, old, mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
+
+    backend.model.train()
+    try:
+        stats = train_loop(params, loss_fn, batches, config.learning_rate, config.max_grad_norm) if batches else TrainStats()
+    finally:
+        backend.model.eval()
+    stats.extra["examples"] = len(encoded)
+    stats.extra["response_tokens"] = int(sum(len(b[1]) for b in encoded))
+    return stats

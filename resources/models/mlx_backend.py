@@ -1,0 +1,570 @@
+"""MLX backend: mlx-lm for the model and LoRA layers, our own batched sampler and trainers.
+
+Runs unchanged on Apple silicon (Metal) and on Linux (`mlx[cpu]`, slow: see docs/mlx.md).
+It follows `TorchBackend`'s conventions exactly, so either backend can take over a policy:
+
+- sampling: our own batched loop over mlx-lm's `BatchKVCache` (left-padded prompts, per-row
+  RoPE offsets). Every sample row has its own PRNG key, derived from the prompt's seed and the
+  sample index, so a prompt's samples do not depend on the rest of the batch. The log-prob
+  recorded for each sampled token is under the raw distribution (temperature 1, no top-p /
+  top-k): what teacher forcing reproduces and GSPO needs as pi_old.
+- teacher forcing: right-padded batch, causal attention, logits only for the response tail.
+- LoRA: mlx-lm's `LoRALinear` via `linear_to_lora_layers`, same targets as `LoraSettings`;
+  saved and loaded in PEFT layout (`lora_convert`), so checkpoints on disk are framework-neutral.
+  The reference policy (DPO, the style score) is the base: every LoRA scale set to 0.
+- training: one loop (`train_loop`) taking the loss and the batch iterator, mlx-lm style
+  (`nn.value_and_grad`, AdamW with bias correction and no weight decay as torch's AdamW here,
+  gradient norm clipped to 1.0); the GSPO and weighted DPO losses are written out in mlx
+  below, formula for formula the same as `gspo.py` and `weighted_dpo.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+
+from resources.models import lora_convert
+from resources.models.interface import LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
+def row_seed(seed: int, sample_index: int) -> int:
+    """Seed of one sample's PRNG key, from the prompt's seed and the sample's index (as torch)."""
+    return (int(seed) * 1_000_003 + sample_index * 7919 + 1) % (2**63 - 1)
+
+
+def filter_logits(logits: mx.array, top_k: int, top_p: float) -> mx.array:
+    """Top-k then nucleus (top-p) filtering on temperature-scaled logits, as the torch backend."""
+    neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
+    if top_k and 0 < top_k < logits.shape[-1]:
+        kth = mx.min(mx.topk(logits, top_k, axis=-1), axis=-1, keepdims=True)
+        logits = mx.where(logits < kth, neg_inf, logits)
+    if 0.0 < top_p < 1.0:
+        order = mx.argsort(-logits, axis=-1)
+        sorted_logits = mx.take_along_axis(logits, order, axis=-1)
+        probs = mx.softmax(sorted_logits, axis=-1)
+        # Drop tokens once the mass before them already reaches top_p; always keep the best.
+        drop_sorted = (mx.cumsum(probs, axis=-1) - probs) >= top_p
+        drop_sorted = mx.concatenate([mx.zeros_like(drop_sorted[..., :1]), drop_sorted[..., 1:]], axis=-1)
+        drop = mx.take_along_axis(drop_sorted, mx.argsort(order, axis=-1), axis=-1)
+        logits = mx.where(drop, neg_inf, logits)
+    return logits
+
+
+_split_keys = mx.vmap(lambda key: mx.random.split(key))
+_categorical = mx.vmap(lambda logits, key: mx.random.categorical(logits, key=key))
+
+
+# -- losses (mlx mirrors of gspo.gspo_loss and weighted_dpo.weighted_dpo_loss) -----------------
+def gspo_loss(
+    logp: mx.array, old_logp: mx.array, mask: mx.array, advantages: mx.array,
+    epsilon_low: float = 3e-4, epsilon_high: float = 4e-4, objective: str = "gspo",
+) -> tuple[mx.array, dict[str, mx.array]]:
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"), as `gspo.gspo_loss`:
+
+        s_i  = exp(mean_t(log pi_theta - log pi_old))  over response tokens
+        loss = mean_i -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
+
+    objective "reward_weighted": loss = mean_i -A_i mean_t log pi_theta (the original loop).
+    `logp`, `old_logp`, `mask`: [B, T]; `advantages`: [B]. Metrics as torch: clip_fraction
+    (TRL's definition: the clipped term is the active one), ratio mean/min/max, mean logp.
+    """
+    maskf = mask.astype(logp.dtype)
+    lengths = mx.maximum(maskf.sum(axis=-1), 1.0)
+    mean_logp = (logp * maskf).sum(axis=-1) / lengths
+    log_ratio = ((logp - old_logp.astype(logp.dtype)) * maskf).sum(axis=-1) / lengths
+    ratio = mx.exp(log_ratio)
+    advantages = advantages.astype(logp.dtype)
+    if objective == "gspo":
+        clipped = mx.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+        per_sequence = -mx.minimum(ratio * advantages, clipped * advantages)
+    elif objective == "reward_weighted":
+        per_sequence = -advantages * mean_logp
+    else:
+        raise ValueError(f"objective must be 'gspo' or 'reward_weighted', got {objective!r}")
+    loss = per_sequence.mean()
+    ratio_sg = mx.stop_gradient(ratio)
+    low = (ratio_sg < 1.0 - epsilon_low) & (advantages < 0)
+    high = (ratio_sg > 1.0 + epsilon_high) & (advantages > 0)
+    metrics = {
+        "clip_fraction": (low | high).astype(mx.float32).mean(),
+        "ratio_mean": ratio_sg.mean(),
+        "ratio_min": ratio_sg.min(),
+        "ratio_max": ratio_sg.max(),
+        "mean_logp": mx.stop_gradient(mean_logp).mean(),
+    }
+    return loss, metrics
+
+
+def weighted_dpo_loss(
+    policy_chosen_logps: mx.array, policy_rejected_logps: mx.array,
+    ref_chosen_logps: mx.array, ref_rejected_logps: mx.array, weights: mx.array, beta: float,
+) -> tuple[mx.array, dict[str, mx.array]]:
+    """DPO (Rafailov et al. 2023) with a weight per pair, over sequence-summed log-probs [B]:
+
+        l_i = -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))),  loss = sum_i w_i l_i / sum_i w_i
+    """
+    chosen_logratio = policy_chosen_logps - ref_chosen_logps
+    rejected_logratio = policy_rejected_logps - ref_rejected_logps
+    logits = beta * (chosen_logratio - rejected_logratio)
+    per_pair = -nn.log_sigmoid(logits)
+    weights = weights.astype(per_pair.dtype)
+    loss = (weights * per_pair).sum() / mx.maximum(weights.sum(), 1e-12)
+    chosen_reward = mx.stop_gradient(beta * chosen_logratio)
+    rejected_reward = mx.stop_gradient(beta * rejected_logratio)
+    metrics = {
+        "rewards_chosen": chosen_reward.mean(),
+        "rewards_rejected": rejected_reward.mean(),
+        "rewards_margin": (chosen_reward - rejected_reward).mean(),
+        "rewards_accuracy": (chosen_reward > rejected_reward).astype(mx.float32).mean(),
+    }
+    return loss, metrics
+
+
+# -- the training loop --------------------------------------------------------------------------
+def train_loop(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, Any], tuple[mx.array, dict[str, mx.array]]],
+    batches: Iterable[Any],
+    learning_rate: float,
+    max_grad_norm: float = 1.0,
+    weight_decay: float = 0.0,
+) -> TrainStats:
+    """One AdamW step per batch on the model's trainable parameters, mlx-lm style.
+
+    `loss_fn(model, batch)` returns the scalar loss and a dict of per-batch metrics; the loss,
+    the gradient norm before clipping and the metrics are recorded as in the torch loop.
+    """
+    if not tree_flatten(model.trainable_parameters()):
+        raise ValueError("no trainable parameters")
+    # torch.optim.AdamW corrects the moment bias; mlx's does only when asked.
+    optimizer = optim.AdamW(learning_rate=learning_rate, weight_decay=weight_decay, bias_correction=True)
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    stats = TrainStats()
+    started = time.perf_counter()
+    was_training = model.training
+    model.train()
+    try:
+        for batch in batches:
+            (loss, metrics), grads = loss_and_grad(model, batch)
+            grads, grad_norm = optim.clip_grad_norm(grads, max_grad_norm)
+            optimizer.update(model, grads)
+            mx.eval(model.parameters(), optimizer.state, loss, grad_norm, metrics)
+            stats.steps += 1
+            stats.losses.append(loss.item())
+            stats.grad_norms.append(float(grad_norm.item()))
+            for name, value in metrics.items():
+                stats.extra.setdefault(name, []).append(float(value.item()))
+    finally:
+        model.train(was_training)
+    stats.wall_s = time.perf_counter() - started
+    return stats
+
+
+def _batches(items: Sequence[Any], batch_size: int, epochs: int, seed: int | None = None) -> Iterator[list[Any]]:
+    """Batches over `epochs` passes: in order, or shuffled by one `random.Random(seed)` drawn
+    from epoch after epoch, which is the torch trainers' order, so both see the same batches."""
+    rng = random.Random(seed) if seed is not None else None
+    size = max(1, int(batch_size))
+    for _ in range(int(epochs)):
+        order = list(range(len(items)))
+        if rng is not None:
+            rng.shuffle(order)
+        for start in range(0, len(order), size):
+            yield [items[i] for i in order[start : start + size]]
+
+
+class MLXBackend(ModelBackend):
+    name = "mlx"
+
+    def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, dtype: str = "auto"):
+        from mlx_lm.utils import load_model
+        from transformers import AutoTokenizer
+
+        self.model_path = Path(model_path)
+        self.adapter_path = Path(adapter_path) if adapter_path else None
+        self.model, self.config = load_model(self.model_path)
+        # "auto" keeps the stored precision (fp32 tiny-local -> fp32, which parity needs; bf16
+        # Qwen3 on Metal stays bf16); a name forces it.
+        if dtype != "auto":
+            self.model.set_dtype(DTYPES[dtype])
+        self.dtype = self._param_dtype()
+        # The same Hugging Face tokenizer and chat template as the torch backend (mlx-lm's
+        # TokenizerWrapper wraps this very object), so prompt ids are identical.
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.lora_settings: LoraSettings | None = None
+        if self.adapter_path is not None:
+            self._load_adapter(self.adapter_path)
+        self.model.eval()
+        self.stop_ids = self._stop_ids()
+
+    def _param_dtype(self):
+        return next(v.dtype for _, v in tree_flatten(self.model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
+
+    # -- text and tokens ----------------------------------------------------------------
+    def _stop_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        for tok in ("<|im_end|>", "<|endoftext|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        gen_config = self.model_path / "generation_config.json"
+        gen_eos = json.loads(gen_config.read_text()).get("eos_token_id") if gen_config.exists() else None
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif gen_eos:
+            ids.update(gen_eos)
+        return {i for i in ids if i is not None}
+
+    def prompt_ids(self, messages: Messages) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def encode_response(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+    # -- inference ----------------------------------------------------------------------
+    def sample(self, prompts: Sequence[Messages], n: int, config: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+        if len(seeds) != len(prompts):
+            raise ValueError("one seed per prompt")
+        out: list[list[Sample]] = []
+        step = max(1, config.prompts_per_batch)
+        with self._eval_mode():
+            for start in range(0, len(prompts), step):
+                chunk = [self.prompt_ids(p) for p in prompts[start : start + step]]
+                out.extend(self._sample_batch(chunk, n, config, seeds[start : start + step]))
+        return out
+
+    def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+        from mlx_lm.models.cache import BatchKVCache
+
+        pad = self.tokenizer.pad_token_id
+        rows = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
+        width = max(len(p) for p in prompt_ids)
+        # Left padding so every row's next token sits in the last column; the cache masks the
+        # padding and starts each row's RoPE positions at its first real token.
+        inputs = np.full((len(rows), width), pad, dtype=np.int32)
+        left_padding = []
+        for r, (i, _) in enumerate(rows):
+            ids = prompt_ids[i]
+            inputs[r, width - len(ids) :] = ids
+            left_padding.append(width - len(ids))
+        cache = [BatchKVCache(left_padding) for _ in self.model.layers]
+        keys = mx.stack([mx.random.key(row_seed(seeds[i], j)) for i, j in rows])
+        stop = np.array(sorted(self.stop_ids))
+
+        tokens: list[list[int]] = [[] for _ in rows]
+        logps: list[list[float]] = [[] for _ in rows]
+        done = np.zeros(len(rows), dtype=bool)
+        logits = self.model(mx.array(inputs), cache=cache)[:, -1, :].astype(mx.float32)
+        for _ in range(cfg.max_new_tokens):
+            raw_logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            if cfg.temperature <= 0:
+                chosen = mx.argmax(logits, axis=-1)
+            else:
+                split = _split_keys(keys)
+                step_keys, keys = split[:, 0], split[:, 1]
+                chosen = _categorical(filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p), step_keys)
+            chosen = mx.where(mx.array(done), pad, chosen.astype(mx.int32))
+            chosen_logp = mx.take_along_axis(raw_logp, chosen[:, None], axis=-1)[:, 0]
+            mx.eval(chosen, chosen_logp, keys)
+            chosen_np, logp_np = np.array(chosen), np.array(chosen_logp)
+            for r in np.flatnonzero(~done):
+                tokens[r].append(int(chosen_np[r]))
+                logps[r].append(float(logp_np[r]))
+            done = done | np.isin(chosen_np, stop)
+            if done.all():
+                break
+            logits = self.model(chosen[:, None], cache=cache)[:, -1, :].astype(mx.float32)
+
+        grouped: list[list[Sample]] = [[] for _ in prompt_ids]
+        for r, (i, _) in enumerate(rows):
+            finished = bool(tokens[r]) and tokens[r][-1] in self.stop_ids
+            grouped[i].append(Sample(text=self.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
+        return grouped
+
+    def _logits_tail(self, inputs: mx.array, keep: int) -> mx.array:
+        """Logits of the last `keep` positions only (the response tail), as transformers'
+        `logits_to_keep`: with a 150k vocabulary the prompt's logits would dominate memory."""
+        inner = getattr(self.model, "model", None)
+        if inner is None or not hasattr(inner, "embed_tokens"):
+            return self.model(inputs)[:, -keep:, :]
+        hidden = inner(inputs)[:, -keep:, :]
+        if "lm_head" in self.model:
+            return self.model.lm_head(hidden)
+        return inner.embed_tokens.as_linear(hidden)
+
+    def batch_logprobs(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> tuple[mx.array, mx.array]:
+        """Differentiable teacher-forced log-probs: `(logp, mask)`, both `[B, max_response_len]`.
+
+        Right-padded (causal attention makes the padding invisible to real tokens), as torch.
+        """
+        pad = self.tokenizer.pad_token_id
+        seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+        width = max(len(s) for s in seqs)
+        resp_len = max(len(r) for r in response_ids)
+        inputs = np.full((len(seqs), width), pad, dtype=np.int32)
+        for b, s in enumerate(seqs):
+            inputs[b, : len(s)] = s
+        min_prompt = min(len(p) for p in prompt_ids)
+        keep = width - min_prompt + 1  # logits for positions min_prompt-1 .. width-1
+        offset = width - keep
+        gather_pos = np.zeros((len(seqs), resp_len), dtype=np.int32)
+        targets = np.full((len(seqs), resp_len), pad, dtype=np.int32)
+        mask = np.zeros((len(seqs), resp_len), dtype=bool)
+        for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+            k = len(r)
+            gather_pos[b, :k] = np.arange(len(p) - 1, len(p) - 1 + k) - offset
+            targets[b, :k] = list(r)
+            mask[b, :k] = True
+        logits = self._logits_tail(mx.array(inputs), keep).astype(mx.float32)  # [B, keep, V]
+        picked = mx.take_along_axis(logits, mx.array(gather_pos)[:, :, None], axis=1)  # [B, R, V]
+        target_logits = mx.take_along_axis(picked, mx.array(targets)[:, :, None], axis=-1)[:, :, 0]
+        logp = target_logits - mx.logsumexp(picked, axis=-1)
+        mask_mx = mx.array(mask)
+        return mx.where(mask_mx, logp, 0.0), mask_mx
+
+    def response_logprobs(self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True, batch_size: int = 16) -> list[np.ndarray]:
+        result: list[np.ndarray] = []
+        ctx = contextlib.nullcontext() if use_adapter else self.adapter_disabled()
+        with ctx, self._eval_mode():
+            for start in range(0, len(prompts), batch_size):
+                p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
+                r_ids = [list(r) for r in responses[start : start + batch_size]]
+                logp, _ = self.batch_logprobs(p_ids, r_ids)
+                logp_np = np.array(mx.stop_gradient(logp))
+                for b, r in enumerate(r_ids):
+                    result.append(logp_np[b, : len(r)].astype(np.float32))
+        return result
+
+    @contextlib.contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        """Inference without LoRA dropout, restoring the training flag afterwards."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+
+    # -- weights ------------------------------------------------------------------------
+    def lora_modules(self) -> list[tuple[str, nn.Module]]:
+        from mlx_lm.tuner.lora import LoRALinear
+
+        return [(name, m) for name, m in self.model.named_modules() if isinstance(m, LoRALinear)]
+
+    @property
+    def has_adapter(self) -> bool:
+        return bool(self.lora_modules())
+
+    @contextlib.contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """The base model's view: the reference policy for DPO and the style score.
+
+        mlx builds its graph eagerly, so a LoRA scale of 0 while the forward pass is built
+        gives exactly the base output (y = W x + 0 * B A x)."""
+        modules = [m for _, m in self.lora_modules()]
+        scales = [m.scale for m in modules]
+        for m in modules:
+            m.scale = 0.0
+        try:
+            yield
+        finally:
+            for m, s in zip(modules, scales):
+                m.scale = s
+
+    def _lora_keys(self, target_modules: Sequence[str]) -> list[str]:
+        """mlx-lm keys (paths inside a block) of the linear layers named in `target_modules`."""
+        targets = set(target_modules)
+        keys = sorted(
+            name for name, m in self.model.layers[0].named_modules()
+            if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets
+        )
+        if not keys:
+            raise ValueError(f"none of {sorted(targets)} is a linear layer of this model")
+        return keys
+
+    def _apply_lora(self, rank: int, scale: float, dropout: float, keys: Sequence[str], num_layers: int | None = None) -> None:
+        from mlx_lm.tuner.utils import linear_to_lora_layers
+
+        self.model.freeze()
+        linear_to_lora_layers(
+            self.model, num_layers or len(self.model.layers),
+            {"rank": int(rank), "scale": float(scale), "dropout": float(dropout), "keys": list(keys)},
+        )
+
+    def add_lora(self, settings: LoraSettings) -> None:
+        if self.has_adapter:
+            return
+        self._apply_lora(settings.r, settings.alpha / settings.r, settings.dropout, self._lora_keys(settings.target_modules))
+        self.lora_settings = settings
+
+    def _load_adapter(self, path: Path) -> None:
+        """A PEFT adapter folder (converted on the fly) or an mlx-lm one."""
+        layout, tensors, config = lora_convert.read_adapter(path)
+        if layout == "peft":
+            tensors, config = lora_convert.peft_to_mlx(tensors, config)
+        params = config["lora_parameters"]
+        self._apply_lora(params["rank"], params["scale"], params.get("dropout", 0.0), params["keys"], config.get("num_layers"))
+        expected = {name: v.shape for name, v in tree_flatten(self.model.trainable_parameters())}
+        missing = sorted(set(expected) - set(tensors))
+        unknown = sorted(set(tensors) - set(expected))
+        if missing or unknown:
+            raise ValueError(f"adapter {path} does not fit the model: missing {missing[:4]}, unknown {unknown[:4]}")
+        dtypes = {name: v.dtype for name, v in tree_flatten(self.model.trainable_parameters())}
+        self.model.load_weights([(k, mx.array(v).astype(dtypes[k])) for k, v in tensors.items()], strict=False)
+        mx.eval(self.model.parameters())
+        scale, rank = float(params["scale"]), int(params["rank"])
+        targets = tuple(sorted({k.rsplit(".", 1)[-1] for k in params["keys"]}))
+        self.lora_settings = LoraSettings(r=rank, alpha=scale * rank, dropout=float(params.get("dropout", 0.0)), target_modules=targets)
+
+    def adapter_tensors(self) -> dict[str, np.ndarray]:
+        """The LoRA factors in mlx-lm naming, as float32 NumPy arrays."""
+        return {
+            name: np.array(v.astype(mx.float32))
+            for name, v in tree_flatten(self.model.parameters())
+            if name.endswith((".lora_a", ".lora_b"))
+        }
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self.has_adapter:
+            # PEFT layout on disk: the torch backend (and vLLM, PEFT users) load it as is.
+            _, module = self.lora_modules()[0]
+            rank = int(module.lora_a.shape[1])
+            mlx_config = {
+                "fine_tune_type": "lora",
+                "num_layers": len(self.model.layers),
+                "lora_parameters": {
+                    "rank": rank, "scale": float(module.scale),
+                    "dropout": float(self.lora_settings.dropout if self.lora_settings else 0.0),
+                    "keys": sorted({_block_key(name) for name, _ in self.lora_modules()}),
+                },
+            }
+            tensors, peft_config = lora_convert.mlx_to_peft(self.adapter_tensors(), mlx_config, str(self.model_path))
+            lora_convert.write_adapter(path, "peft", tensors, peft_config)
+            return
+        # A full HF folder: the weights under their transformers names, config and tokenizer.
+        weights = dict(tree_flatten(self.model.parameters()))
+        mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "pt"})
+        for name in ("config.json", "generation_config.json"):
+            if (self.model_path / name).exists() and not (path / name).exists():
+                shutil.copy(self.model_path / name, path / name)
+        self.tokenizer.save_pretrained(path)
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        params = self.model.trainable_parameters() if trainable_only else self.model.parameters()
+        return int(sum(v.size for _, v in tree_flatten(params)))
+
+    # -- training entry points ------------------------------------------------------------
+    def train_gspo(self, examples, config) -> TrainStats:
+        """GSPO (or the reward-weighted objective) on `gspo.GSPOExample`s with a `gspo.GSPOConfig`.
+
+        As `gspo.train_gspo`: a fresh LoRA adapter when `config.lora` is set and the policy has
+        none (with `lora=None` and no adapter every weight trains), `config.epochs` passes in
+        padded minibatches shuffled by `random.Random(config.seed)`, one AdamW step each."""
+        usable = [ex for ex in examples if ex.response_ids]
+        for ex in usable:
+            if len(ex.behavior_logprobs) != len(ex.response_ids):
+                raise ValueError("behavior_logprobs must have one value per response token")
+        if config.lora is not None and not self.has_adapter:
+            # mlx draws LoRA's A from its global PRNG: seed it so a re-run repeats (the torch
+            # caller seeds torch for the same reason).
+            mx.random.seed(int(config.seed))
+            self.add_lora(config.lora)
+        prompt_cache: dict[str, list[int]] = {}
+
+        def prompt_ids(messages: Messages) -> list[int]:
+            key = repr(messages)
+            if key not in prompt_cache:
+                prompt_cache[key] = self.prompt_ids(messages)
+            return prompt_cache[key]
+
+        encoded = [(prompt_ids(ex.prompt), list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)) for ex in usable]
+        batch_size = 1 if getattr(config, "one_at_a_time", False) else max(1, config.batch_size)
+        batches = list(_batches(encoded, batch_size, config.epochs, config.seed)) if encoded else []
+
+        def loss_fn(model, batch):
+            logp, mask = self.batch_logprobs([b[0] for b in batch], [b[1] for b in batch])
+            old = np.zeros(mask.shape, dtype=np.float32)
+            for i, b in enumerate(batch):
+                old[i, : len(b[2])] = b[2]
+            advantages = mx.array([b[3] for b in batch], dtype=mx.float32)
+            return gspo_loss(logp, mx.array(old), mask, advantages, config.epsilon_low, config.epsilon_high, config.objective)
+
+        stats = train_loop(self.model, loss_fn, batches, config.learning_rate, config.max_grad_norm) if batches else TrainStats()
+        stats.extra["examples"] = len(encoded)
+        stats.extra["response_tokens"] = int(sum(len(b[1]) for b in encoded))
+        return stats
+
+    def dpo_sequence_logps(self, prompt_ids: Sequence[Sequence[int]], chosen: Sequence[Sequence[int]], rejected: Sequence[Sequence[int]]) -> tuple[mx.array, mx.array]:
+        """Sequence-summed log-probs of chosen and rejected, in one forward pass of 2B rows."""
+        logp, _ = self.batch_logprobs(list(prompt_ids) + list(prompt_ids), list(chosen) + list(rejected))
+        sums = logp.sum(axis=-1)
+        n = len(prompt_ids)
+        return sums[:n], sums[n:]
+
+    def train_weighted_dpo(self, pairs, config) -> TrainStats:
+        """Outcome-weighted DPO on `PreferencePair`s; config = `weighted_dpo.WeightedDPOConfig`.
+
+        As `weighted_dpo.train_weighted_dpo`: seeded LoRA init, reference log-probs from the base
+        (adapter off) once before any update, shuffled batches from `random.Random(seed)`."""
+        if not pairs:
+            raise ValueError("no preference pairs to train on")
+        if any(p.weight <= 0 for p in pairs):
+            raise ValueError("pair weights must be positive (swap chosen/rejected for a negative outcome weight)")
+        mx.random.seed(int(config.seed))
+        self.add_lora(config.lora)
+        prompt_ids = [self.prompt_ids(p.prompt) for p in pairs]
+        chosen_ids = [self.encode_response(p.chosen) for p in pairs]
+        rejected_ids = [self.encode_response(p.rejected) for p in pairs]
+        weights = np.array([float(p.weight) for p in pairs], dtype=np.float32)
+
+        ref_chosen = np.empty(len(pairs), dtype=np.float32)
+        ref_rejected = np.empty(len(pairs), dtype=np.float32)
+        with self.adapter_disabled(), self._eval_mode():
+            for start in range(0, len(pairs), 32):
+                sl = slice(start, start + 32)
+                c, r = self.dpo_sequence_logps(prompt_ids[sl], chosen_ids[sl], rejected_ids[sl])
+                ref_chosen[sl], ref_rejected[sl] = np.array(c), np.array(r)
+
+        def loss_fn(model, idx: list[int]):
+            pol_c, pol_r = self.dpo_sequence_logps(
+                [prompt_ids[i] for i in idx], [chosen_ids[i] for i in idx], [rejected_ids[i] for i in idx]
+            )
+            return weighted_dpo_loss(
+                pol_c, pol_r, mx.array(ref_chosen[idx]), mx.array(ref_rejected[idx]), mx.array(weights[idx]), config.beta
+            )
+
+        batches = _batches(list(range(len(pairs))), config.batch_size, config.epochs, config.seed)
+        stats = train_loop(self.model, loss_fn, batches, config.learning_rate, config.max_grad_norm)
+        stats.extra["config"] = config.as_dict() if hasattr(config, "as_dict") else dict(vars(config))
+        stats.extra["n_pairs"] = len(pairs)
+        return stats
+
+
+def _block_key(module_name: str) -> str:
+    """`model.layers.3.self_attn.q_proj` -> `self_attn.q_proj` (mlx-lm's per-block LoRA key)."""
+    return module_name.split(".layers.", 1)[1].split(".", 1)[1]
+

@@ -1,0 +1,154 @@
+"""Outcome-weighted DPO with LoRA, in PyTorch.
+
+DPO (Rafailov et al. 2023, "Direct Preference Optimization: Your Language Model is Secretly a
+Reward Model"): for a prompt x with a chosen y_w and a rejected y_l,
+
+    loss = -log sigmoid( beta * [ (log pi(y_w|x) - log ref(y_w|x)) - (log pi(y_l|x) - log ref(y_l|x)) ] )
+
+with log pi(y|x) the SEQUENCE-summed token log-probabilities. TRL's DPOTrainer computes exactly
+this but has no per-pair weights; the preference flywheel needs them (a pair the market
+confirmed counts 1.0, one it contradicted 0.3 ...), so the batch loss here is the weighted mean
+sum_i w_i * loss_i / sum_i w_i. The reference is the base model with the LoRA adapter disabled,
+evaluated once before training (it never changes). The MLX backend mirrors `weighted_dpo_loss`
+(parity within 1e-4).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from resources.models.interface import LoraSettings, Messages, TrainStats
+
+
+@dataclass
+class WeightedDPOConfig:
+    """TRL-style config. The defaults are TRL's DPO defaults (beta 0.1, lr 5e-5) for real base
+    models; `for_base_model("tiny-local")` raises the learning rate (see there)."""
+
+    beta: float = 0.1
+    learning_rate: float = 5e-5
+    batch_size: int = 8
+    epochs: int = 3
+    lora: LoraSettings = field(default_factory=lambda: LoraSettings(r=8, alpha=16))
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+    @classmethod
+    def for_base_model(cls, base_model: str, **overrides) -> "WeightedDPOConfig":
+        """Per-base-model defaults. tiny-local (~0.9M parameters, never trained on plan text):
+        lr 5e-5 for a few epochs moves its LoRA weights too little to change any log-prob ratio
+        (measured: AUC at chance, benchmarks/flywheel_auc.py), so it trains at 2e-3 for 8
+        epochs. Real models keep TRL's 5e-5."""
+        base = dict(learning_rate=2e-3, epochs=8) if base_model == "tiny-local" else {}
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["lora"]["target_modules"] = list(d["lora"]["target_modules"])
+        return d
+
+
+@dataclass
+class PreferencePair:
+    prompt: Messages
+    chosen: str
+    rejected: str
+    weight: float = 1.0
+
+
+def weighted_dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    ref_chosen_logps: torch.Tensor,
+    ref_rejected_logps: torch.Tensor,
+    weights: torch.Tensor,
+    beta: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted DPO over sequence-summed log-probs, all tensors [B]. Returns (loss, metrics)."""
+    chosen_logratio = policy_chosen_logps - ref_chosen_logps
+    rejected_logratio = policy_rejected_logps - ref_rejected_logps
+    logits = beta * (chosen_logratio - rejected_logratio)
+    per_pair = -F.logsigmoid(logits)
+    weights = weights.to(per_pair.dtype)
+    loss = (weights * per_pair).sum() / weights.sum().clamp_min(1e-12)
+    with torch.no_grad():
+        chosen_reward = beta * chosen_logratio
+        rejected_reward = beta * rejected_logratio
+        metrics = {
+            "rewards_chosen": chosen_reward.mean().item(),
+            "rewards_rejected": rejected_reward.mean().item(),
+            "rewards_margin": (chosen_reward - rejected_reward).mean().item(),
+            "rewards_accuracy": (chosen_reward > rejected_reward).float().mean().item(),
+        }
+    return loss, metrics
+
+
+def _sequence_logps(backend, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> torch.Tensor:
+    logp, mask = backend.batch_logprobs(prompt_ids, response_ids)
+    return (logp * mask).sum(-1)
+
+
+def _batches(n: int, batch_size: int, epochs: int, seed: int) -> Iterator[list[int]]:
+    rng = random.Random(seed)
+    for _ in range(epochs):
+        order = list(range(n))
+        rng.shuffle(order)
+        for start in range(0, n, batch_size):
+            yield order[start : start + batch_size]
+
+
+def train_weighted_dpo(backend, pairs: Sequence[PreferencePair], config: WeightedDPOConfig) -> TrainStats:
+    """LoRA weighted DPO on `backend` (a TorchBackend); adds a fresh adapter if it has none."""
+    if not pairs:
+        raise ValueError("no preference pairs to train on")
+    if any(p.weight <= 0 for p in pairs):
+        raise ValueError("pair weights must be positive (swap chosen/rejected for a negative outcome weight)")
+    torch.manual_seed(config.seed)
+    backend.add_lora(config.lora)
+    prompt_ids = [backend.prompt_ids(p.prompt) for p in pairs]
+    chosen_ids = [backend.encode_response(p.chosen) for p in pairs]
+    rejected_ids = [backend.encode_response(p.rejected) for p in pairs]
+    weights = torch.tensor([float(p.weight) for p in pairs], dtype=torch.float32)
+
+    # Reference log-probs: the base with the adapter off, once, before any update.
+    ref_chosen = torch.empty(len(pairs))
+    ref_rejected = torch.empty(len(pairs))
+    backend.model.eval()
+    with torch.no_grad(), backend.adapter_disabled():
+        for start in range(0, len(pairs), 32):
+            sl = slice(start, start + 32)
+            ref_chosen[sl] = _sequence_logps(backend, prompt_ids[sl], chosen_ids[sl]).float().cpu()
+            ref_rejected[sl] = _sequence_logps(backend, prompt_ids[sl], rejected_ids[sl]).float().cpu()
+
+    device = backend.device
+
+    def loss_fn(idx: list[int]):
+        p = [prompt_ids[i] for i in idx]
+        # Chosen and rejected in one forward pass.
+        logps = _sequence_logps(backend, p + p, [chosen_ids[i] for i in idx] + [rejected_ids[i] for i in idx]).float()
+        n = len(idx)
+        return weighted_dpo_loss(
+            logps[:n], logps[n:], ref_chosen[idx].to(device), ref_rejected[idx].to(device),
+            weights[idx].to(device), config.beta,
+        )
+
+    backend.model.train()  # LoRA dropout (0 by default) would apply here
+    try:
+        stats = torch_train_loop(backend, loss_fn, _batches(len(pairs), config.batch_size, config.epochs, config.seed), config)
+    finally:
+        backend.model.eval()
+    stats.extra["config"] = config.as_dict()
+    stats.extra["n_pairs"] = len(pairs)
+    return stats
+
+
+def torch_train_loop(backend, loss_fn, batches, config: WeightedDPOConfig) -> TrainStats:
+    from resources.models.torch_training import train_loop
+
+    return train_loop(backend.trainable_parameters(), loss_fn, batches, config.learning_rate, max_grad_norm=config.max_grad_norm)

@@ -1,0 +1,114 @@
+"""GSPO loss by hand, and the trainer on tiny-local."""
+
+import math
+
+import pytest
+import torch
+
+from resources.models.gspo import GSPOConfig, GSPOExample, gspo_loss, train_gspo
+from resources.models.interface import SamplingConfig
+from resources.models.prompts import trading_note_messages
+
+
+def _batch():
+    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    adv = torch.tensor([1.5, -0.5])
+    return logp, mask, adv
+
+
+def test_gspo_at_ratio_one_matches_reward_weighted_gradient():
+    logp, mask, adv = _batch()
+    a = logp.clone().requires_grad_(True)
+    loss_g, metrics = gspo_loss(a, logp.detach(), mask, adv, objective="gspo")
+    loss_g.backward()
+    b = logp.clone().requires_grad_(True)
+    loss_r, _ = gspo_loss(b, logp.detach(), mask, adv, objective="reward_weighted")
+    loss_r.backward()
+    assert torch.allclose(a.grad, b.grad, atol=1e-7)
+    # value at s_i = 1: -mean(A); reward-weighted: -mean(A * mean_t logp)
+    assert loss_g.item() == pytest.approx(-adv.mean().item(), abs=1e-7)
+    by_hand = -(1.5 * (-3.5 / 3) + (-0.5) * (-1.0 / 2)) / 2
+    assert loss_r.item() == pytest.approx(by_hand, abs=1e-6)
+    assert metrics["clip_fraction"] == 0.0 and metrics["ratio_mean"] == pytest.approx(1.0)
+    # padding carries no gradient
+    assert a.grad[1, 2].item() == 0.0
+
+
+def test_gspo_sequence_ratio_and_clipping_by_hand():
+    logp, mask, adv = _batch()
+    eps_low, eps_high = 0.2, 0.3
+    # sequence 0 moved up by +0.5 per token: s_0 = e^0.5 > 1.3 with A > 0 -> clipped (no gradient)
+    # sequence 1 moved down by -0.1 per token: s_1 = e^-0.1 = 0.905 > 0.8 with A < 0 -> inside, unclipped
+    old = logp.clone()
+    new = logp.clone()
+    new[0] += 0.5
+    new[1, :2] -= 0.1
+    new.requires_grad_(True)
+    loss, metrics = gspo_loss(new, old, mask, adv, eps_low, eps_high, "gspo")
+    s0, s1 = math.exp(0.5), math.exp(-0.1)
+    expected = (-min(s0 * 1.5, 1.3 * 1.5) + -min(s1 * -0.5, min(max(s1, 0.8), 1.3) * -0.5)) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert metrics["clip_fraction"] == pytest.approx(0.5)
+    loss.backward()
+    assert torch.all(new.grad[0] == 0)  # clipped sequence: the gradient is gone
+    assert torch.all(new.grad[1, :2] != 0)
+    # ratio pushed the other way on a negative advantage: clipped too
+    new2 = logp.clone()
+    new2[1, :2] -= 0.5  # s_1 = e^-0.5 = 0.61 < 0.8 with A < 0
+    _, m2 = gspo_loss(new2, old, mask, adv, eps_low, eps_high, "gspo")
+    assert m2["clip_fraction"] == pytest.approx(0.5)
+
+
+def test_gspo_engages_clipping_beyond_paper_epsilons():
+    logp, mask, adv = _batch()
+    tiny_shift = logp + 2e-4  # s = e^{2e-4} inside (1 - 3e-4, 1 + 4e-4)
+    big_shift = logp + 1e-3  # s = e^{1e-3} beyond 1 + 4e-4
+    _, inside = gspo_loss(tiny_shift, logp, mask, adv)
+    _, beyond = gspo_loss(big_shift, logp, mask, adv)
+    assert inside["clip_fraction"] == 0.0
+    assert beyond["clip_fraction"] == pytest.approx(0.5)  # the A > 0 sequence
+
+
+def test_config_rejects_unknown_objective():
+    with pytest.raises(ValueError):
+        GSPOConfig(objective="ppo")
+
+
+def _examples(policy, n=8):
+    prompts = [trading_note_messages("Apple beats quarterly estimates", "Revenue rose 8%.")]
+    [group] = policy.sample(prompts, n, SamplingConfig(max_new_tokens=24), seeds=[3])
+    advantages = torch.linspace(-1.5, 1.5, n).tolist()
+    return [GSPOExample(prompts[0], s.token_ids, s.logprobs, a) for s, a in zip(group, advantages)], group
+
+
+def test_train_gspo_moves_likelihood_with_the_advantage(torch_policy):
+    examples, group = _examples(torch_policy)
+    prompts = [ex.prompt for ex in examples]
+    before = [lp.mean() for lp in torch_policy.response_logprobs(prompts, [ex.response_ids for ex in examples])]
+    # stored behaviour log-probs are what teacher forcing reproduces (GSPO's ratio starts at 1)
+    for ex, b in zip(examples, torch_policy.response_logprobs(prompts, [ex.response_ids for ex in examples])):
+        assert torch.allclose(torch.tensor(ex.behavior_logprobs), torch.tensor(b), atol=1e-4)
+    torch.manual_seed(0)
+    config = GSPOConfig(learning_rate=5e-3, batch_size=4, epochs=3, objective="reward_weighted")
+    stats = train_gspo(torch_policy, examples, config)
+    assert torch_policy.has_adapter  # LoRA by default
+    assert stats.steps == 6 and len(stats.grad_norms) == 6 and "clip_fraction" in stats.extra
+    after = [lp.mean() for lp in torch_policy.response_logprobs(prompts, [ex.response_ids for ex in examples])]
+    delta = [float(a - b) for a, b in zip(after, before)]
+    # best-advantage responses gained likelihood relative to the worst ones
+    assert delta[-1] > delta[0]
+    assert sum(d for d, ex in zip(delta, examples) if ex.advantage > 0) > sum(d for d, ex in zip(delta, examples) if ex.advantage < 0)
+
+
+def test_train_gspo_one_at_a_time_takes_one_step_per_example(torch_policy):
+    examples, _ = _examples(torch_policy, n=4)
+    stats = train_gspo(torch_policy, examples, GSPOConfig(one_at_a_time=True, learning_rate=1e-3))
+    assert stats.steps == 4 and stats.extra["examples"] == 4
+
+
+def test_train_gspo_full_fine_tune_has_no_adapter(torch_policy):
+    examples, _ = _examples(torch_policy, n=4)
+    stats = train_gspo(torch_policy, examples, GSPOConfig(lora=None, learning_rate=1e-4, batch_size=4))
+    assert not torch_policy.has_adapter and stats.steps == 1
+    assert torch_policy.num_parameters(trainable_only=True) == torch_policy.num_parameters()

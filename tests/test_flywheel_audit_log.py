@@ -1,0 +1,75 @@
+"""Audit log parsing: validation, quarantine, extra keys, repeated decision ids."""
+
+import json
+
+from assets.flywheel.audit_log import parse_file, parse_lines, quarantine_frame, records_frame
+from resources.audit_log import BUNDLED_AUDIT_LOG
+
+
+def _line(decision_id="d-1", ts="2025-11-26T10:00:00-05:00", decision="approve", **extra):
+    obj = {"decision_id": decision_id, "ts": ts, "decision": decision,
+           "proposal": {"orders": [{"symbol": "nvda", "side": "BUY", "weight": 0.05}]}, "context": {"a": 1}}
+    obj.update(extra)
+    return json.dumps(obj)
+
+
+def test_bad_lines_are_quarantined_and_counts_reconcile():
+    lines = [
+        _line("d-1"),
+        "{not json",
+        "",
+        json.dumps([1, 2]),
+        _line("d-2", ts="2025-11-26T10:00:00"),  # naive time
+        _line("d-3", decision="maybe"),
+        _line("d-4", decision="override"),  # override without operator_orders
+        _line("d-5", decision="reject", operator_orders=[{"symbol": "AAPL", "side": "buy", "weight": 0.02}]),
+        _line("d-6", decision="override", operator_orders=[{"symbol": "AAPL", "side": "buy", "weight": 0.02}]),
+        json.dumps({"decision_id": "d-7", "ts": "2025-11-26T10:00:00Z", "decision": "approve",
+                    "proposal": {"orders": [{"symbol": "AAPL", "side": "buy", "weight": 1.5}]}}),
+    ]
+    parsed = parse_lines(lines)
+    assert parsed.n_lines == 9 and parsed.n_blank == 1
+    assert [r.decision_id for _, r in parsed.records] == ["d-1", "d-6"]
+    assert [q["line_number"] for q in parsed.quarantine] == [2, 4, 5, 6, 7, 8, 10]
+    assert "ts must carry a UTC offset" in parsed.quarantine[2]["error"]
+    assert "operator_orders" in parsed.quarantine[4]["error"]
+    assert parsed.reconciles()
+    q = quarantine_frame(parsed, "x.jsonl")
+    assert len(q) == 7 and set(q.columns) >= {"line_number", "error", "raw"}
+
+
+def test_repeated_decision_id_keeps_the_last_line_and_is_counted():
+    lines = [_line("d-1", reason="first"), _line("d-2"), _line("d-1", reason="second"), _line("d-1", reason="third")]
+    parsed = parse_lines(lines)
+    assert parsed.duplicates == {"d-1": 2}
+    assert parsed.n_valid == 2 and parsed.reconciles()
+    by_id = {r.decision_id: (n, r) for n, r in parsed.records}
+    assert by_id["d-1"][1].reason == "third" and by_id["d-1"][0] == 4
+    frame = records_frame(parsed, "America/New_York")
+    assert frame.set_index("decision_id").loc["d-1", "duplicates_dropped"] == 2
+
+
+def test_extra_keys_are_kept_and_fields_normalised():
+    parsed = parse_lines([_line("d-1", operator="ana", source={"ui": "console"})])
+    frame = records_frame(parsed, "America/New_York")
+    row = frame.iloc[0]
+    assert json.loads(row["extra_json"])["record"] == {"operator": "ana", "source": {"ui": "console"}}
+    orders = json.loads(row["proposal_orders_json"])
+    assert orders == [{"side": "buy", "symbol": "NVDA", "weight": 0.05}]
+    assert row["decision_date"] == "2025-11-26"
+
+
+def test_decision_date_is_taken_in_the_partition_time_zone():
+    # 02:30 UTC on the 27th is still the 26th in New York.
+    parsed = parse_lines([_line("d-1", ts="2025-11-27T02:30:00+00:00")])
+    assert records_frame(parsed, "America/New_York").iloc[0]["decision_date"] == "2025-11-26"
+    assert records_frame(parsed, "UTC").iloc[0]["decision_date"] == "2025-11-27"
+
+
+def test_bundled_sample_log_parses_with_its_documented_edge_cases():
+    parsed = parse_file(BUNDLED_AUDIT_LOG)
+    assert parsed.reconciles()
+    assert parsed.n_quarantined == 2 and parsed.n_duplicates_dropped == 1
+    frame = records_frame(parsed, "America/New_York")
+    counts = frame["decision"].value_counts()
+    assert set(counts.index) == {"approve", "reject", "override"} and len(frame) >= 150

@@ -1,0 +1,117 @@
+"""MLX backend against the torch backend on the same tiny-local weights: prompt ids, teacher-
+forced log-probs, the raw-distribution convention of sampled log-probs, seeded sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.mlx_fixtures import PROMPTS, RESPONSES, TOL, max_abs_diff, require_mlx
+
+require_mlx()
+
+from resources.models.interface import SamplingConfig  # noqa: E402
+from resources.models.mlx_backend import MLXBackend, filter_logits  # noqa: E402
+from resources.models.torch_backend import TorchBackend  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mlx_policy(tiny_model_dir):
+    return MLXBackend(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def torch_base(tiny_model_dir):
+    return TorchBackend(tiny_model_dir, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def mlx_samples(mlx_policy):
+    cfg = SamplingConfig(temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=48)
+    return mlx_policy.sample(PROMPTS, 3, cfg, seeds=[11, 12, 13])
+
+
+def test_loads_tiny_local_in_float32_with_the_same_parameter_count(mlx_policy, torch_base):
+    import mlx.core as mx
+
+    assert mlx_policy.dtype == mx.float32
+    assert mlx_policy.num_parameters() == torch_base.num_parameters()
+    assert not mlx_policy.has_adapter
+
+
+def test_prompt_and_response_ids_match_torch(mlx_policy, torch_base):
+    for p in PROMPTS:
+        assert mlx_policy.prompt_ids(p) == torch_base.prompt_ids(p)
+    for r in RESPONSES:
+        ids = mlx_policy.encode_response(r)
+        assert ids == torch_base.encode_response(r)
+        assert mlx_policy.decode(ids) == torch_base.decode(ids)
+    assert mlx_policy.stop_ids == torch_base.stop_ids
+
+
+def test_teacher_forced_logprobs_match_torch(mlx_policy, torch_base, mlx_samples):
+    # Responses of different lengths in one batch (right padding), written and sampled ones.
+    responses = [mlx_policy.encode_response(r) for r in RESPONSES]
+    responses += [s.token_ids for group in mlx_samples for s in group]
+    prompts = PROMPTS + [p for p in PROMPTS for _ in range(3)]
+    lp_mlx = mlx_policy.response_logprobs(prompts, responses)
+    lp_torch = torch_base.response_logprobs(prompts, responses)
+    assert [len(x) for x in lp_mlx] == [len(r) for r in responses]
+    assert max_abs_diff(lp_mlx, lp_torch) < TOL
+    # Without an adapter the base view is the same policy.
+    assert max_abs_diff(mlx_policy.response_logprobs(prompts[:3], responses[:3], use_adapter=False), lp_mlx[:3]) == 0.0
+
+
+def test_sampled_logprobs_are_the_raw_distribution(mlx_policy, torch_base, mlx_samples):
+    """Stored log-probs (temperature 0.9, top-p, top-k while sampling) equal teacher forcing at
+    temperature 1, unfiltered: what GSPO needs as pi_old, in mlx and in torch."""
+    samples = [s for group in mlx_samples for s in group]
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    stored = [np.array(s.logprobs) for s in samples]
+    assert all(len(s.logprobs) == len(s.token_ids) > 0 for s in samples)
+    assert max_abs_diff(stored, mlx_policy.response_logprobs(prompts, [s.token_ids for s in samples])) < TOL
+    assert max_abs_diff(stored, torch_base.response_logprobs(prompts, [s.token_ids for s in samples])) < TOL
+    for s in samples:
+        assert s.finished == (s.token_ids[-1] in mlx_policy.stop_ids)
+        assert s.text == mlx_policy.decode(s.token_ids)
+
+
+def test_sampling_is_reproducible_per_prompt_seed(mlx_policy, mlx_samples):
+    cfg = SamplingConfig(temperature=0.9, top_p=0.95, top_k=50, max_new_tokens=48)
+    again = mlx_policy.sample(PROMPTS, 3, cfg, seeds=[11, 12, 13])
+    assert [[s.token_ids for s in g] for g in again] == [[s.token_ids for s in g] for g in mlx_samples]
+    # A prompt's samples depend on its own seed, not on the batch around it.
+    alone = mlx_policy.sample([PROMPTS[2]], 3, cfg, seeds=[13])
+    assert [s.token_ids for s in alone[0]] == [s.token_ids for s in mlx_samples[2]]
+    # The n samples of one prompt differ from each other, and another seed gives other samples.
+    assert len({tuple(s.token_ids) for s in mlx_samples[0]}) > 1
+    other = mlx_policy.sample([PROMPTS[0]], 3, cfg, seeds=[99])
+    assert [s.token_ids for s in other[0]] != [s.token_ids for s in mlx_samples[0]]
+
+
+def test_greedy_matches_torch_and_top_k_1(mlx_policy, torch_base):
+    greedy = mlx_policy.greedy(PROMPTS, max_new_tokens=24)
+    assert greedy == torch_base.greedy(PROMPTS, max_new_tokens=24)
+    top1 = mlx_policy.sample(PROMPTS, 2, SamplingConfig(temperature=1.0, top_k=1, max_new_tokens=24), seeds=[1, 2, 3])
+    assert [[s.text for s in g] for g in top1] == [[t, t] for t in greedy]
+
+
+def test_max_new_tokens_caps_unfinished_samples(mlx_policy):
+    out = mlx_policy.sample(PROMPTS[:1], 2, SamplingConfig(max_new_tokens=3), seeds=[5])
+    for s in out[0]:
+        assert len(s.token_ids) <= 3
+        assert s.finished == (s.token_ids[-1] in mlx_policy.stop_ids)
+
+
+def test_filter_logits_matches_the_torch_rule():
+    import mlx.core as mx
+    import torch
+
+    from resources.models.torch_backend import _filter_logits
+
+    logits = np.random.default_rng(0).normal(size=(4, 50)).astype(np.float32) * 3
+    for top_k, top_p in [(0, 1.0), (5, 1.0), (0, 0.8), (10, 0.5), (50, 0.999), (3, 1e-6)]:
+        ours = np.array(filter_logits(mx.array(logits), top_k, top_p))
+        theirs = _filter_logits(torch.tensor(logits), top_k, top_p).numpy()
+        assert np.array_equal(np.isinf(ours), np.isinf(theirs)), (top_k, top_p)
+        assert np.allclose(ours[~np.isinf(ours)], theirs[~np.isinf(theirs)])

@@ -1,0 +1,205 @@
+"""GSPO and weighted DPO in mlx against their torch definitions (`gspo.py`, `weighted_dpo.py`):
+the same loss on the same batch before any step (within 1e-4), and one optimiser step lowers
+the batch loss in both frameworks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.mlx_fixtures import PROMPTS, RESPONSES, SMALL_LORA, TOL, mlx_adapter_dir, require_mlx
+
+require_mlx()
+
+import mlx.core as mx  # noqa: E402
+import torch  # noqa: E402
+
+from resources.models import gspo as torch_gspo  # noqa: E402
+from resources.models import mlx_backend  # noqa: E402
+from resources.models import weighted_dpo as torch_dpo  # noqa: E402
+from resources.models.mlx_backend import MLXBackend  # noqa: E402
+from resources.models.torch_backend import TorchBackend  # noqa: E402
+
+EXTRA_RESPONSES = [
+    "Trade Recommendation: Hold.\nRationale: the move is priced in.",
+    "Position Size: 2% of the book.\nStop Loss: 4% below entry.",
+    "Rationale: guidance was cut twice this year.\nTimeframe: 1 week.",
+]
+ADVANTAGES = [1.3, -0.4, 0.6, -1.1, 0.9, -1.3]
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_model_dir, tmp_path_factory):
+    """An mlx LoRA adapter with random non-zero factors, saved in PEFT layout."""
+    return mlx_adapter_dir(tiny_model_dir, tmp_path_factory.mktemp("train") / "adapter", seed=3)
+
+
+def gspo_examples(backend, behaviour=None):
+    prompts = [PROMPTS[i % 3] for i in range(6)]
+    responses = [backend.encode_response(t) for t in RESPONSES + EXTRA_RESPONSES]
+    behaviour = behaviour or backend.response_logprobs(prompts, responses)
+    return [
+        torch_gspo.GSPOExample(prompt=p, response_ids=r, behavior_logprobs=[float(x) for x in b], advantage=a)
+        for p, r, b, a in zip(prompts, responses, behaviour, ADVANTAGES)
+    ]
+
+
+def dpo_pairs():
+    return [
+        torch_dpo.PreferencePair(PROMPTS[0], RESPONSES[0], EXTRA_RESPONSES[0], 1.0),
+        torch_dpo.PreferencePair(PROMPTS[1], RESPONSES[1], EXTRA_RESPONSES[1], 3.0),
+        torch_dpo.PreferencePair(PROMPTS[2], EXTRA_RESPONSES[2], RESPONSES[2], 0.3),
+        torch_dpo.PreferencePair(PROMPTS[0], EXTRA_RESPONSES[1], RESPONSES[1], 1.5),
+    ]
+
+
+# -- the batch losses, computed without a step ---------------------------------------------------
+def torch_gspo_batch_loss(backend, examples, config):
+    logp, mask = backend.batch_logprobs([backend.prompt_ids(e.prompt) for e in examples], [e.response_ids for e in examples])
+    old = torch.zeros_like(logp)
+    for i, e in enumerate(examples):
+        old[i, : len(e.behavior_logprobs)] = torch.tensor(e.behavior_logprobs)
+    adv = torch.tensor([e.advantage for e in examples])
+    with torch.no_grad():
+        loss, _ = torch_gspo.gspo_loss(logp, old, mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
+    return float(loss)
+
+
+def mlx_gspo_batch_loss(backend, examples, config):
+    logp, mask = backend.batch_logprobs([backend.prompt_ids(e.prompt) for e in examples], [e.response_ids for e in examples])
+    old = np.zeros(mask.shape, dtype=np.float32)
+    for i, e in enumerate(examples):
+        old[i, : len(e.behavior_logprobs)] = e.behavior_logprobs
+    adv = mx.array([e.advantage for e in examples])
+    loss, _ = mlx_backend.gspo_loss(logp, mx.array(old), mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
+    return loss.item()
+
+
+def torch_dpo_batch_loss(backend, pairs, beta):
+    p = [backend.prompt_ids(x.prompt) for x in pairs]
+    c = [backend.encode_response(x.chosen) for x in pairs]
+    r = [backend.encode_response(x.rejected) for x in pairs]
+    with torch.no_grad():
+        with backend.adapter_disabled():
+            ref_c, ref_r = torch_dpo._sequence_logps(backend, p, c), torch_dpo._sequence_logps(backend, p, r)
+        pol_c, pol_r = torch_dpo._sequence_logps(backend, p, c), torch_dpo._sequence_logps(backend, p, r)
+        loss, _ = torch_dpo.weighted_dpo_loss(pol_c, pol_r, ref_c, ref_r, torch.tensor([x.weight for x in pairs]), beta)
+    return float(loss)
+
+
+def mlx_dpo_batch_loss(backend, pairs, beta):
+    p = [backend.prompt_ids(x.prompt) for x in pairs]
+    c = [backend.encode_response(x.chosen) for x in pairs]
+    r = [backend.encode_response(x.rejected) for x in pairs]
+    with backend.adapter_disabled():
+        ref_c, ref_r = backend.dpo_sequence_logps(p, c, r)
+    pol_c, pol_r = backend.dpo_sequence_logps(p, c, r)
+    loss, _ = mlx_backend.weighted_dpo_loss(pol_c, pol_r, ref_c, ref_r, mx.array([x.weight for x in pairs]), beta)
+    return loss.item()
+
+
+# -- the loss functions alone, on random tensors -----------------------------------------------
+@pytest.mark.parametrize("objective", ["gspo", "reward_weighted"])
+def test_gspo_loss_function_matches_torch(objective):
+    rng = np.random.default_rng(0)
+    logp = rng.normal(-2.0, 0.5, size=(5, 7)).astype(np.float32)
+    old = logp + rng.normal(0, 0.01, size=logp.shape).astype(np.float32)
+    mask = np.ones_like(logp, dtype=bool)
+    mask[1, 4:] = mask[3, 2:] = False
+    adv = rng.normal(size=5).astype(np.float32)
+    t_loss, t_metrics = torch_gspo.gspo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(mask), torch.tensor(adv), 3e-4, 4e-4, objective)
+    m_loss, m_metrics = mlx_backend.gspo_loss(mx.array(logp), mx.array(old), mx.array(mask), mx.array(adv), 3e-4, 4e-4, objective)
+    assert abs(float(t_loss) - m_loss.item()) < 1e-6
+    assert set(t_metrics) == set(m_metrics)
+    for k in t_metrics:
+        assert abs(t_metrics[k] - m_metrics[k].item()) < 1e-5, k
+
+
+def test_weighted_dpo_loss_function_matches_torch():
+    rng = np.random.default_rng(1)
+    pc, pr, rc, rr = (rng.normal(-30, 5, size=6).astype(np.float32) for _ in range(4))
+    w = rng.uniform(0.3, 3.0, size=6).astype(np.float32)
+    t_loss, t_metrics = torch_dpo.weighted_dpo_loss(*(torch.tensor(x) for x in (pc, pr, rc, rr, w)), beta=0.1)
+    m_loss, m_metrics = mlx_backend.weighted_dpo_loss(*(mx.array(x) for x in (pc, pr, rc, rr, w)), beta=0.1)
+    assert abs(float(t_loss) - m_loss.item()) < 1e-6
+    assert set(t_metrics) == set(m_metrics)
+    for k in t_metrics:
+        assert abs(t_metrics[k] - m_metrics[k].item()) < 1e-5, k
+
+
+# -- on tiny-local with a non-trivial adapter: same loss before any step ------------------------
+def test_gspo_batch_loss_matches_torch_before_any_step(tiny_model_dir, adapter):
+    torch_policy = TorchBackend(tiny_model_dir, adapter_path=adapter, device="cpu")
+    mlx_policy = MLXBackend(tiny_model_dir, adapter_path=adapter)
+    # pi_old = the base (adapter off), so the ratios are far from 1 and both clip branches occur.
+    base = TorchBackend(tiny_model_dir, device="cpu")
+    examples = gspo_examples(base)
+    config = torch_gspo.GSPOConfig(objective="gspo", epsilon_low=0.05, epsilon_high=0.08, batch_size=6, lora=SMALL_LORA)
+    t_loss, m_loss = torch_gspo_batch_loss(torch_policy, examples, config), mlx_gspo_batch_loss(mlx_policy, examples, config)
+    assert abs(t_loss - m_loss) < TOL
+    # The trainers' first recorded loss is the same quantity, and so is the gradient norm.
+    t_stats = torch_policy.train_gspo(examples, config)
+    m_stats = mlx_policy.train_gspo(examples, config)
+    assert t_stats.steps == m_stats.steps == 1
+    assert abs(t_stats.losses[0] - t_loss) < TOL and abs(m_stats.losses[0] - m_loss) < TOL
+    assert m_stats.grad_norms[0] == pytest.approx(t_stats.grad_norms[0], rel=1e-3)
+    assert m_stats.extra["clip_fraction"][0] == pytest.approx(t_stats.extra["clip_fraction"][0])
+
+
+def test_weighted_dpo_batch_loss_matches_torch_before_any_step(tiny_model_dir, adapter):
+    torch_policy = TorchBackend(tiny_model_dir, adapter_path=adapter, device="cpu")
+    mlx_policy = MLXBackend(tiny_model_dir, adapter_path=adapter)
+    pairs = dpo_pairs()
+    t_loss, m_loss = torch_dpo_batch_loss(torch_policy, pairs, 0.1), mlx_dpo_batch_loss(mlx_policy, pairs, 0.1)
+    assert abs(t_loss - np.log(2)) > 1e-3  # the adapter moved the policy off the reference
+    assert abs(t_loss - m_loss) < TOL
+    config = torch_dpo.WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA)
+    t_stats = torch_policy.train_weighted_dpo(pairs, config)
+    m_stats = mlx_policy.train_weighted_dpo(pairs, config)
+    assert abs(t_stats.losses[0] - t_loss) < TOL and abs(m_stats.losses[0] - m_loss) < TOL
+    assert m_stats.grad_norms[0] == pytest.approx(t_stats.grad_norms[0], rel=1e-3)
+    assert m_stats.extra["n_pairs"] == t_stats.extra["n_pairs"] == 4
+
+
+# -- one optimiser step lowers the batch loss, in both --------------------------------------------
+@pytest.mark.parametrize("objective", ["gspo", "reward_weighted"])
+def test_one_gspo_step_lowers_the_batch_loss_in_both(tiny_model_dir, objective):
+    """The daily loop's case: a fresh adapter, rollouts scored by the policy that sampled them."""
+    config = torch_gspo.GSPOConfig(objective=objective, learning_rate=2e-3, batch_size=6, epochs=1, lora=SMALL_LORA)
+    for policy in (TorchBackend(tiny_model_dir, device="cpu"), MLXBackend(tiny_model_dir)):
+        examples = gspo_examples(policy)
+        batch_loss = torch_gspo_batch_loss if policy.name == "torch" else mlx_gspo_batch_loss
+        stats = policy.train_gspo(examples, config)  # adds the LoRA adapter, then one step
+        assert stats.steps == 1 and policy.has_adapter
+        if objective == "gspo":  # every ratio is 1 before the step: loss = -mean(A)
+            assert abs(stats.losses[0] - (-np.mean(ADVANTAGES))) < TOL
+        after = batch_loss(policy, examples, config)
+        assert after < stats.losses[0] - 1e-6, (policy.name, stats.losses[0], after)
+
+
+def test_one_weighted_dpo_step_lowers_the_batch_loss_in_both(tiny_model_dir):
+    config = torch_dpo.WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA)
+    pairs = dpo_pairs()
+    results = {}
+    for policy in (TorchBackend(tiny_model_dir, device="cpu"), MLXBackend(tiny_model_dir)):
+        batch_loss = torch_dpo_batch_loss if policy.name == "torch" else mlx_dpo_batch_loss
+        stats = policy.train_weighted_dpo(pairs, config)
+        assert stats.steps == 1
+        assert stats.losses[0] == pytest.approx(np.log(2), abs=TOL)  # fresh adapter = reference
+        after = batch_loss(policy, pairs, config.beta)
+        assert after < stats.losses[0] - 1e-6, (policy.name, stats.losses[0], after)
+        results[policy.name] = after
+    # Fresh adapters differ (each framework's own random A), so the post-step losses only agree roughly.
+    assert results["mlx"] == pytest.approx(results["torch"], abs=0.05)
+
+
+def test_trainers_refuse_bad_input(tiny_model_dir):
+    policy = MLXBackend(tiny_model_dir)
+    config = torch_dpo.WeightedDPOConfig(lora=SMALL_LORA)
+    with pytest.raises(ValueError):
+        policy.train_weighted_dpo([], config)
+    with pytest.raises(ValueError):
+        policy.train_weighted_dpo([torch_dpo.PreferencePair(PROMPTS[0], "a", "b", 0.0)], config)
+    bad = torch_gspo.GSPOExample(PROMPTS[0], [1, 2, 3], [-1.0], 1.0)
+    with pytest.raises(ValueError):
+        policy.train_gspo([bad], torch_gspo.GSPOConfig(lora=SMALL_LORA))
