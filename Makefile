@@ -9,7 +9,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 UNAME_S := $(shell uname -s)
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup demo test ui mlx clean
+.PHONY: setup demo test ui clean
 
 setup: $(STAMP) .dagster/dagster.yaml
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import random
 import shutil
 import time
