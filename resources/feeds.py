@@ -43,11 +43,12 @@ class FeedSource(dg.ConfigurableResource):
     data_dir: str = Field(default="./data", description="FLYWHEEL_DATA_DIR (raw feeds go to raw/feeds/D/).")
 
     @classmethod
-    def from_env(cls) -> "FeedSource":
+    def from_env(cls, max_headlines: int | None = None) -> "FeedSource":
+        """From the environment; `max_headlines` overrides FLYWHEEL_MAX_HEADLINES (the demo's small days)."""
         return cls(
             archive_dir=env_or_default("FLYWHEEL_FEEDS_ARCHIVE", DEFAULT_ARCHIVE),
             feed_urls=env_or_default("FLYWHEEL_FEED_URLS", ""),
-            max_headlines=env_int_or_default("FLYWHEEL_MAX_HEADLINES", 30),
+            max_headlines=max_headlines if max_headlines is not None else env_int_or_default("FLYWHEEL_MAX_HEADLINES", 30),
             data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
         )
 

@@ -35,6 +35,9 @@ from resources.settings import env_or_default, resolve_path
 
 _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _UNPARTITIONED = "all"
+# Views this process has already created: a view globs every partition of its table, so it only
+# has to be made once per table, not on every partition write.
+_VIEWS_MADE: set[tuple[str, str]] = set()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -118,7 +121,8 @@ class Warehouse(dg.ConfigurableResource):
         sink = pa.BufferOutputStream()
         pq.write_table(arrow, sink)
         atomic_write_bytes(target, sink.getvalue().to_pybytes())
-        self.refresh_view(table)
+        if (str(self.duckdb_path), table) not in _VIEWS_MADE or not self.duckdb_path.exists():
+            self.refresh_view(table)
         return target
 
     def delete(self, table: str, partition: str | None = None, key: str = "date") -> None:
@@ -194,8 +198,11 @@ class Warehouse(dg.ConfigurableResource):
 
     def refresh_view(self, table: str) -> None:
         """(Re)create the view named after the table; drop it when the table has no files."""
+        key = (str(self.duckdb_path), table)
         with self.connect() as con:
             if self.files(table):
                 con.execute(f"CREATE OR REPLACE VIEW {table} AS {self._view_select(table)}")
+                _VIEWS_MADE.add(key)
             else:
                 con.execute(f"DROP VIEW IF EXISTS {table}")
+                _VIEWS_MADE.discard(key)

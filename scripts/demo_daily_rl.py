@@ -13,9 +13,11 @@ import json
 
 import dagster as dg
 
-from resources.settings import SAMPLE_DATA
+from resources.settings import SAMPLE_DATA, env
+from resources.storage import Warehouse
 
 DEMO_MAX_NEW_TOKENS = 96  # tiny-local's notes end within ~80 tokens; keeps `make demo` to minutes
+DEMO_MAX_HEADLINES = 12  # of the archive's ~30 a day; FLYWHEEL_MAX_HEADLINES (or max_headlines=None) for all
 
 
 def archive_days(days: int) -> list[str]:
@@ -23,17 +25,18 @@ def archive_days(days: int) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir())[:days]
 
 
-def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None = None) -> dict:
+def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None = DEMO_MAX_HEADLINES) -> dict:
     """Materialise headlines + daily_update + daily_report for the first `days` archive days in order."""
     from pipelines.daily_rl import daily_rl_job, daily_rl_resources, defs
     from pipelines.resources import core_resources
+    from resources.feeds import FeedSource
 
     resources = {**core_resources(), **daily_rl_resources()}
     if max_headlines is not None:
-        resources["feeds"] = resources["feeds"].model_copy(update={"max_headlines": max_headlines})
+        resources["feeds"] = FeedSource.from_env(max_headlines=max_headlines)
     job = dg.Definitions(assets=list(defs.assets), jobs=[daily_rl_job], resources=resources).resolve_job_def(daily_rl_job.name)
     run_config = {"ops": {"daily_update": {"config": {"max_new_tokens": DEMO_MAX_NEW_TOKENS}}}}
-    warehouse = resources["warehouse"]
+    warehouse = Warehouse(data_dir=env("FLYWHEEL_DATA_DIR"))  # plain values: the resources may hold EnvVars
     summary: dict = {"days": []}
     for day in archive_days(days):
         result = job.execute_in_process(partition_key=day, instance=instance, run_config=run_config)
@@ -59,7 +62,7 @@ def _num(value):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--days", type=int, default=3)
-    parser.add_argument("--max-headlines", type=int, default=None)
+    parser.add_argument("--max-headlines", type=int, default=DEMO_MAX_HEADLINES)
     args = parser.parse_args()
     with dg.DagsterInstance.get() as instance:
         print(json.dumps(run(instance, args.days, args.max_headlines), indent=1))

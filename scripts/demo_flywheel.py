@@ -45,7 +45,8 @@ def decision_range(resources: dict) -> tuple[str, str]:
 
 
 def run(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> dict[str, Any]:
-    resources = {**core_resources(), **flywheel_resources()}
+    # Resolved values (a resource built from the environment may hold EnvVars until a run starts).
+    resources = {k: r.process_config_and_initialize() for k, r in {**core_resources(), **flywheel_resources()}.items()}
     started = time.perf_counter()
     first, last = decision_range(resources)
     log(f"flywheel: decisions and outcomes {first}..{last} (one run)")

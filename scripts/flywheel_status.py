@@ -17,7 +17,7 @@ from resources.storage import Warehouse
 
 
 def flywheel_status(warehouse: Warehouse | None = None, min_new_pairs: int | None = None) -> dict[str, Any]:
-    return training_status(warehouse or Warehouse.from_env(), min_new_pairs)
+    return training_status(warehouse or Warehouse.from_env().process_config_and_initialize(), min_new_pairs)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -34,11 +34,11 @@ def style_score(
 ) -> dict[str, Any]:
     """Score one proposal (its orders, the decision context) with the latest (or given) adapter."""
     orders = [Order.model_validate(o).model_dump(mode="json") for o in orders]  # same validation as the log
-    adapter = Path(adapter_path) if adapter_path else latest_adapter_dir(warehouse or Warehouse.from_env())
+    adapter = Path(adapter_path) if adapter_path else latest_adapter_dir(warehouse or Warehouse.from_env().process_config_and_initialize())
     if adapter is None or not adapter.exists():
         return {"available": False, "style_match_score": None, "margin_logp": None,
                 "comment": style_comment(float("nan")), "adapter_path": None}
-    backend = (model_backend or ModelBackendResource.from_env()).load(adapter_path=adapter)
+    backend = (model_backend or ModelBackendResource.from_env().process_config_and_initialize()).load(adapter_path=adapter)
     margin, score = score_candidates(backend, [render_prompt(context or {}, text)], [render_plan(orders)])
     return {
         "available": True,

@@ -184,3 +184,14 @@ def test_a_failed_training_is_recorded_and_latest_does_not_move(resources, wareh
     assert hist["status"].tolist() == ["failed"] and "no training pairs" in hist["error"][0]
     assert not warehouse.path("adapters", "preference", "latest").exists()
     assert not any(p.name.startswith(".staging") for p in warehouse.path("adapters", "preference").glob(".*"))
+
+
+def test_a_holdout_leak_blocks_training(resources, warehouse, monkeypatch):
+    assert _decisions_and_outcomes(resources).success
+    # Pretend the hash rule changed under the dataset: every training pair now "belongs" to the holdout.
+    monkeypatch.setattr("assets.flywheel.dataset.holdout_split", lambda decision_id: "holdout")
+    result = dg.materialize([dpo_dataset, preference_adapter], resources=resources, raise_on_error=False)
+    assert not result.success
+    check = [c for c in result.get_asset_check_evaluations() if c.check_name == "no_holdout_in_training"][0]
+    assert not check.passed
+    assert not warehouse.read_all(HISTORY_TABLE).shape[0]  # the adapter never started

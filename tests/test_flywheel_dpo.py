@@ -46,12 +46,10 @@ def test_at_the_reference_the_loss_is_log2_and_gradient_favours_chosen():
     assert pc.grad[1] == pytest.approx(3 * pc.grad[0])  # the weight scales the pair's gradient
 
 
-def test_per_base_model_defaults():
-    assert WeightedDPOConfig().learning_rate == 5e-5 and WeightedDPOConfig().beta == 0.1
-    assert WeightedDPOConfig.for_base_model("Qwen/Qwen3-0.6B").learning_rate == 5e-5
-    tiny = WeightedDPOConfig.for_base_model("tiny-local")
-    assert tiny.learning_rate > 5e-5 and tiny.lora.r == 8
-    assert WeightedDPOConfig.for_base_model("tiny-local", learning_rate=1e-4, epochs=None).learning_rate == 1e-4
+def test_defaults_are_the_issues():
+    cfg = WeightedDPOConfig()
+    assert (cfg.learning_rate, cfg.beta, cfg.lora.r, cfg.max_grad_norm) == (5e-5, 0.1, 8, 1.0)
+    assert WeightedDPOConfig.with_overrides(learning_rate=1e-4, epochs=None).epochs == cfg.epochs
 
 
 def test_training_moves_the_policy_towards_chosen(torch_policy, one_thread):

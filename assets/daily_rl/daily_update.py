@@ -211,19 +211,19 @@ def daily_update(
     reward_stats = _describe(scores["reward"]) if len(scores) else {}
     yield dg.MaterializeResult(
         asset_key="rollout_scores",
-        metadata={
+        metadata=_present({
             "dagster/row_count": len(scores), "prediction_date": prediction_day, "outcome_headlines_date": outcome_day,
             "override": config.outcome_headlines_date is not None, "judge": judge.describe(model_backend),
             "groups": int(scores["headline_id"].nunique()) if len(scores) else 0,
-            "usable_share": float(scores["usable"].mean()) if len(scores) else float("nan"),
             "judge_retries": int(scores.groupby("headline_id")["judge_retries"].first().sum()) if len(scores) else 0,
             "judge_fallbacks": int(scores.groupby("headline_id")["judge_fallback"].first().sum()) if len(scores) else 0,
+            "usable_share": _num(scores["usable"].mean()) if len(scores) else None,
             "reward": dg.MetadataValue.json(reward_stats), "score_seconds": round(timings["score_s"], 2),
-        },
+        }),
     )
     yield dg.MaterializeResult(
         asset_key="policy_checkpoint",
-        metadata={
+        metadata=_present({
             "policy_version": info["policy_version"], "kind": info["kind"], "parent_version": str(info["parent_version"]),
             "path": dg.MetadataValue.path(str(ckpt_root / day)), "trained": stats is not None,
             "examples": len(examples), "steps": training_row["steps"], "loss": _num(training_row["loss"]),
@@ -231,18 +231,18 @@ def daily_update(
             "grad_norm_median": _num(grad_median), "grad_norm_iqr": _num(grad_iqr),
             "clip_fraction": _num(training_row["clip_fraction"]), "train_seconds": round(timings["train_s"], 2),
             "objective": config.objective, "learning_rate": config.learning_rate,
-        },
+        }),
     )
     yield dg.MaterializeResult(
         asset_key="rollouts",
-        metadata={
+        metadata=_present({
             "dagster/row_count": len(rollouts), "headlines": len(todays), "rollouts_per_headline": n_rollouts,
             "max_new_tokens": max_new_tokens, "policy_version": info["policy_version"],
             "mean_structure_score": _num(training_row["mean_structure"]), "generated_tokens": generated_tokens,
             "tokens_per_second": round(generated_tokens / max(timings["generate_s"], 1e-9), 1),
             "generate_seconds": round(timings["generate_s"], 2),
-            "example": dg.MetadataValue.md(f"```\n{rollouts['response'].iloc[0][:600]}\n```") if len(rollouts) else "",
-        },
+            "example": dg.MetadataValue.md(f"```\n{rollouts['response'].iloc[0][:600]}\n```") if len(rollouts) else None,
+        }),
     )
     yield dg.AssetCheckResult(asset_key="rollout_scores", check_name="ranks_are_permutations", passed=bool(ranks_ok))
     yield dg.AssetCheckResult(asset_key="rollout_scores", check_name="rewards_in_unit_interval", passed=rewards_ok,
@@ -253,10 +253,14 @@ def daily_update(
                               metadata={"checkpoint_version": str(on_disk.get("policy_version"))})
 
 
-def _num(value) -> float:
-    """NaN-safe float for metadata (NaN shows as nothing useful in the UI)."""
+def _num(value) -> float | None:
+    """Float for metadata; None for NaN (not trained / nothing scored), dropped by `_present`."""
     value = float(value)
-    return value if value == value else 0.0
+    return value if value == value else None
+
+
+def _present(metadata: dict) -> dict:
+    return {k: v for k, v in metadata.items() if v is not None}
 
 
 def _describe(rewards: pd.Series) -> dict:

@@ -21,10 +21,9 @@ HISTORY_TABLE = "preference_training_history"
 
 
 class PreferenceAdapterConfig(dg.Config):
-    # None = the per-base-model default of WeightedDPOConfig.for_base_model (TRL's 5e-5 for real
-    # models; 2e-3 and 8 epochs for tiny-local, see docs/flywheel.md).
-    learning_rate: Optional[float] = None
-    epochs: Optional[int] = None
+    # TRL's DPO defaults (see WeightedDPOConfig).
+    learning_rate: float = 5e-5
+    epochs: int = 3
     beta: float = 0.1
     batch_size: int = 8
     lora_r: int = 8
@@ -52,8 +51,8 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
     successful run. Every run (failed ones too) appends a row to `preference_training_history`."""
     pairs_df = warehouse.read("dpo_dataset")
     train = pairs_df[pairs_df["split"] == "train"] if len(pairs_df) else pairs_df
-    cfg = WeightedDPOConfig.for_base_model(
-        model_backend.base_model, learning_rate=config.learning_rate, epochs=config.epochs, beta=config.beta,
+    cfg = WeightedDPOConfig.with_overrides(
+        learning_rate=config.learning_rate, epochs=config.epochs, beta=config.beta,
         batch_size=config.batch_size, max_grad_norm=config.max_grad_norm,
         lora=LoraSettings(r=config.lora_r, alpha=config.lora_alpha),
         seed=model_backend.seed if config.seed is None else config.seed,
@@ -78,7 +77,7 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
             raise ValueError("dpo_dataset has no training pairs: materialise operator_decisions, decision_outcomes and dpo_dataset first")
         pairs = training_pairs(pairs_df)
         backend = model_backend.load()
-        backend.add_lora(cfg.lora)
+        # The trainer seeds, then adds the LoRA adapter, so a re-run gives the same adapter.
         stats = backend.train_weighted_dpo(pairs, cfg)
         staging.mkdir(parents=True)
         backend.save(staging)

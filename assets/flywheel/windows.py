@@ -16,7 +16,7 @@ inside the data's range, no orders). A price is never invented: no forward fill,
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
@@ -170,7 +170,3 @@ def compute_outcome(
         vs_spy_pct=sum(g * (r - spy) for g, r in zip(signs, legs)) / len(legs),
     )
     return out
-
-
-def window_dict(w: Window) -> dict[str, Any]:
-    return asdict(w)
