@@ -41,6 +41,7 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
         row = dict(
             date=day, rollouts=len(rollouts), mean_structure=round(float(rollouts["structure_score"].mean()), 4),
             full_structure_share=round(float((rollouts["structure_score"] == 1.0).mean()), 4),
+            finished_share=round(float(rollouts["finished"].mean()), 4),
             mean_reward=round(float(scores["reward"].mean()), 4) if len(scores) else None,
             usable_share=round(float(scores["usable"].mean()), 4) if len(scores) else None,
             steps=int(training["steps"]), loss=round(float(training["loss"]), 5) if training["trained"] else None,
@@ -65,7 +66,7 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
         reward_first_mean=round(float(r_first.mean()), 4), reward_last_mean=round(float(r_last.mean()), 4),
         reward_welch_t=round(float(t_reward.statistic), 3), reward_p=float(t_reward.pvalue),
         learned=bool(last.mean() > first.mean() and t_struct.pvalue < 0.05),
-        final_kl=per_day[-1]["kl"], wall_s=round(time.perf_counter() - started, 1), data_dir=str(root),
+        final_kl=per_day[-1]["kl"], final_finished_share=per_day[-1]["finished_share"], wall_s=round(time.perf_counter() - started, 1), data_dir=str(root),
     )
     print(f"structure score: first day {summary['structure_first_mean']} -> last day {summary['structure_last_mean']}, "
           f"Welch t={summary['structure_welch_t']}, p={summary['structure_p']:.3g}")

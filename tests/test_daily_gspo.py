@@ -112,3 +112,27 @@ def test_train_gspo_full_fine_tune_has_no_adapter(torch_policy):
     stats = train_gspo(torch_policy, examples, GSPOConfig(lora=None, learning_rate=1e-4, batch_size=4))
     assert not torch_policy.has_adapter and stats.steps == 1
     assert torch_policy.num_parameters(trainable_only=True) == torch_policy.num_parameters()
+
+
+def test_shared_prefix_logprobs_match_plain_padded_batches(torch_policy):
+    from resources.models.gspo import shared_prefix_logprobs
+    from resources.models.interface import LoraSettings
+
+    torch_policy.add_lora(LoraSettings())
+    torch.manual_seed(0)
+    for p in torch_policy.trainable_parameters():  # a non-trivial adapter, so the prompt's KV matters
+        p.data.add_(0.05 * torch.randn_like(p))
+    prompts = [torch_policy.prompt_ids(trading_note_messages("Apple beats quarterly estimates", "Revenue rose 8%.")),
+               torch_policy.prompt_ids(trading_note_messages("Boeing recalls products in its defense line", ""))]
+    p_ids = [prompts[i % 2] for i in range(5)]
+    r_ids = [list(range(10, 10 + n)) for n in (1, 7, 3, 12, 5)]
+    plain, plain_mask = torch_policy.batch_logprobs(p_ids, r_ids)
+    shared, shared_mask = shared_prefix_logprobs(torch_policy, p_ids, r_ids)
+    assert torch.equal(plain_mask, shared_mask)
+    assert torch.allclose(plain, shared, atol=1e-4)
+    plain.sum().backward()
+    g_plain = [p.grad.clone() for p in torch_policy.trainable_parameters()]
+    torch_policy.model.zero_grad()
+    shared.sum().backward()
+    for a, b in zip(g_plain, (p.grad for p in torch_policy.trainable_parameters())):
+        assert torch.allclose(a, b, atol=1e-3, rtol=1e-3)

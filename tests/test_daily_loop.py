@@ -139,3 +139,15 @@ def test_definitions_shape_and_schedule():
     assert daily_rl_schedule.execution_timezone == "America/New_York"
     assert daily_rl_job.name == "daily_rl_job"
     assert set(defs.resources) >= {"feeds", "judge"}
+
+
+def test_judge_is_the_frozen_base_never_the_policy(model_backend):
+    from assets.daily_rl.judging import JudgeGroup
+
+    judge = JudgeResource()
+    backend = judge.load(model_backend)
+    assert not backend.has_adapter and judge.describe(model_backend).startswith("frozen base")
+    group = JudgeGroup("Apple beats quarterly estimates", ["AAPL shares rise 3% after the news"],
+                       ["Trade Recommendation: Buy AAPL.", "We are cautious.", "Stop Loss: 5% below entry."], seed=1)
+    [result] = judge.rank(backend, [group])
+    assert is_permutation(result.ranks) and len(result.answers) >= 1

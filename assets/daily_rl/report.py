@@ -12,7 +12,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 SUMMARY_COLUMNS = [
-    "date", "headlines", "rollouts", "mean_structure", "scored", "usable_share", "reward_n", "reward_avg",
+    "date", "headlines", "rollouts", "mean_structure", "finished_share", "scored", "usable_share", "reward_n", "reward_avg",
     "reward_min", "reward_max", "reward_negatives", "negative_advantages", "trained", "steps", "loss", "kl_to_base",
     "grad_norm_median", "grad_norm_iqr", "clip_fraction", "policy_version",
 ]
@@ -28,6 +28,8 @@ def day_summary(day: str, headlines: pd.DataFrame, rollouts: pd.DataFrame, score
         headlines=int(len(headlines)),
         rollouts=int(len(rollouts)),
         mean_structure=float(rollouts["structure_score"].mean()) if len(rollouts) else np.nan,
+        # share of notes that ended on their own (not at the length cap): a collapse shows here first
+        finished_share=float(rollouts["finished"].astype(bool).mean()) if len(rollouts) else np.nan,
         scored=int(len(scores)),
         usable_share=float(scores["usable"].astype(bool).mean()) if len(scores) else np.nan,
         reward_n=int(len(rewards)),

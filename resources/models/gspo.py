@@ -45,6 +45,9 @@ class GSPOConfig:
     max_grad_norm: float = 1.0
     lora: LoraSettings | None = field(default_factory=LoraSettings)  # None = full fine-tune
     seed: int = 0  # shuffles the minibatch order
+    # The 8 rollouts of a headline share its prompt: run the prompt once per minibatch and expand its
+    # KV cache (gradients flow through it), instead of recomputing it for every row.
+    share_prompt_prefix: bool = True
     one_at_a_time: bool = False  # the original loop's way (one sequence per forward), for the benchmark
 
     def __post_init__(self) -> None:
@@ -109,6 +112,50 @@ def _pad(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
     return out
 
 
+def shared_prefix_logprobs(
+    backend: "TorchBackend", prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same result as `backend.batch_logprobs` (`(logp, mask)`, `[B, T]`), computing each distinct
+    prompt once: the prompts run left-padded with a KV cache, the cache rows are gathered per
+    response (differentiable indexing), then the responses run on top of it."""
+    model, device, pad = backend.model, backend.device, backend.tokenizer.pad_token_id
+    unique: dict[tuple[int, ...], int] = {}
+    rows = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
+    prompts = list(unique)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for u, p in enumerate(prompts):
+        ids[u, width - len(p):] = torch.tensor(p)
+        attention[u, width - len(p):] = 1
+    ids, attention = ids.to(device), attention.to(device)
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+    index = torch.tensor(rows, device=device)
+    first_logits = out.logits[:, -1, :].float().index_select(0, index)  # predicts each response's first token
+    cache = out.past_key_values
+    cache.batch_select_indices(index)
+
+    length = max(len(r) for r in response_ids)
+    responses = torch.full((len(rows), length), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    for b, r in enumerate(response_ids):
+        responses[b, : len(r)] = torch.tensor(list(r))
+        mask[b, : len(r)] = True
+    responses, mask = responses.to(device), mask.to(device)
+    # right padding of the responses is invisible to real tokens (causal attention)
+    full_attention = torch.cat([attention.index_select(0, index), torch.ones_like(responses)], dim=-1)
+    response_positions = positions[:, -1:].index_select(0, index) + 1 + torch.arange(length, device=device)[None, :]
+    if length > 1:
+        rest = model(input_ids=responses[:, :-1], attention_mask=full_attention[:, :-1],
+                     position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).logits.float()
+        logits = torch.cat([first_logits[:, None, :], rest], dim=1)
+    else:
+        logits = first_logits[:, None, :]
+    logp = logits.gather(-1, responses[:, :, None])[:, :, 0] - torch.logsumexp(logits, dim=-1)
+    return logp.masked_fill(~mask, 0.0), mask
+
+
 def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config: GSPOConfig) -> TrainStats:
     """`config.epochs` passes over `examples` in shuffled padded minibatches, one Adam step each.
 
@@ -133,19 +180,30 @@ def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config:
 
     encoded = [(prompt_ids(ex.prompt), list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)) for ex in usable]
     batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
+    share = config.share_prompt_prefix and not config.one_at_a_time
     rng = random.Random(config.seed)
     batches = []
     for _ in range(config.epochs):
-        order = list(range(len(encoded)))
-        rng.shuffle(order)
+        if share:
+            # shuffle whole prompt groups, so a minibatch holds few distinct prompts
+            groups: dict[tuple[int, ...], list[int]] = {}
+            for i, e in enumerate(encoded):
+                groups.setdefault(tuple(e[0]), []).append(i)
+            group_list = list(groups.values())
+            rng.shuffle(group_list)
+            order = [i for g in group_list for i in g]
+        else:
+            order = list(range(len(encoded)))
+            rng.shuffle(order)
         batches += [[encoded[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
 
     device = backend.device
+    logprobs_fn = (lambda p, r: shared_prefix_logprobs(backend, p, r)) if share else backend.batch_logprobs
 
     def loss_fn(batch):
         p_ids = [b[0] for b in batch]
         r_ids = [b[1] for b in batch]
-        logp, mask = backend.batch_logprobs(p_ids, r_ids)
+        logp, mask = logprobs_fn(p_ids, r_ids)
         old = _pad([b[2] for b in batch], logp.shape[1]).to(device)
         adv = torch.tensor([b[3] for b in batch], dtype=torch.float32, device=device)
         return gspo_loss(logp, old, mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
