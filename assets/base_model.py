@@ -6,7 +6,7 @@ import time
 import dagster as dg
 
 from resources.models import ModelBackendResource
-from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
+from resources.models.tiny_local import TinyLocalConfig, ensure_tiny_local
 
 
 class BaseModelConfig(dg.Config):
@@ -28,13 +28,8 @@ def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, model
     metadata: dict = {"base_model": model_backend.base_model, "backend": model_backend.backend}
     if model_backend.is_tiny_local:
         out_dir = model_backend.tiny_local_dir()
-        tiny_config = TinyLocalConfig(seed=model_backend.seed)
-        info = read_build_info(out_dir)
-        if config.rebuild or info is None or info.get("fingerprint") != tiny_config.fingerprint():
-            info = build_tiny_local(out_dir, tiny_config, log=context.log.info)
-            metadata["reused_existing_build"] = False
-        else:
-            metadata["reused_existing_build"] = True
+        info, built = ensure_tiny_local(out_dir, TinyLocalConfig(seed=model_backend.seed), config.rebuild, context.log.info)
+        metadata["reused_existing_build"] = not built
         metadata.update(
             parameters=info["parameters"], vocab_size=info["vocab_size"], build_seconds=info["build_seconds"],
             weights_sha256=info["weights_sha256"], fingerprint=info["fingerprint"],

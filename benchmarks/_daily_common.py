@@ -11,13 +11,9 @@ from resources.settings import PROJECT_ROOT
 
 def tiny_local_data_dir(data_dir: str | None = None) -> Path:
     """A data dir holding tiny-local (built once into .cache/, as the tests do) at models/tiny-local."""
-    from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
+    from resources.models.tiny_local import cached_tiny_local
 
-    config = TinyLocalConfig()
-    cached = PROJECT_ROOT / ".cache" / f"tiny-local-{config.fingerprint()}"
-    info = read_build_info(cached)
-    if info is None or info.get("fingerprint") != config.fingerprint():
-        build_tiny_local(cached, config)
+    cached = cached_tiny_local()
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="flywheel-bench-")) / "data"
     (root / "models").mkdir(parents=True, exist_ok=True)
     link = root / "models" / "tiny-local"

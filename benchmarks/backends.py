@@ -31,32 +31,11 @@ import numpy as np
 
 from resources.models import ModelBackendResource, load_backend
 from resources.models.interface import LoraSettings, SamplingConfig
+from benchmarks.generation import HEADLINES, base_model_path
 from resources.models.prompts import judge_messages, trading_note_messages
 
 STAGES = ("sampling", "judge", "gspo", "dpo")
 
-HEADLINES = [
-    ("Nvidia beats quarterly estimates on strong data center demand", "Revenue rose 12% as data center sales beat forecasts."),
-    ("Exxon Mobil cuts outlook, shares slide after hours", "The company blamed weaker energy orders."),
-    ("Apple announces $40 billion share buyback", "The board approved a larger repurchase program."),
-    ("Boeing faces antitrust probe over defense practices", "Officials opened a formal investigation."),
-    ("Eli Lilly wins multi-year pharma contract", "The contract is worth about $9 billion over five years."),
-    ("Netflix misses estimates as advertising sales slow", "Revenue fell 4% short of forecasts."),
-    ("JPMorgan raises full-year guidance", "Management lifted its outlook citing payments momentum."),
-    ("Intel chief financial officer steps down", "The exit comes ahead of a key data center launch."),
-]
-
-
-def model_dir(resource: ModelBackendResource) -> Path:
-    if resource.is_tiny_local:
-        from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
-
-        path = resource.tiny_local_dir()
-        info = read_build_info(path)
-        if info is None or info.get("fingerprint") != TinyLocalConfig(seed=resource.seed).fingerprint():
-            build_tiny_local(path, TinyLocalConfig(seed=resource.seed))
-        return path
-    return resource.base_model_dir(download=True)
 
 
 def make_data(path: Path, args) -> dict:
@@ -158,7 +137,7 @@ def main(argv: list[str] | None = None) -> dict:
         return result
 
     resource = ModelBackendResource.from_env().process_config_and_initialize()
-    path = model_dir(resource)
+    path = base_model_path(resource)
     data = make_data(path, args)
     results: dict[str, dict] = {}
     for name in [b.strip() for b in args.backends.split(",") if b.strip()]:

@@ -30,18 +30,12 @@ from assets.flywheel.weighting import build_pairs
 from assets.flywheel.windows import PriceTable, compute_outcome
 from resources.audit_log import BUNDLED_AUDIT_LOG
 from resources.market_data import BUNDLED_PRICES, read_price_file
-from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
+from resources.models.tiny_local import cached_tiny_local
 from resources.models.weighted_dpo import WeightedDPOConfig
-from resources.settings import PROJECT_ROOT
 
 
 def tiny_local_dir() -> Path:
-    config = TinyLocalConfig()
-    path = PROJECT_ROOT / ".cache" / f"tiny-local-{config.fingerprint()}"
-    info = read_build_info(path)
-    if info is None or info.get("fingerprint") != config.fingerprint():
-        build_tiny_local(path, config)
-    return path
+    return cached_tiny_local()
 
 
 def decisions_and_outcomes(log_path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -13,13 +13,14 @@ import argparse
 import json
 import platform
 import time
+from pathlib import Path
 
 import torch
 
 from resources.models import ModelBackendResource
 from resources.models.interface import SamplingConfig
 from resources.models.prompts import trading_note_messages
-from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
+from resources.models.tiny_local import TinyLocalConfig, ensure_tiny_local
 
 HEADLINES = [
     ("Nvidia beats quarterly estimates on strong data center demand", "Revenue rose 12% as data center sales beat forecasts."),
@@ -33,11 +34,12 @@ HEADLINES = [
 ]
 
 
-def ensure_model(resource: ModelBackendResource):
+def base_model_path(resource: ModelBackendResource) -> Path:
+    """The base model folder, building tiny-local or downloading a hub model first if needed."""
     if resource.is_tiny_local:
-        path = resource.tiny_local_dir()
-        if read_build_info(path) is None or read_build_info(path)["fingerprint"] != TinyLocalConfig(seed=resource.seed).fingerprint():
-            build_tiny_local(path, TinyLocalConfig(seed=resource.seed))
+        ensure_tiny_local(resource.tiny_local_dir(), TinyLocalConfig(seed=resource.seed))
+        return resource.tiny_local_dir()
+    return resource.base_model_dir(download=True)
 
 
 def main() -> dict:
@@ -48,8 +50,7 @@ def main() -> dict:
     args = parser.parse_args()
 
     resource = ModelBackendResource.from_env().process_config_and_initialize()
-    ensure_model(resource)
-    backend = resource.load()
+    backend = resource.load(model_path=base_model_path(resource))
     prompts = [trading_note_messages(*HEADLINES[i % len(HEADLINES)]) for i in range(args.prompts)]
     seeds = list(range(args.prompts))
     # min_new_tokens is not a knob here: both ways stop at end-of-turn, so compare tokens/s.

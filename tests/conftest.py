@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from resources.models import ModelBackendResource
-from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, read_build_info
+from resources.models.tiny_local import cached_tiny_local
 from resources.settings import PROJECT_ROOT
 from resources.storage import Warehouse
 
@@ -20,16 +20,11 @@ SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """tiny-local with the default config, built once and reused while its fingerprint holds."""
-    config = TinyLocalConfig()
-    path = PROJECT_ROOT / ".cache" / f"tiny-local-{config.fingerprint()}"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    (PROJECT_ROOT / ".cache").mkdir(exist_ok=True)
     # A lock, so test runs started side by side build it once.
-    with open(path.parent / ".tiny-local.lock", "w") as lock:
+    with open(PROJECT_ROOT / ".cache" / ".tiny-local.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        info = read_build_info(path)
-        if info is None or info.get("fingerprint") != config.fingerprint():
-            build_tiny_local(path, config)
-    return path
+        return cached_tiny_local()
 
 
 @pytest.fixture()

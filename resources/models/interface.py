@@ -65,6 +65,50 @@ class TrainStats:
         return float(np.mean(self.losses)) if self.losses else float("nan")
 
 
+class ChatTokenizer:
+    """The text side both backends share: one Hugging Face tokenizer and its chat template, so
+    torch and mlx see identical prompt and response ids."""
+
+    model_path: Path
+
+    def _load_tokenizer(self) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.stop_ids = self._stop_ids()
+
+    def _stop_ids(self) -> set[int]:
+        """End-of-turn ids: the tokenizer's eos, ChatML's end tokens, and generation_config's eos."""
+        import json
+
+        ids = {self.tokenizer.eos_token_id}
+        for tok in ("<|im_end|>", "<|endoftext|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        gen_config = Path(self.model_path) / "generation_config.json"
+        gen_eos = json.loads(gen_config.read_text()).get("eos_token_id") if gen_config.exists() else None
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif gen_eos:
+            ids.update(gen_eos)
+        return {i for i in ids if i is not None}
+
+    def prompt_ids(self, messages: Messages) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    def encode_response(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+
 class ModelBackend(ABC):
     """One loaded policy. Implementations: `TorchBackend`, `MLXBackend`."""
 

@@ -21,7 +21,6 @@ It follows `TorchBackend`'s conventions exactly, so either backend can take over
 from __future__ import annotations
 
 import contextlib
-import json
 import random
 import shutil
 import time
@@ -35,7 +34,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from resources.models import lora_convert
-from resources.models.interface import LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
+from resources.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
@@ -186,12 +185,11 @@ def _batches(items: Sequence[Any], batch_size: int, epochs: int, seed: int | Non
             yield [items[i] for i in order[start : start + size]]
 
 
-class MLXBackend(ModelBackend):
+class MLXBackend(ChatTokenizer, ModelBackend):
     name = "mlx"
 
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, dtype: str = "auto"):
         from mlx_lm.utils import load_model
-        from transformers import AutoTokenizer
 
         self.model_path = Path(model_path)
         self.adapter_path = Path(adapter_path) if adapter_path else None
@@ -203,44 +201,14 @@ class MLXBackend(ModelBackend):
         self.dtype = self._param_dtype()
         # The same Hugging Face tokenizer and chat template as the torch backend (mlx-lm's
         # TokenizerWrapper wraps this very object), so prompt ids are identical.
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._load_tokenizer()
         self.lora_settings: LoraSettings | None = None
         if self.adapter_path is not None:
             self._load_adapter(self.adapter_path)
         self.model.eval()
-        self.stop_ids = self._stop_ids()
 
     def _param_dtype(self):
         return next(v.dtype for _, v in tree_flatten(self.model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
-
-    # -- text and tokens ----------------------------------------------------------------
-    def _stop_ids(self) -> set[int]:
-        ids = {self.tokenizer.eos_token_id}
-        for tok in ("<|im_end|>", "<|endoftext|>"):
-            tid = self.tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
-                ids.add(tid)
-        gen_config = self.model_path / "generation_config.json"
-        gen_eos = json.loads(gen_config.read_text()).get("eos_token_id") if gen_config.exists() else None
-        if isinstance(gen_eos, int):
-            ids.add(gen_eos)
-        elif gen_eos:
-            ids.update(gen_eos)
-        return {i for i in ids if i is not None}
-
-    def prompt_ids(self, messages: Messages) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
-        )
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
-    def encode_response(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
 
     # -- inference ----------------------------------------------------------------------
     def sample(self, prompts: Sequence[Messages], n: int, config: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:

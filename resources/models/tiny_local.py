@@ -246,3 +246,21 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
 def read_build_info(model_dir: Path) -> dict | None:
     path = Path(model_dir) / "build_info.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def ensure_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(), rebuild: bool = False, log=print) -> tuple[dict, bool]:
+    """`(build info, built now?)`: builds unless `out_dir` already holds this config's build
+    (same fingerprint: same config and corpus, hence the same weights)."""
+    info = read_build_info(out_dir)
+    if rebuild or info is None or info.get("fingerprint") != config.fingerprint():
+        return build_tiny_local(out_dir, config, log=log), True
+    return info, False
+
+
+def cached_tiny_local(config: TinyLocalConfig = TinyLocalConfig(), log=print) -> Path:
+    """tiny-local built once per machine under `.cache/` (tests and benchmarks link it into their data dirs)."""
+    from resources.settings import PROJECT_ROOT
+
+    path = PROJECT_ROOT / ".cache" / f"tiny-local-{config.fingerprint()}"
+    ensure_tiny_local(path, config, log=log)
+    return path

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from resources.models.interface import LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
+from resources.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -51,20 +51,18 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
-class TorchBackend(ModelBackend):
+class TorchBackend(ChatTokenizer, ModelBackend):
     name = "torch"
 
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto", trainable: bool = True):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         self.model_path = Path(model_path)
         self.adapter_path = Path(adapter_path) if adapter_path else None
         self.device = resolve_device(device)
         # bf16 on CUDA; fp32 elsewhere (CPU has no fast bf16 path, and the parity tests need fp32).
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self._load_tokenizer()
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
         if self.adapter_path is not None:
             from peft import PeftModel
@@ -72,33 +70,6 @@ class TorchBackend(ModelBackend):
             model = PeftModel.from_pretrained(model, self.adapter_path, is_trainable=trainable)
         self.model = model.to(self.device)
         self.model.eval()
-        self.stop_ids = self._stop_ids()
-
-    # -- text and tokens ----------------------------------------------------------------
-    def _stop_ids(self) -> set[int]:
-        ids = {self.tokenizer.eos_token_id}
-        for tok in ("<|im_end|>", "<|endoftext|>"):
-            tid = self.tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
-                ids.add(tid)
-        gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if isinstance(gen_eos, int):
-            ids.add(gen_eos)
-        elif gen_eos:
-            ids.update(gen_eos)
-        return {i for i in ids if i is not None}
-
-    def prompt_ids(self, messages: Messages) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
-        )
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
-    def encode_response(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
 
     # -- inference ----------------------------------------------------------------------
     @torch.no_grad()
