@@ -17,6 +17,7 @@ import dagster as dg
 from assets.base_model import base_model
 from pipelines.resources import core_resources
 from resources.settings import env, resolve_path
+from scripts import QUIET_CONSOLE
 
 
 def _area_demo(module: str):
@@ -28,17 +29,29 @@ def _area_demo(module: str):
         return None
 
 
+def _quiet_libraries() -> None:
+    """Progress bars and deprecation chatter of transformers / PEFT say nothing about the demo."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Run both loops on the embedded defaults.")
     parser.add_argument("--days", type=int, default=3, help="days of the bundled feed archive to run the daily loop on")
     args = parser.parse_args()
+    _quiet_libraries()
     if not os.environ.get("DAGSTER_HOME"):
         raise SystemExit("set DAGSTER_HOME (the Makefile sets it to .dagster/): `make demo`")
     instance = dg.DagsterInstance.get()
     summary: dict = {"dagster_home": os.environ["DAGSTER_HOME"], "data_dir": str(resolve_path(env("FLYWHEEL_DATA_DIR")))}
 
     started = time.perf_counter()
-    result = dg.materialize([base_model], instance=instance, resources=core_resources())
+    result = dg.materialize([base_model], instance=instance, resources=core_resources(), run_config=QUIET_CONSOLE)
     meta = result.asset_materializations_for_node("base_model")[0].metadata
     summary["base_model"] = {
         "model": env("FLYWHEEL_BASE_MODEL"),
@@ -63,9 +76,9 @@ def main() -> None:
     print(json.dumps(summary, indent=2, default=str))
     print(
         "\nLook at it:\n"
-        "  make ui                      # Dagster UI on this instance: http://127.0.0.1:3000 (runs, asset metadata, figures)\n"
-        f"  duckdb {summary['data_dir']}/warehouse.duckdb    # or: .venv/bin/python -c \"import duckdb; "
-        f"print(duckdb.connect('{summary['data_dir']}/warehouse.duckdb', read_only=True).sql('SHOW TABLES'))\""
+        "  make ui    # Dagster UI on this instance: http://127.0.0.1:3000 (runs, asset metadata, figures)\n"
+        f"  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{summary['data_dir']}/warehouse.duckdb', "
+        "read_only=True).sql('SHOW TABLES'))\""
     )
 
 

@@ -15,6 +15,7 @@ import dagster as dg
 
 from resources.settings import SAMPLE_DATA, env
 from resources.storage import Warehouse
+from scripts import QUIET_CONSOLE
 
 DEMO_MAX_NEW_TOKENS = 96  # tiny-local's notes end within ~80 tokens; keeps `make demo` to minutes
 DEMO_MAX_HEADLINES = 12  # of the archive's ~30 a day; FLYWHEEL_MAX_HEADLINES (or max_headlines=None) for all
@@ -35,7 +36,7 @@ def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None =
     if max_headlines is not None:
         resources["feeds"] = FeedSource.from_env(max_headlines=max_headlines)
     job = dg.Definitions(assets=list(defs.assets), jobs=[daily_rl_job], resources=resources).resolve_job_def(daily_rl_job.name)
-    run_config = {"ops": {"daily_update": {"config": {"max_new_tokens": DEMO_MAX_NEW_TOKENS}}}}
+    run_config = {"ops": {"daily_update": {"config": {"max_new_tokens": DEMO_MAX_NEW_TOKENS}}}, **QUIET_CONSOLE}
     warehouse = Warehouse(data_dir=env("FLYWHEEL_DATA_DIR"))  # plain values: the resources may hold EnvVars
     summary: dict = {"days": []}
     for day in archive_days(days):

@@ -26,6 +26,7 @@ from assets.flywheel.evaluation import holdout_eval, style_drift
 from assets.flywheel.outcomes import decision_outcomes
 from assets.flywheel.status import training_status
 from pipelines.flywheel import flywheel_resources
+from scripts import QUIET_CONSOLE
 from pipelines.partitions import daily_partitions
 from pipelines.resources import core_resources
 from resources.settings import env
@@ -52,12 +53,12 @@ def run(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> dic
     log(f"flywheel: decisions and outcomes {first}..{last} (one run)")
     r1 = dg.materialize(
         [operator_decisions, decision_outcomes], instance=instance, resources=resources,
-        tags={RANGE_START: first, RANGE_END: last},
+        tags={RANGE_START: first, RANGE_END: last}, run_config=QUIET_CONSOLE,
     )
     if not r1.success:
         raise RuntimeError("operator_decisions / decision_outcomes failed")
     log("flywheel: dpo_dataset -> preference_adapter -> holdout_eval -> style_drift")
-    r2 = dg.materialize([dpo_dataset, preference_adapter, holdout_eval, style_drift], instance=instance, resources=resources)
+    r2 = dg.materialize([dpo_dataset, preference_adapter, holdout_eval, style_drift], instance=instance, resources=resources, run_config=QUIET_CONSOLE)
     if not r2.success:
         raise RuntimeError("flywheel training run failed")
 
