@@ -49,10 +49,17 @@ class GSPOConfig:
     # KV cache (gradients flow through it), instead of recomputing it for every row.
     share_prompt_prefix: bool = True
     one_at_a_time: bool = False  # the original loop's way (one sequence per forward), for the benchmark
+    # pi_old: "stored" = the behaviour log-probs saved at generation; "recompute" = one no-grad pass
+    # of the training forward over the same (unchanged) policy before the first step; "auto" =
+    # stored in fp32 (they equal teacher forcing there, tested to 1e-4), recomputed in bf16/fp16,
+    # where sampling-loop and training-forward numerics differ by more than GSPO's 3e-4 clip band.
+    old_logprobs: str = "auto"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        if self.old_logprobs not in ("auto", "stored", "recompute"):
+            raise ValueError(f"old_logprobs must be auto | stored | recompute, got {self.old_logprobs!r}")
 
 
 @dataclass
@@ -200,19 +207,41 @@ def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config:
     device = backend.device
     logprobs_fn = (lambda p, r: shared_prefix_logprobs(backend, p, r)) if share else backend.batch_logprobs
 
-    def loss_fn(batch):
+    recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and backend.dtype != torch.float32)
+    old_by_batch: list[torch.Tensor] = []
+    behavior_gaps: list[float] = []
+    for batch in batches:
+        stored = _pad([b[2] for b in batch], max(len(b[1]) for b in batch)).to(device)
+        if recompute:
+            with torch.no_grad():  # the policy has not moved yet: this is pi_old through the training forward
+                old, mask = logprobs_fn([b[0] for b in batch], [b[1] for b in batch])
+            old = old.detach().float()
+            lengths = mask.sum(-1).clamp(min=1)
+            behavior_gaps += (((stored - old) * mask).sum(-1) / lengths).abs().tolist()
+            old_by_batch.append(old)
+        else:
+            old_by_batch.append(stored)
+
+    def loss_fn(indexed_batch):
+        index, batch = indexed_batch
         p_ids = [b[0] for b in batch]
         r_ids = [b[1] for b in batch]
         logp, mask = logprobs_fn(p_ids, r_ids)
-        old = _pad([b[2] for b in batch], logp.shape[1]).to(device)
         adv = torch.tensor([b[3] for b in batch], dtype=torch.float32, device=device)
-        return gspo_loss(logp, old, mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
+        return gspo_loss(logp, old_by_batch[index], mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
 
     backend.model.train()
     try:
-        stats = train_loop(params, loss_fn, batches, config.learning_rate, config.max_grad_norm) if batches else TrainStats()
+        stats = (
+            train_loop(params, loss_fn, list(enumerate(batches)), config.learning_rate, config.max_grad_norm)
+            if batches else TrainStats()
+        )
     finally:
         backend.model.eval()
+    stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
+    if behavior_gaps:
+        # How far the sampler's stored log-probs sit from the training forward (per-sequence mean).
+        stats.extra["behavior_logprob_gap_max"] = float(max(behavior_gaps))
     stats.extra["examples"] = len(encoded)
     stats.extra["response_tokens"] = int(sum(len(b[1]) for b in encoded))
     return stats

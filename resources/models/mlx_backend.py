@@ -110,17 +110,22 @@ def gspo_loss(
 def weighted_dpo_loss(
     policy_chosen_logps: mx.array, policy_rejected_logps: mx.array,
     ref_chosen_logps: mx.array, ref_rejected_logps: mx.array, weights: mx.array, beta: float,
+    mean_weight: float | None = None,
 ) -> tuple[mx.array, dict[str, mx.array]]:
     """DPO (Rafailov et al. 2023) with a weight per pair, over sequence-summed log-probs [B]:
 
-        l_i = -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))),  loss = sum_i w_i l_i / sum_i w_i
+        l_i = -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))),  loss = sum_B w_i l_i / (B * mean_weight)
+
+    with `mean_weight` over the whole training set (as `weighted_dpo.weighted_dpo_loss`), else the
+    batch's own sum of weights.
     """
     chosen_logratio = policy_chosen_logps - ref_chosen_logps
     rejected_logratio = policy_rejected_logps - ref_rejected_logps
     logits = beta * (chosen_logratio - rejected_logratio)
     per_pair = -nn.log_sigmoid(logits)
     weights = weights.astype(per_pair.dtype)
-    loss = (weights * per_pair).sum() / mx.maximum(weights.sum(), 1e-12)
+    norm = mx.maximum(weights.sum(), 1e-12) if mean_weight is None else mx.array(len(per_pair) * mean_weight, dtype=per_pair.dtype)
+    loss = (weights * per_pair).sum() / norm
     chosen_reward = mx.stop_gradient(beta * chosen_logratio)
     rejected_reward = mx.stop_gradient(beta * rejected_logratio)
     metrics = {
@@ -472,15 +477,34 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         batch_size = 1 if getattr(config, "one_at_a_time", False) else max(1, config.batch_size)
         batches = list(_batches(encoded, batch_size, config.epochs, config.seed)) if encoded else []
 
-        def loss_fn(model, batch):
-            logp, mask = self.batch_logprobs([b[0] for b in batch], [b[1] for b in batch])
-            old = np.zeros(mask.shape, dtype=np.float32)
-            for i, b in enumerate(batch):
-                old[i, : len(b[2])] = b[2]
-            advantages = mx.array([b[3] for b in batch], dtype=mx.float32)
-            return gspo_loss(logp, mx.array(old), mask, advantages, config.epsilon_low, config.epsilon_high, config.objective)
+        # pi_old as in `gspo.train_gspo`: the stored behaviour log-probs in fp32, else one pass of
+        # the training forward over the not-yet-updated policy (reduced-precision numerics).
+        mode = getattr(config, "old_logprobs", "stored")
+        recompute = mode == "recompute" or (mode == "auto" and self.dtype != mx.float32)
+        old_by_batch = []
+        for batch in batches:
+            if recompute:
+                old, _ = self.batch_logprobs([b[0] for b in batch], [b[1] for b in batch])
+                old = mx.stop_gradient(old.astype(mx.float32))
+                mx.eval(old)  # now, before any update: this is pi_old
+            else:
+                stored = np.zeros((len(batch), max(len(b[1]) for b in batch)), dtype=np.float32)
+                for i, b in enumerate(batch):
+                    stored[i, : len(b[2])] = b[2]
+                old = mx.array(stored)
+            old_by_batch.append(old)
 
-        stats = train_loop(self.model, loss_fn, batches, config.learning_rate, config.max_grad_norm) if batches else TrainStats()
+        def loss_fn(model, indexed_batch):
+            index, batch = indexed_batch
+            logp, mask = self.batch_logprobs([b[0] for b in batch], [b[1] for b in batch])
+            advantages = mx.array([b[3] for b in batch], dtype=mx.float32)
+            return gspo_loss(logp, old_by_batch[index], mask, advantages, config.epsilon_low, config.epsilon_high, config.objective)
+
+        stats = (
+            train_loop(self.model, loss_fn, list(enumerate(batches)), config.learning_rate, config.max_grad_norm)
+            if batches else TrainStats()
+        )
+        stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
         stats.extra["examples"] = len(encoded)
         stats.extra["response_tokens"] = int(sum(len(b[1]) for b in encoded))
         return stats
@@ -521,7 +545,8 @@ class MLXBackend(ChatTokenizer, ModelBackend):
                 [prompt_ids[i] for i in idx], [chosen_ids[i] for i in idx], [rejected_ids[i] for i in idx]
             )
             return weighted_dpo_loss(
-                pol_c, pol_r, mx.array(ref_chosen[idx]), mx.array(ref_rejected[idx]), mx.array(weights[idx]), config.beta
+                pol_c, pol_r, mx.array(ref_chosen[idx]), mx.array(ref_rejected[idx]), mx.array(weights[idx]), config.beta,
+                float(weights.mean()),
             )
 
         batches = _batches(list(range(len(pairs))), config.batch_size, config.epochs, config.seed)

@@ -65,14 +65,21 @@ def weighted_dpo_loss(
     ref_rejected_logps: torch.Tensor,
     weights: torch.Tensor,
     beta: float,
+    mean_weight: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Weighted DPO over sequence-summed log-probs, all tensors [B]. Returns (loss, metrics)."""
+    """Weighted DPO over sequence-summed log-probs, all tensors [B]. Returns (loss, metrics).
+
+    loss = sum_B w_i l_i / (B * mean_weight), with `mean_weight` the mean over the whole training
+    set, so a minibatch estimates the dataset objective sum_i w_i l_i / sum_i w_i and a batch of
+    0.3-weight pairs counts 0.3x a batch of 1.0-weight pairs. Without it: the batch's own sum.
+    """
     chosen_logratio = policy_chosen_logps - ref_chosen_logps
     rejected_logratio = policy_rejected_logps - ref_rejected_logps
     logits = beta * (chosen_logratio - rejected_logratio)
     per_pair = -F.logsigmoid(logits)
     weights = weights.to(per_pair.dtype)
-    loss = (weights * per_pair).sum() / weights.sum().clamp_min(1e-12)
+    norm = weights.sum().clamp_min(1e-12) if mean_weight is None else per_pair.new_tensor(len(per_pair) * mean_weight)
+    loss = (weights * per_pair).sum() / norm
     with torch.no_grad():
         chosen_reward = beta * chosen_logratio
         rejected_reward = beta * rejected_logratio
@@ -111,6 +118,7 @@ def train_weighted_dpo(backend, pairs: Sequence[PreferencePair], config: Weighte
     chosen_ids = [backend.encode_response(p.chosen) for p in pairs]
     rejected_ids = [backend.encode_response(p.rejected) for p in pairs]
     weights = torch.tensor([float(p.weight) for p in pairs], dtype=torch.float32)
+    mean_weight = float(weights.mean())
 
     # Reference log-probs: the base with the adapter off, once, before any update.
     ref_chosen = torch.empty(len(pairs))
@@ -131,7 +139,7 @@ def train_weighted_dpo(backend, pairs: Sequence[PreferencePair], config: Weighte
         n = len(idx)
         return weighted_dpo_loss(
             logps[:n], logps[n:], ref_chosen[idx].to(device), ref_rejected[idx].to(device),
-            weights[idx].to(device), config.beta,
+            weights[idx].to(device), config.beta, mean_weight,
         )
 
     backend.model.train()  # LoRA dropout (0 by default) would apply here

@@ -1,0 +1,35 @@
+"""pi_old for GSPO: stored behaviour log-probs in fp32, recomputed by the training forward in bf16."""
+
+import torch
+
+from resources.models.gspo import GSPOConfig, GSPOExample
+from resources.models.interface import LoraSettings, SamplingConfig
+from resources.models.prompts import trading_note_messages
+
+PROMPTS = [trading_note_messages("Nvidia beats estimates", "Revenue rose."), trading_note_messages("Boeing cuts outlook")]
+
+
+def _examples(policy) -> list[GSPOExample]:
+    groups = policy.sample(PROMPTS, 4, SamplingConfig(max_new_tokens=40), seeds=[1, 2])
+    return [
+        GSPOExample(prompt=PROMPTS[i], response_ids=s.token_ids, behavior_logprobs=s.logprobs, advantage=1.0 if j % 2 else -1.0)
+        for i, g in enumerate(groups) for j, s in enumerate(g)
+    ]
+
+
+def test_fp32_uses_stored_logprobs_and_starts_at_ratio_one(torch_policy):
+    examples = _examples(torch_policy)
+    stats = torch_policy.train_gspo(examples, GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8)))
+    assert stats.extra["old_logprobs"] == "stored"
+    assert abs(stats.extra["ratio_mean"][0] - 1.0) < 1e-5  # stored == teacher forcing in fp32
+
+
+def test_bf16_recomputes_pi_old_so_clipping_is_not_active_before_any_step(torch_policy):
+    examples = _examples(torch_policy)  # sampled in fp32: the stored values are off for a bf16 forward
+    torch_policy.model.to(torch.bfloat16)
+    torch_policy.dtype = torch.bfloat16
+    config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8))
+    stats = torch_policy.train_gspo(examples, config)
+    assert stats.extra["old_logprobs"] == "recomputed"
+    assert stats.extra["behavior_logprob_gap_max"] > 1e-4  # bf16 numerics differ from the stored fp32 values
+    assert abs(stats.extra["ratio_mean"][0] - 1.0) < 1e-6 and stats.extra["clip_fraction"][0] == 0.0
