@@ -206,6 +206,9 @@ def daily_update(
     own_version = bool(len(rollouts) == 0 or (rollouts["policy_version"] == on_disk.get("policy_version")).all())
     reloaded = load_policy(model_backend, ckpt_root / day, on_disk)
     probe = reloaded.greedy([trading_note_messages("Apple beats quarterly estimates", "")], max_new_tokens=12)[0]
+    # The weights on disk, not just the label: they must give the stored behaviour log-probs back.
+    logprob_gap = behavior_logprob_gap(reloaded, rollouts.head(8)) if len(rollouts) else 0.0
+    logprob_tolerance = 1e-3 if str(getattr(reloaded, "dtype", "float32")).endswith("float32") else 5e-2
     del reloaded
 
     reward_stats = _describe(scores["reward"]) if len(scores) else {}
@@ -249,8 +252,21 @@ def daily_update(
                               metadata=reward_stats)
     yield dg.AssetCheckResult(asset_key="policy_checkpoint", check_name="loads_and_generates", passed=bool(probe.strip()),
                               metadata={"sample": probe[:200]})
-    yield dg.AssetCheckResult(asset_key="rollouts", check_name="generated_by_own_checkpoint", passed=own_version,
-                              metadata={"checkpoint_version": str(on_disk.get("policy_version"))})
+    yield dg.AssetCheckResult(
+        asset_key="rollouts", check_name="generated_by_own_checkpoint",
+        passed=bool(own_version and logprob_gap <= logprob_tolerance),
+        metadata={"checkpoint_version": str(on_disk.get("policy_version")), "version_matches": own_version,
+                  "max_mean_abs_logprob_gap": float(logprob_gap), "tolerance": logprob_tolerance},
+    )
+
+
+def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
+    """Largest per-rollout mean |stored behaviour log-prob - log-prob under `policy`| (teacher forced)."""
+    prompts = [json.loads(p) for p in rollouts["prompt"]]
+    responses = [list(r) for r in rollouts["response_ids"]]
+    forced = policy.response_logprobs(prompts, responses)
+    gaps = [float(np.mean(np.abs(np.asarray(b, dtype=np.float64) - f))) for b, f in zip(rollouts["behavior_logprobs"], forced) if len(f)]
+    return max(gaps, default=0.0)
 
 
 def _num(value) -> float | None:

@@ -1,0 +1,27 @@
+"""The `generated_by_own_checkpoint` check compares stored behaviour log-probs with the weights on disk."""
+
+import json
+
+import pandas as pd
+
+from assets.daily_rl.daily_update import behavior_logprob_gap
+from resources.models.interface import LoraSettings, SamplingConfig
+from resources.models.prompts import trading_note_messages
+
+
+def test_gap_is_zero_for_the_sampling_policy_and_large_for_other_weights(torch_policy, model_backend):
+    prompt = trading_note_messages("Nvidia beats estimates", "Revenue rose.")
+    samples = torch_policy.sample([prompt], 4, SamplingConfig(max_new_tokens=32), seeds=[3])[0]
+    rollouts = pd.DataFrame({
+        "prompt": [json.dumps(prompt)] * 4,
+        "response_ids": [s.token_ids for s in samples],
+        "behavior_logprobs": [s.logprobs for s in samples],
+    })
+    assert behavior_logprob_gap(torch_policy, rollouts) < 1e-4
+
+    other = model_backend.load()
+    other.add_lora(LoraSettings(r=4, alpha=8))
+    for name, p in other.model.named_parameters():
+        if "lora_B" in name:
+            p.data.fill_(0.05)  # different weights than the ones that sampled
+    assert behavior_logprob_gap(other, rollouts) > 1e-2
