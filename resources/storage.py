@@ -8,12 +8,15 @@ Layout under `$FLYWHEEL_DATA_DIR`:
 A partition write replaces the partition's file atomically (temp file in the same folder, then
 `os.replace`), so a re-run gives the same rows and a crash never leaves a half-written file.
 DuckDB allows one writer process per file: connections to `warehouse.duckdb` are opened for a
-single statement batch and closed, and the assets that touch it sit in the `duckdb` pool.
+single statement batch and closed, and wait (with backoff) while another process holds the file.
+A view is created once per table per process; a view update that still finds the file locked
+only warns, since the Parquet files are the data.
 Reads never touch that file: they go to the Parquet files through an in-memory DuckDB.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -80,6 +83,7 @@ class Warehouse(dg.ConfigurableResource):
     """Parquet files per table and partition under `$FLYWHEEL_DATA_DIR/warehouse`, DuckDB views over them."""
 
     data_dir: str = Field(default="./data", description="Root of all project data (FLYWHEEL_DATA_DIR).")
+    lock_wait_s: float = Field(default=30.0, description="How long to wait for another process's lock on warehouse.duckdb.")
 
     @classmethod
     def from_env(cls) -> "Warehouse":
@@ -122,7 +126,12 @@ class Warehouse(dg.ConfigurableResource):
         pq.write_table(arrow, sink)
         atomic_write_bytes(target, sink.getvalue().to_pybytes())
         if (str(self.duckdb_path), table) not in _VIEWS_MADE or not self.duckdb_path.exists():
-            self.refresh_view(table)
+            try:
+                self.refresh_view(table)
+            except duckdb.IOException as err:
+                # The Parquet file is the data and is written; the view globs every partition, so
+                # it exists already or the next write makes it. Never fail a long step over it.
+                logging.getLogger(__name__).warning("view %s not refreshed (%s is locked): %s", table, self.duckdb_path, err)
         return target
 
     def delete(self, table: str, partition: str | None = None, key: str = "date") -> None:
@@ -178,16 +187,18 @@ class Warehouse(dg.ConfigurableResource):
         return f"SELECT * FROM read_parquet('{glob}', union_by_name = true, hive_partitioning = false)"
 
     @contextmanager
-    def connect(self, read_only: bool = False, retries: int = 40) -> Iterator[duckdb.DuckDBPyConnection]:
-        """A short-lived connection to `warehouse.duckdb`; waits while another process holds it."""
+    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A short-lived connection to `warehouse.duckdb`; waits up to `lock_wait_s` while another
+        process holds it."""
         self.root.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + self.lock_wait_s
         delay = 0.05
-        for attempt in range(retries):
+        while True:
             try:
                 con = duckdb.connect(str(self.duckdb_path), read_only=read_only)
                 break
             except duckdb.IOException:
-                if attempt == retries - 1:
+                if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 1.0)

@@ -180,3 +180,32 @@ def test_base_model_asset_materializes(data_dir, model_backend, warehouse):
     assert meta["parameters"].value > 100_000 and meta["vocab_size"].value > 500
     checks = result.get_asset_check_evaluations()
     assert checks and all(c.passed for c in checks)
+
+
+def test_a_locked_duckdb_file_does_not_fail_the_parquet_write(tmp_path):
+    import subprocess
+    import sys
+    import time as _time
+
+    wh = Warehouse(data_dir=str(tmp_path), lock_wait_s=0.5)
+    wh.write("numbers", pd.DataFrame({"x": [1]}), partition="2025-11-03")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(wh.duckdb_path)!r}); print('held', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        started = _time.monotonic()
+        with pytest.raises(duckdb.IOException):
+            with wh.connect():
+                pass
+        assert _time.monotonic() - started < 5
+        fresh = Warehouse(data_dir=str(tmp_path), lock_wait_s=0.5)
+        fresh.write("other", pd.DataFrame({"y": [2, 3]}), partition="2025-11-03")  # new table: view update is locked out
+        assert fresh.read("other", "2025-11-03")["y"].tolist() == [2, 3]
+    finally:
+        holder.kill()
+        holder.wait()
+    fresh.write("other", pd.DataFrame({"y": [4]}), partition="2025-11-04")  # the next write makes the view
+    with duckdb.connect(str(wh.duckdb_path), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM other").fetchone() == (3,)
