@@ -24,6 +24,9 @@ from assets.daily_rl.judging import (
         ("BBBB", 8, 1),
         ("B B B", 8, 1),
         ('"A"', 3, 0),
+        ("My choice is a clear C", 8, 2),  # the article "a" is not the letter A
+        ("The answer is a tough one, but C", 8, 2),
+        ("the answer is d.", 8, 3),
     ],
 )
 def test_extract_letter_tolerates_formats(answer, n, expected):

@@ -28,7 +28,8 @@ _JSON_KEYS = ("answer", "choice", "letter", "best", "pick", "selection", "option
 # "answer: c" / "best is [C]"; a bracketed letter anywhere; a standalone capital letter.
 _PATTERNS = (
     re.compile(r"^\W*([A-Za-z])(?:\W*\1)*\W*$"),
-    re.compile(r"\b(?:answer|choice|letter|best|pick|option|candidate|winner)\b\W{0,4}(?:is\W{0,4}|was\W{0,4})?([A-Za-z])\b", re.IGNORECASE),
+    # a lower-case letter counts only when no word follows it ("the answer is a tough one" names no A)
+    re.compile(r"\b(?i:answer|choice|letter|best|pick|option|candidate|winner)\b\W{0,4}(?:(?i:is|was)\W{0,4})?([A-Z]|[a-z](?!\s+[A-Za-z]))\b"),
     re.compile(r"[\[(<{]\s*([A-Za-z])\s*[\])>}]"),
     re.compile(r"\b([A-Z])\b"),
 )
