@@ -72,7 +72,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         self.model.eval()
 
     # -- inference ----------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def sample(self, prompts: Sequence[Messages], n: int, config: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
         if len(seeds) != len(prompts):
             raise ValueError("one seed per prompt")
@@ -88,51 +88,77 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         rows = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
         width = max(len(p) for p in prompt_ids)
         # Left padding so every row's next token sits in the last column.
-        input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for r, (i, _) in enumerate(rows):
-            ids = prompt_ids[i]
-            input_ids[r, width - len(ids) :] = torch.tensor(ids)
-            attention[r, width - len(ids) :] = 1
+        input_ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+        for i, ids in enumerate(prompt_ids):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids)
+            attention[i, width - len(ids) :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        generators = [torch.Generator(device=self.device).manual_seed(row_seed(seeds[i], j)) for i, j in rows]
+        # Each row's uniforms for every step, drawn up front from its own generator; sampling is
+        # then one vectorised inverse-CDF lookup per step (no per-row multinomial calls).
+        uniforms = torch.stack([
+            torch.rand(cfg.max_new_tokens, generator=torch.Generator().manual_seed(row_seed(seeds[i], j)), dtype=torch.float64)
+            for i, j in rows
+        ]).to(self.device) if cfg.temperature > 0 else None
 
-        tokens = [[] for _ in rows]
-        logps = [[] for _ in rows]
-        done = torch.zeros(len(rows), dtype=torch.bool, device=self.device)
-        stop = torch.tensor(sorted(self.stop_ids), device=self.device)
-
-        outputs = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        # The prompt is run once, then its KV cache is copied to its n samples.
+        outputs = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
         past = outputs.past_key_values
-        logits = outputs.logits[:, -1, :].float()
-        next_pos = positions[:, -1:] + 1
-        for _ in range(cfg.max_new_tokens):
+        past.batch_repeat_interleave(n)
+        logits = outputs.logits[:, -1, :].float().repeat_interleave(n, dim=0)
+        attention = attention.repeat_interleave(n, dim=0)
+        next_pos = positions[:, -1:].repeat_interleave(n, dim=0) + 1
+
+        # Per step, for every row: its token, its log-prob, and whether the row was still going.
+        # Finished rows leave the batch (and the cache); `active` maps batch rows to rows.
+        total = len(rows)
+        step_tokens, step_logps, step_alive = [], [], []
+        active = torch.arange(total, device=self.device)
+        stop = torch.tensor(sorted(self.stop_ids), device=self.device)
+        for step in range(cfg.max_new_tokens):
             raw_logp = F.log_softmax(logits, dim=-1)
             if cfg.temperature <= 0:
                 chosen = logits.argmax(-1)
             else:
                 probs = _filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
-                chosen = torch.stack(
-                    [torch.multinomial(probs[r], 1, generator=generators[r])[0] for r in range(len(rows))]
-                )
-            chosen = torch.where(done, torch.full_like(chosen, pad), chosen)
-            chosen_logp = raw_logp.gather(-1, chosen[:, None])[:, 0]
-            for r in torch.nonzero(~done).flatten().tolist():
-                tokens[r].append(int(chosen[r]))
-                logps[r].append(float(chosen_logp[r]))
-            done = done | torch.isin(chosen, stop)
-            if bool(done.all()):
+                cdf = probs.double().cumsum(-1)
+                # First token whose cumulative mass reaches u * total: filtered (zero-mass) tokens never win.
+                target = uniforms[active, step : step + 1] * cdf[:, -1:]
+                chosen = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)[:, 0]
+            tokens_now = torch.full((total,), pad, dtype=torch.long, device=self.device)
+            logps_now = torch.zeros(total, dtype=raw_logp.dtype, device=self.device)
+            alive_now = torch.zeros(total, dtype=torch.bool, device=self.device)
+            tokens_now[active] = chosen
+            logps_now[active] = raw_logp.gather(-1, chosen[:, None])[:, 0]
+            alive_now[active] = True
+            step_tokens.append(tokens_now)
+            step_logps.append(logps_now)
+            step_alive.append(alive_now)
+            keep = ~torch.isin(chosen, stop)
+            if not bool(keep.any()) or step == cfg.max_new_tokens - 1:
                 break
+            if not bool(keep.all()):
+                kept = torch.nonzero(keep).flatten()
+                past.batch_select_indices(kept)
+                active, chosen, attention, next_pos = active[kept], chosen[kept], attention[kept], next_pos[kept]
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)
             outputs = self.model(
                 input_ids=chosen[:, None], attention_mask=attention, position_ids=next_pos,
-                past_key_values=past, use_cache=True,
+                past_key_values=past, use_cache=True, logits_to_keep=1,
             )
             past = outputs.past_key_values
             logits = outputs.logits[:, -1, :].float()
             next_pos = next_pos + 1
 
+        # One device->host copy at the end instead of per-token reads inside the loop.
+        all_tokens = torch.stack(step_tokens, dim=1).tolist()
+        all_logps = torch.stack(step_logps, dim=1).double().tolist()
+        alive = torch.stack(step_alive, dim=1).tolist()
+        tokens = [[t for t, a in zip(all_tokens[r], alive[r]) if a] for r in range(total)]
+        logps = [[lp for lp, a in zip(all_logps[r], alive[r]) if a] for r in range(total)]
         grouped: list[list[Sample]] = [[] for _ in prompt_ids]
         for r, (i, _) in enumerate(rows):
             finished = bool(tokens[r]) and tokens[r][-1] in self.stop_ids
