@@ -11,6 +11,7 @@ only dispatches to it.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,11 +130,29 @@ class ModelBackend(ABC):
         """Token ids of a response as the model would emit it (end-of-turn appended)."""
 
     # -- inference ----------------------------------------------------------------------
-    @abstractmethod
     def sample(
         self, prompts: Sequence[Messages], n: int, config: SamplingConfig, seeds: Sequence[int]
     ) -> list[list[Sample]]:
         """`n` completions per prompt, batched; `seeds[i]` makes prompt i's samples reproducible."""
+        if len(seeds) != len(prompts):
+            raise ValueError("one seed per prompt")
+        out: list[list[Sample]] = []
+        step = max(1, config.prompts_per_batch)
+        with self._sampling_context():
+            for start in range(0, len(prompts), step):
+                chunk = [self.prompt_ids(p) for p in prompts[start : start + step]]
+                out.extend(self._sample_batch(chunk, n, config, seeds[start : start + step]))
+        return out
+
+    @abstractmethod
+    def _sample_batch(
+        self, prompt_ids: list[list[int]], n: int, config: SamplingConfig, seeds: Sequence[int]
+    ) -> list[list[Sample]]:
+        """One forward batch: `n` samples for each of these tokenised prompts."""
+
+    def _sampling_context(self):
+        """Entered around sampling (no autograd, eval mode...)."""
+        return contextlib.nullcontext()
 
     @abstractmethod
     def response_logprobs(

@@ -216,16 +216,8 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         return next(v.dtype for _, v in tree_flatten(self.model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
 
     # -- inference ----------------------------------------------------------------------
-    def sample(self, prompts: Sequence[Messages], n: int, config: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
-        if len(seeds) != len(prompts):
-            raise ValueError("one seed per prompt")
-        out: list[list[Sample]] = []
-        step = max(1, config.prompts_per_batch)
-        with self._eval_mode():
-            for start in range(0, len(prompts), step):
-                chunk = [self.prompt_ids(p) for p in prompts[start : start + step]]
-                out.extend(self._sample_batch(chunk, n, config, seeds[start : start + step]))
-        return out
+    def _sampling_context(self):
+        return self._eval_mode()
 
     def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
         from mlx_lm.models.cache import BatchKVCache

@@ -72,16 +72,8 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         self.model.eval()
 
     # -- inference ----------------------------------------------------------------------
-    @torch.inference_mode()
-    def sample(self, prompts: Sequence[Messages], n: int, config: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
-        if len(seeds) != len(prompts):
-            raise ValueError("one seed per prompt")
-        out: list[list[Sample]] = []
-        step = max(1, config.prompts_per_batch)
-        for start in range(0, len(prompts), step):
-            chunk = [self.prompt_ids(p) for p in prompts[start : start + step]]
-            out.extend(self._sample_batch(chunk, n, config, seeds[start : start + step]))
-        return out
+    def _sampling_context(self):
+        return torch.inference_mode()
 
     def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
         pad = self.tokenizer.pad_token_id
