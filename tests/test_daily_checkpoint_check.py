@@ -25,3 +25,23 @@ def test_gap_is_zero_for_the_sampling_policy_and_large_for_other_weights(torch_p
         if "lora_B" in name:
             p.data.fill_(0.05)  # different weights than the ones that sampled
     assert behavior_logprob_gap(other, rollouts) > 1e-2
+
+
+def test_a_checkpoint_counts_only_once_its_checks_pass(torch_policy, tmp_path):
+    import pytest
+
+    from assets.daily_rl.loop import UnverifiedCheckpoint, mark_verified, parent_checkpoint, publish_checkpoint
+
+    root = tmp_path / "policy"
+    publish_checkpoint(torch_policy, root, "2025-11-03", {"date": "2025-11-03"}, is_base=True)
+    mark_verified(root, "2025-11-03")
+    info = publish_checkpoint(torch_policy, root, "2025-11-04", {"date": "2025-11-04"}, is_base=False)
+    assert info["verified"] is False
+    assert (root / "latest").resolve().name == "2025-11-03"  # not moved before the checks pass
+    with pytest.raises(UnverifiedCheckpoint, match="re-run 2025-11-04"):
+        parent_checkpoint(root, "2025-11-05")
+    assert parent_checkpoint(root, "2025-11-04")[0].name == "2025-11-03"  # re-running the failed day is allowed
+    mark_verified(root, "2025-11-04")
+    assert (root / "latest").resolve().name == "2025-11-04"
+    folder, parent = parent_checkpoint(root, "2025-11-05")
+    assert folder.name == "2025-11-04" and parent["verified"] is True and parent["kind"] == "full"

@@ -59,6 +59,7 @@ def test_three_days_in_order(loop):
         assert len(checks) == 5 and all(checks.values()), checks
     ckpt = root / "checkpoints" / "policy"
     info = [json.loads((ckpt / d / "checkpoint.json").read_text()) for d in DAYS]
+    assert all(i["verified"] for i in info)  # every day passed its blocking checks
     # day 1: nothing to score, nothing trained, the base policy
     assert wh.read("rollout_scores", DAYS[0]).empty
     assert info[0]["kind"] == "base" and not info[0]["trained"]

@@ -25,7 +25,7 @@ from pydantic import Field
 from assets.daily_rl.judging import is_permutation, stable_seed
 from assets.daily_rl.loop import (
     SCORE_COLUMNS, generate_rollouts, judge_inputs, kl_to_base, load_policy, parent_checkpoint, previous_day,
-    publish_checkpoint, quartiles, read_checkpoint, score_table, training_examples,
+    UnverifiedCheckpoint, mark_verified, publish_checkpoint, quartiles, read_checkpoint, score_table, training_examples,
 )
 from pipelines.partitions import daily_partitions
 from resources.judge import JudgeResource
@@ -119,6 +119,13 @@ def daily_update(
     seed = model_backend.seed
     timings: dict[str, float] = {}
 
+    # The parent is checked first: nothing is scored or written when it may not be trained from.
+    ckpt_root = warehouse.path("checkpoints", "policy")
+    try:
+        parent = parent_checkpoint(ckpt_root, day)
+    except UnverifiedCheckpoint as err:
+        raise dg.Failure(str(err)) from err
+
     # 1. score ---------------------------------------------------------------------------
     started = time.perf_counter()
     prev_rollouts = warehouse.read("rollouts", prediction_day)
@@ -137,8 +144,6 @@ def daily_update(
 
     # 2. train ---------------------------------------------------------------------------
     started = time.perf_counter()
-    ckpt_root = warehouse.path("checkpoints", "policy")
-    parent = parent_checkpoint(ckpt_root, day)
     parent_dir, parent_info = parent if parent else (None, None)
     policy = load_policy(model_backend, parent_dir, parent_info)
     examples = training_examples(prev_rollouts, scores)
@@ -210,6 +215,10 @@ def daily_update(
     logprob_gap = behavior_logprob_gap(reloaded, rollouts.head(8)) if len(rollouts) else 0.0
     logprob_tolerance = 1e-3 if str(getattr(reloaded, "dtype", "float32")).endswith("float32") else 5e-2
     del reloaded
+
+    checks_pass = ranks_ok and rewards_ok and bool(probe.strip()) and own_version and logprob_gap <= logprob_tolerance
+    if checks_pass:
+        mark_verified(ckpt_root, day)  # only now may the next day train from it, and `latest` move
 
     reward_stats = _describe(scores["reward"]) if len(scores) else {}
     yield dg.MaterializeResult(

@@ -55,14 +55,26 @@ def read_checkpoint(folder: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+class UnverifiedCheckpoint(RuntimeError):
+    """The parent checkpoint failed its blocking checks: nothing may train from it."""
+
+
 def parent_checkpoint(root: Path, day: str) -> tuple[Path, dict] | None:
-    """The newest checkpoint dated before `day` (normally D-1), or None (start from the base)."""
+    """The newest checkpoint dated before `day` (normally D-1), or None (start from the base).
+
+    A checkpoint whose day failed its blocking checks (`verified: false`) is refused, not skipped:
+    its rollouts are the ones `day` scores, so that day has to be fixed and re-run first.
+    """
     if not root.is_dir():
         return None
     dated = sorted(p.name for p in root.iterdir() if p.is_dir() and _is_date(p.name) and p.name < day)
     for name in reversed(dated):
         info = read_checkpoint(root / name)
         if info is not None:
+            if info.get("verified") is False:
+                raise UnverifiedCheckpoint(
+                    f"checkpoint {name} failed its blocking checks (checkpoint.json verified=false): re-run {name} first"
+                )
             return root / name, info
     return None
 
@@ -95,7 +107,8 @@ def load_policy(model_backend, folder: Path | None, info: dict | None) -> "Model
 
 
 def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict, is_base: bool) -> dict:
-    """Save the day's policy to `root/D/` (staging folder, then one rename) and move `latest`."""
+    """Save the day's policy to `root/D/` (staging folder, then one rename), not yet verified:
+    `mark_verified` moves `latest` once the day's blocking checks pass."""
     staging = root / f".{day}.{uuid.uuid4().hex}.staging"
     staging.mkdir(parents=True)
     if is_base:
@@ -104,9 +117,17 @@ def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict,
         policy.save(staging)
         info = {**info, "kind": "lora" if policy.has_adapter else "full",
                 "policy_version": f"{day}@{weights_digest(staging)[:12]}"}
+    info = {**info, "verified": False}
     atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
+    publish_dir(staging, root / day)
+    return info
+
+
+def mark_verified(root: Path, day: str) -> dict:
+    """The day's checks passed: record it in `checkpoint.json` and move `latest` to it."""
     final = root / day
-    publish_dir(staging, final)
+    info = {**(read_checkpoint(final) or {}), "verified": True}
+    atomic_write_bytes(final / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
     latest = root / "latest"
     current = latest.resolve().name if latest.is_symlink() else ""
     if not _is_date(current) or current <= day:  # a backfill of an older day leaves `latest` alone
