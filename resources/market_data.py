@@ -24,6 +24,7 @@ import dagster as dg
 import pandas as pd
 from pydantic import Field
 
+from assets.flywheel.windows import normalize_prices
 from resources.settings import SAMPLE_DATA, env_or_default, resolve_path
 from resources.storage import atomic_write_bytes
 
@@ -39,13 +40,7 @@ def read_price_file(path: str | Path) -> pd.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"price file {path} does not exist (FLYWHEEL_PRICES_FILE)")
     df = pd.read_parquet(path) if path.suffix.lower() in (".parquet", ".pq") else pd.read_csv(path)
-    missing = {"date", "symbol", "close"} - set(df.columns)
-    if missing:
-        raise ValueError(f"price file {path} lacks columns {sorted(missing)} (needs date, symbol, close)")
-    df = df[["date", "symbol", "close"]].copy()
-    df["date"] = pd.to_datetime(df["date"]).dt.strftime("%Y-%m-%d")
-    df["symbol"] = df["symbol"].astype(str).str.upper()
-    return df
+    return normalize_prices(df, f"price file {path}")
 
 
 def yfinance_long(raw: pd.DataFrame, symbols: Sequence[str]) -> pd.DataFrame:

@@ -66,16 +66,22 @@ def t5_window(ts: datetime | pd.Timestamp | str, window_days: int = WINDOW_DAYS,
     )
 
 
+def normalize_prices(prices: pd.DataFrame, source: str = "price frame") -> pd.DataFrame:
+    """`date` (YYYY-MM-DD), `symbol` (upper case), `close`; a clear error when a column is missing."""
+    missing = {"date", "symbol", "close"} - set(prices.columns)
+    if missing:
+        raise ValueError(f"{source} lacks columns {sorted(missing)} (needs date, symbol, close)")
+    df = prices[["date", "symbol", "close"]].copy()
+    df["date"] = pd.to_datetime(df["date"]).dt.strftime("%Y-%m-%d")
+    df["symbol"] = df["symbol"].astype(str).str.upper()
+    return df
+
+
 class PriceTable:
     """Closes by (date, symbol) with each symbol's last date, from a frame `date, symbol, close`."""
 
     def __init__(self, prices: pd.DataFrame):
-        missing = {"date", "symbol", "close"} - set(prices.columns)
-        if missing:
-            raise ValueError(f"price frame lacks columns {sorted(missing)}")
-        df = prices[["date", "symbol", "close"]].copy()
-        df["date"] = pd.to_datetime(df["date"]).dt.strftime("%Y-%m-%d")
-        df["symbol"] = df["symbol"].astype(str).str.upper()
+        df = normalize_prices(prices)
         df = df.dropna(subset=["close"])
         df = df[df["close"] > 0]
         self.close: dict[tuple[str, str], float] = {
