@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from resources.models.interface import LoraSettings, Messages, TrainStats
+from resources.models.torch_backend import left_padded
 from resources.models.torch_training import train_loop
 
 if TYPE_CHECKING:
@@ -128,15 +129,7 @@ def shared_prefix_logprobs(
     model, device, pad = backend.model, backend.device, backend.tokenizer.pad_token_id
     unique: dict[tuple[int, ...], int] = {}
     rows = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
-    prompts = list(unique)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for u, p in enumerate(prompts):
-        ids[u, width - len(p):] = torch.tensor(p)
-        attention[u, width - len(p):] = 1
-    ids, attention = ids.to(device), attention.to(device)
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    ids, attention, positions = left_padded(list(unique), pad, device)
     out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
     index = torch.tensor(rows, device=device)
     first_logits = out.logits[:, -1, :].float().index_select(0, index)  # predicts each response's first token

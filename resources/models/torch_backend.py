@@ -51,6 +51,19 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     return logits
 
 
+def left_padded(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(input_ids, attention_mask, position_ids)` of prompts padded on the left, so every row's
+    next token sits in the last column; positions count real tokens only."""
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, width - len(p) :] = torch.tensor(list(p))
+        attention[i, width - len(p) :] = 1
+    ids, attention = ids.to(device), attention.to(device)
+    return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
+
+
 class TorchBackend(ChatTokenizer, ModelBackend):
     name = "torch"
 
@@ -78,15 +91,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
     def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
         pad = self.tokenizer.pad_token_id
         rows = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
-        width = max(len(p) for p in prompt_ids)
-        # Left padding so every row's next token sits in the last column.
-        input_ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-        for i, ids in enumerate(prompt_ids):
-            input_ids[i, width - len(ids) :] = torch.tensor(ids)
-            attention[i, width - len(ids) :] = 1
-        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        input_ids, attention, positions = left_padded(prompt_ids, pad, self.device)
         # Each row's uniforms for every step, drawn up front from its own generator; sampling is
         # then one vectorised inverse-CDF lookup per step (no per-row multinomial calls).
         uniforms = torch.stack([
