@@ -9,24 +9,41 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 UNAME_S := $(shell uname -s)
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup demo test ui clean
+LOCK := requirements.lock
+
+.PHONY: setup demo test ui clean lock
 
 setup: $(STAMP) .dagster/dagster.yaml
 
 # torch first, chosen per machine, so the project's own `torch>=2.4` is already met and pip
 # never swaps in the registry's default build (several GB of CUDA wheels) on a CPU-only box.
-$(STAMP): pyproject.toml
+# Every package comes at the version in $(LOCK) (pip constraints from the environment CI tested);
+# torch's version is locked too, its build (CPU, CUDA, macOS) is chosen per machine.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-ifeq ($(UNAME_S),Darwin)
-	$(PIP) install -q torch
-else ifeq ($(HAS_CUDA),1)
-	$(PIP) install -q torch
-else
-	$(PIP) install -q torch==2.13.0 || $(PIP) install -q torch --index-url https://download.pytorch.org/whl/cpu
-endif
-	$(PIP) install -q -e ".[test,mlx]"
+	$(call install_torch,$(PIP),-c $(LOCK))
+	$(PIP) install -q -c $(LOCK) -e ".[test,mlx]"
 	touch $(STAMP)
+
+# $(call install_torch,PIP,CONSTRAINTS): the CPU build where there is no CUDA (the wheel on this
+# machine class, else PyTorch's CPU index), the registry's build on CUDA machines and macOS.
+define install_torch
+$(if $(filter Darwin,$(UNAME_S))$(HAS_CUDA),$(1) install -q $(2) torch,$(1) install -q $(2) torch==$(TORCH_CPU) || $(1) install -q $(2) torch==$(TORCH_CPU) --index-url https://download.pytorch.org/whl/cpu)
+endef
+TORCH_CPU := $(shell sed -n 's/^torch==\([0-9.]*\).*/\1/p' $(LOCK) 2>/dev/null || echo 2.13.0)
+
+# Refresh the lock: resolve the project's ranges afresh in a scratch venv, then freeze it (torch's
+# local build tag dropped, so one line serves CPU, CUDA and macOS). Run `make test` after it.
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install -q --upgrade pip
+	$(call install_torch,.venv-lock/bin/python -m pip,)
+	.venv-lock/bin/python -m pip install -q -e ".[test,mlx]"
+	{ echo "# pip constraints: the versions \`make setup\` installs (CI tested them). Refresh: \`make lock\`."; \
+	  echo "# Resolved on $$(uname -sm), Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())')."; \
+	  .venv-lock/bin/python -m pip freeze --exclude-editable | sed -E 's/^(torch==[0-9.]+)\+[a-z0-9]+$$/\1/'; } > $(LOCK).tmp
+	mv $(LOCK).tmp $(LOCK) && rm -rf .venv-lock
 
 .dagster/dagster.yaml: scripts/dagster.yaml | $(STAMP)
 	mkdir -p .dagster
