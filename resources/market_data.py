@@ -8,7 +8,8 @@ dividends, which is what returns need):
   - `yfinance`: Yahoo Finance, one batched `yf.download` for every symbol and date the run needs,
     retried with exponential backoff. Downloads go to a cache under
     `$FLYWHEEL_DATA_DIR/market_data/`, with the range each symbol is known for, so a re-run over
-    the same decisions downloads nothing.
+    the same decisions downloads nothing. All of a symbol's cached closes come from one download
+    (one adjustment basis): a symbol whose range grows is downloaded again over its whole range.
 A missing close stays missing: nothing here fills, interpolates or invents a price.
 """
 
@@ -32,6 +33,7 @@ BUNDLED_PRICES = SAMPLE_DATA / "prices" / "daily_close.csv"
 SOURCES = ("file", "yfinance")
 
 FetchFn = Callable[[list[str], str, str], pd.DataFrame]  # (symbols, start, end inclusive) -> long frame
+CACHE_COLUMNS = ["date", "symbol", "close", "downloaded_at"]
 
 
 def read_price_file(path: str | Path) -> pd.DataFrame:
@@ -86,49 +88,71 @@ def fetch_yfinance(
 
 
 class PriceCache:
-    """Closes already downloaded (`closes.parquet`) and, per symbol, the range they cover
-    (`coverage.json`). A range that has been fetched is never fetched again; a range that ends
-    today or later is only covered up to yesterday (today's close may not be final yet)."""
+    """Closes already downloaded (`closes.parquet`, each row stamped with its `downloaded_at`) and, per
+    symbol, the range it is known for and the one download all its rows come from (`coverage.json`:
+    `{symbol: {start, end, downloaded_at}}`). A symbol whose range is already known is not fetched
+    again; one whose range must grow is fetched again over its whole (union) range and all its rows
+    replaced. A range that ends today or later is only known up to yesterday (today's close may not
+    be final yet)."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
         self.prices_path = self.folder / "closes.parquet"
         self.coverage_path = self.folder / "coverage.json"
 
-    def _coverage(self) -> dict[str, list[str]]:
-        return json.loads(self.coverage_path.read_text()) if self.coverage_path.exists() else {}
+    def coverage(self) -> dict[str, dict[str, str]]:
+        """Per symbol: {start, end, downloaded_at}. An entry in the earlier `[start, end]` form (rows
+        possibly from several downloads) has downloaded_at None: that symbol is downloaded again whole."""
+        raw = json.loads(self.coverage_path.read_text()) if self.coverage_path.exists() else {}
+        return {s: v if isinstance(v, dict) else {"start": v[0], "end": v[1], "downloaded_at": None} for s, v in raw.items()}
 
     def _prices(self) -> pd.DataFrame:
-        return pd.read_parquet(self.prices_path) if self.prices_path.exists() else pd.DataFrame(columns=["date", "symbol", "close"])
+        df = pd.read_parquet(self.prices_path) if self.prices_path.exists() else pd.DataFrame(columns=CACHE_COLUMNS)
+        return df.reindex(columns=CACHE_COLUMNS)  # an earlier cache has no downloaded_at
 
     def missing(self, symbols: Sequence[str], start: str, end: str) -> list[str]:
-        cov = self._coverage()
-        return sorted(s for s in set(symbols) if s not in cov or cov[s][0] > start or cov[s][1] < end)
+        cov = self.coverage()
+        return sorted(
+            s for s in set(symbols)
+            if s not in cov or cov[s]["downloaded_at"] is None or cov[s]["start"] > start or cov[s]["end"] < end
+        )
 
     def get(self, symbols: Sequence[str], start: str, end: str, fetch: FetchFn, today: date | None = None) -> tuple[pd.DataFrame, int]:
-        """(closes for symbols over [start, end], number of downloads made: 0 or 1)."""
+        """(closes `date, symbol, close` for symbols over [start, end], number of downloads made: 0 or 1)."""
         today = today or datetime.now(timezone.utc).date()
-        settled_end = min(end, (today - timedelta(days=1)).isoformat())
-        need = self.missing(symbols, start, settled_end)
-        downloads = 0
+        yesterday = (today - timedelta(days=1)).isoformat()
+        need = self.missing(symbols, start, min(end, yesterday))
         prices = self._prices()
+        downloads = 0
+        # Returns are per symbol (exit / entry of one symbol; vs SPY is a difference of such returns),
+        # so symbols may come from different downloads: a call that needs no new range downloads
+        # nothing, even where one symbol's rows are older than another's. Within a symbol, though,
+        # every close must come from ONE download: Yahoo's auto_adjust rescales all earlier closes
+        # after a split or dividend, and an entry close from one download against an exit close from
+        # a later one is wrong (a 10:1 split turns a flat price into -90%).
         if need:
-            cov = self._coverage()
-            fetch_start = min([start] + [cov[s][1] for s in need if s in cov and cov[s][0] <= start])
-            fresh = fetch(need, fetch_start, end)
+            cov = self.coverage()
+            fetch_start = min([start] + [cov[s]["start"] for s in need if s in cov])
+            fetch_end = max([end] + [cov[s]["end"] for s in need if s in cov])
+            fresh = fetch(need, fetch_start, fetch_end)
             downloads = 1
-            prices = pd.concat([prices, fresh], ignore_index=True).drop_duplicates(["date", "symbol"], keep="last")
+            stamp = datetime.now(timezone.utc).isoformat(timespec="microseconds")
+            # A symbol the batch returned nothing for (one failed ticker) keeps its old rows and range
+            # whole, and is asked for again next time; one never seen is recorded, so an unknown
+            # ticker is not downloaded on every run.
+            cached = set(prices["symbol"])
+            got = set(fresh["symbol"]) if len(fresh) else set()
+            replaced = {s for s in need if s in got or s not in cached}
+            fresh = fresh[fresh["symbol"].isin(replaced)].assign(downloaded_at=stamp)[CACHE_COLUMNS]
+            kept = prices[~prices["symbol"].isin(replaced)]
+            prices = pd.concat([kept, fresh], ignore_index=True) if len(kept) else fresh.reset_index(drop=True)
             prices = prices.sort_values(["symbol", "date"]).reset_index(drop=True)
-            buf = prices.to_parquet(index=False)
-            atomic_write_bytes(self.prices_path, buf)
-            for s in need:
-                old = cov.get(s)
-                lo = min(start, old[0]) if old else start
-                hi = max(settled_end, old[1]) if old else settled_end
-                cov[s] = [lo, hi]
+            atomic_write_bytes(self.prices_path, prices.to_parquet(index=False))
+            for s in replaced:
+                cov[s] = {"start": fetch_start, "end": min(fetch_end, yesterday), "downloaded_at": stamp}
             atomic_write_bytes(self.coverage_path, json.dumps(cov, sort_keys=True, indent=1).encode())
         sel = prices[prices["symbol"].isin(set(symbols)) & (prices["date"] >= start) & (prices["date"] <= end)]
-        return sel.reset_index(drop=True), downloads
+        return sel[["date", "symbol", "close"]].reset_index(drop=True), downloads
 
 
 class MarketData(dg.ConfigurableResource):
