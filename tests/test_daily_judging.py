@@ -3,8 +3,10 @@
 import pytest
 
 from assets.daily_rl.judging import (
-    JudgeRequest, extract_letter, is_permutation, picks_to_ranks, rank_groups, repair_ranks, select_outcome_headlines,
+    NEVER_ANSWERED, NO_OUTCOME_HEADLINES, JudgeGroup, extract_letter, is_permutation, judge_groups, picks_to_ranks,
+    rank_groups, rank_rewards, repair_ranks, select_outcome_headlines,
 )
+from assets.daily_rl.rewards import rank_reward
 
 
 @pytest.mark.parametrize(
@@ -27,6 +29,11 @@ from assets.daily_rl.judging import (
         ("My choice is a clear C", 8, 2),  # the article "a" is not the letter A
         ("The answer is a tough one, but C", 8, 2),
         ("the answer is d.", 8, 3),
+        ("A strong note: D", 8, 3),  # the article "A" opens a phrase; the letter follows the colon
+        ("A strong note, but D.", 8, 3),
+        ("I think C", 8, 2),
+        ("A is the best", 8, 0),
+        ("The best one is E", 8, 4),
     ],
 )
 def test_extract_letter_tolerates_formats(answer, n, expected):
@@ -117,3 +124,49 @@ def test_select_outcome_headlines_prefers_follow_ups():
     shown = select_outcome_headlines("Apple announces $40 billion share buyback", outcomes, k=2)
     assert set(shown) == {outcomes[1], outcomes[3]}
     assert select_outcome_headlines("x", [], k=3) == []
+
+
+def test_presentation_order_is_a_seeded_permutation_per_round_and_recorded():
+    """A judge that always answers "A" picks whatever was shown first: with shuffled, recorded
+    orders its picks follow the permutations, not the rollout index."""
+    def always_a(requests, strict):
+        return ["A"] * len(requests)
+
+    groups = rank_groups([8] * 40, always_a, seeds=list(range(40)))
+    for g in groups:
+        assert [order[0] for order in g.shown] == g.picks[:7]  # the first shown each round was picked
+        assert all(sorted(order) == sorted(set(order)) for order in g.shown)
+        assert is_permutation(g.ranks) and g.first_position(g.picks[0]) == 0
+    assert len({tuple(g.shown[0]) for g in groups}) > 30  # orders differ by seed
+    again = rank_groups([8] * 40, always_a, seeds=list(range(40)))
+    assert [g.shown for g in again] == [g.shown for g in groups]  # and repeat with it
+    # position bias no longer lands on index 0: mean rank by rollout index is near (N+1)/2 everywhere
+    mean_rank_by_index = [sum(g.ranks[i] for g in groups) / len(groups) for i in range(8)]
+    assert max(mean_rank_by_index) - min(mean_rank_by_index) < 3.0
+    assert all(g.ranks[g.shown[0][0]] == 1 for g in groups)  # shown position A -> rank 1
+
+
+def test_unplaced_notes_share_the_mean_of_the_remaining_rank_rewards():
+    ask, _ = scripted([["D"], ["B"], ["zzz"], ["zzz"]])
+    [g] = rank_groups([5], ask)
+    assert g.picks == [3, 1] and g.fallback and g.usable
+    rewards = rank_rewards(g, rank_reward)
+    assert rewards[3] == 1.0 and rewards[1] == 0.75
+    shared = (0.5 + 0.25 + 0.0) / 3
+    assert rewards[0] == rewards[2] == rewards[4] == pytest.approx(shared)  # index order carries nothing
+    assert is_permutation(g.ranks)  # stored ranks stay a permutation
+    never = rank_groups([3], scripted([["?"], ["?"]])[0])[0]
+    assert rank_rewards(never, rank_reward) == [0.5, 0.5, 0.5] and never.unusable_reason == NEVER_ANSWERED
+
+
+def test_groups_without_outcome_headlines_are_not_judged():
+    class NoModel:
+        def sample(self, *args, **kwargs):  # pragma: no cover - must not be called
+            raise AssertionError("the judge was asked about a group with nothing to judge against")
+
+        greedy = sample
+
+    groups = [JudgeGroup("Apple buyback", [], ["note a", "note b", "note c"], seed=1)]
+    [judgement] = judge_groups(NoModel(), groups)
+    assert not judgement.usable and judgement.unusable_reason == NO_OUTCOME_HEADLINES
+    assert is_permutation(judgement.ranks)

@@ -103,15 +103,39 @@ def test_max_new_tokens_caps_unfinished_samples(mlx_policy):
         assert s.finished == (s.token_ids[-1] in mlx_policy.stop_ids)
 
 
-def test_filter_logits_matches_the_torch_rule():
+def _rule_cases():
+    rng = np.random.default_rng(0)
+    random_logits = rng.normal(size=(4, 50)).astype(np.float32) * 3
+    cases = [(random_logits, k, p) for k, p in [(0, 1.0), (5, 1.0), (0, 0.8), (10, 0.5), (50, 0.999), (3, 1e-6), (0, 0.999)]]
+    # Mass before a token exactly on the threshold: 0.5 + 0.25 = 0.75, so both 0.125s go.
+    cases.append((np.log(np.array([[0.5, 0.25, 0.125, 0.125]], dtype=np.float32)), 0, 0.75))
+    # Ties straddling the threshold: an order-dependent rule keeps one 0.3 and drops the other.
+    cases.append((np.log(np.array([[0.3, 0.4, 0.3]], dtype=np.float32)), 0, 0.5))
+    cases.append((np.log(np.array([[0.1, 0.3, 0.3, 0.3]], dtype=np.float32)), 2, 0.95))  # tie at the k-th value
+    # Many near-equal small masses summing to about top_p, where float32 summation order matters.
+    near = np.full((2, 2000), 0.0, dtype=np.float32)
+    near[:, 0] = 2.0
+    near[1] += rng.normal(scale=1e-4, size=2000).astype(np.float32)
+    cases += [(near, 0, 0.6), (near, 1500, 0.9)]
+    return cases
+
+
+def test_filter_logits_follow_one_rule_in_both_backends():
+    """mlx and torch keep exactly the tokens of the rule in `sampling.py`, checked against a
+    token-by-token brute force (which fails when either rule differs), on threshold and tie cases."""
     import mlx.core as mx
     import torch
 
+    from resources.models.sampling import reference_keep_mask
     from resources.models.torch_backend import _filter_logits
 
-    logits = np.random.default_rng(0).normal(size=(4, 50)).astype(np.float32) * 3
-    for top_k, top_p in [(0, 1.0), (5, 1.0), (0, 0.8), (10, 0.5), (50, 0.999), (3, 1e-6)]:
+    for logits, top_k, top_p in _rule_cases():
+        expected = reference_keep_mask(logits, top_k, top_p)
         ours = np.array(filter_logits(mx.array(logits), top_k, top_p))
         theirs = _filter_logits(torch.tensor(logits), top_k, top_p).numpy()
-        assert np.array_equal(np.isinf(ours), np.isinf(theirs)), (top_k, top_p)
-        assert np.allclose(ours[~np.isinf(ours)], theirs[~np.isinf(theirs)])
+        assert np.array_equal(~np.isinf(ours), expected), (top_k, top_p)
+        assert np.array_equal(~np.isinf(theirs), expected), (top_k, top_p)
+        assert np.array_equal(ours[expected], logits[expected]) and np.array_equal(theirs[expected], logits[expected])
+    # the hand-computed cases, stated plainly
+    assert reference_keep_mask(np.log([[0.5, 0.25, 0.125, 0.125]]), 0, 0.75).tolist() == [[True, True, False, False]]
+    assert reference_keep_mask(np.log([[0.3, 0.4, 0.3]]), 0, 0.5).tolist() == [[True, True, True]]

@@ -2,8 +2,8 @@
 
 The loop is a cycle (policy -> rollouts -> scores -> policy). Dagster accepts a cycle only as an
 asset depending on its own earlier partition, so all three keys live in one multi-asset and each
-depends on the day's `headlines` and on its own previous partition (DESIGN.md, "verified shapes":
-other shapes break asset backfills or run days out of order). Inside, in order:
+depends on the day's `headlines` and on its own previous partition (docs/daily_rl.md, "Why one
+multi-asset": other shapes break asset backfills or run days out of order). Inside, in order:
 
 1. score    `rollout_scores`(D):    rollouts(D-1) ranked by the judge against headlines(D)
                                     (or headlines(H) with run config `outcome_headlines_date: H`)
@@ -24,8 +24,9 @@ from pydantic import Field
 
 from assets.daily_rl.judging import is_permutation, stable_seed
 from assets.daily_rl.loop import (
-    SCORE_COLUMNS, generate_rollouts, judge_inputs, kl_to_base, load_policy, parent_checkpoint, previous_day,
-    UnverifiedCheckpoint, mark_verified, publish_checkpoint, quartiles, read_checkpoint, score_table, training_examples,
+    SCORE_COLUMNS, check_behaviour_policy, generate_rollouts, judge_inputs, kl_to_base, load_policy, parent_checkpoint,
+    position_bias, previous_day, sampling_temperature, UnverifiedCheckpoint, mark_verified, publish_checkpoint, quartiles,
+    read_checkpoint, score_table, training_examples,
 )
 from pipelines.partitions import daily_partitions
 from resources.judge import JudgeResource
@@ -44,8 +45,9 @@ _DESCRIPTIONS = {
                       "rank reward, structure score, reward = 0.5/0.5 mix, group-normalised advantage, usable flag.",
     "policy_checkpoint": "The policy of day D: yesterday's checkpoint trained with GSPO on today's usable scores "
                          "(LoRA by default), saved under checkpoints/policy/D/ with `latest` moved atomically.",
-    "rollouts": "Notes sampled by today's checkpoint for each of today's headlines (8 each by default), with the "
-                "sampled token ids and per-token behaviour log-probs (GSPO's pi_old).",
+    "rollouts": "Notes sampled by today's checkpoint for each of today's headlines (8 each by default; temperature 0.8, "
+                "top-p 0.95, top-k 50), with the sampled token ids and per-token behaviour log-probs at the sampling "
+                "temperature (log-softmax of logits / T, before top-k/top-p): the behaviour policy GSPO uses as pi_old.",
 }
 
 
@@ -129,6 +131,10 @@ def daily_update(
     # 1. score ---------------------------------------------------------------------------
     started = time.perf_counter()
     prev_rollouts = warehouse.read("rollouts", prediction_day)
+    try:  # pi_old must be the checkpoint this day trains: else the importance ratios mean nothing
+        check_behaviour_policy(prev_rollouts, parent[1]["policy_version"] if parent else None, prediction_day)
+    except ValueError as err:
+        raise dg.Failure(str(err)) from err
     scores = pd.DataFrame(columns=SCORE_COLUMNS)
     if not prev_rollouts.empty:
         if not warehouse.exists("headlines", outcome_day):
@@ -151,6 +157,7 @@ def daily_update(
         objective=config.objective, learning_rate=config.learning_rate, batch_size=config.batch_size,
         epochs=config.epochs, lora=None if config.full_fine_tune else LoraSettings(r=config.lora_r, alpha=config.lora_alpha),
         seed=stable_seed(seed, day, "shuffle") % (2**31),
+        temperature=sampling_temperature(prev_rollouts) if examples else 1.0,
     )
     stats = None
     if examples:
@@ -174,17 +181,11 @@ def daily_update(
     timings["generate_s"] = time.perf_counter() - started
     generated_tokens = int(rollouts["n_tokens"].sum()) if not rollouts.empty else 0
 
-    # KL(policy || base) per token, on the responses the new policy just sampled.
+    # Exact KL(policy || base) per token over the vocabulary, at the positions the new policy just sampled.
     started = time.perf_counter()
     kl = 0.0
     if not rollouts.empty and not is_base:
-        prompts = [json.loads(p) for p in rollouts["prompt"]]
-        responses = [list(r) for r in rollouts["response_ids"]]
-        if policy.has_adapter:
-            base_logprobs = policy.response_logprobs(prompts, responses, use_adapter=False)
-        else:
-            base_logprobs = model_backend.load().response_logprobs(prompts, responses)
-        kl = kl_to_base(list(rollouts["behavior_logprobs"]), base_logprobs)
+        kl = kl_to_base(policy, rollouts, base=None if policy.has_adapter else model_backend.load())
     timings["kl_s"] = time.perf_counter() - started
 
     grad_median, grad_iqr = quartiles(stats.grad_norms if stats else [])
@@ -221,6 +222,8 @@ def daily_update(
         mark_verified(ckpt_root, day)  # only now may the next day train from it, and `latest` move
 
     reward_stats = _describe(scores["reward"]) if len(scores) else {}
+    bias = position_bias(scores)
+    unusable = scores.groupby("headline_id")["unusable_reason"].first() if len(scores) else pd.Series(dtype=str)
     yield dg.MaterializeResult(
         asset_key="rollout_scores",
         metadata=_present({
@@ -230,6 +233,9 @@ def daily_update(
             "judge_retries": int(scores.groupby("headline_id")["judge_retries"].first().sum()) if len(scores) else 0,
             "judge_fallbacks": int(scores.groupby("headline_id")["judge_fallback"].first().sum()) if len(scores) else 0,
             "usable_share": _num(scores["usable"].mean()) if len(scores) else None,
+            "unusable_groups": dg.MetadataValue.json({str(k): int(v) for k, v in unusable[unusable != ""].value_counts().items()}),
+            "judge_mean_rank_by_shown_position": dg.MetadataValue.json(bias["by_shown_position"]),
+            "judge_mean_rank_by_rollout_index": dg.MetadataValue.json(bias["by_rollout_index"]),
             "reward": dg.MetadataValue.json(reward_stats), "score_seconds": round(timings["score_s"], 2),
         }),
     )
@@ -239,7 +245,8 @@ def daily_update(
             "policy_version": info["policy_version"], "kind": info["kind"], "parent_version": str(info["parent_version"]),
             "path": dg.MetadataValue.path(str(ckpt_root / day)), "trained": stats is not None,
             "examples": len(examples), "steps": training_row["steps"], "loss": _num(training_row["loss"]),
-            "mean_reward": _num(training_row["mean_reward"]), "kl_to_base": float(kl),
+            "mean_reward": _num(training_row["mean_reward"]),
+            "kl_to_base": dg.MetadataValue.float(float(kl)),  # exact, per token, at the sampling temperature
             "grad_norm_median": _num(grad_median), "grad_norm_iqr": _num(grad_iqr),
             "clip_fraction": _num(training_row["clip_fraction"]), "train_seconds": round(timings["train_s"], 2),
             "objective": config.objective, "learning_rate": config.learning_rate,
@@ -270,10 +277,11 @@ def daily_update(
 
 
 def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
-    """Largest per-rollout mean |stored behaviour log-prob - log-prob under `policy`| (teacher forced)."""
+    """Largest per-rollout mean |stored behaviour log-prob - log-prob under `policy`| (teacher forced
+    at the sampling temperature, as they were stored)."""
     prompts = [json.loads(p) for p in rollouts["prompt"]]
     responses = [list(r) for r in rollouts["response_ids"]]
-    forced = policy.response_logprobs(prompts, responses)
+    forced = policy.response_logprobs(prompts, responses, temperature=sampling_temperature(rollouts))
     gaps = [float(np.mean(np.abs(np.asarray(b, dtype=np.float64) - f))) for b, f in zip(rollouts["behavior_logprobs"], forced) if len(f)]
     return max(gaps, default=0.0)
 

@@ -1,17 +1,19 @@
 """The judge's side of the daily loop, without a model: letter extraction, rank repair, and the
-iterative best-of-remaining selection (DESIGN.md: letters A-H, temperature 0.3, a greedy retry
-asking for exactly one letter, final ranks always a permutation of 1..N).
+iterative best-of-remaining selection (docs/daily_rl.md, "The judge": letters A-H, temperature
+0.3, a greedy retry asking for exactly one letter, final ranks always a permutation of 1..N).
 
 The model is reached through a callable `ask(requests, strict) -> answers`, one raw answer (or
 None) per request, so the selection is tested with scripted answers. A request names the group
-and the candidates still in play; the caller shows them to the judge relabelled A, B, ... in
-that order, so the letter always indexes `request.remaining`.
+and the candidates still in play in the order they are shown, relabelled A, B, ...; that order
+is a fresh seeded permutation every round (recorded), so a judge that favours a position spreads
+its bias over the rollouts at random instead of handing it to rollout index 0.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import random
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -31,7 +33,11 @@ _PATTERNS = (
     # a lower-case letter counts only when no word follows it ("the answer is a tough one" names no A)
     re.compile(r"\b(?i:answer|choice|letter|best|pick|option|candidate|winner)\b\W{0,4}(?:(?i:is|was)\W{0,4})?([A-Z]|[a-z](?!\s+[A-Za-z]))\b"),
     re.compile(r"[\[(<{]\s*([A-Za-z])\s*[\])>}]"),
-    re.compile(r"\b([A-Z])\b"),
+    # "A strong note: D", "the best one is D": a capital letter after a colon, '=' or is/was
+    re.compile(r"(?:[:=]|\b(?:is|was)\b)\s*\**\s*([A-Z])\b(?![\w'])"),
+    # a standalone capital that does not open a phrase ("A strong note", "I think" are words)
+    re.compile(r"\b([A-Z])\b(?!\s+[a-z])(?![\w'])"),
+    re.compile(r"\b([A-Z])\b(?![\w'])"),
 )
 
 
@@ -76,7 +82,8 @@ def picks_to_ranks(picks: Sequence[int | None], n: int) -> list[int]:
     """Ranks (1 = best) of candidates 0..n-1 from the order they were picked in.
 
     Repeats and out-of-range picks are dropped; candidates never picked follow in index order,
-    so the result is always a permutation of 1..n.
+    so the result is always a permutation of 1..n (their reward must not follow that order:
+    `rank_rewards` gives them all the same one).
     """
     order: list[int] = []
     for p in picks:
@@ -114,6 +121,10 @@ def is_permutation(ranks: Sequence[int]) -> bool:
     return sorted(int(r) for r in ranks) == list(range(1, len(ranks) + 1))
 
 
+NO_OUTCOME_HEADLINES = "no outcome headlines"
+NEVER_ANSWERED = "judge never answered"
+
+
 @dataclass(frozen=True)
 class JudgeRequest:
     group: int
@@ -123,37 +134,63 @@ class JudgeRequest:
 @dataclass
 class GroupJudgement:
     ranks: list[int]  # rank of candidate i, 1 = best; always a permutation of 1..N
-    picks: list[int] = field(default_factory=list)  # candidates in the order the judge picked them
+    picks: list[int] = field(default_factory=list)  # candidates the judge placed, best first
     rounds_answered: int = 0
     retries: int = 0  # greedy single-letter retries used
-    fallback: bool = False  # the judge failed a round: the rest were ranked in index order
+    fallback: bool = False  # the judge failed a round: the rest were never placed
     answers: list[str] = field(default_factory=list)
+    shown: list[list[int]] = field(default_factory=list)  # per round, the candidates in the order shown (A, B, ...)
+    skipped: str = ""  # why the judge was not asked at all (e.g. no outcome headlines)
+
+    @property
+    def unusable_reason(self) -> str:
+        """Why the group is kept for the record but not trained on; "" when usable."""
+        if self.skipped:
+            return self.skipped
+        return NEVER_ANSWERED if self.rounds_answered == 0 else ""
 
     @property
     def usable(self) -> bool:
-        """A group the judge never answered is kept for the record but not trained on."""
-        return self.rounds_answered > 0
+        return not self.unusable_reason
+
+    def first_position(self, candidate: int) -> int:
+        """Where the candidate was shown in the first round (0 = A), -1 if never shown."""
+        return self.shown[0].index(candidate) if self.shown and candidate in self.shown[0] else -1
 
 
 AskFn = Callable[[list[JudgeRequest], bool], Sequence[str | None]]
 
 
-def rank_groups(group_sizes: Sequence[int], ask: AskFn, letters: str = JUDGE_LETTERS) -> list[GroupJudgement]:
+def rank_groups(
+    group_sizes: Sequence[int], ask: AskFn, letters: str = JUDGE_LETTERS, seeds: Sequence[int] | None = None,
+) -> list[GroupJudgement]:
     """Iterative best-of-remaining selection over many groups at once.
 
     Each round asks every unfinished group (one batched `ask(requests, strict=False)`, the
-    sampled call) which remaining candidate is best; groups whose answer names no valid letter
-    are asked again with `strict=True` (the greedy single-letter retry). A group whose retry
-    fails too stops there: its unpicked candidates are ranked after the picked ones in index
-    order (`fallback`). A group's last candidate is ranked without asking.
+    sampled call) which remaining candidate is best, showing them in a permutation drawn from
+    the group's seed and the round (index order when `seeds` is None); groups whose answer names
+    no valid letter are asked again, same order, with `strict=True` (the greedy single-letter
+    retry). A group whose retry fails too stops there (`fallback`): its unplaced candidates get
+    the ranks after the placed ones, in index order, only so that ranks stay a permutation. A
+    group's last candidate is placed without asking.
     """
     if any(n > len(letters) for n in group_sizes):
         raise ValueError(f"at most {len(letters)} candidates per group")
+    if seeds is not None and len(seeds) != len(group_sizes):
+        raise ValueError("one seed per group")
     remaining = {g: list(range(n)) for g, n in enumerate(group_sizes)}
     results = {g: GroupJudgement(ranks=[]) for g in range(len(group_sizes))}
     active = [g for g, n in enumerate(group_sizes) if n > 1]
+    round_index = 0
     while active:
-        requests = [JudgeRequest(g, tuple(remaining[g])) for g in active]
+        requests = []
+        for g in active:
+            order = list(remaining[g])
+            if seeds is not None:
+                random.Random(stable_seed(seeds[g], "presentation", round_index)).shuffle(order)
+            results[g].shown.append(order)
+            requests.append(JudgeRequest(g, tuple(order)))
+        round_index += 1
         answers = list(ask(requests, False))
         picked = {}
         failed = []
@@ -191,6 +228,16 @@ def rank_groups(group_sizes: Sequence[int], ask: AskFn, letters: str = JUDGE_LET
     for g, n in enumerate(group_sizes):
         results[g].ranks = picks_to_ranks(results[g].picks, n)
     return [results[g] for g in range(len(group_sizes))]
+
+
+def rank_rewards(judgement: GroupJudgement, reward_of_rank: Callable[[int, int], float]) -> list[float]:
+    """Each candidate's rank reward. Candidates the judge never placed (it failed a round) share
+    one reward, the mean of the rank rewards left over, so their index order carries none."""
+    n = len(judgement.ranks)
+    placed = set(judgement.picks)
+    left_over = [reward_of_rank(rank, n) for rank in range(len(placed) + 1, n + 1)]
+    shared = sum(left_over) / len(left_over) if left_over else 0.0
+    return [reward_of_rank(rank, n) if k in placed else shared for k, rank in enumerate(judgement.ranks)]
 
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z&'.-]+")
@@ -237,11 +284,15 @@ def judge_groups(
     max_new_tokens: int = 8,
     max_candidate_chars: int = 360,
 ) -> list[GroupJudgement]:
-    """Rank every group's candidates with `backend` as the judge; batched per round."""
+    """Rank every group's candidates with `backend` as the judge; batched per round.
+
+    A group with no outcome headlines to judge against is not asked: the judge would rank the
+    notes on nothing, so it is unusable (`skipped`), not a judgement."""
+    asked = [g for g, group in enumerate(groups) if group.outcome_headlines]
     round_of: dict[int, int] = {}
 
     def messages(req: JudgeRequest, strict: bool):
-        group = groups[req.group]
+        group = groups[asked[req.group]]
         shown = [group.candidates[i] for i in req.remaining]  # relabelled A.. in this order
         return judge_messages(group.prediction_headline, group.outcome_headlines, shown,
                               max_candidate_chars=max_candidate_chars, strict=strict)
@@ -253,8 +304,14 @@ def judge_groups(
         seeds = []
         for r in requests:
             round_of[r.group] = round_of.get(r.group, -1) + 1
-            seeds.append(stable_seed(groups[r.group].seed, "judge-round", round_of[r.group]))
+            seeds.append(stable_seed(groups[asked[r.group]].seed, "judge-round", round_of[r.group]))
         config = SamplingConfig(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
         return [s[0].text for s in backend.sample(prompts, 1, config, seeds)]
 
-    return rank_groups([len(g.candidates) for g in groups], ask)
+    judged = rank_groups([len(groups[g].candidates) for g in asked], ask, seeds=[groups[g].seed for g in asked]) if asked else []
+    out = [
+        GroupJudgement(ranks=list(range(1, len(group.candidates) + 1)), skipped=NO_OUTCOME_HEADLINES) for group in groups
+    ]
+    for g, judgement in zip(asked, judged):
+        out[g] = judgement
+    return out

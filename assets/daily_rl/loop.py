@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import pandas as pd
 
-from assets.daily_rl.judging import GroupJudgement, JudgeGroup, is_permutation, stable_seed
+from assets.daily_rl.judging import GroupJudgement, JudgeGroup, is_permutation, rank_rewards, stable_seed
 from assets.daily_rl.rewards import group_advantages, mixed_reward, rank_reward
 from assets.daily_rl.structure import structure_score
 from resources.models.interface import SamplingConfig
@@ -36,13 +36,17 @@ if TYPE_CHECKING:
 CHECKPOINT_FILE = "checkpoint.json"
 ROLLOUT_COLUMNS = [
     "date", "headline_id", "rollout_index", "title", "summary", "prompt", "response", "response_ids", "n_tokens",
-    "finished", "structure_score", "behavior_logprobs", "policy_version", "seed",
+    "finished", "structure_score", "behavior_logprobs", "temperature", "policy_version", "seed",
 ]
 SCORE_COLUMNS = [
-    "date", "prediction_date", "outcome_headlines_date", "headline_id", "rollout_index", "rank", "outcome_reward",
-    "structure_score", "reward", "advantage", "usable", "judge_retries", "judge_fallback", "judge_rounds_answered",
-    "judge_answers", "outcome_headlines_shown",
+    "date", "prediction_date", "outcome_headlines_date", "headline_id", "rollout_index", "rank", "judge_placed",
+    "outcome_reward", "structure_score", "reward", "advantage", "usable", "unusable_reason", "judge_retries",
+    "judge_fallback", "judge_rounds_answered", "judge_first_position", "judge_presentation", "judge_answers",
+    "outcome_headlines_shown",
 ]
+# How rollouts are sampled. `behavior_logprobs` are log-softmax(logits / temperature) of the
+# sampled tokens (before top-k / top-p), and GSPO trains at the same temperature.
+ROLLOUT_SAMPLING = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50)
 
 
 def previous_day(day: str) -> str:
@@ -101,8 +105,8 @@ def load_policy(model_backend, folder: Path | None, info: dict | None) -> "Model
         return model_backend.load()
     if info["kind"] == "lora":
         return model_backend.load(adapter_path=folder)
-    if info["kind"] == "full":
-        return model_backend.load(model_path=folder)
+    if info["kind"] == "full":  # trained with fp32 master weights: keep them (see use_master_weights)
+        return model_backend.load(model_path=folder, master_weights=True)
     raise ValueError(f"unknown checkpoint kind {info['kind']!r} in {folder}")
 
 
@@ -144,12 +148,12 @@ def generate_rollouts(
     policy: "ModelBackend", headlines: pd.DataFrame, day: str, seed: int, n: int, max_new_tokens: int,
     policy_version: str,
 ) -> pd.DataFrame:
-    """`n` notes per headline, sampled with temperature 0.8, top_p 0.95, top_k 50."""
+    """`n` notes per headline, sampled as `ROLLOUT_SAMPLING` (temperature 0.8, top_p 0.95, top_k 50)."""
     if headlines.empty:
         return pd.DataFrame(columns=ROLLOUT_COLUMNS)
     prompts = [trading_note_messages(t, s) for t, s in zip(headlines["title"], headlines["summary"])]
     seeds = [generation_seed(seed, day, h) for h in headlines["headline_id"]]
-    config = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=max_new_tokens)
+    config = replace(ROLLOUT_SAMPLING, max_new_tokens=max_new_tokens)
     samples = policy.sample(prompts, n, config, seeds)
     rows = []
     for (_, h), prompt, group_seed, group in zip(headlines.iterrows(), prompts, seeds, samples):
@@ -158,7 +162,8 @@ def generate_rollouts(
                 date=day, headline_id=h["headline_id"], rollout_index=k, title=h["title"], summary=h["summary"],
                 prompt=json.dumps(prompt), response=s.text, response_ids=[int(t) for t in s.token_ids],
                 n_tokens=len(s.token_ids), finished=bool(s.finished), structure_score=structure_score(s.text),
-                behavior_logprobs=[float(x) for x in s.logprobs], policy_version=policy_version, seed=group_seed,
+                behavior_logprobs=[float(x) for x in s.logprobs], temperature=config.temperature,
+                policy_version=policy_version, seed=group_seed,
             ))
     return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
 
@@ -189,7 +194,9 @@ def score_table(
 ) -> pd.DataFrame:
     """rollout_scores rows: rank -> rank reward, 0.5/0.5 mix with structure, group advantages.
 
-    Unusable groups (the judge never answered) keep their rows with advantage 0.
+    Notes the judge never placed (it failed a round) share one rank reward (`rank_rewards`).
+    Unusable groups (the judge never answered, or there was nothing to judge against) keep their
+    rows with advantage 0 and the reason.
     """
     rows = []
     for group, key, frame, judgement in zip(inputs.groups, inputs.keys, inputs.frames, judgements):
@@ -197,22 +204,62 @@ def score_table(
             raise AssertionError(f"ranks of {key} are not a permutation: {judgement.ranks}")
         n = len(judgement.ranks)
         structure = [float(s) for s in frame["structure_score"]]
-        outcome = [rank_reward(r, n) for r in judgement.ranks]
+        outcome = rank_rewards(judgement, rank_reward)
         reward = [mixed_reward(s, o) for s, o in zip(structure, outcome)]
         advantage = group_advantages(reward) if judgement.usable else np.zeros(n)
+        placed = set(judgement.picks)
         for k, rollout_index in enumerate(frame["rollout_index"]):
             rows.append(dict(
                 date=day, prediction_date=prediction_date, outcome_headlines_date=outcome_date, headline_id=key,
-                rollout_index=int(rollout_index), rank=int(judgement.ranks[k]), outcome_reward=outcome[k],
-                structure_score=structure[k], reward=reward[k], advantage=float(advantage[k]),
-                usable=bool(judgement.usable), judge_retries=int(judgement.retries),
-                judge_fallback=bool(judgement.fallback), judge_rounds_answered=int(judgement.rounds_answered),
-                judge_answers=json.dumps(judgement.answers), outcome_headlines_shown=json.dumps(group.outcome_headlines),
+                rollout_index=int(rollout_index), rank=int(judgement.ranks[k]), judge_placed=k in placed,
+                outcome_reward=outcome[k], structure_score=structure[k], reward=reward[k], advantage=float(advantage[k]),
+                usable=bool(judgement.usable), unusable_reason=judgement.unusable_reason,
+                judge_retries=int(judgement.retries), judge_fallback=bool(judgement.fallback),
+                judge_rounds_answered=int(judgement.rounds_answered), judge_first_position=judgement.first_position(k),
+                judge_presentation=json.dumps(judgement.shown), judge_answers=json.dumps(judgement.answers),
+                outcome_headlines_shown=json.dumps(group.outcome_headlines),
             ))
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 
 
+def position_bias(scores: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Mean judge rank (1 = best) by the letter a note was first shown under, and by rollout
+    index, over judged groups: a flat profile is no bias; ~(N+1)/2 everywhere is no preference."""
+    judged = scores[scores["judge_rounds_answered"] > 0] if len(scores) else scores
+    if judged.empty:
+        return {"by_shown_position": {}, "by_rollout_index": {}}
+    by_position = judged[judged["judge_first_position"] >= 0].groupby("judge_first_position")["rank"].mean()
+    by_index = judged.groupby("rollout_index")["rank"].mean()
+    return {
+        "by_shown_position": {chr(ord("A") + int(p)): round(float(v), 3) for p, v in by_position.items()},
+        "by_rollout_index": {str(int(i)): round(float(v), 3) for i, v in by_index.items()},
+    }
+
+
 # -- train -----------------------------------------------------------------------------------
+def sampling_temperature(rollouts: pd.DataFrame) -> float:
+    """The one temperature the rollouts were sampled (and their behaviour log-probs stored) at."""
+    if "temperature" not in rollouts.columns:
+        raise ValueError("these rollouts do not record their sampling temperature (written by an older version): re-run their day")
+    values = sorted(set(float(t) for t in rollouts["temperature"]))
+    if len(values) != 1:
+        raise ValueError(f"rollouts sampled at several temperatures {values}: one GSPO update needs one")
+    return values[0]
+
+
+def check_behaviour_policy(rollouts: pd.DataFrame, parent_version: str | None, prediction_day: str) -> None:
+    """GSPO's pi_old is the policy that generated the rollouts, and training starts from the parent
+    checkpoint: they must be the same, or the importance ratio means nothing."""
+    if rollouts.empty:
+        return
+    versions = sorted(set(rollouts["policy_version"]))
+    if versions != [parent_version]:
+        raise ValueError(
+            f"the rollouts of {prediction_day} were generated by {versions}, but the checkpoint they would train is "
+            f"{parent_version}: re-run {prediction_day} (daily_update) so its rollouts come from its own checkpoint"
+        )
+
+
 def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_advantage: float = 1e-8) -> list:
     """GSPO examples from the usable scored rollouts (zero-advantage ones carry no gradient)."""
     from resources.models.gspo import GSPOExample
@@ -232,17 +279,17 @@ def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_adva
     ]
 
 
-def kl_to_base(policy_logprobs: Sequence[Sequence[float]], base_logprobs: Sequence[Sequence[float]]) -> float:
-    """Mean per-token log pi(y) - log base(y) over responses sampled from pi: a Monte-Carlo
-    estimate of KL(pi || base) per token."""
-    num, den = 0.0, 0
-    for p, b in zip(policy_logprobs, base_logprobs):
-        p, b = np.asarray(p, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        if len(p) != len(b):
-            raise ValueError("log-prob sequences differ in length")
-        num += float((p - b).sum())
-        den += len(p)
-    return num / den if den else 0.0
+def kl_to_base(policy: "ModelBackend", rollouts: pd.DataFrame, base: "ModelBackend | None" = None) -> float:
+    """Mean exact KL(policy || base) per token, over the vocabulary, at every position of the
+    sampled responses, both at the rollouts' sampling temperature (the distributions GSPO trains).
+    `base` None = the policy with its adapter off."""
+    if rollouts.empty:
+        return 0.0
+    prompts = [json.loads(p) for p in rollouts["prompt"]]
+    responses = [list(r) for r in rollouts["response_ids"]]
+    per_token = policy.token_kl(prompts, responses, temperature=sampling_temperature(rollouts), reference=base)
+    tokens = sum(len(k) for k in per_token)
+    return float(sum(float(np.sum(k)) for k in per_token) / tokens) if tokens else 0.0
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float]:

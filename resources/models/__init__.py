@@ -20,12 +20,17 @@ __all__ = [
 ]
 
 
-def load_backend(backend: str, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto") -> ModelBackend:
-    """Load a model folder (+ optional adapter) with the named backend."""
+def load_backend(
+    backend: str, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto",
+    master_weights: bool = False,
+) -> ModelBackend:
+    """Load a model folder (+ optional adapter) with the named backend. `master_weights`: a full
+    fine-tune's fp32 weights stay fp32 under reduced-precision compute (mlx keeps a folder's own
+    precision anyway)."""
     if backend == "torch":
         from resources.models.torch_backend import TorchBackend
 
-        return TorchBackend(model_path, adapter_path, device=device)
+        return TorchBackend(model_path, adapter_path, device=device, master_weights=master_weights)
     if backend == "mlx":
         from resources.models.mlx_backend import MLXBackend
 
@@ -77,9 +82,11 @@ class ModelBackendResource(dg.ConfigurableResource):
 
         return Path(snapshot_download(self.base_model, local_files_only=not download, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]))
 
-    def load(self, adapter_path: str | Path | None = None, model_path: str | Path | None = None) -> ModelBackend:
+    def load(
+        self, adapter_path: str | Path | None = None, model_path: str | Path | None = None, master_weights: bool = False,
+    ) -> ModelBackend:
         """The base model (or `model_path`) with an optional adapter, on the configured backend."""
-        return load_backend(self.backend, model_path or self.base_model_dir(), adapter_path, self.device)
+        return load_backend(self.backend, model_path or self.base_model_dir(), adapter_path, self.device, master_weights)
 
     def describe(self) -> dict:
         info = {"base_model": self.base_model, "backend": self.backend, "device": self.device}

@@ -6,9 +6,16 @@ for response y_i of prompt x with group-normalised advantage A_i,
     s_i  = (pi_theta(y_i|x) / pi_old(y_i|x)) ** (1/|y_i|) = exp(mean_t(log pi_theta - log pi_old))
     loss = mean_i  -min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)
 
-over response tokens only. pi_old is the policy that generated the rollout: its per-token
-log-probs are stored at generation time (`GSPOExample.behavior_logprobs`). At s_i = 1 the
-gradient is exactly that of the group-normalised reward-weighted log-likelihood
+over response tokens only. Every log-prob here is taken at the rollouts' sampling temperature T
+(log-softmax of logits / T, before top-k / top-p), as TRL's GRPO and verl do, so that pi_theta and
+pi_old are the distributions the samples were drawn from, not the temperature-1 model.
+
+pi_old is the behaviour policy: the checkpoint that generated the rollouts (the caller checks
+their `policy_version`), unchanged since. By default (`old_logprobs="recompute"`) it is evaluated
+by one no-grad pass of the training forward before the first update, so s_i = 1 exactly at the
+first step; the log-probs stored at generation (`GSPOExample.behavior_logprobs`, at the same T)
+must agree with it and the largest per-sequence gap is reported (`behavior_logprob_gap_max`).
+At s_i = 1 the gradient is exactly that of the group-normalised reward-weighted log-likelihood
 `-A_i * mean_t log pi_theta` (objective "reward_weighted", the original loop's update).
 
 `gspo_loss` is the plain function the MLX backend mirrors (parity within 1e-4); `train_gspo`
@@ -17,13 +24,13 @@ feeds padded minibatches through `TorchBackend.batch_logprobs` and `torch_traini
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from resources.models.interface import LoraSettings, Messages, TrainStats
+from resources.models.sampling import gspo_batch_plan
 from resources.models.torch_backend import left_padded
 from resources.models.torch_training import train_loop
 
@@ -46,28 +53,33 @@ class GSPOConfig:
     max_grad_norm: float = 1.0
     lora: LoraSettings | None = field(default_factory=LoraSettings)  # None = full fine-tune
     seed: int = 0  # shuffles the minibatch order
+    # The rollouts' sampling temperature: logits are divided by it in the pi_old and pi_theta passes.
+    temperature: float = 1.0
     # The 8 rollouts of a headline share its prompt: run the prompt once per minibatch and expand its
     # KV cache (gradients flow through it), instead of recomputing it for every row.
     share_prompt_prefix: bool = True
     one_at_a_time: bool = False  # the original loop's way (one sequence per forward), for the benchmark
-    # pi_old: "stored" = the behaviour log-probs saved at generation; "recompute" = one no-grad pass
-    # of the training forward over the same (unchanged) policy before the first step; "auto" =
-    # stored in fp32 (they equal teacher forcing there, tested to 1e-4), recomputed in bf16/fp16,
-    # where sampling-loop and training-forward numerics differ by more than GSPO's 3e-4 clip band.
-    old_logprobs: str = "auto"
+    # pi_old: "recompute" = one no-grad pass of the training forward over the behaviour policy (not
+    # yet updated) before the first step, so the ratio starts at exactly 1 in any precision;
+    # "stored" = the behaviour log-probs saved at generation (equal to it within 1e-4 in fp32, but
+    # not bit for bit, and off by more than the 3e-4 clip band in bf16); "auto" = stored in fp32,
+    # recomputed otherwise.
+    old_logprobs: str = "recompute"
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.old_logprobs not in ("auto", "stored", "recompute"):
             raise ValueError(f"old_logprobs must be auto | stored | recompute, got {self.old_logprobs!r}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
 
 
 @dataclass
 class GSPOExample:
     prompt: Messages
     response_ids: list[int]
-    behavior_logprobs: list[float]  # per response token, under the policy that sampled it (pi_old)
+    behavior_logprobs: list[float]  # per response token, under the policy that sampled it, at its sampling temperature
     advantage: float
 
 
@@ -121,11 +133,20 @@ def _pad(rows: Sequence[Sequence[float]], width: int) -> torch.Tensor:
 
 
 def shared_prefix_logprobs(
-    backend: "TorchBackend", prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]
+    backend: "TorchBackend", prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same result as `backend.batch_logprobs` (`(logp, mask)`, `[B, T]`), computing each distinct
     prompt once: the prompts run left-padded with a KV cache, the cache rows are gathered per
     response (differentiable indexing), then the responses run on top of it."""
+    with backend.autocast():
+        logits, responses, mask = _shared_prefix_logits(backend, prompt_ids, response_ids)
+    logits = logits / temperature
+    logp = logits.gather(-1, responses[:, :, None])[:, :, 0] - torch.logsumexp(logits, dim=-1)
+    return logp.masked_fill(~mask, 0.0), mask
+
+
+def _shared_prefix_logits(backend: "TorchBackend", prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp32 logits predicting every response token `[B, T, V]`, the responses and their mask."""
     model, device, pad = backend.model, backend.device, backend.tokenizer.pad_token_id
     unique: dict[tuple[int, ...], int] = {}
     rows = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
@@ -146,14 +167,11 @@ def shared_prefix_logprobs(
     # right padding of the responses is invisible to real tokens (causal attention)
     full_attention = torch.cat([attention.index_select(0, index), torch.ones_like(responses)], dim=-1)
     response_positions = positions[:, -1:].index_select(0, index) + 1 + torch.arange(length, device=device)[None, :]
-    if length > 1:
-        rest = model(input_ids=responses[:, :-1], attention_mask=full_attention[:, :-1],
-                     position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).logits.float()
-        logits = torch.cat([first_logits[:, None, :], rest], dim=1)
-    else:
-        logits = first_logits[:, None, :]
-    logp = logits.gather(-1, responses[:, :, None])[:, :, 0] - torch.logsumexp(logits, dim=-1)
-    return logp.masked_fill(~mask, 0.0), mask
+    if length == 1:
+        return first_logits[:, None, :], responses, mask
+    rest = model(input_ids=responses[:, :-1], attention_mask=full_attention[:, :-1],
+                 position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).logits.float()
+    return torch.cat([first_logits[:, None, :], rest], dim=1), responses, mask
 
 
 def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config: GSPOConfig) -> TrainStats:
@@ -168,6 +186,8 @@ def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config:
             raise ValueError("behavior_logprobs must have one value per response token")
     if config.lora is not None and not backend.has_adapter:
         backend.add_lora(config.lora)
+    elif config.lora is None and not backend.has_adapter:
+        backend.use_master_weights()  # fp32 weights under bf16 compute: small steps are not rounded away
     params = backend.trainable_parameters()
 
     prompt_cache: dict[str, list[int]] = {}
@@ -181,24 +201,16 @@ def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config:
     encoded = [(prompt_ids(ex.prompt), list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)) for ex in usable]
     batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
     share = config.share_prompt_prefix and not config.one_at_a_time
-    rng = random.Random(config.seed)
-    batches = []
-    for _ in range(config.epochs):
-        if share:
-            # shuffle whole prompt groups, so a minibatch holds few distinct prompts
-            groups: dict[tuple[int, ...], list[int]] = {}
-            for i, e in enumerate(encoded):
-                groups.setdefault(tuple(e[0]), []).append(i)
-            group_list = list(groups.values())
-            rng.shuffle(group_list)
-            order = [i for g in group_list for i in g]
-        else:
-            order = list(range(len(encoded)))
-            rng.shuffle(order)
-        batches += [[encoded[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
+    # The same plan as the mlx trainer: a headline's rollouts are shuffled as one group.
+    plan = gspo_batch_plan([tuple(e[0]) for e in encoded], batch_size, config.epochs, config.seed, group_by_prompt=share)
+    batches = [[encoded[i] for i in index] for index in plan]
 
     device = backend.device
-    logprobs_fn = (lambda p, r: shared_prefix_logprobs(backend, p, r)) if share else backend.batch_logprobs
+    temperature = config.temperature
+    if share:
+        logprobs_fn = lambda p, r: shared_prefix_logprobs(backend, p, r, temperature)  # noqa: E731
+    else:
+        logprobs_fn = lambda p, r: backend.batch_logprobs(p, r, temperature)  # noqa: E731
 
     recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and backend.dtype != torch.float32)
     old_by_batch: list[torch.Tensor] = []

@@ -34,9 +34,11 @@ class SamplingConfig:
 
 @dataclass
 class Sample:
-    """One sampled completion: its text, token ids and the log-probability of each token
-    under the policy's *unmodified* distribution (temperature 1, no top-p/top-k), which is
-    what GSPO needs as pi_old and what teacher forcing reproduces."""
+    """One sampled completion: its text, token ids and the log-probability of each token under
+    the policy at the sampling temperature T (log-softmax of logits / T, before top-k / top-p;
+    temperature 1 for greedy), as TRL's GRPO and verl define the behaviour log-probs: what GSPO
+    needs as pi_old and what teacher forcing at T (`response_logprobs(..., temperature=T)`)
+    reproduces."""
 
     text: str
     token_ids: list[int]
@@ -156,9 +158,18 @@ class ModelBackend(ABC):
 
     @abstractmethod
     def response_logprobs(
-        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True
+        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True,
+        batch_size: int = 16, temperature: float = 1.0,
     ) -> list[np.ndarray]:
-        """Teacher-forced per-token log-probs of each response given its prompt."""
+        """Teacher-forced per-token log-probs of each response given its prompt, at `temperature`."""
+
+    @abstractmethod
+    def token_kl(
+        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
+        reference: "ModelBackend | None" = None, batch_size: int = 16, chunk_elements: int = 2**24,
+    ) -> list[np.ndarray]:
+        """Exact KL(self || reference) over the vocabulary at each response position, both at
+        `temperature`, one array per response; `reference` None = self with its adapter off."""
 
     def greedy(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
         """Greedy completions (used by the judge's retry)."""

@@ -6,8 +6,9 @@ It follows `TorchBackend`'s conventions exactly, so either backend can take over
 - sampling: our own batched loop over mlx-lm's `BatchKVCache` (left-padded prompts, per-row
   RoPE offsets). Every sample row has its own PRNG key, derived from the prompt's seed and the
   sample index, so a prompt's samples do not depend on the rest of the batch. The log-prob
-  recorded for each sampled token is under the raw distribution (temperature 1, no top-p /
-  top-k): what teacher forcing reproduces and GSPO needs as pi_old.
+  recorded for each sampled token is under the policy at the sampling temperature (logits / T,
+  before top-k / top-p, as the torch backend): what teacher forcing at T reproduces and GSPO
+  needs as pi_old.
 - teacher forcing: right-padded batch, causal attention, logits only for the response tail.
 - LoRA: mlx-lm's `LoRALinear` via `linear_to_lora_layers`, same targets as `LoraSettings`;
   saved and loaded in PEFT layout (`lora_convert`), so checkpoints on disk are framework-neutral.
@@ -34,79 +35,28 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from resources.models import lora_convert
+from resources.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
 from resources.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
-def row_seed(seed: int, sample_index: int) -> int:
-    """Seed of one sample's PRNG key, from the prompt's seed and the sample's index (as torch)."""
-    return (int(seed) * 1_000_003 + sample_index * 7919 + 1) % (2**63 - 1)
-
-
 def filter_logits(logits: mx.array, top_k: int, top_p: float) -> mx.array:
-    """Top-k then nucleus (top-p) filtering on temperature-scaled logits, as the torch backend."""
-    neg_inf = mx.array(-float("inf"), dtype=logits.dtype)
-    if top_k and 0 < top_k < logits.shape[-1]:
-        kth = mx.min(mx.topk(logits, top_k, axis=-1), axis=-1, keepdims=True)
-        logits = mx.where(logits < kth, neg_inf, logits)
-    if 0.0 < top_p < 1.0:
-        order = mx.argsort(-logits, axis=-1)
-        sorted_logits = mx.take_along_axis(logits, order, axis=-1)
-        probs = mx.softmax(sorted_logits, axis=-1)
-        # Drop tokens once the mass before them already reaches top_p; always keep the best.
-        drop_sorted = (mx.cumsum(probs, axis=-1) - probs) >= top_p
-        drop_sorted = mx.concatenate([mx.zeros_like(drop_sorted[..., :1]), drop_sorted[..., 1:]], axis=-1)
-        drop = mx.take_along_axis(drop_sorted, mx.argsort(order, axis=-1), axis=-1)
-        logits = mx.where(drop, neg_inf, logits)
-    return logits
+    """Top-k then nucleus (top-p) on temperature-scaled logits: the rule of `sampling.py`, as the
+    torch backend (one threshold per row, computed on the host from the top-k candidates)."""
+    k = candidate_count(top_k, logits.shape[-1])
+    if k == logits.shape[-1] and not uses_nucleus(top_p):
+        return logits
+    top = mx.topk(logits, k, axis=-1) if k < logits.shape[-1] else logits
+    threshold = mx.array(keep_thresholds(np.array(top.astype(mx.float32)), top_p).astype(np.float32)).astype(logits.dtype)
+    return mx.where(logits < threshold[:, None], mx.array(-float("inf"), dtype=logits.dtype), logits)
 
 
 _split_keys = mx.vmap(lambda key: mx.random.split(key))
 _categorical = mx.vmap(lambda logits, key: mx.random.categorical(logits, key=key))
 
 
-# -- losses (mlx mirrors of gspo.gspo_loss and weighted_dpo.weighted_dpo_loss) -----------------
-def gspo_loss(
-    logp: mx.array, old_logp: mx.array, mask: mx.array, advantages: mx.array,
-    epsilon_low: float = 3e-4, epsilon_high: float = 4e-4, objective: str = "gspo",
-) -> tuple[mx.array, dict[str, mx.array]]:
-    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization"), as `gspo.gspo_loss`:
-
-        s_i  = exp(mean_t(log pi_theta - log pi_old))  over response tokens
-        loss = mean_i -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
-
-    objective "reward_weighted": loss = mean_i -A_i mean_t log pi_theta (the original loop).
-    `logp`, `old_logp`, `mask`: [B, T]; `advantages`: [B]. Metrics as torch: clip_fraction
-    (TRL's definition: the clipped term is the active one), ratio mean/min/max, mean logp.
-    """
-    maskf = mask.astype(logp.dtype)
-    lengths = mx.maximum(maskf.sum(axis=-1), 1.0)
-    mean_logp = (logp * maskf).sum(axis=-1) / lengths
-    log_ratio = ((logp - old_logp.astype(logp.dtype)) * maskf).sum(axis=-1) / lengths
-    ratio = mx.exp(log_ratio)
-    advantages = advantages.astype(logp.dtype)
-    if objective == "gspo":
-        clipped = mx.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
-        per_sequence = -mx.minimum(ratio * advantages, clipped * advantages)
-    elif objective == "reward_weighted":
-        per_sequence = -advantages * mean_logp
-    else:
-        raise ValueError(f"objective must be 'gspo' or 'reward_weighted', got {objective!r}")
-    loss = per_sequence.mean()
-    ratio_sg = mx.stop_gradient(ratio)
-    low = (ratio_sg < 1.0 - epsilon_low) & (advantages < 0)
-    high = (ratio_sg > 1.0 + epsilon_high) & (advantages > 0)
-    metrics = {
-        "clip_fraction": (low | high).astype(mx.float32).mean(),
-        "ratio_mean": ratio_sg.mean(),
-        "ratio_min": ratio_sg.min(),
-        "ratio_max": ratio_sg.max(),
-        "mean_logp": mx.stop_gradient(mean_logp).mean(),
-    }
-    return loss, metrics
-
-
+# -- losses (mlx mirror of weighted_dpo.weighted_dpo_loss; GSPO's is in mlx_gspo.py) -----------------
 def weighted_dpo_loss(
     policy_chosen_logps: mx.array, policy_rejected_logps: mx.array,
     ref_chosen_logps: mx.array, ref_rejected_logps: mx.array, weights: mx.array, beta: float,
@@ -215,6 +165,13 @@ class MLXBackend(ChatTokenizer, ModelBackend):
     def _param_dtype(self):
         return next(v.dtype for _, v in tree_flatten(self.model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
 
+    def use_master_weights(self) -> None:
+        """Full fine-tuning keeps every weight in fp32: in bf16 an AdamW step of ~1e-5 is below half
+        an ulp of most weights and rounds away (mlx has no autocast, so compute is fp32 too)."""
+        if self.dtype != mx.float32:
+            self.model.set_dtype(mx.float32)
+            self.dtype = mx.float32
+
     # -- inference ----------------------------------------------------------------------
     def _sampling_context(self):
         return self._eval_mode()
@@ -242,15 +199,16 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         done = np.zeros(len(rows), dtype=bool)
         logits = self.model(mx.array(inputs), cache=cache)[:, -1, :].astype(mx.float32)
         for _ in range(cfg.max_new_tokens):
-            raw_logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            scaled = logits / cfg.temperature if cfg.temperature > 0 else logits  # greedy: temperature 1
+            behaviour_logp = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
             if cfg.temperature <= 0:
                 chosen = mx.argmax(logits, axis=-1)
             else:
                 split = _split_keys(keys)
                 step_keys, keys = split[:, 0], split[:, 1]
-                chosen = _categorical(filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p), step_keys)
+                chosen = _categorical(filter_logits(scaled, cfg.top_k, cfg.top_p), step_keys)
             chosen = mx.where(mx.array(done), pad, chosen.astype(mx.int32))
-            chosen_logp = mx.take_along_axis(raw_logp, chosen[:, None], axis=-1)[:, 0]
+            chosen_logp = mx.take_along_axis(behaviour_logp, chosen[:, None], axis=-1)[:, 0]
             mx.eval(chosen, chosen_logp, keys)
             chosen_np, logp_np = np.array(chosen), np.array(chosen_logp)
             for r in np.flatnonzero(~done):
@@ -267,22 +225,68 @@ class MLXBackend(ChatTokenizer, ModelBackend):
             grouped[i].append(Sample(text=self.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
         return grouped
 
+    def lm_head(self, hidden: mx.array) -> mx.array:
+        """Logits from final hidden states (the model's own head, or its tied embeddings)."""
+        if "lm_head" in self.model:
+            return self.model.lm_head(hidden)
+        return self.model.model.embed_tokens.as_linear(hidden)
+
     def _logits_tail(self, inputs: mx.array, keep: int) -> mx.array:
         """Logits of the last `keep` positions only (the response tail), as transformers'
         `logits_to_keep`: with a 150k vocabulary the prompt's logits would dominate memory."""
         inner = getattr(self.model, "model", None)
         if inner is None or not hasattr(inner, "embed_tokens"):
             return self.model(inputs)[:, -keep:, :]
-        hidden = inner(inputs)[:, -keep:, :]
-        if "lm_head" in self.model:
-            return self.model.lm_head(hidden)
-        return inner.embed_tokens.as_linear(hidden)
+        return self.lm_head(inner(inputs)[:, -keep:, :])
 
-    def batch_logprobs(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> tuple[mx.array, mx.array]:
-        """Differentiable teacher-forced log-probs: `(logp, mask)`, both `[B, max_response_len]`.
+    def response_hidden(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> mx.array:
+        """Final hidden states at the positions that predict each response token, `[sum |r|, H]`,
+        rows in order (response 0's tokens, then response 1's...)."""
+        inputs, gather_pos, _, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
+        hidden = self.model.model(mx.array(inputs))[:, -keep:, :]
+        picked = mx.take_along_axis(hidden, mx.array(gather_pos)[:, :, None], axis=1)  # [B, R, H]
+        return picked.reshape(-1, picked.shape[-1])[mx.array(np.flatnonzero(mask.reshape(-1)))]
 
-        Right-padded (causal attention makes the padding invisible to real tokens), as torch.
-        """
+    def token_kl(
+        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
+        reference: "MLXBackend | None" = None, batch_size: int = 16, chunk_elements: int = 2**24,
+    ) -> list[np.ndarray]:
+        """Exact KL(self || reference) over the vocabulary at every response position, at
+        `temperature`, one array per response (as `TorchBackend.token_kl`). `reference` None =
+        this policy with its adapter off (the base). Logits are made `chunk_elements // V` positions
+        at a time from the final hidden states, so a 150k vocabulary never needs `[B, T, V]`."""
+        out: list[np.ndarray] = []
+        ref = reference or self
+        with self._eval_mode():
+            for start in range(0, len(prompts), batch_size):
+                p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
+                r_ids = [list(r) for r in responses[start : start + batch_size]]
+                if not any(r_ids):
+                    out += [np.zeros(0, dtype=np.float32) for _ in r_ids]
+                    continue
+                hidden = self.response_hidden(p_ids, r_ids)
+                with self.adapter_disabled() if reference is None else contextlib.nullcontext():
+                    ref_hidden = ref.response_hidden(p_ids, r_ids)
+                    mx.eval(ref_hidden)  # while the adapter is off
+                vocab = self.lm_head(hidden[:1]).shape[-1]
+                step = max(1, chunk_elements // vocab)
+                parts = []
+                for c in range(0, hidden.shape[0], step):
+                    lp = self.lm_head(hidden[c : c + step]).astype(mx.float32) / temperature
+                    lq = ref.lm_head(ref_hidden[c : c + step]).astype(mx.float32) / temperature
+                    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+                    lq = lq - mx.logsumexp(lq, axis=-1, keepdims=True)
+                    part = (mx.exp(lp) * (lp - lq)).sum(axis=-1)
+                    mx.eval(part)
+                    parts.append(np.array(part))
+                flat = np.concatenate(parts)
+                bounds = np.cumsum([0] + [len(r) for r in r_ids])
+                out += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
+        return out
+
+    def _teacher_forcing_layout(self, prompt_ids, response_ids):
+        """Right-padded `prompt + response` rows and, per response token, the column of the logits
+        tail that predicts it: `(inputs, gather_pos, targets, mask, keep)`."""
         pad = self.tokenizer.pad_token_id
         seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
         width = max(len(s) for s in seqs)
@@ -301,21 +305,35 @@ class MLXBackend(ChatTokenizer, ModelBackend):
             gather_pos[b, :k] = np.arange(len(p) - 1, len(p) - 1 + k) - offset
             targets[b, :k] = list(r)
             mask[b, :k] = True
-        logits = self._logits_tail(mx.array(inputs), keep).astype(mx.float32)  # [B, keep, V]
+        return inputs, gather_pos, targets, mask, keep
+
+    def batch_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0
+    ) -> tuple[mx.array, mx.array]:
+        """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
+        `(logp, mask)`, both `[B, max_response_len]`.
+
+        Right-padded (causal attention makes the padding invisible to real tokens), as torch.
+        """
+        inputs, gather_pos, targets, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
+        logits = self._logits_tail(mx.array(inputs), keep).astype(mx.float32) / temperature  # [B, keep, V]
         picked = mx.take_along_axis(logits, mx.array(gather_pos)[:, :, None], axis=1)  # [B, R, V]
         target_logits = mx.take_along_axis(picked, mx.array(targets)[:, :, None], axis=-1)[:, :, 0]
         logp = target_logits - mx.logsumexp(picked, axis=-1)
         mask_mx = mx.array(mask)
         return mx.where(mask_mx, logp, 0.0), mask_mx
 
-    def response_logprobs(self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True, batch_size: int = 16) -> list[np.ndarray]:
+    def response_logprobs(
+        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True,
+        batch_size: int = 16, temperature: float = 1.0,
+    ) -> list[np.ndarray]:
         result: list[np.ndarray] = []
         ctx = contextlib.nullcontext() if use_adapter else self.adapter_disabled()
         with ctx, self._eval_mode():
             for start in range(0, len(prompts), batch_size):
                 p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
                 r_ids = [list(r) for r in responses[start : start + batch_size]]
-                logp, _ = self.batch_logprobs(p_ids, r_ids)
+                logp, _ = self.batch_logprobs(p_ids, r_ids, temperature)
                 logp_np = np.array(mx.stop_gradient(logp))
                 for b, r in enumerate(r_ids):
                     result.append(logp_np[b, : len(r)].astype(np.float32))
@@ -443,63 +461,10 @@ class MLXBackend(ChatTokenizer, ModelBackend):
 
     # -- training entry points ------------------------------------------------------------
     def train_gspo(self, examples, config) -> TrainStats:
-        """GSPO (or the reward-weighted objective) on `gspo.GSPOExample`s with a `gspo.GSPOConfig`.
+        """GSPO on `gspo.GSPOExample`s with a `gspo.GSPOConfig`: `mlx_gspo.train_gspo`."""
+        from resources.models.mlx_gspo import train_gspo
 
-        As `gspo.train_gspo`: a fresh LoRA adapter when `config.lora` is set and the policy has
-        none (with `lora=None` and no adapter every weight trains), `config.epochs` passes in
-        padded minibatches shuffled by `random.Random(config.seed)`, one AdamW step each."""
-        usable = [ex for ex in examples if ex.response_ids]
-        for ex in usable:
-            if len(ex.behavior_logprobs) != len(ex.response_ids):
-                raise ValueError("behavior_logprobs must have one value per response token")
-        if config.lora is not None and not self.has_adapter:
-            # mlx draws LoRA's A from its global PRNG: seed it so a re-run repeats (the torch
-            # caller seeds torch for the same reason).
-            mx.random.seed(int(config.seed))
-            self.add_lora(config.lora)
-        prompt_cache: dict[str, list[int]] = {}
-
-        def prompt_ids(messages: Messages) -> list[int]:
-            key = repr(messages)
-            if key not in prompt_cache:
-                prompt_cache[key] = self.prompt_ids(messages)
-            return prompt_cache[key]
-
-        encoded = [(prompt_ids(ex.prompt), list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)) for ex in usable]
-        batch_size = 1 if getattr(config, "one_at_a_time", False) else max(1, config.batch_size)
-        batches = list(_batches(encoded, batch_size, config.epochs, config.seed)) if encoded else []
-
-        # pi_old as in `gspo.train_gspo`: the stored behaviour log-probs in fp32, else one pass of
-        # the training forward over the not-yet-updated policy (reduced-precision numerics).
-        mode = getattr(config, "old_logprobs", "stored")
-        recompute = mode == "recompute" or (mode == "auto" and self.dtype != mx.float32)
-        old_by_batch = []
-        for batch in batches:
-            if recompute:
-                old, _ = self.batch_logprobs([b[0] for b in batch], [b[1] for b in batch])
-                old = mx.stop_gradient(old.astype(mx.float32))
-                mx.eval(old)  # now, before any update: this is pi_old
-            else:
-                stored = np.zeros((len(batch), max(len(b[1]) for b in batch)), dtype=np.float32)
-                for i, b in enumerate(batch):
-                    stored[i, : len(b[2])] = b[2]
-                old = mx.array(stored)
-            old_by_batch.append(old)
-
-        def loss_fn(model, indexed_batch):
-            index, batch = indexed_batch
-            logp, mask = self.batch_logprobs([b[0] for b in batch], [b[1] for b in batch])
-            advantages = mx.array([b[3] for b in batch], dtype=mx.float32)
-            return gspo_loss(logp, old_by_batch[index], mask, advantages, config.epsilon_low, config.epsilon_high, config.objective)
-
-        stats = (
-            train_loop(self.model, loss_fn, list(enumerate(batches)), config.learning_rate, config.max_grad_norm)
-            if batches else TrainStats()
-        )
-        stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
-        stats.extra["examples"] = len(encoded)
-        stats.extra["response_tokens"] = int(sum(len(b[1]) for b in encoded))
-        return stats
+        return train_gspo(self, examples, config)
 
     def dpo_sequence_logps(self, prompt_ids: Sequence[Sequence[int]], chosen: Sequence[Sequence[int]], rejected: Sequence[Sequence[int]]) -> tuple[mx.array, mx.array]:
         """Sequence-summed log-probs of chosen and rejected, in one forward pass of 2B rows."""

@@ -3,8 +3,9 @@
 Sampling is our own batched loop over the model's KV cache rather than `generate()`, for two
 reasons: each prompt gets its own random generator (seeded by the caller, so a headline's
 samples do not depend on which other headlines share the batch), and the log-probability of
-every sampled token is taken from the raw distribution (temperature 1, no top-p / top-k), the
-exact quantity teacher forcing reproduces and GSPO needs as pi_old.
+every sampled token is recorded under the policy at the sampling temperature (log-softmax of
+logits / T, before top-k / top-p, as TRL's GRPO and verl define it): the exact quantity teacher
+forcing at temperature T reproduces (`batch_logprobs(..., temperature=T)`) and GSPO's pi_old.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from resources.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
 from resources.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
 
 
@@ -30,25 +32,15 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def row_seed(seed: int, sample_index: int) -> int:
-    """Seed of one sample's generator, from the prompt's seed and the sample's index."""
-    return (int(seed) * 1_000_003 + sample_index * 7919 + 1) % (2**63 - 1)
-
-
 def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k then nucleus (top-p) filtering on temperature-scaled logits, as transformers does."""
-    if top_k and 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if 0.0 < top_p < 1.0:
-        sorted_logits, sorted_idx = torch.sort(logits, descending=True, dim=-1)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop tokens once the mass before them already reaches top_p; always keep the best.
-        drop_sorted = (cumulative - sorted_logits.softmax(-1)) >= top_p
-        drop_sorted[..., 0] = False
-        drop = drop_sorted.scatter(-1, sorted_idx, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
+    """Top-k then nucleus (top-p) on temperature-scaled logits: the rule of `sampling.py`, whose
+    one threshold per row is computed on the host from the top-k candidates."""
+    k = candidate_count(top_k, logits.shape[-1])
+    if k == logits.shape[-1] and not uses_nucleus(top_p):
+        return logits
+    top = torch.topk(logits, k, dim=-1).values
+    threshold = torch.from_numpy(keep_thresholds(top.double().cpu().numpy(), top_p)).to(logits.device, logits.dtype)
+    return logits.masked_fill(logits < threshold[:, None], float("-inf"))
 
 
 def left_padded(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -67,16 +59,25 @@ def left_padded(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.dev
 class TorchBackend(ChatTokenizer, ModelBackend):
     name = "torch"
 
-    def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto", trainable: bool = True):
+    def __init__(
+        self, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto",
+        trainable: bool = True, dtype: str = "auto", master_weights: bool = False,
+    ):
+        """`dtype` is the compute precision: "auto" = bf16 on CUDA, fp32 elsewhere (CPU has no fast
+        bf16 path, and the parity tests need fp32), or a name. `master_weights` keeps the weights
+        in fp32 and computes in `dtype` under autocast (full fine-tuning: see `use_master_weights`)."""
         from transformers import AutoModelForCausalLM
 
         self.model_path = Path(model_path)
         self.adapter_path = Path(adapter_path) if adapter_path else None
         self.device = resolve_device(device)
-        # bf16 on CUDA; fp32 elsewhere (CPU has no fast bf16 path, and the parity tests need fp32).
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        if dtype == "auto":
+            self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        else:
+            self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        self.master_weights = bool(master_weights) and self.dtype != torch.float32
         self._load_tokenizer()
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32 if self.master_weights else self.dtype)
         if self.adapter_path is not None:
             from peft import PeftModel
 
@@ -84,9 +85,26 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         self.model = model.to(self.device)
         self.model.eval()
 
+    def use_master_weights(self) -> None:
+        """Full fine-tuning in bf16/fp16 loses its updates: an Adam step of 1e-5 is below half a
+        bf16 ulp of most weights, so it rounds away. Keep the weights (and so the optimiser's
+        updates and the saved checkpoint) in fp32 and compute in `self.dtype` under autocast."""
+        if self.dtype == torch.float32 or self.master_weights:
+            return
+        self.model.float()
+        self.master_weights = True
+
+    def autocast(self):
+        """Forward passes in the compute dtype over fp32 master weights; a no-op otherwise."""
+        if not self.master_weights:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
     # -- inference ----------------------------------------------------------------------
+    @contextlib.contextmanager
     def _sampling_context(self):
-        return torch.inference_mode()
+        with torch.inference_mode(), self.autocast():
+            yield
 
     def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
         pad = self.tokenizer.pad_token_id
@@ -116,20 +134,21 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         active = torch.arange(total, device=self.device)
         stop = torch.tensor(sorted(self.stop_ids), device=self.device)
         for step in range(cfg.max_new_tokens):
-            raw_logp = F.log_softmax(logits, dim=-1)
+            scaled = logits / cfg.temperature if cfg.temperature > 0 else logits  # greedy: temperature 1
+            behaviour_logp = F.log_softmax(scaled, dim=-1)
             if cfg.temperature <= 0:
                 chosen = logits.argmax(-1)
             else:
-                probs = _filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p).softmax(-1)
+                probs = _filter_logits(scaled, cfg.top_k, cfg.top_p).softmax(-1)
                 cdf = probs.double().cumsum(-1)
                 # First token whose cumulative mass reaches u * total: filtered (zero-mass) tokens never win.
                 target = uniforms[active, step : step + 1] * cdf[:, -1:]
                 chosen = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)[:, 0]
             tokens_now = torch.full((total,), pad, dtype=torch.long, device=self.device)
-            logps_now = torch.zeros(total, dtype=raw_logp.dtype, device=self.device)
+            logps_now = torch.zeros(total, dtype=behaviour_logp.dtype, device=self.device)
             alive_now = torch.zeros(total, dtype=torch.bool, device=self.device)
             tokens_now[active] = chosen
-            logps_now[active] = raw_logp.gather(-1, chosen[:, None])[:, 0]
+            logps_now[active] = behaviour_logp.gather(-1, chosen[:, None])[:, 0]
             alive_now[active] = True
             step_tokens.append(tokens_now)
             step_logps.append(logps_now)
@@ -162,31 +181,29 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             grouped[i].append(Sample(text=self.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
         return grouped
 
-    def batch_logprobs(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Differentiable teacher-forced log-probs: `(logp, mask)`, both `[B, max_response_len]`.
+    def batch_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
+        `(logp, mask)`, both `[B, max_response_len]`.
 
         Sequences are right-padded (causal attention makes the padding invisible to real
         tokens), and logits are computed only for the tail that holds responses.
         """
         pad = self.tokenizer.pad_token_id
-        seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
-        width = max(len(s) for s in seqs)
+        input_ids, attention = self._right_padded(prompt_ids, response_ids)
+        width = input_ids.shape[1]
         resp_len = max(len(r) for r in response_ids)
-        input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(seqs), width), dtype=torch.long)
-        for b, s in enumerate(seqs):
-            input_ids[b, : len(s)] = torch.tensor(s)
-            attention[b, : len(s)] = 1
         min_prompt = min(len(p) for p in prompt_ids)
         keep = width - min_prompt + 1  # logits for positions min_prompt-1 .. width-1
-        out = self.model(
-            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), logits_to_keep=keep
-        )
-        logits = out.logits.float()  # [B, keep, V]; column c is position width-keep+c
+        with self.autocast():
+            out = self.model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep)
+        logits = out.logits.float() / temperature  # [B, keep, V]; column c is position width-keep+c
         offset = width - keep
-        gather_pos = torch.zeros((len(seqs), resp_len), dtype=torch.long)
-        targets = torch.full((len(seqs), resp_len), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), resp_len), dtype=torch.bool)
+        rows = len(response_ids)
+        gather_pos = torch.zeros((rows, resp_len), dtype=torch.long)
+        targets = torch.full((rows, resp_len), pad, dtype=torch.long)
+        mask = torch.zeros((rows, resp_len), dtype=torch.bool)
         for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
             k = len(r)
             gather_pos[b, :k] = torch.arange(len(p) - 1, len(p) - 1 + k) - offset
@@ -197,15 +214,79 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         logp = picked.gather(-1, targets[:, :, None])[:, :, 0] - torch.logsumexp(picked, dim=-1)
         return logp.masked_fill(~mask, 0.0), mask
 
+    def _right_padded(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(input_ids, attention_mask)` of `prompt + response` rows, right-padded, on the device."""
+        seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+        input_ids = torch.full((len(seqs), max(len(s) for s in seqs)), self.tokenizer.pad_token_id, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for b, seq in enumerate(seqs):
+            input_ids[b, : len(seq)] = torch.tensor(seq)
+            attention[b, : len(seq)] = 1
+        return input_ids.to(self.device), attention.to(self.device)
+
+    def _causal_lm(self):
+        """The transformers model under the PEFT wrapper, if any (LoRA layers stay inside it)."""
+        return self.model.get_base_model() if self.has_adapter else self.model
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._causal_lm().get_output_embeddings()(hidden)
+
+    def response_hidden(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Final hidden states at the positions that predict each response token, `[sum |r|, H]`,
+        rows in order (response 0's tokens, then response 1's...)."""
+        input_ids, attention = self._right_padded(prompt_ids, response_ids)
+        with self.autocast():
+            hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        return torch.cat([hidden[b, len(p) - 1 : len(p) - 1 + len(r)] for b, (p, r) in enumerate(zip(prompt_ids, response_ids))])
+
     @torch.no_grad()
-    def response_logprobs(self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True, batch_size: int = 16) -> list[np.ndarray]:
+    def token_kl(
+        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
+        reference: "TorchBackend | None" = None, batch_size: int = 16, chunk_elements: int = 2**24,
+    ) -> list[np.ndarray]:
+        """Exact KL(self || reference) = sum_v p(v) (log p(v) - log q(v)) over the vocabulary at
+        every response position, both distributions at `temperature`; one array per response.
+
+        `reference` None = this policy with its adapter off (the base). Logits are made from the
+        final hidden states `chunk_elements // V` positions at a time, so a 150k vocabulary never
+        needs a `[B, T, V]` tensor.
+        """
+        out: list[np.ndarray] = []
+        ref = reference or self
+        for start in range(0, len(prompts), batch_size):
+            p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
+            r_ids = [list(r) for r in responses[start : start + batch_size]]
+            if not any(r_ids):
+                out += [np.zeros(0, dtype=np.float32) for _ in r_ids]
+                continue
+            hidden = self.response_hidden(p_ids, r_ids)
+            with self.adapter_disabled() if reference is None else contextlib.nullcontext():
+                ref_hidden = ref.response_hidden(p_ids, r_ids)
+            step = max(1, chunk_elements // self.lm_head(hidden[:1]).shape[-1])
+            parts = []
+            for c in range(0, hidden.shape[0], step):
+                with self.autocast():
+                    lp = F.log_softmax(self.lm_head(hidden[c : c + step]).float() / temperature, dim=-1)
+                with ref.autocast():
+                    lq = F.log_softmax(ref.lm_head(ref_hidden[c : c + step].to(ref.device)).float() / temperature, dim=-1)
+                parts.append((lp.exp() * (lp - lq.to(lp.device))).sum(-1).cpu())
+            flat = torch.cat(parts).double().numpy()
+            bounds = np.cumsum([0] + [len(r) for r in r_ids])
+            out += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
+        return out
+
+    @torch.no_grad()
+    def response_logprobs(
+        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True,
+        batch_size: int = 16, temperature: float = 1.0,
+    ) -> list[np.ndarray]:
         result: list[np.ndarray] = []
         ctx = contextlib.nullcontext() if use_adapter else self.adapter_disabled()
         with ctx:
             for start in range(0, len(prompts), batch_size):
                 p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
                 r_ids = [list(r) for r in responses[start : start + batch_size]]
-                logp, mask = self.batch_logprobs(p_ids, r_ids)
+                logp, mask = self.batch_logprobs(p_ids, r_ids, temperature)
                 for b in range(len(p_ids)):
                     result.append(logp[b][mask[b]].float().cpu().numpy())
         return result

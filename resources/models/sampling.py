@@ -1,0 +1,99 @@
+"""What the torch and mlx backends share, written once in NumPy so both agree by construction:
+the seed of each sample row, the top-k / nucleus (top-p) rule, and the GSPO batching plan.
+
+The filter rule. On temperature-scaled logits, a token is kept when
+  - top-k: its logit is at least the k-th largest logit (ties at the k-th value are all kept), and
+  - top-p: the probability mass of the tokens whose logit is *strictly greater* than its own is
+    below `top_p` (so the best token is always kept, and tied tokens share one fate: no order
+    among equal logits, hence no framework's sort order, can decide).
+Both conditions are thresholds on the logit, so the whole filter is one number per row: the
+smallest logit kept. `keep_thresholds` computes it in float64 from the top-k candidates, which
+each backend copies to the host (B x k values, k = 50 by default), and the backend masks every
+logit below it. Summation order is NumPy's, the same for both backends.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Hashable, Sequence
+
+import numpy as np
+
+
+def row_seed(seed: int, sample_index: int) -> int:
+    """Seed of one sample's random stream, from the prompt's seed and the sample's index."""
+    return (int(seed) * 1_000_003 + sample_index * 7919 + 1) % (2**63 - 1)
+
+
+def candidate_count(top_k: int, vocab_size: int) -> int:
+    """How many of the largest logits can survive top-k: k, or the whole vocabulary."""
+    return int(top_k) if top_k and 0 < top_k < vocab_size else int(vocab_size)
+
+
+def uses_nucleus(top_p: float) -> bool:
+    return 0.0 < top_p < 1.0
+
+
+def keep_thresholds(top_logits: np.ndarray, top_p: float) -> np.ndarray:
+    """Smallest kept logit per row, `[B]`, given each row's top-k candidate logits `[B, k]` (any
+    order; the tokens outside them are already out) and the nucleus mass `top_p`.
+
+    Without a nucleus (`top_p` >= 1 or <= 0) that is the k-th largest logit. With one, the
+    candidates' softmax is taken in float64 and a candidate is kept while the mass strictly above
+    its logit is < top_p.
+    """
+    values = -np.sort(-np.asarray(top_logits, dtype=np.float64), axis=-1)  # descending
+    rows = np.arange(values.shape[0])
+    if not uses_nucleus(top_p):
+        return values[:, -1]
+    probs = np.exp(values - values[:, :1])
+    probs /= probs.sum(axis=-1, keepdims=True)
+    before = np.concatenate([np.zeros_like(probs[:, :1]), np.cumsum(probs, axis=-1)[:, :-1]], axis=-1)
+    # A tied token's mass "strictly above" is the mass before the first token of its tie group.
+    position = np.arange(values.shape[1])[None, :]
+    starts_group = np.concatenate([np.ones_like(values[:, :1], dtype=bool), values[:, 1:] != values[:, :-1]], axis=-1)
+    group_start = np.maximum.accumulate(np.where(starts_group, position, 0), axis=-1)
+    above = np.take_along_axis(before, group_start, axis=-1)
+    kept = (above < top_p).sum(axis=-1)  # `above` never decreases, so the kept ones are a prefix
+    return values[rows, np.maximum(kept, 1) - 1]
+
+
+def reference_keep_mask(logits: np.ndarray, top_k: int, top_p: float) -> np.ndarray:
+    """The filter rule token by token, by brute force (for tests): `[B, V]` bool."""
+    logits = np.asarray(logits, dtype=np.float64)
+    keep = np.ones(logits.shape, dtype=bool)
+    for b, row in enumerate(logits):
+        k = candidate_count(top_k, row.size)
+        kth = np.sort(row)[::-1][k - 1]
+        in_top_k = row >= kth
+        probs = np.where(in_top_k, np.exp(row - row.max()), 0.0)
+        probs /= probs.sum()
+        for v in range(row.size):
+            above = probs[row > row[v]].sum()
+            keep[b, v] = in_top_k[v] and (not uses_nucleus(top_p) or above < top_p)
+    return keep
+
+
+def gspo_batch_plan(prompt_keys: Sequence[Hashable], batch_size: int, epochs: int, seed: int, group_by_prompt: bool = True) -> list[list[int]]:
+    """Minibatches of example indices for `epochs` passes, the same plan in torch and mlx.
+
+    One `random.Random(seed)` shuffles, epoch after epoch, either whole prompt groups (a
+    headline's rollouts stay together, so a minibatch holds few distinct prompts and the shared
+    prompt prefix is run once) or, with `group_by_prompt=False`, single examples.
+    """
+    rng = random.Random(seed)
+    size = max(1, int(batch_size))
+    plan: list[list[int]] = []
+    for _ in range(int(epochs)):
+        if group_by_prompt:
+            groups: dict[Hashable, list[int]] = {}
+            for i, key in enumerate(prompt_keys):
+                groups.setdefault(key, []).append(i)
+            group_list = list(groups.values())
+            rng.shuffle(group_list)
+            order = [i for g in group_list for i in g]
+        else:
+            order = list(range(len(prompt_keys)))
+            rng.shuffle(order)
+        plan += [order[s : s + size] for s in range(0, len(order), size)]
+    return plan
