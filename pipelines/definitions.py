@@ -1,11 +1,17 @@
 """The Dagster code location: `defs` merges the core assets with each area's definitions."""
 
-import importlib
+from resources.settings import validate_environment
 
-import dagster as dg
+# First, before anything reads a variable: resources hold EnvVars that resolve only when a run
+# starts and the partitions read theirs at import, so a bad value must stop the load here, named.
+validate_environment()
 
-from assets.base_model import base_model
-from pipelines.resources import core_resources
+import importlib  # noqa: E402
+
+import dagster as dg  # noqa: E402
+
+from assets.base_model import base_model  # noqa: E402
+from pipelines.resources import core_resources  # noqa: E402
 
 # Each area exposes its own `defs` (assets, checks, jobs, schedules, sensors, and the
 # resources only it uses) in `pipelines/<area>.py`.

@@ -4,7 +4,11 @@ Archive: `FLYWHEEL_FEEDS_ARCHIVE/YYYY-MM-DD/*.xml` (default `sample_data/feeds_a
 Live: `FLYWHEEL_FEED_URLS`, comma-separated http(s) URLs, fetched with a timeout and a size
 cap. Each live feed's raw bytes are kept under `$FLYWHEEL_DATA_DIR/raw/feeds/D/` with a
 `manifest.json` of sha256 sums; a later run of the same day replays those files instead of
-fetching again (the live feed has moved on by then), unless `refetch` is set.
+fetching again (the live feed has moved on by then), unless `refetch` is set. A feed that failed
+(or a URL added since) left nothing to replay, so a later run fetches it: that is how a day whose
+feeds failed is recovered.
+Only http(s) URLs are fetched: urllib would open file:// too, but local feed files are the
+archive's job (a URL setting should not read the machine's files).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.daily_rl.feeds import RawFeed, sha256_bytes
-from resources.settings import env_int_or_default, env_or_default, resolve_path
+from resources.settings import env_int_or_default, env_or_default, feed_url_problem, resolve_path
 from resources.storage import atomic_write_bytes
 
 DEFAULT_ARCHIVE = "sample_data/feeds_archive"
@@ -37,6 +41,11 @@ class FeedSource(dg.ConfigurableResource):
     archive_dir: str = Field(default=DEFAULT_ARCHIVE, description="FLYWHEEL_FEEDS_ARCHIVE: folder of YYYY-MM-DD/*.xml.")
     feed_urls: str = Field(default="", description="FLYWHEEL_FEED_URLS: comma-separated http(s) feed URLs; when set, live mode.")
     max_headlines: int = Field(default=30, description="FLYWHEEL_MAX_HEADLINES: headlines kept per day.")
+    min_headlines: int = Field(
+        default=1, ge=0,
+        description="FLYWHEEL_MIN_HEADLINES: a day with fewer headlines fails the blocking minimum_headlines check, "
+                    "so that day's daily_update does not run; 0 turns the check off.",
+    )
     timeout_s: float = Field(default=20.0, description="Live fetch timeout per feed, seconds.")
     max_bytes: int = Field(default=5_000_000, description="Live fetch size cap per feed; larger feeds are quarantined.")
     refetch: bool = Field(default=False, description="Live mode: fetch again even when the day's raw files are kept.")
@@ -48,7 +57,8 @@ class FeedSource(dg.ConfigurableResource):
         return cls(
             archive_dir=env_or_default("FLYWHEEL_FEEDS_ARCHIVE", DEFAULT_ARCHIVE),
             feed_urls=env_or_default("FLYWHEEL_FEED_URLS", ""),
-            max_headlines=max_headlines if max_headlines is not None else env_int_or_default("FLYWHEEL_MAX_HEADLINES", 30),
+            max_headlines=max_headlines if max_headlines is not None else env_int_or_default("FLYWHEEL_MAX_HEADLINES"),
+            min_headlines=env_int_or_default("FLYWHEEL_MIN_HEADLINES"),
             data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
         )
 
@@ -64,6 +74,10 @@ class FeedSource(dg.ConfigurableResource):
 
     def describe(self) -> str:
         return f"live: {len(self.urls())} URLs" if self.live else f"archive: {resolve_path(self.archive_dir)}"
+
+    def describe_day(self, day: str) -> str:
+        """Where `day`'s feeds come from: its archive folder, or the live URLs."""
+        return f"live: {', '.join(self.urls())}" if self.live else f"archive folder {resolve_path(self.archive_dir) / day}"
 
     def fetch(self, day: str) -> list[RawFeed]:
         """The raw feeds of `day` (YYYY-MM-DD). Never raises for one bad feed: it comes back with `error`."""
@@ -85,10 +99,15 @@ class FeedSource(dg.ConfigurableResource):
     def _live(self, day: str) -> list[RawFeed]:
         folder = self.raw_dir(day)
         manifest_path = folder / "manifest.json"
+        kept = {}
         if manifest_path.exists() and not self.refetch:
-            return self._replay(folder, json.loads(manifest_path.read_text()))
+            kept = {item["url"]: item for item in json.loads(manifest_path.read_text()) if item.get("file")}
         feeds, manifest = [], []
         for url in self.urls():
+            if url in kept:
+                feeds.append(self._replay_one(folder, kept[url]))
+                manifest.append(kept[url])
+                continue
             feed = self._fetch_one(url)
             name = _slug(url)
             if feed.data is not None:
@@ -100,23 +119,19 @@ class FeedSource(dg.ConfigurableResource):
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=1).encode())
         return feeds
 
-    def _replay(self, folder: Path, manifest: list[dict]) -> list[RawFeed]:
-        feeds = []
-        for item in manifest:
-            if not item.get("file"):
-                feeds.append(RawFeed(item["url"], None, error=item.get("error") or "not fetched"))
-                continue
-            path = folder / item["file"]
-            data = path.read_bytes() if path.exists() else None
-            if data is None or sha256_bytes(data) != item["sha256"]:
-                feeds.append(RawFeed(item["url"], None, path=str(path), error="kept raw file missing or sha256 mismatch"))
-            else:
-                feeds.append(RawFeed(item["url"], data, item["sha256"], str(path)))
-        return feeds
+    def _replay_one(self, folder: Path, item: dict) -> RawFeed:
+        path = folder / item["file"]
+        data = path.read_bytes() if path.exists() else None
+        if data is None or sha256_bytes(data) != item["sha256"]:
+            # Not fetched again: the day's data would silently change; `refetch` is the deliberate way.
+            return RawFeed(item["url"], None, path=str(path), error="kept raw file missing or sha256 mismatch (set refetch to fetch again)")
+        return RawFeed(item["url"], data, item["sha256"], str(path))
 
     def _fetch_one(self, url: str) -> RawFeed:
-        if not url.startswith(("http://", "https://")):
-            return RawFeed(url, None, error="not an http(s) URL")
+        problem = feed_url_problem(url)
+        if problem:
+            return RawFeed(url, None, error=f"{problem}: not fetched; live mode reads only http(s) feeds "
+                                            f"(local feed files go in FLYWHEEL_FEEDS_ARCHIVE/YYYY-MM-DD/)")
         request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:

@@ -136,3 +136,33 @@ def test_live_feeds_are_kept_with_sha256_and_replayed(feed_server, tmp_path):
     (www / "a.xml").write_bytes(b"<rss version='2.0'><channel><title>changed</title></channel></rss>")
     replay = {r.name: r for r in source.fetch("2025-11-05")}
     assert replay[f"{base}/a.xml"].data == good.data
+
+
+def test_a_file_url_is_not_read_in_live_mode(tmp_path):
+    local = tmp_path / "feed.xml"
+    local.write_bytes((ARCHIVE / "2025-11-05" / "market-wire.xml").read_bytes())
+    source = FeedSource(feed_urls=local.as_uri(), data_dir=str(tmp_path / "data"))
+    (raw,) = source.fetch("2025-11-05")
+    assert raw.data is None
+    assert "http(s)" in raw.error and "'file'" in raw.error and "FLYWHEEL_FEEDS_ARCHIVE" in raw.error
+    kept, quarantine, sources = build_headlines([raw], "2025-11-05", TZ, 30)
+    assert len(kept) == 0 and quarantine["reason"].tolist() == ["fetch_failed"] and quarantine["detail"][0] == raw.error
+    assert _balanced(kept, quarantine, sources)
+
+
+def test_a_rerun_fetches_again_only_the_feeds_that_failed(feed_server, tmp_path):
+    base, www = feed_server
+    source = FeedSource(feed_urls=f"{base}/a.xml,{base}/late.xml", data_dir=str(tmp_path / "data"), timeout_s=5)
+    first = {r.name: r for r in source.fetch("2025-11-05")}
+    assert first[f"{base}/a.xml"].data and "404" in first[f"{base}/late.xml"].error
+    # The failed feed is back and the good one has moved on: the re-run fetches the first and
+    # replays the second from its kept raw file.
+    (www / "late.xml").write_bytes((ARCHIVE / "2025-11-05" / "market-wire.xml").read_bytes())
+    (www / "a.xml").write_bytes(b"<rss version='2.0'><channel><title>changed</title></channel></rss>")
+    second = {r.name: r for r in source.fetch("2025-11-05")}
+    assert second[f"{base}/a.xml"].data == first[f"{base}/a.xml"].data
+    assert second[f"{base}/late.xml"].data == (www / "late.xml").read_bytes() and not second[f"{base}/late.xml"].error
+    # ... and the manifest now keeps both, so a third run replays both.
+    (www / "late.xml").unlink()
+    third = {r.name: r for r in source.fetch("2025-11-05")}
+    assert third[f"{base}/late.xml"].data == second[f"{base}/late.xml"].data

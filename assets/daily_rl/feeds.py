@@ -184,6 +184,12 @@ def build_headlines(raws: list[RawFeed], day: str, tz: str, max_headlines: int) 
     )
 
 
+def feed_failures(quarantine: pd.DataFrame) -> list[dict]:
+    """The feeds that gave nothing at all (fetch failed, not a feed, ...): feed, reason, detail."""
+    rows = quarantine[quarantine["reason"].isin(FEED_LEVEL_REASONS)] if not quarantine.empty else quarantine
+    return [dict(feed=r.feed_file, reason=r.reason, detail=r.detail) for r in rows.itertuples()]
+
+
 def _move_kept_to_quarantined(sources: list[dict], feed_file: str) -> None:
     for s in sources:
         if s["feed_file"] == feed_file:

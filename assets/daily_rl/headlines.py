@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from assets.daily_rl.feeds import FEED_LEVEL_REASONS, build_headlines
+from assets.daily_rl.feeds import FEED_LEVEL_REASONS, build_headlines, feed_failures
 from pipelines.partitions import daily_partitions
 from resources.feeds import FeedSource
 from resources.storage import Warehouse
@@ -22,8 +22,13 @@ def _markdown_table(df, columns, limit=10) -> str:
     group_name="daily_rl",
     pool="duckdb",
     kinds={"parquet", "duckdb"},
-    check_specs=[dg.AssetCheckSpec("entries_accounted_for", asset="headlines",
-                                   description="Every feed entry is either a headline or a quarantine row.")],
+    check_specs=[
+        dg.AssetCheckSpec("entries_accounted_for", asset="headlines",
+                          description="Every feed entry is either a headline or a quarantine row."),
+        dg.AssetCheckSpec("minimum_headlines", asset="headlines", blocking=True,
+                          description="At least FLYWHEEL_MIN_HEADLINES (default 1) headlines on the day; otherwise the "
+                                      "run fails here, before daily_update, with the feeds that failed and the quarantine reasons."),
+    ],
 )
 def headlines(context: dg.AssetExecutionContext, warehouse: Warehouse, feeds: FeedSource):
     """Headlines published on day D (in FLYWHEEL_TIMEZONE) from the archive folder or live feeds:
@@ -60,4 +65,33 @@ def headlines(context: dg.AssetExecutionContext, warehouse: Warehouse, feeds: Fe
         check_name="entries_accounted_for", passed=bool(balanced),
         metadata={"entries_in": entries_in, "headlines": len(kept), "quarantined_entries": entry_rows},
     )
+    failures = feed_failures(quarantine)
+    enough = len(kept) >= feeds.min_headlines
+    yield dg.AssetCheckResult(
+        check_name="minimum_headlines", passed=bool(enough),
+        description=(f"{len(kept)} headlines, at least FLYWHEEL_MIN_HEADLINES={feeds.min_headlines}." if enough
+                     else _shortfall(day, len(kept), len(raws), feeds, failures, reasons)),
+        metadata={
+            "headlines": len(kept), "min_headlines": feeds.min_headlines, "feeds": len(raws), "entries_in": entries_in,
+            "quarantined": len(quarantine),
+            "quarantine_reasons": dg.MetadataValue.json({k: int(v) for k, v in reasons.items()}),
+            "feed_failures": dg.MetadataValue.json(failures),
+            "source": feeds.describe_day(day),
+        },
+    )
+
+
+def _shortfall(day: str, n: int, n_feeds: int, feeds: FeedSource, failures: list[dict], reasons: dict) -> str:
+    """Why the day has too few headlines, for the check's description (the UI and the run's error)."""
+    lines = [f"{day}: {n} headlines, fewer than FLYWHEEL_MIN_HEADLINES={feeds.min_headlines}; daily_update does not run for this day."]
+    if not n_feeds:
+        lines.append(f"There were no feeds: nothing in the {feeds.describe_day(day)}.")
+    if failures:
+        lines.append("Feeds that gave nothing:")
+        lines += [f"- {f['feed']}: {f['reason']}: {f['detail']}" for f in failures]
+    entry_reasons = {k: int(v) for k, v in reasons.items() if k not in FEED_LEVEL_REASONS}
+    if entry_reasons:
+        lines.append(f"Entries quarantined: {entry_reasons}.")
+    lines.append("Re-run the day once its feeds are readable (live feeds that failed are fetched again).")
+    return "\n".join(lines)
 
