@@ -1,6 +1,6 @@
 """Write `sample_data/tiny_local/notes.jsonl`: example trading notes the tiny-local model is
 trained on. Fictional events about real tickers; most notes carry the six sections of
-DESIGN.md, some miss a few, some are unstructured prose, so the base policy writes note-like
+the structure score (`assets/daily_rl/structure.py`), some miss a few, some are unstructured prose, so the base policy writes note-like
 text that only sometimes has the headers (room for the daily loop to improve it).
 
     python -m scripts.make_tiny_local_corpus

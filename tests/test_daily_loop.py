@@ -56,7 +56,7 @@ def test_three_days_in_order(loop):
     assert all(r.success for r in results.values())
     for result in results.values():
         checks = _checks(result)
-        assert len(checks) == 5 and all(checks.values()), checks
+        assert len(checks) == 6 and all(checks.values()), checks
     ckpt = root / "checkpoints" / "policy"
     info = [json.loads((ckpt / d / "checkpoint.json").read_text()) for d in DAYS]
     assert all(i["verified"] for i in info)  # every day passed its blocking checks
@@ -123,6 +123,41 @@ def test_override_rerun_scores_against_another_day(loop):
     assert not _run(res, DAYS[2], run_config=bad, assets=[daily_update], raise_on_error=False).success
     missing = {"ops": {"daily_update": {"config": {"outcome_headlines_date": "2025-11-20"}}}}
     assert not _run(res, DAYS[2], run_config=missing, assets=[daily_update], raise_on_error=False).success
+
+
+def test_a_day_without_outcome_headlines_is_not_a_judgement(loop):
+    root, res, _ = loop
+    wh = res["warehouse"]
+    empty = wh.read("headlines", DAYS[2]).head(0)
+    wh.write("headlines", empty, partition="2025-11-21")  # a materialised day with no headlines
+    config = {"ops": {"daily_update": {"config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-21"}}}}
+    result = _run(res, DAYS[2], run_config=config, assets=[daily_update])
+    assert result.success
+    scores = wh.read("rollout_scores", DAYS[2])
+    assert len(scores) == 12 and not scores["usable"].any()
+    assert set(scores["unusable_reason"]) == {"no outcome headlines"} and (scores["advantage"] == 0).all()
+    assert (scores["judge_rounds_answered"] == 0).all()  # the judge was not asked
+    info = json.loads((root / "checkpoints" / "policy" / DAYS[2] / "checkpoint.json").read_text())
+    assert not info["trained"] and info["examples"] == 0
+
+
+def test_rollouts_of_another_policy_are_refused_before_training(loop):
+    """pi_old must be the checkpoint being trained: rollouts(D-1) stamped with another version
+    fail day D before anything is scored or written, naming the day to re-run."""
+    root, res, _ = loop
+    wh = res["warehouse"]
+    rollouts = wh.read("rollouts", DAYS[1])
+    before = wh.read("rollout_scores", DAYS[2])
+    try:
+        wh.write("rollouts", rollouts.assign(policy_version="2025-11-04@0123456789ab"), partition=DAYS[1])
+        result = _run(res, DAYS[2], assets=[daily_update], raise_on_error=False)
+        assert not result.success
+        failure = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"][0]
+        message = failure.step_failure_data.error.message + str(failure.step_failure_data.user_failure_data)
+        assert f"re-run {DAYS[1]}" in message and "2025-11-04@0123456789ab" in message
+        assert wh.read("rollout_scores", DAYS[2]).equals(before)  # nothing written
+    finally:
+        wh.write("rollouts", rollouts, partition=DAYS[1])
 
 
 def test_definitions_shape_and_schedule():

@@ -104,7 +104,7 @@ def test_batched_sampling_logprobs_match_teacher_forcing(torch_policy):
     groups = torch_policy.sample(PROMPTS, n, cfg, seeds=[11, 12, 13])
     assert [len(g) for g in groups] == [n] * len(PROMPTS)
     flat = [(PROMPTS[i], s) for i, g in enumerate(groups) for s in g]
-    forced = torch_policy.response_logprobs([p for p, _ in flat], [s.token_ids for _, s in flat])
+    forced = torch_policy.response_logprobs([p for p, _ in flat], [s.token_ids for _, s in flat], temperature=cfg.temperature)
     for (_, s), lp in zip(flat, forced):
         assert len(s.token_ids) == len(s.logprobs) == len(lp) > 0
         np.testing.assert_allclose(np.array(s.logprobs), lp, atol=1e-4)

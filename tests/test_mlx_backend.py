@@ -62,15 +62,17 @@ def test_teacher_forced_logprobs_match_torch(mlx_policy, torch_base, mlx_samples
     assert max_abs_diff(mlx_policy.response_logprobs(prompts[:3], responses[:3], use_adapter=False), lp_mlx[:3]) == 0.0
 
 
-def test_sampled_logprobs_are_the_raw_distribution(mlx_policy, torch_base, mlx_samples):
+def test_sampled_logprobs_are_at_the_sampling_temperature(mlx_policy, torch_base, mlx_samples):
     """Stored log-probs (temperature 0.9, top-p, top-k while sampling) equal teacher forcing at
-    temperature 1, unfiltered: what GSPO needs as pi_old, in mlx and in torch."""
+    temperature 0.9, before the filter: GSPO's pi_old, in mlx and in torch."""
     samples = [s for group in mlx_samples for s in group]
     prompts = [p for p in PROMPTS for _ in range(3)]
+    ids = [s.token_ids for s in samples]
     stored = [np.array(s.logprobs) for s in samples]
     assert all(len(s.logprobs) == len(s.token_ids) > 0 for s in samples)
-    assert max_abs_diff(stored, mlx_policy.response_logprobs(prompts, [s.token_ids for s in samples])) < TOL
-    assert max_abs_diff(stored, torch_base.response_logprobs(prompts, [s.token_ids for s in samples])) < TOL
+    assert max_abs_diff(stored, mlx_policy.response_logprobs(prompts, ids, temperature=0.9)) < TOL
+    assert max_abs_diff(stored, torch_base.response_logprobs(prompts, ids, temperature=0.9)) < TOL
+    assert max_abs_diff(stored, mlx_policy.response_logprobs(prompts, ids)) > 1e-3  # not temperature 1
     for s in samples:
         assert s.finished == (s.token_ids[-1] in mlx_policy.stop_ids)
         assert s.text == mlx_policy.decode(s.token_ids)

@@ -1,4 +1,4 @@
-"""Rewards of the daily loop (DESIGN.md, "Method facts").
+"""Rewards of the daily loop (docs/daily_rl.md, "How one day works", step 2).
 
 rank reward  r_k = 1 - (k - 1) / (N - 1)       k = the judge's rank of the note in its group of N
 reward       R   = 0.5 * structure + 0.5 * r_k  both halves in [0, 1], so R is in [0, 1]
