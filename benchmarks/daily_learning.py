@@ -58,6 +58,9 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
     r_first = warehouse.read("rollout_scores", first_scored)["reward"].to_numpy()
     r_last = warehouse.read("rollout_scores", last_scored)["reward"].to_numpy()
     t_reward = scipy_stats.ttest_ind(r_last, r_first, equal_var=False)
+    from assets.daily_rl.loop import position_bias
+
+    bias = position_bias(warehouse.read_all("rollout_scores"))  # the judge's, over every scored day
     summary = dict(
         benchmark="daily_learning", days=len(per_day), headlines_per_day=headlines, objective=objective,
         learning_rate=learning_rate, first_day=first_day, last_day=last_day,
@@ -66,6 +69,8 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
         reward_first_mean=round(float(r_first.mean()), 4), reward_last_mean=round(float(r_last.mean()), 4),
         reward_welch_t=round(float(t_reward.statistic), 3), reward_p=float(t_reward.pvalue),
         learned=bool(last.mean() > first.mean() and t_struct.pvalue < 0.05),
+        judge_mean_rank_by_shown_position=bias["by_shown_position"],
+        judge_mean_rank_by_rollout_index=bias["by_rollout_index"],
         final_kl=per_day[-1]["kl"], final_finished_share=per_day[-1]["finished_share"], wall_s=round(time.perf_counter() - started, 1), data_dir=str(root),
     )
     print(f"structure score: first day {summary['structure_first_mean']} -> last day {summary['structure_last_mean']}, "

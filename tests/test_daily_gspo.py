@@ -86,11 +86,12 @@ def test_train_gspo_moves_likelihood_with_the_advantage(torch_policy):
     examples, group = _examples(torch_policy)
     prompts = [ex.prompt for ex in examples]
     before = [lp.mean() for lp in torch_policy.response_logprobs(prompts, [ex.response_ids for ex in examples])]
-    # stored behaviour log-probs are what teacher forcing reproduces (GSPO's ratio starts at 1)
-    for ex, b in zip(examples, torch_policy.response_logprobs(prompts, [ex.response_ids for ex in examples])):
+    # stored behaviour log-probs are what teacher forcing at the sampling temperature reproduces
+    forced = torch_policy.response_logprobs(prompts, [ex.response_ids for ex in examples], temperature=0.8)
+    for ex, b in zip(examples, forced):
         assert torch.allclose(torch.tensor(ex.behavior_logprobs), torch.tensor(b), atol=1e-4)
     torch.manual_seed(0)
-    config = GSPOConfig(learning_rate=5e-3, batch_size=4, epochs=3, objective="reward_weighted")
+    config = GSPOConfig(learning_rate=5e-3, batch_size=4, epochs=3, objective="reward_weighted", temperature=0.8)
     stats = train_gspo(torch_policy, examples, config)
     assert torch_policy.has_adapter  # LoRA by default
     assert stats.steps == 6 and len(stats.grad_norms) == 6 and "clip_fraction" in stats.extra

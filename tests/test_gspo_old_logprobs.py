@@ -1,4 +1,4 @@
-"""pi_old for GSPO: stored behaviour log-probs in fp32, recomputed by the training forward in bf16."""
+"""pi_old for GSPO at the sampling temperature: recomputed by the training forward by default (ratio exactly 1), stored values within 1e-4 in fp32."""
 
 import torch
 
@@ -17,18 +17,24 @@ def _examples(policy) -> list[GSPOExample]:
     ]
 
 
-def test_fp32_uses_stored_logprobs_and_starts_at_ratio_one(torch_policy):
-    examples = _examples(torch_policy)
-    stats = torch_policy.train_gspo(examples, GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8)))
+def test_stored_logprobs_in_fp32_start_near_ratio_one_and_recompute_exactly_at_one(torch_policy, tiny_model_dir):
+    from resources.models.torch_backend import TorchBackend
+
+    examples = _examples(torch_policy)  # sampled at temperature 0.8 (SamplingConfig's default)
+    config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8, old_logprobs="stored")
+    stats = torch_policy.train_gspo(examples, config)
     assert stats.extra["old_logprobs"] == "stored"
-    assert abs(stats.extra["ratio_mean"][0] - 1.0) < 1e-5  # stored == teacher forcing in fp32
+    assert abs(stats.extra["ratio_mean"][0] - 1.0) < 1e-5  # stored == teacher forcing at T in fp32
+    default = TorchBackend(tiny_model_dir, device="cpu").train_gspo(examples, GSPOConfig(
+        batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8))
+    assert default.extra["old_logprobs"] == "recomputed" and default.extra["ratio_mean"][0] == 1.0
 
 
 def test_bf16_recomputes_pi_old_so_clipping_is_not_active_before_any_step(torch_policy):
     examples = _examples(torch_policy)  # sampled in fp32: the stored values are off for a bf16 forward
     torch_policy.model.to(torch.bfloat16)
     torch_policy.dtype = torch.bfloat16
-    config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8))
+    config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8)
     stats = torch_policy.train_gspo(examples, config)
     assert stats.extra["old_logprobs"] == "recomputed"
     assert stats.extra["behavior_logprob_gap_max"] > 1e-4  # bf16 numerics differ from the stored fp32 values
