@@ -87,7 +87,7 @@ def time_backend(name: str, path: Path, data: dict, args) -> dict:
 
     policy = load_backend(name, path, device=device)
     examples = [GSPOExample(**e) for e in data["examples"]]
-    config = GSPOConfig(batch_size=16, epochs=1, lora=lora)
+    config = GSPOConfig(batch_size=16, epochs=1, lora=lora, temperature=cfg.temperature)
     stats = policy.train_gspo(examples, config)
     out["gspo"] = stats.wall_s
     out["gspo_steps"] = stats.steps

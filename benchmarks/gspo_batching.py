@@ -45,7 +45,7 @@ def run(headlines: int = 8, rollouts: int = 8, batch_size: int = 16, max_new_tok
         for _ in range(repeats):
             policy = model_backend.load()
             torch.manual_seed(0)
-            config = GSPOConfig(batch_size=batch_size, one_at_a_time=one_at_a_time, share_prompt_prefix=share_prompt_prefix)
+            config = GSPOConfig(batch_size=batch_size, one_at_a_time=one_at_a_time, share_prompt_prefix=share_prompt_prefix, temperature=0.8)
             started = time.perf_counter()
             stats = train_gspo(policy, examples, config)
             best = min(best, time.perf_counter() - started)

@@ -197,6 +197,7 @@ def daily_update(
         mean_reward=float(usable["reward"].mean()) if len(usable) else float("nan"),
         kl_to_base=kl, grad_norm_median=grad_median, grad_norm_iqr=grad_iqr,
         clip_fraction=float(np.mean(stats.extra.get("clip_fraction", [np.nan]))) if stats else float("nan"),
+        behavior_logprob_gap_max=float(stats.extra.get("behavior_logprob_gap_max", np.nan)) if stats else float("nan"),
         train_wall_s=stats.wall_s if stats else 0.0, objective=config.objective, learning_rate=config.learning_rate,
         headlines=len(todays), rollouts=len(rollouts), generated_tokens=generated_tokens,
         mean_structure=float(rollouts["structure_score"].mean()) if len(rollouts) else float("nan"),
@@ -249,6 +250,9 @@ def daily_update(
             "kl_to_base": dg.MetadataValue.float(float(kl)),  # exact, per token, at the sampling temperature
             "grad_norm_median": _num(grad_median), "grad_norm_iqr": _num(grad_iqr),
             "clip_fraction": _num(training_row["clip_fraction"]), "train_seconds": round(timings["train_s"], 2),
+            # stored behaviour log-probs vs pi_old recomputed by the training forward: ~1e-6 in fp32
+            "behavior_logprob_gap_max": _num(training_row["behavior_logprob_gap_max"]),
+            "sampling_temperature": gspo_config.temperature if stats else None,
             "objective": config.objective, "learning_rate": config.learning_rate,
         }),
     )
