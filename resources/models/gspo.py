@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from resources.models.interface import LoraSettings, Messages, TrainStats
-from resources.models.sampling import gspo_batch_plan
+from resources.models.sampling import gspo_minibatches
 from resources.models.torch_backend import left_padded
 from resources.models.torch_training import train_loop
 
@@ -180,30 +180,13 @@ def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config:
     Adds a fresh LoRA adapter when `config.lora` is set and the policy has none (the first
     trained day); with `lora=None` every weight trains.
     """
-    usable = [ex for ex in examples if ex.response_ids]
-    for ex in usable:
-        if len(ex.behavior_logprobs) != len(ex.response_ids):
-            raise ValueError("behavior_logprobs must have one value per response token")
+    batches = gspo_minibatches(examples, config, backend.prompt_ids)  # validates before any change
     if config.lora is not None and not backend.has_adapter:
         backend.add_lora(config.lora)
     elif config.lora is None and not backend.has_adapter:
         backend.use_master_weights()  # fp32 weights under bf16 compute: small steps are not rounded away
     params = backend.trainable_parameters()
-
-    prompt_cache: dict[str, list[int]] = {}
-
-    def prompt_ids(messages: Messages) -> list[int]:
-        key = repr(messages)
-        if key not in prompt_cache:
-            prompt_cache[key] = backend.prompt_ids(messages)
-        return prompt_cache[key]
-
-    encoded = [(prompt_ids(ex.prompt), list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)) for ex in usable]
-    batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
     share = config.share_prompt_prefix and not config.one_at_a_time
-    # The same plan as the mlx trainer: a headline's rollouts are shuffled as one group.
-    plan = gspo_batch_plan([tuple(e[0]) for e in encoded], batch_size, config.epochs, config.seed, group_by_prompt=share)
-    batches = [[encoded[i] for i in index] for index in plan]
 
     device = backend.device
     temperature = config.temperature
@@ -216,10 +199,10 @@ def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config:
     old_by_batch: list[torch.Tensor] = []
     behavior_gaps: list[float] = []
     for batch in batches:
-        stored = _pad([b[2] for b in batch], max(len(b[1]) for b in batch)).to(device)
+        stored = _pad([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch)).to(device)
         if recompute:
             with torch.no_grad():  # the policy has not moved yet: this is pi_old through the training forward
-                old, mask = logprobs_fn([b[0] for b in batch], [b[1] for b in batch])
+                old, mask = logprobs_fn([b.prompt_ids for b in batch], [b.response_ids for b in batch])
             old = old.detach().float()
             lengths = mask.sum(-1).clamp(min=1)
             behavior_gaps += (((stored - old) * mask).sum(-1) / lengths).abs().tolist()
@@ -229,10 +212,8 @@ def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config:
 
     def loss_fn(indexed_batch):
         index, batch = indexed_batch
-        p_ids = [b[0] for b in batch]
-        r_ids = [b[1] for b in batch]
-        logp, mask = logprobs_fn(p_ids, r_ids)
-        adv = torch.tensor([b[3] for b in batch], dtype=torch.float32, device=device)
+        logp, mask = logprobs_fn([b.prompt_ids for b in batch], [b.response_ids for b in batch])
+        adv = torch.tensor([b.advantage for b in batch], dtype=torch.float32, device=device)
         return gspo_loss(logp, old_by_batch[index], mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
 
     backend.model.train()
@@ -247,6 +228,12 @@ def train_gspo(backend: "TorchBackend", examples: Sequence[GSPOExample], config:
     if behavior_gaps:
         # How far the sampler's stored log-probs sit from the training forward (per-sequence mean).
         stats.extra["behavior_logprob_gap_max"] = float(max(behavior_gaps))
-    stats.extra["examples"] = len(encoded)
-    stats.extra["response_tokens"] = int(sum(len(b[1]) for b in encoded))
+    stats.extra.update(_sizes(batches, config.epochs))
     return stats
+
+
+def _sizes(batches, epochs: int) -> dict[str, int]:
+    """Examples and response tokens of one epoch (the plan repeats every example once an epoch)."""
+    rows = [b for batch in batches for b in batch]
+    per_epoch = max(1, int(epochs))
+    return {"examples": len(rows) // per_epoch, "response_tokens": sum(len(b.response_ids) for b in rows) // per_epoch}

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 import mlx.core as mx
 import numpy as np
 
-from resources.models.interface import Messages, TrainStats
-from resources.models.sampling import gspo_batch_plan
+from resources.models.interface import TrainStats
+from resources.models.sampling import gspo_minibatches
 
 if TYPE_CHECKING:
     from resources.models.gspo import GSPOConfig, GSPOExample
@@ -66,12 +66,10 @@ def train_gspo(backend: "MLXBackend", examples: Sequence["GSPOExample"], config:
     """As `gspo.train_gspo`: a fresh LoRA adapter when `config.lora` is set and the policy has
     none (with `lora=None` every weight trains, in fp32: see `MLXBackend.use_master_weights`),
     `config.epochs` passes in the shared batching plan, one AdamW step per minibatch."""
+    from resources.models.gspo import _sizes
     from resources.models.mlx_backend import train_loop
 
-    usable = [ex for ex in examples if ex.response_ids]
-    for ex in usable:
-        if len(ex.behavior_logprobs) != len(ex.response_ids):
-            raise ValueError("behavior_logprobs must have one value per response token")
+    batches = gspo_minibatches(examples, config, backend.prompt_ids)  # validates before any change
     if config.lora is not None and not backend.has_adapter:
         # mlx draws LoRA's A from its global PRNG: seed it so a re-run repeats (the torch
         # caller seeds torch for the same reason).
@@ -79,30 +77,17 @@ def train_gspo(backend: "MLXBackend", examples: Sequence["GSPOExample"], config:
         backend.add_lora(config.lora)
     elif config.lora is None and not backend.has_adapter:
         backend.use_master_weights()
-    prompt_cache: dict[str, list[int]] = {}
-
-    def prompt_ids(messages: Messages) -> list[int]:
-        key = repr(messages)
-        if key not in prompt_cache:
-            prompt_cache[key] = backend.prompt_ids(messages)
-        return prompt_cache[key]
-
-    encoded = [(prompt_ids(ex.prompt), list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)) for ex in usable]
-    batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
-    share = config.share_prompt_prefix and not config.one_at_a_time
-    plan = gspo_batch_plan([tuple(e[0]) for e in encoded], batch_size, config.epochs, config.seed, group_by_prompt=share)
-    batches = [[encoded[i] for i in index] for index in plan]
     temperature = config.temperature
 
     recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and backend.dtype != mx.float32)
     old_by_batch, behavior_gaps = [], []
     with backend._eval_mode():
         for batch in batches:
-            stored = np.zeros((len(batch), max(len(b[1]) for b in batch)), dtype=np.float32)
+            stored = np.zeros((len(batch), max(len(b.response_ids) for b in batch)), dtype=np.float32)
             for i, b in enumerate(batch):
-                stored[i, : len(b[2])] = b[2]
+                stored[i, : len(b.behavior_logprobs)] = b.behavior_logprobs
             if recompute:
-                old, mask = backend.batch_logprobs([b[0] for b in batch], [b[1] for b in batch], temperature)
+                old, mask = backend.batch_logprobs([b.prompt_ids for b in batch], [b.response_ids for b in batch], temperature)
                 old = mx.stop_gradient(old.astype(mx.float32))
                 mx.eval(old)  # now, before any update: this is pi_old
                 lengths = np.maximum(np.array(mask).sum(-1), 1)
@@ -113,8 +98,8 @@ def train_gspo(backend: "MLXBackend", examples: Sequence["GSPOExample"], config:
 
     def loss_fn(model, indexed_batch):
         index, batch = indexed_batch
-        logp, mask = backend.batch_logprobs([b[0] for b in batch], [b[1] for b in batch], temperature)
-        advantages = mx.array([b[3] for b in batch], dtype=mx.float32)
+        logp, mask = backend.batch_logprobs([b.prompt_ids for b in batch], [b.response_ids for b in batch], temperature)
+        advantages = mx.array([b.advantage for b in batch], dtype=mx.float32)
         return gspo_loss(logp, old_by_batch[index], mask, advantages, config.epsilon_low, config.epsilon_high, config.objective)
 
     stats = (
@@ -124,6 +109,5 @@ def train_gspo(backend: "MLXBackend", examples: Sequence["GSPOExample"], config:
     stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
     if behavior_gaps:
         stats.extra["behavior_logprob_gap_max"] = float(max(behavior_gaps))
-    stats.extra["examples"] = len(encoded)
-    stats.extra["response_tokens"] = int(sum(len(b[1]) for b in encoded))
+    stats.extra.update(_sizes(batches, config.epochs))
     return stats

@@ -15,7 +15,8 @@ logit below it. Summation order is NumPy's, the same for both backends.
 from __future__ import annotations
 
 import random
-from typing import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -97,3 +98,34 @@ def gspo_batch_plan(prompt_keys: Sequence[Hashable], batch_size: int, epochs: in
             rng.shuffle(order)
         plan += [order[s : s + size] for s in range(0, len(order), size)]
     return plan
+
+
+@dataclass
+class EncodedExample:
+    """One GSPO example as token ids: what both trainers feed their forward passes."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behavior_logprobs: list[float]
+    advantage: float
+
+
+def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[[Any], list[int]]) -> list[list[EncodedExample]]:
+    """The minibatches both GSPO trainers take their steps on: the examples with a response,
+    checked (one behaviour log-prob per token), tokenised (each distinct prompt once) and laid
+    out by `gspo_batch_plan` from `config` (a `gspo.GSPOConfig`)."""
+    cache: dict[str, list[int]] = {}
+    encoded = []
+    for ex in examples:
+        if not ex.response_ids:
+            continue
+        if len(ex.behavior_logprobs) != len(ex.response_ids):
+            raise ValueError("behavior_logprobs must have one value per response token")
+        key = repr(ex.prompt)
+        if key not in cache:
+            cache[key] = prompt_ids(ex.prompt)
+        encoded.append(EncodedExample(cache[key], list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)))
+    batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
+    share = config.share_prompt_prefix and not config.one_at_a_time
+    plan = gspo_batch_plan([tuple(e.prompt_ids) for e in encoded], batch_size, config.epochs, config.seed, group_by_prompt=share)
+    return [[encoded[i] for i in index] for index in plan]
