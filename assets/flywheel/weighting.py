@@ -5,7 +5,7 @@ Pairs (the prompt is the decision's context; completions are plans rendered by `
     reject   -> hold      > proposal
     override -> operator's orders > proposal
 
-The outcome-weighting table (DESIGN.md; verdict = sign of the proposal's T+5 return vs SPY):
+The outcome-weighting table (docs/flywheel.md, "How the loop works"; verdict = sign of the proposal's T+5 return vs SPY):
 
     decision           verdict   outcome_weight  treatment            export replication
     approve            +          1.0            agree_boost          x3
