@@ -16,6 +16,7 @@ def test_gap_is_zero_for_the_sampling_policy_and_large_for_other_weights(torch_p
         "prompt": [json.dumps(prompt)] * 4,
         "response_ids": [s.token_ids for s in samples],
         "behavior_logprobs": [s.logprobs for s in samples],
+        "temperature": [SamplingConfig().temperature] * 4,  # stored at the sampling temperature
     })
     assert behavior_logprob_gap(torch_policy, rollouts) < 1e-4
 
