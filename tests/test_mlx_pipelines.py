@@ -65,7 +65,7 @@ def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_back
     prompts = [json.loads(p) for p in rollouts["prompt"]]
     responses = [list(r) for r in rollouts["response_ids"]]
     stored = [np.asarray(b, dtype=np.float32) for b in rollouts["behavior_logprobs"]]
-    rescored = torch_policy.response_logprobs(prompts, responses)
+    rescored = torch_policy.response_logprobs(prompts, responses, temperature=float(rollouts["temperature"].iloc[0]))
     assert max(float(np.abs(a - b).max()) for a, b in zip(stored, rescored)) < 1e-4
 
 
