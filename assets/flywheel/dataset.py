@@ -65,7 +65,7 @@ def weights_off_table(pairs: pd.DataFrame) -> list[str]:
 def dpo_dataset(context: dg.AssetExecutionContext, warehouse: Warehouse):
     """DPO pairs from every decision: approve -> proposal over hold, reject -> hold over proposal,
     override -> operator's orders over proposal; plans rendered as text the same way every time.
-    Weighted by the T+5 outcome (DESIGN.md table; swap when the market proved the operator wrong).
+    Weighted by the T+5 outcome (docs/flywheel.md, "How the loop works"; swap when the market proved the operator wrong).
     20% of decisions (stable hash of the id) are the holdout, never trained on or exported. Exports
     for TRL, NeMo-RL and Together/OpenAI (replicated x3 / x1 / x1.5) with metadata sidecars."""
     decisions = latest_decisions(warehouse.read_all("operator_decisions"))
