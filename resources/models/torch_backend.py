@@ -39,7 +39,8 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
     if k == logits.shape[-1] and not uses_nucleus(top_p):
         return logits
     top = torch.topk(logits, k, dim=-1).values
-    threshold = torch.from_numpy(keep_thresholds(top.double().cpu().numpy(), top_p)).to(logits.device, logits.dtype)
+    # to the host first: MPS has no float64 (keep_thresholds works in float64 on the host)
+    threshold = torch.from_numpy(keep_thresholds(top.float().cpu().numpy(), top_p)).to(logits.device, logits.dtype)
     return logits.masked_fill(logits < threshold[:, None], float("-inf"))
 
 
