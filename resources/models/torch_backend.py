@@ -40,7 +40,7 @@ def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tens
         return logits
     top = torch.topk(logits, k, dim=-1).values
     # to the host first: MPS has no float64 (keep_thresholds works in float64 on the host)
-    threshold = torch.from_numpy(keep_thresholds(top.float().cpu().numpy(), top_p)).to(logits.device, logits.dtype)
+    threshold = torch.from_numpy(keep_thresholds(top.float().cpu().numpy(), top_p)).to(logits.dtype).to(logits.device)
     return logits.masked_fill(logits < threshold[:, None], float("-inf"))
 
 
