@@ -1,22 +1,30 @@
-"""Write the bundled sample audit log `sample_data/audit_log.jsonl`: a synthetic operator.
+"""Synthetic operators and the bundled sample audit log `sample_data/audit_log.jsonl`.
 
-The operator has a consistent taste that shows in the plan text (`weighting.render_plan` names
-each order's symbol, sector and weight):
-  - likes Information Technology, Health Care and Consumer Staples: approves such plans;
-  - turns down plans in the other sectors (Energy, Financials, Industrials, Communication Services,
-    Consumer Discretionary): mostly a reject, sometimes an override that buys names of a liked
-    sector instead (at 2-3% each);
-  - with 10% noise (an approve becomes a reject or the reverse).
-An earlier version also overrode liked-sector plans with large weights down to 2-3%; tiny-local
-learned the sector names but not the size digits, so those overrides scored like approvals and
-pulled the holdout AUC down (0.57 at lr 2e-3). The operator's taste is now about sectors only.
+Every operator sees rebalance proposals and approves, rejects or overrides them by one rule, so
+the flywheel can be measured on operators whose taste lives in different parts of a plan
+(`weighting.render_plan` names each order's side, symbol, sector and weight):
+
+  sector  (the bundled sample) likes Information Technology, Health Care and Consumer Staples plans
+          and turns down the other sectors (mostly rejects; sometimes an override that buys liked
+          names at 2-3% instead); proposals are single-sector; 10% noise.
+  ticker  approves a basket that holds a name of its watchlist (two per sector, so the sector says
+          nothing); otherwise rejects, or overrides with watchlist names at the same sides and sizes;
+          10% noise.
+  size    approves when no order is above 5% of the portfolio; otherwise rejects, or overrides with
+          the same orders cut to 2-3%; 10% noise.
+  mix     approves a plan mostly in the liked sectors or with no order above 5%; otherwise rejects or
+          overrides as `size`; 15% noise: a consistent rule over two features, noisier.
+  random  approves or rejects at random (nothing to learn: the honesty check).
+Apart from `sector`, proposals hold 1-3 names drawn from every sector.
+
 Decision times are real New York times inside the bundled prices (2025-06-02 .. 2026-01-08), most
 during the session, some after the close or on a weekend; the last ones exit after 2026-01-08, so
 their outcomes stay `pending`. A few lines show the log's edge cases: two malformed lines
 (quarantined), one correction that repeats a decision id (the last line wins), one symbol with no
-prices (outcome `no_data`), and extra keys (kept).
+prices (outcome `no_data`), and extra keys (kept). The bundled file is the `sector` operator at the
+defaults; its random stream is kept as it was, so the file does not change when operators are added.
 
-    python -m scripts.make_audit_log [--n 200] [--seed 7] [--out PATH]
+    python -m scripts.make_audit_log [--n 200] [--seed 7] [--operator sector] [--out PATH]
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import json
 import random
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Callable
 from zoneinfo import ZoneInfo
 
 from resources.settings import SAMPLE_DATA
@@ -45,9 +54,17 @@ DISLIKED = {
     "Communication Services": ["GOOGL", "META", "NFLX", "DIS", "CMCSA", "T", "VZ"],
     "Consumer Discretionary": ["AMZN", "HD", "MCD", "NKE"],
 }
+SECTOR_OF = {s: sector for pool in (LIKED, DISLIKED) for sector, names in pool.items() for s in names}
+ALL_NAMES = sorted(SECTOR_OF)
+# The ticker operator's names: two per sector (one of Energy's two), so no sector predicts them.
+WATCHLIST = ["ABBV", "AXP", "BA", "CMCSA", "COST", "CSCO", "CVX", "GS", "KO", "LMT", "MCD", "NFLX", "NKE", "ORCL", "PFE", "TXN"]
 SMALL_WEIGHTS = [0.01, 0.015, 0.02, 0.03, 0.04, 0.05]
 LARGE_WEIGHTS = [0.08, 0.10, 0.12]
+MAX_LIKED_WEIGHT = 0.05
 NOTES = [None, None, "Quarterly drift rebalance.", "Momentum screen output.", "Earnings-season tilt.", "Cash deployment."]
+
+# One decision: (decision, operator_orders or None, reason, proposal orders)
+Decision = tuple[str, "list[dict] | None", str, list[dict]]
 
 
 def _session_days(start: str, end: str) -> list[datetime]:
@@ -58,6 +75,7 @@ def _session_days(start: str, end: str) -> list[datetime]:
 
 
 def _proposal(rng: random.Random) -> tuple[str, bool, list[dict]]:
+    """A single-sector proposal, liked or not with even odds (the sector operator's)."""
     liked = rng.random() < 0.5
     pool = LIKED if liked else DISLIKED
     sector = rng.choice(sorted(pool))
@@ -86,7 +104,83 @@ def _decide(rng: random.Random, liked: bool, orders: list[dict]) -> tuple[str, l
     return decision, None, reason
 
 
-def generate(n: int = 200, seed: int = 7) -> list[str]:
+def _sector_operator(rng: random.Random) -> Decision:
+    _, liked, orders = _proposal(rng)
+    return (*_decide(rng, liked, orders), orders)
+
+
+def _mixed_proposal(rng: random.Random) -> list[dict]:
+    """1-3 names from every sector, any size."""
+    symbols = rng.sample(ALL_NAMES, rng.choice([1, 1, 2, 2, 3]))
+    return [
+        {"symbol": s, "side": "buy" if rng.random() < 0.85 else "sell", "weight": rng.choice(SMALL_WEIGHTS + LARGE_WEIGHTS)}
+        for s in symbols
+    ]
+
+
+def holds_watchlist(orders: list[dict]) -> bool:
+    return any(o["symbol"] in WATCHLIST for o in orders)
+
+
+def small_sizes(orders: list[dict]) -> bool:
+    return all(o["weight"] <= MAX_LIKED_WEIGHT for o in orders)
+
+
+def liked_sectors(orders: list[dict]) -> bool:
+    return sum(SECTOR_OF.get(o["symbol"]) in LIKED for o in orders) * 2 > len(orders)
+
+
+def _with_watchlist(rng: random.Random, orders: list[dict]) -> list[dict]:
+    names = rng.sample(WATCHLIST, len(orders))
+    return [{**o, "symbol": s} for o, s in zip(orders, names)]
+
+
+def _cut_sizes(rng: random.Random, orders: list[dict]) -> list[dict]:
+    return [{**o, "weight": min(o["weight"], rng.choice([0.02, 0.03]))} for o in orders]
+
+
+def _rule_operator(likes: Callable[[list[dict]], bool], instead: Callable, noise: float, why: str) -> Callable[[random.Random], Decision]:
+    """An operator on mixed proposals: approve what `likes`, else reject (70%) or override with
+    `instead(rng, orders)` (30%); approve/reject flipped with probability `noise`."""
+
+    def operator(rng: random.Random) -> Decision:
+        orders = _mixed_proposal(rng)
+        if likes(orders):
+            decision, reason = "approve", "fits the book"
+        elif rng.random() < 0.3:
+            return "override", instead(rng, orders), why, orders
+        else:
+            decision, reason = "reject", why
+        if rng.random() < noise:
+            decision, reason = ("reject" if decision == "approve" else "approve"), "judgement call"
+        return decision, None, reason, orders
+
+    return operator
+
+
+def _mix_rule(orders: list[dict]) -> bool:
+    return liked_sectors(orders) or small_sizes(orders)
+
+
+def _random_operator(rng: random.Random) -> Decision:
+    orders = _mixed_proposal(rng)
+    return rng.choice(["approve", "reject"]), None, "coin flip", orders
+
+
+OPERATORS: dict[str, Callable[[random.Random], Decision]] = {
+    "sector": _sector_operator,
+    "ticker": _rule_operator(holds_watchlist, _with_watchlist, 0.10, "not on the watchlist"),
+    "size": _rule_operator(small_sizes, _cut_sizes, 0.10, "positions too large"),
+    "mix": _rule_operator(_mix_rule, _cut_sizes, 0.15, "not our kind of plan"),
+    "random": _random_operator,
+}
+# Operators with a rule to learn (random has none).
+CONSISTENT = ("sector", "ticker", "size", "mix")
+
+
+def generate(n: int = 200, seed: int = 7, operator: str = "sector") -> list[str]:
+    """The audit log's lines: `n` decisions of `operator` plus the edge-case lines."""
+    decide = OPERATORS[operator]
     rng = random.Random(seed)
     days = _session_days("2025-06-02", "2026-01-07")
     # Most decisions spread over the sessions; the last 10 in the final week (still pending).
@@ -97,8 +191,7 @@ def generate(n: int = 200, seed: int = 7) -> list[str]:
         ts = datetime(day.year, day.month, day.day, minute // 60, minute % 60, tzinfo=NY)
         if rng.random() < 0.04:
             ts = ts + timedelta(days=(5 - ts.weekday()) % 7 or 7)  # a Saturday: enters Monday
-        sector, liked, orders = _proposal(rng)
-        decision, operator_orders, reason = _decide(rng, liked, orders)
+        decision, operator_orders, reason, orders = decide(rng)
         record = {
             "decision_id": f"d-{i:04d}",
             "ts": ts.isoformat(),
@@ -130,16 +223,22 @@ def generate(n: int = 200, seed: int = 7) -> list[str]:
     return lines
 
 
+def write(path: Path, n: int = 200, seed: int = 7, operator: str = "sector") -> Path:
+    lines = generate(n, seed, operator)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--operator", choices=sorted(OPERATORS), default="sector")
     parser.add_argument("--out", type=Path, default=TARGET)
     args = parser.parse_args(argv)
-    lines = generate(args.n, args.seed)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out} ({len(lines)} lines)")
+    write(args.out, args.n, args.seed, args.operator)
+    print(f"wrote {args.out} ({len(args.out.read_text().splitlines())} lines, operator {args.operator})")
     return args.out
 
 

@@ -4,8 +4,8 @@
         [--context '{"regime": "neutral"}'] [--text "note"] [--adapter PATH]
 
 Prints one JSON object: {available, style_match_score, margin_logp, comment, adapter_path}.
-margin_logp = mean token logp of the rendered plan under base + adapter minus under the base;
-style_match_score = sigmoid(margin). `available` is false when no preference adapter exists yet.
+margin_logp = the adapter's DPO implicit reward of the rendered plan minus that of holding;
+style_match_score = sigmoid(beta * margin): P(operator prefers the plan to holding), assets/flywheel/scoring.py. `available` is false when no preference adapter exists yet.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any, Mapping, Sequence
 
 from assets.flywheel.audit_log import Order
 from assets.flywheel.metrics import style_comment
-from assets.flywheel.scoring import score_candidates
-from assets.flywheel.status import latest_adapter_dir
+from assets.flywheel.scoring import score_candidates, scoring_settings
+from assets.flywheel.status import adapter_context_keys, latest_adapter_dir
 from assets.flywheel.weighting import render_plan, render_prompt
 from resources.models import ModelBackendResource
 from resources.storage import Warehouse
@@ -39,7 +39,7 @@ def style_score(
         return {"available": False, "style_match_score": None, "margin_logp": None,
                 "comment": style_comment(float("nan")), "adapter_path": None}
     backend = (model_backend or ModelBackendResource.from_env().process_config_and_initialize()).load(adapter_path=adapter)
-    margin, score = score_candidates(backend, [render_prompt(context or {}, text)], [render_plan(orders)])
+    margin, score = score_candidates(backend, [render_prompt(context or {}, text, adapter_context_keys(adapter))], [render_plan(orders)], *scoring_settings(adapter))
     return {
         "available": True,
         "style_match_score": round(float(score[0]), 6),

@@ -165,6 +165,15 @@ def test_adapter_eval_drift_status_and_style_score(resources, warehouse, model_b
     scored_one = style_score([{"symbol": "MSFT", "side": "buy", "weight": 0.02}], {"regime": "neutral"}, model_backend=model_backend, warehouse=warehouse)
     assert scored_one["available"] and 0 < scored_one["style_match_score"] < 1
     assert scored_one["adapter_path"] == str(latest.resolve()) and scored_one["comment"]
+    # A proposal scored on its own reads the same prompt, plan and contrast as the holdout evaluation.
+    assert info["prompt_context_keys"] == [] and info["config"]["completion_unit"] == "line"
+    decisions = warehouse.read_all("operator_decisions").drop_duplicates("decision_id", keep="last").set_index("decision_id")
+    row = scored.iloc[0]
+    d = decisions.loc[row.decision_id]
+    again = style_score(json.loads(d.proposal_orders_json), json.loads(d.context_json),
+                        d.proposal_text if isinstance(d.proposal_text, str) else None, model_backend=model_backend, warehouse=warehouse)
+    assert again["margin_logp"] == pytest.approx(row.margin_logp, abs=1e-4)
+    assert again["style_match_score"] == pytest.approx(row.style_match_score, abs=1e-5)
 
     # The sensor's rule: nothing new -> no run; cooldown respected; a run in progress blocks.
     now = datetime.now(timezone.utc)

@@ -8,7 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.flywheel_fixtures import one_thread  # noqa: F401
-from resources.models.weighted_dpo import PreferencePair, WeightedDPOConfig, train_weighted_dpo, weighted_dpo_loss
+from assets.flywheel.scoring import score_candidates
+from assets.flywheel.weighting import HOLD_TEXT
+from resources.models.segments import completion_segments, encode_segments, flatten_segments
+from resources.models.weighted_dpo import PreferencePair, WeightedDPOConfig, _sequence_logps, train_weighted_dpo, weighted_dpo_loss
 
 
 def _manual(pc, pr, rc, rr, w, beta):
@@ -46,10 +49,44 @@ def test_at_the_reference_the_loss_is_log2_and_gradient_favours_chosen():
     assert pc.grad[1] == pytest.approx(3 * pc.grad[0])  # the weight scales the pair's gradient
 
 
-def test_defaults_are_the_issues():
+def test_defaults_are_the_measured_ones():
+    # benchmarks/flywheel_auc.py: the settings that learn every consistent synthetic operator.
     cfg = WeightedDPOConfig()
-    assert (cfg.learning_rate, cfg.beta, cfg.lora.r, cfg.max_grad_norm) == (5e-5, 0.1, 8, 1.0)
+    assert (cfg.learning_rate, cfg.beta, cfg.epochs, cfg.lora.r, cfg.max_grad_norm, cfg.completion_unit) == (1e-3, 0.02, 8, 8, 1.0, "line")
     assert WeightedDPOConfig.with_overrides(learning_rate=1e-4, epochs=None).epochs == cfg.epochs
+    with pytest.raises(ValueError, match="completion_unit"):
+        WeightedDPOConfig(completion_unit="token")
+
+
+def test_completion_segments():
+    plan = "Plan: 2 orders.\nBuy AAPL (Information Technology), 2.0% of the portfolio.\n\nSell XOM (Energy), 1.0% of the portfolio."
+    assert completion_segments(plan, "line") == plan.replace("\n\n", "\n").split("\n")
+    assert completion_segments(plan, "sequence") == [plan]
+    assert completion_segments("Plan: hold. No trades.", "line") == ["Plan: hold. No trades."]
+    with pytest.raises(ValueError):
+        completion_segments(plan, "word")
+    prompts, responses, owner = flatten_segments([[1, 2], [3]], [[[4], [5, 6]], [[7]]])
+    assert (prompts, responses, owner) == ([[1, 2], [1, 2], [3]], [[4], [5, 6], [7]], [0, 0, 1])
+
+
+def test_line_unit_log_prob_is_the_sum_of_each_line_as_its_own_response(torch_policy, one_thread):
+    """What the trainer sums for a pair equals each line scored alone after the prompt, added up."""
+    prompt = [{"role": "user", "content": "Rebalance review. regime: neutral\nWrite the plan to execute."}]
+    plans = ["Plan: 2 orders.\nBuy AAPL (Information Technology), 2.0% of the portfolio.\nSell XOM (Energy), 1.0% of the portfolio.",
+             "Plan: hold. No trades."]
+    p_ids = [torch_policy.prompt_ids(prompt)] * 2
+    with torch.no_grad():
+        summed = _sequence_logps(torch_policy, p_ids, [encode_segments(torch_policy.encode_response, t, "line") for t in plans])
+        whole = _sequence_logps(torch_policy, p_ids, [encode_segments(torch_policy.encode_response, t, "sequence") for t in plans])
+        for k, text in enumerate(plans):
+            lines = text.split("\n")
+            logp = torch_policy.response_logprobs([prompt] * len(lines), [torch_policy.encode_response(x) for x in lines])
+            assert summed[k].item() == pytest.approx(sum(float(x.sum()) for x in logp), abs=1e-4)
+            full = torch_policy.response_logprobs([prompt], [torch_policy.encode_response(text)])[0]
+            assert whole[k].item() == pytest.approx(float(full.sum()), abs=1e-4)
+    # A one-line completion is the same either way; a multi-line one is not.
+    assert summed[1].item() == pytest.approx(whole[1].item(), abs=1e-5)
+    assert abs(summed[0].item() - whole[0].item()) > 1e-2
 
 
 def test_training_moves_the_policy_towards_chosen(torch_policy, one_thread):
@@ -64,5 +101,19 @@ def test_training_moves_the_policy_towards_chosen(torch_policy, one_thread):
     assert stats.losses[0] == pytest.approx(math.log(2), abs=1e-4)  # policy == reference at step 0
     assert stats.losses[-1] < stats.losses[0]
     assert stats.extra["rewards_margin"][-1] > 0
+    # The style score reads the contrast the pairs trained: each plan's implicit reward against holding's.
+    aapl, xom = pairs[0].chosen, pairs[1].rejected
+    margin, score = score_candidates(torch_policy, [prompt, prompt], [aapl, xom], cfg.completion_unit, cfg.beta)
+    assert score[0] > 0.5 > score[1]
+    assert score[0] == pytest.approx(1 / (1 + math.exp(-cfg.beta * margin[0])))
+
+    def reward(text):
+        lines = text.split("\n")
+        ids = [torch_policy.encode_response(x) for x in lines]
+        on = torch_policy.response_logprobs([prompt] * len(lines), ids, use_adapter=True)
+        off = torch_policy.response_logprobs([prompt] * len(lines), ids, use_adapter=False)
+        return sum(float(a.sum()) - float(b.sum()) for a, b in zip(on, off))
+
+    assert margin[0] == pytest.approx(reward(aapl) - reward(HOLD_TEXT), abs=1e-3)
     with pytest.raises(ValueError):
         train_weighted_dpo(torch_policy, [PreferencePair(prompt, "a", "b", -0.5)], cfg)

@@ -8,7 +8,7 @@ import pytest
 
 from assets.flywheel.weighting import (
     HOLD_TEXT, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, render_plan,
-    replication_counts,
+    render_prompt, replication_counts,
 )
 
 PROPOSAL = [{"symbol": "NVDA", "side": "buy", "weight": 0.05}]
@@ -131,3 +131,18 @@ def test_holdout_pairs_are_never_exported():
     pairs, _ = build_pairs(_decisions(specs), _outcomes(specs))
     pairs["split"] = ["train", "holdout", "holdout", "train"]
     assert len(export_rows(pairs, "trl")) == 2 * 3
+
+
+def test_the_prompt_holds_only_the_chosen_context_keys():
+    context = {"regime": "neutral", "cash_pct": 5.0, "account": "core"}
+    plain = render_prompt(context, "Cash deployment.")
+    assert plain == render_prompt({}, None) == [{"role": "user", "content": "Rebalance review.\nWrite the plan to execute."}]
+    keyed = render_prompt(context, "Cash deployment.", ("regime", "note"))[0]["content"]
+    assert keyed == "Rebalance review. regime: neutral\nNote: Cash deployment.\nWrite the plan to execute."
+    everything = render_prompt(context, "Cash deployment.", ("*",))[0]["content"]
+    assert everything.startswith("Rebalance review. account: core; cash_pct: 5.0; regime: neutral\nNote: Cash deployment.")
+    specs = [("approve", "matured", 1.0), ("reject", "matured", -1.0)]
+    default_pairs, _ = build_pairs(_decisions(specs), _outcomes(specs))
+    assert default_pairs["prompt"].nunique() == 1
+    keyed_pairs, _ = build_pairs(_decisions(specs), _outcomes(specs), context_keys=("cash_pct",))
+    assert "cash_pct: 5.0" in json.loads(keyed_pairs["prompt"][0])[0]["content"]

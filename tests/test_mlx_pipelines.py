@@ -78,7 +78,7 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     from assets.flywheel.decisions import operator_decisions
     from assets.flywheel.evaluation import holdout_eval, style_drift
     from assets.flywheel.outcomes import decision_outcomes
-    from assets.flywheel.scoring import score_candidates
+    from assets.flywheel.scoring import score_candidates, scoring_settings
     from resources.audit_log import BUNDLED_AUDIT_LOG, AuditLog
     from resources.market_data import MarketData
 
@@ -122,6 +122,6 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     pairs = warehouse.read("dpo_dataset")
     hold = pairs[pairs["split"] == "holdout"].sort_values("decision_id").head(4)
     torch_policy = TorchBackend(mlx_backend_resource.process_config_and_initialize().base_model_dir(), adapter_path=latest, device="cpu")
-    torch_margins, _ = score_candidates(torch_policy, [json.loads(p) for p in hold["prompt"]], hold["proposal_plan"].tolist())
+    torch_margins, _ = score_candidates(torch_policy, [json.loads(p) for p in hold["prompt"]], hold["proposal_plan"].tolist(), *scoring_settings(latest))
     mlx_margins = scored.set_index("decision_id").loc[hold["decision_id"], "margin_logp"].to_numpy()
     np.testing.assert_allclose(mlx_margins, torch_margins, atol=1e-4)

@@ -19,6 +19,7 @@ from resources.models import gspo as torch_gspo  # noqa: E402
 from resources.models import mlx_backend, mlx_gspo  # noqa: E402
 from resources.models import weighted_dpo as torch_dpo  # noqa: E402
 from resources.models.mlx_backend import MLXBackend  # noqa: E402
+from resources.models.segments import encode_segments  # noqa: E402
 from resources.models.torch_backend import TorchBackend  # noqa: E402
 
 EXTRA_RESPONSES = [
@@ -85,8 +86,8 @@ def mlx_gspo_batch_loss(backend, examples, config):
 
 def torch_dpo_batch_loss(backend, pairs, beta):
     p = [backend.prompt_ids(x.prompt) for x in pairs]
-    c = [backend.encode_response(x.chosen) for x in pairs]
-    r = [backend.encode_response(x.rejected) for x in pairs]
+    c = [encode_segments(backend.encode_response, x.chosen, "line") for x in pairs]
+    r = [encode_segments(backend.encode_response, x.rejected, "line") for x in pairs]
     with torch.no_grad():
         with backend.adapter_disabled():
             ref_c, ref_r = torch_dpo._sequence_logps(backend, p, c), torch_dpo._sequence_logps(backend, p, r)
@@ -97,8 +98,8 @@ def torch_dpo_batch_loss(backend, pairs, beta):
 
 def mlx_dpo_batch_loss(backend, pairs, beta):
     p = [backend.prompt_ids(x.prompt) for x in pairs]
-    c = [backend.encode_response(x.chosen) for x in pairs]
-    r = [backend.encode_response(x.rejected) for x in pairs]
+    c = [encode_segments(backend.encode_response, x.chosen, "line") for x in pairs]
+    r = [encode_segments(backend.encode_response, x.rejected, "line") for x in pairs]
     with backend.adapter_disabled():
         ref_c, ref_r = backend.dpo_sequence_logps(p, c, r)
     pol_c, pol_r = backend.dpo_sequence_logps(p, c, r)

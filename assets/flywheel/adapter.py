@@ -11,7 +11,7 @@ import dagster as dg
 import pandas as pd
 
 from assets.flywheel.scoring import training_pairs
-from assets.flywheel.status import ADAPTERS_DIR, TRAIN_INFO
+from assets.flywheel.status import ADAPTERS_DIR, TRAIN_INFO, prompt_context_keys
 from assets.flywheel.weighting import dataset_fingerprint
 from resources.models import LoraSettings, ModelBackendResource
 from resources.models.weighted_dpo import WeightedDPOConfig
@@ -21,14 +21,16 @@ HISTORY_TABLE = "preference_training_history"
 
 
 class PreferenceAdapterConfig(dg.Config):
-    # TRL's DPO defaults (see WeightedDPOConfig).
-    learning_rate: float = 5e-5
-    epochs: int = 3
-    beta: float = 0.1
-    batch_size: int = 8
-    lora_r: int = 8
-    lora_alpha: int = 16
-    max_grad_norm: float = 1.0
+    """Run config; a field left unset takes `WeightedDPOConfig`'s default (the one source of truth)."""
+
+    learning_rate: Optional[float] = None
+    epochs: Optional[int] = None
+    beta: Optional[float] = None
+    batch_size: Optional[int] = None
+    lora_r: Optional[int] = None
+    lora_alpha: Optional[int] = None
+    max_grad_norm: Optional[float] = None
+    completion_unit: Optional[str] = None  # "line" or "sequence" (resources/models/segments.py)
     seed: Optional[int] = None  # None = FLYWHEEL_SEED
 
 
@@ -45,16 +47,18 @@ def adapter_run_id(dagster_run_id: str, now: datetime) -> str:
     check_specs=[dg.AssetCheckSpec("loss_is_finite", asset="preference_adapter", blocking=True)],
 )
 def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdapterConfig, model_backend: ModelBackendResource, warehouse: Warehouse):
-    """LoRA adapter (r=8) trained with outcome-weighted DPO (beta 0.1) on the training split of
-    `dpo_dataset`: exact per-pair weights, reference = the base with the adapter disabled. Saved
+    """LoRA adapter (r=8) trained with outcome-weighted DPO (beta 0.02, plans scored line by line) on
+    the training split of `dpo_dataset`: exact per-pair weights, reference = the base with the
+    adapter disabled. Saved
     in PEFT layout under adapters/preference/<run>/; the `latest` pointer moves only after a
     successful run. Every run (failed ones too) appends a row to `preference_training_history`."""
     pairs_df = warehouse.read("dpo_dataset")
     train = pairs_df[pairs_df["split"] == "train"] if len(pairs_df) else pairs_df
+    default_lora = WeightedDPOConfig().lora
     cfg = WeightedDPOConfig.with_overrides(
         learning_rate=config.learning_rate, epochs=config.epochs, beta=config.beta,
-        batch_size=config.batch_size, max_grad_norm=config.max_grad_norm,
-        lora=LoraSettings(r=config.lora_r, alpha=config.lora_alpha),
+        batch_size=config.batch_size, max_grad_norm=config.max_grad_norm, completion_unit=config.completion_unit,
+        lora=LoraSettings(r=config.lora_r or default_lora.r, alpha=config.lora_alpha or default_lora.alpha),
         seed=model_backend.seed if config.seed is None else config.seed,
     )
     started_at = datetime.now(timezone.utc)
@@ -68,6 +72,7 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
         "n_pairs": int(len(train)), "n_holdout": int(len(pairs_df) - len(train)),
         "dataset_fingerprint": dataset_fingerprint(pairs_df) if len(pairs_df) else "",
         "learning_rate": cfg.learning_rate, "beta": cfg.beta, "epochs": cfg.epochs, "lora_r": cfg.lora.r,
+        "completion_unit": cfg.completion_unit,
         "steps": 0, "loss_first": float("nan"), "loss_last": float("nan"), "wall_s": float("nan"),
         "status": "failed", "error": "", "adapter_path": "",
     }
@@ -84,7 +89,9 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
         info = {
             "run": run, "config": cfg.as_dict(), "base_model": model_backend.base_model,
             "base_model_dir": str(model_backend.base_model_dir()), "dataset_fingerprint": history["dataset_fingerprint"],
-            "n_pairs": len(pairs), "steps": stats.steps, "losses": stats.losses, "wall_s": stats.wall_s,
+            "n_pairs": len(pairs), "steps": stats.steps,
+            # How a new proposal's prompt must be rendered to be scored like these pairs.
+            "prompt_context_keys": list(prompt_context_keys()), "losses": stats.losses, "wall_s": stats.wall_s,
             # decision_id -> verdict trained on: the sensor counts pairs new since this adapter.
             "trained": dict(zip(train["decision_id"], train["verdict"])),
         }

@@ -6,7 +6,7 @@ import json
 import dagster as dg
 import pandas as pd
 
-from assets.flywheel.status import latest_decisions, training_status
+from assets.flywheel.status import latest_decisions, prompt_context_keys, training_status
 from assets.flywheel.weighting import (
     EXPORT_FORMATS, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, jsonl_bytes,
     outcome_treatment,
@@ -64,7 +64,8 @@ def weights_off_table(pairs: pd.DataFrame) -> list[str]:
 )
 def dpo_dataset(context: dg.AssetExecutionContext, warehouse: Warehouse):
     """DPO pairs from every decision: approve -> proposal over hold, reject -> hold over proposal,
-    override -> operator's orders over proposal; plans rendered as text the same way every time.
+    override -> operator's orders over proposal; plans rendered as text the same way every time; the
+    prompt holds the context keys named in FLYWHEEL_PREFERENCE_CONTEXT (default none).
     Weighted by the T+5 outcome (docs/flywheel.md, "How the loop works"; swap when the market proved the operator wrong).
     20% of decisions (stable hash of the id) are the holdout, never trained on or exported. Exports
     for TRL, NeMo-RL and Together/OpenAI (replicated x3 / x1 / x1.5) with metadata sidecars."""
@@ -72,7 +73,8 @@ def dpo_dataset(context: dg.AssetExecutionContext, warehouse: Warehouse):
     outcomes = warehouse.read_all("decision_outcomes")
     if len(outcomes):
         outcomes = outcomes.drop_duplicates("decision_id", keep="last")
-    pairs, skipped = build_pairs(decisions, outcomes) if len(decisions) else build_pairs(pd.DataFrame(columns=["decision_id"]), None)
+    keys = prompt_context_keys()
+    pairs, skipped = build_pairs(decisions, outcomes, context_keys=keys) if len(decisions) else build_pairs(pd.DataFrame(columns=["decision_id"]), None)
     warehouse.write("dpo_dataset", pairs)
     fingerprint = dataset_fingerprint(pairs)
 
@@ -98,6 +100,7 @@ def dpo_dataset(context: dg.AssetExecutionContext, warehouse: Warehouse):
             "n_train": int((pairs["split"] == "train").sum()) if len(pairs) else 0,
             "n_holdout": int((pairs["split"] == "holdout").sum()) if len(pairs) else 0,
             "n_skipped": len(skipped),
+            "prompt_context_keys": ", ".join(keys) or "(none: one context-free prompt)",
             "pairs_by_treatment": dg.MetadataValue.json(by_treatment),
             "export_rows": dg.MetadataValue.json(export_counts),
             "export_dir": dg.MetadataValue.path(str(export_dir)),

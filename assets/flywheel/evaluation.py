@@ -6,7 +6,7 @@ import dagster as dg
 import pandas as pd
 
 from assets.flywheel.metrics import auc_report, drift_level, rejected_winners
-from assets.flywheel.scoring import score_holdout
+from assets.flywheel.scoring import score_holdout, scoring_settings
 from assets.flywheel.status import latest_adapter_dir
 from resources.models import ModelBackendResource
 from resources.storage import Warehouse
@@ -33,8 +33,9 @@ def _md_table(df: pd.DataFrame) -> str:
     kinds={"pytorch", "duckdb"},
 )
 def holdout_eval(context: dg.AssetExecutionContext, model_backend: ModelBackendResource, warehouse: Warehouse):
-    """Every holdout proposal scored with the latest adapter: margin_logp = mean token logp under the
-    adapter minus under the base, style_match_score = sigmoid(margin). Approval AUC (Mann-Whitney U
+    """Every holdout proposal scored with the latest adapter against holding, as its pairs were
+    trained: margin_logp = the DPO implicit reward (log-prob under base + adapter minus under the
+    base) of the proposal minus that of holding, style_match_score = sigmoid(beta * margin). Approval AUC (Mann-Whitney U
     over score and decision == approve) with a bootstrap 95% interval and its label (useful > 0.65,
     marginal 0.55-0.65, else no useful signal yet; an interval reaching 0.5 is no signal); rejected
     winners (rejected, score >= 0.5, beat SPY), top 5. Appends to `holdout_eval_history`."""
@@ -43,7 +44,7 @@ def holdout_eval(context: dg.AssetExecutionContext, model_backend: ModelBackendR
         raise FileNotFoundError("no preference adapter yet: materialise preference_adapter first")
     pairs = warehouse.read("dpo_dataset")
     backend = model_backend.load(adapter_path=adapter)
-    scored = score_holdout(backend, pairs)
+    scored = score_holdout(backend, pairs, *scoring_settings(adapter))
     report = auc_report(scored["style_match_score"].to_numpy(), (scored["decision"] == "approve").to_numpy(), seed=model_backend.seed)
     winners = rejected_winners(scored)
     evaluated_at = datetime.now(timezone.utc).isoformat()

@@ -137,7 +137,3 @@ def style_comment(score: float) -> str:
         return "Leans away from your past approvals; worth a second look."
     return "Inconsistent with your past pattern; review carefully."
 
-
-def margins(adapter_logps: Sequence[np.ndarray], base_logps: Sequence[np.ndarray]) -> np.ndarray:
-    """Per candidate: mean token logp under the adapter minus the same under the base."""
-    return np.array([float(np.mean(a)) - float(np.mean(b)) for a, b in zip(adapter_logps, base_logps)])

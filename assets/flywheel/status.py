@@ -23,6 +23,24 @@ def min_new_pairs() -> int:
     return int(os.environ.get("FLYWHEEL_MIN_NEW_PAIRS") or MIN_NEW_PAIRS)
 
 
+def prompt_context_keys() -> tuple[str, ...]:
+    """FLYWHEEL_PREFERENCE_CONTEXT: the decision-context keys the pairs' prompt holds (`note` = the
+    proposal's note); unset = none, one context-free prompt for every decision."""
+    raw = os.environ.get("FLYWHEEL_PREFERENCE_CONTEXT") or ""
+    return tuple(sorted({k.strip() for k in raw.split(",") if k.strip()}))
+
+
+def adapter_context_keys(adapter_dir: Path | None) -> tuple[str, ...]:
+    """The context keys of the dataset an adapter was trained on (its train_info.json); a new
+    proposal's prompt must be rendered the same way. An adapter recorded without them used every key."""
+    if adapter_dir is None or not (Path(adapter_dir) / TRAIN_INFO).exists():
+        return prompt_context_keys()
+    info = json.loads((Path(adapter_dir) / TRAIN_INFO).read_text())
+    if "prompt_context_keys" not in info:
+        return ("*",)
+    return tuple(info["prompt_context_keys"])
+
+
 def latest_decisions(decisions: pd.DataFrame) -> pd.DataFrame:
     """One row per decision id (a corrected line that moved to another date may sit in two
     partitions until the old one is re-run: the later log line wins)."""
@@ -39,7 +57,7 @@ def current_pairs(warehouse) -> pd.DataFrame:
     outcomes = warehouse.read_all("decision_outcomes")
     if len(outcomes):
         outcomes = outcomes.drop_duplicates("decision_id", keep="last")
-    pairs, _ = build_pairs(decisions, outcomes)
+    pairs, _ = build_pairs(decisions, outcomes, context_keys=prompt_context_keys())
     return pairs
 
 

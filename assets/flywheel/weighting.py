@@ -93,17 +93,21 @@ def render_plan(orders: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def render_prompt(context: Mapping[str, Any], proposal_text: str | None = None) -> list[dict[str, str]]:
-    """The decision's context as chat messages (keys sorted, so the same context is the same prompt)."""
+def render_prompt(context: Mapping[str, Any], proposal_text: str | None = None, keys: Sequence[str] = ()) -> list[dict[str, str]]:
+    """The prompt of a decision's pairs: the context `keys` the operator's style may depend on (sorted,
+    so the same context is the same prompt); `note` in `keys` adds the proposal's note, `*` takes every
+    key and the note (adapters trained before keys were chosen). With no keys,
+    every decision shares one context-free prompt (the default: FLYWHEEL_PREFERENCE_CONTEXT, docs/flywheel.md)."""
     # Short on purpose: every token of the prompt is paid for in every training and scoring pass.
     parts = []
-    for key in sorted(context):
+    everything = "*" in keys
+    for key in sorted(k for k in context if everything or k in keys):
         value = context[key]
         if isinstance(value, (dict, list)):
             value = json.dumps(value, sort_keys=True)
         parts.append(f"{key}: {value}")
     lines = ["Rebalance review. " + "; ".join(parts)] if parts else ["Rebalance review."]
-    if proposal_text and str(proposal_text).strip():
+    if (everything or "note" in keys) and proposal_text and str(proposal_text).strip():
         lines.append(f"Note: {str(proposal_text).strip()}")
     lines.append("Write the plan to execute.")
     return [{"role": "user", "content": "\n".join(lines)}]
@@ -116,8 +120,12 @@ PAIR_COLUMNS = [
 ]
 
 
-def build_pairs(decisions: pd.DataFrame, outcomes: pd.DataFrame | None, holdout_fraction: float = HOLDOUT_FRACTION) -> tuple[pd.DataFrame, pd.DataFrame]:
+def build_pairs(
+    decisions: pd.DataFrame, outcomes: pd.DataFrame | None, holdout_fraction: float = HOLDOUT_FRACTION,
+    context_keys: Sequence[str] = (),
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(pairs, skipped): one pair per decision, sorted by decision id; `skipped` says why a decision has none.
+    The prompt holds the decision context's `context_keys` (`render_prompt`).
 
     `prompt` is the chat messages as canonical JSON; `proposal_plan` is the rendered proposal (what
     the holdout evaluation scores).
@@ -145,7 +153,7 @@ def build_pairs(decisions: pd.DataFrame, outcomes: pd.DataFrame | None, holdout_
         if swapped:  # the market proved the operator wrong: prefer what they turned down
             chosen, rejected = rejected, chosen
         context = json.loads(d.context_json) if isinstance(d.context_json, str) else {}
-        prompt = render_prompt(context, d.proposal_text if isinstance(d.proposal_text, str) else None)
+        prompt = render_prompt(context, d.proposal_text if isinstance(d.proposal_text, str) else None, context_keys)
         rows.append({
             "pair_id": "pair-" + hashlib.sha256(d.decision_id.encode()).hexdigest()[:16],
             "decision_id": d.decision_id, "decision_date": d.decision_date,

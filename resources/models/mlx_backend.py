@@ -36,6 +36,7 @@ from mlx.utils import tree_flatten
 
 from resources.models import lora_convert
 from resources.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
+from resources.models.segments import encode_segments, flatten_segments
 from resources.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -466,11 +467,16 @@ class MLXBackend(ChatTokenizer, ModelBackend):
 
         return train_gspo(self, examples, config)
 
-    def dpo_sequence_logps(self, prompt_ids: Sequence[Sequence[int]], chosen: Sequence[Sequence[int]], rejected: Sequence[Sequence[int]]) -> tuple[mx.array, mx.array]:
-        """Sequence-summed log-probs of chosen and rejected, in one forward pass of 2B rows."""
-        logp, _ = self.batch_logprobs(list(prompt_ids) + list(prompt_ids), list(chosen) + list(rejected))
-        sums = logp.sum(axis=-1)
+    def dpo_sequence_logps(self, prompt_ids, chosen, rejected) -> tuple[mx.array, mx.array]:
+        """[B] log-probs of chosen and rejected (each a list of segments: summed over tokens and
+        segments, segments.py), all rows in one forward pass."""
         n = len(prompt_ids)
+        prompts, responses, owner = flatten_segments(list(prompt_ids) * 2, list(chosen) + list(rejected))
+        logp, _ = self.batch_logprobs(prompts, responses)
+        # Rows summed into their item by a 0/1 matrix product (differentiable, no scatter).
+        assign = np.zeros((2 * n, len(owner)), dtype=np.float32)
+        assign[owner, np.arange(len(owner))] = 1.0
+        sums = mx.array(assign) @ logp.sum(axis=-1)
         return sums[:n], sums[n:]
 
     def train_weighted_dpo(self, pairs, config) -> TrainStats:
@@ -485,8 +491,8 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         mx.random.seed(int(config.seed))
         self.add_lora(config.lora)
         prompt_ids = [self.prompt_ids(p.prompt) for p in pairs]
-        chosen_ids = [self.encode_response(p.chosen) for p in pairs]
-        rejected_ids = [self.encode_response(p.rejected) for p in pairs]
+        chosen_ids = [encode_segments(self.encode_response, p.chosen, config.completion_unit) for p in pairs]
+        rejected_ids = [encode_segments(self.encode_response, p.rejected, config.completion_unit) for p in pairs]
         weights = np.array([float(p.weight) for p in pairs], dtype=np.float32)
 
         ref_chosen = np.empty(len(pairs), dtype=np.float32)

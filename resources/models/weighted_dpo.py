@@ -5,8 +5,9 @@ Reward Model"): for a prompt x with a chosen y_w and a rejected y_l,
 
     loss = -log sigmoid( beta * [ (log pi(y_w|x) - log ref(y_w|x)) - (log pi(y_l|x) - log ref(y_l|x)) ] )
 
-with log pi(y|x) the SEQUENCE-summed token log-probabilities. TRL's DPOTrainer computes exactly
-this but has no per-pair weights; the preference flywheel needs them (a pair the market
+with log pi(y|x) the SEQUENCE-summed token log-probabilities (with `completion_unit="line"`, also
+summed over the completion's lines, each scored as its own response to x: segments.py). TRL's
+DPOTrainer computes this over the whole completion but has no per-pair weights; the preference flywheel needs them (a pair the market
 confirmed counts 1.0, one it contradicted 0.3 ...), so the batch loss here is the weighted mean
 sum_i w_i * loss_i / sum_i w_i. The reference is the base model with the LoRA adapter disabled,
 evaluated once before training (it never changes). The MLX backend mirrors `weighted_dpo_loss`
@@ -23,21 +24,30 @@ import torch
 import torch.nn.functional as F
 
 from resources.models.interface import LoraSettings, Messages, TrainStats
+from resources.models.segments import COMPLETION_UNITS, encode_segments, flatten_segments
 
 
 @dataclass
 class WeightedDPOConfig:
-    """TRL-style config; the defaults are TRL's DPO defaults (beta 0.1, lr 5e-5, 3 epochs). They
-    also suit tiny-local: benchmarks/flywheel_auc.py measures holdout AUC 0.83 on the sample operator
-    at these settings (and 0.81 at lr 2e-3 for 8 epochs, so no larger lr is needed)."""
+    """Outcome-weighted DPO settings; the one source of truth for their defaults.
 
-    beta: float = 0.1
-    learning_rate: float = 5e-5
-    batch_size: int = 8
-    epochs: int = 3
-    lora: LoraSettings = field(default_factory=lambda: LoraSettings(r=8, alpha=16))
-    max_grad_norm: float = 1.0
-    seed: int = 0
+    TRL's DPO defaults (beta 0.1, lr 5e-5, 3 epochs) learned only the bundled operator, whose taste
+    sits in sector names: on operators whose taste sits in tickers or in sizes, holdout AUC was
+    0.52-0.65 (benchmarks/flywheel_auc.py, docs/flywheel.md). Scoring plans line by line, a
+    smaller beta and a longer, faster run learn all of them."""
+
+    beta: float = field(default=0.02, metadata={"help": "DPO temperature: how far the adapter may move from the base per unit of preference; also the scale of the style score sigma(beta * margin)."})
+    learning_rate: float = field(default=1e-3, metadata={"help": "AdamW learning rate of the LoRA weights."})
+    batch_size: int = field(default=8, metadata={"help": "Pairs per optimiser step."})
+    epochs: int = field(default=8, metadata={"help": "Passes over the training pairs."})
+    lora: LoraSettings = field(default_factory=lambda: LoraSettings(r=8, alpha=16), metadata={"help": "LoRA rank, alpha, dropout and target modules."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip."})
+    completion_unit: str = field(default="line", metadata={"help": "`line`: a plan's log-prob is the sum over its lines, each a response to the prompt (segments.py); `sequence`: the whole completion, plain DPO."})
+    seed: int = field(default=0, metadata={"help": "Seeds the LoRA init and the batch order."})
+
+    def __post_init__(self) -> None:
+        if self.completion_unit not in COMPLETION_UNITS:
+            raise ValueError(f"completion_unit must be one of {COMPLETION_UNITS}, got {self.completion_unit!r}")
 
     @classmethod
     def with_overrides(cls, **overrides) -> "WeightedDPOConfig":
@@ -92,9 +102,13 @@ def weighted_dpo_loss(
     return loss, metrics
 
 
-def _sequence_logps(backend, prompt_ids: list[list[int]], response_ids: list[list[int]]) -> torch.Tensor:
-    logp, mask = backend.batch_logprobs(prompt_ids, response_ids)
-    return (logp * mask).sum(-1)
+def _sequence_logps(backend, prompt_ids: list[list[int]], segment_ids: list[list[list[int]]]) -> torch.Tensor:
+    """[B] log pi(completion | prompt): summed over tokens, and over segments (segments.py)."""
+    prompts, responses, owner = flatten_segments(prompt_ids, segment_ids)
+    logp, mask = backend.batch_logprobs(prompts, responses)
+    per_row = (logp * mask).sum(-1)
+    index = torch.tensor(owner, device=per_row.device)
+    return per_row.new_zeros(len(prompt_ids)).index_add(0, index, per_row)
 
 
 def _batches(n: int, batch_size: int, epochs: int, seed: int) -> Iterator[list[int]]:
@@ -115,8 +129,8 @@ def train_weighted_dpo(backend, pairs: Sequence[PreferencePair], config: Weighte
     torch.manual_seed(config.seed)
     backend.add_lora(config.lora)
     prompt_ids = [backend.prompt_ids(p.prompt) for p in pairs]
-    chosen_ids = [backend.encode_response(p.chosen) for p in pairs]
-    rejected_ids = [backend.encode_response(p.rejected) for p in pairs]
+    chosen_ids = [encode_segments(backend.encode_response, p.chosen, config.completion_unit) for p in pairs]
+    rejected_ids = [encode_segments(backend.encode_response, p.rejected, config.completion_unit) for p in pairs]
     weights = torch.tensor([float(p.weight) for p in pairs], dtype=torch.float32)
     mean_weight = float(weights.mean())
 
