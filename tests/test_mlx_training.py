@@ -163,7 +163,7 @@ def test_weighted_dpo_batch_loss_matches_torch_before_any_step(tiny_model_dir, a
     t_loss, m_loss = torch_dpo_batch_loss(torch_policy, pairs, 0.1), mlx_dpo_batch_loss(mlx_policy, pairs, 0.1)
     assert abs(t_loss - np.log(2)) > 1e-3  # the adapter moved the policy off the reference
     assert abs(t_loss - m_loss) < TOL
-    config = torch_dpo.WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA)
+    config = torch_dpo.WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA, beta=0.1)
     t_stats = torch_policy.train_weighted_dpo(pairs, config)
     m_stats = mlx_policy.train_weighted_dpo(pairs, config)
     assert abs(t_stats.losses[0] - t_loss) < TOL and abs(m_stats.losses[0] - m_loss) < TOL

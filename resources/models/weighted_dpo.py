@@ -32,9 +32,9 @@ class WeightedDPOConfig:
     """Outcome-weighted DPO settings; the one source of truth for their defaults.
 
     TRL's DPO defaults (beta 0.1, lr 5e-5, 3 epochs) learned only the bundled operator, whose taste
-    sits in sector names: on operators whose taste sits in tickers or in sizes, holdout AUC was
-    0.52-0.65 (benchmarks/flywheel_auc.py, docs/flywheel.md). Scoring plans line by line, a
-    smaller beta and a longer, faster run learn all of them."""
+    sits in sector names (an operator with a ticker rule: holdout AUC 0.59). Scoring plans line by
+    line, a smaller beta and a longer, faster run learn every consistent synthetic operator
+    (benchmarks/flywheel_auc.py; figures in docs/flywheel.md)."""
 
     beta: float = field(default=0.02, metadata={"help": "DPO temperature: how far the adapter may move from the base per unit of preference; also the scale of the style score sigma(beta * margin)."})
     learning_rate: float = field(default=1e-3, metadata={"help": "AdamW learning rate of the LoRA weights."})
