@@ -162,8 +162,8 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_MIN_NEW_PAIRS": integer(1),
     "FLYWHEEL_TRAIN_COOLDOWN_S": integer(0),
     "FLYWHEEL_PREFERENCE_CONTEXT": Rule(
-        "comma-separated decision-context keys (letters, digits, _), `note` for the proposal's note, e.g. regime,note",
-        lambda v: None if all(re.fullmatch(r"[A-Za-z0-9_]+", k.strip()) for k in v.split(",")) else "not a list of key names",
+        "comma-separated decision-context keys (letters, digits, _), `note` for the proposal's note, `*` for all, e.g. regime,note",
+        lambda v: None if all(re.fullmatch(r"\*|[A-Za-z0-9_]+", k.strip()) for k in v.split(",")) else "not a list of key names",
     ),
 }
 # Paths and model names: no closed set; they are checked where they are used (with their name).
