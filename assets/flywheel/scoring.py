@@ -29,7 +29,7 @@ from assets.flywheel.metrics import sigmoid
 from assets.flywheel.status import TRAIN_INFO
 from assets.flywheel.weighting import HOLD_TEXT
 from resources.models.interface import Messages, ModelBackend
-from resources.models.segments import encode_segments
+from resources.models.segments import encode_segments, flatten_segments
 
 
 def scoring_settings(adapter_dir: Path | None = None) -> tuple[str, float]:
@@ -47,12 +47,8 @@ def scoring_settings(adapter_dir: Path | None = None) -> tuple[str, float]:
 
 def implicit_rewards(backend: ModelBackend, prompts: Sequence[Messages], completions: Sequence[str], unit: str) -> np.ndarray:
     """r(y) = log pi(y|x) - log ref(y|x) per completion, summed over tokens and segments."""
-    flat_prompts, flat_responses, owner = [], [], []
-    for item, (prompt, text) in enumerate(zip(prompts, completions)):
-        for ids in encode_segments(backend.encode_response, text, unit):
-            flat_prompts.append(prompt)
-            flat_responses.append(ids)
-            owner.append(item)
+    segments = [encode_segments(backend.encode_response, text, unit) for text in completions]
+    flat_prompts, flat_responses, owner = flatten_segments(prompts, segments)
     with_adapter = backend.response_logprobs(flat_prompts, flat_responses, use_adapter=True)
     base = backend.response_logprobs(flat_prompts, flat_responses, use_adapter=False)
     per_row = np.array([float(np.sum(a, dtype=np.float64)) - float(np.sum(b, dtype=np.float64)) for a, b in zip(with_adapter, base)])

@@ -15,7 +15,7 @@ Plain Python: the torch and mlx trainers both lay their rows out with `flatten_s
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 COMPLETION_UNITS = ("line", "sequence")
 
@@ -36,10 +36,10 @@ def encode_segments(encode: Callable[[str], list[int]], text: str, unit: str) ->
 
 
 def flatten_segments(
-    prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]
-) -> tuple[list[list[int]], list[list[int]], list[int]]:
-    """(prompts, responses, owner): one row per segment, each with its item's prompt; `owner[row]`
-    is the item the row's log-prob is summed into."""
+    prompt_ids: Sequence[Sequence[Any]], segment_ids: Sequence[Sequence[Sequence[int]]]
+) -> tuple[list[list[Any]], list[list[int]], list[int]]:
+    """(prompts, responses, owner): one row per segment, each with its item's prompt (token ids, or
+    chat messages for the scorer); `owner[row]` is the item the row's log-prob is summed into."""
     if len(prompt_ids) != len(segment_ids):
         raise ValueError("one prompt per item")
     prompts, responses, owner = [], [], []
