@@ -5,8 +5,8 @@ import time
 
 import dagster as dg
 
-from resources.models import ModelBackendResource
-from resources.models.tiny_local import TinyLocalConfig, ensure_tiny_local
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.tiny_local import TinyLocalConfig, ensure_tiny_local
 
 
 class BaseModelConfig(dg.Config):
@@ -19,7 +19,7 @@ class BaseModelConfig(dg.Config):
     kinds={"pytorch"},
     check_specs=[dg.AssetCheckSpec("loads_and_generates", asset="base_model", blocking=True)],
 )
-def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, model_backend: ModelBackendResource):
+def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, model_backend: dg.ResourceParam[ModelLoader]):
     """Resolves FLYWHEEL_BASE_MODEL to a model folder. `tiny-local` is built here from bundled
     text (BPE tokenizer, small Qwen3, short training on example notes), deterministically
     from FLYWHEEL_SEED; a hub id is downloaded into the Hugging Face cache; a local folder is

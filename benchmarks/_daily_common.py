@@ -6,12 +6,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from resources.settings import PROJECT_ROOT
+from outcome_flywheel.settings import PROJECT_ROOT
 
 
 def tiny_local_data_dir(data_dir: str | None = None) -> Path:
     """A data dir holding tiny-local (built once into .cache/, as the tests do) at models/tiny-local."""
-    from resources.models.tiny_local import cached_tiny_local
+    from outcome_flywheel.models.tiny_local import cached_tiny_local
 
     cached = cached_tiny_local()
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="flywheel-bench-")) / "data"
@@ -24,16 +24,16 @@ def tiny_local_data_dir(data_dir: str | None = None) -> Path:
 
 
 def resources(root: Path, max_headlines: int) -> dict:
-    from resources.feeds import FeedSource
-    from resources.judge import JudgeResource
-    from resources.models import ModelBackendResource
-    from resources.storage import Warehouse
+    from outcome_flywheel.daily_rl.feed_source import FeedSource
+    from outcome_flywheel.daily_rl.judge import Judge
+    from outcome_flywheel.models import ModelLoader
+    from outcome_flywheel.storage import Warehouse
 
     return dict(
         warehouse=Warehouse(data_dir=str(root)),
-        model_backend=ModelBackendResource(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
+        model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
         feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
-        judge=JudgeResource(),
+        judge=Judge(),
     )
 
 

@@ -29,10 +29,10 @@ from pathlib import Path
 
 import numpy as np
 
-from resources.models import ModelBackendResource, load_backend
-from resources.models.interface import LoraSettings, SamplingConfig
+from outcome_flywheel.models import ModelLoader, load_backend
+from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from benchmarks.generation import HEADLINES, base_model_path
-from resources.models.prompts import judge_messages, trading_note_messages
+from outcome_flywheel.models.prompts import judge_messages, trading_note_messages
 
 STAGES = ("sampling", "judge", "gspo", "dpo")
 
@@ -63,8 +63,8 @@ def make_data(path: Path, args) -> dict:
 
 def time_backend(name: str, path: Path, data: dict, args) -> dict:
     """Per-stage seconds of one backend ('torch' or 'mlx') on `data`."""
-    from resources.models.gspo import GSPOConfig, GSPOExample
-    from resources.models.weighted_dpo import PreferencePair, WeightedDPOConfig
+    from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.torch.dpo import PreferencePair, WeightedDPOConfig
 
     device = args.torch_device if name == "torch" else "auto"
     lora = LoraSettings(r=8, alpha=16)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
         Path(out_file).write_text(json.dumps(result))
         return result
 
-    resource = ModelBackendResource.from_env().process_config_and_initialize()
+    resource = ModelLoader.from_env()
     path = base_model_path(resource)
     data = make_data(path, args)
     results: dict[str, dict] = {}

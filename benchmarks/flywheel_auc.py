@@ -30,14 +30,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from assets.flywheel.audit_log import load_orders, parse_file, records_frame
-from assets.flywheel.metrics import LABEL_NONE, USEFUL, auc_report, sigmoid
-from assets.flywheel.scoring import score_holdout, training_pairs
-from assets.flywheel.weighting import build_pairs
-from assets.flywheel.windows import PriceTable, compute_outcome
-from resources.market_data import BUNDLED_PRICES, read_price_file
-from resources.models.tiny_local import cached_tiny_local
-from resources.models.weighted_dpo import WeightedDPOConfig
+from outcome_flywheel.preferences.audit_log import load_orders, parse_file, records_frame
+from outcome_flywheel.preferences.metrics import LABEL_NONE, USEFUL, auc_report, sigmoid
+from outcome_flywheel.preferences.scoring import score_holdout, training_pairs
+from outcome_flywheel.preferences.weighting import build_pairs
+from outcome_flywheel.preferences.windows import PriceTable, compute_outcome
+from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
+from outcome_flywheel.models.tiny_local import cached_tiny_local
+from outcome_flywheel.models.torch.dpo import WeightedDPOConfig
 from scripts.make_audit_log import CONSISTENT, OPERATORS, write
 
 # Issue 8's starting point, kept to show what changed (its prompt held every context key and the note).
@@ -70,7 +70,7 @@ def _mean_token_margin_scores(backend, pairs: pd.DataFrame) -> pd.DataFrame:
 
 def run_operator(model_dir: Path, log_path: Path, config: WeightedDPOConfig, context_keys: tuple[str, ...] = (), baseline: bool = False) -> dict:
     """Train on the log's training split, score its holdout; the AUC report and counts."""
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     decisions, outcomes = decisions_and_outcomes(log_path)
     pairs, _ = build_pairs(decisions, outcomes, context_keys=context_keys)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from resources.models import ModelBackendResource
-from resources.models.interface import SamplingConfig
-from resources.models.prompts import trading_note_messages
-from resources.models.tiny_local import TinyLocalConfig, ensure_tiny_local
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.interface import SamplingConfig
+from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.models.tiny_local import TinyLocalConfig, ensure_tiny_local
 
 HEADLINES = [
     ("Nvidia beats quarterly estimates on strong data center demand", "Revenue rose 12% as data center sales beat forecasts."),
@@ -37,7 +37,7 @@ HEADLINES = [
 ]
 
 
-def base_model_path(resource: ModelBackendResource) -> Path:
+def base_model_path(resource: ModelLoader) -> Path:
     """The base model folder, building tiny-local or downloading a hub model first if needed."""
     if resource.is_tiny_local:
         ensure_tiny_local(resource.tiny_local_dir(), TinyLocalConfig(seed=resource.seed))
@@ -52,7 +52,7 @@ def main() -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     args = parser.parse_args()
 
-    resource = ModelBackendResource.from_env().process_config_and_initialize()
+    resource = ModelLoader.from_env()
     backend = resource.load(model_path=base_model_path(resource))
     # Distinct prompts (the headline number makes each one its own), as a day's headlines are.
     prompts = [

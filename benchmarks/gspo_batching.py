@@ -21,15 +21,15 @@ from benchmarks._daily_common import tiny_local_data_dir
 
 
 def run(headlines: int = 8, rollouts: int = 8, batch_size: int = 16, max_new_tokens: int = 64, repeats: int = 2) -> dict:
-    from assets.daily_rl.rewards import group_advantages
-    from assets.daily_rl.structure import structure_score
-    from resources.models import ModelBackendResource, SamplingConfig
-    from resources.models.gspo import GSPOConfig, GSPOExample, train_gspo
-    from resources.models.prompts import trading_note_messages
+    from outcome_flywheel.daily_rl.rewards import group_advantages
+    from outcome_flywheel.daily_rl.structure import structure_score
+    from outcome_flywheel.models import ModelLoader, SamplingConfig
+    from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample, train_gspo
+    from outcome_flywheel.models.prompts import trading_note_messages
     from scripts.make_tiny_local_corpus import make_notes
 
     root = tiny_local_data_dir()
-    model_backend = ModelBackendResource(data_dir=str(root), device="cpu")
+    model_backend = ModelLoader(data_dir=str(root), device="cpu")
     rows = make_notes(headlines, seed=123)
     prompts = [trading_note_messages(r["title"], r["summary"]) for r in rows]
     sampler = model_backend.load()

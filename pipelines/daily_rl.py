@@ -10,9 +10,8 @@ import dagster as dg
 from assets.daily_rl.daily_report import daily_report
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from pipelines.partitions import daily_partitions
-from resources.feeds import FeedSource
-from resources.judge import JudgeResource
+from assets.partitions import daily_partitions
+from resources.daily_rl import FeedsResource, JudgeResource
 
 daily_rl_job = dg.define_asset_job(
     "daily_rl_job",
@@ -26,7 +25,7 @@ daily_rl_schedule = dg.build_schedule_from_partitioned_job(daily_rl_job, hour_of
 
 
 def daily_rl_resources() -> dict:
-    return {"feeds": FeedSource.from_env(), "judge": JudgeResource.from_env()}
+    return {"feeds": FeedsResource.from_env(), "judge": JudgeResource.from_env()}
 
 
 defs = dg.Definitions(

@@ -1,6 +1,6 @@
 """The Dagster code location: `defs` merges the core assets with each area's definitions."""
 
-from resources.settings import validate_environment
+from outcome_flywheel.settings import validate_environment
 
 # First, before anything reads a variable: resources hold EnvVars that resolve only when a run
 # starts and the partitions read theirs at import, so a bad value must stop the load here, named.
@@ -15,7 +15,7 @@ from pipelines.resources import core_resources  # noqa: E402
 
 # Each area exposes its own `defs` (assets, checks, jobs, schedules, sensors, and the
 # resources only it uses) in `pipelines/<area>.py`.
-AREAS = ("pipelines.daily_rl", "pipelines.flywheel")
+AREAS = ("pipelines.daily_rl", "pipelines.preferences")
 
 
 def _area_defs() -> list[dg.Definitions]:

@@ -16,7 +16,7 @@ import dagster as dg
 
 from assets.base_model import base_model
 from pipelines.resources import core_resources
-from resources.settings import env, resolve_path
+from outcome_flywheel.settings import env, resolve_path
 from scripts import QUIET_CONSOLE
 
 

@@ -13,8 +13,8 @@ import json
 
 import dagster as dg
 
-from resources.settings import SAMPLE_DATA, env
-from resources.storage import Warehouse
+from outcome_flywheel.settings import SAMPLE_DATA, env
+from outcome_flywheel.storage import Warehouse
 from scripts import QUIET_CONSOLE
 
 DEMO_MAX_NEW_TOKENS = 96  # tiny-local's notes end within ~80 tokens; keeps `make demo` to minutes
@@ -30,11 +30,11 @@ def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None =
     """Materialise headlines + daily_update + daily_report for the first `days` archive days in order."""
     from pipelines.daily_rl import daily_rl_job, daily_rl_resources, defs
     from pipelines.resources import core_resources
-    from resources.feeds import FeedSource
+    from resources.daily_rl import FeedsResource
 
     resources = {**core_resources(), **daily_rl_resources()}
     if max_headlines is not None:
-        resources["feeds"] = FeedSource.from_env(max_headlines=max_headlines)
+        resources["feeds"] = FeedsResource.from_env(max_headlines=max_headlines)
     job = dg.Definitions(assets=list(defs.assets), jobs=[daily_rl_job], resources=resources).resolve_job_def(daily_rl_job.name)
     run_config = {"ops": {"daily_update": {"config": {"max_new_tokens": DEMO_MAX_NEW_TOKENS}}}, **QUIET_CONSOLE}
     warehouse = Warehouse(data_dir=env("FLYWHEEL_DATA_DIR"))  # plain values: the resources may hold EnvVars

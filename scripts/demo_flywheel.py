@@ -18,18 +18,18 @@ from typing import Any, Callable
 
 import dagster as dg
 
-from assets.flywheel.adapter import preference_adapter
-from assets.flywheel.audit_log import records_frame
-from assets.flywheel.dataset import dpo_dataset
-from assets.flywheel.decisions import operator_decisions
-from assets.flywheel.evaluation import holdout_eval, style_drift
-from assets.flywheel.outcomes import decision_outcomes
-from assets.flywheel.status import training_status
-from pipelines.flywheel import flywheel_resources
+from assets.preferences.adapter import preference_adapter
+from outcome_flywheel.preferences.audit_log import records_frame
+from assets.preferences.dataset import dpo_dataset
+from assets.preferences.decisions import operator_decisions
+from assets.preferences.evaluation import holdout_eval, style_drift
+from assets.preferences.outcomes import decision_outcomes
+from outcome_flywheel.preferences.status import training_status
+from pipelines.preferences import flywheel_resources
 from scripts import QUIET_CONSOLE
-from pipelines.partitions import daily_partitions
+from assets.partitions import daily_partitions
 from pipelines.resources import core_resources
-from resources.settings import env
+from outcome_flywheel.settings import env
 
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"

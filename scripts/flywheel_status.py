@@ -12,12 +12,12 @@ import argparse
 import json
 from typing import Any
 
-from assets.flywheel.status import training_status
-from resources.storage import Warehouse
+from outcome_flywheel.preferences.status import training_status
+from outcome_flywheel.storage import Warehouse
 
 
 def flywheel_status(warehouse: Warehouse | None = None, min_new_pairs: int | None = None) -> dict[str, Any]:
-    return training_status(warehouse or Warehouse.from_env().process_config_and_initialize(), min_new_pairs)
+    return training_status(warehouse or Warehouse.from_env(), min_new_pairs)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

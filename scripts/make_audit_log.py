@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 from zoneinfo import ZoneInfo
 
-from resources.settings import SAMPLE_DATA
+from outcome_flywheel.settings import SAMPLE_DATA
 
 NY = ZoneInfo("America/New_York")
 TARGET = SAMPLE_DATA / "audit_log.jsonl"

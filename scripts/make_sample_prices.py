@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from resources.settings import PROJECT_ROOT, SAMPLE_DATA
+from outcome_flywheel.settings import PROJECT_ROOT, SAMPLE_DATA
 
 SOURCE = PROJECT_ROOT.parent / "shared" / "data" / "prices" / "daily_close.csv"
 TARGET = SAMPLE_DATA / "prices" / "daily_close.csv"

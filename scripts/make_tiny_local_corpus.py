@@ -1,6 +1,6 @@
 """Write `sample_data/tiny_local/notes.jsonl`: example trading notes the tiny-local model is
 trained on. Fictional events about real tickers; most notes carry the six sections of
-the structure score (`assets/daily_rl/structure.py`), some miss a few, some are unstructured prose, so the base policy writes note-like
+the structure score (`outcome_flywheel/daily_rl/structure.py`), some miss a few, some are unstructured prose, so the base policy writes note-like
 text that only sometimes has the headers (room for the daily loop to improve it).
 
     python -m scripts.make_tiny_local_corpus
@@ -12,7 +12,7 @@ import json
 import random
 from pathlib import Path
 
-from resources.models.prompts import NOTE_SECTIONS
+from outcome_flywheel.models.prompts import NOTE_SECTIONS
 
 OUT = Path(__file__).resolve().parent.parent / "sample_data" / "tiny_local" / "notes.jsonl"
 

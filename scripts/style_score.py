@@ -5,7 +5,7 @@
 
 Prints one JSON object: {available, style_match_score, margin_logp, comment, adapter_path}.
 margin_logp = the adapter's DPO implicit reward of the rendered plan minus that of holding;
-style_match_score = sigmoid(beta * margin): P(operator prefers the plan to holding), assets/flywheel/scoring.py. `available` is false when no preference adapter exists yet.
+style_match_score = sigmoid(beta * margin): P(operator prefers the plan to holding), outcome_flywheel/preferences/scoring.py. `available` is false when no preference adapter exists yet.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from assets.flywheel.audit_log import Order
-from assets.flywheel.metrics import style_comment
-from assets.flywheel.scoring import score_candidates, scoring_settings
-from assets.flywheel.status import adapter_context_keys, latest_adapter_dir
-from assets.flywheel.weighting import render_plan, render_prompt
-from resources.models import ModelBackendResource
-from resources.storage import Warehouse
+from outcome_flywheel.preferences.audit_log import Order
+from outcome_flywheel.preferences.metrics import style_comment
+from outcome_flywheel.preferences.scoring import score_candidates, scoring_settings
+from outcome_flywheel.preferences.status import adapter_context_keys, latest_adapter_dir
+from outcome_flywheel.preferences.weighting import render_plan, render_prompt
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.storage import Warehouse
 
 
 def style_score(
@@ -29,16 +29,16 @@ def style_score(
     context: Mapping[str, Any] | None = None,
     text: str | None = None,
     adapter_path: str | Path | None = None,
-    model_backend: ModelBackendResource | None = None,
+    model_backend: ModelLoader | None = None,
     warehouse: Warehouse | None = None,
 ) -> dict[str, Any]:
     """Score one proposal (its orders, the decision context) with the latest (or given) adapter."""
     orders = [Order.model_validate(o).model_dump(mode="json") for o in orders]  # same validation as the log
-    adapter = Path(adapter_path) if adapter_path else latest_adapter_dir(warehouse or Warehouse.from_env().process_config_and_initialize())
+    adapter = Path(adapter_path) if adapter_path else latest_adapter_dir(warehouse or Warehouse.from_env())
     if adapter is None or not adapter.exists():
         return {"available": False, "style_match_score": None, "margin_logp": None,
                 "comment": style_comment(float("nan")), "adapter_path": None}
-    backend = (model_backend or ModelBackendResource.from_env().process_config_and_initialize()).load(adapter_path=adapter)
+    backend = (model_backend or ModelLoader.from_env()).load(adapter_path=adapter)
     margin, score = score_candidates(backend, [render_prompt(context or {}, text, adapter_context_keys(adapter))], [render_plan(orders)], *scoring_settings(adapter))
     return {
         "available": True,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from resources.models import ModelBackendResource
-from resources.models.tiny_local import cached_tiny_local
-from resources.settings import PROJECT_ROOT
-from resources.storage import Warehouse
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.tiny_local import cached_tiny_local
+from outcome_flywheel.settings import PROJECT_ROOT
+from outcome_flywheel.storage import Warehouse
 
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
@@ -43,8 +43,8 @@ def warehouse(data_dir) -> Warehouse:
 
 
 @pytest.fixture()
-def model_backend(data_dir) -> ModelBackendResource:
-    return ModelBackendResource(data_dir=str(data_dir), base_model="tiny-local", backend="torch", device="cpu")
+def model_backend(data_dir) -> ModelLoader:
+    return ModelLoader(data_dir=str(data_dir), base_model="tiny-local", backend="torch", device="cpu")
 
 
 @pytest.fixture()

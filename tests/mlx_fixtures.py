@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from resources.models.interface import LoraSettings
-from resources.models.prompts import trading_note_messages
+from outcome_flywheel.models.interface import LoraSettings
+from outcome_flywheel.models.prompts import trading_note_messages
 
 MLX_REASON = "mlx is not importable here (install the `mlx` extra: pip install -e '.[mlx]')"
 
@@ -64,7 +64,7 @@ def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 
 def mlx_adapter_dir(tiny_model_dir: Path, out: Path, seed: int = 7) -> Path:
     """An adapter trained by nobody: mlx LoRA with random non-zero factors, saved (PEFT layout)."""
-    from resources.models.mlx_backend import MLXBackend
+    from outcome_flywheel.models.mlx.backend import MLXBackend
 
     backend = MLXBackend(tiny_model_dir)
     backend.add_lora(SMALL_LORA)

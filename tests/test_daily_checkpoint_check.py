@@ -5,8 +5,8 @@ import json
 import pandas as pd
 
 from assets.daily_rl.daily_update import behavior_logprob_gap
-from resources.models.interface import LoraSettings, SamplingConfig
-from resources.models.prompts import trading_note_messages
+from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
+from outcome_flywheel.models.prompts import trading_note_messages
 
 
 def test_gap_is_zero_for_the_sampling_policy_and_large_for_other_weights(torch_policy, model_backend):
@@ -31,7 +31,7 @@ def test_gap_is_zero_for_the_sampling_policy_and_large_for_other_weights(torch_p
 def test_a_checkpoint_counts_only_once_its_checks_pass(torch_policy, tmp_path):
     import pytest
 
-    from assets.daily_rl.loop import UnverifiedCheckpoint, mark_verified, parent_checkpoint, publish_checkpoint
+    from outcome_flywheel.daily_rl.loop import UnverifiedCheckpoint, mark_verified, parent_checkpoint, publish_checkpoint
 
     root = tmp_path / "policy"
     publish_checkpoint(torch_policy, root, "2025-11-03", {"date": "2025-11-03"}, is_base=True)

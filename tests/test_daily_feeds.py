@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from assets.daily_rl.feeds import FEED_LEVEL_REASONS, RawFeed, build_headlines, parse_feed, sha256_bytes
-from resources.feeds import FeedSource
-from resources.settings import SAMPLE_DATA
+from outcome_flywheel.daily_rl.feeds import FEED_LEVEL_REASONS, RawFeed, build_headlines, parse_feed, sha256_bytes
+from outcome_flywheel.daily_rl.feed_source import FeedSource
+from outcome_flywheel.settings import SAMPLE_DATA
 from tests.conftest import shared_data
 
 TZ = "America/New_York"

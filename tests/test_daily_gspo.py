@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from resources.models.gspo import GSPOConfig, GSPOExample, gspo_loss, train_gspo
-from resources.models.interface import SamplingConfig
-from resources.models.prompts import trading_note_messages
+from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample, gspo_loss, train_gspo
+from outcome_flywheel.models.interface import SamplingConfig
+from outcome_flywheel.models.prompts import trading_note_messages
 
 
 def _batch():
@@ -116,8 +116,8 @@ def test_train_gspo_full_fine_tune_has_no_adapter(torch_policy):
 
 
 def test_shared_prefix_logprobs_match_plain_padded_batches(torch_policy):
-    from resources.models.gspo import shared_prefix_logprobs
-    from resources.models.interface import LoraSettings
+    from outcome_flywheel.models.torch.gspo import shared_prefix_logprobs
+    from outcome_flywheel.models.interface import LoraSettings
 
     torch_policy.add_lora(LoraSettings())
     torch.manual_seed(0)

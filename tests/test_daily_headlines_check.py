@@ -4,11 +4,12 @@ import dagster as dg
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from resources.feeds import FeedSource
-from resources.judge import JudgeResource
-from resources.models import ModelBackendResource
-from resources.settings import SAMPLE_DATA
-from resources.storage import Warehouse
+from outcome_flywheel.daily_rl.feed_source import FeedSource
+from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.settings import SAMPLE_DATA
+from outcome_flywheel.storage import Warehouse
+from resources.daily_rl import FeedsResource
 
 ARCHIVE = SAMPLE_DATA / "feeds_archive"
 DAY = "2025-11-05"
@@ -20,9 +21,9 @@ def _resources(root, feeds: FeedSource) -> dict:
     # daily_update never runs in these tests, so its resources are never loaded (no model needed).
     return dict(
         warehouse=Warehouse(data_dir=str(root)),
-        model_backend=ModelBackendResource(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
+        model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
         feeds=feeds,
-        judge=JudgeResource(),
+        judge=Judge(),
     )
 
 
@@ -88,7 +89,7 @@ def test_the_minimum_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("FLYWHEEL_MIN_HEADLINES", "29")
     monkeypatch.setenv("FLYWHEEL_MAX_HEADLINES", "29")
-    feeds = FeedSource.from_env(max_headlines=5)  # the demo's small days: 5 kept, fewer than 29
+    feeds = FeedsResource.from_env(max_headlines=5)  # the demo's small days: 5 kept, fewer than 29
     result = dg.materialize([headlines], partition_key=DAY, resources={"warehouse": Warehouse(data_dir=str(tmp_path)), "feeds": feeds},
                             raise_on_error=False)
     assert not result.success

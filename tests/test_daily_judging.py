@@ -2,11 +2,11 @@
 
 import pytest
 
-from assets.daily_rl.judging import (
+from outcome_flywheel.daily_rl.judging import (
     NEVER_ANSWERED, NO_OUTCOME_HEADLINES, JudgeGroup, extract_letter, is_permutation, judge_groups, picks_to_ranks,
     rank_groups, rank_rewards, repair_ranks, select_outcome_headlines,
 )
-from assets.daily_rl.rewards import rank_reward
+from outcome_flywheel.daily_rl.rewards import rank_reward
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ import pytest
 from assets.daily_rl.daily_report import daily_report
 from assets.daily_rl.daily_update import KEYS, daily_update
 from assets.daily_rl.headlines import headlines
-from assets.daily_rl.judging import is_permutation
-from resources.feeds import FeedSource
-from resources.judge import JudgeResource
-from resources.models import ModelBackendResource
-from resources.storage import Warehouse
+from outcome_flywheel.daily_rl.judging import is_permutation
+from outcome_flywheel.daily_rl.feed_source import FeedSource
+from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.storage import Warehouse
 
 DAYS = ["2025-11-03", "2025-11-04", "2025-11-05"]
 SMALL = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 4, "max_new_tokens": 40, "batch_size": 8}}}}
@@ -23,9 +23,9 @@ SMALL = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 4, "max_ne
 def _resources(root):
     return dict(
         warehouse=Warehouse(data_dir=str(root)),
-        model_backend=ModelBackendResource(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
+        model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
         feeds=FeedSource(max_headlines=3, data_dir=str(root)),
-        judge=JudgeResource(),
+        judge=Judge(),
     )
 
 
@@ -178,9 +178,9 @@ def test_definitions_shape_and_schedule():
 
 
 def test_judge_is_the_frozen_base_never_the_policy(model_backend):
-    from assets.daily_rl.judging import JudgeGroup
+    from outcome_flywheel.daily_rl.judging import JudgeGroup
 
-    judge = JudgeResource()
+    judge = Judge()
     backend = judge.load(model_backend)
     assert not backend.has_adapter and judge.describe(model_backend).startswith("frozen base")
     group = JudgeGroup("Apple beats quarterly estimates", ["AAPL shares rise 3% after the news"],

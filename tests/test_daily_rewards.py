@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from assets.daily_rl.rewards import group_advantages, mixed_reward, rank_reward
-from assets.daily_rl.structure import sections_present, structure_score
-from resources.models.prompts import NOTE_SECTIONS
+from outcome_flywheel.daily_rl.rewards import group_advantages, mixed_reward, rank_reward
+from outcome_flywheel.daily_rl.structure import sections_present, structure_score
+from outcome_flywheel.models.prompts import NOTE_SECTIONS
 
 FULL = "\n".join(f"{name}: something" for name in NOTE_SECTIONS)
 

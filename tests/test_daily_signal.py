@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from assets.daily_rl.loop import ROLLOUT_SAMPLING
-from resources.models.gspo import GSPOConfig, GSPOExample
-from resources.models.interface import LoraSettings
-from resources.models.prompts import trading_note_messages
-from resources.models.torch_backend import TorchBackend
+from outcome_flywheel.daily_rl.loop import ROLLOUT_SAMPLING
+from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample
+from outcome_flywheel.models.interface import LoraSettings
+from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.models.torch.backend import TorchBackend
 from tests.mlx_fixtures import perturb_torch_lora
 
 PROMPTS = [trading_note_messages("Nvidia beats estimates", "Revenue rose."), trading_note_messages("Boeing cuts outlook")]

@@ -8,14 +8,14 @@ import dagster as dg
 import pandas as pd
 import pytest
 
-from assets.flywheel.adapter import HISTORY_TABLE, preference_adapter
-from assets.flywheel.dataset import dpo_dataset, holdout_leaks
-from assets.flywheel.decisions import operator_decisions
-from assets.flywheel.evaluation import holdout_eval, style_drift
-from assets.flywheel.outcomes import decision_outcomes, pending_partitions_ready
-from pipelines.flywheel import flywheel_outcomes_schedule, training_decision
-from resources.audit_log import BUNDLED_AUDIT_LOG, AuditLog
-from resources.market_data import MarketData
+from assets.preferences.adapter import HISTORY_TABLE, preference_adapter
+from assets.preferences.dataset import dpo_dataset, holdout_leaks
+from assets.preferences.decisions import operator_decisions
+from assets.preferences.evaluation import holdout_eval, style_drift
+from assets.preferences.outcomes import decision_outcomes, pending_partitions_ready
+from pipelines.preferences import flywheel_outcomes_schedule, training_decision
+from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
+from outcome_flywheel.market_data import MarketData
 from scripts.flywheel_status import flywheel_status
 from scripts.style_score import style_score
 from tests.flywheel_fixtures import one_thread  # noqa: F401
@@ -198,7 +198,7 @@ def test_a_failed_training_is_recorded_and_latest_does_not_move(resources, wareh
 def test_a_holdout_leak_blocks_training(resources, warehouse, monkeypatch):
     assert _decisions_and_outcomes(resources).success
     # Pretend the hash rule changed under the dataset: every training pair now "belongs" to the holdout.
-    monkeypatch.setattr("assets.flywheel.dataset.holdout_split", lambda decision_id: "holdout")
+    monkeypatch.setattr("assets.preferences.dataset.holdout_split", lambda decision_id: "holdout")
     result = dg.materialize([dpo_dataset, preference_adapter], resources=resources, raise_on_error=False)
     assert not result.success
     check = [c for c in result.get_asset_check_evaluations() if c.check_name == "no_holdout_in_training"][0]

@@ -2,8 +2,8 @@
 
 import json
 
-from assets.flywheel.audit_log import parse_file, parse_lines, quarantine_frame, records_frame
-from resources.audit_log import BUNDLED_AUDIT_LOG
+from outcome_flywheel.preferences.audit_log import parse_file, parse_lines, quarantine_frame, records_frame
+from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG
 
 
 def _line(decision_id="d-1", ts="2025-11-26T10:00:00-05:00", decision="approve", **extra):

@@ -8,10 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from tests.flywheel_fixtures import one_thread  # noqa: F401
-from assets.flywheel.scoring import score_candidates
-from assets.flywheel.weighting import HOLD_TEXT
-from resources.models.segments import completion_segments, encode_segments, flatten_segments
-from resources.models.weighted_dpo import PreferencePair, WeightedDPOConfig, _sequence_logps, train_weighted_dpo, weighted_dpo_loss
+from outcome_flywheel.preferences.scoring import score_candidates
+from outcome_flywheel.preferences.weighting import HOLD_TEXT
+from outcome_flywheel.models.segments import completion_segments, encode_segments, flatten_segments
+from outcome_flywheel.models.torch.dpo import PreferencePair, WeightedDPOConfig, _sequence_logps, train_weighted_dpo, weighted_dpo_loss
 
 
 def _manual(pc, pr, rc, rr, w, beta):

@@ -5,7 +5,7 @@ from datetime import date
 import pandas as pd
 import pytest
 
-from resources.market_data import MarketData, PriceCache, fetch_yfinance, read_price_file, yfinance_long
+from outcome_flywheel.market_data import MarketData, PriceCache, fetch_yfinance, read_price_file, yfinance_long
 
 
 def _wide(symbols, dates):
@@ -115,7 +115,7 @@ def _decisions(*ts_utc):
 def test_a_split_between_two_downloads_changes_no_matured_outcome(tmp_path, monkeypatch):
     import yfinance
 
-    from assets.flywheel.outcomes import outcome_rows
+    from assets.preferences.outcomes import outcome_rows
 
     yahoo = _SplittingYahoo()
     monkeypatch.setattr(yfinance, "download", yahoo)

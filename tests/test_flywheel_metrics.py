@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from scipy.stats import mannwhitneyu
 
-from assets.flywheel.metrics import (
+from outcome_flywheel.preferences.metrics import (
     LABEL_MARGINAL, LABEL_NONE, LABEL_USEFUL, approval_auc, auc_label, auc_report, bootstrap_auc_ci, drift_level,
     rejected_winners, sigmoid, style_comment, _fast_auc,
 )

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from assets.flywheel.weighting import (
+from outcome_flywheel.preferences.weighting import (
     HOLD_TEXT, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, render_plan,
     render_prompt, replication_counts,
 )

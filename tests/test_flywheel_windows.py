@@ -3,8 +3,8 @@
 import pandas as pd
 import pytest
 
-from assets.flywheel.windows import PriceTable, compute_outcome, t5_window
-from resources.market_data import BUNDLED_PRICES, read_price_file
+from outcome_flywheel.preferences.windows import PriceTable, compute_outcome, t5_window
+from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 
 
 @pytest.fixture(scope="module")

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from assets.base_model import base_model
-from resources.models import ModelBackendResource
-from resources.models.interface import LoraSettings, SamplingConfig
-from resources.models.prompts import NOTE_SECTIONS, trading_note_messages
-from resources.models.tiny_local import TinyLocalConfig, build_tiny_local, weights_sha256
-from resources.models.torch_backend import TorchBackend
-from resources.storage import Warehouse
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
+from outcome_flywheel.models.prompts import NOTE_SECTIONS, trading_note_messages
+from outcome_flywheel.models.tiny_local import TinyLocalConfig, build_tiny_local, weights_sha256
+from outcome_flywheel.models.torch.backend import TorchBackend
+from outcome_flywheel.storage import Warehouse
 
 PROMPTS = [
     trading_note_messages("Nvidia beats quarterly estimates on strong data center demand", "Revenue rose 12%."),
@@ -159,16 +159,16 @@ def test_full_weights_round_trip(torch_policy, tmp_path):
 
 
 def test_device_resolution_and_backend_choice(model_backend):
-    from resources.models.torch_backend import resolve_device
+    from outcome_flywheel.models.torch.backend import resolve_device
 
     assert resolve_device("cpu").type == "cpu"
     assert resolve_device("auto").type in {"cuda", "mps", "cpu"}
     with pytest.raises(ValueError):
-        ModelBackendResource(data_dir=model_backend.data_dir, backend="jax").load()
+        ModelLoader(data_dir=model_backend.data_dir, backend="jax").load()
 
 
 def test_local_folder_base_model(tiny_model_dir, data_dir):
-    resource = ModelBackendResource(data_dir=str(data_dir), base_model=str(tiny_model_dir))
+    resource = ModelLoader(data_dir=str(data_dir), base_model=str(tiny_model_dir))
     assert resource.base_model_dir() == tiny_model_dir
 
 

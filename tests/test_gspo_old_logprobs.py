@@ -2,9 +2,9 @@
 
 import torch
 
-from resources.models.gspo import GSPOConfig, GSPOExample
-from resources.models.interface import LoraSettings, SamplingConfig
-from resources.models.prompts import trading_note_messages
+from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample
+from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
+from outcome_flywheel.models.prompts import trading_note_messages
 
 PROMPTS = [trading_note_messages("Nvidia beats estimates", "Revenue rose."), trading_note_messages("Boeing cuts outlook")]
 
@@ -18,7 +18,7 @@ def _examples(policy) -> list[GSPOExample]:
 
 
 def test_stored_logprobs_in_fp32_start_near_ratio_one_and_recompute_exactly_at_one(torch_policy, tiny_model_dir):
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     examples = _examples(torch_policy)  # sampled at temperature 0.8 (SamplingConfig's default)
     config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8, old_logprobs="stored")

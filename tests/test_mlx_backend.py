@@ -10,9 +10,9 @@ from tests.mlx_fixtures import PROMPTS, RESPONSES, TOL, max_abs_diff, require_ml
 
 require_mlx()
 
-from resources.models.interface import SamplingConfig  # noqa: E402
-from resources.models.mlx_backend import MLXBackend, filter_logits  # noqa: E402
-from resources.models.torch_backend import TorchBackend  # noqa: E402
+from outcome_flywheel.models.interface import SamplingConfig  # noqa: E402
+from outcome_flywheel.models.mlx.backend import MLXBackend, filter_logits  # noqa: E402
+from outcome_flywheel.models.torch.backend import TorchBackend  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +128,8 @@ def test_filter_logits_follow_one_rule_in_both_backends():
     import mlx.core as mx
     import torch
 
-    from resources.models.sampling import reference_keep_mask
-    from resources.models.torch_backend import _filter_logits
+    from outcome_flywheel.models.sampling import reference_keep_mask
+    from outcome_flywheel.models.torch.backend import _filter_logits
 
     for logits, top_k, top_p in _rule_cases():
         expected = reference_keep_mask(logits, top_k, top_p)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from resources.models import lora_convert
+from outcome_flywheel.models import lora_convert
 from tests.mlx_fixtures import (
     PROMPTS, RESPONSES, SMALL_LORA, TOL, max_abs_diff, mlx_adapter_dir, perturb_torch_lora, require_mlx,
 )
@@ -79,7 +79,7 @@ def test_mlx_lm_adapter_on_last_blocks_keeps_its_layers():
 # -- across frameworks, on tiny-local ------------------------------------------------------
 @pytest.fixture(scope="module")
 def responses(tiny_model_dir):
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     base = TorchBackend(tiny_model_dir, device="cpu")
     return [base.encode_response(r) for r in RESPONSES]
@@ -94,7 +94,7 @@ def mlx_saved_adapter(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def torch_saved_adapter(tiny_model_dir, tmp_path_factory):
     """A PEFT adapter made by torch (PEFT's own init) with random non-zero factors."""
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     backend = TorchBackend(tiny_model_dir, device="cpu")
     backend.add_lora(SMALL_LORA)
@@ -106,8 +106,8 @@ def torch_saved_adapter(tiny_model_dir, tmp_path_factory):
 
 def test_mlx_adapter_saved_in_peft_layout_scores_the_same_in_torch(tiny_model_dir, mlx_saved_adapter, responses):
     require_mlx()
-    from resources.models.mlx_backend import MLXBackend
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.mlx.backend import MLXBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     assert sorted(p.name for p in mlx_saved_adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     config = json.loads((mlx_saved_adapter / "adapter_config.json").read_text())
@@ -132,8 +132,8 @@ def test_mlx_adapter_saved_in_peft_layout_scores_the_same_in_torch(tiny_model_di
 
 def test_torch_peft_adapter_scores_the_same_in_mlx(tiny_model_dir, torch_saved_adapter, responses):
     require_mlx()
-    from resources.models.mlx_backend import MLXBackend
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.mlx.backend import MLXBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     torch_policy = TorchBackend(tiny_model_dir, adapter_path=torch_saved_adapter, device="cpu")
     mlx_policy = MLXBackend(tiny_model_dir, adapter_path=torch_saved_adapter)
@@ -146,8 +146,8 @@ def test_cli_conversion_both_ways_keeps_the_logprobs(tiny_model_dir, torch_saved
     require_mlx()
     from mlx_lm.utils import load
 
-    from resources.models.mlx_backend import MLXBackend
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.mlx.backend import MLXBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     reference = TorchBackend(tiny_model_dir, adapter_path=torch_saved_adapter, device="cpu").response_logprobs(PROMPTS, responses)
 
@@ -169,9 +169,9 @@ def test_cli_conversion_both_ways_keeps_the_logprobs(tiny_model_dir, torch_saved
 
 def test_add_lora_targets_and_trainable_parameters_match_torch(tiny_model_dir):
     require_mlx()
-    from resources.models.interface import LoraSettings
-    from resources.models.mlx_backend import MLXBackend
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.interface import LoraSettings
+    from outcome_flywheel.models.mlx.backend import MLXBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     settings = LoraSettings(r=2, alpha=4, target_modules=("q_proj", "v_proj"))
     mlx_policy, torch_policy = MLXBackend(tiny_model_dir), TorchBackend(tiny_model_dir, device="cpu")
@@ -187,8 +187,8 @@ def test_add_lora_targets_and_trainable_parameters_match_torch(tiny_model_dir):
 
 def test_save_without_adapter_writes_a_full_hf_folder_both_backends_load(tiny_model_dir, tmp_path, responses):
     require_mlx()
-    from resources.models.mlx_backend import MLXBackend
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.mlx.backend import MLXBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     policy = MLXBackend(tiny_model_dir)
     policy.save(tmp_path / "full")
@@ -203,8 +203,8 @@ def test_token_kl_matches_torch_with_an_adapter_and_a_separate_reference(tiny_mo
     against a brute force in tests/test_daily_signal.py), with the adapter off as the base and with
     a separate base model as the reference."""
     require_mlx()
-    from resources.models.mlx_backend import MLXBackend
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.mlx.backend import MLXBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     mlx_policy = MLXBackend(tiny_model_dir, adapter_path=mlx_saved_adapter)
     torch_policy = TorchBackend(tiny_model_dir, adapter_path=mlx_saved_adapter, device="cpu")

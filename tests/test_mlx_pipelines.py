@@ -14,6 +14,7 @@ from tests.mlx_fixtures import require_mlx
 
 require_mlx()
 
+from outcome_flywheel.models import ModelLoader  # noqa: E402
 from resources.models import ModelBackendResource  # noqa: E402
 
 DAY1, DAY2 = "2025-11-03", "2025-11-04"
@@ -32,14 +33,14 @@ def mlx_backend_resource(data_dir, monkeypatch) -> ModelBackendResource:
 def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_backend_resource):
     from assets.daily_rl.daily_update import daily_update
     from assets.daily_rl.headlines import headlines
-    from resources.feeds import FeedSource
-    from resources.judge import JudgeResource
+    from outcome_flywheel.daily_rl.feed_source import FeedSource
+    from outcome_flywheel.daily_rl.judge import Judge
 
     resources = {
         "warehouse": warehouse,
         "model_backend": mlx_backend_resource,
         "feeds": FeedSource(max_headlines=3, data_dir=str(data_dir)),
-        "judge": JudgeResource(max_new_tokens=4),
+        "judge": Judge(max_new_tokens=4),
     }
     run_config = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 2, "max_new_tokens": 24}}}}
     for day in (DAY1, DAY2):
@@ -59,7 +60,7 @@ def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_back
     ckpt = warehouse.path("checkpoints", "policy", DAY2)
     assert (ckpt / "adapter_model.safetensors").exists()
     assert json.loads((ckpt / "adapter_config.json").read_text())["peft_type"] == "LORA"
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     torch_policy = TorchBackend(mlx_backend_resource.process_config_and_initialize().base_model_dir(), adapter_path=ckpt, device="cpu")
     prompts = [json.loads(p) for p in rollouts["prompt"]]
@@ -73,14 +74,14 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     """operator decisions -> outcomes -> dpo_dataset -> preference_adapter -> holdout_eval ->
     style_drift, trained and scored by mlx; the adapter on disk is PEFT and torch agrees with
     mlx's holdout margins."""
-    from assets.flywheel.adapter import HISTORY_TABLE, preference_adapter
-    from assets.flywheel.dataset import dpo_dataset
-    from assets.flywheel.decisions import operator_decisions
-    from assets.flywheel.evaluation import holdout_eval, style_drift
-    from assets.flywheel.outcomes import decision_outcomes
-    from assets.flywheel.scoring import score_candidates, scoring_settings
-    from resources.audit_log import BUNDLED_AUDIT_LOG, AuditLog
-    from resources.market_data import MarketData
+    from assets.preferences.adapter import HISTORY_TABLE, preference_adapter
+    from assets.preferences.dataset import dpo_dataset
+    from assets.preferences.decisions import operator_decisions
+    from assets.preferences.evaluation import holdout_eval, style_drift
+    from assets.preferences.outcomes import decision_outcomes
+    from outcome_flywheel.preferences.scoring import score_candidates, scoring_settings
+    from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
+    from outcome_flywheel.market_data import MarketData
 
     first, last = "2025-12-01", "2025-12-19"  # ~18 decisions: one DPO step of <=16 pairs
     lines = []
@@ -117,7 +118,7 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     assert warehouse.read("style_drift")["drift"][0] in ("high", "low", "unknown")
 
     # The same adapter in torch gives the same style margins.
-    from resources.models.torch_backend import TorchBackend
+    from outcome_flywheel.models.torch.backend import TorchBackend
 
     pairs = warehouse.read("dpo_dataset")
     hold = pairs[pairs["split"] == "holdout"].sort_values("decision_id").head(4)

@@ -15,12 +15,12 @@ import mlx.core as mx  # noqa: E402
 import torch  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from resources.models import gspo as torch_gspo  # noqa: E402
-from resources.models import mlx_backend, mlx_gspo  # noqa: E402
-from resources.models import weighted_dpo as torch_dpo  # noqa: E402
-from resources.models.mlx_backend import MLXBackend  # noqa: E402
-from resources.models.segments import encode_segments  # noqa: E402
-from resources.models.torch_backend import TorchBackend  # noqa: E402
+from outcome_flywheel.models.torch import gspo as torch_gspo  # noqa: E402
+from outcome_flywheel.models.mlx import backend as mlx_backend, gspo as mlx_gspo  # noqa: E402
+from outcome_flywheel.models.torch import dpo as torch_dpo  # noqa: E402
+from outcome_flywheel.models.mlx.backend import MLXBackend  # noqa: E402
+from outcome_flywheel.models.segments import encode_segments  # noqa: E402
+from outcome_flywheel.models.torch.backend import TorchBackend  # noqa: E402
 
 EXTRA_RESPONSES = [
     "Trade Recommendation: Hold.\nRationale: the move is priced in.",
@@ -47,7 +47,7 @@ def gspo_examples(backend, behaviour=None):
 
 
 def torch_gspo_sampling():
-    from assets.daily_rl.loop import ROLLOUT_SAMPLING
+    from outcome_flywheel.daily_rl.loop import ROLLOUT_SAMPLING
     from dataclasses import replace
 
     return replace(ROLLOUT_SAMPLING, max_new_tokens=32)

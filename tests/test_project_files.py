@@ -6,7 +6,7 @@ import re
 import subprocess
 from importlib import metadata
 
-from resources.settings import PROJECT_ROOT
+from outcome_flywheel.settings import PROJECT_ROOT
 
 LOCK = PROJECT_ROOT / "requirements.lock"
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from resources.settings import DEFAULTS, FREE_FORM, PROJECT_ROOT, RULES, SettingsError, settings_problems, validate_environment
+from outcome_flywheel.settings import DEFAULTS, FREE_FORM, PROJECT_ROOT, RULES, SettingsError, settings_problems, validate_environment
 
 # (variable, bad value, words the message must contain besides the variable: the allowed values)
 BAD = [

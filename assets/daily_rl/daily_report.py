@@ -5,9 +5,9 @@ import base64
 import dagster as dg
 import pandas as pd
 
-from assets.daily_rl.report import FIGURES, SUMMARY_COLUMNS, day_summary
-from pipelines.partitions import daily_partitions
-from resources.storage import Warehouse, atomic_write_bytes
+from outcome_flywheel.daily_rl.report import FIGURES, SUMMARY_COLUMNS, day_summary
+from assets.partitions import daily_partitions
+from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 
 @dg.asset(
@@ -17,7 +17,7 @@ from resources.storage import Warehouse, atomic_write_bytes
     pool="duckdb",
     kinds={"parquet"},
 )
-def daily_report(context: dg.AssetExecutionContext, warehouse: Warehouse):
+def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse]):
     """Day D's headlines, rollouts, pass-through (usable share), mean structure score, reward
     n/avg/min/max/negatives and training summary (table `daily_report`, one row per day), and
     figures over every reported day up to D: reward curve, KL to base, pass-through (PNG under

@@ -22,19 +22,19 @@ import pandas as pd
 import torch
 from pydantic import Field
 
-from assets.daily_rl.judging import is_permutation, stable_seed
-from assets.daily_rl.loop import (
+from outcome_flywheel.daily_rl.judging import is_permutation, stable_seed
+from outcome_flywheel.daily_rl.loop import (
     SCORE_COLUMNS, check_behaviour_policy, generate_rollouts, judge_inputs, kl_to_base, load_policy, parent_checkpoint,
     position_bias, previous_day, sampling_temperature, UnverifiedCheckpoint, mark_verified, publish_checkpoint, quartiles,
     read_checkpoint, score_table, training_examples,
 )
-from pipelines.partitions import daily_partitions
-from resources.judge import JudgeResource
-from resources.models import LoraSettings, ModelBackendResource
-from resources.models.gspo import GSPOConfig
-from resources.models.prompts import trading_note_messages
-from resources.settings import env
-from resources.storage import Warehouse
+from assets.partitions import daily_partitions
+from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.models import LoraSettings, ModelLoader
+from outcome_flywheel.models.torch.gspo import GSPOConfig
+from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.settings import env
+from outcome_flywheel.storage import Warehouse
 
 KEYS = ("rollout_scores", "policy_checkpoint", "rollouts")
 PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
@@ -70,7 +70,7 @@ class DailyUpdateConfig(dg.Config):
     lora_alpha: int = 16
 
 
-def resolved_sizes(config: DailyUpdateConfig, model_backend: ModelBackendResource) -> tuple[int, int]:
+def resolved_sizes(config: DailyUpdateConfig, model_backend: dg.ResourceParam[ModelLoader]) -> tuple[int, int]:
     n = config.rollouts_per_headline or int(env("FLYWHEEL_ROLLOUTS_PER_HEADLINE", "8"))
     default_tokens = str(TINY_LOCAL_MAX_NEW_TOKENS if model_backend.is_tiny_local else 512)
     return n, config.max_new_tokens or int(env("FLYWHEEL_MAX_NEW_TOKENS", default_tokens))
@@ -103,9 +103,9 @@ def _check(key: str, name: str, description: str) -> dg.AssetCheckSpec:
 def daily_update(
     context: dg.AssetExecutionContext,
     config: DailyUpdateConfig,
-    warehouse: Warehouse,
-    model_backend: ModelBackendResource,
-    judge: JudgeResource,
+    warehouse: dg.ResourceParam[Warehouse],
+    model_backend: dg.ResourceParam[ModelLoader],
+    judge: dg.ResourceParam[Judge],
 ):
     """Score yesterday's rollouts with the judge, train the policy with GSPO, generate today's rollouts."""
     day = context.partition_key

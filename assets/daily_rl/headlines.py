@@ -2,10 +2,10 @@
 
 import dagster as dg
 
-from assets.daily_rl.feeds import FEED_LEVEL_REASONS, build_headlines, feed_failures
-from pipelines.partitions import daily_partitions
-from resources.feeds import FeedSource
-from resources.storage import Warehouse
+from outcome_flywheel.daily_rl.feeds import FEED_LEVEL_REASONS, build_headlines, feed_failures
+from assets.partitions import daily_partitions
+from outcome_flywheel.daily_rl.feed_source import FeedSource
+from outcome_flywheel.storage import Warehouse
 
 
 def _markdown_table(df, columns, limit=10) -> str:
@@ -30,7 +30,7 @@ def _markdown_table(df, columns, limit=10) -> str:
                                       "run fails here, before daily_update, with the feeds that failed and the quarantine reasons."),
     ],
 )
-def headlines(context: dg.AssetExecutionContext, warehouse: Warehouse, feeds: FeedSource):
+def headlines(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse], feeds: dg.ResourceParam[FeedSource]):
     """Headlines published on day D (in FLYWHEEL_TIMEZONE) from the archive folder or live feeds:
     HTML stripped, duplicates (same normalised title) dropped, dates range-checked, capped at
     FLYWHEEL_MAX_HEADLINES. Anything unusable (a broken feed, an entry without title or with a
@@ -81,7 +81,7 @@ def headlines(context: dg.AssetExecutionContext, warehouse: Warehouse, feeds: Fe
     )
 
 
-def _shortfall(day: str, n: int, n_feeds: int, feeds: FeedSource, failures: list[dict], reasons: dict) -> str:
+def _shortfall(day: str, n: int, n_feeds: int, feeds: dg.ResourceParam[FeedSource], failures: list[dict], reasons: dict) -> str:
     """Why the day has too few headlines, for the check's description (the UI and the run's error)."""
     lines = [f"{day}: {n} headlines, fewer than FLYWHEEL_MIN_HEADLINES={feeds.min_headlines}; daily_update does not run for this day."]
     if not n_feeds:

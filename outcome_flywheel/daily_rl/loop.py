@@ -1,0 +1,300 @@
+"""The three steps of one daily partition as plain functions (no Dagster): score yesterday's
+rollouts, train the policy on them, generate today's rollouts; plus the dated checkpoints.
+
+Checkpoint folder `$FLYWHEEL_DATA_DIR/checkpoints/policy/D/` holds `checkpoint.json` and:
+- kind "base": nothing else; the policy of that day is the frozen base model (the first
+  partition, and any day before the first training step);
+- kind "lora": a PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`);
+- kind "full": a full Hugging Face model folder (full fine-tune, `lora=None`).
+`policy_version` = "D@<sha256 of the weight files, 12 hex>" ("D@base" for the base), stamped on
+every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, replace
+from datetime import date, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import pandas as pd
+
+from outcome_flywheel.daily_rl.judging import GroupJudgement, JudgeGroup, is_permutation, rank_rewards, stable_seed
+from outcome_flywheel.daily_rl.rewards import group_advantages, mixed_reward, rank_reward
+from outcome_flywheel.daily_rl.structure import structure_score
+from outcome_flywheel.models.interface import SamplingConfig
+from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.storage import atomic_symlink, atomic_write_bytes, publish_dir
+
+if TYPE_CHECKING:
+    from outcome_flywheel.models.interface import ModelBackend
+
+CHECKPOINT_FILE = "checkpoint.json"
+ROLLOUT_COLUMNS = [
+    "date", "headline_id", "rollout_index", "title", "summary", "prompt", "response", "response_ids", "n_tokens",
+    "finished", "structure_score", "behavior_logprobs", "temperature", "policy_version", "seed",
+]
+SCORE_COLUMNS = [
+    "date", "prediction_date", "outcome_headlines_date", "headline_id", "rollout_index", "rank", "judge_placed",
+    "outcome_reward", "structure_score", "reward", "advantage", "usable", "unusable_reason", "judge_retries",
+    "judge_fallback", "judge_rounds_answered", "judge_first_position", "judge_presentation", "judge_answers",
+    "outcome_headlines_shown",
+]
+# How rollouts are sampled. `behavior_logprobs` are log-softmax(logits / temperature) of the
+# sampled tokens (before top-k / top-p), and GSPO trains at the same temperature.
+ROLLOUT_SAMPLING = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50)
+
+
+def previous_day(day: str) -> str:
+    return (date.fromisoformat(day) - timedelta(days=1)).isoformat()
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+def read_checkpoint(folder: Path) -> dict | None:
+    path = Path(folder) / CHECKPOINT_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+class UnverifiedCheckpoint(RuntimeError):
+    """The parent checkpoint failed its blocking checks: nothing may train from it."""
+
+
+def parent_checkpoint(root: Path, day: str) -> tuple[Path, dict] | None:
+    """The newest checkpoint dated before `day` (normally D-1), or None (start from the base).
+
+    A checkpoint whose day failed its blocking checks (`verified: false`) is refused, not skipped:
+    its rollouts are the ones `day` scores, so that day has to be fixed and re-run first.
+    """
+    if not root.is_dir():
+        return None
+    dated = sorted(p.name for p in root.iterdir() if p.is_dir() and _is_date(p.name) and p.name < day)
+    for name in reversed(dated):
+        info = read_checkpoint(root / name)
+        if info is not None:
+            if info.get("verified") is False:
+                raise UnverifiedCheckpoint(
+                    f"checkpoint {name} failed its blocking checks (checkpoint.json verified=false): re-run {name} first"
+                )
+            return root / name, info
+    return None
+
+
+def _is_date(name: str) -> bool:
+    try:
+        date.fromisoformat(name)
+        return True
+    except ValueError:
+        return False
+
+
+def weights_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
+
+
+def load_policy(model_backend, folder: Path | None, info: dict | None) -> "ModelBackend":
+    """A checkpoint as a trainable policy (`models` is a `ModelLoader`)."""
+    if info is None or info["kind"] == "base":
+        return model_backend.load()
+    if info["kind"] == "lora":
+        return model_backend.load(adapter_path=folder)
+    if info["kind"] == "full":  # trained with fp32 master weights: keep them (see use_master_weights)
+        return model_backend.load(model_path=folder, master_weights=True)
+    raise ValueError(f"unknown checkpoint kind {info['kind']!r} in {folder}")
+
+
+def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict, is_base: bool) -> dict:
+    """Save the day's policy to `root/D/` (staging folder, then one rename), not yet verified:
+    `mark_verified` moves `latest` once the day's blocking checks pass."""
+    staging = root / f".{day}.{uuid.uuid4().hex}.staging"
+    staging.mkdir(parents=True)
+    if is_base:
+        info = {**info, "kind": "base", "policy_version": f"{day}@base"}
+    else:
+        policy.save(staging)
+        info = {**info, "kind": "lora" if policy.has_adapter else "full",
+                "policy_version": f"{day}@{weights_digest(staging)[:12]}"}
+    info = {**info, "verified": False}
+    atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
+    publish_dir(staging, root / day)
+    return info
+
+
+def mark_verified(root: Path, day: str) -> dict:
+    """The day's checks passed: record it in `checkpoint.json` and move `latest` to it."""
+    final = root / day
+    info = {**(read_checkpoint(final) or {}), "verified": True}
+    atomic_write_bytes(final / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
+    latest = root / "latest"
+    current = latest.resolve().name if latest.is_symlink() else ""
+    if not _is_date(current) or current <= day:  # a backfill of an older day leaves `latest` alone
+        atomic_symlink(final, latest)
+    return info
+
+
+# -- generate --------------------------------------------------------------------------------
+def generation_seed(seed: int, day: str, headline_id: str) -> int:
+    return stable_seed(seed, day, headline_id) % (2**31 - 1)
+
+
+def generate_rollouts(
+    policy: "ModelBackend", headlines: pd.DataFrame, day: str, seed: int, n: int, max_new_tokens: int,
+    policy_version: str,
+) -> pd.DataFrame:
+    """`n` notes per headline, sampled as `ROLLOUT_SAMPLING` (temperature 0.8, top_p 0.95, top_k 50)."""
+    if headlines.empty:
+        return pd.DataFrame(columns=ROLLOUT_COLUMNS)
+    prompts = [trading_note_messages(t, s) for t, s in zip(headlines["title"], headlines["summary"])]
+    seeds = [generation_seed(seed, day, h) for h in headlines["headline_id"]]
+    config = replace(ROLLOUT_SAMPLING, max_new_tokens=max_new_tokens)
+    samples = policy.sample(prompts, n, config, seeds)
+    rows = []
+    for (_, h), prompt, group_seed, group in zip(headlines.iterrows(), prompts, seeds, samples):
+        for k, s in enumerate(group):
+            rows.append(dict(
+                date=day, headline_id=h["headline_id"], rollout_index=k, title=h["title"], summary=h["summary"],
+                prompt=json.dumps(prompt), response=s.text, response_ids=[int(t) for t in s.token_ids],
+                n_tokens=len(s.token_ids), finished=bool(s.finished), structure_score=structure_score(s.text),
+                behavior_logprobs=[float(x) for x in s.logprobs], temperature=config.temperature,
+                policy_version=policy_version, seed=group_seed,
+            ))
+    return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
+
+
+# -- score -----------------------------------------------------------------------------------
+@dataclass
+class ScoringInput:
+    groups: list[JudgeGroup]
+    keys: list[str]  # headline_id per group
+    frames: list[pd.DataFrame]  # the group's rollouts, in rollout_index order
+
+
+def judge_inputs(rollouts: pd.DataFrame, outcome_titles: Sequence[str], select_outcomes, seed: int, day: str) -> ScoringInput:
+    """One judge group per headline of the previous day's rollouts."""
+    groups, keys, frames = [], [], []
+    for headline_id, frame in rollouts.groupby("headline_id", sort=True):
+        frame = frame.sort_values("rollout_index")
+        title = frame["title"].iloc[0]
+        groups.append(JudgeGroup(title, select_outcomes(title, list(outcome_titles)), list(frame["response"]),
+                                 stable_seed(seed, day, headline_id, "judge")))
+        keys.append(headline_id)
+        frames.append(frame)
+    return ScoringInput(groups, keys, frames)
+
+
+def score_table(
+    inputs: ScoringInput, judgements: Sequence[GroupJudgement], day: str, prediction_date: str, outcome_date: str,
+) -> pd.DataFrame:
+    """rollout_scores rows: rank -> rank reward, 0.5/0.5 mix with structure, group advantages.
+
+    Notes the judge never placed (it failed a round) share one rank reward (`rank_rewards`).
+    Unusable groups (the judge never answered, or there was nothing to judge against) keep their
+    rows with advantage 0 and the reason.
+    """
+    rows = []
+    for group, key, frame, judgement in zip(inputs.groups, inputs.keys, inputs.frames, judgements):
+        if not is_permutation(judgement.ranks):  # rank_groups guarantees it; never train on anything else
+            raise AssertionError(f"ranks of {key} are not a permutation: {judgement.ranks}")
+        n = len(judgement.ranks)
+        structure = [float(s) for s in frame["structure_score"]]
+        outcome = rank_rewards(judgement, rank_reward)
+        reward = [mixed_reward(s, o) for s, o in zip(structure, outcome)]
+        advantage = group_advantages(reward) if judgement.usable else np.zeros(n)
+        placed = set(judgement.picks)
+        for k, rollout_index in enumerate(frame["rollout_index"]):
+            rows.append(dict(
+                date=day, prediction_date=prediction_date, outcome_headlines_date=outcome_date, headline_id=key,
+                rollout_index=int(rollout_index), rank=int(judgement.ranks[k]), judge_placed=k in placed,
+                outcome_reward=outcome[k], structure_score=structure[k], reward=reward[k], advantage=float(advantage[k]),
+                usable=bool(judgement.usable), unusable_reason=judgement.unusable_reason,
+                judge_retries=int(judgement.retries), judge_fallback=bool(judgement.fallback),
+                judge_rounds_answered=int(judgement.rounds_answered), judge_first_position=judgement.first_position(k),
+                judge_presentation=json.dumps(judgement.shown), judge_answers=json.dumps(judgement.answers),
+                outcome_headlines_shown=json.dumps(group.outcome_headlines),
+            ))
+    return pd.DataFrame(rows, columns=SCORE_COLUMNS)
+
+
+def position_bias(scores: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Mean judge rank (1 = best) by the letter a note was first shown under, and by rollout
+    index, over judged groups: a flat profile is no bias; ~(N+1)/2 everywhere is no preference."""
+    judged = scores[scores["judge_rounds_answered"] > 0] if len(scores) else scores
+    if judged.empty:
+        return {"by_shown_position": {}, "by_rollout_index": {}}
+    by_position = judged[judged["judge_first_position"] >= 0].groupby("judge_first_position")["rank"].mean()
+    by_index = judged.groupby("rollout_index")["rank"].mean()
+    return {
+        "by_shown_position": {chr(ord("A") + int(p)): round(float(v), 3) for p, v in by_position.items()},
+        "by_rollout_index": {str(int(i)): round(float(v), 3) for i, v in by_index.items()},
+    }
+
+
+# -- train -----------------------------------------------------------------------------------
+def sampling_temperature(rollouts: pd.DataFrame) -> float:
+    """The one temperature the rollouts were sampled (and their behaviour log-probs stored) at."""
+    if "temperature" not in rollouts.columns:
+        raise ValueError("these rollouts do not record their sampling temperature (written by an older version): re-run their day")
+    values = sorted(set(float(t) for t in rollouts["temperature"]))
+    if len(values) != 1:
+        raise ValueError(f"rollouts sampled at several temperatures {values}: one GSPO update needs one")
+    return values[0]
+
+
+def check_behaviour_policy(rollouts: pd.DataFrame, parent_version: str | None, prediction_day: str) -> None:
+    """GSPO's pi_old is the policy that generated the rollouts, and training starts from the parent
+    checkpoint: they must be the same, or the importance ratio means nothing."""
+    if rollouts.empty:
+        return
+    versions = sorted(set(rollouts["policy_version"]))
+    if versions != [parent_version]:
+        raise ValueError(
+            f"the rollouts of {prediction_day} were generated by {versions}, but the checkpoint they would train is "
+            f"{parent_version}: re-run {prediction_day} (daily_update) so its rollouts come from its own checkpoint"
+        )
+
+
+def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_advantage: float = 1e-8) -> list:
+    """GSPO examples from the usable scored rollouts (zero-advantage ones carry no gradient)."""
+    from outcome_flywheel.models.torch.gspo import GSPOExample
+
+    if rollouts.empty or scores.empty:
+        return []
+    merged = rollouts.merge(
+        scores[["headline_id", "rollout_index", "advantage", "usable"]], on=["headline_id", "rollout_index"], how="inner"
+    )
+    merged = merged[merged["usable"] & (merged["advantage"].abs() > min_abs_advantage)]
+    merged = merged.sort_values(["headline_id", "rollout_index"])
+    return [
+        GSPOExample(prompt=json.loads(r.prompt), response_ids=[int(t) for t in r.response_ids],
+                    behavior_logprobs=[float(x) for x in r.behavior_logprobs], advantage=float(r.advantage))
+        for r in merged.itertuples()
+        if len(r.response_ids)
+    ]
+
+
+def kl_to_base(policy: "ModelBackend", rollouts: pd.DataFrame, base: "ModelBackend | None" = None) -> float:
+    """Mean exact KL(policy || base) per token, over the vocabulary, at every position of the
+    sampled responses, both at the rollouts' sampling temperature (the distributions GSPO trains).
+    `base` None = the policy with its adapter off."""
+    if rollouts.empty:
+        return 0.0
+    prompts = [json.loads(p) for p in rollouts["prompt"]]
+    responses = [list(r) for r in rollouts["response_ids"]]
+    per_token = policy.token_kl(prompts, responses, temperature=sampling_temperature(rollouts), reference=base)
+    tokens = sum(len(k) for k in per_token)
+    return float(sum(float(np.sum(k)) for k in per_token) / tokens) if tokens else 0.0
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """(median, inter-quartile range); NaN for no values."""
+    if not len(values):
+        return float("nan"), float("nan")
+    q1, med, q3 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
+    return float(med), float(q3 - q1)

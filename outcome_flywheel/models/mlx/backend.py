@@ -1,0 +1,525 @@
+"""MLX backend: mlx-lm for the model and LoRA layers, our own batched sampler and trainers.
+
+Runs unchanged on Apple silicon (Metal) and on Linux (`mlx[cpu]`, slow: see docs/mlx.md).
+It follows `TorchBackend`'s conventions exactly, so either backend can take over a policy:
+
+- sampling: our own batched loop over mlx-lm's `BatchKVCache` (left-padded prompts, per-row
+  RoPE offsets). Every sample row has its own PRNG key, derived from the prompt's seed and the
+  sample index, so a prompt's samples do not depend on the rest of the batch. The log-prob
+  recorded for each sampled token is under the policy at the sampling temperature (logits / T,
+  before top-k / top-p, as the torch backend): what teacher forcing at T reproduces and GSPO
+  needs as pi_old.
+- teacher forcing: right-padded batch, causal attention, logits only for the response tail.
+- LoRA: mlx-lm's `LoRALinear` via `linear_to_lora_layers`, same targets as `LoraSettings`;
+  saved and loaded in PEFT layout (`lora_convert`), so checkpoints on disk are framework-neutral.
+  The reference policy (DPO, the style score) is the base: every LoRA scale set to 0.
+- training: one loop (`train_loop`) taking the loss and the batch iterator, mlx-lm style
+  (`nn.value_and_grad`, AdamW with bias correction and no weight decay as torch's AdamW here,
+  gradient norm clipped to 1.0); the GSPO and weighted DPO losses are written out in mlx
+  below, formula for formula the same as `gspo.py` and `weighted_dpo.py`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+
+from outcome_flywheel.models import lora_convert
+from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
+from outcome_flywheel.models.segments import encode_segments, flatten_segments
+from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
+def filter_logits(logits: mx.array, top_k: int, top_p: float) -> mx.array:
+    """Top-k then nucleus (top-p) on temperature-scaled logits: the rule of `sampling.py`, as the
+    torch backend (one threshold per row, computed on the host from the top-k candidates)."""
+    k = candidate_count(top_k, logits.shape[-1])
+    if k == logits.shape[-1] and not uses_nucleus(top_p):
+        return logits
+    top = mx.topk(logits, k, axis=-1) if k < logits.shape[-1] else logits
+    threshold = mx.array(keep_thresholds(np.array(top.astype(mx.float32)), top_p).astype(np.float32)).astype(logits.dtype)
+    return mx.where(logits < threshold[:, None], mx.array(-float("inf"), dtype=logits.dtype), logits)
+
+
+_split_keys = mx.vmap(lambda key: mx.random.split(key))
+_categorical = mx.vmap(lambda logits, key: mx.random.categorical(logits, key=key))
+
+
+# -- losses (mlx mirror of weighted_dpo.weighted_dpo_loss; GSPO's is in mlx_gspo.py) -----------------
+def weighted_dpo_loss(
+    policy_chosen_logps: mx.array, policy_rejected_logps: mx.array,
+    ref_chosen_logps: mx.array, ref_rejected_logps: mx.array, weights: mx.array, beta: float,
+    mean_weight: float | None = None,
+) -> tuple[mx.array, dict[str, mx.array]]:
+    """DPO (Rafailov et al. 2023) with a weight per pair, over sequence-summed log-probs [B]:
+
+        l_i = -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))),  loss = sum_B w_i l_i / (B * mean_weight)
+
+    with `mean_weight` over the whole training set (as `weighted_dpo.weighted_dpo_loss`), else the
+    batch's own sum of weights.
+    """
+    chosen_logratio = policy_chosen_logps - ref_chosen_logps
+    rejected_logratio = policy_rejected_logps - ref_rejected_logps
+    logits = beta * (chosen_logratio - rejected_logratio)
+    per_pair = -nn.log_sigmoid(logits)
+    weights = weights.astype(per_pair.dtype)
+    norm = mx.maximum(weights.sum(), 1e-12) if mean_weight is None else mx.array(len(per_pair) * mean_weight, dtype=per_pair.dtype)
+    loss = (weights * per_pair).sum() / norm
+    chosen_reward = mx.stop_gradient(beta * chosen_logratio)
+    rejected_reward = mx.stop_gradient(beta * rejected_logratio)
+    metrics = {
+        "rewards_chosen": chosen_reward.mean(),
+        "rewards_rejected": rejected_reward.mean(),
+        "rewards_margin": (chosen_reward - rejected_reward).mean(),
+        "rewards_accuracy": (chosen_reward > rejected_reward).astype(mx.float32).mean(),
+    }
+    return loss, metrics
+
+
+# -- the training loop --------------------------------------------------------------------------
+def train_loop(
+    model: nn.Module,
+    loss_fn: Callable[[nn.Module, Any], tuple[mx.array, dict[str, mx.array]]],
+    batches: Iterable[Any],
+    learning_rate: float,
+    max_grad_norm: float = 1.0,
+    weight_decay: float = 0.0,
+) -> TrainStats:
+    """One AdamW step per batch on the model's trainable parameters, mlx-lm style.
+
+    `loss_fn(model, batch)` returns the scalar loss and a dict of per-batch metrics; the loss,
+    the gradient norm before clipping and the metrics are recorded as in the torch loop.
+    """
+    if not tree_flatten(model.trainable_parameters()):
+        raise ValueError("no trainable parameters")
+    # torch.optim.AdamW corrects the moment bias; mlx's does only when asked.
+    optimizer = optim.AdamW(learning_rate=learning_rate, weight_decay=weight_decay, bias_correction=True)
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    stats = TrainStats()
+    started = time.perf_counter()
+    was_training = model.training
+    model.train()
+    try:
+        for batch in batches:
+            (loss, metrics), grads = loss_and_grad(model, batch)
+            grads, grad_norm = optim.clip_grad_norm(grads, max_grad_norm)
+            optimizer.update(model, grads)
+            mx.eval(model.parameters(), optimizer.state, loss, grad_norm, metrics)
+            stats.steps += 1
+            stats.losses.append(loss.item())
+            stats.grad_norms.append(float(grad_norm.item()))
+            for name, value in metrics.items():
+                stats.extra.setdefault(name, []).append(float(value.item()))
+    finally:
+        model.train(was_training)
+    stats.wall_s = time.perf_counter() - started
+    return stats
+
+
+def _batches(items: Sequence[Any], batch_size: int, epochs: int, seed: int | None = None) -> Iterator[list[Any]]:
+    """Batches over `epochs` passes: in order, or shuffled by one `random.Random(seed)` drawn
+    from epoch after epoch, which is the torch trainers' order, so both see the same batches."""
+    rng = random.Random(seed) if seed is not None else None
+    size = max(1, int(batch_size))
+    for _ in range(int(epochs)):
+        order = list(range(len(items)))
+        if rng is not None:
+            rng.shuffle(order)
+        for start in range(0, len(order), size):
+            yield [items[i] for i in order[start : start + size]]
+
+
+class MLXBackend(ChatTokenizer, ModelBackend):
+    name = "mlx"
+
+    def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, dtype: str = "auto"):
+        from mlx_lm.utils import load_model
+
+        self.model_path = Path(model_path)
+        self.adapter_path = Path(adapter_path) if adapter_path else None
+        self.model, self.config = load_model(self.model_path)
+        # "auto" keeps the stored precision (fp32 tiny-local -> fp32, which parity needs; bf16
+        # Qwen3 on Metal stays bf16); a name forces it.
+        if dtype != "auto":
+            self.model.set_dtype(DTYPES[dtype])
+        self.dtype = self._param_dtype()
+        # The same Hugging Face tokenizer and chat template as the torch backend (mlx-lm's
+        # TokenizerWrapper wraps this very object), so prompt ids are identical.
+        self._load_tokenizer()
+        self.lora_settings: LoraSettings | None = None
+        if self.adapter_path is not None:
+            self._load_adapter(self.adapter_path)
+        self.model.eval()
+
+    def _param_dtype(self):
+        return next(v.dtype for _, v in tree_flatten(self.model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
+
+    def use_master_weights(self) -> None:
+        """Full fine-tuning keeps every weight in fp32: in bf16 an AdamW step of ~1e-5 is below half
+        an ulp of most weights and rounds away (mlx has no autocast, so compute is fp32 too)."""
+        if self.dtype != mx.float32:
+            self.model.set_dtype(mx.float32)
+            self.dtype = mx.float32
+
+    # -- inference ----------------------------------------------------------------------
+    def _sampling_context(self):
+        return self._eval_mode()
+
+    def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+        from mlx_lm.models.cache import BatchKVCache
+
+        pad = self.tokenizer.pad_token_id
+        rows = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
+        width = max(len(p) for p in prompt_ids)
+        # Left padding so every row's next token sits in the last column; the cache masks the
+        # padding and starts each row's RoPE positions at its first real token.
+        inputs = np.full((len(rows), width), pad, dtype=np.int32)
+        left_padding = []
+        for r, (i, _) in enumerate(rows):
+            ids = prompt_ids[i]
+            inputs[r, width - len(ids) :] = ids
+            left_padding.append(width - len(ids))
+        cache = [BatchKVCache(left_padding) for _ in self.model.layers]
+        keys = mx.stack([mx.random.key(row_seed(seeds[i], j)) for i, j in rows])
+        stop = np.array(sorted(self.stop_ids))
+
+        tokens: list[list[int]] = [[] for _ in rows]
+        logps: list[list[float]] = [[] for _ in rows]
+        done = np.zeros(len(rows), dtype=bool)
+        logits = self.model(mx.array(inputs), cache=cache)[:, -1, :].astype(mx.float32)
+        for _ in range(cfg.max_new_tokens):
+            scaled = logits / cfg.temperature if cfg.temperature > 0 else logits  # greedy: temperature 1
+            behaviour_logp = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+            if cfg.temperature <= 0:
+                chosen = mx.argmax(logits, axis=-1)
+            else:
+                split = _split_keys(keys)
+                step_keys, keys = split[:, 0], split[:, 1]
+                chosen = _categorical(filter_logits(scaled, cfg.top_k, cfg.top_p), step_keys)
+            chosen = mx.where(mx.array(done), pad, chosen.astype(mx.int32))
+            chosen_logp = mx.take_along_axis(behaviour_logp, chosen[:, None], axis=-1)[:, 0]
+            mx.eval(chosen, chosen_logp, keys)
+            chosen_np, logp_np = np.array(chosen), np.array(chosen_logp)
+            for r in np.flatnonzero(~done):
+                tokens[r].append(int(chosen_np[r]))
+                logps[r].append(float(logp_np[r]))
+            done = done | np.isin(chosen_np, stop)
+            if done.all():
+                break
+            logits = self.model(chosen[:, None], cache=cache)[:, -1, :].astype(mx.float32)
+
+        grouped: list[list[Sample]] = [[] for _ in prompt_ids]
+        for r, (i, _) in enumerate(rows):
+            finished = bool(tokens[r]) and tokens[r][-1] in self.stop_ids
+            grouped[i].append(Sample(text=self.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
+        return grouped
+
+    def lm_head(self, hidden: mx.array) -> mx.array:
+        """Logits from final hidden states (the model's own head, or its tied embeddings)."""
+        if "lm_head" in self.model:
+            return self.model.lm_head(hidden)
+        return self.model.model.embed_tokens.as_linear(hidden)
+
+    def _logits_tail(self, inputs: mx.array, keep: int) -> mx.array:
+        """Logits of the last `keep` positions only (the response tail), as transformers'
+        `logits_to_keep`: with a 150k vocabulary the prompt's logits would dominate memory."""
+        inner = getattr(self.model, "model", None)
+        if inner is None or not hasattr(inner, "embed_tokens"):
+            return self.model(inputs)[:, -keep:, :]
+        return self.lm_head(inner(inputs)[:, -keep:, :])
+
+    def response_hidden(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> mx.array:
+        """Final hidden states at the positions that predict each response token, `[sum |r|, H]`,
+        rows in order (response 0's tokens, then response 1's...)."""
+        inputs, gather_pos, _, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
+        hidden = self.model.model(mx.array(inputs))[:, -keep:, :]
+        picked = mx.take_along_axis(hidden, mx.array(gather_pos)[:, :, None], axis=1)  # [B, R, H]
+        return picked.reshape(-1, picked.shape[-1])[mx.array(np.flatnonzero(mask.reshape(-1)))]
+
+    def token_kl(
+        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
+        reference: "MLXBackend | None" = None, batch_size: int = 16, chunk_elements: int = 2**24,
+    ) -> list[np.ndarray]:
+        """Exact KL(self || reference) over the vocabulary at every response position, at
+        `temperature`, one array per response (as `TorchBackend.token_kl`). `reference` None =
+        this policy with its adapter off (the base). Logits are made `chunk_elements // V` positions
+        at a time from the final hidden states, so a 150k vocabulary never needs `[B, T, V]`."""
+        out: list[np.ndarray] = []
+        ref = reference or self
+        with self._eval_mode():
+            for start in range(0, len(prompts), batch_size):
+                p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
+                r_ids = [list(r) for r in responses[start : start + batch_size]]
+                if not any(r_ids):
+                    out += [np.zeros(0, dtype=np.float32) for _ in r_ids]
+                    continue
+                hidden = self.response_hidden(p_ids, r_ids)
+                with self.adapter_disabled() if reference is None else contextlib.nullcontext():
+                    ref_hidden = ref.response_hidden(p_ids, r_ids)
+                    mx.eval(ref_hidden)  # while the adapter is off
+                vocab = self.lm_head(hidden[:1]).shape[-1]
+                step = max(1, chunk_elements // vocab)
+                parts = []
+                for c in range(0, hidden.shape[0], step):
+                    lp = self.lm_head(hidden[c : c + step]).astype(mx.float32) / temperature
+                    lq = ref.lm_head(ref_hidden[c : c + step]).astype(mx.float32) / temperature
+                    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+                    lq = lq - mx.logsumexp(lq, axis=-1, keepdims=True)
+                    part = (mx.exp(lp) * (lp - lq)).sum(axis=-1)
+                    mx.eval(part)
+                    parts.append(np.array(part))
+                flat = np.concatenate(parts)
+                bounds = np.cumsum([0] + [len(r) for r in r_ids])
+                out += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
+        return out
+
+    def _teacher_forcing_layout(self, prompt_ids, response_ids):
+        """Right-padded `prompt + response` rows and, per response token, the column of the logits
+        tail that predicts it: `(inputs, gather_pos, targets, mask, keep)`."""
+        pad = self.tokenizer.pad_token_id
+        seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
+        width = max(len(s) for s in seqs)
+        resp_len = max(len(r) for r in response_ids)
+        inputs = np.full((len(seqs), width), pad, dtype=np.int32)
+        for b, s in enumerate(seqs):
+            inputs[b, : len(s)] = s
+        min_prompt = min(len(p) for p in prompt_ids)
+        keep = width - min_prompt + 1  # logits for positions min_prompt-1 .. width-1
+        offset = width - keep
+        gather_pos = np.zeros((len(seqs), resp_len), dtype=np.int32)
+        targets = np.full((len(seqs), resp_len), pad, dtype=np.int32)
+        mask = np.zeros((len(seqs), resp_len), dtype=bool)
+        for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+            k = len(r)
+            gather_pos[b, :k] = np.arange(len(p) - 1, len(p) - 1 + k) - offset
+            targets[b, :k] = list(r)
+            mask[b, :k] = True
+        return inputs, gather_pos, targets, mask, keep
+
+    def batch_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0
+    ) -> tuple[mx.array, mx.array]:
+        """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
+        `(logp, mask)`, both `[B, max_response_len]`.
+
+        Right-padded (causal attention makes the padding invisible to real tokens), as torch.
+        """
+        inputs, gather_pos, targets, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
+        logits = self._logits_tail(mx.array(inputs), keep).astype(mx.float32) / temperature  # [B, keep, V]
+        picked = mx.take_along_axis(logits, mx.array(gather_pos)[:, :, None], axis=1)  # [B, R, V]
+        target_logits = mx.take_along_axis(picked, mx.array(targets)[:, :, None], axis=-1)[:, :, 0]
+        logp = target_logits - mx.logsumexp(picked, axis=-1)
+        mask_mx = mx.array(mask)
+        return mx.where(mask_mx, logp, 0.0), mask_mx
+
+    def response_logprobs(
+        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True,
+        batch_size: int = 16, temperature: float = 1.0,
+    ) -> list[np.ndarray]:
+        result: list[np.ndarray] = []
+        ctx = contextlib.nullcontext() if use_adapter else self.adapter_disabled()
+        with ctx, self._eval_mode():
+            for start in range(0, len(prompts), batch_size):
+                p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
+                r_ids = [list(r) for r in responses[start : start + batch_size]]
+                logp, _ = self.batch_logprobs(p_ids, r_ids, temperature)
+                logp_np = np.array(mx.stop_gradient(logp))
+                for b, r in enumerate(r_ids):
+                    result.append(logp_np[b, : len(r)].astype(np.float32))
+        return result
+
+    @contextlib.contextmanager
+    def _eval_mode(self) -> Iterator[None]:
+        """Inference without LoRA dropout, restoring the training flag afterwards."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield
+        finally:
+            self.model.train(was_training)
+
+    # -- weights ------------------------------------------------------------------------
+    def lora_modules(self) -> list[tuple[str, nn.Module]]:
+        from mlx_lm.tuner.lora import LoRALinear
+
+        return [(name, m) for name, m in self.model.named_modules() if isinstance(m, LoRALinear)]
+
+    @property
+    def has_adapter(self) -> bool:
+        return bool(self.lora_modules())
+
+    @contextlib.contextmanager
+    def adapter_disabled(self) -> Iterator[None]:
+        """The base model's view: the reference policy for DPO and the style score.
+
+        mlx builds its graph eagerly, so a LoRA scale of 0 while the forward pass is built
+        gives exactly the base output (y = W x + 0 * B A x)."""
+        modules = [m for _, m in self.lora_modules()]
+        scales = [m.scale for m in modules]
+        for m in modules:
+            m.scale = 0.0
+        try:
+            yield
+        finally:
+            for m, s in zip(modules, scales):
+                m.scale = s
+
+    def _lora_keys(self, target_modules: Sequence[str]) -> list[str]:
+        """mlx-lm keys (paths inside a block) of the linear layers named in `target_modules`."""
+        targets = set(target_modules)
+        keys = sorted(
+            name for name, m in self.model.layers[0].named_modules()
+            if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets
+        )
+        if not keys:
+            raise ValueError(f"none of {sorted(targets)} is a linear layer of this model")
+        return keys
+
+    def _apply_lora(self, rank: int, scale: float, dropout: float, keys: Sequence[str], num_layers: int | None = None) -> None:
+        from mlx_lm.tuner.utils import linear_to_lora_layers
+
+        self.model.freeze()
+        linear_to_lora_layers(
+            self.model, num_layers or len(self.model.layers),
+            {"rank": int(rank), "scale": float(scale), "dropout": float(dropout), "keys": list(keys)},
+        )
+
+    def add_lora(self, settings: LoraSettings) -> None:
+        if self.has_adapter:
+            return
+        self._apply_lora(settings.r, settings.alpha / settings.r, settings.dropout, self._lora_keys(settings.target_modules))
+        self.lora_settings = settings
+
+    def _load_adapter(self, path: Path) -> None:
+        """A PEFT adapter folder (converted on the fly) or an mlx-lm one."""
+        layout, tensors, config = lora_convert.read_adapter(path)
+        if layout == "peft":
+            tensors, config = lora_convert.peft_to_mlx(tensors, config)
+        params = config["lora_parameters"]
+        self._apply_lora(params["rank"], params["scale"], params.get("dropout", 0.0), params["keys"], config.get("num_layers"))
+        expected = {name: v.shape for name, v in tree_flatten(self.model.trainable_parameters())}
+        missing = sorted(set(expected) - set(tensors))
+        unknown = sorted(set(tensors) - set(expected))
+        if missing or unknown:
+            raise ValueError(f"adapter {path} does not fit the model: missing {missing[:4]}, unknown {unknown[:4]}")
+        dtypes = {name: v.dtype for name, v in tree_flatten(self.model.trainable_parameters())}
+        self.model.load_weights([(k, mx.array(v).astype(dtypes[k])) for k, v in tensors.items()], strict=False)
+        mx.eval(self.model.parameters())
+        scale, rank = float(params["scale"]), int(params["rank"])
+        targets = tuple(sorted({k.rsplit(".", 1)[-1] for k in params["keys"]}))
+        self.lora_settings = LoraSettings(r=rank, alpha=scale * rank, dropout=float(params.get("dropout", 0.0)), target_modules=targets)
+
+    def adapter_tensors(self) -> dict[str, np.ndarray]:
+        """The LoRA factors in mlx-lm naming, as float32 NumPy arrays."""
+        return {
+            name: np.array(v.astype(mx.float32))
+            for name, v in tree_flatten(self.model.parameters())
+            if name.endswith((".lora_a", ".lora_b"))
+        }
+
+    def save(self, path: Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        if self.has_adapter:
+            # PEFT layout on disk: the torch backend (and vLLM, PEFT users) load it as is.
+            _, module = self.lora_modules()[0]
+            rank = int(module.lora_a.shape[1])
+            mlx_config = {
+                "fine_tune_type": "lora",
+                "num_layers": len(self.model.layers),
+                "lora_parameters": {
+                    "rank": rank, "scale": float(module.scale),
+                    "dropout": float(self.lora_settings.dropout if self.lora_settings else 0.0),
+                    "keys": sorted({_block_key(name) for name, _ in self.lora_modules()}),
+                },
+            }
+            tensors, peft_config = lora_convert.mlx_to_peft(self.adapter_tensors(), mlx_config, str(self.model_path))
+            lora_convert.write_adapter(path, "peft", tensors, peft_config)
+            return
+        # A full HF folder: the weights under their transformers names, config and tokenizer.
+        weights = dict(tree_flatten(self.model.parameters()))
+        mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "pt"})
+        for name in ("config.json", "generation_config.json"):
+            if (self.model_path / name).exists() and not (path / name).exists():
+                shutil.copy(self.model_path / name, path / name)
+        self.tokenizer.save_pretrained(path)
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        params = self.model.trainable_parameters() if trainable_only else self.model.parameters()
+        return int(sum(v.size for _, v in tree_flatten(params)))
+
+    # -- training entry points ------------------------------------------------------------
+    def train_gspo(self, examples, config) -> TrainStats:
+        """GSPO on `gspo.GSPOExample`s with a `gspo.GSPOConfig`: `mlx_gspo.train_gspo`."""
+        from outcome_flywheel.models.mlx.gspo import train_gspo
+
+        return train_gspo(self, examples, config)
+
+    def dpo_sequence_logps(self, prompt_ids, chosen, rejected) -> tuple[mx.array, mx.array]:
+        """[B] log-probs of chosen and rejected (each a list of segments: summed over tokens and
+        segments, segments.py), all rows in one forward pass."""
+        n = len(prompt_ids)
+        prompts, responses, owner = flatten_segments(list(prompt_ids) * 2, list(chosen) + list(rejected))
+        logp, _ = self.batch_logprobs(prompts, responses)
+        # Rows summed into their item by a 0/1 matrix product (differentiable, no scatter).
+        assign = np.zeros((2 * n, len(owner)), dtype=np.float32)
+        assign[owner, np.arange(len(owner))] = 1.0
+        sums = mx.array(assign) @ logp.sum(axis=-1)
+        return sums[:n], sums[n:]
+
+    def train_weighted_dpo(self, pairs, config) -> TrainStats:
+        """Outcome-weighted DPO on `PreferencePair`s; config = `weighted_dpo.WeightedDPOConfig`.
+
+        As `weighted_dpo.train_weighted_dpo`: seeded LoRA init, reference log-probs from the base
+        (adapter off) once before any update, shuffled batches from `random.Random(seed)`."""
+        if not pairs:
+            raise ValueError("no preference pairs to train on")
+        if any(p.weight <= 0 for p in pairs):
+            raise ValueError("pair weights must be positive (swap chosen/rejected for a negative outcome weight)")
+        mx.random.seed(int(config.seed))
+        self.add_lora(config.lora)
+        prompt_ids = [self.prompt_ids(p.prompt) for p in pairs]
+        chosen_ids = [encode_segments(self.encode_response, p.chosen, config.completion_unit) for p in pairs]
+        rejected_ids = [encode_segments(self.encode_response, p.rejected, config.completion_unit) for p in pairs]
+        weights = np.array([float(p.weight) for p in pairs], dtype=np.float32)
+
+        ref_chosen = np.empty(len(pairs), dtype=np.float32)
+        ref_rejected = np.empty(len(pairs), dtype=np.float32)
+        with self.adapter_disabled(), self._eval_mode():
+            for start in range(0, len(pairs), 32):
+                sl = slice(start, start + 32)
+                c, r = self.dpo_sequence_logps(prompt_ids[sl], chosen_ids[sl], rejected_ids[sl])
+                ref_chosen[sl], ref_rejected[sl] = np.array(c), np.array(r)
+
+        def loss_fn(model, idx: list[int]):
+            pol_c, pol_r = self.dpo_sequence_logps(
+                [prompt_ids[i] for i in idx], [chosen_ids[i] for i in idx], [rejected_ids[i] for i in idx]
+            )
+            return weighted_dpo_loss(
+                pol_c, pol_r, mx.array(ref_chosen[idx]), mx.array(ref_rejected[idx]), mx.array(weights[idx]), config.beta,
+                float(weights.mean()),
+            )
+
+        batches = _batches(list(range(len(pairs))), config.batch_size, config.epochs, config.seed)
+        stats = train_loop(self.model, loss_fn, batches, config.learning_rate, config.max_grad_norm)
+        stats.extra["config"] = config.as_dict() if hasattr(config, "as_dict") else dict(vars(config))
+        stats.extra["n_pairs"] = len(pairs)
+        return stats
+
+
+def _block_key(module_name: str) -> str:
+    """`model.layers.3.self_attn.q_proj` -> `self_attn.q_proj` (mlx-lm's per-block LoRA key)."""
+    return module_name.split(".layers.", 1)[1].split(".", 1)[1]
+

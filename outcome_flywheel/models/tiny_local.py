@@ -1,0 +1,266 @@
+"""`tiny-local`: a small Qwen3 model built on this machine from bundled text, no download.
+
+1. A byte-level BPE tokenizer trained with `tokenizers` on the bundled notes.
+2. A small Qwen3 config (hidden 128, 4 layers, tied embeddings).
+3. A short causal-LM training on the bundled example trading notes (loss on the note only),
+   so sampled output is note-like text that sometimes carries the six section headers; and on
+   judge prompts built from the same notes (answer: one letter), so the frozen base can act as
+   the daily loop's judge. Its judgement is weak (it prefers notes with more sections whose
+   direction matches the next day's move), but it answers in the expected form.
+
+Deterministic from the seed: same seed and corpus -> same weights (see `weights_sha256`).
+Saved as an ordinary Hugging Face model folder with a chat template, so both backends load it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from outcome_flywheel.models.prompts import JUDGE_LETTERS, NOTE_SECTIONS, judge_messages, trading_note_messages
+from outcome_flywheel.settings import SAMPLE_DATA
+from outcome_flywheel.storage import publish_dir
+
+CORPUS = SAMPLE_DATA / "tiny_local" / "notes.jsonl"
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# ChatML, as Qwen uses; `enable_thinking` and other template kwargs are accepted and ignored.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinyLocalConfig:
+    seed: int = 0
+    vocab_size: int = 2048
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 1024
+    train_steps: int = 300
+    batch_size: int = 16
+    judge_examples: int = 400
+    judge_every: int = 3  # every n-th step is a batch of judge prompts
+    learning_rate: float = 3e-3
+    warmup_steps: int = 20
+
+    def fingerprint(self) -> str:
+        payload = json.dumps(asdict(self), sort_keys=True) + _sha256_file(CORPUS)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_corpus() -> list[dict]:
+    return [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+
+
+def _judge_examples(rows: list[dict], n: int, seed: int) -> list[tuple[list[dict], str]]:
+    """Judge prompts over 2..8 corpus notes with the letter of the best one as the answer:
+    most sections present, +3 when its Buy/Sell side matches the next day's move."""
+    rng = random.Random(seed + 1)
+    out = []
+    for _ in range(n):
+        subject = rng.choice(rows)
+        rose = rng.random() < 0.5
+        move = f"{subject['ticker']} shares {'rise' if rose else 'fall'} {rng.randint(1, 9)}% after the news"
+        noise = [rng.choice(rows)["title"] for _ in range(rng.randint(0, 2))]
+        k = rng.randint(2, len(JUDGE_LETTERS))
+        candidates = [rng.choice(rows)["note"] for _ in range(k)]
+
+        def score(note: str) -> int:
+            sections = sum(f"{name}:" in note for name in NOTE_SECTIONS)
+            side_up = "Buy " in note or "constructive" in note
+            side_down = "Sell " in note or "cautious" in note
+            return sections + 3 * ((rose and side_up) or (not rose and side_down))
+
+        best = max(range(k), key=lambda i: (score(candidates[i]), -i))
+        messages = judge_messages(subject["title"], [move, *noise], candidates)
+        out.append((messages, JUDGE_LETTERS[best]))
+    return out
+
+
+def weights_sha256(model_dir: Path) -> str:
+    """Hash of every tensor (name, dtype, shape, bytes) in the folder's safetensors files."""
+    from safetensors.numpy import load_file
+
+    digest = hashlib.sha256()
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        tensors = load_file(str(file))
+        for name in sorted(tensors):
+            arr = np.ascontiguousarray(tensors[name])
+            digest.update(f"{name}|{arr.dtype}|{arr.shape}".encode())
+            digest.update(arr.tobytes())
+    return digest.hexdigest()
+
+
+def _train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(), log=print) -> dict:
+    """Build the model into `out_dir` (replaced atomically). Returns build info (also saved)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    started = time.perf_counter()
+    rows = load_corpus()
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
+
+    judge = _judge_examples(rows, config.judge_examples, config.seed)
+    texts = [f"{r['title']}\n{r['summary']}\n{r['note']}" for r in rows]
+    texts += [m[-1]["content"] for m, _ in judge[:50]]
+    tokenizer = _train_tokenizer(texts, config.vocab_size)
+    pad_id = tokenizer.pad_token_id
+    eos_id = tokenizer.eos_token_id
+
+    model_config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.hidden_size // config.num_attention_heads,
+        max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=pad_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    model = Qwen3ForCausalLM(model_config)
+    model.train()
+
+    # Each example: chat prompt (no loss) + note + <|im_end|> (loss).
+    examples = []
+    for r in rows:
+        prompt = tokenizer.apply_chat_template(
+            trading_note_messages(r["title"], r["summary"]), add_generation_prompt=True, tokenize=False
+        )
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        r_ids = tokenizer(r["note"], add_special_tokens=False)["input_ids"] + [eos_id]
+        examples.append((p_ids, r_ids))
+    judge_batches = []
+    for messages, letter in judge:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        judge_batches.append((p_ids, tokenizer(letter, add_special_tokens=False)["input_ids"] + [eos_id]))
+
+    gen = torch.Generator().manual_seed(config.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+
+    def lr_at(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        progress = (step - config.warmup_steps) / max(1, config.train_steps - config.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    losses = []
+    for step in range(config.train_steps):
+        pool = judge_batches if judge_batches and step % config.judge_every == config.judge_every - 1 else examples
+        size = config.batch_size if pool is examples else max(1, config.batch_size // 2)
+        idx = torch.randint(len(pool), (size,), generator=gen).tolist()
+        batch = [pool[i] for i in idx]
+        length = max(len(p) + len(r) for p, r in batch)
+        input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), length), -100, dtype=torch.long)
+        attn = torch.zeros((len(batch), length), dtype=torch.long)
+        for b, (p, r) in enumerate(batch):
+            seq = p + r
+            input_ids[b, : len(seq)] = torch.tensor(seq)
+            labels[b, len(p) : len(seq)] = torch.tensor(r)
+            attn[b, : len(seq)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 50 == 0 or step == config.train_steps - 1:
+            log(f"tiny-local step {step}/{config.train_steps} loss {loss.item():.3f}")
+
+    model.eval()
+    model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        info = {
+            "name": "tiny-local",
+            "config": asdict(config),
+            "fingerprint": config.fingerprint(),
+            "parameters": int(sum(p.numel() for p in model.parameters())),
+            "vocab_size": len(tokenizer),
+            "final_loss": losses[-1],
+            "build_seconds": round(time.perf_counter() - started, 2),
+            "weights_sha256": weights_sha256(staging),
+        }
+        (staging / "build_info.json").write_text(json.dumps(info, indent=2))
+        publish_dir(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return info
+
+
+def read_build_info(model_dir: Path) -> dict | None:
+    path = Path(model_dir) / "build_info.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def ensure_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(), rebuild: bool = False, log=print) -> tuple[dict, bool]:
+    """`(build info, built now?)`: builds unless `out_dir` already holds this config's build
+    (same fingerprint: same config and corpus, hence the same weights)."""
+    info = read_build_info(out_dir)
+    if rebuild or info is None or info.get("fingerprint") != config.fingerprint():
+        return build_tiny_local(out_dir, config, log=log), True
+    return info, False
+
+
+def cached_tiny_local(config: TinyLocalConfig = TinyLocalConfig(), log=print) -> Path:
+    """tiny-local built once per machine under `.cache/` (tests and benchmarks link it into their data dirs)."""
+    from outcome_flywheel.settings import PROJECT_ROOT
+
+    path = PROJECT_ROOT / ".cache" / f"tiny-local-{config.fingerprint()}"
+    ensure_tiny_local(path, config, log=log)
+    return path

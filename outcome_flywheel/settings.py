@@ -1,0 +1,191 @@
+"""Environment variables the project reads, with their embedded defaults and their rules.
+
+Dagster resources take their fields from here through `resources.settings.env_or_default`, so a
+variable that is set shows in the Dagster UI as an `EnvVar` and one that is not falls back to the
+default.
+`validate_environment` checks every set variable against `RULES` when the definitions load.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import date
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable, Mapping
+from urllib.parse import urlsplit
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_DATA = PROJECT_ROOT / "sample_data"
+
+# name -> default; the README's configuration table lists the same (and what each means).
+DEFAULTS: dict[str, str] = {
+    "FLYWHEEL_DATA_DIR": "./data",
+    "FLYWHEEL_BASE_MODEL": "tiny-local",
+    "FLYWHEEL_BACKEND": "torch",
+    "FLYWHEEL_DEVICE": "auto",
+    "FLYWHEEL_SEED": "0",
+    "FLYWHEEL_START_DATE": "2025-01-01",
+    "FLYWHEEL_TIMEZONE": "America/New_York",
+    "FLYWHEEL_MAX_HEADLINES": "30",
+    "FLYWHEEL_MIN_HEADLINES": "1",
+}
+
+
+def env(name: str, default: str | None = None) -> str:
+    """The variable's value, else `default`, else the project default."""
+    value = os.environ.get(name)
+    if value not in (None, ""):
+        return value
+    if default is not None:
+        return default
+    return DEFAULTS[name]
+
+
+def resolve_path(path: str | os.PathLike) -> Path:
+    """Relative paths are taken from the project root, so the demo, tests and the UI agree."""
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (PROJECT_ROOT / p)
+
+
+# -- validation ------------------------------------------------------------------------------
+# EnvVar fields are resolved only when a run starts, so a bad value would otherwise load fine and
+# fail (or worse, silently misbehave) in the middle of a run; these rules read os.environ at load.
+
+
+class SettingsError(ValueError):
+    """Environment variables whose values the project cannot use."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a variable may hold: `allowed` says it in words; `problem(value)` is None when fine."""
+
+    allowed: str
+    problem: Callable[[str], str | None]
+
+
+def one_of(*values: str) -> Rule:
+    return Rule("one of " + ", ".join(values), lambda v: None if v in values else "not an allowed value")
+
+
+def integer(low: int, high: int | None = None) -> Rule:
+    allowed = f"an integer from {low} to {high}" if high is not None else f"an integer >= {low}"
+
+    def problem(value: str) -> str | None:
+        try:
+            number = int(value)
+        except ValueError:
+            return "not an integer"
+        return None if low <= number and (high is None or number <= high) else "out of range"
+
+    return Rule(allowed, problem)
+
+
+def _date(value: str) -> str | None:
+    # date.fromisoformat also takes 20250101 and week dates; Dagster's partitions want YYYY-MM-DD.
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        return "not a YYYY-MM-DD date"
+    try:
+        date.fromisoformat(value)
+    except ValueError:
+        return "not a real date"
+    return None
+
+
+@lru_cache(maxsize=1)
+def _zones() -> frozenset[str]:
+    import zoneinfo
+
+    return frozenset(zoneinfo.available_timezones()) - {"localtime"}  # a machine alias, not an IANA name
+
+
+def _timezone(value: str) -> str | None:
+    return None if value in _zones() else "unknown time zone"
+
+
+def feed_url_problem(url: str) -> str | None:
+    """Why `url` cannot be a live feed URL, or None. Only http(s) with a host: urllib would also open
+    file:// and ftp:// URLs, but local feed files are the archive's job, and a URL setting should
+    not read the machine's files."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as err:  # e.g. an unclosed [IPv6 bracket
+        return f"{url!r} is not a URL ({err})"
+    if parts.scheme.lower() not in ("http", "https"):
+        return f"{url!r} is not an http(s) URL (scheme {parts.scheme or 'none'!r})"
+    if not parts.hostname:
+        return f"{url!r} has no host"
+    return None
+
+
+def _feed_urls(value: str) -> str | None:
+    problems = [p for p in (feed_url_problem(u.strip()) for u in value.split(",") if u.strip()) if p]
+    return "; ".join(problems) or None
+
+
+# name -> rule, for every variable with a closed set of values or a type (the README's table).
+RULES: dict[str, Rule] = {
+    "FLYWHEEL_BACKEND": one_of("torch", "mlx"),
+    "FLYWHEEL_DEVICE": Rule(
+        "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps",
+        lambda v: None if re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) else "unknown device",
+    ),
+    "FLYWHEEL_SEED": integer(0, 2**32 - 1),  # numpy's seeds stop at 2**32 - 1
+    "FLYWHEEL_START_DATE": Rule("a date YYYY-MM-DD, e.g. 2025-01-01", _date),
+    "FLYWHEEL_TIMEZONE": Rule("an IANA time zone name, e.g. America/New_York, Europe/London or UTC", _timezone),
+    "FLYWHEEL_FEED_URLS": Rule(
+        "comma-separated http:// or https:// URLs (local feed files go in FLYWHEEL_FEEDS_ARCHIVE/YYYY-MM-DD/)", _feed_urls
+    ),
+    "FLYWHEEL_MAX_HEADLINES": integer(1),
+    "FLYWHEEL_MIN_HEADLINES": integer(0),  # 0 turns the minimum_headlines check off
+    "FLYWHEEL_ROLLOUTS_PER_HEADLINE": integer(2, 8),  # a group needs 2 to normalise; the judge's letters are A-H
+    "FLYWHEEL_MAX_NEW_TOKENS": integer(1),
+    "FLYWHEEL_MARKET_DATA": one_of("file", "yfinance"),
+    "FLYWHEEL_MIN_NEW_PAIRS": integer(1),
+    "FLYWHEEL_TRAIN_COOLDOWN_S": integer(0),
+    "FLYWHEEL_PREFERENCE_CONTEXT": Rule(
+        "comma-separated decision-context keys (letters, digits, _), `note` for the proposal's note, `*` for all, e.g. regime,note",
+        lambda v: None if all(re.fullmatch(r"\*|[A-Za-z0-9_]+", k.strip()) for k in v.split(",")) else "not a list of key names",
+    ),
+}
+# Paths and model names: no closed set; they are checked where they are used (with their name).
+FREE_FORM = (
+    "FLYWHEEL_DATA_DIR", "FLYWHEEL_BASE_MODEL", "FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_JUDGE_MODEL",
+    "FLYWHEEL_AUDIT_LOG", "FLYWHEEL_PRICES_FILE",
+)
+
+
+def settings_problems(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One line per variable of `environ` (default: os.environ) that breaks its rule; empty = unset."""
+    environ = os.environ if environ is None else environ
+    problems = []
+    for name, rule in RULES.items():
+        value = environ.get(name)
+        if value in (None, ""):
+            continue
+        problem = rule.problem(value)
+        if problem:
+            problems.append(f"{name}={value!r}: {problem}; allowed: {rule.allowed}")
+    if not problems:  # each value is fine on its own: now the ones that must agree
+        low = int(environ.get("FLYWHEEL_MIN_HEADLINES") or DEFAULTS["FLYWHEEL_MIN_HEADLINES"])
+        high = int(environ.get("FLYWHEEL_MAX_HEADLINES") or DEFAULTS["FLYWHEEL_MAX_HEADLINES"])
+        if low > high:
+            problems.append(
+                f"FLYWHEEL_MIN_HEADLINES={str(low)!r}: more than FLYWHEEL_MAX_HEADLINES={high}, so every day would fail "
+                f"the minimum_headlines check; allowed: an integer from 0 to FLYWHEEL_MAX_HEADLINES"
+            )
+    return problems
+
+
+def validate_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Raise `SettingsError` naming every bad FLYWHEEL_* variable, its value and the allowed values."""
+    problems = settings_problems(environ)
+    if problems:
+        count = f"{len(problems)} setting{'s' if len(problems) > 1 else ''}"
+        raise SettingsError(
+            f"Invalid settings: {count} cannot be used (fix the variable, or unset it for the default):\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )

@@ -1,0 +1,56 @@
+"""Resources of the daily loop: where the day's feeds come from, and the judge."""
+
+from outcome_flywheel.daily_rl.feed_source import DEFAULT_ARCHIVE, FeedSource
+from outcome_flywheel.daily_rl.judge import Judge
+from resources.settings import ConfigurableResourceFactory, env_int_or_default, env_or_default, mirrored
+
+
+class FeedsResource(ConfigurableResourceFactory[FeedSource]):
+    """The day's raw feeds, from the archive folder or from live URLs (kept for replay)."""
+
+    archive_dir: str = mirrored(FeedSource, "archive_dir")
+    feed_urls: str = mirrored(FeedSource, "feed_urls")
+    max_headlines: int = mirrored(FeedSource, "max_headlines", ge=1)
+    min_headlines: int = mirrored(FeedSource, "min_headlines", ge=0)
+    timeout_s: float = mirrored(FeedSource, "timeout_s")
+    max_bytes: int = mirrored(FeedSource, "max_bytes")
+    refetch: bool = mirrored(FeedSource, "refetch")
+    data_dir: str = mirrored(FeedSource, "data_dir")
+
+    @classmethod
+    def from_env(cls, max_headlines: int | None = None) -> "FeedsResource":
+        """From the environment; `max_headlines` overrides FLYWHEEL_MAX_HEADLINES (the demo's small days)."""
+        return cls(
+            archive_dir=env_or_default("FLYWHEEL_FEEDS_ARCHIVE", DEFAULT_ARCHIVE),
+            feed_urls=env_or_default("FLYWHEEL_FEED_URLS", ""),
+            max_headlines=max_headlines if max_headlines is not None else env_int_or_default("FLYWHEEL_MAX_HEADLINES"),
+            min_headlines=env_int_or_default("FLYWHEEL_MIN_HEADLINES"),
+            data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
+        )
+
+    def create_resource(self, context) -> FeedSource:
+        return FeedSource(
+            archive_dir=self.archive_dir, feed_urls=self.feed_urls, max_headlines=self.max_headlines,
+            min_headlines=self.min_headlines, timeout_s=self.timeout_s, max_bytes=self.max_bytes,
+            refetch=self.refetch, data_dir=self.data_dir,
+        )
+
+
+class JudgeResource(ConfigurableResourceFactory[Judge]):
+    """Which model judges the rollouts, and how (the frozen base model unless FLYWHEEL_JUDGE_MODEL is set)."""
+
+    judge_model: str = mirrored(Judge, "judge_model")
+    temperature: float = mirrored(Judge, "temperature")
+    max_new_tokens: int = mirrored(Judge, "max_new_tokens")
+    outcome_headlines_shown: int = mirrored(Judge, "outcome_headlines_shown")
+    max_candidate_chars: int = mirrored(Judge, "max_candidate_chars")
+
+    @classmethod
+    def from_env(cls) -> "JudgeResource":
+        return cls(judge_model=env_or_default("FLYWHEEL_JUDGE_MODEL", ""))
+
+    def create_resource(self, context) -> Judge:
+        return Judge(
+            judge_model=self.judge_model, temperature=self.temperature, max_new_tokens=self.max_new_tokens,
+            outcome_headlines_shown=self.outcome_headlines_shown, max_candidate_chars=self.max_candidate_chars,
+        )

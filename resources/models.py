@@ -1,0 +1,27 @@
+"""The model resource: which base model, framework and device the assets load (`ModelLoader`)."""
+
+from outcome_flywheel.models import ModelLoader
+from resources.settings import ConfigurableResourceFactory, env_int_or_default, env_or_default, mirrored
+
+
+class ModelBackendResource(ConfigurableResourceFactory[ModelLoader]):
+    """Which base model, which framework, which device; hands the assets a `ModelLoader`."""
+
+    base_model: str = mirrored(ModelLoader, "base_model")
+    backend: str = mirrored(ModelLoader, "backend")
+    device: str = mirrored(ModelLoader, "device")
+    seed: int = mirrored(ModelLoader, "seed")
+    data_dir: str = mirrored(ModelLoader, "data_dir")
+
+    @classmethod
+    def from_env(cls) -> "ModelBackendResource":
+        return cls(
+            base_model=env_or_default("FLYWHEEL_BASE_MODEL"),
+            backend=env_or_default("FLYWHEEL_BACKEND"),
+            device=env_or_default("FLYWHEEL_DEVICE"),
+            seed=env_int_or_default("FLYWHEEL_SEED"),
+            data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
+        )
+
+    def create_resource(self, context) -> ModelLoader:
+        return ModelLoader(base_model=self.base_model, backend=self.backend, device=self.device, seed=self.seed, data_dir=self.data_dir)
