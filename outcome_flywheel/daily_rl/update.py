@@ -1,0 +1,264 @@
+"""One day of the daily loop, end to end, as plain functions: score, train, generate, verify.
+
+`run_daily_update` is what the `daily_update` multi-asset calls; it reads and writes the warehouse
+and the dated checkpoints and returns everything the asset reports (`DailyUpdateResult`). In order:
+
+1. score    rollouts(D-1) ranked by the judge against headlines(D) (or of the override day H)
+2. train    checkpoint(D-1) + GSPO on the usable scores of D -> checkpoint(D)
+3. generate 8 notes per headline of D from checkpoint(D)
+4. verify   the checkpoint on disk loads, writes text and gives the stored behaviour log-probs back;
+            only then is it marked verified (the next day may train from it, `latest` moves)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from datetime import date
+
+import numpy as np
+import pandas as pd
+
+from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.daily_rl.judging import is_permutation, stable_seed
+from outcome_flywheel.daily_rl.loop import (
+    SCORE_COLUMNS, UnverifiedCheckpoint, check_behaviour_policy, generate_rollouts, judge_inputs, kl_to_base, load_policy,
+    mark_verified, parent_checkpoint, previous_day, publish_checkpoint, quartiles, read_checkpoint, sampling_temperature,
+    score_table, training_examples,
+)
+from outcome_flywheel.models import LoraSettings, ModelLoader
+from outcome_flywheel.models.gspo_config import GSPOConfig
+from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.settings import env
+from outcome_flywheel.storage import Warehouse
+
+TINY_LOCAL_MAX_NEW_TOKENS = 160  # tiny-local's notes end within ~80 tokens
+DEFAULT_ROLLOUTS_PER_HEADLINE = 8
+DEFAULT_MAX_NEW_TOKENS = 512
+
+
+class DailyUpdateError(ValueError):
+    """The day cannot be updated as asked (bad override date, missing headlines, unverified parent...)."""
+
+
+@dataclass
+class DailyUpdateSettings:
+    """What one day's update does; the `daily_update` run config overrides any of these."""
+
+    outcome_headlines_date: str | None = field(default=None, metadata={"help": (
+        "Override re-run: score the previous day's rollouts against the headlines of this day (YYYY-MM-DD, must be "
+        "materialised) instead of the partition's own day."
+    )})
+    rollouts_per_headline: int | None = field(default=None, metadata={"help": (
+        f"Notes sampled per headline; None = FLYWHEEL_ROLLOUTS_PER_HEADLINE, else {DEFAULT_ROLLOUTS_PER_HEADLINE}."
+    )})
+    max_new_tokens: int | None = field(default=None, metadata={"help": (
+        f"Token budget per note; None = FLYWHEEL_MAX_NEW_TOKENS, else {DEFAULT_MAX_NEW_TOKENS} "
+        f"({TINY_LOCAL_MAX_NEW_TOKENS} on tiny-local)."
+    )})
+    gspo: GSPOConfig = field(default_factory=GSPOConfig, metadata={"help": "The GSPO trainer's settings (seed and temperature are set per day)."})
+
+    def sizes(self, models: ModelLoader) -> tuple[int, int]:
+        """(rollouts per headline, max new tokens) after the environment and the model's defaults."""
+        n = self.rollouts_per_headline or int(env("FLYWHEEL_ROLLOUTS_PER_HEADLINE", str(DEFAULT_ROLLOUTS_PER_HEADLINE)))
+        default_tokens = str(TINY_LOCAL_MAX_NEW_TOKENS if models.is_tiny_local else DEFAULT_MAX_NEW_TOKENS)
+        return n, self.max_new_tokens or int(env("FLYWHEEL_MAX_NEW_TOKENS", default_tokens))
+
+
+@dataclass
+class DailyUpdateResult:
+    """Everything one day's update wrote and measured, for the asset's metadata and checks."""
+
+    day: str
+    prediction_day: str
+    outcome_day: str
+    scores: pd.DataFrame
+    rollouts: pd.DataFrame
+    headlines: int
+    checkpoint: dict
+    checkpoint_dir: str
+    training_row: dict
+    gspo: GSPOConfig
+    trained: bool
+    n_rollouts: int
+    max_new_tokens: int
+    timings: dict[str, float]
+    checks: dict[str, dict] = field(default_factory=dict)
+
+
+def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
+    """(prediction day D-1, outcome day) of partition D; the outcome day must come after D-1."""
+    prediction_day = previous_day(day)
+    outcome_day = override or day
+    try:
+        date.fromisoformat(outcome_day)
+    except ValueError as err:
+        raise DailyUpdateError(f"outcome_headlines_date must be YYYY-MM-DD, got {outcome_day!r}") from err
+    if outcome_day <= prediction_day:
+        raise DailyUpdateError(f"outcome headlines ({outcome_day}) must come after the predictions ({prediction_day})")
+    return prediction_day, outcome_day
+
+
+def score_previous_rollouts(
+    warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, prediction_day: str, outcome_day: str,
+    prev_rollouts: pd.DataFrame,
+) -> pd.DataFrame:
+    """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines."""
+    if prev_rollouts.empty:
+        return pd.DataFrame(columns=SCORE_COLUMNS)
+    if not warehouse.exists("headlines", outcome_day):
+        raise DailyUpdateError(f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first")
+    outcome_titles = list(warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
+    judge_backend = judge.load(models)
+    inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
+    judgements = judge.rank(judge_backend, inputs.groups)
+    return score_table(inputs, judgements, day, prediction_day, outcome_day)
+
+
+def seed_training(seed: int) -> None:
+    """LoRA init and anything random in the trainer: a re-run of the day repeats them."""
+    import torch  # the mlx trainer seeds from its config; torch's init draws from the global generator
+
+    torch.manual_seed(seed)
+
+
+def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
+    """Largest per-rollout mean |stored behaviour log-prob - log-prob under `policy`| (teacher forced
+    at the sampling temperature, as they were stored)."""
+    prompts = [json.loads(p) for p in rollouts["prompt"]]
+    responses = [list(r) for r in rollouts["response_ids"]]
+    forced = policy.response_logprobs(prompts, responses, temperature=sampling_temperature(rollouts))
+    gaps = [float(np.mean(np.abs(np.asarray(b, dtype=np.float64) - f))) for b, f in zip(rollouts["behavior_logprobs"], forced) if len(f)]
+    return max(gaps, default=0.0)
+
+
+def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.DataFrame, rollouts: pd.DataFrame) -> dict[str, dict]:
+    """The four checks of `daily_update`, each {passed, metadata}; marks the checkpoint verified when all pass."""
+    ckpt_root = warehouse.path("checkpoints", "policy")
+    ranks_ok = all(is_permutation(list(g["rank"])) for _, g in scores.groupby("headline_id")) if len(scores) else True
+    bounded = ["reward", "structure_score", "outcome_reward"]
+    rewards_ok = bool(((scores[bounded] >= 0) & (scores[bounded] <= 1)).all().all()) if len(scores) else True
+    on_disk = read_checkpoint(ckpt_root / day) or {}
+    own_version = bool(len(rollouts) == 0 or (rollouts["policy_version"] == on_disk.get("policy_version")).all())
+    reloaded = load_policy(models, ckpt_root / day, on_disk)
+    probe = reloaded.greedy([trading_note_messages("Apple beats quarterly estimates", "")], max_new_tokens=12)[0]
+    # The weights on disk, not just the label: they must give the stored behaviour log-probs back.
+    logprob_gap = behavior_logprob_gap(reloaded, rollouts.head(8)) if len(rollouts) else 0.0
+    logprob_tolerance = 1e-3 if str(getattr(reloaded, "dtype", "float32")).endswith("float32") else 5e-2
+    del reloaded
+    checks = {
+        "ranks_are_permutations": {"passed": bool(ranks_ok), "metadata": {}},
+        "rewards_in_unit_interval": {"passed": rewards_ok, "metadata": describe_rewards(scores)},
+        "loads_and_generates": {"passed": bool(probe.strip()), "metadata": {"sample": probe[:200]}},
+        "generated_by_own_checkpoint": {
+            "passed": bool(own_version and logprob_gap <= logprob_tolerance),
+            "metadata": {"checkpoint_version": str(on_disk.get("policy_version")), "version_matches": own_version,
+                         "max_mean_abs_logprob_gap": float(logprob_gap), "tolerance": logprob_tolerance},
+        },
+    }
+    if all(c["passed"] for c in checks.values()):
+        mark_verified(ckpt_root, day)  # only now may the next day train from it, and `latest` move
+    return checks
+
+
+def describe_rewards(scores: pd.DataFrame) -> dict:
+    if not len(scores):
+        return {}
+    rewards = scores["reward"]
+    return {
+        "n": int(len(rewards)), "avg": round(float(rewards.mean()), 4), "min": round(float(rewards.min()), 4),
+        "max": round(float(rewards.max()), 4), "negatives": int((rewards < 0).sum()),
+    }
+
+
+def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, settings: DailyUpdateSettings) -> DailyUpdateResult:
+    """Score yesterday's rollouts, train the policy with GSPO, generate today's rollouts, verify; write
+    `rollout_scores`, `rollouts`, `policy_training` and checkpoint D. Raises `DailyUpdateError`."""
+    prediction_day, outcome_day = outcome_day_for(day, settings.outcome_headlines_date)
+    n_rollouts, max_new_tokens = settings.sizes(models)
+    seed = models.seed
+    timings: dict[str, float] = {}
+
+    # The parent is checked first: nothing is scored or written when it may not be trained from.
+    ckpt_root = warehouse.path("checkpoints", "policy")
+    try:
+        parent = parent_checkpoint(ckpt_root, day)
+    except UnverifiedCheckpoint as err:
+        raise DailyUpdateError(str(err)) from err
+
+    started = time.perf_counter()
+    prev_rollouts = warehouse.read("rollouts", prediction_day)
+    try:  # pi_old must be the checkpoint this day trains: else the importance ratios mean nothing
+        check_behaviour_policy(prev_rollouts, parent[1]["policy_version"] if parent else None, prediction_day)
+    except ValueError as err:
+        raise DailyUpdateError(str(err)) from err
+    scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts)
+    warehouse.write("rollout_scores", scores, partition=day)
+    timings["score_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    parent_dir, parent_info = parent if parent else (None, None)
+    policy = load_policy(models, parent_dir, parent_info)
+    examples = training_examples(prev_rollouts, scores)
+    gspo = replace(
+        settings.gspo, seed=stable_seed(seed, day, "shuffle") % (2**31),
+        temperature=sampling_temperature(prev_rollouts) if examples else 1.0,
+    )
+    stats = None
+    if examples:
+        seed_training(stable_seed(seed, day, "train") % (2**31))
+        stats = policy.train_gspo(examples, gspo)
+    is_base = stats is None and (parent_info is None or parent_info["kind"] == "base")
+    info = publish_checkpoint(policy, ckpt_root, day, {
+        "date": day, "parent_date": parent_info["date"] if parent_info else None,
+        "parent_version": parent_info["policy_version"] if parent_info else None,
+        "base_model": models.base_model, "backend": models.backend, "trained": stats is not None,
+        "examples": len(examples), "objective": gspo.objective, "learning_rate": gspo.learning_rate,
+        "outcome_headlines_date": outcome_day,
+    }, is_base=is_base)
+    timings["train_s"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    todays = warehouse.read("headlines", day)
+    rollouts = generate_rollouts(policy, todays, day, seed, n_rollouts, max_new_tokens, info["policy_version"])
+    warehouse.write("rollouts", rollouts, partition=day)
+    timings["generate_s"] = time.perf_counter() - started
+
+    # Exact KL(policy || base) per token over the vocabulary, at the positions the new policy just sampled.
+    started = time.perf_counter()
+    kl = 0.0
+    if not rollouts.empty and not is_base:
+        kl = kl_to_base(policy, rollouts, base=None if policy.has_adapter else models.load())
+    timings["kl_s"] = time.perf_counter() - started
+    del policy
+
+    training_row = training_summary(day, info, stats, examples, scores, rollouts, len(todays), kl, gspo, outcome_day, timings)
+    warehouse.write("policy_training", pd.DataFrame([training_row]), partition=day)
+    checks = verify_day(warehouse, models, day, scores, rollouts)
+    return DailyUpdateResult(
+        day=day, prediction_day=prediction_day, outcome_day=outcome_day, scores=scores, rollouts=rollouts,
+        headlines=len(todays), checkpoint=info, checkpoint_dir=str(ckpt_root / day), training_row=training_row,
+        gspo=gspo, trained=stats is not None, n_rollouts=n_rollouts, max_new_tokens=max_new_tokens,
+        timings=timings, checks=checks,
+    )
+
+
+def training_summary(day, info, stats, examples, scores, rollouts, headlines, kl, gspo, outcome_day, timings) -> dict:
+    """One `policy_training` row: what the day trained on and how it went."""
+    grad_median, grad_iqr = quartiles(stats.grad_norms if stats else [])
+    usable = scores[scores["usable"]] if not scores.empty else scores
+    nan = float("nan")
+    return dict(
+        date=day, policy_version=info["policy_version"], kind=info["kind"], parent_version=info["parent_version"],
+        trained=stats is not None, examples=len(examples), steps=stats.steps if stats else 0,
+        loss=stats.mean_loss if stats else nan,
+        mean_reward=float(usable["reward"].mean()) if len(usable) else nan,
+        kl_to_base=kl, grad_norm_median=grad_median, grad_norm_iqr=grad_iqr,
+        clip_fraction=float(np.mean(stats.extra.get("clip_fraction", [np.nan]))) if stats else nan,
+        behavior_logprob_gap_max=float(stats.extra.get("behavior_logprob_gap_max", np.nan)) if stats else nan,
+        train_wall_s=stats.wall_s if stats else 0.0, objective=gspo.objective, learning_rate=gspo.learning_rate,
+        headlines=headlines, rollouts=len(rollouts), generated_tokens=int(rollouts["n_tokens"].sum()) if len(rollouts) else 0,
+        mean_structure=float(rollouts["structure_score"].mean()) if len(rollouts) else nan,
+        scored=len(scores), usable=len(usable), outcome_headlines_date=outcome_day, **timings,
+    )
