@@ -1,6 +1,6 @@
 """Does the preference flywheel learn an operator, any operator? Holdout AUC over synthetic operators.
 
-Each operator (`scripts/make_audit_log.py`) decides ~240 rebalance proposals by one rule:
+Each operator (`outcome_flywheel/preferences/synthetic.py`, `flywheel make-audit-log --operator`) decides ~240 rebalance proposals by one rule:
   sector  the bundled sample: likes three sectors' plans;
   ticker  approves a basket holding a name of its watchlist (two names per sector);
   size    approves when no order is above 5% of the portfolio;
@@ -37,8 +37,8 @@ from outcome_flywheel.preferences.weighting import build_pairs
 from outcome_flywheel.preferences.windows import PriceTable, compute_outcome
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 from outcome_flywheel.models.tiny_local import cached_tiny_local
-from outcome_flywheel.models.torch.dpo import WeightedDPOConfig
-from scripts.make_audit_log import CONSISTENT, OPERATORS, write
+from outcome_flywheel.models.dpo_config import WeightedDPOConfig
+from outcome_flywheel.preferences.synthetic import CONSISTENT, OPERATORS, write
 
 # Issue 8's starting point, kept to show what changed (its prompt held every context key and the note).
 BASELINE = {"learning_rate": 5e-5, "beta": 0.1, "epochs": 3, "completion_unit": "sequence"}

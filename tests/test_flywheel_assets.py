@@ -16,8 +16,7 @@ from assets.preferences.outcomes import decision_outcomes, pending_partitions_re
 from pipelines.preferences import flywheel_outcomes_schedule, training_decision
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
 from outcome_flywheel.market_data import MarketData
-from scripts.flywheel_status import flywheel_status
-from scripts.style_score import style_score
+from outcome_flywheel.cli import flywheel_status, style_score
 from tests.flywheel_fixtures import one_thread  # noqa: F401
 
 FIRST, LAST = "2025-11-17", "2026-01-08"

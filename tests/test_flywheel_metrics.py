@@ -7,7 +7,7 @@ from scipy.stats import mannwhitneyu
 
 from outcome_flywheel.preferences.metrics import (
     LABEL_MARGINAL, LABEL_NONE, LABEL_USEFUL, approval_auc, auc_label, auc_report, bootstrap_auc_ci, drift_level,
-    rejected_winners, sigmoid, style_comment, _fast_auc,
+    NO_STYLE_SCORE, STYLE_BANDS, rejected_winners, sigmoid, style_comment, _fast_auc,
 )
 
 
@@ -76,8 +76,17 @@ def test_drift_is_the_mean_of_the_last_three():
     assert drift_level([])["drift"] == "unknown"
 
 
-def test_style_comment_brackets():
-    assert style_comment(0.71) == "Consistent with your past approvals."
-    assert style_comment(0.29) == "Inconsistent with your past pattern; review carefully."
-    assert style_comment(0.6) != style_comment(0.4)
+def test_style_comment_band_edges():
+    consistent, towards, away, inconsistent = (comment for _, comment in STYLE_BANDS)
+    # Each edge belongs to the band above it; a hair below it, the band below.
+    assert [edge for edge, _ in STYLE_BANDS][:3] == [0.75, 0.66, 0.5]
+    assert style_comment(1.0) == style_comment(0.75) == consistent
+    assert style_comment(0.7499) == style_comment(0.66) == towards
+    assert style_comment(0.6599) == style_comment(0.5) == away
+    assert style_comment(0.4999) == style_comment(0.0) == inconsistent
+    assert len({consistent, towards, away, inconsistent}) == 4
+    assert style_comment(float("nan")) == style_comment(None) == NO_STYLE_SCORE
+    # The scores an operator's approvals and rejections typically get (medians 0.70-0.82 and
+    # 0.56-0.71 on trained adapters) read differently; the old brackets called both "Leans towards".
+    assert style_comment(0.74) == towards and style_comment(0.58) == away
     assert sigmoid(0.0) == 0.5 and sigmoid(-800) == pytest.approx(0.0)

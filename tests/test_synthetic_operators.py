@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scripts.make_audit_log import CONSISTENT, OPERATORS, TARGET, generate, holds_watchlist, small_sizes
+from outcome_flywheel.preferences.synthetic import CONSISTENT, OPERATORS, TARGET, generate, holds_watchlist, small_sizes
 
 
 def _decisions(operator: str, n: int = 240) -> list[dict]:

@@ -125,15 +125,28 @@ def drift_level(aucs: Sequence[float], window: int = DRIFT_WINDOW, threshold: fl
     return {"mean_auc_last": mean, "n_evals": len(last), "drift": "high" if mean < threshold else "low"}
 
 
-def style_comment(score: float) -> str:
-    """The sentence shown with a style-match score."""
-    if score is None or math.isnan(score):
-        return "No preference adapter yet; no style score."
-    if score > 0.7:
-        return "Consistent with your past approvals."
-    if score >= 0.5:
-        return "Leans towards your past approvals."
-    if score >= 0.3:
-        return "Leans away from your past approvals; worth a second look."
-    return "Inconsistent with your past pattern; review carefully."
+# The sentence shown with a style-match score, by the lowest edge the score reaches. The score,
+# sigmoid(beta * margin against holding), is not centred on 0.5: the adapter learns that plans beat
+# holding more often than not (approvals, and turned-down plans that rallied, trained as swaps), so
+# with the default WeightedDPOConfig the holdout proposals an operator approved score a median
+# 0.70-0.82 and those it turned down 0.56-0.71 (the bundled sample and the ticker, size and mix
+# operators of benchmarks/flywheel_auc.py; tiny-local). Edges from those holdouts:
+#   0.75  about the median approved score: as high as a typical past approval;
+#   0.66  the edge that best splits approved from turned-down (mean balanced accuracy 0.71 over the
+#         four operators; 0.60-0.80 each), so the typical approval and the typical rejection differ;
+#   0.50  below it the adapter prefers holding to the plan.
+# Re-measure when the trainer's defaults (beta, epochs, learning rate) change.
+STYLE_BANDS: tuple[tuple[float, str], ...] = (
+    (0.75, "Consistent with your past approvals."),
+    (0.66, "Leans towards your past approvals."),
+    (0.50, "Leans away from your past approvals; worth a second look."),
+    (float("-inf"), "Inconsistent with your past pattern; review carefully."),
+)
+NO_STYLE_SCORE = "No preference adapter yet; no style score."
 
+
+def style_comment(score: float | None) -> str:
+    """The sentence shown with a style-match score (`STYLE_BANDS`); no score: no adapter yet."""
+    if score is None or math.isnan(score):
+        return NO_STYLE_SCORE
+    return next(comment for edge, comment in STYLE_BANDS if score >= edge)

@@ -1,5 +1,5 @@
 """The flywheel's training status, read from the warehouse (used by asset metadata, the sensor and
-`scripts/flywheel_status.py`). Takes any object with the `Warehouse` read methods."""
+`flywheel status`, `outcome_flywheel/cli.py`). Takes any object with the `Warehouse` read methods."""
 
 from __future__ import annotations
 

@@ -24,12 +24,13 @@ their outcomes stay `pending`. A few lines show the log's edge cases: two malfor
 prices (outcome `no_data`), and extra keys (kept). The bundled file is the `sector` operator at the
 defaults; its random stream is kept as it was, so the file does not change when operators are added.
 
-    python -m scripts.make_audit_log [--n 200] [--seed 7] [--operator sector] [--out PATH]
+    flywheel make-audit-log [--n 200] [--seed 7] [--operator sector] [--out PATH]
+
+(the command is `outcome_flywheel.cli`; from Python, `write(path, n, seed, operator)`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 from datetime import datetime, timedelta
@@ -229,18 +230,3 @@ def write(path: Path, n: int = 200, seed: int = 7, operator: str = "sector") -> 
     path.write_text("\n".join(lines) + "\n")
     return path
 
-
-def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--operator", choices=sorted(OPERATORS), default="sector")
-    parser.add_argument("--out", type=Path, default=TARGET)
-    args = parser.parse_args(argv)
-    write(args.out, args.n, args.seed, args.operator)
-    print(f"wrote {args.out} ({len(args.out.read_text().splitlines())} lines, operator {args.operator})")
-    return args.out
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,396 @@
+"""The `flywheel` command (console script; also `python -m outcome_flywheel.cli`).
+
+    flywheel status [--min-new-pairs N]          the preference flywheel's training status, as JSON
+    flywheel style-score --orders JSON|@FILE [--context JSON] [--text NOTE] [--adapter DIR]
+                                                 a proposal's style-match score against the latest adapter
+    flywheel make-audit-log [--operator sector] [--n 200] [--seed 7] [--out PATH]
+                                                 a synthetic operator's audit log (stdout by default)
+    flywheel check-settings                      validate the FLYWHEEL_* environment variables
+
+Bad input (a malformed argument, a setting the project cannot use, a missing file) prints one line
+`flywheel: error: ...` on stderr and exits 2 (the input) or 1 (a file or a failure), without a
+traceback. Library progress bars, logging below ERROR and Python warnings are silenced while a
+command runs; `--verbose` keeps them and shows the traceback of an unexpected error.
+
+The Dagster-free commands only: the demo and the backfill (which need the Dagster layers) stay
+`python -m scripts.<name>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from outcome_flywheel.settings import DEFAULTS, FREE_FORM, RULES, SettingsError, settings_problems
+
+PROG = "flywheel"
+# Loggers of the libraries a command may load; kept at ERROR unless --verbose.
+LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "peft", "torch", "accelerate", "tokenizers", "safetensors", "urllib3", "filelock")
+KNOWN_VARIABLES = frozenset(DEFAULTS) | frozenset(RULES) | frozenset(FREE_FORM)
+# The variables each command reads (validated before it runs; `check-settings` validates them all).
+STATUS_VARIABLES = ("FLYWHEEL_DATA_DIR", "FLYWHEEL_MIN_NEW_PAIRS", "FLYWHEEL_PREFERENCE_CONTEXT")
+STYLE_VARIABLES = ("FLYWHEEL_DATA_DIR", "FLYWHEEL_BASE_MODEL", "FLYWHEEL_BACKEND", "FLYWHEEL_DEVICE", "FLYWHEEL_SEED", "FLYWHEEL_PREFERENCE_CONTEXT")
+
+
+class CliError(Exception):
+    """A failure the user can act on: reported as one line, exit `code`."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+class UsageError(CliError):
+    """Input the command cannot use (argparse's exit status, 2)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, code=2)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse prints usage + message and exits 2; we want one line
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+# -- the commands' functions (also used from Python) ---------------------------------------------
+
+
+def flywheel_status(warehouse=None, min_new_pairs: int | None = None) -> dict[str, Any]:
+    """n_preferences, n_dpo_pairs, n_holdout, new pairs since the last adapter, ready_to_train with
+    the blocking reasons, the last holdout evaluation and drift (FLYWHEEL_DATA_DIR's warehouse)."""
+    from outcome_flywheel.preferences.status import training_status
+    from outcome_flywheel.storage import Warehouse
+
+    return training_status(warehouse or Warehouse.from_env(), min_new_pairs)
+
+
+def style_score(
+    orders: Sequence[Mapping[str, Any]],
+    context: Mapping[str, Any] | None = None,
+    text: str | None = None,
+    adapter_path: str | Path | None = None,
+    model_backend=None,
+    warehouse=None,
+) -> dict[str, Any]:
+    """Score one proposal (its orders, the decision context) with the latest (or the given) adapter:
+    {available, style_match_score, margin_logp, comment, adapter_path}.
+
+    margin_logp = the adapter's DPO implicit reward of the rendered plan minus that of holding;
+    style_match_score = sigmoid(beta * margin): P(operator prefers the plan to holding)
+    (outcome_flywheel/preferences/scoring.py). `available` is false when no adapter exists yet; a
+    given `adapter_path` that does not exist raises FileNotFoundError."""
+    from outcome_flywheel.models import ModelLoader
+    from outcome_flywheel.preferences.audit_log import Order
+    from outcome_flywheel.preferences.metrics import style_comment
+    from outcome_flywheel.preferences.scoring import score_candidates, scoring_settings
+    from outcome_flywheel.preferences.status import adapter_context_keys, latest_adapter_dir
+    from outcome_flywheel.preferences.weighting import render_plan, render_prompt
+    from outcome_flywheel.storage import Warehouse
+
+    orders = [Order.model_validate(o).model_dump(mode="json") for o in orders]  # same validation as the log
+    if adapter_path:
+        adapter = Path(adapter_path).expanduser().resolve()
+        if not adapter.is_dir():
+            raise FileNotFoundError(f"adapter folder {adapter} does not exist")
+    else:
+        adapter = latest_adapter_dir(warehouse or Warehouse.from_env())
+    if adapter is None or not adapter.exists():
+        return {"available": False, "style_match_score": None, "margin_logp": None,
+                "comment": style_comment(float("nan")), "adapter_path": None}
+    if not (adapter / "adapter_config.json").exists():
+        raise FileNotFoundError(f"{adapter} is not a preference adapter folder (no adapter_config.json)")
+    backend = (model_backend or ModelLoader.from_env()).load(adapter_path=adapter)
+    prompt = render_prompt(context or {}, text, adapter_context_keys(adapter))
+    margin, score = score_candidates(backend, [prompt], [render_plan(orders)], *scoring_settings(adapter))
+    return {
+        "available": True,
+        "style_match_score": round(float(score[0]), 6),
+        "margin_logp": round(float(margin[0]), 6),
+        "comment": style_comment(float(score[0])),
+        "adapter_path": str(adapter),
+    }
+
+
+# -- input checks ----------------------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def require_settings(names: Sequence[str] | None = None) -> None:
+    """UsageError naming the first FLYWHEEL_* variable among `names` (all when None) that breaks its rule."""
+    environ = os.environ if names is None else {n: os.environ[n] for n in names if n in os.environ}
+    problems = settings_problems(environ)
+    if problems:
+        more = f" (and {len(problems) - 1} more: run `{PROG} check-settings`)" if len(problems) > 1 else ""
+        raise UsageError(problems[0] + more)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """FLYWHEEL_* variables the project never reads (a typo leaves the default in force, silently)."""
+    environ = os.environ if environ is None else environ
+    lines = []
+    for name in sorted(n for n in environ if n.startswith("FLYWHEEL_") and n not in KNOWN_VARIABLES):
+        close = difflib.get_close_matches(name, sorted(KNOWN_VARIABLES), n=1)
+        lines.append(f"{name}: not a variable the project reads" + (f" (did you mean {close[0]}?)" if close else ""))
+    return lines
+
+
+def _read_argument(value: str, flag: str) -> str:
+    """The argument itself, or the text of the file it names as @PATH."""
+    if not value.startswith("@"):
+        return value
+    path = Path(value[1:]).expanduser()
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise CliError(f"{flag} file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CliError(f"cannot read {flag} file {path}: {_one_line(err)}") from None
+
+
+def _parse_json(value: str, flag: str) -> Any:
+    try:
+        return json.loads(_read_argument(value, flag))
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{flag} is not valid JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
+
+
+def parse_orders(value: str) -> list[dict[str, Any]]:
+    """--orders: a JSON list of {symbol, side, weight} (weight a fraction, 0.05 = 5%), or @file.json."""
+    from pydantic import ValidationError
+
+    from outcome_flywheel.preferences.audit_log import Order
+
+    orders = _parse_json(value, "--orders")
+    if not isinstance(orders, list):
+        raise UsageError(f"--orders must be a JSON list of {{symbol, side, weight}} objects, not a {type(orders).__name__}")
+    if not orders:
+        raise UsageError("--orders holds no orders: a proposal needs at least one order to score against holding")
+    valid = []
+    for i, order in enumerate(orders, start=1):
+        if not isinstance(order, dict):
+            raise UsageError(f"--orders item {i} is not an object like {{\"symbol\": \"MSFT\", \"side\": \"buy\", \"weight\": 0.02}}")
+        try:
+            valid.append(Order.model_validate(order).model_dump(mode="json"))
+        except ValidationError as err:
+            why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'order'}: {e['msg']}" for e in err.errors())
+            raise UsageError(f"--orders item {i} ({json.dumps(order)}): {_one_line(why)}") from None
+    return valid
+
+
+def _json_object(value: str, flag: str) -> dict[str, Any]:
+    data = _parse_json(value, flag)
+    if not isinstance(data, dict):
+        raise UsageError(f"{flag} must be a JSON object, not a {type(data).__name__}")
+    return data
+
+
+def _require_device(device: str) -> None:
+    """CliError when FLYWHEEL_DEVICE names an accelerator this machine's torch does not have."""
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise CliError(f"FLYWHEEL_DEVICE={device!r}, but torch sees no CUDA device here (use auto or cpu)")
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            raise CliError(f"FLYWHEEL_DEVICE={device!r}, but torch sees {torch.cuda.device_count()} CUDA device(s)")
+    elif device == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():
+            raise CliError("FLYWHEEL_DEVICE='mps', but torch sees no MPS device here (use auto or cpu)")
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return number
+
+
+def _audit_log_size(value: str) -> int:
+    number = _positive_int(value)
+    if number < 20:  # the edge-case lines sit at fixed positions among the decisions
+        raise argparse.ArgumentTypeError(f"{value!r} is too small: at least 20 decisions")
+    return number
+
+
+# -- commands ----------------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from outcome_flywheel.storage import Warehouse
+
+    require_settings(STATUS_VARIABLES)
+    warehouse = Warehouse.from_env()
+    if not warehouse.root.is_dir():
+        raise CliError(f"data dir {warehouse.root} does not exist (FLYWHEEL_DATA_DIR; the demo or the Dagster assets create it)")
+    print(json.dumps(flywheel_status(warehouse, args.min_new_pairs), indent=2, default=str))
+    return 0
+
+
+def cmd_style_score(args: argparse.Namespace) -> int:
+    require_settings(STYLE_VARIABLES)
+    orders = parse_orders(args.orders)
+    context = _json_object(args.context, "--context")
+    _require_device(os.environ.get("FLYWHEEL_DEVICE") or DEFAULTS["FLYWHEEL_DEVICE"])
+    print(json.dumps(style_score(orders, context, args.text, args.adapter)))
+    return 0
+
+
+def cmd_make_audit_log(args: argparse.Namespace) -> int:
+    from outcome_flywheel.preferences.synthetic import generate, write
+
+    if args.out in (None, "-"):
+        sys.stdout.write("\n".join(generate(args.n, args.seed, args.operator)) + "\n")
+        return 0
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give a file path")
+    try:
+        write(out, args.n, args.seed, args.operator)
+    except OSError as err:
+        raise CliError(f"cannot write {out}: {_one_line(err.strerror or err)}") from None
+    print(f"wrote {out} ({len(out.read_text().splitlines())} lines, operator {args.operator})")
+    return 0
+
+
+def cmd_check_settings(args: argparse.Namespace) -> int:
+    problems = settings_problems() + unknown_variables()
+    if problems:
+        for problem in problems:
+            _error(problem)
+        return 2
+    set_here = sorted(n for n in KNOWN_VARIABLES if os.environ.get(n))
+    print(f"settings ok: {len(set_here)} FLYWHEEL_* variable{'s' if len(set_here) != 1 else ''} set, the rest at their defaults")
+    for name in set_here:
+        print(f"  {name}={os.environ[name]}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from outcome_flywheel.preferences.synthetic import OPERATORS
+
+    parser = _Parser(prog=PROG, description="Command-line tools of the outcome flywheel (Dagster-free).",
+                     epilog="Each command reads the FLYWHEEL_* variables (README: Configuration).")
+    parser.add_argument("-v", "--verbose", action="store_true", help="keep library warnings and progress bars; tracebacks on unexpected errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("status", help="training status of the preference flywheel (JSON)",
+                       description="n_preferences, n_dpo_pairs, n_holdout, new pairs since the last adapter, ready_to_train "
+                                   "with the blocking reasons, the last holdout evaluation and drift, from FLYWHEEL_DATA_DIR.")
+    p.add_argument("--min-new-pairs", type=_positive_int, default=None, help="default FLYWHEEL_MIN_NEW_PAIRS (10)")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("style-score", help="style-match score of a proposal against the latest preference adapter (JSON)",
+                       description="Prints {available, style_match_score, margin_logp, comment, adapter_path}: "
+                                   "score = sigmoid(beta * margin), margin = the adapter's DPO implicit reward of the plan "
+                                   "minus that of holding. available is false before the first adapter.")
+    p.add_argument("--orders", required=True, help='JSON list of {"symbol", "side": buy|sell, "weight": 0.05 = 5%%}, or @file.json')
+    p.add_argument("--context", default="{}", help="JSON object (or @file.json): the decision context; its keys count only "
+                                                   "if the adapter was trained with them (FLYWHEEL_PREFERENCE_CONTEXT)")
+    p.add_argument("--text", default=None, help="the proposal's optional note")
+    p.add_argument("--adapter", default=None, help="adapter folder (default: $FLYWHEEL_DATA_DIR/adapters/preference/latest)")
+    p.set_defaults(func=cmd_style_score)
+
+    p = sub.add_parser("make-audit-log", help="a synthetic operator's audit log (JSONL)",
+                       description="Decisions of a synthetic operator on rebalance proposals, with the log's edge cases "
+                                   "(outcome_flywheel/preferences/synthetic.py). The bundled sample is "
+                                   "--operator sector --n 200 --seed 7 --out sample_data/audit_log.jsonl.")
+    p.add_argument("--operator", choices=sorted(OPERATORS), default="sector")
+    p.add_argument("--n", type=_audit_log_size, default=200, help="decisions (default 200)")
+    p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
+    p.add_argument("--out", default="-", help="file to write (default -: stdout)")
+    p.set_defaults(func=cmd_make_audit_log)
+
+    p = sub.add_parser("check-settings", help="validate the FLYWHEEL_* environment variables",
+                       description="One line per variable that breaks its rule (and per FLYWHEEL_* name the project "
+                                   "does not read); exit 2 when any, 0 when all are usable.")
+    p.set_defaults(func=cmd_check_settings)
+    return parser
+
+
+# -- running -------------------------------------------------------------------------------------------
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("outcome-flywheel")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+
+
+def quiet_libraries() -> None:
+    """No progress bars, library logging below ERROR or Python warnings (set before the libraries load;
+    a variable the user set keeps its value)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # huggingface_hub's and transformers' tqdm
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.simplefilter("ignore")
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if "transformers" in sys.modules:  # loaded already (e.g. main() called in-process)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns the exit status (the console script exits with it)."""
+    verbose = False
+    try:
+        with warnings.catch_warnings():
+            args = build_parser().parse_args(argv)
+            verbose = args.verbose
+            if not verbose:
+                quiet_libraries()
+            return args.func(args)
+    except CliError as err:
+        _error(str(err))
+        return err.code
+    except SettingsError as err:
+        _error(str(err))
+        return 2
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as err:
+        if verbose:
+            raise
+        _error(str(err))
+        return 1
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except BrokenPipeError:  # e.g. `flywheel make-audit-log | head`
+        sys.stdout = open(os.devnull, "w")
+        return 1
+    except Exception as err:  # a bug or a broken file: still one line, the traceback with --verbose
+        if verbose:
+            raise
+        _error(f"{type(err).__name__}: {err} (run with --verbose for the traceback)")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
