@@ -63,8 +63,8 @@ def make_data(path: Path, args) -> dict:
 
 def time_backend(name: str, path: Path, data: dict, args) -> dict:
     """Per-stage seconds of one backend ('torch' or 'mlx') on `data`."""
-    from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample
-    from outcome_flywheel.models.torch.dpo import PreferencePair, WeightedDPOConfig
+    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
 
     device = args.torch_device if name == "torch" else "auto"
     lora = LoraSettings(r=8, alpha=16)

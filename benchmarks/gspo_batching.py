@@ -24,7 +24,8 @@ def run(headlines: int = 8, rollouts: int = 8, batch_size: int = 16, max_new_tok
     from outcome_flywheel.daily_rl.rewards import group_advantages
     from outcome_flywheel.daily_rl.structure import structure_score
     from outcome_flywheel.models import ModelLoader, SamplingConfig
-    from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample, train_gspo
+    from outcome_flywheel.models.gspo import train_gspo
+    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.prompts import trading_note_messages
     from scripts.make_tiny_local_corpus import make_notes
 

@@ -5,7 +5,9 @@ import math
 import pytest
 import torch
 
-from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample, gspo_loss, train_gspo
+from outcome_flywheel.models.gspo import train_gspo
+from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+from outcome_flywheel.models.torch.losses import gspo_loss
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
 
@@ -116,7 +118,6 @@ def test_train_gspo_full_fine_tune_has_no_adapter(torch_policy):
 
 
 def test_shared_prefix_logprobs_match_plain_padded_batches(torch_policy):
-    from outcome_flywheel.models.torch.gspo import shared_prefix_logprobs
     from outcome_flywheel.models.interface import LoraSettings
 
     torch_policy.add_lora(LoraSettings())
@@ -128,7 +129,7 @@ def test_shared_prefix_logprobs_match_plain_padded_batches(torch_policy):
     p_ids = [prompts[i % 2] for i in range(5)]
     r_ids = [list(range(10, 10 + n)) for n in (1, 7, 3, 12, 5)]
     plain, plain_mask = torch_policy.batch_logprobs(p_ids, r_ids)
-    shared, shared_mask = shared_prefix_logprobs(torch_policy, p_ids, r_ids)
+    shared, shared_mask = torch_policy.batch_logprobs(p_ids, r_ids, shared_prefix=True)
     assert torch.equal(plain_mask, shared_mask)
     assert torch.allclose(plain, shared, atol=1e-4)
     plain.sum().backward()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from outcome_flywheel.daily_rl.loop import ROLLOUT_SAMPLING
-from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample
+from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.interface import LoraSettings
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.torch.backend import TorchBackend

@@ -11,7 +11,9 @@ from tests.flywheel_fixtures import one_thread  # noqa: F401
 from outcome_flywheel.preferences.scoring import score_candidates
 from outcome_flywheel.preferences.weighting import HOLD_TEXT
 from outcome_flywheel.models.segments import completion_segments, encode_segments, flatten_segments
-from outcome_flywheel.models.torch.dpo import PreferencePair, WeightedDPOConfig, _sequence_logps, train_weighted_dpo, weighted_dpo_loss
+from outcome_flywheel.models.dpo import train_weighted_dpo
+from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.models.torch.losses import weighted_dpo_loss
 
 
 def _manual(pc, pr, rc, rr, w, beta):
@@ -76,8 +78,8 @@ def test_line_unit_log_prob_is_the_sum_of_each_line_as_its_own_response(torch_po
              "Plan: hold. No trades."]
     p_ids = [torch_policy.prompt_ids(prompt)] * 2
     with torch.no_grad():
-        summed = _sequence_logps(torch_policy, p_ids, [encode_segments(torch_policy.encode_response, t, "line") for t in plans])
-        whole = _sequence_logps(torch_policy, p_ids, [encode_segments(torch_policy.encode_response, t, "sequence") for t in plans])
+        summed = torch_policy.sequence_logps(p_ids, [encode_segments(torch_policy.encode_response, t, "line") for t in plans])
+        whole = torch_policy.sequence_logps(p_ids, [encode_segments(torch_policy.encode_response, t, "sequence") for t in plans])
         for k, text in enumerate(plans):
             lines = text.split("\n")
             logp = torch_policy.response_logprobs([prompt] * len(lines), [torch_policy.encode_response(x) for x in lines])

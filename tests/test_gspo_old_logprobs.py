@@ -2,7 +2,7 @@
 
 import torch
 
-from outcome_flywheel.models.torch.gspo import GSPOConfig, GSPOExample
+from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
 

@@ -11,7 +11,8 @@ from tests.mlx_fixtures import PROMPTS, RESPONSES, TOL, max_abs_diff, require_ml
 require_mlx()
 
 from outcome_flywheel.models.interface import SamplingConfig  # noqa: E402
-from outcome_flywheel.models.mlx.backend import MLXBackend, filter_logits  # noqa: E402
+from outcome_flywheel.models.mlx.backend import MLXBackend  # noqa: E402
+from outcome_flywheel.models.mlx.sampling import filter_logits  # noqa: E402
 from outcome_flywheel.models.torch.backend import TorchBackend  # noqa: E402
 
 
@@ -129,12 +130,12 @@ def test_filter_logits_follow_one_rule_in_both_backends():
     import torch
 
     from outcome_flywheel.models.sampling import reference_keep_mask
-    from outcome_flywheel.models.torch.backend import _filter_logits
+    from outcome_flywheel.models.torch.sampling import filter_logits as torch_filter_logits
 
     for logits, top_k, top_p in _rule_cases():
         expected = reference_keep_mask(logits, top_k, top_p)
         ours = np.array(filter_logits(mx.array(logits), top_k, top_p))
-        theirs = _filter_logits(torch.tensor(logits), top_k, top_p).numpy()
+        theirs = torch_filter_logits(torch.tensor(logits), top_k, top_p).numpy()
         assert np.array_equal(~np.isinf(ours), expected), (top_k, top_p)
         assert np.array_equal(~np.isinf(theirs), expected), (top_k, top_p)
         assert np.array_equal(ours[expected], logits[expected]) and np.array_equal(theirs[expected], logits[expected])

@@ -1,6 +1,7 @@
-"""GSPO and weighted DPO in mlx against their torch definitions (`gspo.py`, `weighted_dpo.py`):
-the same loss on the same batch before any step (within 1e-4), and one optimiser step lowers
-the batch loss in both frameworks."""
+"""GSPO and weighted DPO on mlx against torch, through the one trainer body (`models/gspo.py`,
+`models/dpo.py`): the same loss on the same batch before any step (within 1e-4), and one
+optimiser step lowers the batch loss in both frameworks. The losses alone, torch vs mlx on the
+same tensors: tests/test_models_parity.py."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ import mlx.core as mx  # noqa: E402
 import torch  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from outcome_flywheel.models.torch import gspo as torch_gspo  # noqa: E402
-from outcome_flywheel.models.mlx import backend as mlx_backend, gspo as mlx_gspo  # noqa: E402
-from outcome_flywheel.models.torch import dpo as torch_dpo  # noqa: E402
+from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig  # noqa: E402
+from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample  # noqa: E402
+from outcome_flywheel.models.mlx import losses as mlx_losses  # noqa: E402
 from outcome_flywheel.models.mlx.backend import MLXBackend  # noqa: E402
+from outcome_flywheel.models.torch import losses as torch_losses  # noqa: E402
 from outcome_flywheel.models.segments import encode_segments  # noqa: E402
 from outcome_flywheel.models.torch.backend import TorchBackend  # noqa: E402
 
@@ -41,7 +43,7 @@ def gspo_examples(backend, behaviour=None):
     responses = [backend.encode_response(t) for t in RESPONSES + EXTRA_RESPONSES]
     behaviour = behaviour or backend.response_logprobs(prompts, responses)
     return [
-        torch_gspo.GSPOExample(prompt=p, response_ids=r, behavior_logprobs=[float(x) for x in b], advantage=a)
+        GSPOExample(prompt=p, response_ids=r, behavior_logprobs=[float(x) for x in b], advantage=a)
         for p, r, b, a in zip(prompts, responses, behaviour, ADVANTAGES)
     ]
 
@@ -55,10 +57,10 @@ def torch_gspo_sampling():
 
 def dpo_pairs():
     return [
-        torch_dpo.PreferencePair(PROMPTS[0], RESPONSES[0], EXTRA_RESPONSES[0], 1.0),
-        torch_dpo.PreferencePair(PROMPTS[1], RESPONSES[1], EXTRA_RESPONSES[1], 3.0),
-        torch_dpo.PreferencePair(PROMPTS[2], EXTRA_RESPONSES[2], RESPONSES[2], 0.3),
-        torch_dpo.PreferencePair(PROMPTS[0], EXTRA_RESPONSES[1], RESPONSES[1], 1.5),
+        PreferencePair(PROMPTS[0], RESPONSES[0], EXTRA_RESPONSES[0], 1.0),
+        PreferencePair(PROMPTS[1], RESPONSES[1], EXTRA_RESPONSES[1], 3.0),
+        PreferencePair(PROMPTS[2], EXTRA_RESPONSES[2], RESPONSES[2], 0.3),
+        PreferencePair(PROMPTS[0], EXTRA_RESPONSES[1], RESPONSES[1], 1.5),
     ]
 
 
@@ -70,7 +72,7 @@ def torch_gspo_batch_loss(backend, examples, config):
         old[i, : len(e.behavior_logprobs)] = torch.tensor(e.behavior_logprobs)
     adv = torch.tensor([e.advantage for e in examples])
     with torch.no_grad():
-        loss, _ = torch_gspo.gspo_loss(logp, old, mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
+        loss, _ = torch_losses.gspo_loss(logp, old, mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
     return float(loss)
 
 
@@ -80,7 +82,7 @@ def mlx_gspo_batch_loss(backend, examples, config):
     for i, e in enumerate(examples):
         old[i, : len(e.behavior_logprobs)] = e.behavior_logprobs
     adv = mx.array([e.advantage for e in examples])
-    loss, _ = mlx_gspo.gspo_loss(logp, mx.array(old), mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
+    loss, _ = mlx_losses.gspo_loss(logp, mx.array(old), mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
     return loss.item()
 
 
@@ -90,9 +92,9 @@ def torch_dpo_batch_loss(backend, pairs, beta):
     r = [encode_segments(backend.encode_response, x.rejected, "line") for x in pairs]
     with torch.no_grad():
         with backend.adapter_disabled():
-            ref_c, ref_r = torch_dpo._sequence_logps(backend, p, c), torch_dpo._sequence_logps(backend, p, r)
-        pol_c, pol_r = torch_dpo._sequence_logps(backend, p, c), torch_dpo._sequence_logps(backend, p, r)
-        loss, _ = torch_dpo.weighted_dpo_loss(pol_c, pol_r, ref_c, ref_r, torch.tensor([x.weight for x in pairs]), beta)
+            ref_c, ref_r = backend.sequence_logps(p, c), backend.sequence_logps(p, r)
+        pol_c, pol_r = backend.sequence_logps(p, c), backend.sequence_logps(p, r)
+        loss, _ = torch_losses.weighted_dpo_loss(pol_c, pol_r, ref_c, ref_r, torch.tensor([x.weight for x in pairs]), beta)
     return float(loss)
 
 
@@ -101,39 +103,10 @@ def mlx_dpo_batch_loss(backend, pairs, beta):
     c = [encode_segments(backend.encode_response, x.chosen, "line") for x in pairs]
     r = [encode_segments(backend.encode_response, x.rejected, "line") for x in pairs]
     with backend.adapter_disabled():
-        ref_c, ref_r = backend.dpo_sequence_logps(p, c, r)
-    pol_c, pol_r = backend.dpo_sequence_logps(p, c, r)
-    loss, _ = mlx_backend.weighted_dpo_loss(pol_c, pol_r, ref_c, ref_r, mx.array([x.weight for x in pairs]), beta)
+        ref_c, ref_r = backend.sequence_logps(p, c), backend.sequence_logps(p, r)
+    pol_c, pol_r = backend.sequence_logps(p, c), backend.sequence_logps(p, r)
+    loss, _ = mlx_losses.weighted_dpo_loss(pol_c, pol_r, ref_c, ref_r, mx.array([x.weight for x in pairs]), beta)
     return loss.item()
-
-
-# -- the loss functions alone, on random tensors -----------------------------------------------
-@pytest.mark.parametrize("objective", ["gspo", "reward_weighted"])
-def test_gspo_loss_function_matches_torch(objective):
-    rng = np.random.default_rng(0)
-    logp = rng.normal(-2.0, 0.5, size=(5, 7)).astype(np.float32)
-    old = logp + rng.normal(0, 0.01, size=logp.shape).astype(np.float32)
-    mask = np.ones_like(logp, dtype=bool)
-    mask[1, 4:] = mask[3, 2:] = False
-    adv = rng.normal(size=5).astype(np.float32)
-    t_loss, t_metrics = torch_gspo.gspo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(mask), torch.tensor(adv), 3e-4, 4e-4, objective)
-    m_loss, m_metrics = mlx_gspo.gspo_loss(mx.array(logp), mx.array(old), mx.array(mask), mx.array(adv), 3e-4, 4e-4, objective)
-    assert abs(float(t_loss) - m_loss.item()) < 1e-6
-    assert set(t_metrics) == set(m_metrics)
-    for k in t_metrics:
-        assert abs(t_metrics[k] - m_metrics[k].item()) < 1e-5, k
-
-
-def test_weighted_dpo_loss_function_matches_torch():
-    rng = np.random.default_rng(1)
-    pc, pr, rc, rr = (rng.normal(-30, 5, size=6).astype(np.float32) for _ in range(4))
-    w = rng.uniform(0.3, 3.0, size=6).astype(np.float32)
-    t_loss, t_metrics = torch_dpo.weighted_dpo_loss(*(torch.tensor(x) for x in (pc, pr, rc, rr, w)), beta=0.1)
-    m_loss, m_metrics = mlx_backend.weighted_dpo_loss(*(mx.array(x) for x in (pc, pr, rc, rr, w)), beta=0.1)
-    assert abs(float(t_loss) - m_loss.item()) < 1e-6
-    assert set(t_metrics) == set(m_metrics)
-    for k in t_metrics:
-        assert abs(t_metrics[k] - m_metrics[k].item()) < 1e-5, k
 
 
 # -- on tiny-local with a non-trivial adapter: same loss before any step ------------------------
@@ -143,7 +116,7 @@ def test_gspo_batch_loss_matches_torch_before_any_step(tiny_model_dir, adapter):
     # pi_old = the base (adapter off), so the ratios are far from 1 and both clip branches occur.
     base = TorchBackend(tiny_model_dir, device="cpu")
     examples = gspo_examples(base)
-    config = torch_gspo.GSPOConfig(objective="gspo", epsilon_low=0.05, epsilon_high=0.08, batch_size=6, lora=SMALL_LORA,
+    config = GSPOConfig(objective="gspo", epsilon_low=0.05, epsilon_high=0.08, batch_size=6, lora=SMALL_LORA,
                                    old_logprobs="stored")
     t_loss, m_loss = torch_gspo_batch_loss(torch_policy, examples, config), mlx_gspo_batch_loss(mlx_policy, examples, config)
     assert abs(t_loss - m_loss) < TOL
@@ -163,7 +136,7 @@ def test_weighted_dpo_batch_loss_matches_torch_before_any_step(tiny_model_dir, a
     t_loss, m_loss = torch_dpo_batch_loss(torch_policy, pairs, 0.1), mlx_dpo_batch_loss(mlx_policy, pairs, 0.1)
     assert abs(t_loss - np.log(2)) > 1e-3  # the adapter moved the policy off the reference
     assert abs(t_loss - m_loss) < TOL
-    config = torch_dpo.WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA, beta=0.1)
+    config = WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA, beta=0.1)
     t_stats = torch_policy.train_weighted_dpo(pairs, config)
     m_stats = mlx_policy.train_weighted_dpo(pairs, config)
     assert abs(t_stats.losses[0] - t_loss) < TOL and abs(m_stats.losses[0] - m_loss) < TOL
@@ -175,7 +148,7 @@ def test_weighted_dpo_batch_loss_matches_torch_before_any_step(tiny_model_dir, a
 @pytest.mark.parametrize("objective", ["gspo", "reward_weighted"])
 def test_one_gspo_step_lowers_the_batch_loss_in_both(tiny_model_dir, objective):
     """The daily loop's case: a fresh adapter, rollouts scored by the policy that sampled them."""
-    config = torch_gspo.GSPOConfig(objective=objective, learning_rate=2e-3, batch_size=6, epochs=1, lora=SMALL_LORA)
+    config = GSPOConfig(objective=objective, learning_rate=2e-3, batch_size=6, epochs=1, lora=SMALL_LORA)
     for policy in (TorchBackend(tiny_model_dir, device="cpu"), MLXBackend(tiny_model_dir)):
         examples = gspo_examples(policy)
         batch_loss = torch_gspo_batch_loss if policy.name == "torch" else mlx_gspo_batch_loss
@@ -188,7 +161,7 @@ def test_one_gspo_step_lowers_the_batch_loss_in_both(tiny_model_dir, objective):
 
 
 def test_one_weighted_dpo_step_lowers_the_batch_loss_in_both(tiny_model_dir):
-    config = torch_dpo.WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA)
+    config = WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA)
     pairs = dpo_pairs()
     results = {}
     for policy in (TorchBackend(tiny_model_dir, device="cpu"), MLXBackend(tiny_model_dir)):
@@ -205,14 +178,14 @@ def test_one_weighted_dpo_step_lowers_the_batch_loss_in_both(tiny_model_dir):
 
 def test_trainers_refuse_bad_input(tiny_model_dir):
     policy = MLXBackend(tiny_model_dir)
-    config = torch_dpo.WeightedDPOConfig(lora=SMALL_LORA)
+    config = WeightedDPOConfig(lora=SMALL_LORA)
     with pytest.raises(ValueError):
         policy.train_weighted_dpo([], config)
     with pytest.raises(ValueError):
-        policy.train_weighted_dpo([torch_dpo.PreferencePair(PROMPTS[0], "a", "b", 0.0)], config)
-    bad = torch_gspo.GSPOExample(PROMPTS[0], [1, 2, 3], [-1.0], 1.0)
+        policy.train_weighted_dpo([PreferencePair(PROMPTS[0], "a", "b", 0.0)], config)
+    bad = GSPOExample(PROMPTS[0], [1, 2, 3], [-1.0], 1.0)
     with pytest.raises(ValueError):
-        policy.train_gspo([bad], torch_gspo.GSPOConfig(lora=SMALL_LORA))
+        policy.train_gspo([bad], GSPOConfig(lora=SMALL_LORA))
 
 
 def test_gspo_trainers_follow_one_batching_plan_over_several_steps(tiny_model_dir):
@@ -221,7 +194,7 @@ def test_gspo_trainers_follow_one_batching_plan_over_several_steps(tiny_model_di
     step and the same policy after, in torch and mlx."""
     torch_policy, mlx_policy = TorchBackend(tiny_model_dir, device="cpu"), MLXBackend(tiny_model_dir)
     examples = gspo_examples(torch_policy)
-    config = torch_gspo.GSPOConfig(objective="reward_weighted", learning_rate=1e-3, batch_size=2, epochs=2, lora=None, seed=5)
+    config = GSPOConfig(objective="reward_weighted", learning_rate=1e-3, batch_size=2, epochs=2, lora=None, seed=5)
     t_stats, m_stats = torch_policy.train_gspo(examples, config), mlx_policy.train_gspo(examples, config)
     assert t_stats.steps == m_stats.steps == 6
     np.testing.assert_allclose(m_stats.losses, t_stats.losses, atol=2e-3)
@@ -238,16 +211,16 @@ def test_gspo_ratio_is_exactly_one_first_and_bf16_full_fine_tune_keeps_its_updat
     policy = MLXBackend(tiny_model_dir)
     groups = policy.sample(PROMPTS[:2], 3, torch_gspo_sampling(), seeds=[1, 2])
     examples = [
-        torch_gspo.GSPOExample(prompt=PROMPTS[i], response_ids=s.token_ids, behavior_logprobs=s.logprobs, advantage=a)
+        GSPOExample(prompt=PROMPTS[i], response_ids=s.token_ids, behavior_logprobs=s.logprobs, advantage=a)
         for i, g in enumerate(groups) for s, a in zip(g, (1.0, -0.5, -0.5))
     ]
-    config = torch_gspo.GSPOConfig(batch_size=6, learning_rate=1e-3, lora=SMALL_LORA, temperature=0.8)
+    config = GSPOConfig(batch_size=6, learning_rate=1e-3, lora=SMALL_LORA, temperature=0.8)
     stats = policy.train_gspo(examples, config)
     assert stats.extra["ratio_min"][0] == stats.extra["ratio_max"][0] == 1.0
     assert stats.extra["behavior_logprob_gap_max"] < TOL
 
     bf16 = MLXBackend(tiny_model_dir, dtype="bfloat16")
-    full = torch_gspo.GSPOConfig(objective="reward_weighted", batch_size=2, learning_rate=1e-5, lora=None, temperature=0.8)
+    full = GSPOConfig(objective="reward_weighted", batch_size=2, learning_rate=1e-5, lora=None, temperature=0.8)
     before = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(bf16.model.parameters())}
     assert bf16.train_gspo(examples, full).steps == 3
     assert bf16.dtype == mx.float32

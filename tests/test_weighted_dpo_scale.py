@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from outcome_flywheel.models.torch.dpo import weighted_dpo_loss
+from outcome_flywheel.models.torch.losses import weighted_dpo_loss
 
 ZERO = torch.zeros(2)
 
@@ -34,7 +34,7 @@ def test_full_batch_matches_the_weighted_mean():
 
 def test_mlx_matches_torch_with_dataset_mean_weight():
     mx = pytest.importorskip("mlx.core", reason="mlx is not installed")
-    from outcome_flywheel.models.mlx.backend import weighted_dpo_loss as mlx_weighted_dpo_loss
+    from outcome_flywheel.models.mlx.losses import weighted_dpo_loss as mlx_weighted_dpo_loss
 
     chosen = [0.2, -0.1]
     out = mlx_weighted_dpo_loss(mx.array(chosen), mx.zeros(2), mx.zeros(2), mx.zeros(2), mx.array([0.3, 1.0]), 1.0, 0.8)[0]

@@ -262,7 +262,7 @@ def check_behaviour_policy(rollouts: pd.DataFrame, parent_version: str | None, p
 
 def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_advantage: float = 1e-8) -> list:
     """GSPO examples from the usable scored rollouts (zero-advantage ones carry no gradient)."""
-    from outcome_flywheel.models.torch.gspo import GSPOExample
+    from outcome_flywheel.models.gspo_config import GSPOExample
 
     if rollouts.empty or scores.empty:
         return []

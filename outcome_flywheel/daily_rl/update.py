@@ -116,13 +116,6 @@ def score_previous_rollouts(
     return score_table(inputs, judgements, day, prediction_day, outcome_day)
 
 
-def seed_training(seed: int) -> None:
-    """LoRA init and anything random in the trainer: a re-run of the day repeats them."""
-    import torch  # the mlx trainer seeds from its config; torch's init draws from the global generator
-
-    torch.manual_seed(seed)
-
-
 def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
     """Largest per-rollout mean |stored behaviour log-prob - log-prob under `policy`| (teacher forced
     at the sampling temperature, as they were stored)."""
@@ -207,7 +200,8 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     )
     stats = None
     if examples:
-        seed_training(stable_seed(seed, day, "train") % (2**31))
+        # LoRA init and anything random in the trainer draw from the framework's generator: a re-run repeats them.
+        policy.framework.seed(stable_seed(seed, day, "train") % (2**31))
         stats = policy.train_gspo(examples, gspo)
     is_base = stats is None and (parent_info is None or parent_info["kind"] == "base")
     info = publish_checkpoint(policy, ckpt_root, day, {

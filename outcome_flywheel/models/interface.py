@@ -4,9 +4,9 @@ A backend holds one policy: a base model, optionally with a LoRA adapter on top.
 chat messages; the backend renders them with the tokenizer's chat template. Everything that
 crosses the interface is plain Python / NumPy, so assets never import torch or mlx.
 
-Each training entry point is a plain function in its own module (`gspo.py`, `weighted_dpo.py`
-for torch; `mlx_backend.py` for MLX) with a Config dataclass beside it; the backend method
-only dispatches to it.
+The trainers are written once for both frameworks (`gspo.py`, `dpo.py`; their Config dataclasses
+in `gspo_config.py`, `dpo_config.py`); a backend lends them its log-prob functions
+(`batch_logprobs`, `sequence_logps`) and its `framework` (`Framework`: losses, loop, seeding).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
@@ -67,6 +67,31 @@ class TrainStats:
     def mean_loss(self) -> float:
         return float(np.mean(self.losses)) if self.losses else float("nan")
 
+    def record(self, loss: float, grad_norm: float, metrics: Mapping[str, float]) -> None:
+        """One optimiser step: its loss, its gradient norm before clipping, its metrics (as lists in `extra`)."""
+        self.steps += 1
+        self.losses.append(float(loss))
+        self.grad_norms.append(float(grad_norm))
+        for name, value in metrics.items():
+            self.extra.setdefault(name, []).append(float(value))
+
+
+@dataclass(frozen=True)
+class Framework:
+    """What a framework lends the shared trainers (`gspo.py`, `dpo.py`), one per framework
+    (`torch/training.py`, `mlx/training.py`) and reached as `backend.framework`. The trainers'
+    batching plan, seeding and pi_old choice are theirs; the framework supplies only these."""
+
+    name: str
+    seed: Callable[[int], Any]  # seeds the generator that LoRA init (and dropout) draw from
+    inference: Callable[[Any], ContextManager]  # backend -> no autograd, eval mode, restored after
+    to_numpy: Callable[[Any], np.ndarray]
+    as_array: Callable[[Any, np.ndarray], Any]  # (backend, array) -> the framework's array on its device
+    gspo_loss: Callable[..., tuple[Any, dict]]
+    weighted_dpo_loss: Callable[..., tuple[Any, dict]]
+    adamw: Callable[..., Any]  # (model, learning_rate) -> optimiser of the trainable parameters
+    train: Callable[..., "TrainStats"]  # (model, optimizer, *, loss, iterate_batches, max_grad_norm)
+
 
 class ChatTokenizer:
     """The text side both backends share: one Hugging Face tokenizer and its chat template, so
@@ -116,6 +141,7 @@ class ModelBackend(ABC):
     """One loaded policy. Implementations: `TorchBackend`, `MLXBackend`."""
 
     name: str = "abstract"
+    framework: Framework
     model_path: Path
     adapter_path: Path | None
 
@@ -192,9 +218,30 @@ class ModelBackend(ABC):
     @abstractmethod
     def num_parameters(self, trainable_only: bool = False) -> int: ...
 
-    # -- training entry points (the loops add them) ---------------------------------------
-    def train_gspo(self, examples, config) -> TrainStats:  # pragma: no cover - per backend
-        raise NotImplementedError(f"{self.name} backend has no GSPO trainer")
+    # -- training (the trainers are framework-neutral; see `Framework`) -----------------------
+    @abstractmethod
+    def batch_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0,
+        shared_prefix: bool = False,
+    ) -> tuple[Any, Any]:
+        """Differentiable teacher-forced log-probs at `temperature`: `(logp, mask)`, `[B, max_len]`."""
 
-    def train_weighted_dpo(self, pairs, config) -> TrainStats:  # pragma: no cover - per backend
-        raise NotImplementedError(f"{self.name} backend has no weighted DPO trainer")
+    @abstractmethod
+    def sequence_logps(self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]) -> Any:
+        """Differentiable `[B]` log pi(completion | prompt), summed over tokens and segments (segments.py)."""
+
+    @abstractmethod
+    def use_master_weights(self) -> None:
+        """Full fine-tuning: keep every weight in fp32 so small updates are not rounded away."""
+
+    def train_gspo(self, examples, config) -> TrainStats:
+        """GSPO on `gspo_config.GSPOExample`s with a `gspo_config.GSPOConfig`: `gspo.train_gspo`."""
+        from outcome_flywheel.models.gspo import train_gspo
+
+        return train_gspo(self, examples, config)
+
+    def train_weighted_dpo(self, pairs, config) -> TrainStats:
+        """Outcome-weighted DPO on `dpo_config.PreferencePair`s: `dpo.train_weighted_dpo`."""
+        from outcome_flywheel.models.dpo import train_weighted_dpo
+
+        return train_weighted_dpo(self, pairs, config)

@@ -1,5 +1,6 @@
-"""What the torch and mlx backends share, written once in NumPy so both agree by construction:
-the seed of each sample row, the top-k / nucleus (top-p) rule, and the GSPO batching plan.
+"""What the torch and mlx samplers share, written once in NumPy so both agree by construction:
+the seed of each sample row and the top-k / nucleus (top-p) rule (the trainers' batching plans are
+in `batching.py`).
 
 The filter rule. On temperature-scaled logits, a token is kept when
   - top-k: its logit is at least the k-th largest logit (ties at the k-th value are all kept), and
@@ -13,10 +14,6 @@ logit below it. Summation order is NumPy's, the same for both backends.
 """
 
 from __future__ import annotations
-
-import random
-from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -73,59 +70,3 @@ def reference_keep_mask(logits: np.ndarray, top_k: int, top_p: float) -> np.ndar
             above = probs[row > row[v]].sum()
             keep[b, v] = in_top_k[v] and (not uses_nucleus(top_p) or above < top_p)
     return keep
-
-
-def gspo_batch_plan(prompt_keys: Sequence[Hashable], batch_size: int, epochs: int, seed: int, group_by_prompt: bool = True) -> list[list[int]]:
-    """Minibatches of example indices for `epochs` passes, the same plan in torch and mlx.
-
-    One `random.Random(seed)` shuffles, epoch after epoch, either whole prompt groups (a
-    headline's rollouts stay together, so a minibatch holds few distinct prompts and the shared
-    prompt prefix is run once) or, with `group_by_prompt=False`, single examples.
-    """
-    rng = random.Random(seed)
-    size = max(1, int(batch_size))
-    plan: list[list[int]] = []
-    for _ in range(int(epochs)):
-        if group_by_prompt:
-            groups: dict[Hashable, list[int]] = {}
-            for i, key in enumerate(prompt_keys):
-                groups.setdefault(key, []).append(i)
-            group_list = list(groups.values())
-            rng.shuffle(group_list)
-            order = [i for g in group_list for i in g]
-        else:
-            order = list(range(len(prompt_keys)))
-            rng.shuffle(order)
-        plan += [order[s : s + size] for s in range(0, len(order), size)]
-    return plan
-
-
-@dataclass
-class EncodedExample:
-    """One GSPO example as token ids: what both trainers feed their forward passes."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    behavior_logprobs: list[float]
-    advantage: float
-
-
-def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[[Any], list[int]]) -> list[list[EncodedExample]]:
-    """The minibatches both GSPO trainers take their steps on: the examples with a response,
-    checked (one behaviour log-prob per token), tokenised (each distinct prompt once) and laid
-    out by `gspo_batch_plan` from `config` (a `gspo.GSPOConfig`)."""
-    cache: dict[str, list[int]] = {}
-    encoded = []
-    for ex in examples:
-        if not ex.response_ids:
-            continue
-        if len(ex.behavior_logprobs) != len(ex.response_ids):
-            raise ValueError("behavior_logprobs must have one value per response token")
-        key = repr(ex.prompt)
-        if key not in cache:
-            cache[key] = prompt_ids(ex.prompt)
-        encoded.append(EncodedExample(cache[key], list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)))
-    batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
-    share = config.share_prompt_prefix and not config.one_at_a_time
-    plan = gspo_batch_plan([tuple(e.prompt_ids) for e in encoded], batch_size, config.epochs, config.seed, group_by_prompt=share)
-    return [[encoded[i] for i in index] for index in plan]

@@ -1,148 +1,42 @@
-"""MLX backend: mlx-lm for the model and LoRA layers, our own batched sampler and trainers.
+"""MLX backend: mlx-lm for the model and its LoRA layers; loading, teacher-forced log-probs (the
+trainers' log-prob functions), LoRA and saving. The mirror of `torch/backend.py`.
 
 Runs unchanged on Apple silicon (Metal) and on Linux (`mlx[cpu]`, slow: see docs/mlx.md).
 It follows `TorchBackend`'s conventions exactly, so either backend can take over a policy:
 
-- sampling: our own batched loop over mlx-lm's `BatchKVCache` (left-padded prompts, per-row
-  RoPE offsets). Every sample row has its own PRNG key, derived from the prompt's seed and the
-  sample index, so a prompt's samples do not depend on the rest of the batch. The log-prob
-  recorded for each sampled token is under the policy at the sampling temperature (logits / T,
-  before top-k / top-p, as the torch backend): what teacher forcing at T reproduces and GSPO
-  needs as pi_old.
 - teacher forcing: right-padded batch, causal attention, logits only for the response tail.
 - LoRA: mlx-lm's `LoRALinear` via `linear_to_lora_layers`, same targets as `LoraSettings`;
   saved and loaded in PEFT layout (`lora_convert`), so checkpoints on disk are framework-neutral.
   The reference policy (DPO, the style score) is the base: every LoRA scale set to 0.
-- training: one loop (`train_loop`) taking the loss and the batch iterator, mlx-lm style
-  (`nn.value_and_grad`, AdamW with bias correction and no weight decay as torch's AdamW here,
-  gradient norm clipped to 1.0); the GSPO and weighted DPO losses are written out in mlx
-  below, formula for formula the same as `gspo.py` and `weighted_dpo.py`.
+
+The sampler is `sampling.py`; the losses `losses.py`; the loop and what mlx lends the shared
+trainers (`models/gspo.py`, `models/dpo.py`) `training.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import random
 import shutil
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
 from outcome_flywheel.models import lora_convert
-from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
-from outcome_flywheel.models.segments import encode_segments, flatten_segments
-from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
+from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
+from outcome_flywheel.models.mlx.sampling import sample_batch
+from outcome_flywheel.models.mlx.training import FRAMEWORK
+from outcome_flywheel.models.segments import flatten_segments
 
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
-def filter_logits(logits: mx.array, top_k: int, top_p: float) -> mx.array:
-    """Top-k then nucleus (top-p) on temperature-scaled logits: the rule of `sampling.py`, as the
-    torch backend (one threshold per row, computed on the host from the top-k candidates)."""
-    k = candidate_count(top_k, logits.shape[-1])
-    if k == logits.shape[-1] and not uses_nucleus(top_p):
-        return logits
-    top = mx.topk(logits, k, axis=-1) if k < logits.shape[-1] else logits
-    threshold = mx.array(keep_thresholds(np.array(top.astype(mx.float32)), top_p).astype(np.float32)).astype(logits.dtype)
-    return mx.where(logits < threshold[:, None], mx.array(-float("inf"), dtype=logits.dtype), logits)
-
-
-_split_keys = mx.vmap(lambda key: mx.random.split(key))
-_categorical = mx.vmap(lambda logits, key: mx.random.categorical(logits, key=key))
-
-
-# -- losses (mlx mirror of weighted_dpo.weighted_dpo_loss; GSPO's is in mlx_gspo.py) -----------------
-def weighted_dpo_loss(
-    policy_chosen_logps: mx.array, policy_rejected_logps: mx.array,
-    ref_chosen_logps: mx.array, ref_rejected_logps: mx.array, weights: mx.array, beta: float,
-    mean_weight: float | None = None,
-) -> tuple[mx.array, dict[str, mx.array]]:
-    """DPO (Rafailov et al. 2023) with a weight per pair, over sequence-summed log-probs [B]:
-
-        l_i = -log sigmoid(beta ((pi_c - ref_c) - (pi_r - ref_r))),  loss = sum_B w_i l_i / (B * mean_weight)
-
-    with `mean_weight` over the whole training set (as `weighted_dpo.weighted_dpo_loss`), else the
-    batch's own sum of weights.
-    """
-    chosen_logratio = policy_chosen_logps - ref_chosen_logps
-    rejected_logratio = policy_rejected_logps - ref_rejected_logps
-    logits = beta * (chosen_logratio - rejected_logratio)
-    per_pair = -nn.log_sigmoid(logits)
-    weights = weights.astype(per_pair.dtype)
-    norm = mx.maximum(weights.sum(), 1e-12) if mean_weight is None else mx.array(len(per_pair) * mean_weight, dtype=per_pair.dtype)
-    loss = (weights * per_pair).sum() / norm
-    chosen_reward = mx.stop_gradient(beta * chosen_logratio)
-    rejected_reward = mx.stop_gradient(beta * rejected_logratio)
-    metrics = {
-        "rewards_chosen": chosen_reward.mean(),
-        "rewards_rejected": rejected_reward.mean(),
-        "rewards_margin": (chosen_reward - rejected_reward).mean(),
-        "rewards_accuracy": (chosen_reward > rejected_reward).astype(mx.float32).mean(),
-    }
-    return loss, metrics
-
-
-# -- the training loop --------------------------------------------------------------------------
-def train_loop(
-    model: nn.Module,
-    loss_fn: Callable[[nn.Module, Any], tuple[mx.array, dict[str, mx.array]]],
-    batches: Iterable[Any],
-    learning_rate: float,
-    max_grad_norm: float = 1.0,
-    weight_decay: float = 0.0,
-) -> TrainStats:
-    """One AdamW step per batch on the model's trainable parameters, mlx-lm style.
-
-    `loss_fn(model, batch)` returns the scalar loss and a dict of per-batch metrics; the loss,
-    the gradient norm before clipping and the metrics are recorded as in the torch loop.
-    """
-    if not tree_flatten(model.trainable_parameters()):
-        raise ValueError("no trainable parameters")
-    # torch.optim.AdamW corrects the moment bias; mlx's does only when asked.
-    optimizer = optim.AdamW(learning_rate=learning_rate, weight_decay=weight_decay, bias_correction=True)
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
-    stats = TrainStats()
-    started = time.perf_counter()
-    was_training = model.training
-    model.train()
-    try:
-        for batch in batches:
-            (loss, metrics), grads = loss_and_grad(model, batch)
-            grads, grad_norm = optim.clip_grad_norm(grads, max_grad_norm)
-            optimizer.update(model, grads)
-            mx.eval(model.parameters(), optimizer.state, loss, grad_norm, metrics)
-            stats.steps += 1
-            stats.losses.append(loss.item())
-            stats.grad_norms.append(float(grad_norm.item()))
-            for name, value in metrics.items():
-                stats.extra.setdefault(name, []).append(float(value.item()))
-    finally:
-        model.train(was_training)
-    stats.wall_s = time.perf_counter() - started
-    return stats
-
-
-def _batches(items: Sequence[Any], batch_size: int, epochs: int, seed: int | None = None) -> Iterator[list[Any]]:
-    """Batches over `epochs` passes: in order, or shuffled by one `random.Random(seed)` drawn
-    from epoch after epoch, which is the torch trainers' order, so both see the same batches."""
-    rng = random.Random(seed) if seed is not None else None
-    size = max(1, int(batch_size))
-    for _ in range(int(epochs)):
-        order = list(range(len(items)))
-        if rng is not None:
-            rng.shuffle(order)
-        for start in range(0, len(order), size):
-            yield [items[i] for i in order[start : start + size]]
-
-
 class MLXBackend(ChatTokenizer, ModelBackend):
     name = "mlx"
+    framework = FRAMEWORK
 
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, dtype: str = "auto"):
         from mlx_lm.utils import load_model
@@ -178,53 +72,7 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         return self._eval_mode()
 
     def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
-        from mlx_lm.models.cache import BatchKVCache
-
-        pad = self.tokenizer.pad_token_id
-        rows = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
-        width = max(len(p) for p in prompt_ids)
-        # Left padding so every row's next token sits in the last column; the cache masks the
-        # padding and starts each row's RoPE positions at its first real token.
-        inputs = np.full((len(rows), width), pad, dtype=np.int32)
-        left_padding = []
-        for r, (i, _) in enumerate(rows):
-            ids = prompt_ids[i]
-            inputs[r, width - len(ids) :] = ids
-            left_padding.append(width - len(ids))
-        cache = [BatchKVCache(left_padding) for _ in self.model.layers]
-        keys = mx.stack([mx.random.key(row_seed(seeds[i], j)) for i, j in rows])
-        stop = np.array(sorted(self.stop_ids))
-
-        tokens: list[list[int]] = [[] for _ in rows]
-        logps: list[list[float]] = [[] for _ in rows]
-        done = np.zeros(len(rows), dtype=bool)
-        logits = self.model(mx.array(inputs), cache=cache)[:, -1, :].astype(mx.float32)
-        for _ in range(cfg.max_new_tokens):
-            scaled = logits / cfg.temperature if cfg.temperature > 0 else logits  # greedy: temperature 1
-            behaviour_logp = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
-            if cfg.temperature <= 0:
-                chosen = mx.argmax(logits, axis=-1)
-            else:
-                split = _split_keys(keys)
-                step_keys, keys = split[:, 0], split[:, 1]
-                chosen = _categorical(filter_logits(scaled, cfg.top_k, cfg.top_p), step_keys)
-            chosen = mx.where(mx.array(done), pad, chosen.astype(mx.int32))
-            chosen_logp = mx.take_along_axis(behaviour_logp, chosen[:, None], axis=-1)[:, 0]
-            mx.eval(chosen, chosen_logp, keys)
-            chosen_np, logp_np = np.array(chosen), np.array(chosen_logp)
-            for r in np.flatnonzero(~done):
-                tokens[r].append(int(chosen_np[r]))
-                logps[r].append(float(logp_np[r]))
-            done = done | np.isin(chosen_np, stop)
-            if done.all():
-                break
-            logits = self.model(chosen[:, None], cache=cache)[:, -1, :].astype(mx.float32)
-
-        grouped: list[list[Sample]] = [[] for _ in prompt_ids]
-        for r, (i, _) in enumerate(rows):
-            finished = bool(tokens[r]) and tokens[r][-1] in self.stop_ids
-            grouped[i].append(Sample(text=self.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
-        return grouped
+        return sample_batch(self, prompt_ids, n, cfg, seeds)
 
     def lm_head(self, hidden: mx.array) -> mx.array:
         """Logits from final hidden states (the model's own head, or its tied embeddings)."""
@@ -309,12 +157,15 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         return inputs, gather_pos, targets, mask, keep
 
     def batch_logprobs(
-        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0,
+        shared_prefix: bool = False,
     ) -> tuple[mx.array, mx.array]:
         """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
         `(logp, mask)`, both `[B, max_response_len]`.
 
         Right-padded (causal attention makes the padding invisible to real tokens), as torch.
+        `shared_prefix` is accepted for the interface: mlx runs every row's prompt, which gives
+        the same values as torch's once-per-prompt pass.
         """
         inputs, gather_pos, targets, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
         logits = self._logits_tail(mx.array(inputs), keep).astype(mx.float32) / temperature  # [B, keep, V]
@@ -339,6 +190,16 @@ class MLXBackend(ChatTokenizer, ModelBackend):
                 for b, r in enumerate(r_ids):
                     result.append(logp_np[b, : len(r)].astype(np.float32))
         return result
+
+    def sequence_logps(self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]) -> mx.array:
+        """[B] log pi(completion | prompt): summed over tokens, and over segments (segments.py),
+        every segment row in one forward pass; differentiable."""
+        prompts, responses, owner = flatten_segments(prompt_ids, segment_ids)
+        logp, _ = self.batch_logprobs(prompts, responses)
+        # Rows summed into their item by a 0/1 matrix product (differentiable, no scatter).
+        assign = np.zeros((len(prompt_ids), len(owner)), dtype=np.float32)
+        assign[owner, np.arange(len(owner))] = 1.0
+        return mx.array(assign) @ logp.sum(axis=-1)
 
     @contextlib.contextmanager
     def _eval_mode(self) -> Iterator[None]:
@@ -459,64 +320,6 @@ class MLXBackend(ChatTokenizer, ModelBackend):
     def num_parameters(self, trainable_only: bool = False) -> int:
         params = self.model.trainable_parameters() if trainable_only else self.model.parameters()
         return int(sum(v.size for _, v in tree_flatten(params)))
-
-    # -- training entry points ------------------------------------------------------------
-    def train_gspo(self, examples, config) -> TrainStats:
-        """GSPO on `gspo.GSPOExample`s with a `gspo.GSPOConfig`: `mlx_gspo.train_gspo`."""
-        from outcome_flywheel.models.mlx.gspo import train_gspo
-
-        return train_gspo(self, examples, config)
-
-    def dpo_sequence_logps(self, prompt_ids, chosen, rejected) -> tuple[mx.array, mx.array]:
-        """[B] log-probs of chosen and rejected (each a list of segments: summed over tokens and
-        segments, segments.py), all rows in one forward pass."""
-        n = len(prompt_ids)
-        prompts, responses, owner = flatten_segments(list(prompt_ids) * 2, list(chosen) + list(rejected))
-        logp, _ = self.batch_logprobs(prompts, responses)
-        # Rows summed into their item by a 0/1 matrix product (differentiable, no scatter).
-        assign = np.zeros((2 * n, len(owner)), dtype=np.float32)
-        assign[owner, np.arange(len(owner))] = 1.0
-        sums = mx.array(assign) @ logp.sum(axis=-1)
-        return sums[:n], sums[n:]
-
-    def train_weighted_dpo(self, pairs, config) -> TrainStats:
-        """Outcome-weighted DPO on `PreferencePair`s; config = `weighted_dpo.WeightedDPOConfig`.
-
-        As `weighted_dpo.train_weighted_dpo`: seeded LoRA init, reference log-probs from the base
-        (adapter off) once before any update, shuffled batches from `random.Random(seed)`."""
-        if not pairs:
-            raise ValueError("no preference pairs to train on")
-        if any(p.weight <= 0 for p in pairs):
-            raise ValueError("pair weights must be positive (swap chosen/rejected for a negative outcome weight)")
-        mx.random.seed(int(config.seed))
-        self.add_lora(config.lora)
-        prompt_ids = [self.prompt_ids(p.prompt) for p in pairs]
-        chosen_ids = [encode_segments(self.encode_response, p.chosen, config.completion_unit) for p in pairs]
-        rejected_ids = [encode_segments(self.encode_response, p.rejected, config.completion_unit) for p in pairs]
-        weights = np.array([float(p.weight) for p in pairs], dtype=np.float32)
-
-        ref_chosen = np.empty(len(pairs), dtype=np.float32)
-        ref_rejected = np.empty(len(pairs), dtype=np.float32)
-        with self.adapter_disabled(), self._eval_mode():
-            for start in range(0, len(pairs), 32):
-                sl = slice(start, start + 32)
-                c, r = self.dpo_sequence_logps(prompt_ids[sl], chosen_ids[sl], rejected_ids[sl])
-                ref_chosen[sl], ref_rejected[sl] = np.array(c), np.array(r)
-
-        def loss_fn(model, idx: list[int]):
-            pol_c, pol_r = self.dpo_sequence_logps(
-                [prompt_ids[i] for i in idx], [chosen_ids[i] for i in idx], [rejected_ids[i] for i in idx]
-            )
-            return weighted_dpo_loss(
-                pol_c, pol_r, mx.array(ref_chosen[idx]), mx.array(ref_rejected[idx]), mx.array(weights[idx]), config.beta,
-                float(weights.mean()),
-            )
-
-        batches = _batches(list(range(len(pairs))), config.batch_size, config.epochs, config.seed)
-        stats = train_loop(self.model, loss_fn, batches, config.learning_rate, config.max_grad_norm)
-        stats.extra["config"] = config.as_dict() if hasattr(config, "as_dict") else dict(vars(config))
-        stats.extra["n_pairs"] = len(pairs)
-        return stats
 
 
 def _block_key(module_name: str) -> str:

@@ -1,11 +1,8 @@
-"""PyTorch backend: transformers for the model, PEFT for LoRA adapters.
+"""PyTorch backend: transformers for the model, PEFT for LoRA adapters; loading, teacher-forced
+log-probs (the trainers' log-prob functions), LoRA and saving. `mlx/backend.py` is its mirror.
 
-Sampling is our own batched loop over the model's KV cache rather than `generate()`, for two
-reasons: each prompt gets its own random generator (seeded by the caller, so a headline's
-samples do not depend on which other headlines share the batch), and the log-probability of
-every sampled token is recorded under the policy at the sampling temperature (log-softmax of
-logits / T, before top-k / top-p, as TRL's GRPO and verl define it): the exact quantity teacher
-forcing at temperature T reproduces (`batch_logprobs(..., temperature=T)`) and GSPO's pi_old.
+The sampler is `sampling.py`; the losses `losses.py`; the loop and what torch lends the shared
+trainers (`models/gspo.py`, `models/dpo.py`) `training.py`.
 """
 
 from __future__ import annotations
@@ -18,8 +15,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
-from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig, TrainStats
+from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
+from outcome_flywheel.models.segments import flatten_segments
+from outcome_flywheel.models.torch.sampling import left_padded, sample_batch
+from outcome_flywheel.models.torch.training import FRAMEWORK
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -32,33 +31,9 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def _filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Top-k then nucleus (top-p) on temperature-scaled logits: the rule of `sampling.py`, whose
-    one threshold per row is computed on the host from the top-k candidates."""
-    k = candidate_count(top_k, logits.shape[-1])
-    if k == logits.shape[-1] and not uses_nucleus(top_p):
-        return logits
-    top = torch.topk(logits, k, dim=-1).values
-    # to the host first: MPS has no float64 (keep_thresholds works in float64 on the host)
-    threshold = torch.from_numpy(keep_thresholds(top.float().cpu().numpy(), top_p)).to(logits.dtype).to(logits.device)
-    return logits.masked_fill(logits < threshold[:, None], float("-inf"))
-
-
-def left_padded(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(input_ids, attention_mask, position_ids)` of prompts padded on the left, so every row's
-    next token sits in the last column; positions count real tokens only."""
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
-    for i, p in enumerate(prompt_ids):
-        ids[i, width - len(p) :] = torch.tensor(list(p))
-        attention[i, width - len(p) :] = 1
-    ids, attention = ids.to(device), attention.to(device)
-    return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
-
-
 class TorchBackend(ChatTokenizer, ModelBackend):
     name = "torch"
+    framework = FRAMEWORK
 
     def __init__(
         self, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto",
@@ -108,89 +83,21 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             yield
 
     def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
-        pad = self.tokenizer.pad_token_id
-        rows = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
-        input_ids, attention, positions = left_padded(prompt_ids, pad, self.device)
-        # Each row's uniforms for every step, drawn up front from its own generator; sampling is
-        # then one vectorised inverse-CDF lookup per step (no per-row multinomial calls).
-        uniforms = torch.stack([
-            torch.rand(cfg.max_new_tokens, generator=torch.Generator().manual_seed(row_seed(seeds[i], j)), dtype=torch.float64)
-            for i, j in rows
-        ]).to(self.device) if cfg.temperature > 0 else None
-
-        # The prompt is run once, then its KV cache is copied to its n samples.
-        outputs = self.model(
-            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
-        )
-        past = outputs.past_key_values
-        past.batch_repeat_interleave(n)
-        logits = outputs.logits[:, -1, :].float().repeat_interleave(n, dim=0)
-        attention = attention.repeat_interleave(n, dim=0)
-        next_pos = positions[:, -1:].repeat_interleave(n, dim=0) + 1
-
-        # Per step, for every row: its token, its log-prob, and whether the row was still going.
-        # Finished rows leave the batch (and the cache); `active` maps batch rows to rows.
-        total = len(rows)
-        step_tokens, step_logps, step_alive = [], [], []
-        active = torch.arange(total, device=self.device)
-        stop = torch.tensor(sorted(self.stop_ids), device=self.device)
-        for step in range(cfg.max_new_tokens):
-            scaled = logits / cfg.temperature if cfg.temperature > 0 else logits  # greedy: temperature 1
-            behaviour_logp = F.log_softmax(scaled, dim=-1)
-            if cfg.temperature <= 0:
-                chosen = logits.argmax(-1)
-            else:
-                probs = _filter_logits(scaled, cfg.top_k, cfg.top_p).softmax(-1)
-                cdf = probs.double().cumsum(-1)
-                # First token whose cumulative mass reaches u * total: filtered (zero-mass) tokens never win.
-                target = uniforms[active, step : step + 1] * cdf[:, -1:]
-                chosen = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)[:, 0]
-            tokens_now = torch.full((total,), pad, dtype=torch.long, device=self.device)
-            logps_now = torch.zeros(total, dtype=behaviour_logp.dtype, device=self.device)
-            alive_now = torch.zeros(total, dtype=torch.bool, device=self.device)
-            tokens_now[active] = chosen
-            logps_now[active] = behaviour_logp.gather(-1, chosen[:, None])[:, 0]
-            alive_now[active] = True
-            step_tokens.append(tokens_now)
-            step_logps.append(logps_now)
-            step_alive.append(alive_now)
-            keep = ~torch.isin(chosen, stop)
-            if not bool(keep.any()) or step == cfg.max_new_tokens - 1:
-                break
-            if not bool(keep.all()):
-                kept = torch.nonzero(keep).flatten()
-                past.batch_select_indices(kept)
-                active, chosen, attention, next_pos = active[kept], chosen[kept], attention[kept], next_pos[kept]
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)
-            outputs = self.model(
-                input_ids=chosen[:, None], attention_mask=attention, position_ids=next_pos,
-                past_key_values=past, use_cache=True, logits_to_keep=1,
-            )
-            past = outputs.past_key_values
-            logits = outputs.logits[:, -1, :].float()
-            next_pos = next_pos + 1
-
-        # One device->host copy at the end instead of per-token reads inside the loop.
-        all_tokens = torch.stack(step_tokens, dim=1).tolist()
-        all_logps = torch.stack(step_logps, dim=1).double().tolist()
-        alive = torch.stack(step_alive, dim=1).tolist()
-        tokens = [[t for t, a in zip(all_tokens[r], alive[r]) if a] for r in range(total)]
-        logps = [[lp for lp, a in zip(all_logps[r], alive[r]) if a] for r in range(total)]
-        grouped: list[list[Sample]] = [[] for _ in prompt_ids]
-        for r, (i, _) in enumerate(rows):
-            finished = bool(tokens[r]) and tokens[r][-1] in self.stop_ids
-            grouped[i].append(Sample(text=self.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
-        return grouped
+        return sample_batch(self, prompt_ids, n, cfg, seeds)
 
     def batch_logprobs(
-        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0,
+        shared_prefix: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
         `(logp, mask)`, both `[B, max_response_len]`.
 
         Sequences are right-padded (causal attention makes the padding invisible to real
-        tokens), and logits are computed only for the tail that holds responses.
+        tokens), and logits are computed only for the tail that holds responses. `shared_prefix`:
+        the same values, each distinct prompt run once (`shared_prefix_logprobs`).
         """
+        if shared_prefix:
+            return self.shared_prefix_logprobs(prompt_ids, response_ids, temperature)
         pad = self.tokenizer.pad_token_id
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
         width = input_ids.shape[1]
@@ -214,6 +121,55 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         picked = logits.gather(1, gather_pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
         logp = picked.gather(-1, targets[:, :, None])[:, :, 0] - torch.logsumexp(picked, dim=-1)
         return logp.masked_fill(~mask, 0.0), mask
+
+    def shared_prefix_logprobs(
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Same result as `batch_logprobs` (`(logp, mask)`, `[B, T]`), computing each distinct prompt
+        once: the prompts run left-padded with a KV cache, the cache rows are gathered per response
+        (differentiable indexing), then the responses run on top of it."""
+        with self.autocast():
+            logits, responses, mask = self._shared_prefix_logits(prompt_ids, response_ids)
+        logits = logits / temperature
+        logp = logits.gather(-1, responses[:, :, None])[:, :, 0] - torch.logsumexp(logits, dim=-1)
+        return logp.masked_fill(~mask, 0.0), mask
+
+    def _shared_prefix_logits(self, prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """fp32 logits predicting every response token `[B, T, V]`, the responses and their mask."""
+        model, device, pad = self.model, self.device, self.tokenizer.pad_token_id
+        unique: dict[tuple[int, ...], int] = {}
+        rows = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
+        ids, attention, positions = left_padded(list(unique), pad, device)
+        out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+        index = torch.tensor(rows, device=device)
+        first_logits = out.logits[:, -1, :].float().index_select(0, index)  # predicts each response's first token
+        cache = out.past_key_values
+        cache.batch_select_indices(index)
+
+        length = max(len(r) for r in response_ids)
+        responses = torch.full((len(rows), length), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.bool)
+        for b, r in enumerate(response_ids):
+            responses[b, : len(r)] = torch.tensor(list(r))
+            mask[b, : len(r)] = True
+        responses, mask = responses.to(device), mask.to(device)
+        # right padding of the responses is invisible to real tokens (causal attention)
+        full_attention = torch.cat([attention.index_select(0, index), torch.ones_like(responses)], dim=-1)
+        response_positions = positions[:, -1:].index_select(0, index) + 1 + torch.arange(length, device=device)[None, :]
+        if length == 1:
+            return first_logits[:, None, :], responses, mask
+        rest = model(input_ids=responses[:, :-1], attention_mask=full_attention[:, :-1],
+                     position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).logits.float()
+        return torch.cat([first_logits[:, None, :], rest], dim=1), responses, mask
+
+    def sequence_logps(self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]) -> torch.Tensor:
+        """[B] log pi(completion | prompt): summed over tokens, and over segments (segments.py),
+        every segment row in one forward pass; differentiable."""
+        prompts, responses, owner = flatten_segments(prompt_ids, segment_ids)
+        logp, mask = self.batch_logprobs(prompts, responses)
+        per_row = (logp * mask).sum(-1)
+        index = torch.tensor(owner, device=per_row.device)
+        return per_row.new_zeros(len(prompt_ids)).index_add(0, index, per_row)
 
     def _right_padded(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """`(input_ids, attention_mask)` of `prompt + response` rows, right-padded, on the device."""
@@ -331,14 +287,3 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]
-
-    # -- training entry points ------------------------------------------------------------
-    def train_gspo(self, examples, config) -> TrainStats:
-        from outcome_flywheel.models.torch.gspo import train_gspo
-
-        return train_gspo(self, examples, config)
-
-    def train_weighted_dpo(self, pairs, config) -> TrainStats:
-        from outcome_flywheel.models.torch.dpo import train_weighted_dpo
-
-        return train_weighted_dpo(self, pairs, config)

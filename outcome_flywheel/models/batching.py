@@ -1,0 +1,90 @@
+"""The trainers' batching plans, written once for both frameworks: which examples go in which
+minibatch, epoch after epoch, in which seeded order. Plain Python and NumPy.
+
+One `random.Random(seed)` shuffles, epoch after epoch, either whole prompt groups (GSPO: a
+headline's rollouts stay together, so a minibatch holds few distinct prompts and the shared
+prompt prefix is run once) or single items (weighted DPO's pairs; GSPO with
+`share_prompt_prefix=False`), then the order is cut into minibatches.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+
+
+def batch_plan(keys: Sequence[Hashable], batch_size: int, epochs: int, seed: int, group_by_prompt: bool = True) -> list[list[int]]:
+    """Minibatches of item indices for `epochs` passes over `len(keys)` items.
+
+    With `group_by_prompt`, items with equal keys form a group and whole groups are shuffled (in
+    order of first appearance before the shuffle); else single items are. Distinct keys without
+    grouping and with it give the same plan."""
+    rng = random.Random(seed)
+    size = max(1, int(batch_size))
+    plan: list[list[int]] = []
+    for _ in range(int(epochs)):
+        if group_by_prompt:
+            groups: dict[Hashable, list[int]] = {}
+            for i, key in enumerate(keys):
+                groups.setdefault(key, []).append(i)
+            group_list = list(groups.values())
+            rng.shuffle(group_list)
+            order = [i for g in group_list for i in g]
+        else:
+            order = list(range(len(keys)))
+            rng.shuffle(order)
+        plan += [order[s : s + size] for s in range(0, len(order), size)]
+    return plan
+
+
+@dataclass
+class EncodedExample:
+    """One GSPO example as token ids: what the trainer feeds the forward passes."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behavior_logprobs: list[float]
+    advantage: float
+
+
+def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[[Any], list[int]]) -> list[list[EncodedExample]]:
+    """The minibatches GSPO takes its steps on: the examples with a response, checked (one
+    behaviour log-prob per token), tokenised (each distinct prompt once) and laid out by
+    `batch_plan` from `config` (a `gspo_config.GSPOConfig`)."""
+    cache: dict[str, list[int]] = {}
+    encoded = []
+    for ex in examples:
+        if not ex.response_ids:
+            continue
+        if len(ex.behavior_logprobs) != len(ex.response_ids):
+            raise ValueError("behavior_logprobs must have one value per response token")
+        key = repr(ex.prompt)
+        if key not in cache:
+            cache[key] = prompt_ids(ex.prompt)
+        encoded.append(EncodedExample(cache[key], list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)))
+    batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
+    plan = batch_plan([tuple(e.prompt_ids) for e in encoded], batch_size, config.epochs, config.seed, group_by_prompt=shares_prefix(config))
+    return [[encoded[i] for i in index] for index in plan]
+
+
+def shares_prefix(config: Any) -> bool:
+    """Whether a GSPO config keeps prompt groups together and runs each prompt once."""
+    return bool(config.share_prompt_prefix and not config.one_at_a_time)
+
+
+def padded(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
+    """`[len(rows), width]` float32, each row left-aligned and zero-padded."""
+    out = np.zeros((len(rows), width), dtype=np.float32)
+    for b, row in enumerate(rows):
+        out[b, : len(row)] = row
+    return out
+
+
+def epoch_sizes(batches: Sequence[Sequence[EncodedExample]], epochs: int) -> dict[str, int]:
+    """Examples and response tokens of one epoch (the plan repeats every example once an epoch)."""
+    rows = [b for batch in batches for b in batch]
+    per_epoch = max(1, int(epochs))
+    return {"examples": len(rows) // per_epoch, "response_tokens": sum(len(b.response_ids) for b in rows) // per_epoch}

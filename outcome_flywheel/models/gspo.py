@@ -1,0 +1,102 @@
+"""GSPO for the daily loop, written once for torch and mlx (settings: `gspo_config.GSPOConfig`).
+
+The trainer body is here: the batching plan (`batching.gspo_minibatches`), the adapter or master
+weights, the choice of pi_old and the statistics. The framework supplies only its log-prob function
+(`backend.batch_logprobs`, at the rollouts' sampling temperature), its loss (`gspo_loss` in
+`torch/losses.py` / `mlx/losses.py`) and its loop (`train` in `torch/training.py` /
+`mlx/training.py`), through `backend.framework`.
+
+pi_old is the behaviour policy: the checkpoint that generated the rollouts (the caller checks their
+`policy_version`), unchanged since. By default (`old_logprobs="recompute"`) it is evaluated by one
+no-grad pass of the training forward before the first update, so s_i = 1 exactly at the first
+step; the log-probs stored at generation (`GSPOExample.behavior_logprobs`, at the same T) must agree
+with it and the largest per-sequence gap is reported (`behavior_logprob_gap_max`). At s_i = 1 the
+gradient is exactly that of `-A_i * mean_t log pi_theta` (objective "reward_weighted").
+
+The LoRA init draws from the framework's global generator, which the caller seeds
+(`backend.framework.seed`); `config.seed` shuffles the minibatches.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from outcome_flywheel.models.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
+from outcome_flywheel.models.interface import ModelBackend, TrainStats
+
+if TYPE_CHECKING:
+    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+
+LogprobFn = Callable[[Sequence[EncodedExample]], tuple[Any, Any]]
+
+
+def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config: "GSPOConfig") -> TrainStats:
+    """`config.epochs` passes over `examples` in padded minibatches, one AdamW step each.
+
+    Adds a fresh LoRA adapter when `config.lora` is set and the policy has none (the first trained
+    day); with `lora=None` every weight trains, in fp32 (`use_master_weights`).
+    """
+    fw = backend.framework
+    batches = gspo_minibatches(examples, config, backend.prompt_ids)  # validates before any change
+    if config.lora is not None and not backend.has_adapter:
+        backend.add_lora(config.lora)
+    elif config.lora is None and not backend.has_adapter:
+        backend.use_master_weights()  # fp32 weights: small steps are not rounded away
+    share = shares_prefix(config)
+
+    def logprobs(batch: Sequence[EncodedExample]):
+        return backend.batch_logprobs(
+            [b.prompt_ids for b in batch], [b.response_ids for b in batch], config.temperature, shared_prefix=share
+        )
+
+    recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and not computes_in_float32(backend))
+    old_by_batch, behavior_gaps = old_logprobs(backend, batches, logprobs, recompute)
+
+    def loss(model, indexed_batch):
+        index, batch = indexed_batch
+        logp, mask = logprobs(batch)
+        advantages = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
+        return fw.gspo_loss(logp, old_by_batch[index], mask, advantages, config.epsilon_low, config.epsilon_high, config.objective)
+
+    stats = TrainStats()
+    if batches:
+        optimizer = fw.adamw(backend.model, config.learning_rate)
+        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=list(enumerate(batches)), max_grad_norm=config.max_grad_norm)
+    stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
+    if behavior_gaps:
+        # How far the sampler's stored log-probs sit from the training forward (per-sequence mean).
+        stats.extra["behavior_logprob_gap_max"] = float(max(behavior_gaps))
+    stats.extra.update(epoch_sizes(batches, config.epochs))
+    return stats
+
+
+def old_logprobs(
+    backend: ModelBackend, batches: Sequence[Sequence[EncodedExample]], logprobs: LogprobFn, recompute: bool
+) -> tuple[list[Any], list[float]]:
+    """pi_old of every minibatch, as the framework's arrays, and the per-sequence mean gaps between
+    the stored behaviour log-probs and the recomputed ones (empty when not recomputed).
+
+    Recomputed: one no-grad pass of the training forward, before any update (the policy has not
+    moved yet, so this is pi_old); stored: the behaviour log-probs saved at generation."""
+    fw = backend.framework
+    old_by_batch: list[Any] = []
+    gaps: list[float] = []
+    with fw.inference(backend):
+        for batch in batches:
+            stored = padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch))
+            if not recompute:
+                old_by_batch.append(fw.as_array(backend, stored))
+                continue
+            old, mask = logprobs(batch)
+            old, mask = fw.to_numpy(old).astype(np.float32), fw.to_numpy(mask)
+            lengths = np.maximum(mask.sum(-1), 1)
+            gaps += [float(g) for g in np.abs(((stored - old) * mask).sum(-1) / lengths)]
+            old_by_batch.append(fw.as_array(backend, old))
+    return old_by_batch, gaps
+
+
+def computes_in_float32(backend: ModelBackend) -> bool:
+    """Whether the policy's forward runs in fp32 (`torch.float32`, `mlx.core.float32`)."""
+    return str(backend.dtype).rsplit(".", 1)[-1] == "float32"

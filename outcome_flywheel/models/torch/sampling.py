@@ -1,0 +1,119 @@
+"""The PyTorch sampler: our own batched loop over the model's KV cache rather than `generate()`,
+for two reasons: each prompt gets its own random generator (seeded by the caller, so a headline's
+samples do not depend on which other headlines share the batch), and the log-probability of every
+sampled token is recorded under the policy at the sampling temperature (log-softmax of logits / T,
+before top-k / top-p, as TRL's GRPO and verl define it): the exact quantity teacher forcing at
+temperature T reproduces (`batch_logprobs(..., temperature=T)`) and GSPO's pi_old.
+`mlx/sampling.py` is its mirror."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from outcome_flywheel.models.interface import Sample, SamplingConfig
+from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Top-k then nucleus (top-p) on temperature-scaled logits: the rule of `sampling.py`, whose
+    one threshold per row is computed on the host from the top-k candidates."""
+    k = candidate_count(top_k, logits.shape[-1])
+    if k == logits.shape[-1] and not uses_nucleus(top_p):
+        return logits
+    top = torch.topk(logits, k, dim=-1).values
+    # to the host first: MPS has no float64 (keep_thresholds works in float64 on the host)
+    threshold = torch.from_numpy(keep_thresholds(top.float().cpu().numpy(), top_p)).to(logits.dtype).to(logits.device)
+    return logits.masked_fill(logits < threshold[:, None], float("-inf"))
+
+
+def left_padded(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(input_ids, attention_mask, position_ids)` of prompts padded on the left, so every row's
+    next token sits in the last column; positions count real tokens only."""
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompt_ids), width), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, width - len(p) :] = torch.tensor(list(p))
+        attention[i, width - len(p) :] = 1
+    ids, attention = ids.to(device), attention.to(device)
+    return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
+
+
+def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+    """`n` samples for each tokenised prompt of one forward batch (`TorchBackend._sample_batch`)."""
+    pad = backend.tokenizer.pad_token_id
+    rows = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
+    input_ids, attention, positions = left_padded(prompt_ids, pad, backend.device)
+    # Each row's uniforms for every step, drawn up front from its own generator; sampling is
+    # then one vectorised inverse-CDF lookup per step (no per-row multinomial calls).
+    uniforms = torch.stack([
+        torch.rand(cfg.max_new_tokens, generator=torch.Generator().manual_seed(row_seed(seeds[i], j)), dtype=torch.float64)
+        for i, j in rows
+    ]).to(backend.device) if cfg.temperature > 0 else None
+
+    # The prompt is run once, then its KV cache is copied to its n samples.
+    outputs = backend.model(
+        input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+    )
+    past = outputs.past_key_values
+    past.batch_repeat_interleave(n)
+    logits = outputs.logits[:, -1, :].float().repeat_interleave(n, dim=0)
+    attention = attention.repeat_interleave(n, dim=0)
+    next_pos = positions[:, -1:].repeat_interleave(n, dim=0) + 1
+
+    # Per step, for every row: its token, its log-prob, and whether the row was still going.
+    # Finished rows leave the batch (and the cache); `active` maps batch rows to rows.
+    total = len(rows)
+    step_tokens, step_logps, step_alive = [], [], []
+    active = torch.arange(total, device=backend.device)
+    stop = torch.tensor(sorted(backend.stop_ids), device=backend.device)
+    for step in range(cfg.max_new_tokens):
+        scaled = logits / cfg.temperature if cfg.temperature > 0 else logits  # greedy: temperature 1
+        behaviour_logp = F.log_softmax(scaled, dim=-1)
+        if cfg.temperature <= 0:
+            chosen = logits.argmax(-1)
+        else:
+            probs = filter_logits(scaled, cfg.top_k, cfg.top_p).softmax(-1)
+            cdf = probs.double().cumsum(-1)
+            # First token whose cumulative mass reaches u * total: filtered (zero-mass) tokens never win.
+            target = uniforms[active, step : step + 1] * cdf[:, -1:]
+            chosen = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)[:, 0]
+        tokens_now = torch.full((total,), pad, dtype=torch.long, device=backend.device)
+        logps_now = torch.zeros(total, dtype=behaviour_logp.dtype, device=backend.device)
+        alive_now = torch.zeros(total, dtype=torch.bool, device=backend.device)
+        tokens_now[active] = chosen
+        logps_now[active] = behaviour_logp.gather(-1, chosen[:, None])[:, 0]
+        alive_now[active] = True
+        step_tokens.append(tokens_now)
+        step_logps.append(logps_now)
+        step_alive.append(alive_now)
+        keep = ~torch.isin(chosen, stop)
+        if not bool(keep.any()) or step == cfg.max_new_tokens - 1:
+            break
+        if not bool(keep.all()):
+            kept = torch.nonzero(keep).flatten()
+            past.batch_select_indices(kept)
+            active, chosen, attention, next_pos = active[kept], chosen[kept], attention[kept], next_pos[kept]
+        attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)
+        outputs = backend.model(
+            input_ids=chosen[:, None], attention_mask=attention, position_ids=next_pos,
+            past_key_values=past, use_cache=True, logits_to_keep=1,
+        )
+        past = outputs.past_key_values
+        logits = outputs.logits[:, -1, :].float()
+        next_pos = next_pos + 1
+
+    # One device->host copy at the end instead of per-token reads inside the loop.
+    all_tokens = torch.stack(step_tokens, dim=1).tolist()
+    all_logps = torch.stack(step_logps, dim=1).double().tolist()
+    alive = torch.stack(step_alive, dim=1).tolist()
+    tokens = [[t for t, a in zip(all_tokens[r], alive[r]) if a] for r in range(total)]
+    logps = [[lp for lp, a in zip(all_logps[r], alive[r]) if a] for r in range(total)]
+    grouped: list[list[Sample]] = [[] for _ in prompt_ids]
+    for r, (i, _) in enumerate(rows):
+        finished = bool(tokens[r]) and tokens[r][-1] in backend.stop_ids
+        grouped[i].append(Sample(text=backend.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
+    return grouped

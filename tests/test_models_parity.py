@@ -1,0 +1,171 @@
+"""Each torch file against its mlx mirror on the same inputs: `losses.py` (both losses, values,
+metrics and gradients) and `training.py` (the loop: losses, gradient norms and weights after several
+clipped AdamW steps). `sampling.py`'s filter: tests/test_mlx_backend.py; the backends' log-probs and
+the trainers end to end on tiny-local: tests/test_mlx_backend.py, tests/test_mlx_training.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.mlx_fixtures import require_mlx
+
+require_mlx()
+
+import mlx.core as mx  # noqa: E402
+import mlx.nn as mnn  # noqa: E402
+import torch  # noqa: E402
+
+from outcome_flywheel.models.mlx import losses as mlx_losses, training as mlx_training  # noqa: E402
+from outcome_flywheel.models.torch import losses as torch_losses, training as torch_training  # noqa: E402
+
+
+def _assert_same(t_loss, t_metrics, m_loss, m_metrics, atol=1e-6):
+    assert abs(t_loss.item() - m_loss.item()) < atol
+    assert set(t_metrics) == set(m_metrics)
+    for k in t_metrics:
+        assert abs(t_metrics[k] - m_metrics[k].item()) < 1e-5, k
+
+
+def _gspo_inputs(shift: float):
+    rng = np.random.default_rng(0)
+    logp = rng.normal(-2.0, 0.5, size=(5, 7)).astype(np.float32)
+    old = (logp + rng.normal(0, shift, size=logp.shape)).astype(np.float32)
+    mask = np.ones_like(logp, dtype=bool)
+    mask[1, 4:] = mask[3, 2:] = False
+    adv = rng.normal(size=5).astype(np.float32)
+    return logp, old, mask, adv
+
+
+@pytest.mark.parametrize("objective", ["gspo", "reward_weighted"])
+@pytest.mark.parametrize("shift", [0.01, 0.2])  # inside the clip band, and both clip branches active
+def test_gspo_loss_matches_its_mirror(objective, shift):
+    logp, old, mask, adv = _gspo_inputs(shift)
+    eps = (0.05, 0.08)
+    t_logp = torch.tensor(logp, requires_grad=True)
+    t_loss, t_metrics = torch_losses.gspo_loss(t_logp, torch.tensor(old), torch.tensor(mask), torch.tensor(adv), *eps, objective)
+    t_loss.backward()
+
+    def m_fn(x):
+        return mlx_losses.gspo_loss(x, mx.array(old), mx.array(mask), mx.array(adv), *eps, objective)
+
+    m_loss, m_metrics = m_fn(mx.array(logp))
+    _assert_same(t_loss, t_metrics, m_loss, m_metrics)
+    m_grad = mx.grad(lambda x: m_fn(x)[0])(mx.array(logp))
+    np.testing.assert_allclose(np.array(m_grad), t_logp.grad.numpy(), atol=1e-7)
+    if shift > 0.1 and objective == "gspo":
+        assert 0 < t_metrics["clip_fraction"] < 1
+
+
+def test_gspo_loss_refuses_an_unknown_objective_in_both():
+    logp, old, mask, adv = _gspo_inputs(0.01)
+    with pytest.raises(ValueError):
+        torch_losses.gspo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(mask), torch.tensor(adv), objective="ppo")
+    with pytest.raises(ValueError):
+        mlx_losses.gspo_loss(mx.array(logp), mx.array(old), mx.array(mask), mx.array(adv), objective="ppo")
+
+
+@pytest.mark.parametrize("mean_weight", [None, 0.8])
+def test_weighted_dpo_loss_matches_its_mirror(mean_weight):
+    rng = np.random.default_rng(1)
+    pc, pr, rc, rr = (rng.normal(-30, 5, size=6).astype(np.float32) for _ in range(4))
+    w = rng.uniform(0.3, 3.0, size=6).astype(np.float32)
+    t_pc, t_pr = torch.tensor(pc, requires_grad=True), torch.tensor(pr, requires_grad=True)
+    t_loss, t_metrics = torch_losses.weighted_dpo_loss(t_pc, t_pr, *(torch.tensor(x) for x in (rc, rr, w)), 0.1, mean_weight)
+    t_loss.backward()
+
+    def m_fn(a, b):
+        return mlx_losses.weighted_dpo_loss(a, b, *(mx.array(x) for x in (rc, rr, w)), 0.1, mean_weight)
+
+    m_loss, m_metrics = m_fn(mx.array(pc), mx.array(pr))
+    _assert_same(t_loss, t_metrics, m_loss, m_metrics)
+    g_pc, g_pr = mx.grad(lambda a, b: m_fn(a, b)[0], argnums=(0, 1))(mx.array(pc), mx.array(pr))
+    np.testing.assert_allclose(np.array(g_pc), t_pc.grad.numpy(), atol=1e-7)
+    np.testing.assert_allclose(np.array(g_pr), t_pr.grad.numpy(), atol=1e-7)
+
+
+# -- training.py: the loop ------------------------------------------------------------------------
+def _regression_batches(steps: int = 4):
+    rng = np.random.default_rng(2)
+    return [(rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 2)).astype(np.float32)) for _ in range(steps)]
+
+
+def test_training_loop_matches_its_mirror():
+    """The same linear model, batches and AdamW settings: the same loss, pre-clip gradient norm and
+    metric at every step (the clip at 0.5 is active), and the same weights after."""
+    rng = np.random.default_rng(3)
+    weight, bias = rng.normal(size=(2, 4)).astype(np.float32), rng.normal(size=2).astype(np.float32)
+    batches = _regression_batches()
+
+    t_model = torch.nn.Linear(4, 2)
+    with torch.no_grad():
+        t_model.weight.copy_(torch.tensor(weight))
+        t_model.bias.copy_(torch.tensor(bias))
+
+    def t_loss(model, batch):
+        x, y = (torch.tensor(a) for a in batch)
+        pred = model(x)
+        return ((pred - y) ** 2).mean(), {"mean_pred": float(pred.detach().mean())}
+
+    m_model = mnn.Linear(4, 2)
+    m_model.update({"weight": mx.array(weight), "bias": mx.array(bias)})
+
+    def m_loss(model, batch):
+        x, y = (mx.array(a) for a in batch)
+        pred = model(x)
+        return ((pred - y) ** 2).mean(), {"mean_pred": mx.stop_gradient(pred).mean()}
+
+    t_stats = torch_training.train(t_model, torch_training.adamw(t_model, 0.05), loss=t_loss, iterate_batches=batches, max_grad_norm=0.5)
+    m_stats = mlx_training.train(m_model, mlx_training.adamw(m_model, 0.05), loss=m_loss, iterate_batches=batches, max_grad_norm=0.5)
+    assert t_stats.steps == m_stats.steps == len(batches)
+    np.testing.assert_allclose(m_stats.losses, t_stats.losses, atol=1e-5)
+    np.testing.assert_allclose(m_stats.grad_norms, t_stats.grad_norms, rtol=1e-5)
+    assert max(t_stats.grad_norms) > 0.5  # the clip did something
+    np.testing.assert_allclose(m_stats.extra["mean_pred"], t_stats.extra["mean_pred"], atol=1e-5)
+    np.testing.assert_allclose(np.array(m_model.weight), t_model.weight.detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(np.array(m_model.bias), t_model.bias.detach().numpy(), atol=1e-5)
+    assert t_model.training and m_model.training  # both were in training mode before, and are again
+
+
+def test_training_loop_restores_eval_mode_and_refuses_a_frozen_model():
+    t_model, m_model = torch.nn.Linear(4, 2), mnn.Linear(4, 2)
+    t_model.eval()
+    m_model.eval()
+    seen = []
+
+    def t_loss(model, batch):
+        seen.append(("torch", model.training))
+        return model(torch.tensor(batch[0])).sum(), {}
+
+    def m_loss(model, batch):
+        seen.append(("mlx", model.training))
+        return model(mx.array(batch[0])).sum(), {}
+
+    torch_training.train(t_model, torch_training.adamw(t_model, 1e-3), loss=t_loss, iterate_batches=_regression_batches(1))
+    mlx_training.train(m_model, mlx_training.adamw(m_model, 1e-3), loss=m_loss, iterate_batches=_regression_batches(1))
+    assert seen == [("torch", True), ("mlx", True)]
+    assert not t_model.training and not m_model.training
+    for p in t_model.parameters():
+        p.requires_grad_(False)
+    m_model.freeze()
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        torch_training.adamw(t_model, 1e-3)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        mlx_training.adamw(m_model, 1e-3)
+
+
+def test_array_round_trips_and_seeding_match_their_mirror():
+    class Backend:
+        device = torch.device("cpu")
+
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert np.array_equal(torch_training.to_numpy(torch_training.as_array(Backend(), a)), a)
+    assert np.array_equal(mlx_training.to_numpy(mlx_training.as_array(Backend(), a)), a)
+    torch_training.seed(4)
+    first = torch.rand(3)
+    torch_training.seed(4)
+    assert torch.equal(first, torch.rand(3))
+    mlx_training.seed(4)
+    first_mx = np.array(mx.random.uniform(shape=(3,)))
+    mlx_training.seed(4)
+    assert np.array_equal(first_mx, np.array(mx.random.uniform(shape=(3,))))
