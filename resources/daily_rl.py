@@ -2,12 +2,13 @@
 
 from outcome_flywheel.daily_rl.feed_source import DEFAULT_ARCHIVE, FeedSource
 from outcome_flywheel.daily_rl.judge import Judge
-from resources.settings import ConfigurableResourceFactory, env_int_or_default, env_or_default, mirrored
+from resources.settings import DataclassResource, env_int_or_default, env_or_default, mirrored
 
 
-class FeedsResource(ConfigurableResourceFactory[FeedSource]):
+class FeedsResource(DataclassResource[FeedSource]):
     """The day's raw feeds, from the archive folder or from live URLs (kept for replay)."""
 
+    plain = FeedSource
     archive_dir: str = mirrored(FeedSource, "archive_dir")
     feed_urls: str = mirrored(FeedSource, "feed_urls")
     max_headlines: int = mirrored(FeedSource, "max_headlines", ge=1)
@@ -28,17 +29,11 @@ class FeedsResource(ConfigurableResourceFactory[FeedSource]):
             data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
         )
 
-    def create_resource(self, context) -> FeedSource:
-        return FeedSource(
-            archive_dir=self.archive_dir, feed_urls=self.feed_urls, max_headlines=self.max_headlines,
-            min_headlines=self.min_headlines, timeout_s=self.timeout_s, max_bytes=self.max_bytes,
-            refetch=self.refetch, data_dir=self.data_dir,
-        )
 
-
-class JudgeResource(ConfigurableResourceFactory[Judge]):
+class JudgeResource(DataclassResource[Judge]):
     """Which model judges the rollouts, and how (the frozen base model unless FLYWHEEL_JUDGE_MODEL is set)."""
 
+    plain = Judge
     judge_model: str = mirrored(Judge, "judge_model")
     temperature: float = mirrored(Judge, "temperature")
     max_new_tokens: int = mirrored(Judge, "max_new_tokens")
@@ -48,9 +43,3 @@ class JudgeResource(ConfigurableResourceFactory[Judge]):
     @classmethod
     def from_env(cls) -> "JudgeResource":
         return cls(judge_model=env_or_default("FLYWHEEL_JUDGE_MODEL", ""))
-
-    def create_resource(self, context) -> Judge:
-        return Judge(
-            judge_model=self.judge_model, temperature=self.temperature, max_new_tokens=self.max_new_tokens,
-            outcome_headlines_shown=self.outcome_headlines_shown, max_candidate_chars=self.max_candidate_chars,
-        )

@@ -1,12 +1,13 @@
 """The market-data resource: daily closes from the bundled file (default) or yfinance."""
 
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
-from resources.settings import ConfigurableResourceFactory, env_or_default, mirrored
+from resources.settings import DataclassResource, env_or_default, mirrored
 
 
-class MarketDataResource(ConfigurableResourceFactory[MarketData]):
+class MarketDataResource(DataclassResource[MarketData]):
     """Daily adjusted closes: an offline file (default: the bundled real prices) or yfinance."""
 
+    plain = MarketData
     source: str = mirrored(MarketData, "source")
     prices_file: str = mirrored(MarketData, "prices_file")
     data_dir: str = mirrored(MarketData, "data_dir")
@@ -19,10 +20,4 @@ class MarketDataResource(ConfigurableResourceFactory[MarketData]):
             source=env_or_default("FLYWHEEL_MARKET_DATA", "file"),
             prices_file=env_or_default("FLYWHEEL_PRICES_FILE", str(BUNDLED_PRICES)),
             data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
-        )
-
-    def create_resource(self, context) -> MarketData:
-        return MarketData(
-            source=self.source, prices_file=self.prices_file, data_dir=self.data_dir,
-            retries=self.retries, backoff_seconds=self.backoff_seconds,
         )

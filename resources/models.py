@@ -1,12 +1,13 @@
 """The model resource: which base model, framework and device the assets load (`ModelLoader`)."""
 
 from outcome_flywheel.models import ModelLoader
-from resources.settings import ConfigurableResourceFactory, env_int_or_default, env_or_default, mirrored
+from resources.settings import DataclassResource, env_int_or_default, env_or_default, mirrored
 
 
-class ModelBackendResource(ConfigurableResourceFactory[ModelLoader]):
+class ModelBackendResource(DataclassResource[ModelLoader]):
     """Which base model, which framework, which device; hands the assets a `ModelLoader`."""
 
+    plain = ModelLoader
     base_model: str = mirrored(ModelLoader, "base_model")
     backend: str = mirrored(ModelLoader, "backend")
     device: str = mirrored(ModelLoader, "device")
@@ -22,6 +23,3 @@ class ModelBackendResource(ConfigurableResourceFactory[ModelLoader]):
             seed=env_int_or_default("FLYWHEEL_SEED"),
             data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
         )
-
-    def create_resource(self, context) -> ModelLoader:
-        return ModelLoader(base_model=self.base_model, backend=self.backend, device=self.device, seed=self.seed, data_dir=self.data_dir)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, ClassVar, Generic, TypeVar
 
 import dagster as dg
 from pydantic import Field
@@ -21,7 +21,19 @@ from dagster._config.pythonic_config import ConfigurableResourceFactory
 
 from outcome_flywheel.settings import DEFAULTS
 
-__all__ = ["ConfigurableResourceFactory", "env_int_or_default", "env_or_default", "mirrored"]
+__all__ = ["DataclassResource", "env_int_or_default", "env_or_default", "mirrored"]
+
+PlainT = TypeVar("PlainT")
+
+
+class DataclassResource(ConfigurableResourceFactory[PlainT], Generic[PlainT]):
+    """A resource whose fields are those of the dataclass `plain` (declared with `mirrored`); assets
+    receive the dataclass, built from the resolved fields when a run starts."""
+
+    plain: ClassVar[type]
+
+    def create_resource(self, context) -> PlainT:
+        return self.plain(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self.plain)})
 
 
 def env_or_default(name: str, default: Any = None):
