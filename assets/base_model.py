@@ -4,20 +4,31 @@
 import time
 
 import dagster as dg
+from pydantic import Field
 
+from assets.catalog import MODEL_KINDS, OWNERS
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.models.tiny_local import TinyLocalConfig, ensure_tiny_local
 
 
 class BaseModelConfig(dg.Config):
-    rebuild: bool = False  # tiny-local: build even when a folder with the same fingerprint exists
+    """Run config of `base_model`."""
+
+    rebuild: bool = Field(
+        default=False,
+        description="tiny-local only: build it again even when a folder with the same fingerprint (config, seed, corpus) exists.",
+    )
 
 
 @dg.asset(
     group_name="models",
     pool="accelerator",
-    kinds={"pytorch"},
-    check_specs=[dg.AssetCheckSpec("loads_and_generates", asset="base_model", blocking=True)],
+    kinds=MODEL_KINDS,
+    owners=OWNERS,
+    check_specs=[dg.AssetCheckSpec(
+        "loads_and_generates", asset="base_model", blocking=True,
+        description="The model folder loads with FLYWHEEL_BACKEND and writes text for a trading-note prompt (greedy, 24 tokens).",
+    )],
 )
 def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, model_backend: dg.ResourceParam[ModelLoader]):
     """Resolves FLYWHEEL_BASE_MODEL to a model folder. `tiny-local` is built here from bundled
@@ -31,7 +42,7 @@ def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, model
         info, built = ensure_tiny_local(out_dir, TinyLocalConfig(seed=model_backend.seed), config.rebuild, context.log.info)
         metadata["reused_existing_build"] = not built
         metadata.update(
-            parameters=info["parameters"], vocab_size=info["vocab_size"], build_seconds=info["build_seconds"],
+            parameters=info["parameters"], vocab_size=info["vocab_size"], build_seconds=round(float(info["build_seconds"]), 2),
             weights_sha256=info["weights_sha256"], fingerprint=info["fingerprint"],
         )
         path = out_dir

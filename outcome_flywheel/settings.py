@@ -27,7 +27,6 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_BACKEND": "torch",
     "FLYWHEEL_DEVICE": "auto",
     "FLYWHEEL_SEED": "0",
-    "FLYWHEEL_START_DATE": "2025-01-01",
     "FLYWHEEL_TIMEZONE": "America/New_York",
     "FLYWHEEL_MAX_HEADLINES": "30",
     "FLYWHEEL_MIN_HEADLINES": "1",
@@ -135,6 +134,8 @@ RULES: dict[str, Rule] = {
     ),
     "FLYWHEEL_SEED": integer(0, 2**32 - 1),  # numpy's seeds stop at 2**32 - 1
     "FLYWHEEL_START_DATE": Rule("a date YYYY-MM-DD, e.g. 2025-01-01", _date),
+    "FLYWHEEL_DAILY_RL_START_DATE": Rule("a date YYYY-MM-DD, e.g. 2025-11-03", _date),
+    "FLYWHEEL_PREFERENCES_START_DATE": Rule("a date YYYY-MM-DD, e.g. 2025-06-03", _date),
     "FLYWHEEL_TIMEZONE": Rule("an IANA time zone name, e.g. America/New_York, Europe/London or UTC", _timezone),
     "FLYWHEEL_FEED_URLS": Rule(
         "comma-separated http:// or https:// URLs (local feed files go in FLYWHEEL_FEEDS_ARCHIVE/YYYY-MM-DD/)", _feed_urls

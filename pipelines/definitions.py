@@ -29,4 +29,18 @@ def _area_defs() -> list[dg.Definitions]:
     return areas
 
 
-defs = dg.Definitions.merge(dg.Definitions(assets=[base_model], resources=core_resources()), *_area_defs())
+base_model_job = dg.define_asset_job(
+    "base_model_job",
+    selection=dg.AssetSelection.assets(base_model),
+    description="Resolve FLYWHEEL_BASE_MODEL: build tiny-local (or fetch a hub model) and check that it loads and writes text. "
+    "Run it first: both loops start from it.",
+)
+
+
+
+def _core_defs() -> dg.Definitions:
+    # A function, not a module attribute: `dagster dev` refuses a module with two Definitions objects.
+    return dg.Definitions(assets=dg.with_source_code_references([base_model]), jobs=[base_model_job], resources=core_resources())
+
+
+defs = dg.Definitions.merge(_core_defs(), *_area_defs())

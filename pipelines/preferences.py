@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 import dagster as dg
 import pandas as pd
 
-from assets.partitions import daily_partitions
+from assets.partitions import preference_partitions
 from assets.preferences.adapter import HISTORY_TABLE, preference_adapter
 from assets.preferences.dataset import dpo_dataset
 from assets.preferences.decisions import operator_decisions
@@ -29,8 +29,9 @@ flywheel_assets = [operator_decisions, decision_outcomes, dpo_dataset, preferenc
 flywheel_decisions_job = dg.define_asset_job(
     "flywheel_decisions",
     selection=dg.AssetSelection.assets(operator_decisions, decision_outcomes),
-    partitions_def=daily_partitions,
-    description="Read the audit log's decisions of a date and compute their T+5 outcomes.",
+    partitions_def=preference_partitions,
+    description="Read the audit log's decisions of a date and compute their T+5 outcomes (a range of dates runs as one run: "
+    "single-run backfill policy).",
 )
 
 flywheel_training_job = dg.define_asset_job(
@@ -55,7 +56,7 @@ def flywheel_outcomes_schedule(context: dg.ScheduleEvaluationContext, warehouse:
     now = context.scheduled_execution_time or datetime.now(timezone.utc)
     outcomes = warehouse.read_all("decision_outcomes")
     ready = pending_partitions_ready(outcomes, now)
-    keys = set(daily_partitions.get_partition_keys(current_time=now))
+    keys = set(preference_partitions.get_partition_keys(current_time=now))
     try:
         log_dates = set(records_frame(audit_log.parse(), env("FLYWHEEL_TIMEZONE"))["decision_date"])
     except FileNotFoundError:
@@ -109,7 +110,7 @@ def flywheel_resources() -> dict:
 
 
 defs = dg.Definitions(
-    assets=flywheel_assets,
+    assets=dg.with_source_code_references(flywheel_assets),
     jobs=[flywheel_decisions_job, flywheel_training_job],
     schedules=[flywheel_outcomes_schedule],
     sensors=[flywheel_training_sensor],

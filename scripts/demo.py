@@ -1,6 +1,10 @@
 """`make demo`: both loops from nothing on the embedded defaults, recorded in the project-local
 Dagster instance ($DAGSTER_HOME, `.dagster/` via the Makefile), then a short summary.
 
+Every step is a run of a named job of the code location (`base_model_job`, `daily_rl_job`,
+`flywheel_decisions`, `flywheel_training`; `pipelines.launch.run_job`), executed in this process,
+so `make ui` shows them on the job pages and the timeline and can re-execute them.
+
     DAGSTER_HOME=$PWD/.dagster python -m scripts.demo [--days 3]
 """
 
@@ -14,9 +18,8 @@ import time
 
 import dagster as dg
 
-from assets.base_model import base_model
-from pipelines.resources import core_resources
 from outcome_flywheel.settings import env, resolve_path
+from pipelines.launch import IN_PROCESS, run_job
 from scripts import QUIET_CONSOLE
 
 
@@ -38,6 +41,9 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=FutureWarning)
+    # Dagster's notes that an API used by the definitions (single-run backfills, code references) is beta.
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
 
 def main() -> None:
@@ -51,7 +57,7 @@ def main() -> None:
     summary: dict = {"dagster_home": os.environ["DAGSTER_HOME"], "data_dir": str(resolve_path(env("FLYWHEEL_DATA_DIR")))}
 
     started = time.perf_counter()
-    result = dg.materialize([base_model], instance=instance, resources=core_resources(), run_config=QUIET_CONSOLE)
+    result = run_job("base_model_job", instance, run_config={**QUIET_CONSOLE, **IN_PROCESS})
     meta = result.asset_materializations_for_node("base_model")[0].metadata
     summary["base_model"] = {
         "model": env("FLYWHEEL_BASE_MODEL"),

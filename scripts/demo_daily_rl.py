@@ -1,5 +1,6 @@
 """Demo of the daily loop: the first few days of the bundled feed archive, in order, on the
-embedded defaults (tiny-local), recorded in a Dagster instance so the runs show in the UI.
+embedded defaults (tiny-local), as runs of the code location's `daily_rl_job` (one per day),
+recorded in a Dagster instance so they show in the UI (job page, timeline, re-execute).
 
     python -m scripts.demo_daily_rl [--days 3]      (uses $DAGSTER_HOME's instance)
 
@@ -15,6 +16,7 @@ import dagster as dg
 
 from outcome_flywheel.settings import SAMPLE_DATA, env
 from outcome_flywheel.storage import Warehouse
+from pipelines.launch import IN_PROCESS, run_job
 from scripts import QUIET_CONSOLE
 
 DEMO_MAX_NEW_TOKENS = 96  # tiny-local's notes end within ~80 tokens; keeps `make demo` to minutes
@@ -26,23 +28,21 @@ def archive_days(days: int) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.is_dir())[:days]
 
 
-def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None = DEMO_MAX_HEADLINES) -> dict:
-    """Materialise headlines + daily_update + daily_report for the first `days` archive days in order."""
-    from pipelines.daily_rl import daily_rl_job, daily_rl_resources, defs
-    from pipelines.resources import core_resources
-    from resources.daily_rl import FeedsResource
-
-    resources = {**core_resources(), **daily_rl_resources()}
+def demo_run_config(max_headlines: int | None = DEMO_MAX_HEADLINES) -> dict:
+    """The demo's smaller days as run config (shown in the UI's launchpad, reused by a re-execution)."""
+    config: dict = {"ops": {"daily_update": {"config": {"max_new_tokens": DEMO_MAX_NEW_TOKENS}}}, **QUIET_CONSOLE, **IN_PROCESS}
     if max_headlines is not None:
-        resources["feeds"] = FeedsResource.from_env(max_headlines=max_headlines)
-    job = dg.Definitions(assets=list(defs.assets), jobs=[daily_rl_job], resources=resources).resolve_job_def(daily_rl_job.name)
-    run_config = {"ops": {"daily_update": {"config": {"max_new_tokens": DEMO_MAX_NEW_TOKENS}}}, **QUIET_CONSOLE}
+        config["resources"] = {"feeds": {"config": {"max_headlines": max_headlines}}}
+    return config
+
+
+def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None = DEMO_MAX_HEADLINES) -> dict:
+    """Run `daily_rl_job` (headlines, daily_update, daily_report) for the first `days` archive days, in order."""
+    run_config = demo_run_config(max_headlines)
     warehouse = Warehouse(data_dir=env("FLYWHEEL_DATA_DIR"))  # plain values: the resources may hold EnvVars
     summary: dict = {"days": []}
     for day in archive_days(days):
-        result = job.execute_in_process(partition_key=day, instance=instance, run_config=run_config)
-        if not result.success:
-            raise RuntimeError(f"daily_rl_job failed for {day} (run {result.run_id})")
+        result = run_job("daily_rl_job", instance, partition_key=day, run_config=run_config)
         report = warehouse.read("daily_report", day).iloc[0]
         training = warehouse.read("policy_training", day).iloc[0]
         summary["days"].append(dict(

@@ -2,10 +2,10 @@
 
     python -m scripts.demo_flywheel        (DAGSTER_HOME decides the instance; else an ephemeral one)
 
-`run(instance)` materialises, recording the runs in `instance`:
-  1. `operator_decisions` + `decision_outcomes` for every date of the audit log, in ONE run (the
-     assets have a single-run backfill policy, so a partition range is one run);
-  2. `dpo_dataset` -> `preference_adapter` -> `holdout_eval` -> `style_drift`.
+`run(instance)` runs two jobs of the code location, recorded in `instance`:
+  1. `flywheel_decisions` (`operator_decisions` + `decision_outcomes`) for every date of the audit
+     log, in ONE run (the assets have a single-run backfill policy, so a partition range is one run);
+  2. `flywheel_training` (`dpo_dataset` -> `preference_adapter` -> `holdout_eval` -> `style_drift`).
 It assumes `base_model` is already materialised (tiny-local built under FLYWHEEL_DATA_DIR).
 """
 
@@ -18,30 +18,28 @@ from typing import Any, Callable
 
 import dagster as dg
 
-from assets.preferences.adapter import preference_adapter
+from assets.partitions import preference_partitions
 from outcome_flywheel.preferences.audit_log import records_frame
-from assets.preferences.dataset import dpo_dataset
-from assets.preferences.decisions import operator_decisions
-from assets.preferences.evaluation import holdout_eval, style_drift
-from assets.preferences.outcomes import decision_outcomes
 from outcome_flywheel.preferences.status import training_status
-from pipelines.preferences import flywheel_resources
-from scripts import QUIET_CONSOLE
-from assets.partitions import daily_partitions
-from pipelines.resources import core_resources
 from outcome_flywheel.settings import env
+from pipelines.launch import IN_PROCESS, run_job
+from pipelines.preferences import flywheel_resources
+from pipelines.resources import core_resources
+from scripts import QUIET_CONSOLE
 
-RANGE_START = "dagster/asset_partition_range_start"
-RANGE_END = "dagster/asset_partition_range_end"
+RUN_CONFIG = {**QUIET_CONSOLE, **IN_PROCESS}
 
 
 def decision_range(resources: dict) -> tuple[str, str]:
-    """First and last decision date of the audit log that fall inside the daily partitions."""
+    """First and last decision date of the audit log that fall inside the preference partitions."""
     frame = records_frame(resources["audit_log"].parse(), env("FLYWHEEL_TIMEZONE"))
-    keys = set(daily_partitions.get_partition_keys())
+    keys = set(preference_partitions.get_partition_keys())
     dates = sorted(d for d in frame["decision_date"].unique() if d in keys)
     if not dates:
-        raise ValueError("the audit log has no decision inside the daily partitions (FLYWHEEL_START_DATE)")
+        raise ValueError(
+            "the audit log has no decision inside the preference partitions "
+            "(FLYWHEEL_PREFERENCES_START_DATE / FLYWHEEL_START_DATE)"
+        )
     return dates[0], dates[-1]
 
 
@@ -51,16 +49,9 @@ def run(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> dic
     started = time.perf_counter()
     first, last = decision_range(resources)
     log(f"flywheel: decisions and outcomes {first}..{last} (one run)")
-    r1 = dg.materialize(
-        [operator_decisions, decision_outcomes], instance=instance, resources=resources,
-        tags={RANGE_START: first, RANGE_END: last}, run_config=QUIET_CONSOLE,
-    )
-    if not r1.success:
-        raise RuntimeError("operator_decisions / decision_outcomes failed")
+    r1 = run_job("flywheel_decisions", instance, partition_range=(first, last), run_config=RUN_CONFIG)
     log("flywheel: dpo_dataset -> preference_adapter -> holdout_eval -> style_drift")
-    r2 = dg.materialize([dpo_dataset, preference_adapter, holdout_eval, style_drift], instance=instance, resources=resources, run_config=QUIET_CONSOLE)
-    if not r2.success:
-        raise RuntimeError("flywheel training run failed")
+    r2 = run_job("flywheel_training", instance, run_config=RUN_CONFIG)
 
     warehouse = resources["warehouse"]
     outcomes = warehouse.read_all("decision_outcomes")
@@ -78,7 +69,7 @@ def run(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> dic
         "label": ev.get("label"),
         "drift": status["drift"]["drift"],
         "adapter": status["latest_adapter"],
-        "run_ids": [r1.dagster_run.run_id, r2.dagster_run.run_id],
+        "run_ids": [r1.run_id, r2.run_id],
         "wall_s": round(time.perf_counter() - started, 1),
     }
     log(json.dumps(summary, default=str))

@@ -101,10 +101,12 @@ def test_the_minimum_comes_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_a_day_missing_from_the_archive_fails_and_says_so(tmp_path):
-    feeds = FeedSource(archive_dir=str(ARCHIVE), data_dir=str(tmp_path))
-    result = dg.materialize([headlines], partition_key="2025-12-25", resources={"warehouse": Warehouse(data_dir=str(tmp_path)), "feeds": feeds},
+    archive = tmp_path / "archive"  # the day is a partition (the bundled archive's window); its folder is missing here
+    archive.mkdir()
+    feeds = FeedSource(archive_dir=str(archive), data_dir=str(tmp_path))
+    result = dg.materialize([headlines], partition_key=DAY, resources={"warehouse": Warehouse(data_dir=str(tmp_path)), "feeds": feeds},
                             raise_on_error=False)
     check = _check(result, "minimum_headlines")
     assert not result.success and not check.passed
     assert check.metadata["feeds"].value == 0
-    assert "no feeds" in check.description and str(ARCHIVE / "2025-12-25") in check.description
+    assert "no feeds" in check.description and str(archive / DAY) in check.description

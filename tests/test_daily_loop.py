@@ -167,7 +167,7 @@ def test_definitions_shape_and_schedule():
     assert list(spec_deps) == list(KEYS)
     for key, deps in spec_deps.items():
         by_key = {d.asset_key.to_user_string(): d for d in deps}
-        assert set(by_key) == {"headlines", key}
+        assert set(by_key) == {"headlines", "base_model", key}
         mapping = by_key[key].partition_mapping
         assert isinstance(mapping, dg.TimeWindowPartitionMapping) and (mapping.start_offset, mapping.end_offset) == (-1, -1)
     assert daily_update.can_subset is False

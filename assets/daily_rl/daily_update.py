@@ -13,9 +13,10 @@ import dagster as dg
 import pandas as pd
 from pydantic import Field
 
-from assets.partitions import daily_partitions
+from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, column_names, table_metadata
+from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.judge import Judge
-from outcome_flywheel.daily_rl.loop import position_bias
+from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, SCORE_COLUMNS, position_bias
 from outcome_flywheel.daily_rl.update import DailyUpdateError, DailyUpdateResult, DailyUpdateSettings, run_daily_update
 from outcome_flywheel.models import LoraSettings, ModelLoader
 from outcome_flywheel.models.gspo_config import GSPOConfig
@@ -29,10 +30,19 @@ _DESCRIPTIONS = {
     "rollout_scores": "Yesterday's rollouts scored against today's headlines: judge rank (iterative A-H selection), "
                       "rank reward, structure score, reward = 0.5/0.5 mix, group-normalised advantage, usable flag.",
     "policy_checkpoint": "The policy of day D: yesterday's checkpoint trained with GSPO on today's usable scores "
-                         "(LoRA by default), saved under checkpoints/policy/D/ with `latest` moved atomically.",
+                         "(LoRA by default), saved under checkpoints/policy/D/ with `latest` moved atomically. Each day's "
+                         "training is recorded as one row of the table `policy_training` (its columns below).",
     "rollouts": "Notes sampled by today's checkpoint for each of today's headlines (8 each by default; temperature 0.8, "
                 "top-p 0.95, top-k 50), with the sampled token ids and per-token behaviour log-probs at the sampling "
                 "temperature (log-softmax of logits / T, before top-k/top-p): the behaviour policy GSPO uses as pi_old.",
+}
+
+
+# Column schema shown per key: the table each key writes (policy_checkpoint: its record `policy_training`).
+_TABLES = {
+    "rollout_scores": table_metadata("rollout_scores", SCORE_COLUMNS),
+    "policy_checkpoint": table_metadata("policy_training", column_names("policy_training")),
+    "rollouts": table_metadata("rollouts", ROLLOUT_COLUMNS),
 }
 
 
@@ -67,12 +77,12 @@ def _check(key: str, name: str, description: str) -> dg.AssetCheckSpec:
             # Every key has the same deps (an asset backfill refuses keys of different shapes): the day's
             # headlines, the base model (the first policy and the frozen judge), itself the day before.
             key, deps=[dg.AssetDep("headlines"), dg.AssetDep("base_model"), dg.AssetDep(key, partition_mapping=PREVIOUS_DAY)],
-            partitions_def=daily_partitions, group_name="daily_rl", description=_DESCRIPTIONS[key],
-            kinds={"pytorch"} if key == "policy_checkpoint" else {"parquet"},
+            partitions_def=daily_rl_partitions, group_name="daily_rl", description=_DESCRIPTIONS[key],
+            kinds=MODEL_KINDS if key == "policy_checkpoint" else TABLE_KINDS, owners=OWNERS, metadata=_TABLES[key],
         )
         for key in KEYS
     ],
-    partitions_def=daily_partitions,
+    partitions_def=daily_rl_partitions,
     can_subset=False,
     pool="accelerator",
     check_specs=[

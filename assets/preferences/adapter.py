@@ -9,13 +9,16 @@ from typing import Optional
 
 import dagster as dg
 import pandas as pd
+from pydantic import Field
 
+from assets.catalog import MODEL_KINDS, OWNERS, column_names, table_metadata
 from outcome_flywheel.preferences.scoring import training_pairs
 from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO, prompt_context_keys
 from outcome_flywheel.preferences.weighting import dataset_fingerprint
 from outcome_flywheel.models import LoraSettings, ModelLoader
-from outcome_flywheel.models.torch.dpo import WeightedDPOConfig
+from outcome_flywheel.models.dpo_config import WeightedDPOConfig
 from outcome_flywheel.storage import Warehouse, atomic_symlink, publish_dir
+from resources.settings import mirrored
 
 HISTORY_TABLE = "preference_training_history"
 
@@ -23,15 +26,28 @@ HISTORY_TABLE = "preference_training_history"
 class PreferenceAdapterConfig(dg.Config):
     """Run config; a field left unset takes `WeightedDPOConfig`'s default (the one source of truth)."""
 
-    learning_rate: Optional[float] = None
-    epochs: Optional[int] = None
-    beta: Optional[float] = None
-    batch_size: Optional[int] = None
-    lora_r: Optional[int] = None
-    lora_alpha: Optional[int] = None
-    max_grad_norm: Optional[float] = None
-    completion_unit: Optional[str] = None  # "line" or "sequence" (outcome_flywheel/models/segments.py)
-    seed: Optional[int] = None  # None = FLYWHEEL_SEED
+    learning_rate: Optional[float] = mirrored(WeightedDPOConfig, "learning_rate", optional=True)
+    epochs: Optional[int] = mirrored(WeightedDPOConfig, "epochs", optional=True)
+    beta: Optional[float] = mirrored(WeightedDPOConfig, "beta", optional=True)
+    batch_size: Optional[int] = mirrored(WeightedDPOConfig, "batch_size", optional=True)
+    lora_r: Optional[int] = Field(default=None, description=f"LoRA rank. Default: {WeightedDPOConfig().lora.r} (WeightedDPOConfig.lora).")
+    lora_alpha: Optional[int] = Field(
+        default=None, description=f"LoRA alpha (scale = alpha / r). Default: {WeightedDPOConfig().lora.alpha} (WeightedDPOConfig.lora).",
+    )
+    max_grad_norm: Optional[float] = mirrored(WeightedDPOConfig, "max_grad_norm", optional=True)
+    completion_unit: Optional[str] = mirrored(WeightedDPOConfig, "completion_unit", optional=True)
+    seed: Optional[int] = Field(default=None, description="Seeds the LoRA init and the batch order. Default: FLYWHEEL_SEED.")
+
+
+def _config_table(config: dict, prefix: str = "") -> str:
+    """The trainer's settings as a two-column markdown table (nested settings as `lora.r`...)."""
+    rows = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            rows += [line for line in _config_table(value, f"{prefix}{key}.").splitlines()[2:]]
+        else:
+            rows.append(f"| {prefix}{key} | {', '.join(map(str, value)) if isinstance(value, (list, tuple)) else value} |")
+    return "| setting | value |\n| --- | --- |\n" + "\n".join(rows)
 
 
 def adapter_run_id(dagster_run_id: str, now: datetime) -> str:
@@ -43,8 +59,14 @@ def adapter_run_id(dagster_run_id: str, now: datetime) -> str:
     group_name="flywheel",
     deps=["dpo_dataset", "base_model"],
     pool="accelerator",
-    kinds={"pytorch", "safetensors"},
-    check_specs=[dg.AssetCheckSpec("loss_is_finite", asset="preference_adapter", blocking=True)],
+    kinds=MODEL_KINDS,
+    owners=OWNERS,
+    # Every training run is a row of `preference_training_history`: its columns are shown here.
+    metadata=table_metadata(HISTORY_TABLE, column_names(HISTORY_TABLE)),
+    check_specs=[dg.AssetCheckSpec(
+        "loss_is_finite", asset="preference_adapter", blocking=True,
+        description="Every DPO step's loss is finite and below 1e6 (a diverged run does not feed holdout_eval).",
+    )],
 )
 def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdapterConfig, model_backend: dg.ResourceParam[ModelLoader], warehouse: dg.ResourceParam[Warehouse]):
     """LoRA adapter (r=8) trained with outcome-weighted DPO (beta 0.02, plans scored line by line) on
@@ -108,7 +130,7 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
     finally:
         history["wall_s"] = round(time.perf_counter() - t0, 3)
         history["finished_at"] = datetime.now(timezone.utc).isoformat()
-        warehouse.write(HISTORY_TABLE, pd.DataFrame([history]), partition=run, key="run")
+        warehouse.write(HISTORY_TABLE, pd.DataFrame([history])[column_names(HISTORY_TABLE, history)], partition=run, key="run")
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     acc = stats.extra.get("rewards_accuracy", [])
@@ -118,12 +140,13 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
             "adapter_path": dg.MetadataValue.path(str(final)),
             "n_pairs": len(pairs),
             "steps": stats.steps,
-            "loss_first": float(stats.losses[0]),
-            "loss_last": float(stats.losses[-1]),
-            "mean_loss_last_epoch": float(pd.Series(stats.losses[-max(1, len(stats.losses) // cfg.epochs):]).mean()),
-            "rewards_accuracy_last_epoch": float(pd.Series(acc[-max(1, len(acc) // cfg.epochs):]).mean()) if acc else float("nan"),
+            "loss_first": round(float(stats.losses[0]), 4),
+            "loss_last": round(float(stats.losses[-1]), 4),
+            "mean_loss_last_epoch": round(float(pd.Series(stats.losses[-max(1, len(stats.losses) // cfg.epochs):]).mean()), 4),
+            **({"rewards_accuracy_last_epoch": round(float(pd.Series(acc[-max(1, len(acc) // cfg.epochs):]).mean()), 4)} if acc else {}),
             "wall_seconds": round(stats.wall_s, 2),
-            "config": dg.MetadataValue.json(cfg.as_dict()),
+            "learning_rate": cfg.learning_rate, "beta": cfg.beta, "epochs": cfg.epochs, "lora_r": cfg.lora.r,
+            "config": dg.MetadataValue.md(_config_table(cfg.as_dict())),
         }
     )
     finite = all(pd.notna(stats.losses)) and all(abs(x) < 1e6 for x in stats.losses)

@@ -6,14 +6,16 @@ import json
 import dagster as dg
 import pandas as pd
 
+from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from outcome_flywheel.preferences.status import latest_decisions, prompt_context_keys, training_status
 from outcome_flywheel.preferences.weighting import (
-    EXPORT_FORMATS, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, jsonl_bytes,
+    EXPORT_FORMATS, PAIR_COLUMNS, WEIGHT_TABLE, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, jsonl_bytes,
     outcome_treatment,
 )
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 EXPORT_DIR = ("exports", "preference")
+TREATMENTS = sorted({treatment for _, _, treatment in WEIGHT_TABLE.values()})
 
 
 def _triple(prompt, chosen: str, rejected: str) -> tuple[str, str, str]:
@@ -54,7 +56,9 @@ def weights_off_table(pairs: pd.DataFrame) -> list[str]:
     group_name="flywheel",
     deps=["operator_decisions", "decision_outcomes"],
     pool="duckdb",
-    kinds={"duckdb", "parquet"},
+    kinds=TABLE_KINDS,
+    owners=OWNERS,
+    metadata=table_metadata("dpo_dataset", PAIR_COLUMNS),
     check_specs=[
         dg.AssetCheckSpec("no_holdout_in_training", asset="dpo_dataset", blocking=True,
                           description="No holdout decision is in the training split or the exports."),
@@ -101,12 +105,15 @@ def dpo_dataset(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
             "n_holdout": int((pairs["split"] == "holdout").sum()) if len(pairs) else 0,
             "n_skipped": len(skipped),
             "prompt_context_keys": ", ".join(keys) or "(none: one context-free prompt)",
-            "pairs_by_treatment": dg.MetadataValue.json(by_treatment),
-            "export_rows": dg.MetadataValue.json(export_counts),
+            **{f"n_{t}": int(by_treatment.get(t, 0)) for t in TREATMENTS},
+            **{f"export_rows_{fmt}": n for fmt, n in export_counts.items()},
             "export_dir": dg.MetadataValue.path(str(export_dir)),
             "dataset_fingerprint": fingerprint,
-            "training_status": dg.MetadataValue.json(status),
+            "dagster/row_count": len(pairs),
+            "n_new_pairs_since_last_adapter": status["n_new_pairs_since_last_adapter"],
+            "min_new_pairs": status["min_new_pairs"],
             "ready_to_train": status["ready_to_train"],
+            "blocking_reasons": dg.MetadataValue.md("\n".join(f"- {r}" for r in status["blocking_reasons"]) or "none"),
         }
     )
     leaks = holdout_leaks(pairs, exported_trl)

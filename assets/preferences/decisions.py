@@ -2,8 +2,9 @@
 
 import dagster as dg
 
-from outcome_flywheel.preferences.audit_log import empty_decisions, quarantine_frame, records_frame
-from assets.partitions import daily_partitions
+from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
+from assets.partitions import preference_partitions
+from outcome_flywheel.preferences.audit_log import DECISION_COLUMNS, empty_decisions, quarantine_frame, records_frame
 from outcome_flywheel.preferences.audit_log_file import AuditLog
 from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
@@ -13,12 +14,14 @@ QUARANTINE_TABLE = "operator_decisions_quarantine"
 
 @dg.asset(
     group_name="flywheel",
-    partitions_def=daily_partitions,
+    partitions_def=preference_partitions,
     backfill_policy=dg.BackfillPolicy.single_run(),
     pool="duckdb",
-    kinds={"duckdb", "parquet"},
+    kinds=TABLE_KINDS,
+    owners=OWNERS,
+    metadata=table_metadata("operator_decisions", DECISION_COLUMNS),
     check_specs=[dg.AssetCheckSpec("counts_reconcile", asset="operator_decisions", blocking=True,
-                                   description="non-blank lines = unique valid decisions + repeated ids dropped + quarantined")],
+                                   description="Non-blank lines of the audit log = unique valid decisions + repeated ids dropped + quarantined lines.")],
 )
 def operator_decisions(context: dg.AssetExecutionContext, audit_log: dg.ResourceParam[AuditLog], warehouse: dg.ResourceParam[Warehouse]):
     """Operator approve / reject / override decisions from the JSONL audit log (FLYWHEEL_AUDIT_LOG),
@@ -35,12 +38,13 @@ def operator_decisions(context: dg.AssetExecutionContext, audit_log: dg.Resource
         written[key] = len(rows)
     # The quarantine is a property of the whole file: every run rewrites the same table.
     warehouse.write(QUARANTINE_TABLE, quarantine_frame(parsed, str(audit_log.file)))
-    all_keys = set(daily_partitions.get_partition_keys())
+    all_keys = set(preference_partitions.get_partition_keys())
     outside = int((~frame["decision_date"].isin(all_keys)).sum()) if len(frame) else 0
     counts = {
         "n_lines": parsed.n_lines, "n_valid": parsed.n_valid, "n_quarantined": parsed.n_quarantined,
         "n_duplicates_dropped": parsed.n_duplicates_dropped,
     }
+    by_type = frame[frame["decision_date"].isin(keys)]["decision"].value_counts().to_dict() if len(frame) else {}
     context.log.info(f"audit log {audit_log.file}: {counts}; {sum(written.values())} decisions in {len(keys)} partition(s)")
     yield dg.MaterializeResult(
         asset_key="operator_decisions",
@@ -49,7 +53,7 @@ def operator_decisions(context: dg.AssetExecutionContext, audit_log: dg.Resource
             "n_in_partitions": sum(written.values()),
             "n_partitions": len(keys),
             "n_outside_partition_range": outside,
-            "decisions_by_type": dg.MetadataValue.json(frame[frame["decision_date"].isin(keys)]["decision"].value_counts().to_dict() if len(frame) else {}),
+            **{f"n_{kind}": int(by_type.get(kind, 0)) for kind in ("approve", "reject", "override")},
             "audit_log": dg.MetadataValue.path(str(audit_log.file)),
             "quarantine": dg.MetadataValue.md(
                 "\n".join(f"- line {q['line_number']}: {q['error']}" for q in parsed.quarantine) or "none"

@@ -5,6 +5,7 @@ from datetime import datetime, timezone
 import dagster as dg
 import pandas as pd
 
+from assets.catalog import OWNERS, TABLE_KINDS, column_names, table_metadata
 from outcome_flywheel.preferences.metrics import auc_report, drift_level, rejected_winners
 from outcome_flywheel.preferences.scoring import score_holdout, scoring_settings
 from outcome_flywheel.preferences.status import latest_adapter_dir
@@ -28,9 +29,11 @@ def _md_table(df: pd.DataFrame) -> str:
 
 @dg.asset(
     group_name="flywheel",
-    deps=["preference_adapter", "dpo_dataset"],
+    deps=["preference_adapter", "dpo_dataset", "base_model"],
     pool="accelerator",
-    kinds={"pytorch", "duckdb"},
+    kinds=TABLE_KINDS,
+    owners=OWNERS,
+    metadata=table_metadata(EVAL_TABLE, column_names(EVAL_TABLE)),
 )
 def holdout_eval(context: dg.AssetExecutionContext, model_backend: dg.ResourceParam[ModelLoader], warehouse: dg.ResourceParam[Warehouse]):
     """Every holdout proposal scored with the latest adapter against holding, as its pairs were
@@ -50,7 +53,7 @@ def holdout_eval(context: dg.AssetExecutionContext, model_backend: dg.ResourcePa
     evaluated_at = datetime.now(timezone.utc).isoformat()
     scored.insert(0, "adapter_run", adapter.name)
     scored["evaluated_at"] = evaluated_at
-    warehouse.write(EVAL_TABLE, scored)
+    warehouse.write(EVAL_TABLE, scored[column_names(EVAL_TABLE, scored.columns)])
     history = pd.DataFrame([{
         "adapter_run": adapter.name, "evaluated_at": evaluated_at, **report.as_dict(),
         "n_rejected_winners": int(len(winners)),
@@ -63,10 +66,9 @@ def holdout_eval(context: dg.AssetExecutionContext, model_backend: dg.ResourcePa
     return dg.MaterializeResult(
         metadata={
             "adapter_run": adapter.name,
-            "auc": report.auc,
-            "auc_low": report.auc_low,
-            "auc_high": report.auc_high,
+            **_rounded(auc=report.auc, auc_low=report.auc_low, auc_high=report.auc_high),
             "label": report.label,
+            "dagster/row_count": len(scored),
             "n_holdout": report.n_holdout,
             "n_approved": report.n_approved,
             "rejected_winners": dg.MetadataValue.md(_md_table(winners)),
@@ -78,7 +80,9 @@ def holdout_eval(context: dg.AssetExecutionContext, model_backend: dg.ResourcePa
     group_name="flywheel",
     deps=["holdout_eval"],
     pool="duckdb",
-    kinds={"duckdb"},
+    kinds=TABLE_KINDS,
+    owners=OWNERS,
+    metadata=table_metadata(DRIFT_TABLE, column_names(DRIFT_TABLE)),
     check_specs=[dg.AssetCheckSpec("drift_not_high", asset="style_drift", description="Warns when the mean of the last 3 AUCs is below 0.55.")],
 )
 def style_drift(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse]):
@@ -88,9 +92,14 @@ def style_drift(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
     hist = hist.sort_values("evaluated_at") if len(hist) else hist
     level = drift_level(hist["auc"].tolist() if len(hist) else [])
     row = {**level, "computed_at": datetime.now(timezone.utc).isoformat(), "last_runs": ",".join(hist["adapter_run"].tail(3)) if len(hist) else ""}
-    warehouse.write(DRIFT_TABLE, pd.DataFrame([row]))
-    yield dg.MaterializeResult(metadata={"drift": level["drift"], "mean_auc_last": level["mean_auc_last"], "n_evals": level["n_evals"]})
+    warehouse.write(DRIFT_TABLE, pd.DataFrame([row])[column_names(DRIFT_TABLE, row)])
+    yield dg.MaterializeResult(metadata={"drift": level["drift"], **_rounded(mean_auc_last=level["mean_auc_last"]), "n_evals": level["n_evals"]})
     yield dg.AssetCheckResult(
         check_name="drift_not_high", passed=level["drift"] != "high", severity=dg.AssetCheckSeverity.WARN,
-        metadata={"mean_auc_last": level["mean_auc_last"]},
+        metadata=_rounded(mean_auc_last=level["mean_auc_last"]),
     )
+
+
+def _rounded(**values: float) -> dict:
+    """Rounded floats for metadata (Dagster plots them); NaN (nothing to measure yet) left out."""
+    return {k: round(float(v), 4) for k, v in values.items() if v is not None and v == v}

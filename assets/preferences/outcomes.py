@@ -5,9 +5,10 @@ from datetime import datetime, timezone
 import dagster as dg
 import pandas as pd
 
+from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
+from assets.partitions import preference_partitions
 from outcome_flywheel.preferences.audit_log import load_orders
 from outcome_flywheel.preferences.windows import BENCHMARK, OUTCOME_COLUMNS, WINDOW_DAYS, PriceTable, compute_outcome, empty_outcomes, t5_window
-from assets.partitions import daily_partitions
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.storage import Warehouse
 
@@ -40,11 +41,13 @@ def outcome_rows(decisions: pd.DataFrame, market_data: dg.ResourceParam[MarketDa
 
 @dg.asset(
     group_name="flywheel",
-    partitions_def=daily_partitions,
+    partitions_def=preference_partitions,
     backfill_policy=dg.BackfillPolicy.single_run(),
     deps=["operator_decisions"],
     pool="duckdb",
-    kinds={"duckdb", "parquet"},
+    kinds=TABLE_KINDS,
+    owners=OWNERS,
+    metadata=table_metadata("decision_outcomes", OUTCOME_COLUMNS),
 )
 def decision_outcomes(context: dg.AssetExecutionContext, market_data: dg.ResourceParam[MarketData], warehouse: dg.ResourceParam[Warehouse]):
     """T+5 outcome of each decision's proposal on the NYSE calendar (exchange_calendars XNYS): entry at
@@ -65,6 +68,7 @@ def decision_outcomes(context: dg.AssetExecutionContext, market_data: dg.Resourc
     pending = outcomes[outcomes["status"] == "pending"]
     next_check = pending["exit_close_utc"].dropna().min() if len(pending) else None
     matured = outcomes[outcomes["status"] == "matured"]
+    metadata: dict = {"mean_vs_spy_pct": round(float(matured["vs_spy_pct"].mean()), 4)} if len(matured) else {}
     yield dg.MaterializeResult(
         metadata={
             "n_decisions": len(outcomes),
@@ -73,7 +77,7 @@ def decision_outcomes(context: dg.AssetExecutionContext, market_data: dg.Resourc
             "n_no_data": int(status.get("no_data", 0)),
             "downloads": downloads,
             "market_data": market_data.describe(),
-            "mean_vs_spy_pct": float(matured["vs_spy_pct"].mean()) if len(matured) else float("nan"),
+            **metadata,  # left out when nothing matured (a NaN breaks the plots)
             "earliest_pending_exit_close": str(next_check) if next_check else "none",
             "not_matured": dg.MetadataValue.md(
                 "\n".join(f"- {r.decision_id}: {r.status}: {r.reason}" for r in outcomes[outcomes["status"] != "matured"].head(20).itertuples())

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import math
 
 import matplotlib
 
 matplotlib.use("Agg")
+import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -60,6 +62,23 @@ def _dates(summary: pd.DataFrame):
     return pd.to_datetime(summary["date"])
 
 
+MAX_DATE_LABELS = 14
+
+
+def _date_axis(ax, dates: pd.Series) -> None:
+    """One tick per day (a label every k-th day past MAX_DATE_LABELS days), half a day of margin."""
+    n = int(dates.nunique()) if len(dates) else 0
+    every = max(1, math.ceil(n / MAX_DATE_LABELS))
+    ax.xaxis.set_major_locator(mdates.DayLocator(interval=every))
+    ax.xaxis.set_minor_locator(mdates.DayLocator())
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%b %d"))
+    if n:
+        half = pd.Timedelta(hours=12)
+        ax.set_xlim(dates.min() - half, dates.max() + half)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_xlabel("partition day")
+
+
 def reward_figure(summary: pd.DataFrame) -> bytes:
     """Mean reward of the scored rollouts (min-max band) and mean structure score of the day's rollouts."""
     fig, ax = plt.subplots(figsize=(7, 3.2))
@@ -71,6 +90,7 @@ def reward_figure(summary: pd.DataFrame) -> bytes:
     ax.set_ylabel("[0, 1]")
     ax.set_title("Reward and structure per day")
     ax.legend(fontsize=8, loc="lower right")
+    _date_axis(ax, x)
     fig.autofmt_xdate()
     return _png(fig)
 
@@ -78,9 +98,11 @@ def reward_figure(summary: pd.DataFrame) -> bytes:
 def kl_figure(summary: pd.DataFrame) -> bytes:
     """Per-token KL(policy || base) on each day's own rollouts."""
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.plot(_dates(summary), summary["kl_to_base"], "o-", color="C3")
+    x = _dates(summary)
+    ax.plot(x, summary["kl_to_base"], "o-", color="C3")
     ax.set_ylabel("nats / token")
     ax.set_title("KL to the base model (policy's own samples)")
+    _date_axis(ax, x)
     fig.autofmt_xdate()
     return _png(fig)
 
@@ -88,10 +110,16 @@ def kl_figure(summary: pd.DataFrame) -> bytes:
 def pass_through_figure(summary: pd.DataFrame) -> bytes:
     """Share of scored rollouts in groups the judge answered (the rest are not trained on)."""
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.bar(_dates(summary), summary["usable_share"].fillna(0.0), color="C1")
+    x = _dates(summary)
+    share = summary["usable_share"]
+    scored = share.notna().to_numpy()
+    ax.bar(x[scored], share[scored], width=0.6, color="C1")
+    for day in x[~scored]:  # the first day (and a day after a gap) has no rollouts of D-1 to score
+        ax.text(day, 0.03, "nothing\nscored", ha="center", va="bottom", fontsize=7, color="0.4")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("usable share")
     ax.set_title("Judge pass-through per day")
+    _date_axis(ax, x)
     fig.autofmt_xdate()
     return _png(fig)
 

@@ -1,0 +1,86 @@
+"""Run a job of this code location in the calling process, recorded as that code location's run.
+
+`dg.materialize` and `JobDefinition.execute_in_process` record runs that belong to no code location
+(no repository origin): the Dagster UI leaves them off the job's page and the overview timeline and
+cannot re-execute them. The demo therefore runs the named jobs of `pipelines.definitions.defs`
+with the origin `dagster dev -w workspace.yaml` gives them (same location and repository name), so
+those runs look like runs launched from the UI: job pages, timeline, re-execute and backfill
+history all work. The run still executes here, in this process, without a daemon or a code server.
+
+Dagster has no public call for "execute in process with a remote origin", so this module is the one
+place that reaches into `dagster._core` for it (what `dagster job launch` and the run worker do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+
+import dagster as dg
+from dagster._core.definitions.reconstruct import ReconstructableRepository
+from dagster._core.execution.api import create_execution_plan, execute_run
+from dagster._core.execution.job_execution_result import JobExecutionResult
+from dagster._core.remote_origin import CodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+from outcome_flywheel.settings import PROJECT_ROOT
+
+WORKSPACE_FILE = PROJECT_ROOT / "workspace.yaml"
+DEFS_MODULE = "pipelines.definitions"
+DEFS_ATTRIBUTE = "defs"
+REPOSITORY_NAME = "__repository__"  # the one repository of a `Definitions` object
+# Run config: every step in the calling process. The default executor starts a process per step,
+# each importing torch and the code location again (minutes over a demo on 2 cores). It is recorded
+# with the run, so a re-execution from the UI runs the same way.
+IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
+RANGE_START = "dagster/asset_partition_range_start"
+RANGE_END = "dagster/asset_partition_range_end"
+
+
+@lru_cache(maxsize=1)
+def code_location_origin() -> CodeLocationOrigin:
+    """The code location `dagster dev -w workspace.yaml` loads (read from that file, nothing started)."""
+    origins = WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)]).create_origins()
+    if len(origins) != 1:
+        raise ValueError(f"{WORKSPACE_FILE} must name exactly one code location, found {len(origins)}")
+    return origins[0]
+
+
+def code_location_name() -> str:
+    return code_location_origin().location_name
+
+
+def run_job(
+    job_name: str,
+    instance: dg.DagsterInstance,
+    *,
+    partition_key: str | None = None,
+    partition_range: tuple[str, str] | None = None,
+    run_config: Mapping[str, object] | None = None,
+    tags: Mapping[str, str] | None = None,
+    raise_on_error: bool = True,
+) -> JobExecutionResult:
+    """Execute `job_name` of `pipelines.definitions.defs` here, recorded in `instance` as a run of the
+    workspace's code location. `partition_range` = (first, last) runs the range in one run (assets
+    with a single-run backfill policy)."""
+    repository = ReconstructableRepository.for_module(DEFS_MODULE, DEFS_ATTRIBUTE, working_directory=str(PROJECT_ROOT))
+    job = repository.get_reconstructable_job(job_name)
+    job_def = job.get_definition()
+    run_tags = dict(job_def.run_tags)
+    if partition_key is not None:
+        run_tags.update(job_def.get_tags_for_partition_key(partition_key, selected_asset_keys=None))
+    if partition_range is not None:
+        run_tags.update({RANGE_START: partition_range[0], RANGE_END: partition_range[1]})
+    run_tags.update(tags or {})
+    run_config = dict(run_config or {})
+    plan = create_execution_plan(job, run_config=run_config, instance_ref=instance.get_ref() if instance.is_persistent else None,
+                                 tags=run_tags)
+    origin = RemoteJobOrigin(RemoteRepositoryOrigin(code_location_origin(), REPOSITORY_NAME), job_name)
+    run = instance.create_run_for_job(
+        job_def=job_def, execution_plan=plan, run_config=run_config, tags=run_tags,
+        remote_job_origin=origin, job_code_origin=job.get_python_origin(),
+    )
+    result = execute_run(job, run, instance, raise_on_error=raise_on_error)
+    if raise_on_error and not result.success:
+        raise RuntimeError(f"{job_name} failed (run {result.run_id})")
+    return result
