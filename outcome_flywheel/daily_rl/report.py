@@ -77,6 +77,7 @@ def _date_axis(ax, dates: pd.Series) -> None:
         ax.set_xlim(dates.min() - half, dates.max() + half)
     ax.grid(axis="y", alpha=0.3)
     ax.set_xlabel("partition day")
+    ax.figure.autofmt_xdate()
 
 
 def reward_figure(summary: pd.DataFrame) -> bytes:
@@ -91,7 +92,6 @@ def reward_figure(summary: pd.DataFrame) -> bytes:
     ax.set_title("Reward and structure per day")
     ax.legend(fontsize=8, loc="lower right")
     _date_axis(ax, x)
-    fig.autofmt_xdate()
     return _png(fig)
 
 
@@ -103,7 +103,6 @@ def kl_figure(summary: pd.DataFrame) -> bytes:
     ax.set_ylabel("nats / token")
     ax.set_title("KL to the base model (policy's own samples)")
     _date_axis(ax, x)
-    fig.autofmt_xdate()
     return _png(fig)
 
 
@@ -120,7 +119,6 @@ def pass_through_figure(summary: pd.DataFrame) -> bytes:
     ax.set_ylabel("usable share")
     ax.set_title("Judge pass-through per day")
     _date_axis(ax, x)
-    fig.autofmt_xdate()
     return _png(fig)
 
 
