@@ -56,7 +56,7 @@ def test_three_days_in_order(loop):
     assert all(r.success for r in results.values())
     for result in results.values():
         checks = _checks(result)
-        assert len(checks) == 6 and all(checks.values()), checks
+        assert len(checks) == 7 and all(checks.values()), checks
     ckpt = root / "checkpoints" / "policy"
     info = [json.loads((ckpt / d / "checkpoint.json").read_text()) for d in DAYS]
     assert all(i["verified"] for i in info)  # every day passed its blocking checks

@@ -15,8 +15,10 @@ from pydantic import Field
 
 from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, column_names, table_metadata
 from assets.partitions import daily_rl_partitions
+from outcome_flywheel.daily_rl.gate import GateConfig
 from outcome_flywheel.daily_rl.judge import Judge
 from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, SCORE_COLUMNS, position_bias
+from outcome_flywheel.daily_rl.rewards import REWARD_SIGNALS, RewardConfig
 from outcome_flywheel.daily_rl.update import DailyUpdateError, DailyUpdateResult, DailyUpdateSettings, run_daily_update
 from outcome_flywheel.models import LoraSettings, ModelLoader
 from outcome_flywheel.models.gspo_config import GSPOConfig
@@ -59,11 +61,26 @@ class DailyUpdateConfig(dg.Config):
     full_fine_tune: bool = Field(default=False, description="Train every weight instead of a LoRA adapter.")
     lora_r: Optional[int] = Field(default=None, description=f"LoRA rank. Default: {field_default(LoraSettings, 'r')} (LoraSettings).")
     lora_alpha: Optional[int] = Field(default=None, description=f"LoRA alpha (scale = alpha / r). Default: {field_default(LoraSettings, 'alpha')} (LoraSettings).")
+    reward_weights: Optional[dict[str, float]] = Field(default=None, description=(
+        f"Weight of each named reward signal ({', '.join(f'{k}: {v}' for k, v in REWARD_SIGNALS.items())}). "
+        f"Default: {dict(RewardConfig().weights)} (RewardConfig); recorded in rollout_scores."
+    ))
+    reward_clip_min: Optional[float] = mirrored(RewardConfig, "clip_min", optional=True)
+    reward_clip_max: Optional[float] = mirrored(RewardConfig, "clip_max", optional=True)
+    gate_enabled: Optional[bool] = mirrored(GateConfig, "enabled", optional=True)
+    gate_max_kl_to_parent: Optional[float] = mirrored(GateConfig, "max_kl_to_parent", optional=True)
+    gate_max_probe_regression: Optional[float] = mirrored(GateConfig, "max_probe_regression", optional=True)
+    gate_probe_headlines: Optional[int] = mirrored(GateConfig, "probe_headlines", optional=True)
 
     def settings(self) -> DailyUpdateSettings:
         lora = None if self.full_fine_tune else LoraSettings(**{k: v for k, v in (("r", self.lora_r), ("alpha", self.lora_alpha)) if v is not None})
         gspo = GSPOConfig(**set_fields(self, ("objective", "learning_rate", "batch_size", "epochs")), lora=lora)
-        return DailyUpdateSettings(**set_fields(self, ("outcome_headlines_date", "rollouts_per_headline", "max_new_tokens")), gspo=gspo)
+        reward = RewardConfig(**{k.removeprefix("reward_"): v for k, v in set_fields(self, ("reward_weights", "reward_clip_min", "reward_clip_max")).items()})
+        gate = GateConfig(**{k.removeprefix("gate_"): v for k, v in set_fields(
+            self, ("gate_enabled", "gate_max_kl_to_parent", "gate_max_probe_regression", "gate_probe_headlines")).items()})
+        return DailyUpdateSettings(
+            **set_fields(self, ("outcome_headlines_date", "rollouts_per_headline", "max_new_tokens")), gspo=gspo, reward=reward, gate=gate,
+        )
 
 
 def _check(key: str, name: str, description: str) -> dg.AssetCheckSpec:
@@ -87,9 +104,14 @@ def _check(key: str, name: str, description: str) -> dg.AssetCheckSpec:
     pool="accelerator",
     check_specs=[
         _check("rollout_scores", "ranks_are_permutations", "Each headline's ranks are a permutation of 1..N."),
-        _check("rollout_scores", "rewards_in_unit_interval", "Every reward, structure score and rank reward is in [0, 1]."),
+        _check("rollout_scores", "rewards_in_range", "Every structure score and rank reward is in [0, 1], every reward inside its recorded clip range."),
         _check("policy_checkpoint", "loads_and_generates", "The saved checkpoint loads from disk and writes text."),
         _check("rollouts", "generated_by_own_checkpoint", "Every rollout of D carries checkpoint D's policy_version."),
+        dg.AssetCheckSpec(
+            "update_accepted_by_gate", asset="policy_checkpoint", blocking=False,
+            description="The evaluation gate accepted D's update (a WARN when it rejected it: the parent's weights stay D's "
+                        "checkpoint and the day goes on; policy_training.gate_reason says why).",
+        ),
     ],
 )
 def daily_update(
@@ -102,17 +124,22 @@ def daily_update(
     """Score yesterday's rollouts with the judge, train the policy with GSPO, generate today's rollouts."""
     try:
         result = run_daily_update(warehouse, model_backend, judge, context.partition_key, config.settings())
-    except DailyUpdateError as err:
+    except (DailyUpdateError, ValueError) as err:  # ValueError: a bad run config (reward weights, gate thresholds)
         raise dg.Failure(str(err)) from err
     yield dg.MaterializeResult(asset_key="rollout_scores", metadata=scores_metadata(result, judge.describe(model_backend), config))
     yield dg.MaterializeResult(asset_key="policy_checkpoint", metadata=checkpoint_metadata(result))
     yield dg.MaterializeResult(asset_key="rollouts", metadata=rollouts_metadata(result))
     for name, check in result.checks.items():
         yield dg.AssetCheckResult(asset_key=CHECK_ASSET[name], check_name=name, passed=check["passed"], metadata=check["metadata"])
+    gate = result.gate
+    yield dg.AssetCheckResult(
+        asset_key="policy_checkpoint", check_name="update_accepted_by_gate", passed=gate.verdict != "rejected",
+        severity=dg.AssetCheckSeverity.WARN, metadata={"gate": gate.verdict, "reason": gate.reason},
+    )
 
 
 CHECK_ASSET = {
-    "ranks_are_permutations": "rollout_scores", "rewards_in_unit_interval": "rollout_scores",
+    "ranks_are_permutations": "rollout_scores", "rewards_in_range": "rollout_scores",
     "loads_and_generates": "policy_checkpoint", "generated_by_own_checkpoint": "rollouts",
 }
 
@@ -135,6 +162,8 @@ def scores_metadata(result: DailyUpdateResult, judge_name: str, config: DailyUpd
         "reward_mean": _num(reward.mean()) if len(reward) else None,
         "reward_min": _num(reward.min()) if len(reward) else None,
         "reward_max": _num(reward.max()) if len(reward) else None,
+        "reward_weights": scores["reward_weights"].iloc[0] if len(scores) else None,
+        "reward_clip": scores["reward_clip"].iloc[0] if len(scores) else None,
         "score_seconds": round(result.timings["score_s"], 2),
     })
 
@@ -153,6 +182,10 @@ def checkpoint_metadata(result: DailyUpdateResult) -> dict:
         "behavior_logprob_gap_max": _num(row["behavior_logprob_gap_max"], 8),
         "sampling_temperature": result.gspo.temperature if result.trained else None,
         "objective": result.gspo.objective, "learning_rate": result.gspo.learning_rate,
+        "gate": result.gate.verdict, "gate_reason": result.gate.reason,
+        "gate_kl_to_parent": _num(row["gate_kl_to_parent"], 6),
+        "gate_probe_structure": _num(row["gate_probe_structure"]),
+        "gate_probe_parent_structure": _num(row["gate_probe_parent_structure"]),
     })
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import uuid
 from dataclasses import dataclass, replace
 from datetime import date, timedelta
@@ -24,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from outcome_flywheel.daily_rl.judging import GroupJudgement, JudgeGroup, is_permutation, rank_rewards, stable_seed
-from outcome_flywheel.daily_rl.rewards import group_advantages, mixed_reward, rank_reward
+from outcome_flywheel.daily_rl.rewards import RewardConfig, group_advantages, rank_reward
 from outcome_flywheel.daily_rl.structure import structure_score
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
@@ -36,13 +37,13 @@ if TYPE_CHECKING:
 CHECKPOINT_FILE = "checkpoint.json"
 ROLLOUT_COLUMNS = [
     "date", "headline_id", "rollout_index", "title", "summary", "prompt", "response", "response_ids", "n_tokens",
-    "finished", "structure_score", "behavior_logprobs", "temperature", "policy_version", "seed",
+    "finished", "structure_score", "behavior_logprobs", "temperature", "policy_version", "seed", "max_new_tokens",
 ]
 SCORE_COLUMNS = [
     "date", "prediction_date", "outcome_headlines_date", "headline_id", "rollout_index", "rank", "judge_placed",
     "outcome_reward", "structure_score", "reward", "advantage", "usable", "unusable_reason", "judge_retries",
     "judge_fallback", "judge_rounds_answered", "judge_first_position", "judge_presentation", "judge_answers",
-    "outcome_headlines_shown",
+    "outcome_headlines_shown", "reward_weights", "reward_clip",
 ]
 # How rollouts are sampled. `behavior_logprobs` are log-softmax(logits / temperature) of the
 # sampled tokens (before top-k / top-p), and GSPO trains at the same temperature.
@@ -127,6 +128,21 @@ def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict,
     return info
 
 
+def republish_parent(root: Path, day: str, parent_dir: Path, parent_info: dict, info: dict) -> dict:
+    """Checkpoint D = the parent's weights, unchanged, with the parent's `policy_version` (the gate
+    rejected D's update): the parent's files are copied, not re-saved, so nothing can drift."""
+    staging = root / f".{day}.{uuid.uuid4().hex}.staging"
+    staging.mkdir(parents=True)
+    for item in Path(parent_dir).iterdir():
+        if item.name == CHECKPOINT_FILE:
+            continue
+        (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
+    info = {**info, "kind": parent_info["kind"], "policy_version": parent_info["policy_version"], "verified": False}
+    atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
+    publish_dir(staging, root / day)
+    return info
+
+
 def mark_verified(root: Path, day: str) -> dict:
     """The day's checks passed: record it in `checkpoint.json` and move `latest` to it."""
     final = root / day
@@ -163,7 +179,7 @@ def generate_rollouts(
                 prompt=json.dumps(prompt), response=s.text, response_ids=[int(t) for t in s.token_ids],
                 n_tokens=len(s.token_ids), finished=bool(s.finished), structure_score=structure_score(s.text),
                 behavior_logprobs=[float(x) for x in s.logprobs], temperature=config.temperature,
-                policy_version=policy_version, seed=group_seed,
+                policy_version=policy_version, seed=group_seed, max_new_tokens=max_new_tokens,
             ))
     return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
 
@@ -191,13 +207,18 @@ def judge_inputs(rollouts: pd.DataFrame, outcome_titles: Sequence[str], select_o
 
 def score_table(
     inputs: ScoringInput, judgements: Sequence[GroupJudgement], day: str, prediction_date: str, outcome_date: str,
+    reward: RewardConfig | None = None,
 ) -> pd.DataFrame:
-    """rollout_scores rows: rank -> rank reward, 0.5/0.5 mix with structure, group advantages.
+    """rollout_scores rows: rank -> rank reward, the configured weighted sum of the signals (default
+    0.5 structure + 0.5 rank reward, clipped to [0, 1]), group advantages; every row records the
+    weights and clip it was made with.
 
     Notes the judge never placed (it failed a round) share one rank reward (`rank_rewards`).
     Unusable groups (the judge never answered, or there was nothing to judge against) keep their
     rows with advantage 0 and the reason.
     """
+    reward_config = reward or RewardConfig()
+    recorded = reward_config.describe()
     rows = []
     for group, key, frame, judgement in zip(inputs.groups, inputs.keys, inputs.frames, judgements):
         if not is_permutation(judgement.ranks):  # rank_groups guarantees it; never train on anything else
@@ -205,19 +226,19 @@ def score_table(
         n = len(judgement.ranks)
         structure = [float(s) for s in frame["structure_score"]]
         outcome = rank_rewards(judgement, rank_reward)
-        reward = [mixed_reward(s, o) for s, o in zip(structure, outcome)]
-        advantage = group_advantages(reward) if judgement.usable else np.zeros(n)
+        rewards = [reward_config.combine({"structure": s, "judge_rank": o}) for s, o in zip(structure, outcome)]
+        advantage = group_advantages(rewards) if judgement.usable else np.zeros(n)
         placed = set(judgement.picks)
         for k, rollout_index in enumerate(frame["rollout_index"]):
             rows.append(dict(
                 date=day, prediction_date=prediction_date, outcome_headlines_date=outcome_date, headline_id=key,
                 rollout_index=int(rollout_index), rank=int(judgement.ranks[k]), judge_placed=k in placed,
-                outcome_reward=outcome[k], structure_score=structure[k], reward=reward[k], advantage=float(advantage[k]),
+                outcome_reward=outcome[k], structure_score=structure[k], reward=rewards[k], advantage=float(advantage[k]),
                 usable=bool(judgement.usable), unusable_reason=judgement.unusable_reason,
                 judge_retries=int(judgement.retries), judge_fallback=bool(judgement.fallback),
                 judge_rounds_answered=int(judgement.rounds_answered), judge_first_position=judgement.first_position(k),
                 judge_presentation=json.dumps(judgement.shown), judge_answers=json.dumps(judgement.answers),
-                outcome_headlines_shown=json.dumps(group.outcome_headlines),
+                outcome_headlines_shown=json.dumps(group.outcome_headlines), **recorded,
             ))
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 

@@ -4,7 +4,8 @@
 and the dated checkpoints and returns everything the asset reports (`DailyUpdateResult`). In order:
 
 1. score    rollouts(D-1) ranked by the judge against headlines(D) (or of the override day H)
-2. train    checkpoint(D-1) + GSPO on the usable scores of D -> checkpoint(D)
+2. train    checkpoint(D-1) + GSPO on the usable scores of D -> a candidate, which the evaluation
+            gate (`gate.py`) accepts as checkpoint(D) or rejects (the parent's weights stay)
 3. generate 8 notes per headline of D from checkpoint(D)
 4. verify   the checkpoint on disk loads, writes text and gives the stored behaviour log-probs back;
             only then is it marked verified (the next day may train from it, `latest` moves)
@@ -20,13 +21,15 @@ from datetime import date
 import numpy as np
 import pandas as pd
 
+from outcome_flywheel.daily_rl.gate import GateConfig, GateResult, evaluate_update, not_trained
 from outcome_flywheel.daily_rl.judge import Judge
 from outcome_flywheel.daily_rl.judging import is_permutation, stable_seed
 from outcome_flywheel.daily_rl.loop import (
     SCORE_COLUMNS, UnverifiedCheckpoint, check_behaviour_policy, generate_rollouts, judge_inputs, kl_to_base, load_policy,
-    mark_verified, parent_checkpoint, previous_day, publish_checkpoint, quartiles, read_checkpoint, sampling_temperature,
-    score_table, training_examples,
+    mark_verified, parent_checkpoint, previous_day, publish_checkpoint, quartiles, read_checkpoint, republish_parent,
+    sampling_temperature, score_table, training_examples,
 )
+from outcome_flywheel.daily_rl.rewards import RewardConfig
 from outcome_flywheel.models import LoraSettings, ModelLoader
 from outcome_flywheel.models.gspo_config import GSPOConfig
 from outcome_flywheel.models.prompts import trading_note_messages
@@ -58,6 +61,8 @@ class DailyUpdateSettings:
         f"({TINY_LOCAL_MAX_NEW_TOKENS} on tiny-local)."
     )})
     gspo: GSPOConfig = field(default_factory=GSPOConfig, metadata={"help": "The GSPO trainer's settings (seed and temperature are set per day)."})
+    reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "How each note's reward is made from its signals."})
+    gate: GateConfig = field(default_factory=GateConfig, metadata={"help": "The evaluation gate's thresholds."})
 
     def sizes(self, models: ModelLoader) -> tuple[int, int]:
         """(rollouts per headline, max new tokens) after the environment and the model's defaults."""
@@ -81,6 +86,7 @@ class DailyUpdateResult:
     training_row: dict
     gspo: GSPOConfig
     trained: bool
+    gate: GateResult
     n_rollouts: int
     max_new_tokens: int
     timings: dict[str, float]
@@ -102,7 +108,7 @@ def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
 
 def score_previous_rollouts(
     warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, prediction_day: str, outcome_day: str,
-    prev_rollouts: pd.DataFrame,
+    prev_rollouts: pd.DataFrame, reward: RewardConfig | None = None,
 ) -> pd.DataFrame:
     """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines."""
     if prev_rollouts.empty:
@@ -113,7 +119,7 @@ def score_previous_rollouts(
     judge_backend = judge.load(models)
     inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
     judgements = judge.rank(judge_backend, inputs.groups)
-    return score_table(inputs, judgements, day, prediction_day, outcome_day)
+    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward)
 
 
 def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
@@ -130,8 +136,7 @@ def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.D
     """The four checks of `daily_update`, each {passed, metadata}; marks the checkpoint verified when all pass."""
     ckpt_root = warehouse.path("checkpoints", "policy")
     ranks_ok = all(is_permutation(list(g["rank"])) for _, g in scores.groupby("headline_id")) if len(scores) else True
-    bounded = ["reward", "structure_score", "outcome_reward"]
-    rewards_ok = bool(((scores[bounded] >= 0) & (scores[bounded] <= 1)).all().all()) if len(scores) else True
+    rewards_ok = rewards_in_range(scores)
     on_disk = read_checkpoint(ckpt_root / day) or {}
     own_version = bool(len(rollouts) == 0 or (rollouts["policy_version"] == on_disk.get("policy_version")).all())
     reloaded = load_policy(models, ckpt_root / day, on_disk)
@@ -142,7 +147,7 @@ def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.D
     del reloaded
     checks = {
         "ranks_are_permutations": {"passed": bool(ranks_ok), "metadata": {}},
-        "rewards_in_unit_interval": {"passed": rewards_ok, "metadata": describe_rewards(scores)},
+        "rewards_in_range": {"passed": rewards_ok, "metadata": describe_rewards(scores)},
         "loads_and_generates": {"passed": bool(probe.strip()), "metadata": {"sample": probe[:200]}},
         "generated_by_own_checkpoint": {
             "passed": bool(own_version and logprob_gap <= logprob_tolerance),
@@ -153,6 +158,16 @@ def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.D
     if all(c["passed"] for c in checks.values()):
         mark_verified(ckpt_root, day)  # only now may the next day train from it, and `latest` move
     return checks
+
+
+def rewards_in_range(scores: pd.DataFrame) -> bool:
+    """Every signal in [0, 1] and every reward inside the clip range its row records."""
+    if not len(scores):
+        return True
+    signals = scores[["structure_score", "outcome_reward"]]
+    clip = np.array([json.loads(c) for c in scores["reward_clip"]], dtype=np.float64)
+    reward = scores["reward"].to_numpy(dtype=np.float64)
+    return bool(((signals >= 0) & (signals <= 1)).all().all() and ((reward >= clip[:, 0]) & (reward <= clip[:, 1])).all())
 
 
 def describe_rewards(scores: pd.DataFrame) -> dict:
@@ -186,7 +201,7 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
         check_behaviour_policy(prev_rollouts, parent[1]["policy_version"] if parent else None, prediction_day)
     except ValueError as err:
         raise DailyUpdateError(str(err)) from err
-    scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts)
+    scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts, settings.reward)
     warehouse.write("rollout_scores", scores, partition=day)
     timings["score_s"] = time.perf_counter() - started
 
@@ -198,23 +213,28 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
         settings.gspo, seed=stable_seed(seed, day, "shuffle") % (2**31),
         temperature=sampling_temperature(prev_rollouts) if examples else 1.0,
     )
-    stats = None
+    todays = warehouse.read("headlines", day)
+    stats, gate = None, not_trained("nothing to train on" if parent_info else "first day: the base policy")
     if examples:
         # LoRA init and anything random in the trainer draw from the framework's generator: a re-run repeats them.
         policy.framework.seed(stable_seed(seed, day, "train") % (2**31))
         stats = policy.train_gspo(examples, gspo)
-    is_base = stats is None and (parent_info is None or parent_info["kind"] == "base")
-    info = publish_checkpoint(policy, ckpt_root, day, {
+        policy, gate = gate_update(models, policy, parent, stats, prev_rollouts, scores, todays, gspo.temperature, settings.gate)
+    info = {
         "date": day, "parent_date": parent_info["date"] if parent_info else None,
         "parent_version": parent_info["policy_version"] if parent_info else None,
         "base_model": models.base_model, "backend": models.backend, "trained": stats is not None,
         "examples": len(examples), "objective": gspo.objective, "learning_rate": gspo.learning_rate,
-        "outcome_headlines_date": outcome_day,
-    }, is_base=is_base)
+        "outcome_headlines_date": outcome_day, "gate": gate.verdict, "gate_reason": gate.reason,
+    }
+    if gate.verdict == "rejected":
+        info = republish_parent(ckpt_root, day, parent_dir, parent_info, info)
+    else:
+        is_base = stats is None and (parent_info is None or parent_info["kind"] == "base")
+        info = publish_checkpoint(policy, ckpt_root, day, info, is_base=is_base)
     timings["train_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    todays = warehouse.read("headlines", day)
     rollouts = generate_rollouts(policy, todays, day, seed, n_rollouts, max_new_tokens, info["policy_version"])
     warehouse.write("rollouts", rollouts, partition=day)
     timings["generate_s"] = time.perf_counter() - started
@@ -222,20 +242,39 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     # Exact KL(policy || base) per token over the vocabulary, at the positions the new policy just sampled.
     started = time.perf_counter()
     kl = 0.0
-    if not rollouts.empty and not is_base:
+    if not rollouts.empty and info["kind"] != "base":
         kl = kl_to_base(policy, rollouts, base=None if policy.has_adapter else models.load())
     timings["kl_s"] = time.perf_counter() - started
     del policy
 
     training_row = training_summary(day, info, stats, examples, scores, rollouts, len(todays), kl, gspo, outcome_day, timings)
+    training_row.update(gate.columns())
     warehouse.write("policy_training", pd.DataFrame([training_row]), partition=day)
     checks = verify_day(warehouse, models, day, scores, rollouts)
     return DailyUpdateResult(
         day=day, prediction_day=prediction_day, outcome_day=outcome_day, scores=scores, rollouts=rollouts,
         headlines=len(todays), checkpoint=info, checkpoint_dir=str(ckpt_root / day), training_row=training_row,
-        gspo=gspo, trained=stats is not None, n_rollouts=n_rollouts, max_new_tokens=max_new_tokens,
+        gspo=gspo, trained=stats is not None, gate=gate, n_rollouts=n_rollouts, max_new_tokens=max_new_tokens,
         timings=timings, checks=checks,
     )
+
+
+def gate_update(models, candidate, parent, stats, prev_rollouts, scores, todays, temperature, config: GateConfig):
+    """(the policy D's checkpoint holds, the gate's verdict): the candidate, or the parent reloaded when rejected."""
+    parent_dir, parent_info = parent
+    if not config.enabled:
+        return candidate, GateResult("accepted", "gate disabled (run config gate_enabled=false)")
+    trained_on = prev_rollouts.merge(scores.loc[scores["usable"], ["headline_id", "rollout_index"]], on=["headline_id", "rollout_index"])
+    parent_policy = load_policy(models, parent_dir, parent_info)
+    try:
+        gate = evaluate_update(candidate, parent_policy, stats, trained_on, todays, temperature, config)
+    except (FloatingPointError, RuntimeError, ValueError) as err:  # a broken candidate may not even run
+        gate = GateResult("rejected", f"the candidate failed the probe: {type(err).__name__}: {err}")
+    if gate.verdict == "rejected":
+        del candidate
+        return parent_policy, gate
+    del parent_policy
+    return candidate, gate
 
 
 def training_summary(day, info, stats, examples, scores, rollouts, headlines, kl, gspo, outcome_day, timings) -> dict:

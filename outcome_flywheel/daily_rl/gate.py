@@ -1,0 +1,119 @@
+"""The evaluation gate of the daily loop: day D's update is published only if it is sane.
+
+After GSPO trains the parent (checkpoint D-1) into a candidate, three checks decide whether the
+candidate becomes checkpoint D or the parent's weights stay:
+1. finite loss   every step's loss is a finite number (a blown-up update gives NaN / inf);
+2. KL budget     the exact per-token KL(candidate || parent) over the vocabulary, at the positions
+                 of the parent's own rollouts it was trained on (the distribution GSPO moved), at
+                 their sampling temperature, is at most `max_kl_to_parent` nats;
+3. probe         greedy notes of the candidate and of the parent on a probe of D's headlines: the
+                 candidate's mean structure score may fall at most `max_probe_regression` below the
+                 parent's (structure is the one signal that needs no judge and no tomorrow).
+A rejected update leaves the parent's weights as D's checkpoint, with the parent's
+`policy_version`, and D's rollouts come from them; `policy_training` records the verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from outcome_flywheel.daily_rl.structure import structure_score
+from outcome_flywheel.models.prompts import trading_note_messages
+
+if TYPE_CHECKING:
+    from outcome_flywheel.models.interface import ModelBackend, TrainStats
+
+GATE_VERDICTS = ("accepted", "rejected", "not_trained")
+
+
+@dataclass
+class GateConfig:
+    """Thresholds of the evaluation gate (run config of `daily_update`)."""
+
+    enabled: bool = field(default=True, metadata={"help": "Gate each update; off = every trained update is accepted (recorded as such)."})
+    max_kl_to_parent: float = field(default=0.25, metadata={"help": (
+        "Budget for the exact per-token KL(candidate || parent) in nats, at the training rollouts' positions and "
+        "sampling temperature. A healthy GSPO day on tiny-local moves ~0.001-0.05."
+    )})
+    max_probe_regression: float = field(default=0.15, metadata={"help": (
+        "How far the candidate's mean structure score on the probe's greedy notes may fall below the parent's."
+    )})
+    probe_headlines: int = field(default=8, metadata={"help": "Headlines of day D in the probe (the first N by headline_id)."})
+    probe_max_new_tokens: int = field(default=160, metadata={"help": "Token budget of each greedy probe note."})
+    kl_rollouts: int = field(default=64, metadata={"help": "Training rollouts (parent samples) the KL is measured on, at most."})
+
+    def __post_init__(self):
+        if not self.max_kl_to_parent > 0 or not self.max_probe_regression >= 0:
+            raise ValueError("max_kl_to_parent must be > 0 and max_probe_regression >= 0")
+        if self.probe_headlines < 1 or self.kl_rollouts < 1 or self.probe_max_new_tokens < 1:
+            raise ValueError("probe_headlines, probe_max_new_tokens and kl_rollouts must be at least 1")
+
+
+@dataclass
+class GateResult:
+    verdict: str  # one of GATE_VERDICTS
+    reason: str
+    kl_to_parent: float = float("nan")
+    probe_structure: float = float("nan")
+    probe_parent_structure: float = float("nan")
+    probe_notes: list[str] = field(default_factory=list)
+
+    def columns(self) -> dict:
+        """The `policy_training` columns of the verdict."""
+        return dict(
+            gate=self.verdict, gate_reason=self.reason, gate_kl_to_parent=self.kl_to_parent,
+            gate_probe_structure=self.probe_structure, gate_probe_parent_structure=self.probe_parent_structure,
+        )
+
+
+def not_trained(reason: str) -> GateResult:
+    return GateResult("not_trained", reason)
+
+
+def probe_prompts(headlines: pd.DataFrame, n: int) -> list:
+    """The probe: the first `n` of D's headlines by id (stable across re-runs)."""
+    if headlines.empty:
+        return []
+    chosen = headlines.sort_values("headline_id").head(n)
+    return [trading_note_messages(t, s) for t, s in zip(chosen["title"], chosen["summary"])]
+
+
+def evaluate_update(
+    candidate: "ModelBackend", parent: "ModelBackend", stats: "TrainStats", trained_on: pd.DataFrame,
+    headlines: pd.DataFrame, temperature: float, config: GateConfig,
+) -> GateResult:
+    """Accept or reject the candidate against its parent (module docstring); `trained_on` are the
+    parent's rollouts the update used."""
+    losses = np.asarray(stats.losses, dtype=np.float64)
+    if not len(losses) or not np.isfinite(losses).all():
+        bad = int((~np.isfinite(losses)).sum())
+        return GateResult("rejected", f"non-finite training loss ({bad} of {len(losses)} steps)" if len(losses) else "no training step ran")
+    sample = trained_on.sort_values(["headline_id", "rollout_index"]).head(config.kl_rollouts)
+    prompts = [json.loads(p) for p in sample["prompt"]]
+    responses = [list(r) for r in sample["response_ids"]]
+    per_token = candidate.token_kl(prompts, responses, temperature=temperature, reference=parent)
+    tokens = sum(len(k) for k in per_token)
+    kl = float(sum(float(np.sum(k)) for k in per_token) / tokens) if tokens else 0.0
+    probe = probe_prompts(headlines, config.probe_headlines)
+    notes = candidate.greedy(probe, config.probe_max_new_tokens) if probe else []
+    parent_notes = parent.greedy(probe, config.probe_max_new_tokens) if probe else []
+    ours = float(np.mean([structure_score(t) for t in notes])) if notes else float("nan")
+    theirs = float(np.mean([structure_score(t) for t in parent_notes])) if parent_notes else float("nan")
+    result = GateResult("accepted", "", kl, ours, theirs, notes)
+    if not math.isfinite(kl) or kl > config.max_kl_to_parent:
+        result.verdict = "rejected"
+        result.reason = f"KL to the parent {kl:.4g} nats/token is over the budget {config.max_kl_to_parent:g}"
+    elif notes and ours < theirs - config.max_probe_regression:
+        result.verdict = "rejected"
+        result.reason = (f"probe regression: structure {ours:.3f} vs the parent's {theirs:.3f} on {len(notes)} headlines "
+                         f"(tolerance {config.max_probe_regression:g})")
+    else:
+        result.reason = (f"loss finite; KL to the parent {kl:.4g} <= {config.max_kl_to_parent:g}; probe structure "
+                         f"{ours:.3f} vs the parent's {theirs:.3f} on {len(notes)} headlines")
+    return result
