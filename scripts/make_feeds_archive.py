@@ -3,8 +3,17 @@
 26 consecutive days (2025-11-03 .. 2025-11-28, inside the bundled price data), four feeds a day
 (two RSS 2.0, two Atom; one is missing on some days), 25-40 entries a day. Fictional events
 about real tickers, built from the templates the tiny-local corpus uses; about a quarter of each
-day's entries follow up on the previous day's events ("AAPL shares rise 4% after ..."), so the
-judge has something to compare the notes against. Deliberate damage, as live feeds have it:
+day's entries follow up on the previous day's events, so the judge has something to compare the
+notes against. The events are invented, the share moves are not: every follow-up states the real
+close-to-close move of its ticker from `sample_data/prices/daily_close.csv` (`real_move`):
+
+- on an XNYS session D: the move from the previous session's close to D's close, one decimal
+  ("AAPL shares rise 1.3% after the news", "Apple shares gain a day after ...", "... close flat ...");
+- on a day with no session (weekends, holidays): no move is claimed for that day; the follow-up
+  says the market is closed and names the last session and its move
+  ("Markets closed Saturday; AAPL shares last rose 1.3% in the 2025-11-21 session").
+
+Deliberate damage, as live feeds have it:
 cross-feed duplicates, yesterday's items repeated, entries with no title, absurd or unparseable
 dates, a truncated (ill-formed) feed, and an HTML error page where a feed should be.
 Deterministic (seeded).
@@ -14,6 +23,7 @@ Deterministic (seeded).
 
 from __future__ import annotations
 
+import csv
 import random
 import shutil
 from dataclasses import dataclass
@@ -26,6 +36,7 @@ from zoneinfo import ZoneInfo
 from scripts.make_tiny_local_corpus import COMPANIES, NEGATIVE, POSITIVE, SEGMENTS
 
 OUT = Path(__file__).resolve().parent.parent / "sample_data" / "feeds_archive"
+PRICES = Path(__file__).resolve().parent.parent / "sample_data" / "prices" / "daily_close.csv"
 FIRST_DAY = date(2025, 11, 3)
 DAYS = 26
 TZ = ZoneInfo("America/New_York")
@@ -35,16 +46,54 @@ FEEDS = (
     ("sector-brief", "Sector Brief", "rss"),
     ("ticker-tape", "Ticker Tape", "atom"),
 )
-FOLLOW_UP_UP = [
-    "{ticker} shares rise {pct}% after the news",
-    "{co} shares extend gains a day after {event}",
-    "Analysts lift {co} targets; {ticker} shares rise {pct}% after the news",
-]
-FOLLOW_UP_DOWN = [
-    "{ticker} shares fall {pct}% after the news",
-    "{co} shares slide a day after {event}",
-    "Analysts cut {co} targets; {ticker} shares fall {pct}% after the news",
-]
+# A follow-up's wording, by the template the seeded stream picks (0, 1 or 2). {move}: "rise 1.3%",
+# "fall 1.3%" or "close flat"; {word}: "gain", "slide" or "close flat"; {moved}: "rose 1.3%",
+# "fell 1.3%" or "closed flat"; {analysts}: "lift", "cut" or "hold". All from the real prices.
+FOLLOW_UP_SESSION = (
+    "{ticker} shares {move} after the news",
+    "{co} shares {word} a day after {event}",
+    "Analysts {analysts} {co} targets; {ticker} shares {move} after the news",
+)
+FOLLOW_UP_NO_SESSION = (  # no session that day: no move today, the last session's move, named
+    "Markets closed {weekday}; {ticker} shares last {moved} in the {session} session",
+    "Markets closed a day after {event}; {ticker} shares last {moved} in the {session} session",
+    "Analysts {analysts} {co} targets; {ticker} shares last {moved} in the {session} session",
+)
+
+
+def load_closes(path: Path = PRICES) -> dict[str, dict[date, float]]:
+    """symbol -> {session date: close} from the bundled price file (its dates are the XNYS sessions)."""
+    closes: dict[str, dict[date, float]] = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            closes.setdefault(row["symbol"], {})[date.fromisoformat(row["date"])] = float(row["close"])
+    return closes
+
+
+@dataclass(frozen=True)
+class Move:
+    session: date  # the session whose close-to-close move this is: `day` itself, or the last one before it
+    pct: float  # previous session's close -> `session`'s close, in percent, rounded to one decimal
+    on_day: bool  # `day` is a session
+
+
+def real_move(closes: dict[date, float], day: date) -> Move:
+    """The real move of one symbol for `day`: that session's move, or the last session's when `day` has none."""
+    sessions = sorted(d for d in closes if d <= day)
+    if len(sessions) < 2:
+        raise ValueError(f"no close before {day}: the price file does not cover the archive")
+    session, before = sessions[-1], sessions[-2]
+    pct = round((closes[session] / closes[before] - 1.0) * 100.0, 1) + 0.0  # + 0.0: no "-0.0"
+    return Move(session, pct, session == day)
+
+
+def _wording(move: Move) -> dict[str, str]:
+    size = f"{abs(move.pct):.1f}%"
+    if move.pct > 0:
+        return dict(move=f"rise {size}", word="gain", moved=f"rose {size}", analysts="lift")
+    if move.pct < 0:
+        return dict(move=f"fall {size}", word="slide", moved=f"fell {size}", analysts="cut")
+    return dict(move="close flat", word="close flat", moved="closed flat", analysts="hold")
 
 
 @dataclass
@@ -55,6 +104,7 @@ class Event:
     title: str
     summary: str
     published: datetime
+    origin: str = ""  # the fresh event's title a follow-up goes back to ("" for a fresh event)
 
 
 def _events(rng: random.Random, day: date, n: int) -> list[Event]:
@@ -68,17 +118,43 @@ def _events(rng: random.Random, day: date, n: int) -> list[Event]:
     return out
 
 
-def _follow_ups(rng: random.Random, day: date, previous: list[Event], n: int) -> list[Event]:
+def _without_move(title: str) -> str:
+    # A fresh event without its own fictional after-hours move ("..., shares slide after hours"):
+    # a follow-up states only the real move.
+    return title.split(", shares ")[0]
+
+
+def _event_phrase(title: str, company: str) -> str:
+    title = _without_move(title)  # a leading company name keeps its capitals
+    return title if title.startswith(company) else title[0].lower() + title[1:]
+
+
+def _follow_ups(rng: random.Random, day: date, previous: list[Event], n: int,
+                closes: dict[str, dict[date, float]]) -> list[Event]:
     out = []
+    taken: set[str] = set()
     for ev in rng.sample(previous, min(n, len(previous))):
-        # the market mostly agrees with the news, not always
-        up = ev.positive if rng.random() < 0.8 else not ev.positive
-        template = rng.choice(FOLLOW_UP_UP if up else FOLLOW_UP_DOWN)
-        event = ev.title[0].lower() + ev.title[1:]
-        title = template.format(ticker=ev.ticker, co=ev.company, pct=rng.randint(1, 9), event=event)
-        summary = f"Follow-up: {ev.title}."
+        # Draws kept from the old invented moves (direction, template, size) so that the seeded
+        # stream, and with it every day's entries, feeds and damage, stays the same; the direction
+        # and the size now come from the prices.
+        rng.random()
+        variant = rng.choice((0, 1, 2))
+        rng.randint(1, 9)
+        origin = ev.origin or ev.title
+        move = real_move(closes[ev.ticker], day)
+        templates = FOLLOW_UP_SESSION if move.on_day else FOLLOW_UP_NO_SESSION
+        fill = dict(ticker=ev.ticker, co=ev.company, event=_event_phrase(ev.title, ev.company), weekday=f"{day:%A}",
+                    session=move.session.isoformat(), **_wording(move))
+        # "a day after" a follow-up would name an older event; and two follow-ups of one ticker
+        # (yesterday's event and yesterday's follow-up) take different wordings, so that the same
+        # real move does not turn them into duplicates.
+        choices = [v for v in (variant, (variant + 1) % 3, (variant + 2) % 3) if not (v == 1 and ev.origin)]
+        titles = [templates[v].format(**fill) for v in choices]
+        title = next((t for t in titles if t not in taken), titles[0])
+        taken.add(title)
+        summary = f"Follow-up: {_without_move(origin)}."
         published = datetime(day.year, day.month, day.day, rng.randint(7, 12), rng.randint(0, 59), tzinfo=TZ)
-        out.append(Event(ev.ticker, ev.company, up, title, summary, published))
+        out.append(Event(ev.ticker, ev.company, move.pct > 0, title, summary, published, origin))
     return out
 
 
@@ -130,6 +206,7 @@ def _format_date(dt: datetime, kind: str) -> str:
 
 def build(out: Path = OUT, first_day: date = FIRST_DAY, days: int = DAYS, seed: int = 11) -> dict:
     rng = random.Random(seed)
+    closes = load_closes()
     if out.exists():
         shutil.rmtree(out)
     previous: list[Event] = []
@@ -139,7 +216,7 @@ def build(out: Path = OUT, first_day: date = FIRST_DAY, days: int = DAYS, seed: 
         n_total = rng.randint(25, 34)
         n_follow = min(len(previous), rng.randint(5, 9))
         fresh = _events(rng, day, n_total - n_follow)
-        follow = _follow_ups(rng, day, previous, n_follow)
+        follow = _follow_ups(rng, day, previous, n_follow, closes)
         todays = fresh + follow
         rng.shuffle(todays)
         feeds = list(FEEDS)
@@ -191,9 +268,22 @@ def build(out: Path = OUT, first_day: date = FIRST_DAY, days: int = DAYS, seed: 
     (out / "README.md").write_text(
         "# Bundled feed archive (fictional)\n\n"
         "Written by `python -m scripts.make_feeds_archive` (seeded, deterministic). One folder per day, one XML file\n"
-        "per feed (RSS 2.0 and Atom). Events are fictional, about real tickers; some days' headlines follow up on\n"
-        "the previous day's events. Some files and entries are broken on purpose (truncated XML, an HTML error page,\n"
-        "entries without title or date, absurd dates, duplicates, yesterday's items) to exercise the quarantine.\n",
+        "per feed (RSS 2.0 and Atom).\n\n"
+        "The events are fictional (invented headlines about real tickers). The share moves are not: about a quarter\n"
+        "of each day's headlines follow up on the previous day's events, and every statement of a share move in them\n"
+        "is the real close-to-close move of that symbol from the bundled prices (`sample_data/prices/daily_close.csv`),\n"
+        "rounded to one decimal:\n\n"
+        "- On an XNYS session day D, a follow-up states the move from the previous session's close to D's close:\n"
+        "  \"AAPL shares rise 1.3% after the news\", \"Apple shares gain a day after ...\" (gain/slide: the sign of that\n"
+        "  move), \"... shares close flat ...\" when the move rounds to 0.0%. \"Analysts lift/cut/hold\" follows the sign too.\n"
+        "- On a day with no session (weekends; Thanksgiving, 2025-11-27), no move is claimed for that day: the\n"
+        "  follow-up says the market is closed and states the last session's real move with that session named:\n"
+        "  \"Markets closed Saturday; AAPL shares last rose 1.3% in the 2025-11-21 session\".\n\n"
+        "(The fresh headline template \"... cuts outlook, shares slide after hours\" is part of the fictional events; it\n"
+        "is not a close-to-close statement and follow-ups do not repeat it.) `tests/test_feeds_archive.py` checks\n"
+        "every readable move statement against the prices.\n\n"
+        "Some files and entries are broken on purpose (truncated XML, an HTML error page, entries without title or\n"
+        "date, absurd dates, duplicates, yesterday's items) to exercise the quarantine.\n",
         encoding="utf-8",
     )
     return stats

@@ -9,9 +9,9 @@ import pandas as pd
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from outcome_flywheel.preferences.status import latest_decisions, prompt_context_keys, training_status
 from outcome_flywheel.preferences.weighting import (
-    EXPORT_FORMATS, PAIR_COLUMNS, WEIGHT_TABLE, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, jsonl_bytes,
-    outcome_treatment,
+    PAIR_COLUMNS, WEIGHT_TABLE, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, outcome_treatment,
 )
+from outcome_flywheel.exports import EXPORT_FORMATS, jsonl_bytes
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 EXPORT_DIR = ("exports", "preference")

@@ -169,6 +169,14 @@ def generate_rollouts(
         return pd.DataFrame(columns=ROLLOUT_COLUMNS)
     prompts = [trading_note_messages(t, s) for t, s in zip(headlines["title"], headlines["summary"])]
     seeds = [generation_seed(seed, day, h) for h in headlines["headline_id"]]
+    return sample_rollouts(policy, headlines, prompts, seeds, day, n, max_new_tokens, policy_version)
+
+
+def sample_rollouts(
+    policy: "ModelBackend", headlines: pd.DataFrame, prompts: list, seeds: list[int], day: str, n: int,
+    max_new_tokens: int, policy_version: str,
+) -> pd.DataFrame:
+    """Rollout rows: `n` samples of each prompt with its group seed (`headlines` gives id, title, summary)."""
     config = replace(ROLLOUT_SAMPLING, max_new_tokens=max_new_tokens)
     samples = policy.sample(prompts, n, config, seeds)
     rows = []
@@ -179,7 +187,7 @@ def generate_rollouts(
                 prompt=json.dumps(prompt), response=s.text, response_ids=[int(t) for t in s.token_ids],
                 n_tokens=len(s.token_ids), finished=bool(s.finished), structure_score=structure_score(s.text),
                 behavior_logprobs=[float(x) for x in s.logprobs], temperature=config.temperature,
-                policy_version=policy_version, seed=group_seed, max_new_tokens=max_new_tokens,
+                policy_version=policy_version, seed=int(group_seed), max_new_tokens=max_new_tokens,
             ))
     return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
 

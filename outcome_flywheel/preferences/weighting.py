@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pandas as pd
 
+from outcome_flywheel.exports import EXPORT_FORMATS
 from outcome_flywheel.preferences.audit_log import load_orders
 
 HOLD_TEXT = "Plan: hold. No trades."
@@ -189,26 +190,6 @@ def replication_counts(replications: Sequence[float]) -> list[int]:
     return counts
 
 
-def _assistant(text: str) -> list[dict[str, str]]:
-    return [{"role": "assistant", "content": text}]
-
-
-def trl_row(prompt: list[dict[str, str]], chosen: str, rejected: str) -> dict[str, Any]:
-    """TRL conversational preference format (DPOTrainer)."""
-    return {"prompt": prompt, "chosen": _assistant(chosen), "rejected": _assistant(rejected)}
-
-
-def nemo_rl_row(prompt: list[dict[str, str]], chosen: str, rejected: str) -> dict[str, Any]:
-    """NeMo-RL PreferenceDataset: lower rank is preferred."""
-    return {"context": prompt, "completions": [{"rank": 0, "completion": _assistant(chosen)}, {"rank": 1, "completion": _assistant(rejected)}]}
-
-
-def openai_row(prompt: list[dict[str, str]], chosen: str, rejected: str) -> dict[str, Any]:
-    """Together / OpenAI preference fine-tuning format."""
-    return {"input": {"messages": prompt}, "preferred_output": _assistant(chosen), "non_preferred_output": _assistant(rejected)}
-
-
-EXPORT_FORMATS = {"trl": trl_row, "nemo_rl": nemo_rl_row, "openai": openai_row}
 
 
 def export_rows(pairs: pd.DataFrame, fmt: str) -> list[dict[str, Any]]:
@@ -236,7 +217,3 @@ def export_metadata(pairs: pd.DataFrame, fmt: str, n_rows: int, sha256: str) -> 
         "dataset_fingerprint": dataset_fingerprint(pairs),
         "sha256": sha256,
     }
-
-
-def jsonl_bytes(rows: Iterable[Mapping[str, Any]]) -> bytes:
-    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
