@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping
 
 import dagster as dg
 
+from assets.daily_rl.catalog import EVALUATION_COLUMNS
+
 OWNERS = ["team:ml"]
 TABLE_KINDS = {"parquet", "duckdb"}  # a table: Parquet files per partition + one DuckDB view over them
 MODEL_KINDS = {"safetensors", "pytorch", "mlx"}  # a model folder: safetensors weights, loaded by either backend
@@ -224,6 +226,15 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "last_runs": ("string", "The adapter runs of those AUCs, comma-separated."),
     },
 }
+
+
+COLUMNS["baseline_rollouts"] = {
+    **COLUMNS["rollouts"],
+    "date": ("string", "Partition day D: the same day, headlines and prompts as rollouts(D)."),
+    "policy_version": ("string", "base:<model>: the frozen base model."),
+    "behavior_logprobs": ("list<float>", "Per-token log-probs under the base model at the sampling temperature."),
+}
+COLUMNS.update(EVALUATION_COLUMNS)
 
 
 def column_schema(table: str, columns: Iterable[str] | None = None) -> dg.TableSchema:

@@ -170,6 +170,15 @@ class MarketData:
     def describe(self) -> str:
         return f"yfinance (cache {self.cache().folder})" if self.source == "yfinance" else f"file {resolve_path(self.prices_file)}"
 
+    def universe(self) -> set[str] | None:
+        """The symbols there are prices for: the file's symbols; None for yfinance (any ticker may
+        exist there: an unknown one gets no prices, and its outcome says so)."""
+        if self.source == "file":
+            return set(read_price_file(resolve_path(self.prices_file))["symbol"])
+        if self.source == "yfinance":
+            return None
+        raise ValueError(f"FLYWHEEL_MARKET_DATA must be one of {SOURCES}, got {self.source!r}")
+
     def closes(self, symbols: Sequence[str], start: str, end: str) -> tuple[pd.DataFrame, int]:
         """(long frame of closes for `symbols` over [start, end], downloads made)."""
         symbols = sorted({s.upper() for s in symbols})

@@ -30,6 +30,8 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_TIMEZONE": "America/New_York",
     "FLYWHEEL_MAX_HEADLINES": "30",
     "FLYWHEEL_MIN_HEADLINES": "1",
+    "FLYWHEEL_OUTCOME_HORIZON": "1",
+    "FLYWHEEL_OUTCOME_COST_BPS": "10",
 }
 
 
@@ -120,6 +122,14 @@ def feed_url_problem(url: str) -> str | None:
     return None
 
 
+def _non_negative_number(value: str) -> str | None:
+    try:
+        number = float(value)
+    except ValueError:
+        return "not a number"
+    return None if number >= 0 and number == number and number != float("inf") else "out of range"
+
+
 def _feed_urls(value: str) -> str | None:
     problems = [p for p in (feed_url_problem(u.strip()) for u in value.split(",") if u.strip()) if p]
     return "; ".join(problems) or None
@@ -145,6 +155,8 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_ROLLOUTS_PER_HEADLINE": integer(2, 8),  # a group needs 2 to normalise; the judge's letters are A-H
     "FLYWHEEL_MAX_NEW_TOKENS": integer(1),
     "FLYWHEEL_MARKET_DATA": one_of("file", "yfinance"),
+    "FLYWHEEL_OUTCOME_HORIZON": integer(1, 60),
+    "FLYWHEEL_OUTCOME_COST_BPS": Rule("a number >= 0 (basis points, round trip), e.g. 10", _non_negative_number),
     "FLYWHEEL_MIN_NEW_PAIRS": integer(1),
     "FLYWHEEL_TRAIN_COOLDOWN_S": integer(0),
     "FLYWHEEL_PREFERENCE_CONTEXT": Rule(

@@ -5,21 +5,57 @@ GraphQL `launchPartitionBackfill`): they honour the self-dependency of `daily_up
 days in order. A job backfill ignores it and runs days in parallel.
 """
 
+from datetime import datetime, timezone
+
 import dagster as dg
 
+from assets.daily_rl.backtest import backtest
+from assets.daily_rl.baseline import baseline_rollouts
 from assets.daily_rl.daily_report import daily_report
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
+from assets.daily_rl.outcomes import rollout_outcomes
+from assets.daily_rl.pairs import rollout_pairs
+from assets.daily_rl.policy_eval import policy_eval
 from assets.partitions import daily_rl_partitions
+from outcome_flywheel.daily_rl.outcomes import pending_days_ready
+from outcome_flywheel.storage import Warehouse
 from resources.daily_rl import FeedsResource, JudgeResource
+
+DAILY_RL_ASSETS = [headlines, daily_update, rollout_pairs, baseline_rollouts, rollout_outcomes, policy_eval, backtest, daily_report]
 
 daily_rl_job = dg.define_asset_job(
     "daily_rl_job",
     selection=dg.AssetSelection.groups("daily_rl"),
     partitions_def=daily_rl_partitions,
-    description="One day of the loop: headlines, daily_update (score yesterday's notes, train, generate), daily_report. "
-    "Several days: use an asset backfill (it runs them in order), not a backfill of this job.",
+    description="One day of the loop: headlines, daily_update (score yesterday's notes, train, gate, generate), rollout_pairs, "
+    "baseline_rollouts, rollout_outcomes, policy_eval, backtest, daily_report. Several days: use an asset backfill (it runs "
+    "them in order), not a backfill of this job.",
 )
+
+daily_rl_outcomes_job = dg.define_asset_job(
+    "daily_rl_outcomes_job",
+    selection=dg.AssetSelection.assets(rollout_outcomes, policy_eval, backtest, daily_report),
+    partitions_def=daily_rl_partitions,
+    description="Re-evaluate a day once its calls can mature: rollout_outcomes, policy_eval, backtest, daily_report.",
+)
+
+
+@dg.schedule(
+    job=daily_rl_outcomes_job,
+    cron_schedule="30 17 * * 1-5",  # after the NYSE close (and its 13:00 half days)
+    execution_timezone="America/New_York",
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Re-runs the evaluation of every day whose pending call outcomes can now mature (their exit session has closed).",
+)
+def daily_rl_outcomes_schedule(context: dg.ScheduleEvaluationContext, warehouse: dg.ResourceParam[Warehouse]):
+    now = context.scheduled_execution_time or datetime.now(timezone.utc)
+    keys = set(daily_rl_partitions.get_partition_keys(current_time=now))
+    ready = [d for d in pending_days_ready(warehouse.read_all("rollout_outcomes"), now) if d in keys]
+    if not ready:
+        return dg.SkipReason("no pending call outcome can mature yet")
+    return [dg.RunRequest(run_key=f"pending-{d}-{now:%Y-%m-%d}", partition_key=d, tags={"flywheel/reason": "pending call outcomes may mature"})
+            for d in ready]
 
 # 06:00 in FLYWHEEL_TIMEZONE (the partitions' timezone), for the day that has just ended.
 daily_rl_schedule = dg.build_schedule_from_partitioned_job(
@@ -40,8 +76,8 @@ def daily_rl_resources() -> dict:
 
 
 defs = dg.Definitions(
-    assets=dg.with_source_code_references([headlines, daily_update, daily_report]),
-    jobs=[daily_rl_job],
-    schedules=[daily_rl_schedule],
+    assets=dg.with_source_code_references(DAILY_RL_ASSETS),
+    jobs=[daily_rl_job, daily_rl_outcomes_job],
+    schedules=[daily_rl_schedule, daily_rl_outcomes_schedule],
     resources=daily_rl_resources(),
 )

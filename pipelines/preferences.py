@@ -1,5 +1,5 @@
 """The preference flywheel's Dagster definitions: assets, checks, jobs, the outcomes schedule and the
-training sensor, and the resources only this area uses (`market_data`, `audit_log`)."""
+training sensor, and the resource only this area uses (`audit_log`)."""
 
 import hashlib
 import os
@@ -19,7 +19,6 @@ from outcome_flywheel.preferences.audit_log_file import AuditLog
 from outcome_flywheel.preferences.status import current_pairs, latest_adapter_dir, min_new_pairs, new_pairs_since, trained_state
 from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
-from resources.market_data import MarketDataResource
 from resources.preferences import AuditLogResource
 
 TRAIN_COOLDOWN_S = 3600
@@ -106,7 +105,7 @@ def flywheel_training_sensor(context: dg.SensorEvaluationContext, warehouse: dg.
 
 
 def flywheel_resources() -> dict:
-    return {"market_data": MarketDataResource.from_env(), "audit_log": AuditLogResource.from_env()}
+    return {"audit_log": AuditLogResource.from_env()}
 
 
 defs = dg.Definitions(

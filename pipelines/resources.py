@@ -1,8 +1,14 @@
 """Resources shared by every area, configured from the environment (see README)."""
 
+from resources.market_data import MarketDataResource
 from resources.models import ModelBackendResource
 from resources.storage import WarehouseResource
 
 
 def core_resources() -> dict:
-    return {"warehouse": WarehouseResource.from_env(), "model_backend": ModelBackendResource.from_env()}
+    """The warehouse, the models and the market data (the flywheel's T+5 outcomes and the daily
+    loop's call outcomes read the same prices)."""
+    return {
+        "warehouse": WarehouseResource.from_env(), "model_backend": ModelBackendResource.from_env(),
+        "market_data": MarketDataResource.from_env(),
+    }

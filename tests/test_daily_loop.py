@@ -10,9 +10,11 @@ import pytest
 from assets.daily_rl.daily_report import daily_report
 from assets.daily_rl.daily_update import KEYS, daily_update
 from assets.daily_rl.headlines import headlines
+from pipelines.daily_rl import DAILY_RL_ASSETS
 from outcome_flywheel.daily_rl.judging import is_permutation
 from outcome_flywheel.daily_rl.feed_source import FeedSource
 from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.storage import Warehouse
 
@@ -26,10 +28,11 @@ def _resources(root):
         model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
         feeds=FeedSource(max_headlines=3, data_dir=str(root)),
         judge=Judge(),
+        market_data=MarketData(data_dir=str(root)),
     )
 
 
-def _run(res, day, run_config=SMALL, assets=(headlines, daily_update, daily_report), **kwargs):
+def _run(res, day, run_config=SMALL, assets=tuple(DAILY_RL_ASSETS), **kwargs):
     return dg.materialize(list(assets), partition_key=day, resources=res, run_config=run_config, **kwargs)
 
 
@@ -56,7 +59,7 @@ def test_three_days_in_order(loop):
     assert all(r.success for r in results.values())
     for result in results.values():
         checks = _checks(result)
-        assert len(checks) == 7 and all(checks.values()), checks
+        assert len(checks) == 9 and all(checks.values()), checks
     ckpt = root / "checkpoints" / "policy"
     info = [json.loads((ckpt / d / "checkpoint.json").read_text()) for d in DAYS]
     assert all(i["verified"] for i in info)  # every day passed its blocking checks

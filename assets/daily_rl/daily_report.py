@@ -8,22 +8,26 @@ import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.report import FIGURES, SUMMARY_COLUMNS, day_summary
+from outcome_flywheel.daily_rl.report import FIGURES, SUMMARY_COLUMNS, ab_figure, day_summary, equity_figure
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 # Columns of the short table in the report (the last REPORT_DAYS days up to D), with their headers.
 REPORT_COLUMNS = {
     "date": "day", "headlines": "headlines", "rollouts": "rollouts", "mean_structure": "structure",
     "usable_share": "pass-through", "reward_avg": "reward", "steps": "steps", "loss": "loss", "kl_to_base": "KL",
+    "gate": "gate",
 }
 REPORT_DAYS = 7
-FIGURE_TITLES = {"reward": "Reward and structure", "kl": "KL to the base model", "pass_through": "Judge pass-through"}
+FIGURE_TITLES = {
+    "reward": "Reward and structure", "kl": "KL to the base model", "pass_through": "Judge pass-through",
+    "ab": "Policy vs base", "equity": "Back-test equity",
+}
 
 
 @dg.asset(
     partitions_def=daily_rl_partitions,
     group_name="daily_rl",
-    deps=["rollout_scores", "policy_checkpoint", "rollouts"],
+    deps=["rollout_scores", "policy_checkpoint", "rollouts", "policy_eval", "backtest"],
     pool="duckdb",
     kinds=TABLE_KINDS,
     owners=OWNERS,
@@ -31,10 +35,11 @@ FIGURE_TITLES = {"reward": "Reward and structure", "kl": "KL to the base model",
 )
 def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse]):
     """Day D's headlines, rollouts, pass-through (usable share), mean structure score, reward
-    n/avg/min/max/negatives and training summary (table `daily_report`, one row per day), and
-    figures over every reported day up to D: reward curve, KL to base, pass-through. The `report`
-    entry shows the last days' numbers and the figures inline; the PNGs are also written under
-    reports/daily_rl/D/."""
+    n/avg/min/max/negatives, training summary and the evaluation gate's verdict (table `daily_report`,
+    one row per day); D's A/B against the base (`policy_eval`) and the back-test up to D (`backtest`);
+    figures over every reported day up to D: reward curve, KL to base, pass-through, policy-vs-base
+    intervals, back-test equity. The `report` entry shows them inline; the PNGs are also written
+    under reports/daily_rl/D/."""
     day = context.partition_key
     row = day_summary(
         day, warehouse.read("headlines", day), warehouse.read("rollouts", day),
@@ -45,14 +50,21 @@ def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[
     history = history[history["date"] <= day].sort_values("date").reset_index(drop=True)
 
     folder = warehouse.path("reports", "daily_rl", day)
+    evals = warehouse.read_all("policy_eval")
+    evals = evals[evals["date"] <= day] if len(evals) else evals
+    backtest_daily = warehouse.read_all("backtest")
+    backtest_daily = backtest_daily[backtest_daily["date"] <= day] if len(backtest_daily) else backtest_daily
+    makers = {**FIGURES, "ab": lambda _: ab_figure(evals), "equity": lambda _: equity_figure(backtest_daily)}
     figures = {}
-    for name, make in FIGURES.items():
+    for name, make in makers.items():
         png = make(history)
         atomic_write_bytes(folder / f"{name}.png", png)
         figures[name] = png
-    metadata: dict = {"report": dg.MetadataValue.md(report_markdown(day, history, figures))}
+    evaluation = evaluation_markdown(warehouse.read("policy_eval", day), warehouse.read("backtest_summary", day))
+    metadata: dict = {"report": dg.MetadataValue.md(report_markdown(day, history, figures, evaluation))}
     metadata.update(numeric_metadata(row))
     metadata["policy_version"] = row["policy_version"]
+    metadata["gate"] = row["gate"] or "n/a"
     metadata["days_reported"] = len(history)
     metadata["figures_dir"] = dg.MetadataValue.path(str(folder))
     return dg.MaterializeResult(metadata=metadata)
@@ -71,8 +83,31 @@ def numeric_metadata(row: dict) -> dict:
     return out
 
 
-def report_markdown(day: str, history: pd.DataFrame, figures: dict[str, bytes]) -> str:
-    """One markdown entry: the last days' numbers, then each figure as an inline PNG (data URI)."""
+def evaluation_markdown(evals: pd.DataFrame, summary: pd.DataFrame) -> str:
+    """D's A/B labels and the back-test's figures up to D, as text beside the figures."""
+    parts = []
+    if len(evals):
+        rows = "".join(
+            f"| {r.metric} | {_cell(r.policy, '')} | {_cell(r.base, '')} | [{_cell(r.ci_low, '')}, {_cell(r.ci_high, '')}] | **{r.label}** | {r.status} |\n"
+            for r in evals.itertuples(index=False)
+        )
+        parts.append("**Policy vs base on D's headlines** (interval of policy - base; judge: of the win rate)\n\n"
+                     "| metric | policy | base | 95% interval | label | status |\n| --- | --- | --- | --- | --- | --- |\n" + rows)
+    if len(summary):
+        s = summary.iloc[0]
+        parts.append(
+            f"**Back-test over {int(s['days'])} matured day(s)**: policy book {_cell(s['policy_total_return_pct'], '')}% vs base "
+            f"{_cell(s['base_total_return_pct'], '')}% vs SPY {_cell(s['spy_total_return_pct'], '')}% (net of "
+            f"{_cell(float(s['cost_bps_per_turnover']), '')} bps per unit of turnover); mean daily excess over the base "
+            f"{_cell(s['mean_excess_vs_base_pct'], '')} pp [{_cell(s['excess_vs_base_ci_low'], '')}, {_cell(s['excess_vs_base_ci_high'], '')}]: "
+            f"**{s['label_vs_base']}**; over SPY: **{s['label_vs_spy']}**; Sharpe policy {_cell(s['policy_sharpe'], '')}, "
+            f"base {_cell(s['base_sharpe'], '')}; max drawdown policy {_cell(s['policy_max_drawdown_pct'], '')}%."
+        )
+    return "\n\n".join(parts)
+
+
+def report_markdown(day: str, history: pd.DataFrame, figures: dict[str, bytes], evaluation: str = "") -> str:
+    """One markdown entry: the last days' numbers, the A/B and back-test, then each figure as an inline PNG (data URI)."""
     recent = history.tail(REPORT_DAYS)
     header = "| " + " | ".join(REPORT_COLUMNS.values()) + " |\n|" + " --- |" * len(REPORT_COLUMNS) + "\n"
     rows = "".join("| " + " | ".join(_cell(r[c], c) for c in REPORT_COLUMNS) + " |\n" for _, r in recent.iterrows())
@@ -82,6 +117,8 @@ def report_markdown(day: str, history: pd.DataFrame, figures: dict[str, bytes]) 
         "KL to the base in nats per token.",
         header + rows,
     ]
+    if evaluation:
+        parts.append(evaluation)
     for name, png in figures.items():  # each figure carries its own title
         parts.append(f"![{FIGURE_TITLES.get(name, name)}](data:image/png;base64,{base64.b64encode(png).decode()})")
     return "\n\n".join(parts)

@@ -35,8 +35,8 @@ class Judge:
         other = replace(models, base_model=self.judge_model)
         return other.load(model_path=other.base_model_dir(download=True))
 
-    def rank(self, backend: ModelBackend, groups: Sequence[JudgeGroup]) -> list[GroupJudgement]:
-        return judge_groups(backend, groups, self.temperature, self.max_new_tokens, self.max_candidate_chars)
+    def rank(self, backend: ModelBackend, groups: Sequence[JudgeGroup], shuffle: bool = True) -> list[GroupJudgement]:
+        return judge_groups(backend, groups, self.temperature, self.max_new_tokens, self.max_candidate_chars, shuffle)
 
     def outcome_context(self, prediction_headline: str, outcome_headlines: Sequence[str]) -> list[str]:
         return select_outcome_headlines(prediction_headline, outcome_headlines, self.outcome_headlines_shown)

@@ -270,6 +270,7 @@ class JudgeGroup:
     outcome_headlines: list[str]
     candidates: list[str]
     seed: int
+    context_heading: str = "What happened next:"  # policy_eval shows the day's own news instead
 
 
 def stable_seed(*parts) -> int:
@@ -283,8 +284,10 @@ def judge_groups(
     temperature: float = 0.3,
     max_new_tokens: int = 8,
     max_candidate_chars: int = 360,
+    shuffle: bool = True,
 ) -> list[GroupJudgement]:
-    """Rank every group's candidates with `backend` as the judge; batched per round.
+    """Rank every group's candidates with `backend` as the judge; batched per round. `shuffle=False`
+    shows them in the order given (the caller drew and recorded that order itself).
 
     A group with no outcome headlines to judge against is not asked: the judge would rank the
     notes on nothing, so it is unusable (`skipped`), not a judgement."""
@@ -294,7 +297,7 @@ def judge_groups(
     def messages(req: JudgeRequest, strict: bool):
         group = groups[asked[req.group]]
         shown = [group.candidates[i] for i in req.remaining]  # relabelled A.. in this order
-        return judge_messages(group.prediction_headline, group.outcome_headlines, shown,
+        return judge_messages(group.prediction_headline, group.outcome_headlines, shown, context_heading=group.context_heading,
                               max_candidate_chars=max_candidate_chars, strict=strict)
 
     def ask(requests: list[JudgeRequest], strict: bool) -> list[str]:
@@ -308,7 +311,8 @@ def judge_groups(
         config = SamplingConfig(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
         return [s[0].text for s in backend.sample(prompts, 1, config, seeds)]
 
-    judged = rank_groups([len(groups[g].candidates) for g in asked], ask, seeds=[groups[g].seed for g in asked]) if asked else []
+    seeds = [groups[g].seed for g in asked] if shuffle else None
+    judged = rank_groups([len(groups[g].candidates) for g in asked], ask, seeds=seeds) if asked else []
     out = [
         GroupJudgement(ranks=list(range(1, len(group.candidates) + 1)), skipped=NO_OUTCOME_HEADLINES) for group in groups
     ]

@@ -16,7 +16,7 @@ import pandas as pd  # noqa: E402
 SUMMARY_COLUMNS = [
     "date", "headlines", "rollouts", "mean_structure", "finished_share", "scored", "usable_share", "reward_n", "reward_avg",
     "reward_min", "reward_max", "reward_negatives", "negative_advantages", "trained", "steps", "loss", "kl_to_base",
-    "grad_norm_median", "grad_norm_iqr", "clip_fraction", "policy_version",
+    "grad_norm_median", "grad_norm_iqr", "clip_fraction", "policy_version", "gate", "gate_reason",
 ]
 
 
@@ -48,6 +48,8 @@ def day_summary(day: str, headlines: pd.DataFrame, rollouts: pd.DataFrame, score
         grad_norm_iqr=float(t.get("grad_norm_iqr", np.nan)),
         clip_fraction=float(t.get("clip_fraction", np.nan)),
         policy_version=str(t.get("policy_version", "")),
+        gate=str(t.get("gate", "")),
+        gate_reason=str(t.get("gate_reason", "")),
     )
 
 
@@ -123,3 +125,48 @@ def pass_through_figure(summary: pd.DataFrame) -> bytes:
 
 
 FIGURES = {"reward": reward_figure, "kl": kl_figure, "pass_through": pass_through_figure}
+
+AB_METRICS = {
+    "structure_score": "structure (policy - base)", "judge_win_rate": "judge win rate - 0.5",
+    "hit_rate": "hit rate (policy - base)", "mean_vs_spy_pct": "mean vs SPY, pp (policy - base)",
+}
+
+
+def ab_figure(evals: pd.DataFrame) -> bytes:
+    """Per day and metric: the policy-minus-base difference with its 95% interval (for the judge: win
+    rate - 0.5); a dashed zero line is "no difference"."""
+    fig, axes = plt.subplots(1, len(AB_METRICS), figsize=(12, 2.9), sharex=True)
+    for ax, (metric, title) in zip(axes, AB_METRICS.items()):
+        rows = evals[evals["metric"] == metric].sort_values("date") if len(evals) else evals
+        x = pd.to_datetime(rows["date"]) if len(rows) else pd.Series(dtype="datetime64[ns]")
+        if len(rows):
+            shift = 0.5 if metric == "judge_win_rate" else 0.0  # its interval is of the win rate
+            mid, low, high = rows["difference"].to_numpy(float), rows["ci_low"].to_numpy(float) - shift, rows["ci_high"].to_numpy(float) - shift
+            ok = ~np.isnan(low) & ~np.isnan(high) & ~np.isnan(mid)
+            ax.errorbar(x[ok], mid[ok], yerr=[mid[ok] - low[ok], high[ok] - mid[ok]], fmt="o", capsize=3, color="C0")
+            for day in x[~ok]:
+                ax.text(day, 0, "n/a", ha="center", va="bottom", fontsize=7, color="0.4")
+        ax.axhline(0, color="0.5", linestyle="--", linewidth=1)
+        ax.set_title(title, fontsize=9)
+        _date_axis(ax, x)
+        ax.set_xlabel("")
+    fig.suptitle("Policy vs base, 95% intervals", fontsize=10)
+    return _png(fig)
+
+
+def equity_figure(daily: pd.DataFrame) -> bytes:
+    """Equity of the policy's book, the base's book and SPY over the back-test's days (start 1.0)."""
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    x = pd.to_datetime(daily["date"]) if len(daily) else pd.Series(dtype="datetime64[ns]")
+    for column, label, style in (("policy_equity", "policy book", "o-"), ("base_equity", "base book", "s--"), ("spy_equity", "SPY", "^:")):
+        if len(daily):
+            ax.plot(x, daily[column], style, label=label)
+    if not len(daily):
+        ax.text(0.5, 0.5, "no matured day yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.axhline(1.0, color="0.6", linewidth=0.8)
+    ax.set_ylabel("equity (start 1.0)")
+    ax.set_title("Back-test: daily long/short books that follow the calls (net of costs)")
+    if len(daily):
+        ax.legend(fontsize=8, loc="best")
+    _date_axis(ax, x)
+    return _png(fig)

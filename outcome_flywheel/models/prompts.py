@@ -35,6 +35,7 @@ def judge_messages(
     letters: str = JUDGE_LETTERS,
     max_candidate_chars: int = 360,
     strict: bool = False,
+    context_heading: str = "What happened next:",
 ) -> list[dict[str, str]]:
     """Ask which candidate note proved most useful given the next day's headlines.
 
@@ -43,7 +44,7 @@ def judge_messages(
     """
     if len(candidates) > len(letters):
         raise ValueError(f"at most {len(letters)} candidates")
-    lines = [f"Notes written about: {prediction_headline.strip()}", "", "What happened next:"]
+    lines = [f"Notes written about: {prediction_headline.strip()}", "", context_heading]
     lines += [f"- {h.strip()}" for h in outcome_headlines] or ["- (no headlines)"]
     lines += ["", "Candidates:"]
     for letter, text in zip(letters, candidates):

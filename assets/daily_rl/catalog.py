@@ -1,0 +1,110 @@
+"""Column descriptions of the daily loop's evaluation tables (merged into `assets.catalog.COLUMNS`)."""
+
+from __future__ import annotations
+
+_NOTE = {
+    "date": ("string", "Partition day D: the headlines' day."),
+    "source": ("string", "policy (rollouts: the checkpoint of D) or base (baseline_rollouts: the frozen base model)."),
+    "headline_id": ("string", "The headline (headlines.headline_id)."),
+    "rollout_index": ("int", "Which of the headline's notes; the same index on both sides is a matched pair."),
+    "policy_version": ("string", "What wrote the note: checkpoint D's version, or base:<model>."),
+}
+
+_CALL = {
+    "symbol": ("string", "The call's ticker, validated against the market data's symbols (company names mapped); empty when none."),
+    "side": ("string", "long, short or none."),
+    "timeframe": ("string", "The note's timeframe as written."),
+    "timeframe_days": ("float", "The timeframe in calendar days where it can be read."),
+    "position_size_pct": ("float", "Position size, percent of the portfolio (midpoint of a range)."),
+    "stop_loss_pct": ("float", "Stop loss as a percent distance from entry."),
+    "stop_loss_price": ("float", "Stop loss as a price."),
+    "parse_status": ("string", "ok, or why there is no usable call: no_trade, no_side, no_symbol, unknown_symbol, ambiguous, empty."),
+    "parse_reason": ("string", "The parser's reason when parse_status is not ok."),
+}
+
+_OUTCOME = {
+    "status": ("string", "matured, pending (exit not closed or not in the data yet), no_data (reason) or no_call."),
+    "reason": ("string", "Why the call is pending, has no data or is no call; empty when matured."),
+    "entry_date": ("string", "Entry session: the first XNYS session strictly after D (its close)."),
+    "exit_date": ("string", "Exit session: horizon_sessions sessions after the entry (its close)."),
+    "exit_close_utc": ("string", "When the exit session closes, UTC (half days close at 13:00 New York)."),
+    "horizon_sessions": ("int", "Sessions between entry and exit (FLYWHEEL_OUTCOME_HORIZON)."),
+    "entry_close": ("float", "The symbol's close at entry (adjusted), from the market data."),
+    "exit_close": ("float", "The symbol's close at exit."),
+    "symbol_return_pct": ("float", "100 (exit/entry - 1): the symbol's move, unsigned, no cost."),
+    "spy_return_pct": ("float", "SPY's move over the same sessions, percent."),
+    "return_pct": ("float", "100 s (exit/entry - 1) - cost_bps/100, s = +1 long, -1 short."),
+    "vs_spy_pct": ("float", "100 s ((exit/entry - 1) - (SPY exit/entry - 1)) - cost_bps/100: > 0 is a hit."),
+    "cost_bps": ("float", "Round-trip cost taken off, basis points (FLYWHEEL_OUTCOME_COST_BPS)."),
+    "computed_at": ("string", "When the outcome was computed, UTC."),
+}
+
+_COMPARISON = {
+    "date": ("string", "Partition day D."),
+    "status": ("string", "complete, or how many calls have matured (price metrics wait for them)."),
+    "metric": ("string", "structure_score, judge_win_rate, hit_rate or mean_vs_spy_pct."),
+    "policy": ("float", "The policy's value (judge: its win rate)."),
+    "base": ("float", "The base model's value (judge: 1 - win rate)."),
+    "difference": ("float", "policy - base (judge: win rate - 0.5)."),
+    "ci_low": ("float", "Lower end of the 95% interval of the difference (judge: of the win rate)."),
+    "ci_high": ("float", "Upper end of that interval."),
+    "n": ("int", "Paired units: headlines with values on both sides (judge: decided pairs)."),
+    "test": ("string", "The test and interval used, in words."),
+    "p_value": ("float", "Two-sided p-value of that test."),
+    "label": ("string", "better / no detectable difference / worse (interval against 0, or 0.5) / not enough data."),
+    "policy_version": ("string", "Checkpoint D's version."),
+}
+
+EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
+    "rollout_outcomes": {**_NOTE, **_CALL, **_OUTCOME},
+    "policy_eval": _COMPARISON,
+    "policy_preferences": {
+        "date": ("string", "Partition day D."),
+        "headline_id": ("string", "The headline judged."),
+        "rollout_index": ("int", "The matched pair shown (drawn with a seeded generator)."),
+        "policy_shown_first": ("bool", "The policy's note was shown as A (the order is seeded random)."),
+        "winner": ("string", "policy, base, tie (the notes read the same; not asked) or none (not answered)."),
+        "reason": ("string", "Why there is no winner."),
+        "judge_answers": ("string", "The judge's raw answers, JSON."),
+        "context_shown": ("string", "D's related headlines shown as context, JSON."),
+        "policy_version": ("string", "Checkpoint D's version."),
+    },
+    "backtest": {
+        "date": ("string", "Prediction day D of the book."),
+        "entry_date": ("string", "Session whose close the book enters at."),
+        "exit_date": ("string", "Session whose close it exits at."),
+        "policy_return_pct": ("float", "The policy book's return, net of 10 bps per unit of turnover, percent."),
+        "base_return_pct": ("float", "The base book's return, net, percent."),
+        "spy_return_pct": ("float", "SPY over the same sessions, percent."),
+        "policy_turnover": ("float", "Sum of |weight change| from the previous book."),
+        "base_turnover": ("float", "The same for the base book."),
+        "policy_positions": ("int", "Headlines with a position in the policy book."),
+        "base_positions": ("int", "Headlines with a position in the base book."),
+        "excess_vs_base_pct": ("float", "policy - base, percentage points."),
+        "excess_vs_spy_pct": ("float", "policy - SPY, percentage points."),
+        "policy_equity": ("float", "Compounded equity of the policy book (start 1.0)."),
+        "base_equity": ("float", "Compounded equity of the base book."),
+        "spy_equity": ("float", "Compounded equity of SPY."),
+    },
+    "rollout_pairs": {
+        "pair_id": ("string", "Stable id: hash of the day, headline and the two rollout indices."),
+        "date": ("string", "Partition day D (the scoring day)."),
+        "prediction_date": ("string", "Day of the notes (D-1)."),
+        "headline_id": ("string", "The judged group."),
+        "prompt": ("string", "Chat messages of the prompt, JSON."),
+        "chosen": ("string", "The group's best note."),
+        "rejected": ("string", "The group's worst note."),
+        "chosen_rollout_index": ("int", "rollout_index of the chosen note."),
+        "rejected_rollout_index": ("int", "rollout_index of the rejected note."),
+        "chosen_reward": ("float", "Reward of the chosen note."),
+        "rejected_reward": ("float", "Reward of the rejected note."),
+        "reward_gap": ("float", "chosen_reward - rejected_reward (at least the minimum gap)."),
+        "chosen_structure": ("float", "Structure score of the chosen note."),
+        "rejected_structure": ("float", "Structure score of the rejected note."),
+        "chosen_rank": ("int", "Judge rank of the chosen note."),
+        "rejected_rank": ("int", "Judge rank of the rejected note."),
+        "seed": ("int", "Sampling seed of the group."),
+        "policy_version": ("string", "Checkpoint that wrote the notes."),
+        "reward_weights": ("string", "Reward weights the scores were made with, JSON."),
+    },
+}

@@ -1,0 +1,78 @@
+"""`policy_eval`: is the policy of day D better than the base model, on D's headlines?"""
+
+import dagster as dg
+import pandas as pd
+
+from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
+from assets.partitions import daily_rl_partitions
+from outcome_flywheel.daily_rl.ab_stats import COLUMNS as COMPARISON_COLUMNS
+from outcome_flywheel.daily_rl.evaluation import PREFERENCE_COLUMNS, evaluate_day, judge_preferences
+from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.storage import Warehouse
+
+POLICY_EVAL_COLUMNS = ["date", "status"] + COMPARISON_COLUMNS + ["policy_version"]
+
+
+@dg.asset(
+    partitions_def=daily_rl_partitions,
+    group_name="daily_rl",
+    deps=["headlines", "rollouts", "baseline_rollouts", "rollout_outcomes"],
+    pool="accelerator",
+    kinds=TABLE_KINDS,
+    owners=OWNERS,
+    metadata=table_metadata("policy_eval", POLICY_EVAL_COLUMNS),
+)
+def policy_eval(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse], model_backend: dg.ResourceParam[ModelLoader],
+                judge: dg.ResourceParam[Judge]):
+    """The policy of D against the frozen base on D's headlines (matched notes: same prompts and seeds),
+    each with a 95% interval and a label (better / no detectable difference / worse / not enough data):
+    structure score and, once the calls matured, hit rate (vs_spy_pct > 0) and mean vs_spy_pct (paired
+    t-tests over headlines, per-headline means); judge preference (one matched pair per headline, shown in
+    a seeded random order that is recorded in `policy_preferences`; win rate, exact binomial test vs 0.5,
+    Wilson interval; the judge sees D's related headlines, as D has no next day yet). Re-run with
+    `rollout_outcomes` when pending calls mature."""
+    day = context.partition_key
+    rollouts, baseline = warehouse.read("rollouts", day), warehouse.read("baseline_rollouts", day)
+    if rollouts.empty or baseline.empty:
+        raise dg.Failure(f"rollouts and baseline_rollouts of {day} must be materialised first")
+    titles = list(warehouse.read("headlines", day).get("title", pd.Series(dtype=str)))
+    judge_backend = judge.load(model_backend)
+    preferences = judge_preferences(judge, judge_backend, rollouts, baseline, titles, model_backend.seed, day)
+    del judge_backend
+    outcomes = warehouse.read("rollout_outcomes", day)
+    version = str(rollouts["policy_version"].iloc[0])
+    table = evaluate_day(rollouts, baseline, outcomes, preferences).assign(policy_version=version)
+    table.insert(0, "date", day)
+    table = table[POLICY_EVAL_COLUMNS]
+    warehouse.write("policy_preferences", preferences, partition=day)
+    warehouse.write("policy_eval", table, partition=day)
+    return dg.MaterializeResult(metadata=eval_metadata(table, preferences, version))
+
+
+def eval_metadata(table: pd.DataFrame, preferences: pd.DataFrame, version: str) -> dict:
+    meta: dict = {"policy_version": version, "ab": dg.MetadataValue.md(eval_markdown(table))}
+    for r in table.itertuples(index=False):
+        meta[f"{r.metric}_label"] = r.label
+        for name in ("policy", "base", "difference"):
+            value = float(getattr(r, name))
+            if value == value:  # NaN left out: it breaks the plots
+                meta[f"{r.metric}_{name}"] = round(value, 4)
+    winners = preferences["winner"].value_counts().to_dict() if len(preferences) else {}
+    meta["judge_pairs"] = dg.MetadataValue.json({k: int(v) for k, v in winners.items()})
+    return meta
+
+
+def eval_markdown(table: pd.DataFrame) -> str:
+    """The A/B as a table a person reads: values, difference, interval, label, test, status."""
+    def f(x) -> str:
+        return "–" if x != x else f"{x:.3f}"
+
+    rows = "".join(
+        f"| {r.metric} | {f(r.policy)} | {f(r.base)} | {f(r.difference)} | [{f(r.ci_low)}, {f(r.ci_high)}] | {r.n} | "
+        f"**{r.label}** | {r.test} | {r.status} |\n"
+        for r in table.itertuples(index=False)
+    )
+    return ("Difference = policy - base; the interval is of the difference (for judge_win_rate: of the win rate, against 0.5).\n\n"
+            "| metric | policy | base | difference | 95% interval | n | label | test | status |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + rows)
