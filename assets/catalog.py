@@ -130,6 +130,8 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "grad_norm_iqr": ("float", "Interquartile range of the gradient norms."),
         "clip_fraction": ("float", "Share of clipped GSPO ratios."),
         "policy_version": ("string", "Checkpoint of D."),
+        "gate": ("string", "Evaluation gate of D's update: accepted, rejected (the parent's weights stay) or not_trained."),
+        "gate_reason": ("string", "Why the gate decided so."),
     },
     "operator_decisions": {
         "decision_id": ("string", "The audit log's decision id (a repeated id keeps its last line)."),

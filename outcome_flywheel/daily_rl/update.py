@@ -247,8 +247,7 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     timings["kl_s"] = time.perf_counter() - started
     del policy
 
-    training_row = training_summary(day, info, stats, examples, scores, rollouts, len(todays), kl, gspo, outcome_day, timings)
-    training_row.update(gate.columns())
+    training_row = training_summary(day, info, stats, examples, scores, rollouts, len(todays), kl, gspo, outcome_day, timings, gate)
     warehouse.write("policy_training", pd.DataFrame([training_row]), partition=day)
     checks = verify_day(warehouse, models, day, scores, rollouts)
     return DailyUpdateResult(
@@ -277,8 +276,8 @@ def gate_update(models, candidate, parent, stats, prev_rollouts, scores, todays,
     return candidate, gate
 
 
-def training_summary(day, info, stats, examples, scores, rollouts, headlines, kl, gspo, outcome_day, timings) -> dict:
-    """One `policy_training` row: what the day trained on and how it went."""
+def training_summary(day, info, stats, examples, scores, rollouts, headlines, kl, gspo, outcome_day, timings, gate=None) -> dict:
+    """One `policy_training` row: what the day trained on, how it went and the gate's verdict."""
     grad_median, grad_iqr = quartiles(stats.grad_norms if stats else [])
     usable = scores[scores["usable"]] if not scores.empty else scores
     nan = float("nan")
@@ -293,5 +292,6 @@ def training_summary(day, info, stats, examples, scores, rollouts, headlines, kl
         train_wall_s=stats.wall_s if stats else 0.0, objective=gspo.objective, learning_rate=gspo.learning_rate,
         headlines=headlines, rollouts=len(rollouts), generated_tokens=int(rollouts["n_tokens"].sum()) if len(rollouts) else 0,
         mean_structure=float(rollouts["structure_score"].mean()) if len(rollouts) else nan,
-        scored=len(scores), usable=len(usable), outcome_headlines_date=outcome_day, **timings,
+        scored=len(scores), usable=len(usable), outcome_headlines_date=outcome_day,
+        **(gate or not_trained("")).columns(), **timings,
     )
