@@ -112,6 +112,9 @@ def per_headline_pairs(policy: pd.DataFrame, base: pd.DataFrame, value: str, key
     def means(df: pd.DataFrame) -> pd.Series:
         if df.empty:
             return pd.Series(dtype=float)
+        # one row order on both sides, so equal values give bit-equal means (a sum's order moves the last bit)
+        order = [c for c in (key, "rollout_index") if c in df.columns]
+        df = df.sort_values(order, kind="stable")
         return pd.to_numeric(df[value], errors="coerce").groupby(df[key]).mean().dropna()
 
     both = pd.concat([means(policy).rename("policy"), means(base).rename("base")], axis=1, join="inner")

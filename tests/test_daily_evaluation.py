@@ -1,0 +1,198 @@
+"""The daily loop's evaluation, materialised in-process on tiny-local: the gate rejecting a destructive
+update (and the next day going on), matched baseline rollouts, call outcomes that mature on re-run,
+the A/B, the back-test, best-vs-worst pairs with exports, and the reward's run config."""
+
+import json
+import os
+from datetime import datetime, timezone
+
+import dagster as dg
+import pandas as pd
+import pytest
+
+from assets.daily_rl.daily_update import daily_update
+from assets.daily_rl.outcomes import rollout_outcomes
+from outcome_flywheel.daily_rl.feed_source import FeedSource
+from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.storage import Warehouse
+from pipelines.daily_rl import DAILY_RL_ASSETS, daily_rl_outcomes_schedule
+
+DAYS = ["2025-11-05", "2025-11-06", "2025-11-07"]  # Wed, Thu, Fri: the Friday's calls exit across the weekend
+SMALL = {"rollouts_per_headline": 4, "max_new_tokens": 40, "batch_size": 8}
+DESTRUCTIVE = {**SMALL, "learning_rate": 5.0}
+
+
+def _resources(root, prices_file=str(BUNDLED_PRICES)):
+    return dict(
+        warehouse=Warehouse(data_dir=str(root)),
+        model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
+        feeds=FeedSource(max_headlines=3, data_dir=str(root)),
+        judge=Judge(),
+        market_data=MarketData(data_dir=str(root), prices_file=prices_file),
+    )
+
+
+def _run(res, day, update_config=SMALL, assets=tuple(DAILY_RL_ASSETS), **kwargs):
+    config = {"ops": {"daily_update": {"config": update_config}}} if daily_update in assets else {}
+    return dg.materialize(list(assets), partition_key=day, resources=res, run_config=config, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory, tiny_model_dir):
+    """Three days in order; the second trains with a learning rate of 5 (the gate must refuse it)."""
+    root = tmp_path_factory.mktemp("evaluation") / "data"
+    (root / "models").mkdir(parents=True)
+    os.symlink(tiny_model_dir, root / "models" / "tiny-local")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLYWHEEL_DATA_DIR", str(root))
+        res = _resources(root)
+        results = {day: _run(res, day, DESTRUCTIVE if day == DAYS[1] else SMALL) for day in DAYS}
+        yield root, res, results
+
+
+def _checkpoint(root, day) -> dict:
+    return json.loads((root / "checkpoints" / "policy" / day / "checkpoint.json").read_text())
+
+
+def test_gate_rejects_a_destructive_update_and_the_next_day_runs(days):
+    root, res, results = days
+    wh = res["warehouse"]
+    assert all(r.success for r in results.values())
+    rejected = wh.read("policy_training", DAYS[1]).iloc[0]
+    assert rejected["trained"] and rejected["gate"] == "rejected", rejected["gate_reason"]
+    assert rejected["gate_reason"]
+    parent, day2 = _checkpoint(root, DAYS[0]), _checkpoint(root, DAYS[1])
+    # the parent's weights stay: same version, same files, and D's rollouts come from them
+    assert day2["policy_version"] == parent["policy_version"] and day2["gate"] == "rejected" and day2["verified"]
+    assert set(wh.read("rollouts", DAYS[1])["policy_version"]) == {parent["policy_version"]}
+    gate_check = [e for e in results[DAYS[1]].get_asset_check_evaluations() if e.check_name == "update_accepted_by_gate"]
+    assert len(gate_check) == 1 and not gate_check[0].passed
+    assert gate_check[0].severity == dg.AssetCheckSeverity.WARN
+    # the next day trains from the kept weights with a sane learning rate and is gated again
+    day3 = wh.read("policy_training", DAYS[2]).iloc[0]
+    assert day3["parent_version"] == parent["policy_version"]
+    assert day3["gate"] in ("accepted", "not_trained")
+    if day3["gate"] == "accepted":
+        assert day3["gate_kl_to_parent"] <= 0.25
+
+
+def test_baseline_rollouts_share_prompts_and_seeds_with_rollouts(days):
+    root, res, results = days
+    wh = res["warehouse"]
+    for day in DAYS:
+        rollouts, baseline = wh.read("rollouts", day), wh.read("baseline_rollouts", day)
+        merged = rollouts.merge(baseline, on=["headline_id", "rollout_index"], suffixes=("", "_base"), validate="one_to_one")
+        assert len(merged) == len(rollouts) == len(baseline) == 12
+        for column in ("prompt", "seed", "temperature", "max_new_tokens"):
+            assert (merged[column] == merged[f"{column}_base"]).all(), column
+        assert set(baseline["policy_version"]) == {"base:tiny-local"}
+    # the first two days' policy is the base model's weights: same prompts and seeds give the same notes
+    for day in DAYS[:2]:
+        merged = wh.read("rollouts", day).merge(wh.read("baseline_rollouts", day), on=["headline_id", "rollout_index"], suffixes=("", "_base"))
+        assert (merged["response"] == merged["response_base"]).all()
+        assert (merged["response_ids"].map(list) == merged["response_ids_base"].map(list)).all()
+
+
+def test_outcomes_follow_the_xnys_windows_and_the_formula(days):
+    root, res, _ = days
+    wh = res["warehouse"]
+    prices = pd.read_csv(BUNDLED_PRICES).set_index(["date", "symbol"])["close"]
+    expected_windows = {"2025-11-05": ("2025-11-06", "2025-11-07"), "2025-11-07": ("2025-11-10", "2025-11-11")}
+    for day, (entry, exit_) in expected_windows.items():
+        outcomes = wh.read("rollout_outcomes", day)
+        assert set(outcomes["source"]) == {"policy", "base"} and len(outcomes) == 24
+        matured = outcomes[outcomes["status"] == "matured"]
+        assert len(matured) > 0 and set(matured["entry_date"]) == {entry} and set(matured["exit_date"]) == {exit_}
+        for r in matured.itertuples():
+            s = 1.0 if r.side == "long" else -1.0
+            move = prices[(exit_, r.symbol)] / prices[(entry, r.symbol)] - 1
+            spy = prices[(exit_, "SPY")] / prices[(entry, "SPY")] - 1
+            assert r.return_pct == pytest.approx(100 * s * move - 0.1)
+            assert r.vs_spy_pct == pytest.approx(100 * s * (move - spy) - 0.1)
+        # nothing invented: a row without a usable call has no return
+        assert outcomes.loc[outcomes["status"] != "matured", "return_pct"].isna().all()
+
+
+def test_a_pending_call_matures_on_rerun(days, tmp_path):
+    root, res, _ = days
+    day = DAYS[2]  # exits 2025-11-11: prices that end on 2025-11-10 leave it pending
+    short = pd.read_csv(BUNDLED_PRICES)
+    short = short[short["date"] <= "2025-11-10"]
+    short_file = tmp_path / "short.csv"
+    short.to_csv(short_file, index=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLYWHEEL_DATA_DIR", str(root))
+        early = _resources(root, prices_file=str(short_file))
+        assert dg.materialize([rollout_outcomes], partition_key=day, resources=early).success
+        pending = res["warehouse"].read("rollout_outcomes", day)
+        calls = pending[pending["status"] != "no_call"]
+        assert len(calls) and (calls["status"] == "pending").all()
+        assert "2025-11-10" in calls["reason"].iloc[0]
+        # the schedule asks for this day again once the exit session has closed
+        context = dg.build_schedule_context(scheduled_execution_time=datetime(2025, 11, 12, 22, 30, tzinfo=timezone.utc))
+        requests = daily_rl_outcomes_schedule(context, warehouse=res["warehouse"])
+        assert [r.partition_key for r in requests] == [day]
+        assert dg.materialize([rollout_outcomes], partition_key=day, resources=res).success
+    matured = res["warehouse"].read("rollout_outcomes", day)
+    assert len(matured) == len(pending)
+    assert (matured.loc[matured["status"] != "no_call", "status"] == "matured").all()
+
+
+def test_policy_eval_and_backtest_label_what_they_measure(days):
+    root, res, _ = days
+    wh = res["warehouse"]
+    evals = wh.read("policy_eval", DAYS[0])
+    assert list(evals["metric"]) == ["structure_score", "judge_win_rate", "hit_rate", "mean_vs_spy_pct"]
+    # the policy of the first day is the base: no difference anywhere, and the labels say so
+    base_day = evals.set_index("metric")
+    assert base_day.loc["structure_score", "difference"] == 0.0
+    assert base_day.loc["structure_score", "label"] == "no detectable difference"
+    assert base_day.loc["judge_win_rate", "label"] == "not enough data"  # every pair is a tie
+    assert (wh.read("policy_preferences", DAYS[0])["winner"] == "tie").all()
+    assert set(evals["label"]) <= {"better", "no detectable difference", "worse", "not enough data"}
+    summary = wh.read("backtest_summary", DAYS[2]).iloc[0]
+    assert summary["days"] == 3
+    assert summary["label_vs_base"] in ("no detectable edge", "policy book better", "policy book worse")
+    if summary["excess_vs_base_ci_low"] <= 0 <= summary["excess_vs_base_ci_high"]:
+        assert summary["label_vs_base"] == "no detectable edge"
+    assert len(wh.read("backtest", DAYS[2])) == 1
+    report = wh.read("daily_report", DAYS[2]).iloc[0]
+    assert report["gate"] in ("accepted", "not_trained")
+    assert (root / "reports" / "daily_rl" / DAYS[2] / "equity.png").read_bytes()[:4] == b"\x89PNG"
+    assert (root / "reports" / "daily_rl" / DAYS[2] / "ab.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_rollout_pairs_are_exported_with_their_sidecar(days):
+    root, res, _ = days
+    wh = res["warehouse"]
+    for day in DAYS[1:]:
+        pairs, none = wh.read("rollout_pairs", day), wh.read("rollout_no_contrast", day)
+        scores = wh.read("rollout_scores", day)
+        assert len(pairs) + len(none) == scores["headline_id"].nunique()
+        assert (pairs["reward_gap"] >= 0.3).all()
+        folder = root / "exports" / "rollout_pairs" / day
+        meta = json.loads((folder / "pairs.meta.json").read_text())
+        assert meta["rows"] == len(pairs)
+        for fmt in ("trl", "nemo_rl", "openai"):
+            lines = (folder / f"{fmt}.jsonl").read_text().splitlines()
+            assert len(lines) == len(pairs)
+        for line, pair in zip((folder / "trl.jsonl").read_text().splitlines(), meta["pairs"]):
+            row = json.loads(line)
+            chosen = pairs.set_index("pair_id").loc[pair["pair_id"]]
+            assert row["chosen"][0]["content"] == chosen["chosen"] and pair["policy_version"] == chosen["policy_version"]
+
+
+def test_reward_weights_are_run_config_and_recorded(days):
+    root, res, _ = days
+    wh = res["warehouse"]
+    config = {**SMALL, "reward_weights": {"structure": 1.0}, "reward_clip_max": 0.9}
+    assert _run(res, DAYS[2], config).success
+    scores = wh.read("rollout_scores", DAYS[2])
+    assert (scores["reward"] == scores["structure_score"].clip(upper=0.9)).all()
+    assert set(scores["reward_weights"]) == {json.dumps({"structure": 1.0})} and set(scores["reward_clip"]) == {"[0.0, 0.9]"}
+    bad = _run(res, DAYS[2], {**SMALL, "reward_weights": {"price": 1.0}}, raise_on_error=False)
+    assert not bad.success
+    failure = [e for e in bad.all_events if e.is_step_failure][0]
+    assert "unknown reward signal" in str(failure.event_specific_data.error)
