@@ -26,6 +26,7 @@ def tiny_local_data_dir(data_dir: str | None = None) -> Path:
 def resources(root: Path, max_headlines: int) -> dict:
     from outcome_flywheel.daily_rl.feed_source import FeedSource
     from outcome_flywheel.daily_rl.judge import Judge
+    from outcome_flywheel.market_data import MarketData
     from outcome_flywheel.models import ModelLoader
     from outcome_flywheel.storage import Warehouse
 
@@ -34,6 +35,7 @@ def resources(root: Path, max_headlines: int) -> dict:
         model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
         feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
         judge=Judge(),
+        market_data=MarketData(data_dir=str(root)),
     )
 
 

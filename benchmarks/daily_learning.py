@@ -1,7 +1,10 @@
-"""Does the daily loop learn? Runs 6-10 days of the bundled archive on tiny-local through the
-real assets (headlines + daily_update, in order) and compares the last day's rollouts with the
-first day's (base policy) by Welch's t-test on the structure score; also on the reward of the
-last scored day vs the first scored day.
+"""Does the daily loop learn, and is the trained policy better than the base? Runs 6-10 days of the
+bundled archive on tiny-local through the real assets (the whole daily_rl group, in order) and
+compares the last day's rollouts with the first day's (base policy) by Welch's t-test on the
+structure score, and the reward of the last scored day vs the first scored day. Then the A/B of
+the last day (policy vs the frozen base on the same prompts and seeds: structure, judge win rate,
+price hit rate and mean vs SPY, each with its 95% interval and label) and the back-test over all
+matured days.
 
     python -m benchmarks.daily_learning [--days 8] [--headlines 16] [--objective gspo] [--learning-rate 2e-3]
 """
@@ -21,8 +24,7 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
         max_new_tokens: int = 128, data_dir: str | None = None) -> dict:
     import dagster as dg
 
-    from assets.daily_rl.daily_update import daily_update
-    from assets.daily_rl.headlines import headlines as headlines_asset
+    from pipelines.daily_rl import DAILY_RL_ASSETS
 
     root = tiny_local_data_dir(data_dir)
     res = resources(root, headlines)
@@ -33,7 +35,7 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
     started = time.perf_counter()
     for day in archive_days(days):
         t0 = time.perf_counter()
-        result = dg.materialize([headlines_asset, daily_update], partition_key=day, resources=res, run_config=config)
+        result = dg.materialize(DAILY_RL_ASSETS, partition_key=day, resources=res, run_config=config)
         assert result.success
         rollouts = warehouse.read("rollouts", day)
         scores = warehouse.read("rollout_scores", day)
@@ -46,6 +48,7 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
             usable_share=round(float(scores["usable"].mean()), 4) if len(scores) else None,
             steps=int(training["steps"]), loss=round(float(training["loss"]), 5) if training["trained"] else None,
             kl=round(float(training["kl_to_base"]), 5), clip_fraction=round(float(training["clip_fraction"]), 3) if training["trained"] else None,
+            gate=str(training["gate"]),
             seconds=round(time.perf_counter() - t0, 1),
         )
         per_day.append(row)
@@ -61,6 +64,11 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
     from outcome_flywheel.daily_rl.loop import position_bias
 
     bias = position_bias(warehouse.read_all("rollout_scores"))  # the judge's, over every scored day
+    ab = {r.metric: dict(policy=_round(r.policy), base=_round(r.base), difference=_round(r.difference), ci=[_round(r.ci_low), _round(r.ci_high)],
+                         n=int(r.n), label=r.label, test=r.test, status=r.status)
+          for r in warehouse.read("policy_eval", last_day).itertuples(index=False)}
+    bt = warehouse.read("backtest_summary", last_day).iloc[0].to_dict()
+    backtest = {k: (_round(v) if isinstance(v, float) else v) for k, v in bt.items() if k != "bootstrap_method"}
     summary = dict(
         benchmark="daily_learning", days=len(per_day), headlines_per_day=headlines, objective=objective,
         learning_rate=learning_rate, first_day=first_day, last_day=last_day,
@@ -71,13 +79,26 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
         learned=bool(last.mean() > first.mean() and t_struct.pvalue < 0.05),
         judge_mean_rank_by_shown_position=bias["by_shown_position"],
         judge_mean_rank_by_rollout_index=bias["by_rollout_index"],
+        ab_last_day=ab, backtest=backtest,
         final_kl=per_day[-1]["kl"], final_finished_share=per_day[-1]["finished_share"], wall_s=round(time.perf_counter() - started, 1), data_dir=str(root),
     )
     print(f"structure score: first day {summary['structure_first_mean']} -> last day {summary['structure_last_mean']}, "
           f"Welch t={summary['structure_welch_t']}, p={summary['structure_p']:.3g}")
     print(f"reward (scored days {first_scored} -> {last_scored}): {summary['reward_first_mean']} -> "
           f"{summary['reward_last_mean']}, Welch t={summary['reward_welch_t']}, p={summary['reward_p']:.3g}")
+    for metric, row in ab.items():
+        print(f"A/B {last_day} {metric}: policy {row['policy']} vs base {row['base']}, 95% interval {row['ci']} (n={row['n']}): "
+              f"{row['label']} [{row['test']}; {row['status']}]")
+    print(f"back-test over {backtest['days']} matured days: policy {backtest['policy_total_return_pct']}% vs base "
+          f"{backtest['base_total_return_pct']}% vs SPY {backtest['spy_total_return_pct']}%; mean daily excess over the base "
+          f"{backtest['mean_excess_vs_base_pct']} pp [{backtest['excess_vs_base_ci_low']}, {backtest['excess_vs_base_ci_high']}]: "
+          f"{backtest['label_vs_base']}; vs SPY: {backtest['label_vs_spy']}")
     return summary
+
+
+def _round(value):
+    value = float(value)
+    return round(value, 4) if value == value else None
 
 
 def main() -> None:

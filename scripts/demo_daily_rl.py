@@ -50,9 +50,35 @@ def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None =
             usable_share=_num(report["usable_share"]), mean_structure=_num(report["mean_structure"]),
             mean_reward=_num(report["reward_avg"]), train_loss=_num(report["loss"]), steps=int(report["steps"]),
             kl_to_base=_num(report["kl_to_base"]), policy_version=str(training["policy_version"]),
+            gate=str(training["gate"]), gate_reason=str(training["gate_reason"]),
         ))
     summary["latest_checkpoint"] = str(warehouse.path("checkpoints", "policy", "latest"))
+    last = summary["days"][-1]["date"] if summary["days"] else None
+    if last:
+        summary["ab_vs_base"] = ab_summary(warehouse.read("policy_eval", last))
+        summary["backtest"] = backtest_summary(warehouse.read("backtest_summary", last))
     return summary
+
+
+def ab_summary(evals) -> dict:
+    """The last day's A/B: each metric's policy and base values, interval of the difference and label."""
+    return {
+        r.metric: dict(policy=_num(r.policy), base=_num(r.base), ci=[_num(r.ci_low), _num(r.ci_high)], n=int(r.n),
+                       label=r.label, status=r.status)
+        for r in evals.itertuples(index=False)
+    }
+
+
+def backtest_summary(summary) -> dict:
+    """The back-test over the matured days: returns, the excess over the base with its interval, the labels."""
+    if summary.empty:
+        return {}
+    s = summary.iloc[0]
+    keys = ("days", "policy_total_return_pct", "base_total_return_pct", "spy_total_return_pct", "mean_excess_vs_base_pct",
+            "excess_vs_base_ci_low", "excess_vs_base_ci_high", "policy_hit_rate", "policy_sharpe", "policy_max_drawdown_pct")
+    out = {k: _num(s[k]) for k in keys}
+    out.update(label_vs_base=s["label_vs_base"], label_vs_spy=s["label_vs_spy"])
+    return out
 
 
 def _num(value):

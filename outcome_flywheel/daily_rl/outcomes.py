@@ -35,7 +35,7 @@ from typing import Any, Iterable
 import exchange_calendars as xc
 import pandas as pd
 
-from outcome_flywheel.preferences.windows import PriceTable, Window, nyse_calendar
+from outcome_flywheel.preferences.windows import PriceTable, Window, nyse_calendar, window_closes
 
 DEFAULT_HORIZON = 1
 DEFAULT_COST_BPS = 10.0
@@ -188,30 +188,9 @@ def call_outcome(
         out.update(status="pending", reason=f"exit session {w.exit_date} closes at {w.exit_close_utc.isoformat()}, "
                                             f"not yet closed at {now.isoformat()}")
         return out
-    needed = list(dict.fromkeys([symbol, benchmark]))
-    unknown = [s for s in needed if s not in prices]
-    if unknown:
-        out["reason"] = "no prices at all for " + ", ".join(unknown)
-        return out
-    behind = [s for s in needed if prices.last_date[s] < w.exit_date]
-    if behind:
-        where = ", ".join(f"{s} ends {prices.last_date[s]}" for s in behind)
-        out.update(status="pending", reason=f"price data does not reach the exit session {w.exit_date} yet ({where})")
-        return out
-    closes: dict[str, tuple[float, float]] = {}
-    gaps = []
-    for s in needed:
-        if prices.first_date[s] > w.entry_date:
-            gaps.append(f"{s} has no prices before {prices.first_date[s]} (entry {w.entry_date})")
-            continue
-        entry, exit_ = prices.close.get((w.entry_date, s)), prices.close.get((w.exit_date, s))
-        missing = [d for d, c in ((w.entry_date, entry), (w.exit_date, exit_)) if c is None]
-        if missing:
-            gaps.append(f"{s} has no close on {' and '.join(missing)} (inside its data {prices.first_date[s]}..{prices.last_date[s]})")
-            continue
-        closes[s] = (entry, exit_)
-    if gaps:
-        out["reason"] = "; ".join(gaps)
+    closes, status, reason = window_closes([symbol, benchmark], w, prices)
+    if status:
+        out.update(status=status, reason=reason)
         return out
 
     sign = SIDES[side]

@@ -94,6 +94,36 @@ class PriceTable:
         return symbol in self.last_date
 
 
+def window_closes(symbols: Iterable[str], w: Window, prices: PriceTable) -> tuple[dict[str, tuple[float, float]], str | None, str | None]:
+    """(entry and exit close by symbol, status, reason). Status None: every close is known; "no_data": a
+    symbol has no prices at all, none before the entry, or a close missing inside its data; "pending":
+    the data does not reach the exit session yet. Never a filled or nearby price."""
+    needed = list(dict.fromkeys(symbols))
+    unknown = [s for s in needed if s not in prices]
+    if unknown:
+        return {}, "no_data", "no prices at all for " + ", ".join(unknown)
+    behind = [s for s in needed if prices.last_date[s] < w.exit_date]
+    if behind:
+        last = min(prices.last_date[s] for s in behind)
+        where = ", ".join(f"{s} ends {prices.last_date[s]}" for s in behind)
+        return {}, "pending", f"price data ends {last}, before the exit session {w.exit_date} ({where})"
+    closes: dict[str, tuple[float, float]] = {}
+    gaps = []
+    for s in needed:
+        if prices.first_date[s] > w.entry_date:
+            gaps.append(f"{s} has no prices before {prices.first_date[s]} (entry {w.entry_date})")
+            continue
+        entry, exit_ = prices.close.get((w.entry_date, s)), prices.close.get((w.exit_date, s))
+        missing = [d for d, c in ((w.entry_date, entry), (w.exit_date, exit_)) if c is None]
+        if missing:
+            gaps.append(f"{s} has no close on {' and '.join(missing)} (inside its data {prices.first_date[s]}..{prices.last_date[s]})")
+            continue
+        closes[s] = (entry, exit_)
+    if gaps:
+        return {}, "no_data", "; ".join(gaps)
+    return closes, None, None
+
+
 OUTCOME_COLUMNS = {
     "decision_id": "string", "decision_date": "string", "status": "string", "reason": "string",
     "symbols": "string", "entry_date": "string", "exit_date": "string", "exit_close_utc": "string",
@@ -138,28 +168,9 @@ def compute_outcome(
         out.update(status="pending", reason=f"exit session {w.exit_date} closes at {w.exit_close_utc.isoformat()}, not yet closed")
         return out
     needed = sorted({o["symbol"] for o in orders} | {benchmark})
-    unknown = [s for s in needed if s not in prices]
-    if unknown:
-        out["reason"] = "no prices at all for " + ", ".join(unknown)
-        return out
-    behind = [s for s in needed if prices.last_date[s] < w.exit_date]
-    if behind:
-        last = min(prices.last_date[s] for s in behind)
-        out.update(status="pending", reason=f"price data ends {last}, before the exit session {w.exit_date} ({', '.join(behind)})")
-        return out
-    closes: dict[str, tuple[float, float]] = {}
-    gaps = []
-    for s in needed:
-        if prices.first_date[s] > w.entry_date:
-            gaps.append(f"{s} has no prices before {prices.first_date[s]} (entry {w.entry_date})")
-            continue
-        entry, exit_ = prices.close.get((w.entry_date, s)), prices.close.get((w.exit_date, s))
-        if entry is None or exit_ is None:
-            gaps.append(f"{s} has no close on {w.entry_date if entry is None else w.exit_date}")
-            continue
-        closes[s] = (entry, exit_)
-    if gaps:
-        out["reason"] = "; ".join(gaps)
+    closes, status, reason = window_closes(needed, w, prices)
+    if status:
+        out.update(status=status, reason=reason)
         return out
 
     def ret(symbol: str) -> float:
