@@ -17,7 +17,11 @@ from datetime import date, timedelta
 
 from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION
 
-ASSETS = ("headlines", "rollout_scores", "policy_checkpoint", "rollouts", "daily_report")
+# The whole daily_rl group: the loop, then its evaluation (pairs, baseline, outcomes, A/B, back-test), then the report.
+ASSETS = (
+    "headlines", "rollout_scores", "policy_checkpoint", "rollouts", "rollout_pairs", "baseline_rollouts", "rollout_outcomes",
+    "policy_eval", "backtest", "daily_report",
+)
 
 
 def day_range(first: str, last: str) -> list[str]:

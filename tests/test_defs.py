@@ -274,3 +274,10 @@ def test_the_workspace_loads_as_the_ui_loads_it():
     done = subprocess.run([str(dagster_cli), "definitions", "validate", "-w", "workspace.yaml"], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_backfill_script_selects_the_whole_daily_rl_group(graph):
+    from scripts.backfill_daily_rl import ASSETS
+
+    group = {k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).group_name == "daily_rl"}
+    assert set(ASSETS) == group
