@@ -53,3 +53,20 @@ def test_group_advantages_normalise_within_the_group():
     assert np.all(np.diff(adv) > 0)  # order kept, sign: better than the group mean -> positive
     assert np.all(group_advantages([0.5, 0.5, 0.5]) == 0.0)
     assert group_advantages([]).size == 0
+
+
+def test_reward_config_weighs_named_signals_and_clips():
+    from outcome_flywheel.daily_rl.rewards import RewardConfig
+
+    assert RewardConfig().combine({"structure": 1.0, "judge_rank": 0.0}) == pytest.approx(0.5)
+    only_structure = RewardConfig(weights={"structure": 1.0}, clip_max=0.8)
+    assert only_structure.combine({"structure": 1.0, "judge_rank": 0.3}) == pytest.approx(0.8)  # clipped
+    assert RewardConfig(weights={"structure": 2.0, "judge_rank": -1.0}, clip_min=-1.0, clip_max=2.0).combine(
+        {"structure": 0.5, "judge_rank": 1.0}) == pytest.approx(0.0)
+    assert RewardConfig().describe() == {"reward_weights": '{"judge_rank": 0.5, "structure": 0.5}', "reward_clip": "[0.0, 1.0]"}
+    for bad in (dict(weights={"price": 1.0}), dict(weights={"structure": 0.0}), dict(clip_min=1.0, clip_max=0.0),
+                dict(weights={"structure": float("nan")})):
+        with pytest.raises(ValueError):
+            RewardConfig(**bad)
+    with pytest.raises(ValueError):
+        RewardConfig().combine({"structure": 1.0})  # a weighted signal is missing
