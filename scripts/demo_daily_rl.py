@@ -77,6 +77,7 @@ def backtest_summary(summary) -> dict:
     keys = ("days", "policy_total_return_pct", "base_total_return_pct", "spy_total_return_pct", "mean_excess_vs_base_pct",
             "excess_vs_base_ci_low", "excess_vs_base_ci_high", "policy_hit_rate", "policy_sharpe", "policy_max_drawdown_pct")
     out = {k: _num(s[k]) for k in keys}
+    out["days"] = int(s["days"])
     out.update(label_vs_base=s["label_vs_base"], label_vs_spy=s["label_vs_spy"])
     return out
 

@@ -250,3 +250,21 @@ def test_empty_outcomes_give_an_empty_backtest():
     res = run_backtest(frame([note("2024-01-02", "policy", "h1", 0, "AAPL", "long", np.nan, status="pending")]))
     assert res.daily.empty and list(res.daily.columns) == DAILY_COLUMNS
     assert res.summary["days"] == 0 and res.summary["label_vs_base"] == "not enough data"
+
+
+def test_prediction_days_with_one_entry_session_make_one_book():
+    """Friday's, Saturday's and Sunday's notes all enter at Monday's close: one book, not three over one window."""
+    window = ("2025-11-10", "2025-11-11")
+    rows = []
+    for day, side in (("2025-11-07", "long"), ("2025-11-08", "long"), ("2025-11-09", "short")):
+        for source in ("policy", "base"):
+            row = note(day, source, "h1", 0, "AAPL", side if source == "policy" else "long", 2.0, spy=1.0)
+            row.update(entry_date=window[0], exit_date=window[1])
+            rows.append(row)
+    result = run_backtest(frame(rows), n_resamples=200)
+    assert list(result.daily["date"]) == ["2025-11-10"] and result.summary["days"] == 1
+    day = result.daily.iloc[0]
+    # policy: three headlines (one per day), 2 long AAPL + 1 short AAPL net to 1/3; base: all long, weight 1
+    assert day["policy_positions"] == 3 and day["base_positions"] == 3
+    assert day["policy_return_pct"] == pytest.approx(2.0 / 3 - 0.1 / 3)
+    assert day["base_return_pct"] == pytest.approx(2.0 - 0.1)

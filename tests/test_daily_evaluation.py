@@ -157,7 +157,8 @@ def test_policy_eval_and_backtest_label_what_they_measure(days):
     assert summary["label_vs_base"] in ("no detectable edge", "policy book better", "policy book worse")
     if summary["excess_vs_base_ci_low"] <= 0 <= summary["excess_vs_base_ci_high"]:
         assert summary["label_vs_base"] == "no detectable edge"
-    assert len(wh.read("backtest", DAYS[2])) == 1
+    books = wh.read_all("backtest")  # one row per entry session: Thu 11-06, Fri 11-07, Mon 11-10
+    assert list(books["date"]) == ["2025-11-06", "2025-11-07", "2025-11-10"] and list(books["date"]) == list(books["entry_date"])
     report = wh.read("daily_report", DAYS[2]).iloc[0]
     assert report["gate"] in ("accepted", "not_trained")
     assert (root / "reports" / "daily_rl" / DAYS[2] / "equity.png").read_bytes()[:4] == b"\x89PNG"

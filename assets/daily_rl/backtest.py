@@ -29,14 +29,17 @@ def backtest(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Ware
     book that follows its calls (per headline, the symbol and side its notes vote for; equal weight per
     headline), 10 bps per unit of turnover, against the other book and SPY: equity curves, mean daily
     excess with a seeded bootstrap 95% interval, hit rate (days > 0), Sharpe, max drawdown. When the
-    interval covers zero the label says there is no detectable edge. Table `backtest` holds day D's book
-    row (once D's calls matured), `backtest_summary` the figures over the days up to D."""
+    interval covers zero the label says there is no detectable edge. A book is one entry session (a
+    Friday's, Saturday's and Sunday's notes all enter at Monday's close: one book). Table `backtest` holds
+    one row per book, stored under its entry session (every book up to D is rewritten, so a weekend's
+    days fill Monday's book in turn and nothing is duplicated); `backtest_summary` the figures up to D."""
     day = context.partition_key
     outcomes = warehouse.read_all("rollout_outcomes")
     outcomes = outcomes[outcomes["date"] <= day] if len(outcomes) else outcomes
     result = run_backtest(outcomes) if len(outcomes) else run_backtest(pd.DataFrame(columns=["date", "source", "status"]))
     daily = result.daily
-    warehouse.write("backtest", daily[daily["date"] == day].reset_index(drop=True), partition=day)
+    for session, book in daily.groupby("date", sort=True):  # keyed by entry session, not by D (see above)
+        warehouse.write("backtest", book.reset_index(drop=True), partition=session)
     summary = {"date": day, **result.summary}
     warehouse.write(SUMMARY_TABLE, pd.DataFrame([summary]), partition=day)
     png = equity_figure(daily)

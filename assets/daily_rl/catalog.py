@@ -70,7 +70,7 @@ EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "policy_version": ("string", "Checkpoint D's version."),
     },
     "backtest": {
-        "date": ("string", "Prediction day D of the book."),
+        "date": ("string", "The book's entry session (every prediction day whose calls enter at its close joins it); the file's key."),
         "entry_date": ("string", "Session whose close the book enters at."),
         "exit_date": ("string", "Session whose close it exits at."),
         "policy_return_pct": ("float", "The policy book's return, net of 10 bps per unit of turnover, percent."),

@@ -8,6 +8,7 @@ import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
+from outcome_flywheel.daily_rl.outcomes import call_window
 from outcome_flywheel.daily_rl.report import FIGURES, SUMMARY_COLUMNS, ab_figure, day_summary, equity_figure
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
@@ -53,7 +54,8 @@ def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[
     evals = warehouse.read_all("policy_eval")
     evals = evals[evals["date"] <= day] if len(evals) else evals
     backtest_daily = warehouse.read_all("backtest")
-    backtest_daily = backtest_daily[backtest_daily["date"] <= day] if len(backtest_daily) else backtest_daily
+    # books are keyed by entry session: D's calls enter at the first session after D
+    backtest_daily = backtest_daily[backtest_daily["date"] <= call_window(day).entry_date] if len(backtest_daily) else backtest_daily
     makers = {**FIGURES, "ab": lambda _: ab_figure(evals), "equity": lambda _: equity_figure(backtest_daily)}
     figures = {}
     for name, make in makers.items():

@@ -1,6 +1,9 @@
 """Back-test of the trade calls of the trained policy and of its base model (plain Python, no Dagster).
 
-Each source ("policy", "base") runs a daily long/short book that follows its own calls:
+Each source ("policy", "base") runs a daily long/short book that follows its own calls. A book is one entry
+session: every prediction day whose calls enter at that close joins it (a Friday's, Saturday's and Sunday's notes
+all enter at Monday's close, so they make Monday's book, each headline of each day voting once); `date` below is
+that session (`run_backtest` rekeys the outcome rows so; `daily_books` and `counted_dates` take rows as given):
 
 * Vote. For each (date, source, headline_id) the notes' matured calls with side long/short vote. The headline's
   position is on the modal symbol among those calls (a tie between symbols goes to the one called first in
@@ -181,9 +184,23 @@ def edge_label(ci_low: float, ci_high: float, days: int, degenerate: bool = Fals
     return EDGE_LABELS[1]
 
 
+def by_entry_session(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Rows keyed by their book: `date` = the entry session (the prediction day where there is none), and
+    `headline_id` = prediction day | headline, so each day's headline still votes on its own. Without this a
+    weekend's three prediction days would be three books over the same Monday-to-Tuesday window, counted thrice."""
+    if outcomes.empty or "entry_date" not in outcomes.columns:
+        return outcomes
+    out = outcomes.copy()
+    out["headline_id"] = out["date"].astype(str) + "|" + out["headline_id"].astype(str)
+    entry = out["entry_date"].astype("string")
+    out["date"] = entry.where(entry.notna() & (entry != ""), out["date"].astype("string")).astype(str)
+    return out
+
+
 def run_backtest(outcomes: pd.DataFrame, cost_bps_per_turnover: float = 10.0, n_resamples: int = 10_000,
                  seed: int = 0) -> BacktestResult:
     """Daily books of both sources, their net returns, SPY's over the same windows, equity curves and a summary."""
+    outcomes = by_entry_session(outcomes)
     books = daily_books(outcomes)
     dates = counted_dates(outcomes) if len(outcomes) else []
     prev: dict[str, dict[str, float]] = {s: {} for s in SOURCES}
