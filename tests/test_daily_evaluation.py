@@ -3,7 +3,6 @@ update (and the next day going on), matched baseline rollouts, call outcomes tha
 the A/B, the back-test, best-vs-worst pairs with exports, and the reward's run config."""
 
 import json
-import os
 from datetime import datetime, timezone
 
 import dagster as dg
@@ -12,26 +11,13 @@ import pytest
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.outcomes import rollout_outcomes
-from outcome_flywheel.daily_rl.feed_source import FeedSource
-from outcome_flywheel.daily_rl.judge import Judge
-from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
-from outcome_flywheel.models import ModelLoader
-from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.market_data import BUNDLED_PRICES
 from pipelines.daily_rl import DAILY_RL_ASSETS, daily_rl_outcomes_schedule
+from tests.daily_fixtures import daily_resources, linked_data_dir
 
 DAYS = ["2025-11-05", "2025-11-06", "2025-11-07"]  # Wed, Thu, Fri: the Friday's calls exit across the weekend
 SMALL = {"rollouts_per_headline": 4, "max_new_tokens": 40, "batch_size": 8}
 DESTRUCTIVE = {**SMALL, "learning_rate": 5.0}
-
-
-def _resources(root, prices_file=str(BUNDLED_PRICES)):
-    return dict(
-        warehouse=Warehouse(data_dir=str(root)),
-        model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
-        feeds=FeedSource(max_headlines=3, data_dir=str(root)),
-        judge=Judge(),
-        market_data=MarketData(data_dir=str(root), prices_file=prices_file),
-    )
 
 
 def _run(res, day, update_config=SMALL, assets=tuple(DAILY_RL_ASSETS), **kwargs):
@@ -42,12 +28,10 @@ def _run(res, day, update_config=SMALL, assets=tuple(DAILY_RL_ASSETS), **kwargs)
 @pytest.fixture(scope="module")
 def days(tmp_path_factory, tiny_model_dir):
     """Three days in order; the second trains with a learning rate of 5 (the gate must refuse it)."""
-    root = tmp_path_factory.mktemp("evaluation") / "data"
-    (root / "models").mkdir(parents=True)
-    os.symlink(tiny_model_dir, root / "models" / "tiny-local")
+    root = linked_data_dir(tmp_path_factory.mktemp("evaluation"), tiny_model_dir)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLYWHEEL_DATA_DIR", str(root))
-        res = _resources(root)
+        res = daily_resources(root)
         results = {day: _run(res, day, DESTRUCTIVE if day == DAYS[1] else SMALL) for day in DAYS}
         yield root, res, results
 
@@ -124,7 +108,7 @@ def test_a_pending_call_matures_on_rerun(days, tmp_path):
     short.to_csv(short_file, index=False)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLYWHEEL_DATA_DIR", str(root))
-        early = _resources(root, prices_file=str(short_file))
+        early = daily_resources(root, prices_file=str(short_file))
         assert dg.materialize([rollout_outcomes], partition_key=day, resources=early).success
         pending = res["warehouse"].read("rollout_outcomes", day)
         calls = pending[pending["status"] != "no_call"]

@@ -7,29 +7,15 @@ import os
 import dagster as dg
 import pytest
 
-from assets.daily_rl.daily_report import daily_report
 from assets.daily_rl.daily_update import KEYS, daily_update
 from assets.daily_rl.headlines import headlines
-from pipelines.daily_rl import DAILY_RL_ASSETS
-from outcome_flywheel.daily_rl.judging import is_permutation
-from outcome_flywheel.daily_rl.feed_source import FeedSource
 from outcome_flywheel.daily_rl.judge import Judge
-from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.models import ModelLoader
-from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.daily_rl.judging import is_permutation
+from pipelines.daily_rl import DAILY_RL_ASSETS
+from tests.daily_fixtures import daily_resources, linked_data_dir
 
 DAYS = ["2025-11-03", "2025-11-04", "2025-11-05"]
 SMALL = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 4, "max_new_tokens": 40, "batch_size": 8}}}}
-
-
-def _resources(root):
-    return dict(
-        warehouse=Warehouse(data_dir=str(root)),
-        model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
-        feeds=FeedSource(max_headlines=3, data_dir=str(root)),
-        judge=Judge(),
-        market_data=MarketData(data_dir=str(root)),
-    )
 
 
 def _run(res, day, run_config=SMALL, assets=tuple(DAILY_RL_ASSETS), **kwargs):
@@ -39,12 +25,10 @@ def _run(res, day, run_config=SMALL, assets=tuple(DAILY_RL_ASSETS), **kwargs):
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory, tiny_model_dir):
     """Three consecutive days of the loop, materialised in order into one data dir."""
-    root = tmp_path_factory.mktemp("daily") / "data"
-    (root / "models").mkdir(parents=True)
-    os.symlink(tiny_model_dir, root / "models" / "tiny-local")
+    root = linked_data_dir(tmp_path_factory.mktemp("daily"), tiny_model_dir)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FLYWHEEL_DATA_DIR", str(root))
-        res = _resources(root)
+        res = daily_resources(root)
         results = {day: _run(res, day) for day in DAYS}
         yield root, res, results
 

@@ -35,7 +35,7 @@ from typing import Any, Iterable
 import exchange_calendars as xc
 import pandas as pd
 
-from outcome_flywheel.preferences.windows import PriceTable, Window, nyse_calendar, window_closes
+from outcome_flywheel.preferences.windows import PriceTable, Window, not_closed_yet, nyse_calendar, window_closes
 
 DEFAULT_HORIZON = 1
 DEFAULT_COST_BPS = 10.0
@@ -184,9 +184,8 @@ def call_outcome(
         out["reason"] = str(err)
         return out
     out.update(entry_date=w.entry_date, exit_date=w.exit_date, exit_close_utc=w.exit_close_utc.isoformat())
-    if w.exit_close_utc > now:
-        out.update(status="pending", reason=f"exit session {w.exit_date} closes at {w.exit_close_utc.isoformat()}, "
-                                            f"not yet closed at {now.isoformat()}")
+    if not_closed_yet(w, now):
+        out.update(status="pending", reason=not_closed_yet(w, now))
         return out
     closes, status, reason = window_closes([symbol, benchmark], w, prices)
     if status:

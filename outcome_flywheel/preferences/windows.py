@@ -94,6 +94,13 @@ class PriceTable:
         return symbol in self.last_date
 
 
+def not_closed_yet(w: Window, now: pd.Timestamp) -> str | None:
+    """Why the outcome is pending while the exit session has not closed by `now` (UTC); None once it has."""
+    if w.exit_close_utc > now:
+        return f"exit session {w.exit_date} closes at {w.exit_close_utc.isoformat()}, not yet closed at {now.isoformat()}"
+    return None
+
+
 def window_closes(symbols: Iterable[str], w: Window, prices: PriceTable) -> tuple[dict[str, tuple[float, float]], str | None, str | None]:
     """(entry and exit close by symbol, status, reason). Status None: every close is known; "no_data": a
     symbol has no prices at all, none before the entry, or a close missing inside its data; "pending":
@@ -164,8 +171,8 @@ def compute_outcome(
         out["reason"] = str(err)
         return out
     out.update(entry_date=w.entry_date, exit_date=w.exit_date, exit_close_utc=w.exit_close_utc.isoformat())
-    if w.exit_close_utc > now:
-        out.update(status="pending", reason=f"exit session {w.exit_date} closes at {w.exit_close_utc.isoformat()}, not yet closed")
+    if not_closed_yet(w, now):
+        out.update(status="pending", reason=not_closed_yet(w, now))
         return out
     needed = sorted({o["symbol"] for o in orders} | {benchmark})
     closes, status, reason = window_closes(needed, w, prices)

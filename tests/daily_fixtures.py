@@ -1,0 +1,31 @@
+"""Helpers of the daily loop's end-to-end tests: a data dir with tiny-local linked in, and the resources."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from outcome_flywheel.daily_rl.feed_source import FeedSource
+from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.storage import Warehouse
+
+
+def linked_data_dir(parent: Path, tiny_model_dir: Path) -> Path:
+    """`parent/data` holding only tiny-local, where the `base_model` asset would put it."""
+    root = parent / "data"
+    (root / "models").mkdir(parents=True)
+    os.symlink(tiny_model_dir, root / "models" / "tiny-local")
+    return root
+
+
+def daily_resources(root: Path, max_headlines: int = 3, prices_file: str = str(BUNDLED_PRICES)) -> dict:
+    """The daily_rl group's resources on `root`, as plain objects (torch on CPU, the bundled archive and prices)."""
+    return dict(
+        warehouse=Warehouse(data_dir=str(root)),
+        model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
+        feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
+        judge=Judge(),
+        market_data=MarketData(data_dir=str(root), prices_file=prices_file),
+    )
