@@ -26,7 +26,7 @@ class FakePolicy:
 
 
 TRAINED_ON = pd.DataFrame({"headline_id": ["h1", "h1"], "rollout_index": [0, 1], "prompt": [json.dumps([])] * 2,
-                           "response_ids": [[1, 2, 3], [4, 5]]})
+                           "response_ids": [[1, 2, 3], [4, 5]], "temperature": [0.8, 0.8]})
 HEADLINES = pd.DataFrame({"headline_id": ["b", "a"], "title": ["B news", "A news"], "summary": ["", ""]})
 
 
@@ -39,7 +39,7 @@ def _stats(*losses):
 
 def _gate(candidate, stats=None, config=GateConfig()):
     parent = FakePolicy(0.0, FULL_NOTE)
-    return evaluate_update(candidate, parent, stats or _stats(0.1, 0.2), TRAINED_ON, HEADLINES, 0.8, config), parent
+    return evaluate_update(candidate, parent, stats or _stats(0.1, 0.2), TRAINED_ON, HEADLINES, config), parent
 
 
 def test_a_sane_update_is_accepted_and_measured_against_the_parent():

@@ -15,7 +15,6 @@ A rejected update leaves the parent's weights as D's checkpoint, with the parent
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from outcome_flywheel.daily_rl.loop import kl_to_base
 from outcome_flywheel.daily_rl.structure import structure_score
 from outcome_flywheel.models.prompts import trading_note_messages
 
@@ -86,20 +86,16 @@ def probe_prompts(headlines: pd.DataFrame, n: int) -> list:
 
 def evaluate_update(
     candidate: "ModelBackend", parent: "ModelBackend", stats: "TrainStats", trained_on: pd.DataFrame,
-    headlines: pd.DataFrame, temperature: float, config: GateConfig,
+    headlines: pd.DataFrame, config: GateConfig,
 ) -> GateResult:
     """Accept or reject the candidate against its parent (module docstring); `trained_on` are the
-    parent's rollouts the update used."""
+    parent's rollouts the update used (the KL is taken at their sampling temperature)."""
     losses = np.asarray(stats.losses, dtype=np.float64)
     if not len(losses) or not np.isfinite(losses).all():
         bad = int((~np.isfinite(losses)).sum())
         return GateResult("rejected", f"non-finite training loss ({bad} of {len(losses)} steps)" if len(losses) else "no training step ran")
     sample = trained_on.sort_values(["headline_id", "rollout_index"]).head(config.kl_rollouts)
-    prompts = [json.loads(p) for p in sample["prompt"]]
-    responses = [list(r) for r in sample["response_ids"]]
-    per_token = candidate.token_kl(prompts, responses, temperature=temperature, reference=parent)
-    tokens = sum(len(k) for k in per_token)
-    kl = float(sum(float(np.sum(k)) for k in per_token) / tokens) if tokens else 0.0
+    kl = kl_to_base(candidate, sample, base=parent)  # exact KL to `parent`, per token
     probe = probe_prompts(headlines, config.probe_headlines)
     notes = candidate.greedy(probe, config.probe_max_new_tokens) if probe else []
     parent_notes = parent.greedy(probe, config.probe_max_new_tokens) if probe else []

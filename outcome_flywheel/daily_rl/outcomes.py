@@ -35,7 +35,7 @@ from typing import Any, Iterable
 import exchange_calendars as xc
 import pandas as pd
 
-from outcome_flywheel.preferences.windows import PriceTable, Window, not_closed_yet, nyse_calendar, window_closes
+from outcome_flywheel.preferences.windows import PriceTable, Window, nyse_calendar, window_outcome
 
 DEFAULT_HORIZON = 1
 DEFAULT_COST_BPS = 10.0
@@ -178,16 +178,9 @@ def call_outcome(
     symbol, benchmark = symbol.strip().upper(), benchmark.upper()
 
     out = _blank(h, cost, now)
-    try:
-        w = call_window(day, h, calendar)
-    except ValueError as err:
-        out["reason"] = str(err)
-        return out
-    out.update(entry_date=w.entry_date, exit_date=w.exit_date, exit_close_utc=w.exit_close_utc.isoformat())
-    if not_closed_yet(w, now):
-        out.update(status="pending", reason=not_closed_yet(w, now))
-        return out
-    closes, status, reason = window_closes([symbol, benchmark], w, prices)
+    w, closes, status, reason = window_outcome(lambda: call_window(day, h, calendar), [symbol, benchmark], prices, now)
+    if w is not None:
+        out.update(entry_date=w.entry_date, exit_date=w.exit_date, exit_close_utc=w.exit_close_utc.isoformat())
     if status:
         out.update(status=status, reason=reason)
         return out

@@ -219,7 +219,7 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
         # LoRA init and anything random in the trainer draw from the framework's generator: a re-run repeats them.
         policy.framework.seed(stable_seed(seed, day, "train") % (2**31))
         stats = policy.train_gspo(examples, gspo)
-        policy, gate = gate_update(models, policy, parent, stats, prev_rollouts, scores, todays, gspo.temperature, settings.gate)
+        policy, gate = gate_update(models, policy, parent, stats, prev_rollouts, scores, todays, settings.gate)
     info = {
         "date": day, "parent_date": parent_info["date"] if parent_info else None,
         "parent_version": parent_info["policy_version"] if parent_info else None,
@@ -258,7 +258,7 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     )
 
 
-def gate_update(models, candidate, parent, stats, prev_rollouts, scores, todays, temperature, config: GateConfig):
+def gate_update(models, candidate, parent, stats, prev_rollouts, scores, todays, config: GateConfig):
     """(the policy D's checkpoint holds, the gate's verdict): the candidate, or the parent reloaded when rejected."""
     parent_dir, parent_info = parent
     if not config.enabled:
@@ -266,7 +266,7 @@ def gate_update(models, candidate, parent, stats, prev_rollouts, scores, todays,
     trained_on = prev_rollouts.merge(scores.loc[scores["usable"], ["headline_id", "rollout_index"]], on=["headline_id", "rollout_index"])
     parent_policy = load_policy(models, parent_dir, parent_info)
     try:
-        gate = evaluate_update(candidate, parent_policy, stats, trained_on, todays, temperature, config)
+        gate = evaluate_update(candidate, parent_policy, stats, trained_on, todays, config)
     except (FloatingPointError, RuntimeError, ValueError) as err:  # a broken candidate may not even run
         gate = GateResult("rejected", f"the candidate failed the probe: {type(err).__name__}: {err}")
     if gate.verdict == "rejected":

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import exchange_calendars as xc
 import pandas as pd
@@ -94,6 +94,23 @@ class PriceTable:
         return symbol in self.last_date
 
 
+def window_outcome(
+    make_window: Callable[[], Window], symbols: Iterable[str], prices: PriceTable, now: pd.Timestamp,
+) -> tuple[Window | None, dict[str, tuple[float, float]], str | None, str | None]:
+    """(window, closes, status, reason) of one outcome, in the order both loops judge it: a window the
+    calendar cannot make is no_data; an exit not closed by `now` is pending, whatever the data; then
+    the closes (`window_closes`). Status None: matured, every close known."""
+    try:
+        w = make_window()
+    except ValueError as err:
+        return None, {}, "no_data", str(err)
+    pending = not_closed_yet(w, now)
+    if pending:
+        return w, {}, "pending", pending
+    closes, status, reason = window_closes(symbols, w, prices)
+    return w, closes, status, reason
+
+
 def not_closed_yet(w: Window, now: pd.Timestamp) -> str | None:
     """Why the outcome is pending while the exit session has not closed by `now` (UTC); None once it has."""
     if w.exit_close_utc > now:
@@ -165,17 +182,10 @@ def compute_outcome(
     if not orders:
         out["reason"] = "the proposal has no orders"
         return out
-    try:
-        w = t5_window(ts, window_days, calendar)
-    except ValueError as err:
-        out["reason"] = str(err)
-        return out
-    out.update(entry_date=w.entry_date, exit_date=w.exit_date, exit_close_utc=w.exit_close_utc.isoformat())
-    if not_closed_yet(w, now):
-        out.update(status="pending", reason=not_closed_yet(w, now))
-        return out
     needed = sorted({o["symbol"] for o in orders} | {benchmark})
-    closes, status, reason = window_closes(needed, w, prices)
+    w, closes, status, reason = window_outcome(lambda: t5_window(ts, window_days, calendar), needed, prices, now)
+    if w is not None:
+        out.update(entry_date=w.entry_date, exit_date=w.exit_date, exit_close_utc=w.exit_close_utc.isoformat())
     if status:
         out.update(status=status, reason=reason)
         return out
