@@ -72,6 +72,9 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "outcome_headlines_shown": ("string", "Outcome headlines shown to the judge, JSON."),
         "reward_weights": ("string", "Weight of each named signal the reward was made with (structure, judge_rank), JSON."),
         "reward_clip": ("string", "[min, max] the reward was clipped to, JSON."),
+        "judge_note_tokens": ("int", "The note's length in tokens, whitespace collapsed (0 when the judge was not asked)."),
+        "judge_shown_tokens": ("int", "Tokens of the note the judge saw: its fair share of the judge's prompt budget."),
+        "judge_truncated": ("bool", "The note was cut to fit the judge's prompt budget."),
     },
     "policy_training": {
         "date": ("string", "Partition day D."),

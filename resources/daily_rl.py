@@ -38,7 +38,9 @@ class JudgeResource(DataclassResource[Judge]):
     temperature: float = mirrored(Judge, "temperature")
     max_new_tokens: int = mirrored(Judge, "max_new_tokens")
     outcome_headlines_shown: int = mirrored(Judge, "outcome_headlines_shown")
-    max_candidate_chars: int = mirrored(Judge, "max_candidate_chars")
+    prompt_tokens: int = mirrored(Judge, "prompt_tokens")
+    thinking: bool = mirrored(Judge, "thinking")
+    thinking_max_new_tokens: int = mirrored(Judge, "thinking_max_new_tokens")
 
     @classmethod
     def from_env(cls) -> "JudgeResource":

@@ -126,7 +126,7 @@ def daily_update(
         result = run_daily_update(warehouse, model_backend, judge, context.partition_key, config.settings())
     except (DailyUpdateError, ValueError) as err:  # ValueError: a bad run config (reward weights, gate thresholds)
         raise dg.Failure(str(err)) from err
-    yield dg.MaterializeResult(asset_key="rollout_scores", metadata=scores_metadata(result, judge.describe(model_backend), config))
+    yield dg.MaterializeResult(asset_key="rollout_scores", metadata=scores_metadata(result, judge.describe(model_backend), config, judge))
     yield dg.MaterializeResult(asset_key="policy_checkpoint", metadata=checkpoint_metadata(result))
     yield dg.MaterializeResult(asset_key="rollouts", metadata=rollouts_metadata(result))
     for name, check in result.checks.items():
@@ -144,7 +144,7 @@ CHECK_ASSET = {
 }
 
 
-def scores_metadata(result: DailyUpdateResult, judge_name: str, config: DailyUpdateConfig) -> dict:
+def scores_metadata(result: DailyUpdateResult, judge_name: str, config: DailyUpdateConfig, judge) -> dict:
     scores = result.scores
     bias = position_bias(scores)
     unusable = scores.groupby("headline_id")["unusable_reason"].first() if len(scores) else pd.Series(dtype=str)
@@ -159,6 +159,8 @@ def scores_metadata(result: DailyUpdateResult, judge_name: str, config: DailyUpd
         "unusable_groups": dg.MetadataValue.md(_counts_table(unusable[unusable != ""].value_counts(), "reason", "groups")),
         "judge_mean_rank_by_shown_position": dg.MetadataValue.md(_mapping_table(bias["by_shown_position"], "shown position", "mean rank")),
         "judge_mean_rank_by_rollout_index": dg.MetadataValue.md(_mapping_table(bias["by_rollout_index"], "rollout index", "mean rank")),
+        "judge_notes_truncated": int(scores["judge_truncated"].sum()) if len(scores) else 0,
+        "judge_prompt_tokens": judge.prompt_tokens,
         "reward_mean": _num(reward.mean()) if len(reward) else None,
         "reward_min": _num(reward.min()) if len(reward) else None,
         "reward_max": _num(reward.max()) if len(reward) else None,

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from outcome_flywheel.daily_rl.judge_budget import NoteCut, cut_notes, prompt_budget
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import JUDGE_LETTERS, judge_messages
 
@@ -41,12 +42,24 @@ _PATTERNS = (
 )
 
 
+def answer_after_thinking(text: str | None) -> str | None:
+    """What a reasoning judge answered: the text after its last `</think>`. A think block that never
+    closed (cut off by the token limit) holds no answer: "" (the retry asks again)."""
+    if not text:
+        return text
+    if "</think>" in text:
+        return text.rsplit("</think>", 1)[1]
+    return "" if "<think>" in text else text
+
+
 def extract_letter(text: str | None, n_options: int, letters: str = JUDGE_LETTERS) -> int | None:
-    """Index of the option the answer names (0 = A), or None when it names none in range.
+    """Index of the option the answer names (0 = A), or None when it names none in range. A
+    reasoning judge's answer is read after `</think>` (`answer_after_thinking`).
 
     Tolerates JSON (`{"answer": "C"}`), code fences, brackets, lower case, repeats and chatter
     around the letter; a letter beyond the options shown (e.g. "F" of five) counts as no answer.
     """
+    text = answer_after_thinking(text)
     if not text or n_options < 1:
         return None
     valid = letters[:n_options].upper()
@@ -141,6 +154,12 @@ class GroupJudgement:
     answers: list[str] = field(default_factory=list)
     shown: list[list[int]] = field(default_factory=list)  # per round, the candidates in the order shown (A, B, ...)
     skipped: str = ""  # why the judge was not asked at all (e.g. no outcome headlines)
+    note_tokens: list[int] = field(default_factory=list)  # each note's length in tokens
+    shown_tokens: list[int] = field(default_factory=list)  # what the prompt budget let the judge see
+    prompt_tokens: int = 0  # the longest prompt this group was asked with
+
+    def truncated(self, candidate: int) -> bool:
+        return bool(self.note_tokens) and self.shown_tokens[candidate] < self.note_tokens[candidate]
 
     @property
     def unusable_reason(self) -> str:
@@ -283,22 +302,40 @@ def judge_groups(
     groups: Sequence[JudgeGroup],
     temperature: float = 0.3,
     max_new_tokens: int = 8,
-    max_candidate_chars: int = 360,
+    prompt_tokens: int = 4096,
     shuffle: bool = True,
+    enable_thinking: bool = False,
 ) -> list[GroupJudgement]:
     """Rank every group's candidates with `backend` as the judge; batched per round. `shuffle=False`
     shows them in the order given (the caller drew and recorded that order itself).
+
+    Notes are cut to fit `prompt_tokens` (and the model's context) fairly (`judge_budget.py`), once
+    per group; the cut is recorded on each judgement. `enable_thinking`: the sampled answer may
+    reason first (Qwen3), `max_new_tokens` must leave it room; the letter is read after `</think>`.
+    The greedy retry never thinks: it asks for exactly one letter.
 
     A group with no outcome headlines to judge against is not asked: the judge would rank the
     notes on nothing, so it is unusable (`skipped`), not a judgement."""
     asked = [g for g, group in enumerate(groups) if group.outcome_headlines]
     round_of: dict[int, int] = {}
 
-    def messages(req: JudgeRequest, strict: bool):
-        group = groups[asked[req.group]]
-        shown = [group.candidates[i] for i in req.remaining]  # relabelled A.. in this order
+    def render(group: JudgeGroup, shown: list[str], strict: bool):
         return judge_messages(group.prediction_headline, group.outcome_headlines, shown, context_heading=group.context_heading,
-                              max_candidate_chars=max_candidate_chars, strict=strict)
+                              max_candidate_chars=None, strict=strict)
+
+    cuts: dict[int, list[NoteCut]] = {}
+    budget = prompt_budget(prompt_tokens, backend.context_length, max_new_tokens) if asked else 0
+    for g in asked:
+        group = groups[g]
+        overhead = len(backend.prompt_ids(render(group, [""] * len(group.candidates), False), enable_thinking))
+        cuts[g] = cut_notes(group.candidates, budget - overhead, backend.text_ids, backend.decode)
+    longest: dict[int, int] = {}
+
+    def messages(req: JudgeRequest, strict: bool):
+        g = asked[req.group]
+        prompt = render(groups[g], [cuts[g][i].text for i in req.remaining], strict)  # relabelled A.. in this order
+        longest[g] = max(longest.get(g, 0), len(backend.prompt_ids(prompt, enable_thinking and not strict)))
+        return prompt
 
     def ask(requests: list[JudgeRequest], strict: bool) -> list[str]:
         prompts = [messages(r, strict) for r in requests]
@@ -308,7 +345,8 @@ def judge_groups(
         for r in requests:
             round_of[r.group] = round_of.get(r.group, -1) + 1
             seeds.append(stable_seed(groups[asked[r.group]].seed, "judge-round", round_of[r.group]))
-        config = SamplingConfig(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens)
+        config = SamplingConfig(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
+                                enable_thinking=enable_thinking)
         return [s[0].text for s in backend.sample(prompts, 1, config, seeds)]
 
     seeds = [groups[g].seed for g in asked] if shuffle else None
@@ -317,5 +355,8 @@ def judge_groups(
         GroupJudgement(ranks=list(range(1, len(group.candidates) + 1)), skipped=NO_OUTCOME_HEADLINES) for group in groups
     ]
     for g, judgement in zip(asked, judged):
+        judgement.note_tokens = [c.tokens for c in cuts[g]]
+        judgement.shown_tokens = [c.shown_tokens for c in cuts[g]]
+        judgement.prompt_tokens = longest.get(g, 0)
         out[g] = judgement
     return out

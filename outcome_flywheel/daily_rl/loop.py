@@ -43,7 +43,8 @@ SCORE_COLUMNS = [
     "date", "prediction_date", "outcome_headlines_date", "headline_id", "rollout_index", "rank", "judge_placed",
     "outcome_reward", "structure_score", "reward", "advantage", "usable", "unusable_reason", "judge_retries",
     "judge_fallback", "judge_rounds_answered", "judge_first_position", "judge_presentation", "judge_answers",
-    "outcome_headlines_shown", "reward_weights", "reward_clip",
+    "outcome_headlines_shown", "reward_weights", "reward_clip", "judge_note_tokens", "judge_shown_tokens",
+    "judge_truncated",
 ]
 # How rollouts are sampled. `behavior_logprobs` are log-softmax(logits / temperature) of the
 # sampled tokens (before top-k / top-p), and GSPO trains at the same temperature.
@@ -247,6 +248,9 @@ def score_table(
                 judge_rounds_answered=int(judgement.rounds_answered), judge_first_position=judgement.first_position(k),
                 judge_presentation=json.dumps(judgement.shown), judge_answers=json.dumps(judgement.answers),
                 outcome_headlines_shown=json.dumps(group.outcome_headlines), **recorded,
+                judge_note_tokens=int(judgement.note_tokens[k]) if judgement.note_tokens else 0,
+                judge_shown_tokens=int(judgement.shown_tokens[k]) if judgement.shown_tokens else 0,
+                judge_truncated=judgement.truncated(k),
             ))
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 

@@ -20,6 +20,7 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 import numpy as np
 
 Messages = list[dict[str, str]]  # [{"role": "user", "content": "..."}]
+THINK_TOKENS = ("<think>", "</think>")  # Qwen3's reasoning block
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,12 @@ class SamplingConfig:
     max_new_tokens: int = 128
     # Prompts sampled in one forward batch: batch rows = prompts_per_batch * n.
     prompts_per_batch: int = 32
+    # The chat template's `enable_thinking` (Qwen3). Off: the prompt closes an empty think block
+    # and the think tokens are never sampled, so a note never holds one. On: the judge may reason
+    # first; its answer is read after `</think>`.
+    enable_thinking: bool = False
+    # Always write `max_new_tokens` (benchmarks at a fixed load, as vLLM's `ignore_eos`).
+    ignore_eos: bool = False
 
 
 @dataclass
@@ -106,16 +113,35 @@ class ChatTokenizer:
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.stop_ids = self._stop_ids()
+        self.think_ids = self._token_ids(THINK_TOKENS)
+
+    def _token_ids(self, tokens: Sequence[str]) -> set[int]:
+        """Ids of those of `tokens` the vocabulary has as single tokens."""
+        ids = set()
+        for tok in tokens:
+            tid = self.tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        return ids
+
+    def banned_ids(self, config: SamplingConfig) -> list[int]:
+        """Token ids never sampled under `config`: the think tokens unless thinking is on."""
+        return [] if config.enable_thinking else sorted(self.think_ids)
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's context in tokens (config.json `max_position_embeddings`), if it says."""
+        import json
+
+        config = Path(self.model_path) / "config.json"
+        value = json.loads(config.read_text()).get("max_position_embeddings") if config.exists() else None
+        return int(value) if value else None
 
     def _stop_ids(self) -> set[int]:
         """End-of-turn ids: the tokenizer's eos, ChatML's end tokens, and generation_config's eos."""
         import json
 
-        ids = {self.tokenizer.eos_token_id}
-        for tok in ("<|im_end|>", "<|endoftext|>"):
-            tid = self.tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
-                ids.add(tid)
+        ids = {self.tokenizer.eos_token_id} | self._token_ids(("<|im_end|>", "<|endoftext|>"))
         gen_config = Path(self.model_path) / "generation_config.json"
         gen_eos = json.loads(gen_config.read_text()).get("eos_token_id") if gen_config.exists() else None
         if isinstance(gen_eos, int):
@@ -124,10 +150,14 @@ class ChatTokenizer:
             ids.update(gen_eos)
         return {i for i in ids if i is not None}
 
-    def prompt_ids(self, messages: Messages) -> list[int]:
+    def prompt_ids(self, messages: Messages, enable_thinking: bool = False) -> list[int]:
         text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+            messages, add_generation_prompt=True, tokenize=False, enable_thinking=enable_thinking
         )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def text_ids(self, text: str) -> list[int]:
+        """Token ids of plain text (no template, no special tokens)."""
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def decode(self, token_ids: Sequence[int]) -> str:
@@ -147,8 +177,9 @@ class ModelBackend(ABC):
 
     # -- text and tokens ----------------------------------------------------------------
     @abstractmethod
-    def prompt_ids(self, messages: Messages) -> list[int]:
-        """Token ids of the chat-rendered prompt, generation prompt included."""
+    def prompt_ids(self, messages: Messages, enable_thinking: bool = False) -> list[int]:
+        """Token ids of the chat-rendered prompt, generation prompt included (the template's
+        `enable_thinking`: Qwen3 closes an empty think block when it is off)."""
 
     @abstractmethod
     def decode(self, token_ids: Sequence[int]) -> str: ...
@@ -168,7 +199,7 @@ class ModelBackend(ABC):
         step = max(1, config.prompts_per_batch)
         with self._sampling_context():
             for start in range(0, len(prompts), step):
-                chunk = [self.prompt_ids(p) for p in prompts[start : start + step]]
+                chunk = [self.prompt_ids(p, config.enable_thinking) for p in prompts[start : start + step]]
                 out.extend(self._sample_batch(chunk, n, config, seeds[start : start + step]))
         return out
 
@@ -192,7 +223,7 @@ class ModelBackend(ABC):
     @abstractmethod
     def token_kl(
         self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
-        reference: "ModelBackend | None" = None, batch_size: int = 16, chunk_elements: int = 2**24,
+        reference: "ModelBackend | None" = None, batch_size: int = 16, chunk_elements: int = 2**25,
     ) -> list[np.ndarray]:
         """Exact KL(self || reference) over the vocabulary at each response position, both at
         `temperature`, one array per response; `reference` None = self with its adapter off."""

@@ -33,14 +33,15 @@ def judge_messages(
     outcome_headlines: list[str],
     candidates: list[str],
     letters: str = JUDGE_LETTERS,
-    max_candidate_chars: int = 360,
+    max_candidate_chars: int | None = 360,
     strict: bool = False,
     context_heading: str = "What happened next:",
 ) -> list[dict[str, str]]:
     """Ask which candidate note proved most useful given the next day's headlines.
 
-    `candidates[i]` is shown under `letters[i]`; long notes are cut to `max_candidate_chars`
-    so eight of them fit a small model's context. `strict=True` is the greedy retry's wording.
+    `candidates[i]` is shown under `letters[i]`, whitespace collapsed; `max_candidate_chars` cuts
+    long notes (tiny-local's training prompts); the daily judge passes None and cuts them to a token
+    budget beforehand (`daily_rl/judge_budget.py`). `strict=True` is the greedy retry's wording.
     """
     if len(candidates) > len(letters):
         raise ValueError(f"at most {len(letters)} candidates")
@@ -49,7 +50,7 @@ def judge_messages(
     lines += ["", "Candidates:"]
     for letter, text in zip(letters, candidates):
         body = " ".join(text.split())
-        if len(body) > max_candidate_chars:
+        if max_candidate_chars is not None and len(body) > max_candidate_chars:
             body = body[:max_candidate_chars].rstrip() + " ..."
         lines.append(f"[{letter}] {body}")
     valid = f"{letters[0]}-{letters[len(candidates) - 1]}"

@@ -108,7 +108,7 @@ def weights_sha256(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def _train_tokenizer(texts: list[str], vocab_size: int):
+def train_tokenizer(texts: list[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -146,7 +146,7 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
     judge = _judge_examples(rows, config.judge_examples, config.seed)
     texts = [f"{r['title']}\n{r['summary']}\n{r['note']}" for r in rows]
     texts += [m[-1]["content"] for m, _ in judge[:50]]
-    tokenizer = _train_tokenizer(texts, config.vocab_size)
+    tokenizer = train_tokenizer(texts, config.vocab_size)
     pad_id = tokenizer.pad_token_id
     eos_id = tokenizer.eos_token_id
 

@@ -27,6 +27,7 @@ from mlx.utils import tree_flatten
 
 from outcome_flywheel.models import lora_convert
 from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
+from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
 from outcome_flywheel.models.mlx.sampling import sample_batch
 from outcome_flywheel.models.mlx.training import FRAMEWORK
 from outcome_flywheel.models.segments import flatten_segments
@@ -80,25 +81,20 @@ class MLXBackend(ChatTokenizer, ModelBackend):
             return self.model.lm_head(hidden)
         return self.model.model.embed_tokens.as_linear(hidden)
 
-    def _logits_tail(self, inputs: mx.array, keep: int) -> mx.array:
-        """Logits of the last `keep` positions only (the response tail), as transformers'
-        `logits_to_keep`: with a 150k vocabulary the prompt's logits would dominate memory."""
-        inner = getattr(self.model, "model", None)
-        if inner is None or not hasattr(inner, "embed_tokens"):
-            return self.model(inputs)[:, -keep:, :]
-        return self.lm_head(inner(inputs)[:, -keep:, :])
-
     def response_hidden(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> mx.array:
         """Final hidden states at the positions that predict each response token, `[sum |r|, H]`,
         rows in order (response 0's tokens, then response 1's...)."""
         inputs, gather_pos, _, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
+        return self._hidden_at(inputs, gather_pos, mask, keep)
+
+    def _hidden_at(self, inputs: np.ndarray, gather_pos: np.ndarray, mask: np.ndarray, keep: int) -> mx.array:
         hidden = self.model.model(mx.array(inputs))[:, -keep:, :]
         picked = mx.take_along_axis(hidden, mx.array(gather_pos)[:, :, None], axis=1)  # [B, R, H]
         return picked.reshape(-1, picked.shape[-1])[mx.array(np.flatnonzero(mask.reshape(-1)))]
 
     def token_kl(
         self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
-        reference: "MLXBackend | None" = None, batch_size: int = 16, chunk_elements: int = 2**24,
+        reference: "MLXBackend | None" = None, batch_size: int = 16, chunk_elements: int = CHUNK_ELEMENTS,
     ) -> list[np.ndarray]:
         """Exact KL(self || reference) over the vocabulary at every response position, at
         `temperature`, one array per response (as `TorchBackend.token_kl`). `reference` None =
@@ -117,18 +113,7 @@ class MLXBackend(ChatTokenizer, ModelBackend):
                 with self.adapter_disabled() if reference is None else contextlib.nullcontext():
                     ref_hidden = ref.response_hidden(p_ids, r_ids)
                     mx.eval(ref_hidden)  # while the adapter is off
-                vocab = self.lm_head(hidden[:1]).shape[-1]
-                step = max(1, chunk_elements // vocab)
-                parts = []
-                for c in range(0, hidden.shape[0], step):
-                    lp = self.lm_head(hidden[c : c + step]).astype(mx.float32) / temperature
-                    lq = ref.lm_head(ref_hidden[c : c + step]).astype(mx.float32) / temperature
-                    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
-                    lq = lq - mx.logsumexp(lq, axis=-1, keepdims=True)
-                    part = (mx.exp(lp) * (lp - lq)).sum(axis=-1)
-                    mx.eval(part)
-                    parts.append(np.array(part))
-                flat = np.concatenate(parts)
+                flat = np.array(token_kl(hidden, self.lm_head, ref_hidden, ref.lm_head, temperature, self.vocab_size, chunk_elements))
                 bounds = np.cumsum([0] + [len(r) for r in r_ids])
                 out += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
         return out
@@ -163,17 +148,25 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
         `(logp, mask)`, both `[B, max_response_len]`.
 
-        Right-padded (causal attention makes the padding invisible to real tokens), as torch.
-        `shared_prefix` is accepted for the interface: mlx runs every row's prompt, which gives
-        the same values as torch's once-per-prompt pass.
+        Right-padded (causal attention makes the padding invisible to real tokens), as torch; only
+        the hidden states predicting response tokens go through the head, a checkpointed chunk at
+        a time (`logprobs.py`). `shared_prefix` is accepted for the interface: mlx runs every
+        row's prompt, which gives the same values as torch's once-per-prompt pass.
         """
         inputs, gather_pos, targets, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
-        logits = self._logits_tail(mx.array(inputs), keep).astype(mx.float32) / temperature  # [B, keep, V]
-        picked = mx.take_along_axis(logits, mx.array(gather_pos)[:, :, None], axis=1)  # [B, R, V]
-        target_logits = mx.take_along_axis(picked, mx.array(targets)[:, :, None], axis=-1)[:, :, 0]
-        logp = target_logits - mx.logsumexp(picked, axis=-1)
-        mask_mx = mx.array(mask)
-        return mx.where(mask_mx, logp, 0.0), mask_mx
+        hidden = self._hidden_at(inputs, gather_pos, mask, keep)
+        flat = token_logprobs(hidden, self.lm_head, mx.array(targets[mask]), temperature, self.vocab_size, module=self.model)
+        # back to [B, R]: masked slots read an appended zero (a differentiable gather)
+        slots = np.full(mask.shape, int(mask.sum()), dtype=np.int32)
+        slots[mask] = np.arange(int(mask.sum()), dtype=np.int32)
+        logp = mx.concatenate([flat, mx.zeros((1,), dtype=flat.dtype)])[mx.array(slots)]
+        return logp, mx.array(mask)
+
+    @property
+    def vocab_size(self) -> int:
+        if "lm_head" in self.model:
+            return int(self.model.lm_head.weight.shape[0])
+        return int(self.model.model.embed_tokens.weight.shape[0])
 
     def response_logprobs(
         self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True,

@@ -48,23 +48,32 @@ def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConf
         left_padding.append(width - len(ids))
     cache = [BatchKVCache(left_padding) for _ in backend.model.layers]
     keys = mx.stack([mx.random.key(row_seed(seeds[i], j)) for i, j in rows])
-    stop = np.array(sorted(backend.stop_ids))
+    stop = np.array(sorted(backend.stop_ids) if not cfg.ignore_eos else [], dtype=np.int64)
+    banned_ids = backend.banned_ids(cfg)
 
     tokens: list[list[int]] = [[] for _ in rows]
     logps: list[list[float]] = [[] for _ in rows]
     done = np.zeros(len(rows), dtype=bool)
     logits = backend.model(mx.array(inputs), cache=cache)[:, -1, :].astype(mx.float32)
+    banned = None
+    if banned_ids:
+        flags = np.zeros(logits.shape[-1], dtype=bool)
+        flags[banned_ids] = True
+        banned = mx.array(flags)[None, :]
     for _ in range(cfg.max_new_tokens):
         scaled = logits / cfg.temperature if cfg.temperature > 0 else logits  # greedy: temperature 1
-        behaviour_logp = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+        # pi_old: the chosen logit minus a logsumexp (no [B, V] log-prob array)
+        behaviour, lse = scaled, mx.logsumexp(scaled, axis=-1)
+        if banned is not None:  # a filter, as top-k: pi_old stays the whole vocabulary's distribution
+            scaled = mx.where(banned, mx.array(-float("inf"), dtype=scaled.dtype), scaled)
         if cfg.temperature <= 0:
-            chosen = mx.argmax(logits, axis=-1)
+            chosen = mx.argmax(scaled, axis=-1)
         else:
             split = _split_keys(keys)
             step_keys, keys = split[:, 0], split[:, 1]
             chosen = _categorical(filter_logits(scaled, cfg.top_k, cfg.top_p), step_keys)
         chosen = mx.where(mx.array(done), pad, chosen.astype(mx.int32))
-        chosen_logp = mx.take_along_axis(behaviour_logp, chosen[:, None], axis=-1)[:, 0]
+        chosen_logp = mx.take_along_axis(behaviour, chosen[:, None], axis=-1)[:, 0] - lse
         mx.eval(chosen, chosen_logp, keys)
         chosen_np, logp_np = np.array(chosen), np.array(chosen_logp)
         for r in np.flatnonzero(~done):

@@ -13,10 +13,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
 from outcome_flywheel.models.segments import flatten_segments
+from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
 from outcome_flywheel.models.torch.sampling import left_padded, sample_batch
 from outcome_flywheel.models.torch.training import FRAMEWORK
 
@@ -92,35 +92,20 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
         `(logp, mask)`, both `[B, max_response_len]`.
 
-        Sequences are right-padded (causal attention makes the padding invisible to real
-        tokens), and logits are computed only for the tail that holds responses. `shared_prefix`:
-        the same values, each distinct prompt run once (`shared_prefix_logprobs`).
+        Sequences are right-padded (causal attention makes the padding invisible to real tokens).
+        Only the final hidden states that predict response tokens go through the head, a chunk at
+        a time, and each token's log-prob is its logit minus a logsumexp (`logprobs.py`): no
+        `[B, L, V]` tensor at any vocabulary. `shared_prefix`: the same values, each distinct
+        prompt run once (`shared_prefix_logprobs`).
         """
         if shared_prefix:
             return self.shared_prefix_logprobs(prompt_ids, response_ids, temperature)
-        pad = self.tokenizer.pad_token_id
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
-        width = input_ids.shape[1]
-        resp_len = max(len(r) for r in response_ids)
-        min_prompt = min(len(p) for p in prompt_ids)
-        keep = width - min_prompt + 1  # logits for positions min_prompt-1 .. width-1
         with self.autocast():
-            out = self.model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep)
-        logits = out.logits.float() / temperature  # [B, keep, V]; column c is position width-keep+c
-        offset = width - keep
-        rows = len(response_ids)
-        gather_pos = torch.zeros((rows, resp_len), dtype=torch.long)
-        targets = torch.full((rows, resp_len), pad, dtype=torch.long)
-        mask = torch.zeros((rows, resp_len), dtype=torch.bool)
-        for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
-            k = len(r)
-            gather_pos[b, :k] = torch.arange(len(p) - 1, len(p) - 1 + k) - offset
-            targets[b, :k] = torch.tensor(list(r))
-            mask[b, :k] = True
-        gather_pos, targets, mask = gather_pos.to(self.device), targets.to(self.device), mask.to(self.device)
-        picked = logits.gather(1, gather_pos[:, :, None].expand(-1, -1, logits.shape[-1]))  # [B, R, V]
-        logp = picked.gather(-1, targets[:, :, None])[:, :, 0] - torch.logsumexp(picked, dim=-1)
-        return logp.masked_fill(~mask, 0.0), mask
+            hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+        rows, cols, targets, mask = self._response_layout(prompt_ids, response_ids)
+        flat = token_logprobs(hidden[rows, cols], self._head, targets, temperature, self.vocab_size)
+        return self._scatter_rows(flat, mask), mask
 
     def shared_prefix_logprobs(
         self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0
@@ -129,20 +114,19 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         once: the prompts run left-padded with a KV cache, the cache rows are gathered per response
         (differentiable indexing), then the responses run on top of it."""
         with self.autocast():
-            logits, responses, mask = self._shared_prefix_logits(prompt_ids, response_ids)
-        logits = logits / temperature
-        logp = logits.gather(-1, responses[:, :, None])[:, :, 0] - torch.logsumexp(logits, dim=-1)
-        return logp.masked_fill(~mask, 0.0), mask
+            hidden, responses, mask = self._shared_prefix_hidden(prompt_ids, response_ids)
+        flat = token_logprobs(hidden[mask], self._head, responses[mask], temperature, self.vocab_size)
+        return self._scatter_rows(flat, mask), mask
 
-    def _shared_prefix_logits(self, prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """fp32 logits predicting every response token `[B, T, V]`, the responses and their mask."""
-        model, device, pad = self.model, self.device, self.tokenizer.pad_token_id
+    def _shared_prefix_hidden(self, prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Final hidden states predicting every response token `[B, T, H]`, the responses and their mask."""
+        inner, device, pad = self._causal_lm().model, self.device, self.tokenizer.pad_token_id
         unique: dict[tuple[int, ...], int] = {}
         rows = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
         ids, attention, positions = left_padded(list(unique), pad, device)
-        out = model(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1)
+        out = inner(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
         index = torch.tensor(rows, device=device)
-        first_logits = out.logits[:, -1, :].float().index_select(0, index)  # predicts each response's first token
+        first = out.last_hidden_state[:, -1, :].index_select(0, index)  # predicts each response's first token
         cache = out.past_key_values
         cache.batch_select_indices(index)
 
@@ -153,14 +137,41 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             responses[b, : len(r)] = torch.tensor(list(r))
             mask[b, : len(r)] = True
         responses, mask = responses.to(device), mask.to(device)
+        if length == 1:
+            return first[:, None, :], responses, mask
         # right padding of the responses is invisible to real tokens (causal attention)
         full_attention = torch.cat([attention.index_select(0, index), torch.ones_like(responses)], dim=-1)
         response_positions = positions[:, -1:].index_select(0, index) + 1 + torch.arange(length, device=device)[None, :]
-        if length == 1:
-            return first_logits[:, None, :], responses, mask
-        rest = model(input_ids=responses[:, :-1], attention_mask=full_attention[:, :-1],
-                     position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).logits.float()
-        return torch.cat([first_logits[:, None, :], rest], dim=1), responses, mask
+        rest = inner(input_ids=responses[:, :-1], attention_mask=full_attention[:, :-1],
+                     position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).last_hidden_state
+        return torch.cat([first[:, None, :], rest], dim=1), responses, mask
+
+    def _response_layout(self, prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For right-padded `prompt + response` rows: the (row, column) of the position predicting
+        each response token, response 0's tokens first; those tokens; and the `[B, R]` mask."""
+        rows, cols, targets = [], [], []
+        mask = torch.zeros((len(response_ids), max(len(r) for r in response_ids)), dtype=torch.bool)
+        for b, (p, r) in enumerate(zip(prompt_ids, response_ids)):
+            rows += [b] * len(r)
+            cols += range(len(p) - 1, len(p) - 1 + len(r))
+            targets += list(r)
+            mask[b, : len(r)] = True
+        as_long = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
+        return as_long(rows), as_long(cols), as_long(targets), mask.to(self.device)
+
+    @staticmethod
+    def _scatter_rows(flat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-token values in mask order back to `[B, R]`, zero where masked (differentiable)."""
+        return torch.zeros(mask.shape, dtype=flat.dtype, device=flat.device).masked_scatter(mask, flat)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._causal_lm().get_output_embeddings().weight.shape[0])
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits from final hidden states in the compute dtype (autocast over master weights)."""
+        with self.autocast():
+            return self.lm_head(hidden)
 
     def sequence_logps(self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]) -> torch.Tensor:
         """[B] log pi(completion | prompt): summed over tokens, and over segments (segments.py),
@@ -194,19 +205,20 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
         with self.autocast():
             hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention).last_hidden_state
-        return torch.cat([hidden[b, len(p) - 1 : len(p) - 1 + len(r)] for b, (p, r) in enumerate(zip(prompt_ids, response_ids))])
+        rows, cols, _, _ = self._response_layout(prompt_ids, response_ids)
+        return hidden[rows, cols]
 
     @torch.no_grad()
     def token_kl(
         self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
-        reference: "TorchBackend | None" = None, batch_size: int = 16, chunk_elements: int = 2**24,
+        reference: "TorchBackend | None" = None, batch_size: int = 16, chunk_elements: int = CHUNK_ELEMENTS,
     ) -> list[np.ndarray]:
         """Exact KL(self || reference) = sum_v p(v) (log p(v) - log q(v)) over the vocabulary at
         every response position, both distributions at `temperature`; one array per response.
 
         `reference` None = this policy with its adapter off (the base). Logits are made from the
-        final hidden states `chunk_elements // V` positions at a time, so a 150k vocabulary never
-        needs a `[B, T, V]` tensor.
+        final hidden states `chunk_elements // V` positions at a time (`logprobs.token_kl`), so a
+        150k vocabulary never needs a `[B, T, V]` tensor.
         """
         out: list[np.ndarray] = []
         ref = reference or self
@@ -219,15 +231,8 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             hidden = self.response_hidden(p_ids, r_ids)
             with self.adapter_disabled() if reference is None else contextlib.nullcontext():
                 ref_hidden = ref.response_hidden(p_ids, r_ids)
-            step = max(1, chunk_elements // self.lm_head(hidden[:1]).shape[-1])
-            parts = []
-            for c in range(0, hidden.shape[0], step):
-                with self.autocast():
-                    lp = F.log_softmax(self.lm_head(hidden[c : c + step]).float() / temperature, dim=-1)
-                with ref.autocast():
-                    lq = F.log_softmax(ref.lm_head(ref_hidden[c : c + step].to(ref.device)).float() / temperature, dim=-1)
-                parts.append((lp.exp() * (lp - lq.to(lp.device))).sum(-1).cpu())
-            flat = torch.cat(parts).double().numpy()
+            per_token = token_kl(hidden, self._head, ref_hidden, ref._head, temperature, self.vocab_size, chunk_elements)
+            flat = per_token.cpu().double().numpy()
             bounds = np.cumsum([0] + [len(r) for r in r_ids])
             out += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
         return out

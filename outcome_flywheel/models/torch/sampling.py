@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from outcome_flywheel.models.interface import Sample, SamplingConfig
 from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
@@ -69,12 +68,16 @@ def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConf
     total = len(rows)
     step_tokens, step_logps, step_alive = [], [], []
     active = torch.arange(total, device=backend.device)
-    stop = torch.tensor(sorted(backend.stop_ids), device=backend.device)
+    stop = torch.tensor(sorted(backend.stop_ids) if not cfg.ignore_eos else [], dtype=torch.long, device=backend.device)
+    banned = torch.tensor(backend.banned_ids(cfg), dtype=torch.long, device=backend.device)
     for step in range(cfg.max_new_tokens):
         scaled = logits / cfg.temperature if cfg.temperature > 0 else logits  # greedy: temperature 1
-        behaviour_logp = F.log_softmax(scaled, dim=-1)
+        # pi_old is the whole vocabulary's distribution; the ban (think tokens) is a filter, as top-k
+        lse = torch.logsumexp(scaled, dim=-1)
+        if len(banned):
+            scaled = scaled.index_fill(-1, banned, float("-inf"))
         if cfg.temperature <= 0:
-            chosen = logits.argmax(-1)
+            chosen = scaled.argmax(-1)
         else:
             probs = filter_logits(scaled, cfg.top_k, cfg.top_p).softmax(-1)
             cdf = probs.double().cumsum(-1)
@@ -82,10 +85,10 @@ def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConf
             target = uniforms[active, step : step + 1] * cdf[:, -1:]
             chosen = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)[:, 0]
         tokens_now = torch.full((total,), pad, dtype=torch.long, device=backend.device)
-        logps_now = torch.zeros(total, dtype=behaviour_logp.dtype, device=backend.device)
+        logps_now = torch.zeros(total, dtype=lse.dtype, device=backend.device)
         alive_now = torch.zeros(total, dtype=torch.bool, device=backend.device)
         tokens_now[active] = chosen
-        logps_now[active] = behaviour_logp.gather(-1, chosen[:, None])[:, 0]
+        logps_now[active] = logits.gather(-1, chosen[:, None])[:, 0] / (cfg.temperature if cfg.temperature > 0 else 1.0) - lse
         alive_now[active] = True
         step_tokens.append(tokens_now)
         step_logps.append(logps_now)
