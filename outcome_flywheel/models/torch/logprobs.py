@@ -85,14 +85,18 @@ def token_kl(
     return torch.cat(parts)
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def plain_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """The textbook computation, `log_softmax(logits / T)` then gather: a full `[..., V]` log-prob
-    tensor (the reference for tests and the memory benchmark's "before")."""
-    return F.log_softmax(logits.float() / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    tensor (the reference for tests, in float64 there, and the memory benchmark's "before")."""
+    return F.log_softmax(_at_least_fp32(logits) / temperature, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
 def plain_token_kl(logits_p: torch.Tensor, logits_q: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Textbook exact KL(p || q) from full logits `[..., V]` (reference for tests)."""
-    lp = F.log_softmax(logits_p.float() / temperature, dim=-1)
-    lq = F.log_softmax(logits_q.float() / temperature, dim=-1)
+    lp = F.log_softmax(_at_least_fp32(logits_p) / temperature, dim=-1)
+    lq = F.log_softmax(_at_least_fp32(logits_q) / temperature, dim=-1)
     return (lp.exp() * (lp - lq)).sum(-1)
