@@ -25,6 +25,7 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_DATA_DIR": "./data",
     "FLYWHEEL_BASE_MODEL": "tiny-local",
     "FLYWHEEL_BACKEND": "torch",
+    "FLYWHEEL_SAMPLER": "torch",
     "FLYWHEEL_DEVICE": "auto",
     "FLYWHEEL_SEED": "0",
     "FLYWHEEL_TIMEZONE": "America/New_York",
@@ -138,6 +139,7 @@ def _feed_urls(value: str) -> str | None:
 # name -> rule, for every variable with a closed set of values or a type (the README's table).
 RULES: dict[str, Rule] = {
     "FLYWHEEL_BACKEND": one_of("torch", "mlx"),
+    "FLYWHEEL_SAMPLER": one_of("torch", "vllm"),
     "FLYWHEEL_DEVICE": Rule(
         "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps",
         lambda v: None if re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) else "unknown device",

@@ -11,6 +11,7 @@ class ModelBackendResource(DataclassResource[ModelLoader]):
     base_model: str = mirrored(ModelLoader, "base_model")
     backend: str = mirrored(ModelLoader, "backend")
     device: str = mirrored(ModelLoader, "device")
+    sampler: str = mirrored(ModelLoader, "sampler")
     seed: int = mirrored(ModelLoader, "seed")
     data_dir: str = mirrored(ModelLoader, "data_dir")
 
@@ -18,7 +19,7 @@ class ModelBackendResource(DataclassResource[ModelLoader]):
     def from_env(cls) -> "ModelBackendResource":
         return cls(
             base_model=env_or_default("FLYWHEEL_BASE_MODEL"),
-            backend=env_or_default("FLYWHEEL_BACKEND"),
+            backend=env_or_default("FLYWHEEL_BACKEND"), sampler=env_or_default("FLYWHEEL_SAMPLER"),
             device=env_or_default("FLYWHEEL_DEVICE"),
             seed=env_int_or_default("FLYWHEEL_SEED"),
             data_dir=env_or_default("FLYWHEEL_DATA_DIR"),

@@ -126,6 +126,8 @@ def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict,
     info = {**info, "verified": False}
     atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
     publish_dir(staging, root / day)
+    if not is_base:
+        policy.weights_saved_as(root / day)  # a vLLM sampler serves these files from now on
     return info
 
 

@@ -33,6 +33,7 @@ from outcome_flywheel.daily_rl.rewards import RewardConfig
 from outcome_flywheel.models import LoraSettings, ModelLoader
 from outcome_flywheel.models.gspo_config import GSPOConfig
 from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.models.sampling import logprob_tolerance as logprob_tolerance_for
 from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
 
@@ -143,7 +144,7 @@ def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.D
     probe = reloaded.greedy([trading_note_messages("Apple beats quarterly estimates", "")], max_new_tokens=12)[0]
     # The weights on disk, not just the label: they must give the stored behaviour log-probs back.
     logprob_gap = behavior_logprob_gap(reloaded, rollouts.head(8)) if len(rollouts) else 0.0
-    logprob_tolerance = 1e-3 if str(getattr(reloaded, "dtype", "float32")).endswith("float32") else 5e-2
+    logprob_tolerance = logprob_tolerance_for(getattr(reloaded, "dtype", "float32"))
     del reloaded
     checks = {
         "ranks_are_permutations": {"passed": bool(ranks_ok), "metadata": {}},

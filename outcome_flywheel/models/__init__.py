@@ -21,15 +21,17 @@ __all__ = [
 
 def load_backend(
     backend: str, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto",
-    master_weights: bool = False,
+    master_weights: bool = False, sampler: str = "torch",
 ) -> ModelBackend:
     """Load a model folder (+ optional adapter) with the named backend. `master_weights`: a full
     fine-tune's fp32 weights stay fp32 under reduced-precision compute (mlx keeps a folder's own
-    precision anyway)."""
+    precision anyway). `sampler`: the torch backend's rollout engine, "torch" or "vllm" (CUDA)."""
     if backend == "torch":
         from outcome_flywheel.models.torch.backend import TorchBackend
 
-        return TorchBackend(model_path, adapter_path, device=device, master_weights=master_weights)
+        return TorchBackend(model_path, adapter_path, device=device, master_weights=master_weights, sampler=sampler)
+    if sampler != "torch":
+        raise ValueError(f"FLYWHEEL_SAMPLER={sampler} needs FLYWHEEL_BACKEND=torch (vLLM runs on CUDA), got {backend!r}")
     if backend == "mlx":
         from outcome_flywheel.models.mlx.backend import MLXBackend
 
@@ -44,6 +46,7 @@ class ModelLoader:
     base_model: str = field(default="tiny-local", metadata={"help": "FLYWHEEL_BASE_MODEL: 'tiny-local', a hub id or a local folder."})
     backend: str = field(default="torch", metadata={"help": "FLYWHEEL_BACKEND: torch | mlx."})
     device: str = field(default="auto", metadata={"help": "FLYWHEEL_DEVICE: auto (cuda, then mps, then cpu) or a torch device."})
+    sampler: str = field(default="torch", metadata={"help": "FLYWHEEL_SAMPLER: torch (the project's sampler) | vllm (CUDA, the vllm extra; rollouts from token ids, pi_old at the sampling temperature)."})
     seed: int = field(default=0, metadata={"help": "FLYWHEEL_SEED: seeds the tiny-local build and all sampling."})
     data_dir: str = field(default="./data", metadata={"help": "FLYWHEEL_DATA_DIR, where tiny-local is built."})
 
@@ -51,7 +54,7 @@ class ModelLoader:
     def from_env(cls) -> "ModelLoader":
         """From the FLYWHEEL_* variables (command-line tools; the Dagster resource reads the same ones)."""
         return cls(
-            base_model=env("FLYWHEEL_BASE_MODEL"), backend=env("FLYWHEEL_BACKEND"), device=env("FLYWHEEL_DEVICE"),
+            base_model=env("FLYWHEEL_BASE_MODEL"), backend=env("FLYWHEEL_BACKEND"), device=env("FLYWHEEL_DEVICE"), sampler=env("FLYWHEEL_SAMPLER"),
             seed=int(env("FLYWHEEL_SEED")), data_dir=env("FLYWHEEL_DATA_DIR"),
         )
 
@@ -84,10 +87,10 @@ class ModelLoader:
         self, adapter_path: str | Path | None = None, model_path: str | Path | None = None, master_weights: bool = False,
     ) -> ModelBackend:
         """The base model (or `model_path`) with an optional adapter, on the configured backend."""
-        return load_backend(self.backend, model_path or self.base_model_dir(), adapter_path, self.device, master_weights)
+        return load_backend(self.backend, model_path or self.base_model_dir(), adapter_path, self.device, master_weights, self.sampler)
 
     def describe(self) -> dict:
-        info = {"base_model": self.base_model, "backend": self.backend, "device": self.device}
+        info = {"base_model": self.base_model, "backend": self.backend, "device": self.device, "sampler": self.sampler}
         build = resolve_path(self.data_dir) / "models" / "tiny-local" / "build_info.json"
         if self.is_tiny_local and build.exists():
             info["tiny_local_fingerprint"] = json.loads(build.read_text())["fingerprint"]

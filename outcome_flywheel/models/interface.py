@@ -174,6 +174,14 @@ class ModelBackend(ABC):
     framework: Framework
     model_path: Path
     adapter_path: Path | None
+    # (model folder, adapter folder or None) holding exactly the weights in memory; None once they
+    # change in memory (a fresh adapter, training) until saved: an external engine (vLLM) can
+    # serve the policy only from files.
+    weights_on_disk: tuple[Path, Path | None] | None = None
+
+    def weights_saved_as(self, folder: Path) -> None:
+        """The weights in memory are now the checkpoint folder `folder` (an adapter, or full weights)."""
+        self.weights_on_disk = (self.model_path, Path(folder)) if self.has_adapter else (Path(folder), None)
 
     # -- text and tokens ----------------------------------------------------------------
     @abstractmethod
@@ -269,10 +277,12 @@ class ModelBackend(ABC):
         """GSPO on `gspo_config.GSPOExample`s with a `gspo_config.GSPOConfig`: `gspo.train_gspo`."""
         from outcome_flywheel.models.gspo import train_gspo
 
+        self.weights_on_disk = None
         return train_gspo(self, examples, config)
 
     def train_weighted_dpo(self, pairs, config) -> TrainStats:
         """Outcome-weighted DPO on `dpo_config.PreferencePair`s: `dpo.train_weighted_dpo`."""
         from outcome_flywheel.models.dpo import train_weighted_dpo
 
+        self.weights_on_disk = None
         return train_weighted_dpo(self, pairs, config)

@@ -19,6 +19,7 @@ from outcome_flywheel.models.segments import flatten_segments
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
 from outcome_flywheel.models.torch.sampling import left_padded, sample_batch
 from outcome_flywheel.models.torch.training import FRAMEWORK
+from outcome_flywheel.models.torch.vllm_sampling import SAMPLERS, VLLMEngine, needs_teacher_forcing, require_vllm
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -37,7 +38,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
     def __init__(
         self, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto",
-        trainable: bool = True, dtype: str = "auto", master_weights: bool = False,
+        trainable: bool = True, dtype: str = "auto", master_weights: bool = False, sampler: str = "torch",
     ):
         """`dtype` is the compute precision: "auto" = bf16 on CUDA, fp32 elsewhere (CPU has no fast
         bf16 path, and the parity tests need fp32), or a name. `master_weights` keeps the weights
@@ -52,6 +53,12 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         else:
             self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         self.master_weights = bool(master_weights) and self.dtype != torch.float32
+        if sampler not in SAMPLERS:
+            raise ValueError(f"FLYWHEEL_SAMPLER must be one of {SAMPLERS}, got {sampler!r}")
+        if sampler == "vllm":
+            require_vllm()
+        self.sampler = sampler
+        self.weights_on_disk = (self.model_path, self.adapter_path)
         self._load_tokenizer()
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32 if self.master_weights else self.dtype)
         if self.adapter_path is not None:
@@ -83,7 +90,29 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             yield
 
     def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+        if self.sampler == "vllm" and self.weights_on_disk is not None:
+            return self._vllm_sample_batch(prompt_ids, n, cfg, seeds)
         return sample_batch(self, prompt_ids, n, cfg, seeds)
+
+    def _vllm_sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+        """vLLM samples the files this policy's weights are; pi_old per `vllm_sampling.needs_teacher_forcing`."""
+        model_path, adapter = self.weights_on_disk
+        engine = VLLMEngine.for_model(model_path, enable_lora=adapter is not None)
+        banned = self.tokenizer.convert_ids_to_tokens(self.banned_ids(cfg))
+        grouped = engine.generate(prompt_ids, n, cfg, seeds, adapter, banned)
+        if needs_teacher_forcing(cfg):
+            flat = [(i, ids) for i, group in enumerate(grouped) for ids, _ in group]
+            forced: list[list[float]] = []
+            for start in range(0, len(flat), 16):
+                chunk = flat[start : start + 16]
+                logp, mask = self.batch_logprobs([prompt_ids[i] for i, _ in chunk], [ids or [self.tokenizer.pad_token_id] for _, ids in chunk], cfg.temperature)
+                forced += [logp[b][mask[b]].double().tolist()[: len(ids)] for b, (_, ids) in enumerate(chunk)]
+            it = iter(forced)
+            grouped = [[(ids, next(it)) for ids, _ in group] for group in grouped]
+        return [
+            [Sample(text=self.decode(ids), token_ids=ids, logprobs=logps, finished=bool(ids) and ids[-1] in self.stop_ids) for ids, logps in group]
+            for group in grouped
+        ]
 
     def batch_logprobs(
         self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0,
@@ -274,6 +303,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             return
         from peft import LoraConfig, get_peft_model
 
+        self.weights_on_disk = None  # a fresh adapter lives in memory until saved
         cfg = LoraConfig(
             r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
             target_modules=list(settings.target_modules), task_type="CAUSAL_LM",

@@ -1,0 +1,267 @@
+"""One day's real load on the qwen3-0.6b shape (random weights, bf16, CUDA): generation, GSPO,
+DPO and the judge, timed; the last line one JSON object.
+
+    python -m benchmarks.gpu                 # CUDA: 30 headlines x 8 rollouts, ~200-token prompts, 512 new tokens
+    python -m benchmarks.gpu --smoke         # the tiny version (what runs on CPU, and says so)
+
+On a machine without CUDA it runs the smoke version on `qwen3-tiny` and labels every figure as a
+CPU smoke figure: it checks the code paths, it measures nothing about a GPU.
+
+- generation: the project's sampler (`models/torch/sampling.py`) vs `transformers` `generate`
+  with the same settings (temperature 0.8, top-k 50, top-p 0.95, no early stop) vs vLLM
+  (`models/torch/vllm_sampling.py`, when installed); output tokens/s each. Roofline: a decode
+  step must read the weights and every row's KV cache once; at the measured device-to-device
+  bandwidth that sets the fastest possible step; the fraction is that ideal time over the
+  sampler's measured time.
+- GSPO on the 240 rollouts, LoRA and full (fp32 master weights): seconds and peak memory;
+  weighted DPO (LoRA) on 200 pairs; the judge (`Judge`, the project's defaults) on 30 groups of 8.
+Anchor (not the same load): vLLM serves Qwen3-0.6B on one H100 at about 12k output tokens/s
+(512 in, 128 out, many requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+VLLM_ANCHOR_TOKENS_S = 12_000
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_reset(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gib(device) -> float | None:
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None
+
+
+def copy_bandwidth_gbs(device, gib: float = 2.0) -> float | None:
+    """Device-to-device copy, bytes read + written per second (the roofline's bandwidth)."""
+    if device.type != "cuda":
+        return None
+    src = torch.empty(int(gib * 2**30) // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    _sync(device)
+    started = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    _sync(device)
+    return round(2 * src.numel() * 2 * 10 / (time.perf_counter() - started) / 1e9, 1)
+
+
+def decode_roofline_s(shape: str, rows: int, prompt_lengths: list[int], new_tokens: int, bandwidth_gbs: float) -> float:
+    """Seconds a decode of `new_tokens` steps needs at least: per step, the weights plus every
+    row's KV cache so far, read once at `bandwidth_gbs`."""
+    from outcome_flywheel.models.qwen3_shapes import kv_bytes_per_token, parameter_bytes
+
+    weights, per_token = parameter_bytes(shape), kv_bytes_per_token(shape)
+    context = sum(prompt_lengths) * rows // len(prompt_lengths)
+    total = sum(weights + (context + rows * step) * per_token for step in range(new_tokens))
+    return total / (bandwidth_gbs * 1e9)
+
+
+def headline_prompts(backend, count: int, target_tokens: int) -> list[list[dict]]:
+    """`count` note prompts from the bundled headlines (tiny-local's corpus), each summary extended
+    with others until the prompt is about `target_tokens` long."""
+    from outcome_flywheel.models.prompts import trading_note_messages
+    from outcome_flywheel.models.tiny_local import load_corpus
+
+    items = load_corpus()
+    prompts = []
+    for i in range(count):
+        head = items[i % len(items)]
+        summary, j = head["summary"], i + 1
+        while len(backend.prompt_ids(trading_note_messages(head["title"], summary))) < target_tokens:
+            summary += " " + items[j % len(items)]["summary"]
+            j += 1
+        prompts.append(trading_note_messages(head["title"], summary))
+    return prompts
+
+
+def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
+    from outcome_flywheel.models.interface import SamplingConfig
+
+    config = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=new_tokens, prompts_per_batch=len(prompts), ignore_eos=True)
+    device = backend.device
+    if sampler == "hf_generate":
+        return _time_hf_generate(backend, prompts, n, config)
+    backend.sampler = sampler
+    backend.sample(prompts[:2], 2, SamplingConfig(**{**config.__dict__, "max_new_tokens": 8}), seeds=[0, 1])  # warm-up
+    _sync(device)
+    started = time.perf_counter()
+    groups = backend.sample(prompts, n, config, seeds=list(range(len(prompts))))
+    _sync(device)
+    seconds = time.perf_counter() - started
+    backend.sampler = "torch"
+    tokens = sum(len(s.token_ids) for g in groups for s in g)
+    return {"seconds": round(seconds, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1), "groups": groups}
+
+
+def _time_hf_generate(backend, prompts, n, config) -> dict:
+    from outcome_flywheel.models.torch.sampling import left_padded
+
+    ids = [backend.prompt_ids(p) for p in prompts]
+    input_ids, attention, _ = left_padded(ids, backend.tokenizer.pad_token_id, backend.device)
+    kwargs = dict(do_sample=True, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
+                  num_return_sequences=n, pad_token_id=backend.tokenizer.pad_token_id)
+    with torch.inference_mode():
+        backend.model.generate(input_ids=input_ids[:2], attention_mask=attention[:2], max_new_tokens=8, min_new_tokens=8, **kwargs)
+        _sync(backend.device)
+        started = time.perf_counter()
+        out = backend.model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=config.max_new_tokens,
+                                     min_new_tokens=config.max_new_tokens, **kwargs)
+        _sync(backend.device)
+    seconds = time.perf_counter() - started
+    tokens = int(out.shape[0] * (out.shape[1] - input_ids.shape[1]))
+    return {"seconds": round(seconds, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)}
+
+
+def time_training(model_dir, device, prompts, groups, pairs_wanted: int) -> dict:
+    from outcome_flywheel.daily_rl.rewards import group_advantages
+    from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
+    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.torch.backend import TorchBackend
+
+    rng = np.random.default_rng(0)
+    examples = []
+    for prompt, group in zip(prompts, groups):
+        advantages = group_advantages(list(rng.random(len(group))))
+        examples += [GSPOExample(prompt, s.token_ids, s.logprobs, float(a)) for s, a in zip(group, advantages)]
+    out = {"gspo_rollouts": len(examples), "gspo_response_tokens": sum(len(e.response_ids) for e in examples)}
+    for name, lora in (("lora", GSPOConfig().lora), ("full", None)):
+        policy = TorchBackend(model_dir, device=str(device))
+        _peak_reset(device)
+        config = GSPOConfig(lora=lora, temperature=0.8, learning_rate=1e-4 if lora else 1e-5)
+        _sync(device)
+        started = time.perf_counter()
+        stats = policy.train_gspo(examples, config)
+        _sync(device)
+        out[f"gspo_{name}_s"] = round(time.perf_counter() - started, 2)
+        out[f"gspo_{name}_steps"] = stats.steps
+        out[f"gspo_{name}_peak_gib"] = _peak_gib(device)
+        out[f"gspo_{name}_finite"] = bool(np.isfinite(stats.losses).all())
+        del policy
+    texts = [s.text for g in groups for s in g]
+    pairs = [PreferencePair(prompts[i % len(prompts)], texts[(2 * i) % len(texts)], texts[(2 * i + 1) % len(texts)], float(rng.uniform(0.3, 1.5)))
+             for i in range(pairs_wanted)]
+    policy = TorchBackend(model_dir, device=str(device))
+    _peak_reset(device)
+    _sync(device)
+    started = time.perf_counter()
+    stats = policy.train_weighted_dpo(pairs, WeightedDPOConfig(epochs=1, completion_unit="sequence"))
+    _sync(device)
+    out.update(dpo_pairs=len(pairs), dpo_s=round(time.perf_counter() - started, 2), dpo_steps=stats.steps, dpo_peak_gib=_peak_gib(device))
+    return out
+
+
+def time_judge(backend, prompts, groups) -> dict:
+    from outcome_flywheel.daily_rl.judge import Judge
+    from outcome_flywheel.daily_rl.judging import JudgeGroup
+
+    judge = Judge()
+    jgroups = [JudgeGroup(p[-1]["content"].splitlines()[0], ["Shares moved 2% the next day"], [s.text for s in g][:8], seed=i)
+               for i, (p, g) in enumerate(zip(prompts, groups))]
+    _sync(backend.device)
+    started = time.perf_counter()
+    judged = judge.rank(backend, jgroups)
+    _sync(backend.device)
+    return {"judge_groups": len(jgroups), "judge_s": round(time.perf_counter() - started, 2),
+            "judge_notes_truncated": int(sum(sum(j.truncated(k) for k in range(len(j.ranks))) for j in judged)),
+            "judge_max_prompt_tokens": max(j.prompt_tokens for j in judged)}
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="the tiny version (always, without CUDA)")
+    parser.add_argument("--shape", default="qwen3-0.6b")
+    parser.add_argument("--headlines", type=int, default=30)
+    parser.add_argument("--rollouts", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=200)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--dpo-pairs", type=int, default=200)
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: hf_generate,vllm,training,judge")
+    args = parser.parse_args(argv)
+
+    from outcome_flywheel.models.qwen3_shapes import build_model
+    from outcome_flywheel.models.torch.backend import TorchBackend
+    from outcome_flywheel.models.torch.vllm_sampling import vllm_unavailable_reason
+
+    cuda = torch.cuda.is_available()
+    smoke = args.smoke or not cuda
+    if smoke:
+        args.shape, args.headlines, args.rollouts, args.prompt_tokens, args.new_tokens, args.dpo_pairs = "qwen3-tiny", 2, 2, 40, 16, 4
+        print("SMOKE RUN" + ("" if cuda else " (no CUDA here)") + ": qwen3-tiny, 2 headlines x 2 rollouts, 16 new tokens. "
+              "It checks the code paths; its figures say nothing about a GPU.")
+    device = torch.device("cuda" if cuda else "cpu")
+    skip = set(filter(None, args.skip.split(",")))
+    result: dict = {
+        "benchmark": "gpu", "smoke": smoke, "machine": platform.node(),
+        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
+        "torch": torch.__version__, "shape": args.shape, "headlines": args.headlines, "rollouts": args.rollouts,
+        "new_tokens": args.new_tokens,
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        model_dir = build_model(Path(tmp) / args.shape, args.shape, dtype="bfloat16" if cuda else "float32", device=str(device))
+        result["build_s"] = round(time.perf_counter() - started, 1)
+        backend = TorchBackend(model_dir, device=str(device))
+        prompts = headline_prompts(backend, args.headlines, args.prompt_tokens)
+        prompt_lengths = [len(backend.prompt_ids(p)) for p in prompts]
+        result["prompt_tokens_mean"] = round(float(np.mean(prompt_lengths)), 1)
+
+        own = time_generation(backend, prompts, args.rollouts, args.new_tokens, "torch")
+        groups = own.pop("groups")
+        result["sampler"] = own
+        print(f"project sampler: {own['tokens_per_s']} output tokens/s ({own['output_tokens']} tokens in {own['seconds']} s)")
+        bandwidth = copy_bandwidth_gbs(device)
+        if bandwidth:
+            ideal = decode_roofline_s(args.shape, args.headlines * args.rollouts, prompt_lengths, args.new_tokens, bandwidth)
+            result.update(copy_bandwidth_gbs=bandwidth, roofline_s=round(ideal, 2), sampler_roofline_fraction=round(ideal / own["seconds"], 3))
+            print(f"decode roofline at {bandwidth} GB/s: {ideal:.2f} s; the sampler reaches {ideal / own['seconds']:.1%} of it")
+        if "hf_generate" not in skip:
+            hf = time_generation(backend, prompts, args.rollouts, args.new_tokens, "hf_generate")
+            result["hf_generate"] = hf
+            print(f"transformers generate: {hf['tokens_per_s']} output tokens/s")
+        reason = vllm_unavailable_reason()
+        if "vllm" in skip or reason:
+            result["vllm"] = {"skipped": "skipped by --skip" if "vllm" in skip else reason}
+            print(f"vLLM: not run ({result['vllm']['skipped']})")
+        else:
+            fast = time_generation(backend, prompts, args.rollouts, args.new_tokens, "vllm")
+            fast.pop("groups")
+            result["vllm"] = fast
+            result["sampler_vs_vllm"] = round(own["tokens_per_s"] / fast["tokens_per_s"], 3)
+            print(f"vLLM: {fast['tokens_per_s']} output tokens/s")
+        if not smoke:
+            result["sampler_vs_vllm_anchor"] = round(own["tokens_per_s"] / VLLM_ANCHOR_TOKENS_S, 3)
+        del backend
+        if "training" not in skip:
+            result.update(time_training(model_dir, device, prompts, groups, args.dpo_pairs))
+            print(f"GSPO on {result['gspo_rollouts']} rollouts: LoRA {result['gspo_lora_s']} s (peak {result['gspo_lora_peak_gib']} GiB), "
+                  f"full {result['gspo_full_s']} s (peak {result['gspo_full_peak_gib']} GiB); DPO on {result['dpo_pairs']} pairs: {result['dpo_s']} s")
+        if "judge" not in skip:
+            judge_backend = TorchBackend(model_dir, device=str(device))
+            result.update(time_judge(judge_backend, prompts, groups))
+            print(f"judge on {result['judge_groups']} groups of {args.rollouts}: {result['judge_s']} s")
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
