@@ -132,7 +132,16 @@ def _time_hf_generate(backend, prompts, n, config) -> dict:
     return {"seconds": round(seconds, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)}
 
 
-def time_training(model_dir, device, prompts, groups, pairs_wanted: int) -> dict:
+def note_texts(backend, groups) -> list[list[str]]:
+    """The rollouts as text of their full length: a random-weight model samples ids across the whole
+    151,936 vocabulary, most beyond the fixture tokenizer's few thousand (they decode to nothing), so
+    each id is folded into the tokenizer's range first. The judge and DPO then see notes of the
+    sampled length, as with a real model."""
+    size = len(backend.tokenizer)
+    return [[backend.decode([5 + t % (size - 7) for t in s.token_ids]) for s in g] for g in groups]  # no special or think ids
+
+
+def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) -> dict:
     from outcome_flywheel.daily_rl.rewards import group_advantages
     from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
     from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
@@ -157,7 +166,7 @@ def time_training(model_dir, device, prompts, groups, pairs_wanted: int) -> dict
         out[f"gspo_{name}_peak_gib"] = _peak_gib(device)
         out[f"gspo_{name}_finite"] = bool(np.isfinite(stats.losses).all())
         del policy
-    texts = [s.text for g in groups for s in g]
+    texts = [t for g in texts for t in g]
     pairs = [PreferencePair(prompts[i % len(prompts)], texts[(2 * i) % len(texts)], texts[(2 * i + 1) % len(texts)], float(rng.uniform(0.3, 1.5)))
              for i in range(pairs_wanted)]
     policy = TorchBackend(model_dir, device=str(device))
@@ -170,13 +179,13 @@ def time_training(model_dir, device, prompts, groups, pairs_wanted: int) -> dict
     return out
 
 
-def time_judge(backend, prompts, groups) -> dict:
+def time_judge(backend, prompts, texts) -> dict:
     from outcome_flywheel.daily_rl.judge import Judge
     from outcome_flywheel.daily_rl.judging import JudgeGroup
 
     judge = Judge()
-    jgroups = [JudgeGroup(p[-1]["content"].splitlines()[0], ["Shares moved 2% the next day"], [s.text for s in g][:8], seed=i)
-               for i, (p, g) in enumerate(zip(prompts, groups))]
+    jgroups = [JudgeGroup(p[-1]["content"].splitlines()[0], ["Shares moved 2% the next day"], g[:8], seed=i)
+               for i, (p, g) in enumerate(zip(prompts, texts))]
     _sync(backend.device)
     started = time.perf_counter()
     judged = judge.rank(backend, jgroups)
@@ -184,6 +193,26 @@ def time_judge(backend, prompts, groups) -> dict:
     return {"judge_groups": len(jgroups), "judge_s": round(time.perf_counter() - started, 2),
             "judge_notes_truncated": int(sum(sum(j.truncated(k) for k in range(len(j.ranks))) for j in judged)),
             "judge_max_prompt_tokens": max(j.prompt_tokens for j in judged)}
+
+
+def profile_samplers(backend, prompts, n, steps) -> dict:
+    """Where a decode step's time goes, the project's sampler against `generate` (the top kernels and CPU ops)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if backend.device.type == "cuda" else [])
+    out = {}
+    for sampler in ("torch", "hf_generate"):
+        time_generation(backend, prompts, n, 4, sampler)  # warm-up
+        with profile(activities=activities) as prof:
+            timed = time_generation(backend, prompts, n, steps, sampler)
+        timed.pop("groups", None)
+        out[sampler] = timed
+        sort = "self_cuda_time_total" if backend.device.type == "cuda" else "self_cpu_time_total"
+        print(f"== {sampler}: {timed}")
+        print(prof.key_averages().table(sort_by=sort, row_limit=14, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8, max_name_column_width=60))
+    print(json.dumps(out))
+    return out
 
 
 def main(argv=None) -> dict:
@@ -195,6 +224,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--dpo-pairs", type=int, default=200)
+    parser.add_argument("--profile-steps", type=int, default=0, help="profile this many decode steps of each sampler (torch.profiler) and stop")
     parser.add_argument("--skip", default="", help="comma list of parts to skip: hf_generate,vllm,training,judge")
     args = parser.parse_args(argv)
 
@@ -225,8 +255,11 @@ def main(argv=None) -> dict:
         prompt_lengths = [len(backend.prompt_ids(p)) for p in prompts]
         result["prompt_tokens_mean"] = round(float(np.mean(prompt_lengths)), 1)
 
+        if args.profile_steps:
+            return profile_samplers(backend, prompts, args.rollouts, args.profile_steps)
         own = time_generation(backend, prompts, args.rollouts, args.new_tokens, "torch")
         groups = own.pop("groups")
+        texts = note_texts(backend, groups)
         result["sampler"] = own
         print(f"project sampler: {own['tokens_per_s']} output tokens/s ({own['output_tokens']} tokens in {own['seconds']} s)")
         bandwidth = copy_bandwidth_gbs(device)
@@ -252,12 +285,12 @@ def main(argv=None) -> dict:
             result["sampler_vs_vllm_anchor"] = round(own["tokens_per_s"] / VLLM_ANCHOR_TOKENS_S, 3)
         del backend
         if "training" not in skip:
-            result.update(time_training(model_dir, device, prompts, groups, args.dpo_pairs))
+            result.update(time_training(model_dir, device, prompts, groups, texts, args.dpo_pairs))
             print(f"GSPO on {result['gspo_rollouts']} rollouts: LoRA {result['gspo_lora_s']} s (peak {result['gspo_lora_peak_gib']} GiB), "
                   f"full {result['gspo_full_s']} s (peak {result['gspo_full_peak_gib']} GiB); DPO on {result['dpo_pairs']} pairs: {result['dpo_s']} s")
         if "judge" not in skip:
             judge_backend = TorchBackend(model_dir, device=str(device))
-            result.update(time_judge(judge_backend, prompts, groups))
+            result.update(time_judge(judge_backend, prompts, texts))
             print(f"judge on {result['judge_groups']} groups of {args.rollouts}: {result['judge_s']} s")
     print(json.dumps(result))
     return result

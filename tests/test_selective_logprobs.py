@@ -126,10 +126,8 @@ def test_torch_token_kl_equals_plain(wide_model):
         assert (want > 0).all()  # the perturbation moved the policy: the comparison is not of zeros
 
 
-mx = pytest.importorskip("mlx.core", reason="mlx is not installed")
-
-
 def test_mlx_selective_and_chunked_logprobs_equal_plain_with_gradients():
+    mx = pytest.importorskip("mlx.core", reason="mlx is not installed")
     import mlx.nn as nn
 
     from outcome_flywheel.models.mlx import logprobs as mlp
@@ -162,6 +160,7 @@ def test_mlx_selective_and_chunked_logprobs_equal_plain_with_gradients():
 
 
 def test_mlx_teacher_forcing_and_kl_equal_plain_at_wide_vocabulary(wide_model):
+    mx = pytest.importorskip("mlx.core", reason="mlx is not installed")
     from outcome_flywheel.models.mlx import logprobs as mlp
     from outcome_flywheel.models.mlx.backend import MLXBackend
 

@@ -17,7 +17,7 @@ import torch
 from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
 from outcome_flywheel.models.segments import flatten_segments
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
-from outcome_flywheel.models.torch.sampling import left_padded, sample_batch
+from outcome_flywheel.models.torch.sampling import attention_kernels, left_padded, sample_batch
 from outcome_flywheel.models.torch.training import FRAMEWORK
 from outcome_flywheel.models.torch.vllm_sampling import SAMPLERS, VLLMEngine, needs_teacher_forcing, require_vllm
 
@@ -130,7 +130,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         if shared_prefix:
             return self.shared_prefix_logprobs(prompt_ids, response_ids, temperature)
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
-        with self.autocast():
+        with self.autocast(), attention_kernels(self.device):
             hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention).last_hidden_state
         rows, cols, targets, mask = self._response_layout(prompt_ids, response_ids)
         flat = token_logprobs(hidden[rows, cols], self._head, targets, temperature, self.vocab_size)
@@ -142,7 +142,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         """Same result as `batch_logprobs` (`(logp, mask)`, `[B, T]`), computing each distinct prompt
         once: the prompts run left-padded with a KV cache, the cache rows are gathered per response
         (differentiable indexing), then the responses run on top of it."""
-        with self.autocast():
+        with self.autocast(), attention_kernels(self.device):
             hidden, responses, mask = self._shared_prefix_hidden(prompt_ids, response_ids)
         flat = token_logprobs(hidden[mask], self._head, responses[mask], temperature, self.vocab_size)
         return self._scatter_rows(flat, mask), mask
@@ -232,7 +232,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         """Final hidden states at the positions that predict each response token, `[sum |r|, H]`,
         rows in order (response 0's tokens, then response 1's...)."""
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
-        with self.autocast():
+        with self.autocast(), attention_kernels(self.device):
             hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention).last_hidden_state
         rows, cols, _, _ = self._response_layout(prompt_ids, response_ids)
         return hidden[rows, cols]

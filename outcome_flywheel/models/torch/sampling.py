@@ -8,6 +8,7 @@ temperature T reproduces (`batch_logprobs(..., temperature=T)`) and GSPO's pi_ol
 
 from __future__ import annotations
 
+import contextlib
 from typing import Sequence
 
 import torch
@@ -26,6 +27,18 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     # to the host first: MPS has no float64 (keep_thresholds works in float64 on the host)
     threshold = torch.from_numpy(keep_thresholds(top.float().cpu().numpy(), top_p)).to(logits.dtype).to(logits.device)
     return logits.masked_fill(logits < threshold[:, None], float("-inf"))
+
+
+def attention_kernels(device: torch.device):
+    """Scaled-dot-product attention without cuDNN's kernel on CUDA: cuDNN builds an execution plan
+    for every new key length, ~3 ms of CPU per layer call in a decode loop (measured on an H100,
+    benchmarks/gpu.py --profile-steps), which made decoding CPU-bound. Flash / memory-efficient
+    attention need no plan. A no-op elsewhere."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def left_padded(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -53,6 +66,12 @@ def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConf
         for i, j in rows
     ]).to(backend.device) if cfg.temperature > 0 else None
 
+    with attention_kernels(backend.device):
+        return _decode(backend, prompt_ids, rows, n, cfg, input_ids, attention, positions, uniforms)
+
+
+def _decode(backend, prompt_ids, rows, n, cfg, input_ids, attention, positions, uniforms) -> list[list[Sample]]:
+    pad = backend.tokenizer.pad_token_id
     # The prompt is run once, then its KV cache is copied to its n samples.
     outputs = backend.model(
         input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
@@ -104,6 +123,7 @@ def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConf
         outputs = backend.model(
             input_ids=chosen[:, None], attention_mask=attention, position_ids=next_pos,
             past_key_values=past, use_cache=True, logits_to_keep=1,
+            cache_position=torch.full((1,), attention.shape[1] - 1, dtype=torch.long, device=backend.device),
         )
         past = outputs.past_key_values
         logits = outputs.logits[:, -1, :].float()
