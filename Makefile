@@ -11,7 +11,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 
 LOCK := requirements.lock
 
-.PHONY: setup demo test ui clean lock
+.PHONY: setup setup-vllm demo test ui clean lock
 
 setup: $(STAMP) .dagster/dagster.yaml
 
@@ -44,6 +44,12 @@ lock:
 	  echo "# Resolved on $$(uname -sm), Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())')."; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable | sed -E 's/^(torch==[0-9.]+)\+[a-z0-9]+$$/\1/'; } > $(LOCK).tmp
 	mv $(LOCK).tmp $(LOCK) && rm -rf .venv-lock
+
+# CUDA machines only: vLLM as the rollout engine (FLYWHEEL_SAMPLER=vllm, docs/gpu.md). vLLM pins its
+# own torch build, so it is installed outside $(LOCK) (which CI resolves on CPU machines).
+setup-vllm: setup
+	@$(if $(HAS_CUDA),,echo "setup-vllm: vLLM needs CUDA and this machine has none" >&2; exit 2)
+	$(PIP) install -q -e ".[vllm]"
 
 .dagster/dagster.yaml: scripts/dagster.yaml | $(STAMP)
 	mkdir -p .dagster

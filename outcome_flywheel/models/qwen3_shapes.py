@@ -83,16 +83,24 @@ def model_config(shape: str, tokenizer):
     return Qwen3Config(**fields, bos_token_id=pad, eos_token_id=eos, pad_token_id=pad)
 
 
-def build_model(out_dir: str | Path, shape: str, dtype: str = "float32", device: str = "cpu", seed: int = 0) -> Path:
+def build_model(
+    out_dir: str | Path, shape: str, dtype: str = "float32", device: str = "cpu", seed: int = 0, fill_vocab: bool = False,
+) -> Path:
     """Write a randomly initialised model of `shape` with the fixture tokenizer into `out_dir` (a
     Hugging Face folder both backends load). Initialised on `device` in `dtype` (bf16 on CUDA for
-    qwen3-0.6b: 0.6B parameters initialise in seconds there)."""
+    qwen3-0.6b: 0.6B parameters initialise in seconds there). `fill_vocab`: give every id of the
+    shape's vocabulary a token (`<rN>`), so whatever the random model samples decodes to text (the
+    Dagster assets check that the base model writes text); it makes loading the tokenizer slower."""
     import torch
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = qwen3_tokenizer()
+    if fill_vocab and SHAPES[shape]["vocab_size"]:
+        from tokenizers import AddedToken
+
+        tokenizer.add_tokens([AddedToken(f"<r{i}>", normalized=False) for i in range(SHAPES[shape]["vocab_size"] - len(tokenizer))])
     config = model_config(shape, tokenizer)
     torch.manual_seed(seed)
     with torch.device(device):

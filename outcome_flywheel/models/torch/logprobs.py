@@ -46,11 +46,12 @@ def _chunk_logprobs(head: Head, hidden: torch.Tensor, targets: torch.Tensor, tem
 
 def token_logprobs(
     hidden: torch.Tensor, head: Head, targets: torch.Tensor, temperature: float = 1.0, vocab_size: int | None = None,
-    chunk_elements: int = CHUNK_ELEMENTS,
+    chunk_elements: int = CHUNK_ELEMENTS, module: torch.nn.Module | None = None,
 ) -> torch.Tensor:
     """Log-prob of each target token `[N]` from the hidden states that predict it (`hidden [N, H]`,
     `targets [N]`), at `temperature`. Differentiable; under autograd each chunk's logits are
-    recomputed in the backward pass instead of being kept."""
+    recomputed in the backward pass instead of being kept. (`module` is for the mlx mirror's
+    checkpoint, which needs the parameters named; torch's autograd finds them itself.)"""
     if hidden.shape[0] == 0:
         return hidden.new_zeros(0, dtype=torch.float32)
     vocab_size = vocab_size or head(hidden[:1]).shape[-1]
