@@ -1,6 +1,6 @@
 """Generation benchmark: the same prompts and sample count, one sample at a time vs batched.
 
-    python -m benchmarks.generation [--prompts 30] [--samples 8] [--max-new-tokens 64]
+    python -m benchmarks.generation [--prompts 30] [--samples 8] [--max-new-tokens 64] [--shape qwen3-0.6b]
 
 The default is one daily partition's load: 30 headlines x 8 notes. Batching gains more the
 more rows share a step, so fewer prompts give a smaller ratio (both are in the README).
@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,6 +25,7 @@ import torch
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.models.qwen3_shapes import SHAPES, benchmark_model
 from outcome_flywheel.models.tiny_local import TinyLocalConfig, ensure_tiny_local
 
 HEADLINES = [
@@ -50,10 +53,21 @@ def main() -> dict:
     parser.add_argument("--prompts", type=int, default=30)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--shape", choices=sorted(SHAPES), help="a random-weight model of this shape instead of FLYWHEEL_BASE_MODEL "
+                        "(qwen3-0.6b: Qwen3-0.6B's exact configuration, bf16 on CUDA); for speed figures only")
     args = parser.parse_args()
 
     resource = ModelLoader.from_env()
-    backend = resource.load(model_path=base_model_path(resource))
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.shape:
+            resource = replace(resource, base_model=f"random {args.shape}")
+            backend = resource.load(model_path=benchmark_model(Path(tmp) / args.shape, args.shape))
+        else:
+            backend = resource.load(model_path=base_model_path(resource))
+        return run(backend, resource, args)
+
+
+def run(backend, resource: ModelLoader, args) -> dict:
     # Distinct prompts (the headline number makes each one its own), as a day's headlines are.
     prompts = [
         trading_note_messages(f"{HEADLINES[i % len(HEADLINES)][0]} ({i + 1})", HEADLINES[i % len(HEADLINES)][1])

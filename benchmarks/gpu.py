@@ -228,7 +228,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--skip", default="", help="comma list of parts to skip: hf_generate,vllm,training,judge")
     args = parser.parse_args(argv)
 
-    from outcome_flywheel.models.qwen3_shapes import build_model
+    from outcome_flywheel.models.qwen3_shapes import benchmark_model
     from outcome_flywheel.models.torch.backend import TorchBackend
     from outcome_flywheel.models.torch.vllm_sampling import vllm_unavailable_reason
 
@@ -248,7 +248,7 @@ def main(argv=None) -> dict:
     }
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        model_dir = build_model(Path(tmp) / args.shape, args.shape, dtype="bfloat16" if cuda else "float32", device=str(device))
+        model_dir = benchmark_model(Path(tmp) / args.shape, args.shape)
         result["build_s"] = round(time.perf_counter() - started, 1)
         backend = TorchBackend(model_dir, device=str(device))
         prompts = headline_prompts(backend, args.headlines, args.prompt_tokens)

@@ -14,7 +14,6 @@ from tests.mlx_fixtures import require_mlx
 
 require_mlx()
 
-from outcome_flywheel.models import ModelLoader  # noqa: E402
 from resources.models import ModelBackendResource  # noqa: E402
 
 DAY1, DAY2 = "2025-11-03", "2025-11-04"

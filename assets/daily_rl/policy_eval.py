@@ -6,7 +6,7 @@ import pandas as pd
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.ab_stats import COLUMNS as COMPARISON_COLUMNS
-from outcome_flywheel.daily_rl.evaluation import PREFERENCE_COLUMNS, evaluate_day, judge_preferences
+from outcome_flywheel.daily_rl.evaluation import evaluate_day, judge_preferences
 from outcome_flywheel.daily_rl.judge import Judge
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.storage import Warehouse

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-from outcome_flywheel.daily_rl.judging import GroupJudgement, JudgeGroup, judge_groups, select_outcome_headlines, stable_seed
+from outcome_flywheel.daily_rl.judging import GroupJudgement, JudgeGroup, judge_groups, select_outcome_headlines
 from outcome_flywheel.models import ModelBackend, ModelLoader
 
 

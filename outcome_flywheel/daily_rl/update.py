@@ -30,7 +30,7 @@ from outcome_flywheel.daily_rl.loop import (
     sampling_temperature, score_table, training_examples,
 )
 from outcome_flywheel.daily_rl.rewards import RewardConfig
-from outcome_flywheel.models import LoraSettings, ModelLoader
+from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.models.gspo_config import GSPOConfig
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.sampling import logprob_tolerance as logprob_tolerance_for

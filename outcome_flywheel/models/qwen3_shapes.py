@@ -128,3 +128,12 @@ def kv_bytes_per_token(shape: str, bytes_per_value: int = 2) -> int:
     """KV-cache bytes one token of context holds (keys and values, every layer)."""
     s = SHAPES[shape]
     return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * s["head_dim"] * bytes_per_value
+
+
+def benchmark_model(out_dir: str | Path, shape: str) -> Path:
+    """`--shape` of the benchmarks: the shape built with random weights in bf16 on CUDA (fp32 on the
+    CPU, where bf16 has no fast path). For speed and memory figures only."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    return build_model(out_dir, shape, dtype="bfloat16" if cuda else "float32", device="cuda" if cuda else "cpu")

@@ -25,7 +25,7 @@ import hashlib
 import json
 import math
 from collections import defaultdict
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
