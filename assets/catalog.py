@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 import dagster as dg
 
 from assets.daily_rl.catalog import EVALUATION_COLUMNS
+from assets.feedback.catalog import FEEDBACK_TABLE_COLUMNS
 
 OWNERS = ["team:ml"]
 TABLE_KINDS = {"parquet", "duckdb"}  # a table: Parquet files per partition + one DuckDB view over them
@@ -240,6 +241,7 @@ COLUMNS["baseline_rollouts"] = {
     "behavior_logprobs": ("list<float>", "Per-token log-probs under the base model at the sampling temperature."),
 }
 COLUMNS.update(EVALUATION_COLUMNS)
+COLUMNS.update(FEEDBACK_TABLE_COLUMNS)
 
 
 def column_schema(table: str, columns: Iterable[str] | None = None) -> dg.TableSchema:

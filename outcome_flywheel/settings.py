@@ -169,7 +169,7 @@ RULES: dict[str, Rule] = {
 # Paths and model names: no closed set; they are checked where they are used (with their name).
 FREE_FORM = (
     "FLYWHEEL_DATA_DIR", "FLYWHEEL_BASE_MODEL", "FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_JUDGE_MODEL",
-    "FLYWHEEL_AUDIT_LOG", "FLYWHEEL_PRICES_FILE",
+    "FLYWHEEL_AUDIT_LOG", "FLYWHEEL_PRICES_FILE", "FLYWHEEL_FEEDBACK_LOG",
 )
 
 

@@ -15,7 +15,7 @@ from pipelines.resources import core_resources  # noqa: E402
 
 # Each area exposes its own `defs` (assets, checks, jobs, schedules, sensors, and the
 # resources only it uses) in `pipelines/<area>.py`.
-AREAS = ("pipelines.daily_rl", "pipelines.preferences")
+AREAS = ("pipelines.daily_rl", "pipelines.preferences", "pipelines.feedback")
 
 
 def _area_defs() -> list[dg.Definitions]:
