@@ -76,6 +76,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "judge_note_tokens": ("int", "The note's length in tokens, whitespace collapsed (0 when the judge was not asked)."),
         "judge_shown_tokens": ("int", "Tokens of the note the judge saw: its fair share of the judge's prompt budget."),
         "judge_truncated": ("bool", "The note was cut to fit the judge's prompt budget."),
+        "human_signal": ("float", "People's thumbs/stars on the note in [0, 1] (note_feedback of the notes' day, mean), when it has any: the `human` reward signal."),
     },
     "policy_training": {
         "date": ("string", "Partition day D."),

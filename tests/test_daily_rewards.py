@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from outcome_flywheel.daily_rl.rewards import group_advantages, mixed_reward, rank_reward
+from outcome_flywheel.daily_rl.rewards import RewardConfig, group_advantages, mixed_reward, rank_reward
 from outcome_flywheel.daily_rl.structure import sections_present, structure_score
 from outcome_flywheel.models.prompts import NOTE_SECTIONS
 
@@ -63,10 +63,39 @@ def test_reward_config_weighs_named_signals_and_clips():
     assert only_structure.combine({"structure": 1.0, "judge_rank": 0.3}) == pytest.approx(0.8)  # clipped
     assert RewardConfig(weights={"structure": 2.0, "judge_rank": -1.0}, clip_min=-1.0, clip_max=2.0).combine(
         {"structure": 0.5, "judge_rank": 1.0}) == pytest.approx(0.0)
-    assert RewardConfig().describe() == {"reward_weights": '{"judge_rank": 0.5, "structure": 0.5}', "reward_clip": "[0.0, 1.0]"}
+    assert RewardConfig().describe() == {"reward_weights": '{"human": 0.5, "judge_rank": 0.5, "structure": 0.5}', "reward_clip": "[0.0, 1.0]"}
     for bad in (dict(weights={"price": 1.0}), dict(weights={"structure": 0.0}), dict(clip_min=1.0, clip_max=0.0),
                 dict(weights={"structure": float("nan")})):
         with pytest.raises(ValueError):
             RewardConfig(**bad)
     with pytest.raises(ValueError):
         RewardConfig().combine({"structure": 1.0})  # a weighted signal is missing
+
+
+def test_the_human_signal_joins_only_where_people_rated_the_note():
+    config = RewardConfig()
+    # no feedback: exactly the reward without the human signal
+    assert config.combine({"structure": 0.6, "judge_rank": 0.2}) == pytest.approx(0.4)
+    assert config.combine({"structure": 0.6, "judge_rank": 0.2, "human": None}) == pytest.approx(0.4)
+    # rated: the weighted mean of the three, on the same [0, 1] scale
+    assert config.combine({"structure": 0.6, "judge_rank": 0.2, "human": 1.0}) == pytest.approx((0.3 + 0.1 + 0.5) / 1.5)
+    assert config.combine({"structure": 0.6, "judge_rank": 0.2, "human": 0.0}) == pytest.approx((0.3 + 0.1) / 1.5)
+    with pytest.raises(ValueError, match="outside"):
+        config.combine({"structure": 0.6, "judge_rank": 0.2, "human": 2.0})
+    assert RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5}).combine({"structure": 1, "judge_rank": 1, "human": 0.0}) == 1.0
+
+
+def test_score_table_takes_the_human_signal_of_rated_notes():
+    import pandas as pd
+
+    from outcome_flywheel.daily_rl.judging import GroupJudgement, JudgeGroup
+    from outcome_flywheel.daily_rl.loop import ScoringInput, score_table
+
+    frame = pd.DataFrame({"rollout_index": [0, 1], "structure_score": [1.0, 1.0]})
+    inputs = ScoringInput(groups=[JudgeGroup("Oil rises", ["Oil up 2%"], ["a", "b"], seed=1)], keys=["h1"], frames=[frame])
+    judged = [GroupJudgement(ranks=[1, 2], picks=[0, 1], rounds_answered=1)]
+    plain = score_table(inputs, judged, "2025-11-05", "2025-11-04", "2025-11-05")
+    rated = score_table(inputs, judged, "2025-11-05", "2025-11-04", "2025-11-05", human={("h1", 1): 1.0})
+    assert list(plain["reward"]) == pytest.approx([1.0, 0.5]) and plain["human_signal"].isna().all()
+    assert list(rated["reward"]) == pytest.approx([1.0, (0.5 + 0.0 + 0.5) / 1.5])  # people liked the judge's loser
+    assert rated["human_signal"].iloc[1] == 1.0 and pd.isna(rated["human_signal"].iloc[0])

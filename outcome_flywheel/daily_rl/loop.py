@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, replace
 from datetime import date, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -44,7 +44,7 @@ SCORE_COLUMNS = [
     "outcome_reward", "structure_score", "reward", "advantage", "usable", "unusable_reason", "judge_retries",
     "judge_fallback", "judge_rounds_answered", "judge_first_position", "judge_presentation", "judge_answers",
     "outcome_headlines_shown", "reward_weights", "reward_clip", "judge_note_tokens", "judge_shown_tokens",
-    "judge_truncated",
+    "judge_truncated", "human_signal",
 ]
 # How rollouts are sampled. `behavior_logprobs` are log-softmax(logits / temperature) of the
 # sampled tokens (before top-k / top-p), and GSPO trains at the same temperature.
@@ -218,7 +218,7 @@ def judge_inputs(rollouts: pd.DataFrame, outcome_titles: Sequence[str], select_o
 
 def score_table(
     inputs: ScoringInput, judgements: Sequence[GroupJudgement], day: str, prediction_date: str, outcome_date: str,
-    reward: RewardConfig | None = None,
+    reward: RewardConfig | None = None, human: Mapping[tuple[str, int], float] | None = None,
 ) -> pd.DataFrame:
     """rollout_scores rows: rank -> rank reward, the configured weighted sum of the signals (default
     0.5 structure + 0.5 rank reward, clipped to [0, 1]), group advantages; every row records the
@@ -226,9 +226,11 @@ def score_table(
 
     Notes the judge never placed (it failed a round) share one rank reward (`rank_rewards`).
     Unusable groups (the judge never answered, or there was nothing to judge against) keep their
-    rows with advantage 0 and the reason.
+    rows with advantage 0 and the reason. `human`: (headline_id, rollout_index) -> the note's human
+    signal in [0, 1], for the notes people rated (the `human` reward signal).
     """
     reward_config = reward or RewardConfig()
+    human = human or {}
     recorded = reward_config.describe()
     rows = []
     for group, key, frame, judgement in zip(inputs.groups, inputs.keys, inputs.frames, judgements):
@@ -237,7 +239,8 @@ def score_table(
         n = len(judgement.ranks)
         structure = [float(s) for s in frame["structure_score"]]
         outcome = rank_rewards(judgement, rank_reward)
-        rewards = [reward_config.combine({"structure": s, "judge_rank": o}) for s, o in zip(structure, outcome)]
+        people = [human.get((key, int(i))) for i in frame["rollout_index"]]
+        rewards = [reward_config.combine({"structure": s, "judge_rank": o, "human": h}) for s, o, h in zip(structure, outcome, people)]
         advantage = group_advantages(rewards) if judgement.usable else np.zeros(n)
         placed = set(judgement.picks)
         for k, rollout_index in enumerate(frame["rollout_index"]):
@@ -252,7 +255,7 @@ def score_table(
                 outcome_headlines_shown=json.dumps(group.outcome_headlines), **recorded,
                 judge_note_tokens=int(judgement.note_tokens[k]) if judgement.note_tokens else 0,
                 judge_shown_tokens=int(judgement.shown_tokens[k]) if judgement.shown_tokens else 0,
-                judge_truncated=judgement.truncated(k),
+                judge_truncated=judgement.truncated(k), human_signal=people[k],
             ))
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 

@@ -120,7 +120,18 @@ def score_previous_rollouts(
     judge_backend = judge.load(models)
     inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
     judgements = judge.rank(judge_backend, inputs.groups)
-    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward)
+    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human_signals(warehouse, prediction_day))
+
+
+def human_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, int], float]:
+    """(headline_id, rollout_index) -> mean human score of the notes people rated, from
+    note_feedback(D-1) as it stands when D is scored (no declared dependency: note_feedback reads
+    rollouts, so a declared one would close a cycle; re-run D to take later feedback in)."""
+    if not warehouse.exists("note_feedback", prediction_day):
+        return {}
+    rated = warehouse.read("note_feedback", prediction_day).dropna(subset=["human_score"])
+    means = rated.groupby(["headline_id", "rollout_index"])["human_score"].mean()
+    return {(str(h), int(i)): float(v) for (h, i), v in means.items()}
 
 
 def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
