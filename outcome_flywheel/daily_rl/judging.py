@@ -156,7 +156,7 @@ class GroupJudgement:
     skipped: str = ""  # why the judge was not asked at all (e.g. no outcome headlines)
     note_tokens: list[int] = field(default_factory=list)  # each note's length in tokens
     shown_tokens: list[int] = field(default_factory=list)  # what the prompt budget let the judge see
-    prompt_tokens: int = 0  # the longest prompt this group was asked with
+    prompt_tokens: int = 0  # the longest prompt this group can be asked with (every note shown, either wording)
 
     def truncated(self, candidate: int) -> bool:
         return bool(self.note_tokens) and self.shown_tokens[candidate] < self.note_tokens[candidate]
@@ -323,19 +323,24 @@ def judge_groups(
         return judge_messages(group.prediction_headline, group.outcome_headlines, shown, context_heading=group.context_heading,
                               max_candidate_chars=None, strict=strict)
 
+    def prompt_length(group: JudgeGroup, shown: list[str]) -> int:
+        # the longer of the two wordings: the sampled ask (thinking as configured) and the greedy
+        # retry (never thinking: its prompt closes an empty think block), so both fit the budget
+        return max(len(backend.prompt_ids(render(group, shown, False), enable_thinking)),
+                   len(backend.prompt_ids(render(group, shown, True), False)))
+
     cuts: dict[int, list[NoteCut]] = {}
+    longest: dict[int, int] = {}  # round one shows every note: no later prompt is longer
     budget = prompt_budget(prompt_tokens, backend.context_length, max_new_tokens) if asked else 0
     for g in asked:
         group = groups[g]
-        overhead = len(backend.prompt_ids(render(group, [""] * len(group.candidates), False), enable_thinking))
+        overhead = prompt_length(group, [""] * len(group.candidates))
         cuts[g] = cut_notes(group.candidates, budget - overhead, backend.text_ids, backend.decode)
-    longest: dict[int, int] = {}
+        longest[g] = prompt_length(group, [c.text for c in cuts[g]])
 
     def messages(req: JudgeRequest, strict: bool):
         g = asked[req.group]
-        prompt = render(groups[g], [cuts[g][i].text for i in req.remaining], strict)  # relabelled A.. in this order
-        longest[g] = max(longest.get(g, 0), len(backend.prompt_ids(prompt, enable_thinking and not strict)))
-        return prompt
+        return render(groups[g], [cuts[g][i].text for i in req.remaining], strict)  # relabelled A.. in this order
 
     def ask(requests: list[JudgeRequest], strict: bool) -> list[str]:
         prompts = [messages(r, strict) for r in requests]
@@ -357,6 +362,6 @@ def judge_groups(
     for g, judgement in zip(asked, judged):
         judgement.note_tokens = [c.tokens for c in cuts[g]]
         judgement.shown_tokens = [c.shown_tokens for c in cuts[g]]
-        judgement.prompt_tokens = longest.get(g, 0)
+        judgement.prompt_tokens = longest[g]
         out[g] = judgement
     return out

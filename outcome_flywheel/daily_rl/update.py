@@ -30,6 +30,7 @@ from outcome_flywheel.daily_rl.loop import (
     sampling_temperature, score_table, training_examples,
 )
 from outcome_flywheel.daily_rl.rewards import RewardConfig
+from outcome_flywheel.feedback.curation import note_ratings
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.models.gspo_config import GSPOConfig
 from outcome_flywheel.models.prompts import trading_note_messages
@@ -129,9 +130,8 @@ def human_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, 
     rollouts, so a declared one would close a cycle; re-run D to take later feedback in)."""
     if not warehouse.exists("note_feedback", prediction_day):
         return {}
-    rated = warehouse.read("note_feedback", prediction_day).dropna(subset=["human_score"])
-    means = rated.groupby(["headline_id", "rollout_index"])["human_score"].mean()
-    return {(str(h), int(i)): float(v) for (h, i), v in means.items()}
+    ratings = note_ratings(warehouse.read("note_feedback", prediction_day))
+    return {(str(h), int(i)): float(v) for h, i, v in zip(ratings["headline_id"], ratings["rollout_index"], ratings["rating"])}
 
 
 def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
