@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from outcome_flywheel.settings import DEFAULTS, FREE_FORM, RULES, SettingsError, settings_problems
+from outcome_flywheel.settings import DEFAULTS, FREE_FORM, RULES, SECRETS, SettingsError, settings_problems
 
 PROG = "flywheel"
 # Loggers of the libraries a command may load; kept at ERROR unless --verbose.
@@ -86,36 +86,10 @@ def style_score(
     style_match_score = sigmoid(beta * margin): P(operator prefers the plan to holding)
     (outcome_flywheel/preferences/scoring.py). `available` is false when no adapter exists yet; a
     given `adapter_path` that does not exist raises FileNotFoundError."""
-    from outcome_flywheel.models import ModelLoader
-    from outcome_flywheel.preferences.audit_log import Order
-    from outcome_flywheel.preferences.metrics import style_comment
-    from outcome_flywheel.preferences.scoring import score_candidates, scoring_settings
-    from outcome_flywheel.preferences.status import adapter_context_keys, latest_adapter_dir
-    from outcome_flywheel.preferences.weighting import render_plan, render_prompt
+    from outcome_flywheel.preferences.scorer import StyleScorer
     from outcome_flywheel.storage import Warehouse
 
-    orders = [Order.model_validate(o).model_dump(mode="json") for o in orders]  # same validation as the log
-    if adapter_path:
-        adapter = Path(adapter_path).expanduser().resolve()
-        if not adapter.is_dir():
-            raise FileNotFoundError(f"adapter folder {adapter} does not exist")
-    else:
-        adapter = latest_adapter_dir(warehouse or Warehouse.from_env())
-    if adapter is None or not adapter.exists():
-        return {"available": False, "style_match_score": None, "margin_logp": None,
-                "comment": style_comment(float("nan")), "adapter_path": None}
-    if not (adapter / "adapter_config.json").exists():
-        raise FileNotFoundError(f"{adapter} is not a preference adapter folder (no adapter_config.json)")
-    backend = (model_backend or ModelLoader.from_env()).load(adapter_path=adapter)
-    prompt = render_prompt(context or {}, text, adapter_context_keys(adapter))
-    margin, score = score_candidates(backend, [prompt], [render_plan(orders)], *scoring_settings(adapter))
-    return {
-        "available": True,
-        "style_match_score": round(float(score[0]), 6),
-        "margin_logp": round(float(margin[0]), 6),
-        "comment": style_comment(float(score[0])),
-        "adapter_path": str(adapter),
-    }
+    return StyleScorer(warehouse or Warehouse.from_env(), model_backend).score(orders, context, text, adapter_path)
 
 
 # -- input checks ----------------------------------------------------------------------------------
@@ -277,7 +251,7 @@ def cmd_check_settings(args: argparse.Namespace) -> int:
     set_here = sorted(n for n in KNOWN_VARIABLES if os.environ.get(n))
     print(f"settings ok: {len(set_here)} FLYWHEEL_* variable{'s' if len(set_here) != 1 else ''} set, the rest at their defaults")
     for name in set_here:
-        print(f"  {name}={os.environ[name]}")
+        print(f"  {name}={'<hidden>' if name in SECRETS else os.environ[name]}")
     return 0
 
 

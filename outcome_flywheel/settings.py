@@ -33,6 +33,8 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_MIN_HEADLINES": "1",
     "FLYWHEEL_OUTCOME_HORIZON": "1",
     "FLYWHEEL_OUTCOME_COST_BPS": "10",
+    "FLYWHEEL_API_HOST": "127.0.0.1",
+    "FLYWHEEL_API_PORT": "8765",
 }
 
 
@@ -161,6 +163,15 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_OUTCOME_COST_BPS": Rule("a number >= 0 (basis points, round trip), e.g. 10", _non_negative_number),
     "FLYWHEEL_MIN_NEW_PAIRS": integer(1),
     "FLYWHEEL_TRAIN_COOLDOWN_S": integer(0),
+    "FLYWHEEL_API_HOST": Rule(
+        "an IP address or host name to bind the service to, e.g. 127.0.0.1 (loopback, the default) or 0.0.0.0 (every interface)",
+        lambda v: None if re.fullmatch(r"[A-Za-z0-9.:-]+", v) else "not an address or host name",
+    ),
+    "FLYWHEEL_API_PORT": integer(1, 65535),
+    "FLYWHEEL_API_TOKEN": Rule(
+        "at least 16 characters without spaces (the service's bearer token; unset = one made at start and printed)",
+        lambda v: None if len(v) >= 16 and not any(c.isspace() for c in v) else "too short or has spaces",
+    ),
     "FLYWHEEL_PREFERENCE_CONTEXT": Rule(
         "comma-separated decision-context keys (letters, digits, _), `note` for the proposal's note, `*` for all, e.g. regime,note",
         lambda v: None if all(re.fullmatch(r"\*|[A-Za-z0-9_]+", k.strip()) for k in v.split(",")) else "not a list of key names",
@@ -169,8 +180,10 @@ RULES: dict[str, Rule] = {
 # Paths and model names: no closed set; they are checked where they are used (with their name).
 FREE_FORM = (
     "FLYWHEEL_DATA_DIR", "FLYWHEEL_BASE_MODEL", "FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_JUDGE_MODEL",
-    "FLYWHEEL_AUDIT_LOG", "FLYWHEEL_PRICES_FILE", "FLYWHEEL_FEEDBACK_LOG",
+    "FLYWHEEL_AUDIT_LOG", "FLYWHEEL_PRICES_FILE", "FLYWHEEL_FEEDBACK_LOG", "FLYWHEEL_LIVE_AUDIT_LOG",
 )
+# Secrets: checked by their rule, never printed (`flywheel check-settings` masks them).
+SECRETS = ("FLYWHEEL_API_TOKEN",)
 
 
 def settings_problems(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -183,7 +196,8 @@ def settings_problems(environ: Mapping[str, str] | None = None) -> list[str]:
             continue
         problem = rule.problem(value)
         if problem:
-            problems.append(f"{name}={value!r}: {problem}; allowed: {rule.allowed}")
+            shown = "<hidden>" if name in SECRETS else repr(value)
+            problems.append(f"{name}={shown}: {problem}; allowed: {rule.allowed}")
     if not problems:  # each value is fine on its own: now the ones that must agree
         low = int(environ.get("FLYWHEEL_MIN_HEADLINES") or DEFAULTS["FLYWHEEL_MIN_HEADLINES"])
         high = int(environ.get("FLYWHEEL_MAX_HEADLINES") or DEFAULTS["FLYWHEEL_MAX_HEADLINES"])

@@ -13,8 +13,11 @@ place that reaches into `dagster._core` for it (what `dagster job launch` and th
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Mapping
 from functools import lru_cache
+from pathlib import Path
 
 import dagster as dg
 from dagster._core.definitions.reconstruct import ReconstructableRepository
@@ -50,7 +53,7 @@ def code_location_name() -> str:
     return code_location_origin().location_name
 
 
-def run_job(
+def create_run(
     job_name: str,
     instance: dg.DagsterInstance,
     *,
@@ -58,13 +61,11 @@ def run_job(
     partition_range: tuple[str, str] | None = None,
     run_config: Mapping[str, object] | None = None,
     tags: Mapping[str, str] | None = None,
-    raise_on_error: bool = True,
-) -> JobExecutionResult:
-    """Execute `job_name` of `pipelines.definitions.defs` here, recorded in `instance` as a run of the
-    workspace's code location. `partition_range` = (first, last) runs the range in one run (assets
-    with a single-run backfill policy)."""
-    repository = ReconstructableRepository.for_module(DEFS_MODULE, DEFS_ATTRIBUTE, working_directory=str(PROJECT_ROOT))
-    job = repository.get_reconstructable_job(job_name)
+) -> dg.DagsterRun:
+    """Record a run of `job_name` (status NOT_STARTED) in `instance` as a run of the workspace's code
+    location; `partition_range` = (first, last) makes one run over the range (assets with a
+    single-run backfill policy). `execute_created_run` executes it, here or in a worker process."""
+    job = _reconstructable(job_name)
     job_def = job.get_definition()
     run_tags = dict(job_def.run_tags)
     if partition_key is not None:
@@ -76,11 +77,73 @@ def run_job(
     plan = create_execution_plan(job, run_config=run_config, instance_ref=instance.get_ref() if instance.is_persistent else None,
                                  tags=run_tags)
     origin = RemoteJobOrigin(RemoteRepositoryOrigin(code_location_origin(), REPOSITORY_NAME), job_name)
-    run = instance.create_run_for_job(
+    return instance.create_run_for_job(
         job_def=job_def, execution_plan=plan, run_config=run_config, tags=run_tags,
         remote_job_origin=origin, job_code_origin=job.get_python_origin(),
     )
-    result = execute_run(job, run, instance, raise_on_error=raise_on_error)
+
+
+def _reconstructable(job_name: str):
+    repository = ReconstructableRepository.for_module(DEFS_MODULE, DEFS_ATTRIBUTE, working_directory=str(PROJECT_ROOT))
+    return repository.get_reconstructable_job(job_name)
+
+
+def execute_created_run(run_id: str, instance: dg.DagsterInstance, raise_on_error: bool = False) -> JobExecutionResult:
+    """Execute a run made by `create_run` (still NOT_STARTED) in this process."""
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        raise ValueError(f"no run {run_id} in this Dagster instance")
+    return execute_run(_reconstructable(run.job_name), run, instance, raise_on_error=raise_on_error)
+
+
+def run_job(
+    job_name: str,
+    instance: dg.DagsterInstance,
+    *,
+    partition_key: str | None = None,
+    partition_range: tuple[str, str] | None = None,
+    run_config: Mapping[str, object] | None = None,
+    tags: Mapping[str, str] | None = None,
+    raise_on_error: bool = True,
+) -> JobExecutionResult:
+    """Execute `job_name` of `pipelines.definitions.defs` here, recorded in `instance` as a run of the
+    workspace's code location (`create_run`, then `execute_created_run`)."""
+    run = create_run(job_name, instance, partition_key=partition_key, partition_range=partition_range, run_config=run_config, tags=tags)
+    result = execute_created_run(run.run_id, instance, raise_on_error=raise_on_error)
     if raise_on_error and not result.success:
         raise RuntimeError(f"{job_name} failed (run {result.run_id})")
     return result
+
+
+def start_worker(run_ids: list[str], log_path: Path) -> subprocess.Popen:
+    """Execute created runs, one after another, in a new process (`python -m pipelines.launch`), so a
+    long training never runs inside the caller (the review service). The worker outlives its caller;
+    its output goes to `log_path`, the runs' events to the instance ($DAGSTER_HOME) as usual."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "pipelines.launch", *run_ids], cwd=PROJECT_ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipelines.launch RUN_ID...`: execute created runs of $DAGSTER_HOME's instance in
+    order; a run that fails does not stop the next. A run left unstarted (this process dies before
+    it) is marked failed, so nothing waits on it forever."""
+    run_ids = list(sys.argv[1:] if argv is None else argv)
+    instance = dg.DagsterInstance.get()
+    failed = 0
+    try:
+        for run_id in run_ids:
+            result = execute_created_run(run_id, instance)
+            failed += not result.success
+    finally:
+        for run_id in run_ids:
+            run = instance.get_run_by_id(run_id)
+            if run is not None and run.status == dg.DagsterRunStatus.NOT_STARTED:
+                instance.report_run_failed(run, "the launch worker stopped before this run started")
+                failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -127,28 +127,40 @@ def _error_text(err: Exception) -> str:
 
 def parse_lines(lines: Iterable[str]) -> ParsedLog:
     """Validate every line; bad ones to quarantine; repeated decision ids keep the last line."""
+    return parse_sources([(None, lines)])
+
+
+def parse_sources(sources: Iterable[tuple[str | None, Iterable[str]]]) -> ParsedLog:
+    """`parse_lines` over several files read as one log, in order (the audit log, then the live log
+    the service appends to): `line_number` counts across them, so a later line wins; a quarantine
+    row names its file (`source`) and its line in that file."""
     by_id: dict[str, tuple[int, AuditRecord]] = {}
     quarantine: list[dict[str, Any]] = []
     duplicates: dict[str, int] = {}
-    n_lines = n_blank = 0
-    for line_number, raw in enumerate(lines, start=1):
-        text = raw.strip()
-        if not text:
-            n_blank += 1
-            continue
-        n_lines += 1
-        try:
-            obj = json.loads(text)
-            if not isinstance(obj, dict):
-                raise ValueError(f"a line must be a JSON object, got {type(obj).__name__}")
-            record = AuditRecord.model_validate(obj)
-        except (ValueError, ValidationError) as err:  # JSONDecodeError is a ValueError
-            quarantine.append({"line_number": line_number, "error": _error_text(err), "raw": text[:2000]})
-            continue
-        if record.decision_id in by_id:
-            duplicates[record.decision_id] = duplicates.get(record.decision_id, 0) + 1
-            del by_id[record.decision_id]  # re-insert so the kept line's position is its own
-        by_id[record.decision_id] = (line_number, record)
+    n_lines = n_blank = offset = 0
+    for source, lines in sources:
+        local = 0
+        for local, raw in enumerate(lines, start=1):
+            line_number = offset + local
+            text = raw.strip()
+            if not text:
+                n_blank += 1
+                continue
+            n_lines += 1
+            try:
+                obj = json.loads(text)
+                if not isinstance(obj, dict):
+                    raise ValueError(f"a line must be a JSON object, got {type(obj).__name__}")
+                record = AuditRecord.model_validate(obj)
+            except (ValueError, ValidationError) as err:  # JSONDecodeError is a ValueError
+                row = {"line_number": local, "error": _error_text(err), "raw": text[:2000]}
+                quarantine.append(row if source is None else {**row, "source": source})
+                continue
+            if record.decision_id in by_id:
+                duplicates[record.decision_id] = duplicates.get(record.decision_id, 0) + 1
+                del by_id[record.decision_id]  # re-insert so the kept line's position is its own
+            by_id[record.decision_id] = (line_number, record)
+        offset += local
     records = sorted(by_id.values(), key=lambda item: item[0])
     return ParsedLog(records=records, quarantine=quarantine, n_lines=n_lines, n_blank=n_blank, duplicates=duplicates)
 
@@ -156,6 +168,12 @@ def parse_lines(lines: Iterable[str]) -> ParsedLog:
 def parse_file(path: str | Path) -> ParsedLog:
     with open(path, encoding="utf-8", errors="replace") as fh:
         return parse_lines(fh)
+
+
+def canonical(record: AuditRecord) -> str:
+    """A decision as canonical JSON (validated, sorted keys): two posts of the same decision are
+    equal here however their JSON was spelled."""
+    return json.dumps(record.model_dump(mode="json"), sort_keys=True)
 
 
 def orders_json(orders: list[Order] | None) -> str | None:
@@ -211,12 +229,12 @@ def records_frame(parsed: ParsedLog, timezone: str) -> pd.DataFrame:
 
 
 def quarantine_frame(parsed: ParsedLog, source: str) -> pd.DataFrame:
+    """Quarantined lines; `source` names the file of rows that do not name their own."""
     cols = {"line_number": "int64", "error": "string", "raw": "string", "source": "string"}
     if not parsed.quarantine:
         return pd.DataFrame({c: pd.Series(dtype=t) for c, t in cols.items()})
-    df = pd.DataFrame(parsed.quarantine)
-    df["source"] = source
-    return df.astype(cols)
+    df = pd.DataFrame([{"source": source, **row} for row in parsed.quarantine])
+    return df[list(cols)].astype(cols)
 
 
 def load_orders(orders_json_text: str | None) -> list[dict[str, Any]]:

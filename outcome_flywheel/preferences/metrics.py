@@ -143,6 +143,7 @@ STYLE_BANDS: tuple[tuple[float, str], ...] = (
     (float("-inf"), "Inconsistent with your past pattern; review carefully."),
 )
 NO_STYLE_SCORE = "No preference adapter yet; no style score."
+BAND_NAMES = ("consistent", "leans-towards", "leans-away", "inconsistent")  # one per STYLE_BANDS row (the page's colours)
 
 
 def style_comment(score: float | None) -> str:
@@ -150,3 +151,10 @@ def style_comment(score: float | None) -> str:
     if score is None or math.isnan(score):
         return NO_STYLE_SCORE
     return next(comment for edge, comment in STYLE_BANDS if score >= edge)
+
+
+def style_band(score: float | None) -> str:
+    """The band name of a score (`BAND_NAMES`, by the `STYLE_BANDS` edges), `none` without a score."""
+    if score is None or math.isnan(score):
+        return "none"
+    return next(name for (edge, _), name in zip(STYLE_BANDS, BAND_NAMES) if score >= edge)

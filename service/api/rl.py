@@ -1,0 +1,59 @@
+"""Both loops at a glance: `/api/rl/status` and `/api/rl/history`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from outcome_flywheel.daily_rl.status import daily_history, daily_status, records
+from outcome_flywheel.feedback.curation import feedback_metrics, feedback_table
+from outcome_flywheel.feedback.log import read_feedback_log
+from service import launching
+
+router = APIRouter(prefix="/api/rl", tags=["status"])
+
+
+def feedback_status(state) -> dict[str, Any]:
+    parsed = read_feedback_log(state.feedback_log.file)
+    table = feedback_table(parsed.feedback, parsed.verifications)
+    shown = sum(len(state.warehouse.read("rollouts", d)) for d in state.warehouse.partitions("rollouts"))
+    pairs = state.warehouse.read("feedback_pairs")
+    return {**feedback_metrics(table, shown, pairs), "quarantined_lines": len(parsed.quarantine)}
+
+
+def loops_status(state) -> dict[str, Any]:
+    return {"daily_rl": daily_status(state.warehouse), "preferences": launching.training_plan(state), "feedback": feedback_status(state)}
+
+
+def preference_history(warehouse) -> list[dict[str, Any]]:
+    """One row per adapter run: its training (pairs, loss) and its holdout evaluation (AUC)."""
+    training = warehouse.read_all("preference_training_history")
+    evaluation = warehouse.read_all("holdout_eval_history")
+    if training.empty:
+        return []
+    frame = training[["run", "finished_at", "status", "n_pairs", "n_holdout", "loss_first", "loss_last", "wall_s"]]
+    if len(evaluation):
+        latest = evaluation.sort_values("evaluated_at").drop_duplicates("adapter_run", keep="last")
+        frame = frame.merge(latest[["adapter_run", "auc", "auc_low", "auc_high", "label", "n_rejected_winners"]],
+                            left_on="run", right_on="adapter_run", how="left").drop(columns="adapter_run")
+    return records(frame.sort_values("finished_at"), list(frame.columns))
+
+
+@router.get("/status")
+def status(request: Request) -> dict:
+    """The daily loop's latest checkpoint and its gate, last training and evaluation; the preference
+    flywheel's readiness (pending pairs, cooldown, blocking reasons), last evaluation and drift; the
+    feedback metrics (rate, positive, corrections, verified, pairs ready to export)."""
+    return loops_status(request.app.state.service)
+
+
+@router.get("/history")
+def history(request: Request) -> dict:
+    """Over time: the daily loop's reward, GSPO loss, KL to the base and gate per day; the preference
+    adapters' loss and holdout AUC per run."""
+    state = request.app.state.service
+    return {"daily_rl": daily_history(state.warehouse), "preferences": preference_history(state.warehouse)}
+
+
+

@@ -1,0 +1,32 @@
+"""`create_app`: the FastAPI application (REST API under /api, review pages at /, OpenAPI at /docs)."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from service.api import decisions, feedback, preferences, rl
+from service.pages import routes as pages
+from service.security import WriteGuard
+from service.state import ServiceState
+
+DESCRIPTION = """People in the loop of the outcome flywheel.
+
+* **Decisions** an operator takes on rebalance proposals go to the live audit log; **extract** and
+  **train** launch the flywheel's jobs on the Dagster instance.
+* **Feedback** on the daily notes (thumbs, stars, corrections) and its **curation**.
+* **Status** and **history** of both loops.
+
+Writes (every POST) need `Authorization: Bearer <FLYWHEEL_API_TOKEN>` (use *Authorize*); reads are open.
+Request bodies over 64 KB are refused (413). The review pages are at `/`.
+"""
+
+
+def create_app(state: ServiceState | None = None) -> FastAPI:
+    state = state or ServiceState.from_env()
+    app = FastAPI(title="outcome-flywheel", version="0.1.0", description=DESCRIPTION)
+    app.state.service = state
+    for module in (decisions, preferences, feedback, rl):
+        app.include_router(module.router)
+    app.include_router(pages.router)
+    app.add_middleware(WriteGuard, config=state.config)
+    return app

@@ -1,0 +1,56 @@
+"""`make serve` / `flywheel-serve`: the review service on FLYWHEEL_API_HOST:FLYWHEEL_API_PORT
+(127.0.0.1:8765 unless told otherwise).
+
+    flywheel-serve [--host HOST] [--port PORT]
+
+Without FLYWHEEL_API_TOKEN it makes a token and prints it, with a sign-in link for the pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from outcome_flywheel.settings import PROJECT_ROOT, validate_environment
+
+# The service launches the code location's jobs (pipelines/, assets/, resources/ at the project
+# root): the same working directory `dagster dev -w workspace.yaml` gives the code location.
+if str(PROJECT_ROOT) not in sys.path:
+    sys.path.insert(0, str(PROJECT_ROOT))
+
+
+def banner(config) -> str:
+    lines = [f"outcome-flywheel service on http://{config.host}:{config.port}  (API docs: /docs)"]
+    if config.token_generated:
+        lines.append(f"  token (FLYWHEEL_API_TOKEN unset, made for this start): {config.token}")
+        lines.append(f"  review pages, signed in: http://{config.host}:{config.port}/login?token={config.token}")
+    else:
+        lines.append("  token: FLYWHEEL_API_TOKEN")
+    if not config.is_loopback:
+        lines.append(f"  WARNING: bound to {config.host}, not loopback: anyone who can reach this address can read the pages")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="flywheel-serve", description="The outcome flywheel's review pages and REST API.")
+    parser.add_argument("--host", default=None, help="default FLYWHEEL_API_HOST (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="default FLYWHEEL_API_PORT (8765)")
+    args = parser.parse_args(argv)
+    validate_environment()
+    import uvicorn
+
+    from service.app import create_app
+    from service.config import ServiceConfig
+    from service.state import ServiceState
+
+    config = ServiceConfig.from_env()
+    config.host = args.host or config.host
+    config.port = args.port or config.port
+    app = create_app(ServiceState.from_env(config))
+    print(banner(config), flush=True)
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

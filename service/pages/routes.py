@@ -1,0 +1,232 @@
+"""The review pages: notes with their feedback form (`/`), a proposal with its style-match panel
+(`/proposal`), the curation queue (`/curation`), both loops' status (`/status`) and sign-in.
+
+Form posts answer 303 to the page they came from (post / redirect / get), with a flash message or
+the reason they were refused; they call the same functions as the JSON API."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from pydantic import ValidationError
+from urllib.parse import quote, urlencode
+
+from outcome_flywheel.daily_rl.status import records
+from outcome_flywheel.feedback.curation import feedback_metrics, feedback_table
+from outcome_flywheel.feedback.log import read_feedback_log
+from outcome_flywheel.feedback.records import FeedbackIn, VerificationIn
+from outcome_flywheel.feedback.review import notes_for_review, review_days
+from outcome_flywheel.preferences.audit_log import AuditRecord
+from outcome_flywheel.preferences.metrics import rejected_winners, style_band
+from outcome_flywheel.preferences.weighting import render_plan
+from service.api.decisions import record_decision
+from service.api.feedback import add_feedback, verify_feedback
+from service.api.rl import loops_status, preference_history
+from outcome_flywheel.daily_rl.status import daily_history
+from service.pages.forms import FormError, parse_context, parse_order_lines, validation_text
+from service.security import SESSION_COOKIE, csrf_value, logged_in, require_csrf, session_value
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+# Autoescape everything: notes and corrections are model output and people's text, shown as text.
+jinja = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True, default_for_string=True))
+router = APIRouter(include_in_schema=False)
+
+
+def fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+jinja.globals["fmt"] = fmt
+
+
+def render(request: Request, template: str, status_code: int = 200, **values) -> HTMLResponse:
+    state = request.app.state.service
+    context = {"request": request, "logged_in": logged_in(request), "csrf": csrf_value(state.config),
+               "flash": request.query_params.get("flash"), "error": request.query_params.get("error"), **values}
+    return HTMLResponse(jinja.get_template(template).render(**context), status_code=status_code)
+
+
+def back(path: str, **params) -> RedirectResponse:
+    query = urlencode({k: v for k, v in params.items() if v is not None})
+    return RedirectResponse(f"{path}?{query}" if query else path, status_code=303)
+
+
+def learning_signal(preferences: dict[str, Any]) -> str:
+    """'learning signal: NN% AUC on M held-out plans · stable|drift' from the last holdout evaluation."""
+    last = preferences.get("last_eval")
+    if not last or last.get("auc") is None:
+        return "learning signal: no holdout evaluation yet"
+    drift = (preferences.get("drift") or {}).get("drift")
+    word = {"low": "stable", "high": "drift"}.get(drift, "too few evaluations to tell drift")
+    return f"learning signal: {last['auc'] * 100:.0f}% AUC on {last['n_holdout']} held-out plans · {word}"
+
+
+# -- notes ---------------------------------------------------------------------------------------
+
+
+@router.get("/", response_class=HTMLResponse)
+def notes_page(request: Request, date: str | None = Query(None, pattern=r"^\d{4}-\d{2}-\d{2}$")):
+    state = request.app.state.service
+    days = review_days(state.warehouse)
+    day = date or (days[0] if days else None)
+    parsed = read_feedback_log(state.feedback_log.file)
+    table = feedback_table(parsed.feedback, parsed.verifications)
+    headlines = notes_for_review(state.warehouse, day, table) if day else []
+    return render(request, "notes.html", title="Notes", active="/", days=days, day=day, headlines=headlines)
+
+
+@router.post("/feedback", dependencies=[Depends(require_csrf)])
+def feedback_form(
+    request: Request, date: str = Form(...), headline_id: str = Form(...), rollout_index: str = Form(...),
+    thumbs: str = Form(""), stars: str = Form(""), correction: str = Form(""), reviewer: str = Form(""),
+):
+    anchor = f"#h-{quote(headline_id)}"
+    try:
+        body = FeedbackIn(date=date, headline_id=headline_id, rollout_index=rollout_index, thumbs=thumbs or None,
+                          stars=stars or None, correction=correction or None, reviewer=reviewer)
+        record = add_feedback(request.app.state.service, body)
+    except ValidationError as err:
+        return RedirectResponse(f"/?{urlencode({'date': date, 'error': 'feedback not saved: ' + validation_text(err)})}{anchor}", status_code=303)
+    except HTTPException as err:
+        return RedirectResponse(f"/?{urlencode({'date': date, 'error': 'feedback not saved: ' + str(err.detail)})}{anchor}", status_code=303)
+    flash = f"Thanks: feedback {record['feedback_id'][:8]} saved on {headline_id} #{rollout_index}."
+    return RedirectResponse(f"/?{urlencode({'date': date, 'flash': flash})}{anchor}", status_code=303)
+
+
+# -- proposal ------------------------------------------------------------------------------------
+
+
+def holdout_winners(state, preferences: dict[str, Any]) -> list[dict[str, Any]]:
+    last = preferences.get("last_eval")
+    scored = state.warehouse.read("holdout_eval")
+    if not last or scored.empty:
+        return []
+    scored = scored[scored["adapter_run"] == last["adapter_run"]]
+    return records(rejected_winners(scored), ["decision_id", "decision_date", "style_match_score", "vs_spy_pct"])
+
+
+@router.get("/proposal", response_class=HTMLResponse)
+def proposal_page(request: Request, orders: str = "", context: str = "", text: str = ""):
+    state = request.app.state.service
+    form = {"orders": orders, "context": context, "text": text}
+    if not orders.strip():
+        return render(request, "proposal.html", title="Proposal", active="/proposal", form=form, score=None)
+    try:
+        parsed_orders = parse_order_lines(orders)
+        parsed_context = parse_context(context)
+        score = state.scorer.score(parsed_orders, parsed_context, text or None)
+    except (FormError, ValidationError) as err:
+        return render(request, "proposal.html", 422, title="Proposal", active="/proposal", form=form, score=None, error=validation_text(err))
+    preferences = loops_status(state)["preferences"]
+    return render(request, "proposal.html", title="Proposal", active="/proposal", form=form, score=score,
+                  band=style_band(score["style_match_score"]), learning_signal=learning_signal(preferences),
+                  rejected_winners=holdout_winners(state, preferences), plan=render_plan(parsed_orders))
+
+
+@router.post("/proposal/decide", dependencies=[Depends(require_csrf)])
+def decide_form(
+    request: Request, orders: str = Form(...), context: str = Form(""), text: str = Form(""), decision: str = Form(""),
+    operator_orders: str = Form(""), reason: str = Form(""),
+):
+    here = {"orders": orders, "context": context, "text": text}
+    try:
+        record = AuditRecord(
+            decision_id=f"web-{uuid.uuid4().hex[:12]}", ts=datetime.now(timezone.utc), decision=decision,
+            proposal={"orders": parse_order_lines(orders), "text": text or None}, reason=reason or None, context=parse_context(context),
+            operator_orders=parse_order_lines(operator_orders) if decision == "override" else None,
+        )
+        _, body = record_decision(request.app.state.service, record)
+    except (FormError, ValidationError) as err:
+        return back("/proposal", **here, error="decision not recorded: " + validation_text(err))
+    return back("/proposal", **here, flash=f"Decision {body['decision_id']} ({decision}) recorded in {body['live_log']}; "
+                                           "POST /api/preferences/extract materialises it.")
+
+
+# -- curation ------------------------------------------------------------------------------------
+
+
+@router.get("/curation", response_class=HTMLResponse)
+def curation_page(request: Request):
+    state = request.app.state.service
+    parsed = read_feedback_log(state.feedback_log.file)
+    table = feedback_table(parsed.feedback, parsed.verifications)
+    queue = records(table[table["status"] == "unverified"].sort_values("created_at"), list(table.columns))
+    for row in queue:
+        notes = state.warehouse.read("rollouts", row["date"])
+        match = notes[(notes["headline_id"] == row["headline_id"]) & (notes["rollout_index"] == row["rollout_index"])] if len(notes) else notes
+        row["note"] = match["response"].iloc[0] if len(match) else None
+    pairs = state.warehouse.read("feedback_pairs")
+    shown = sum(len(state.warehouse.read("rollouts", d)) for d in state.warehouse.partitions("rollouts"))
+    metrics = feedback_metrics(table, shown, pairs)
+    rows = records(pairs, ["pair_id", "source", "date", "headline_id", "chosen", "rejected", "exported_at"]) if len(pairs) else []
+    return render(request, "curation.html", title="Curation", active="/curation", queue=queue, pairs=rows, metrics=metrics)
+
+
+@router.post("/curation/{feedback_id}", dependencies=[Depends(require_csrf)])
+def verify_form(request: Request, feedback_id: str, action: str = Form(""), correction: str = Form(""), curator: str = Form("")):
+    try:
+        verdict = VerificationIn(action=action, correction=(correction or None) if action == "edit" else None, curator=curator)
+        verify_feedback(request.app.state.service, feedback_id, verdict)
+    except ValidationError as err:
+        return back("/curation", error="verdict not saved: " + validation_text(err))
+    except HTTPException as err:
+        return back("/curation", error="verdict not saved: " + str(err.detail))
+    return back("/curation", flash=f"Verdict '{action}' saved on feedback {feedback_id[:8]}.")
+
+
+# -- status and sign-in --------------------------------------------------------------------------
+
+
+@router.get("/status", response_class=HTMLResponse)
+def status_page(request: Request):
+    state = request.app.state.service
+    status = loops_status(state)
+    history = {"daily_rl": daily_history(state.warehouse), "preferences": preference_history(state.warehouse)}
+    return render(request, "status.html", title="Status", active="/status", status=status, history=history,
+                  learning_signal=learning_signal(status["preferences"]))
+
+
+def _safe_next(target: str | None) -> str:
+    # Only paths of this site: an open redirect would hand the session to another page.
+    return target if target and target.startswith("/") and not target.startswith("//") else "/"
+
+
+def _signed_in(request: Request, target: str) -> RedirectResponse:
+    response = RedirectResponse(_safe_next(target), status_code=303)
+    response.set_cookie(SESSION_COOKIE, session_value(request.app.state.service.config), httponly=True, samesite="strict", path="/")
+    return response
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, token: str | None = None, next: str = "/"):
+    """The page to paste the token into; `/login?token=...` (the link the service prints) signs in at once."""
+    if token is not None:
+        if request.app.state.service.config.is_token(token):
+            return _signed_in(request, next)
+        return render(request, "login.html", 401, title="Sign in", active="", next=_safe_next(next), error="that is not the service's token")
+    return render(request, "login.html", title="Sign in", active="", next=_safe_next(next))
+
+
+@router.post("/login")
+def login(request: Request, token: str = Form(""), next: str = Form("/")):
+    if not request.app.state.service.config.is_token(token.strip()):
+        return render(request, "login.html", 401, title="Sign in", active="", next=_safe_next(next), error="that is not the service's token")
+    return _signed_in(request, next)
+
+
+@router.post("/logout")
+def logout():
+    response = RedirectResponse("/", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/")
+    return response
