@@ -16,8 +16,10 @@ from typing import Any
 
 import dagster as dg
 
-from assets.partitions import preference_partitions
+from assets.partitions import daily_rl_partitions, preference_partitions
 from assets.preferences.outcomes import pending_partitions_ready
+from outcome_flywheel.feedback.curation import feedback_table
+from outcome_flywheel.feedback.log import read_feedback_log
 from outcome_flywheel.preferences.audit_log import records_frame
 from outcome_flywheel.preferences.changes import changed_dates, contiguous_ranges
 from outcome_flywheel.preferences.status import min_new_pairs, training_status
@@ -32,6 +34,9 @@ LIVE = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterR
 DONE_OR_LIVE = LIVE + (dg.DagsterRunStatus.SUCCESS,)
 DECISIONS_JOB = "flywheel_decisions"
 TRAINING_JOB = "flywheel_training"
+# What a note_feedback row holds that the log decides (its human score follows from thumbs and stars).
+FEEDBACK_DIGEST = ("feedback_id", "decision_date", "headline_id", "rollout_index", "thumbs", "stars", "correction", "reviewer",
+                   "status", "verified_correction", "curator", "verified_at")
 
 
 def run_summary(run: dg.DagsterRun) -> dict[str, Any]:
@@ -50,19 +55,23 @@ def _digest(payload: Any) -> str:
 
 def _existing(instance: dg.DagsterInstance, digest: str) -> list[dg.DagsterRun]:
     runs = instance.get_runs(filters=dg.RunsFilter(tags={REQUEST_TAG: digest}))
-    return [r for r in runs if r.status in DONE_OR_LIVE]
+    return [r for r in reversed(runs) if r.status in DONE_OR_LIVE]  # in the order they were made
 
 
-def _launch(state: ServiceState, job: str, ranges: list[tuple[str, str] | None], digest: str, reason: str) -> tuple[bool, list[dg.DagsterRun]]:
-    """(launched, runs): the runs of an earlier identical request, or new runs handed to a worker."""
+def _launch(state: ServiceState, job: str | list[tuple[str, tuple[str, str] | None]], ranges: list[tuple[str, str] | None] | None,
+            digest: str, reason: str) -> tuple[bool, list[dg.DagsterRun]]:
+    """(launched, runs): the runs of an earlier identical request, or new runs handed to one worker
+    that executes them in order. `job` with `ranges` (partition spans, None = unpartitioned), or a
+    list of (job, span) when the runs belong to several jobs."""
     instance = state.instance()
+    specs = job if isinstance(job, list) else [(job, block) for block in ranges or [None]]
     with state.launch_lock:
         existing = _existing(instance, digest)
         if existing:
             return False, existing
         tags = {REQUEST_TAG: digest, REASON_TAG: reason[:200]}
         runs = []
-        for block in ranges:
+        for job, block in specs:
             if block is None:
                 runs.append(create_run(job, instance, run_config=IN_PROCESS, tags=tags))
             elif block[0] == block[1]:
@@ -129,3 +138,36 @@ def train(state: ServiceState, dry_run: bool = True, now: datetime | None = None
         return plan["ready_to_train"] or dry_run, {**plan, "dry_run": dry_run, "launched": False, "runs": []}
     launched, runs = _launch(state, TRAINING_JOB, [None], plan["run_key"], "service: " + ", ".join(plan["blocking_reasons"]) if plan["blocking_reasons"] else "service: training requested")
     return True, {**plan, "dry_run": False, "launched": launched, "runs": [run_summary(r) for r in runs]}
+
+
+FEEDBACK_DAY_JOB = "note_feedback_job"
+FEEDBACK_PAIRS_JOB = "feedback_pairs_job"
+
+
+def feedback_plan(state: ServiceState) -> dict[str, Any]:
+    """Days whose feedback (with verdicts) differs from their `note_feedback` partition, and whether
+    `feedback_pairs` is older than the feedback it is built from."""
+    parsed = read_feedback_log(state.feedback_log.file)
+    table = feedback_table(parsed.feedback, parsed.verifications)
+    warehouse = state.warehouse
+    changed = changed_dates(table.rename(columns={"date": "decision_date"}),
+                            lambda d: warehouse.read("note_feedback", d).rename(columns={"date": "decision_date"}),
+                            warehouse.partitions("note_feedback"), columns=FEEDBACK_DIGEST, key="feedback_id")
+    keys = set(daily_rl_partitions.get_partition_keys())
+    days = sorted(set(changed) & keys)
+    newest_day = max((f.stat().st_mtime for f in warehouse.files("note_feedback")), default=0.0)
+    pairs_file = warehouse.partition_file("feedback_pairs")
+    pairs_stale = bool(days) or (newest_day > 0 and (not pairs_file.exists() or pairs_file.stat().st_mtime < newest_day))
+    return {"changed_days": days, "waiting": {d: "not a day of the daily loop's partitions" for d in changed if d not in keys},
+            "pairs_stale": pairs_stale, "digest": _digest({"changed": {d: changed[d] for d in days}, "pairs_stale": pairs_stale,
+                                                           "newest": newest_day if pairs_stale else None})}
+
+
+def materialize_feedback(state: ServiceState) -> dict[str, Any]:
+    """Launch `note_feedback_job` for the changed days, then `feedback_pairs_job`, in one worker."""
+    plan = feedback_plan(state)
+    if not plan["pairs_stale"]:
+        return {**plan, "launched": False, "runs": [], "message": "nothing changed: note_feedback and feedback_pairs match the log"}
+    specs = [(FEEDBACK_DAY_JOB, block) for block in contiguous_ranges(plan["changed_days"])] + [(FEEDBACK_PAIRS_JOB, None)]
+    launched, runs = _launch(state, specs, None, plan["digest"], f"service: feedback changed on {len(plan['changed_days'])} day(s)")
+    return {**plan, "launched": launched, "runs": [run_summary(r) for r in runs], "message": "launched" if launched else "already launched for these changes"}

@@ -79,7 +79,7 @@ class WriteGuard:
             return await response(scope, receive, send)
         limit = self.config.max_body_bytes
         declared = headers.get(b"content-length")
-        too_big = JSONResponse({"detail": f"request body over {limit} bytes"}, status_code=413)
+        too_big = JSONResponse({"detail": f"request body over {limit // 1024} KB ({limit} bytes): refused unread"}, status_code=413)
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await too_big(scope, receive, send)
         body, more = b"", True

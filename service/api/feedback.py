@@ -11,7 +11,9 @@ from outcome_flywheel.daily_rl.status import records
 from outcome_flywheel.feedback.curation import FEEDBACK_COLUMNS, feedback_table
 from outcome_flywheel.feedback.log import append_unless, read_feedback_log
 from outcome_flywheel.feedback.records import FeedbackIn, FeedbackRecord, VerificationIn, VerificationRecord
+from service import launching
 from service.security import bearer
+from service.state import NoDagsterInstance
 
 router = APIRouter(prefix="/api/feedback", tags=["feedback"])
 FEEDBACK_ID = r"^[0-9a-f]{32}$"
@@ -92,3 +94,14 @@ def verify(body: VerificationIn, request: Request, feedback_id: str = Path(patte
     """A curator approves, edits (with the corrected text) or rejects a feedback's correction; the
     latest verdict counts. Verified corrections become `feedback_pairs`."""
     return verify_feedback(request.app.state.service, feedback_id, body)
+
+
+@router.post("/materialize", dependencies=[Depends(bearer)])
+def materialize(request: Request) -> dict:
+    """Launch `note_feedback_job` for the days whose feedback or verdicts changed, then
+    `feedback_pairs_job` (pairs from verified corrections and up/down ratings, exported once), as
+    runs on the Dagster instance. Idempotent: the same changes return the runs already launched."""
+    try:
+        return launching.materialize_feedback(request.app.state.service)
+    except NoDagsterInstance as err:
+        raise HTTPException(status_code=503, detail=str(err)) from None

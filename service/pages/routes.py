@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Form, HTTPException, Path as PathParam, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import ValidationError
@@ -26,11 +26,13 @@ from outcome_flywheel.feedback.review import notes_for_review, review_days
 from outcome_flywheel.preferences.audit_log import AuditRecord
 from outcome_flywheel.preferences.metrics import rejected_winners, style_band
 from outcome_flywheel.preferences.weighting import render_plan
+from service import launching
 from service.api.decisions import record_decision
 from service.api.feedback import add_feedback, verify_feedback
 from service.api.rl import loops_status, preference_history
 from outcome_flywheel.daily_rl.status import daily_history
 from service.pages.forms import FormError, parse_context, parse_order_lines, validation_text
+from service.state import NoDagsterInstance
 from service.security import SESSION_COOKIE, csrf_value, logged_in, require_csrf, session_value
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -173,8 +175,18 @@ def curation_page(request: Request):
     return render(request, "curation.html", title="Curation", active="/curation", queue=queue, pairs=rows, metrics=metrics)
 
 
+@router.post("/curation/materialize", dependencies=[Depends(require_csrf)])
+def materialize_form(request: Request):
+    try:
+        result = launching.materialize_feedback(request.app.state.service)
+    except NoDagsterInstance as err:
+        return back("/curation", error=str(err))
+    runs = ", ".join(f"{r['job']} {r['run_id'][:8]}" for r in result["runs"])
+    return back("/curation", flash=f"{result['message']}: {runs or 'no runs'}. The pairs appear here when the runs finish (Dagster UI: Runs).")
+
+
 @router.post("/curation/{feedback_id}", dependencies=[Depends(require_csrf)])
-def verify_form(request: Request, feedback_id: str, action: str = Form(""), correction: str = Form(""), curator: str = Form("")):
+def verify_form(request: Request, feedback_id: str = PathParam(pattern=r"^[0-9a-f]{32}$"), action: str = Form(""), correction: str = Form(""), curator: str = Form("")):
     try:
         verdict = VerificationIn(action=action, correction=(correction or None) if action == "edit" else None, curator=curator)
         verify_feedback(request.app.state.service, feedback_id, verdict)

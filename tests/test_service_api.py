@@ -1,0 +1,194 @@
+"""The service's REST API on a small world (tests/service_fixtures.py): every write needs the
+token; bad requests get a 4xx with the reason and write nothing; decisions are idempotent by id;
+feedback and curation round-trip through the log; the style score keeps its model and reloads
+when `latest` moves."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from fastapi.testclient import TestClient
+
+from outcome_flywheel.feedback.log import read_feedback_log
+from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG
+from service.app import create_app
+from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, make_world, publish_adapter
+
+GOOD = {"date": DAY, "headline_id": HEADLINES[0], "rollout_index": 1, "thumbs": "up", "stars": 4, "reviewer": "ana"}
+DECISION = {"decision_id": "web-0001", "ts": "2025-06-10T10:00:00-04:00", "decision": "approve",
+            "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}], "text": "Cash deployment."},
+            "context": {"regime": "risk-on"}}
+
+
+@pytest.fixture()
+def world(tmp_path, tiny_model_dir):
+    return make_world(tmp_path / "data", tiny_model_dir)
+
+
+@pytest.fixture()
+def client(world):
+    return TestClient(create_app(make_state(world)))
+
+
+def _bytes(path) -> bytes:
+    return path.read_bytes() if path.exists() else b""
+
+
+def test_openapi_lists_every_endpoint_and_docs_answer(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    expected = {
+        ("/api/decisions", "post"), ("/api/preferences/extract", "post"), ("/api/preferences/stats", "get"),
+        ("/api/preferences/dataset", "get"), ("/api/preferences/training_status", "get"), ("/api/preferences/train", "post"),
+        ("/api/preferences/style_score", "post"), ("/api/feedback", "post"), ("/api/feedback", "get"),
+        ("/api/feedback/{feedback_id}/verify", "post"), ("/api/feedback/materialize", "post"), ("/api/rl/status", "get"), ("/api/rl/history", "get"),
+    }
+    assert expected <= {(p, m) for p, ops in paths.items() for m in ops}
+    assert paths["/api/decisions"]["post"]["security"]  # /docs shows the lock on writes
+    assert client.get("/docs").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/api/decisions", "/api/feedback", "/api/preferences/extract", "/api/preferences/train?dry_run=false",
+                                  "/api/preferences/style_score", "/api/feedback/" + "0" * 32 + "/verify", "/api/feedback/materialize"])
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-000000000"}, {"Authorization": "Basic abc"}])
+def test_every_write_without_the_token_is_401_and_writes_nothing(client, world, path, headers):
+    feedback, live = client.app.state.service.feedback_log.file, client.app.state.service.audit_log.live_file
+    response = client.post(path, json=GOOD if "feedback" in path else DECISION, headers=headers)
+    assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+    assert "FLYWHEEL_API_TOKEN" in response.json()["detail"]
+    assert not feedback.exists() and not live.exists()
+
+
+def test_feedback_then_curation_round_trip(client):
+    made = client.post("/api/feedback", json={**GOOD, "correction": "Buy NVDA, 2% of the portfolio."}, headers=AUTH)
+    assert made.status_code == 201, made.text
+    feedback_id = made.json()["feedback_id"]
+    queue = client.get("/api/feedback", params={"status": "unverified"}).json()
+    assert queue["n"] == 1 and queue["feedback"][0]["feedback_id"] == feedback_id
+    verdict = client.post(f"/api/feedback/{feedback_id}/verify", json={"action": "edit", "correction": "Buy NVDA, 1%.", "curator": "cu"}, headers=AUTH)
+    assert verdict.status_code == 201, verdict.text
+    edited = client.get("/api/feedback", params={"status": "edited"}).json()["feedback"]
+    assert [f["verified_correction"] for f in edited] == ["Buy NVDA, 1%."]
+    assert client.get("/api/feedback").json()["n"] == 0  # the queue is empty again
+
+
+@pytest.mark.parametrize("body,code,needle", [
+    ({**GOOD, "correction": "x" * 70_000}, 413, "64 KB"),                   # a body over 64 KB
+    ({**GOOD, "correction": "x" * 1_000_000}, 413, "64 KB"),                # a 1 MB correction
+    ({**GOOD, "correction": "x" * 9_000}, 422, "correction"),            # under 64 KB, over the 8,000-character field
+    ({**GOOD, "date": "2025-13-40"}, 422, "date"),
+    ({**GOOD, "stars": 9}, 422, "stars"),
+    ({**GOOD, "rollout_index": 8}, 422, "rollout_index"),
+    ({**GOOD, "extra": 1}, 422, "extra"),
+    ({k: v for k, v in GOOD.items() if k not in ("thumbs", "stars")}, 422, "thumbs, stars or a correction"),
+    ({**GOOD, "headline_id": "nothere00000"}, 404, "no note"),
+    ({**GOOD, "date": "2025-11-05"}, 404, "rollouts(2025-11-05)"),
+])
+def test_bad_feedback_gets_a_4xx_with_the_reason_and_writes_nothing(client, body, code, needle):
+    log = client.app.state.service.feedback_log.file
+    response = client.post("/api/feedback", json=body, headers=AUTH)
+    assert response.status_code == code, response.text
+    assert needle in response.text
+    assert not log.exists() or log.read_text() == ""
+
+
+def test_malformed_json_and_a_lying_content_length(client):
+    log = client.app.state.service.feedback_log.file
+    bad = client.post("/api/feedback", content=b'{"date": "2025-11-04",', headers={**AUTH, "Content-Type": "application/json"})
+    assert bad.status_code == 422 and "json" in bad.text.lower()
+    # Chunked (no Content-Length): the guard still counts the bytes.
+    big = client.post("/api/feedback", content=iter([b"{" + b" " * 40_000, b" " * 40_000 + b"}"]), headers={**AUTH, "Content-Type": "application/json"})
+    assert big.status_code == 413
+    assert not log.exists()
+
+
+def test_verify_refuses_unknown_ids_and_feedback_without_a_correction(client):
+    plain = client.post("/api/feedback", json=GOOD, headers=AUTH).json()["feedback_id"]
+    log = client.app.state.service.feedback_log.file
+    before = log.read_bytes()
+    cases = [("f" * 32, {"action": "approve", "curator": "cu"}, 404), (plain, {"action": "approve", "curator": "cu"}, 409),
+             ("not-an-id", {"action": "approve", "curator": "cu"}, 422), (plain, {"action": "edit", "curator": "cu"}, 422),
+             (plain, {"action": "approve", "curator": "<b>"}, 422)]
+    for feedback_id, body, code in cases:
+        assert client.post(f"/api/feedback/{feedback_id}/verify", json=body, headers=AUTH).status_code == code
+    assert log.read_bytes() == before
+
+
+def test_decisions_are_durable_idempotent_and_409_on_a_changed_body(client, world):
+    state = client.app.state.service
+    sample = hashlib.sha256(BUNDLED_AUDIT_LOG.read_bytes()).hexdigest()
+    first = client.post("/api/decisions", json=DECISION, headers=AUTH)
+    assert first.status_code == 201 and first.json()["decision_date"] == "2025-06-10"
+    again = client.post("/api/decisions", json={**DECISION, "decision": "APPROVE"}, headers=AUTH)  # same decision, spelled differently
+    assert again.status_code == 200 and again.json()["status"] == "unchanged"
+    changed = client.post("/api/decisions", json={**DECISION, "decision": "reject"}, headers=AUTH)
+    assert changed.status_code == 409 and "different body" in changed.text
+    assert len(state.audit_log.live_file.read_text().splitlines()) == 1
+    # An id from the audit log people keep: same body no-op, other body 409, neither written.
+    kept = json.loads((world / "audit_log.jsonl").read_text().splitlines()[0])
+    assert client.post("/api/decisions", json=kept, headers=AUTH).status_code == 200
+    assert client.post("/api/decisions", json={**kept, "reason": "changed my mind"}, headers=AUTH).status_code == 409
+    naive = client.post("/api/decisions", json={**DECISION, "decision_id": "web-0002", "ts": "2025-06-10T10:00:00"}, headers=AUTH)
+    assert naive.status_code == 422 and "UTC offset" in naive.text
+    assert len(state.audit_log.live_file.read_text().splitlines()) == 1
+    # The assets read both logs as one: the posted decision is there, after the kept ones.
+    parsed = state.audit_log.parse()
+    assert [r.decision_id for _, r in parsed.records][-1] == "web-0001" and parsed.reconciles()
+    assert hashlib.sha256(BUNDLED_AUDIT_LOG.read_bytes()).hexdigest() == sample
+
+
+def test_stats_and_dataset(client):
+    stats = client.get("/api/preferences/stats").json()
+    assert stats["n_decisions"] == 3 and {"sector_tilts", "top_rejected_names", "turnover_bias", "approval_by_size"} <= set(stats)
+    assert client.get("/api/preferences/dataset").json() == {"n_pairs": 0, "pairs": []}
+    for limit in (0, 501, "x"):
+        assert client.get("/api/preferences/dataset", params={"limit": limit}).status_code == 422
+
+
+def test_training_status_and_train_refuse_with_reasons(client):
+    status = client.get("/api/preferences/training_status").json()
+    assert status["ready_to_train"] is False and status["blocking_reasons"]
+    dry = client.post("/api/preferences/train", params={"dry_run": "true"}, headers=AUTH)
+    assert dry.status_code == 200 and dry.json()["launched"] is False
+    real = client.post("/api/preferences/train", params={"dry_run": "false"}, headers=AUTH)
+    assert real.status_code == 409 and real.json()["detail"]["blocking_reasons"] == status["blocking_reasons"]
+
+
+def test_launching_without_a_dagster_instance_is_a_503(world, monkeypatch):
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    client = TestClient(create_app(make_state(world)))
+    response = client.post("/api/preferences/extract", headers=AUTH)
+    assert response.status_code == 503 and "DAGSTER_HOME" in response.json()["detail"]
+
+
+def test_rl_status_and_history_on_an_empty_warehouse(client):
+    status = client.get("/api/rl/status").json()
+    assert status["daily_rl"]["latest_checkpoint"] is None and status["feedback"]["feedback"] == 0
+    assert status["preferences"]["ready_to_train"] is False
+    assert client.get("/api/rl/history").json() == {"daily_rl": [], "preferences": []}
+
+
+def test_style_score_keeps_its_model_and_reloads_when_latest_moves(client, world):
+    body = {"candidate": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]}, "prompt": {"regime": "risk-on"}}
+    none = client.post("/api/preferences/style_score", json=body, headers=AUTH).json()
+    assert none["available"] is False and none["style_match_score"] is None
+    publish_adapter(world, "run-a", seed=1)
+    first = client.post("/api/preferences/style_score", json=body, headers=AUTH).json()
+    again = client.post("/api/preferences/style_score", json=body, headers=AUTH).json()
+    assert first["available"] and first["adapter_loads"] == again["adapter_loads"] == 1
+    assert again["style_match_score"] == first["style_match_score"] and 0.0 < first["style_match_score"] < 1.0
+    publish_adapter(world, "run-b", seed=2)
+    moved = client.post("/api/preferences/style_score", json=body, headers=AUTH).json()
+    assert moved["adapter_loads"] == 2 and moved["adapter_path"].endswith("run-b")
+    assert moved["margin_logp"] != first["margin_logp"]
+    verbatim = client.post("/api/preferences/style_score", json={**body, "prompt": "Rebalance review.\nWrite the plan to execute."}, headers=AUTH)
+    assert verbatim.status_code == 200 and verbatim.json()["adapter_loads"] == 2
+    for bad in ({"candidate": {"orders": []}}, {"candidate": {"orders": [{"symbol": "MSFT", "side": "hold", "weight": 0.02}]}}, {"prompt": {}}):
+        assert client.post("/api/preferences/style_score", json=bad, headers=AUTH).status_code == 422
+
+
+def test_the_log_holds_what_was_acknowledged(client):
+    ids = {client.post("/api/feedback", json={**GOOD, "rollout_index": i % 3}, headers=AUTH).json()["feedback_id"] for i in range(6)}
+    parsed = read_feedback_log(client.app.state.service.feedback_log.file)
+    assert {f.feedback_id for f in parsed.feedback} == ids and not parsed.quarantine
