@@ -11,7 +11,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 
 LOCK := requirements.lock
 
-.PHONY: setup setup-vllm demo test ui clean lock
+.PHONY: setup setup-vllm demo test ui serve browser-test clean lock
 
 setup: $(STAMP) .dagster/dagster.yaml
 
@@ -65,6 +65,20 @@ test: setup
 
 ui: setup
 	$(VENV)/bin/dagster dev -w workspace.yaml
+
+# The review pages and REST API (service/, docs/service.md) on FLYWHEEL_API_HOST:FLYWHEEL_API_PORT
+# (127.0.0.1:8765); it prints a token and a sign-in link when FLYWHEEL_API_TOKEN is unset.
+serve: setup
+	$(VENV)/bin/flywheel-serve
+
+# The pages in headless Chromium (Debian's chromium + chromium-driver, installed here when missing)
+# on a copy of the demo's data (`make demo` runs first when there is none); screenshots to docs/screenshots/.
+browser-test: setup
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  command -v apt-get >/dev/null || { echo "browser-test: install chromium and its chromedriver" >&2; exit 2; }; \
+	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q chromium chromium-driver; }
+	@test -d $${FLYWHEEL_DATA_DIR:-data}/warehouse/rollouts || $(MAKE) demo
+	$(PY) -m scripts.browser_test --data-dir $${FLYWHEEL_DATA_DIR:-data}
 
 clean:
 	rm -rf data .dagster .cache

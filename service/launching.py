@@ -124,7 +124,7 @@ def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str,
         in_progress, status["instance_error"] = 0, str(err)
     start, reason, run_key = training_decision(state.warehouse, now, in_progress, min_new_pairs(), train_cooldown_s())
     reasons = list(status["blocking_reasons"])
-    if not start and reason not in " ".join(reasons):
+    if not start and "new pairs since the last adapter" not in reason:  # that one training_status already gave
         reasons.append(reason)
     return {**status, "ready_to_train": start and status["ready_to_train"], "blocking_reasons": reasons,
             "training_in_progress": in_progress, "cooldown_s": train_cooldown_s(), "run_key": run_key or None}
