@@ -1,5 +1,7 @@
 """`operator_decisions`: the audit log's decisions, one partition per decision date."""
 
+from pathlib import Path
+
 import dagster as dg
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
@@ -24,9 +26,10 @@ QUARANTINE_TABLE = "operator_decisions_quarantine"
                                    description="Non-blank lines of the audit log = unique valid decisions + repeated ids dropped + quarantined lines.")],
 )
 def operator_decisions(context: dg.AssetExecutionContext, audit_log: dg.ResourceParam[AuditLog], warehouse: dg.ResourceParam[Warehouse]):
-    """Operator approve / reject / override decisions from the JSONL audit log (FLYWHEEL_AUDIT_LOG),
-    validated with pydantic, partitioned by decision date in FLYWHEEL_TIMEZONE. Extra keys are kept
-    (`extra_json`); a bad line goes to `operator_decisions_quarantine` (line number, error); a repeated
+    """Operator approve / reject / override decisions from the JSONL audit log (FLYWHEEL_AUDIT_LOG, then
+    the live log the review service appends to, FLYWHEEL_LIVE_AUDIT_LOG), validated with pydantic,
+    partitioned by decision date in FLYWHEEL_TIMEZONE. Extra keys are kept (`extra_json`); a bad line
+    goes to `operator_decisions_quarantine` (file, line number, error); a repeated
     `decision_id` keeps the last line. Re-running a partition rewrites the same rows."""
     parsed = audit_log.parse()
     frame = records_frame(parsed, env("FLYWHEEL_TIMEZONE"))
@@ -45,7 +48,7 @@ def operator_decisions(context: dg.AssetExecutionContext, audit_log: dg.Resource
         "n_duplicates_dropped": parsed.n_duplicates_dropped,
     }
     by_type = frame[frame["decision_date"].isin(keys)]["decision"].value_counts().to_dict() if len(frame) else {}
-    context.log.info(f"audit log {audit_log.file}: {counts}; {sum(written.values())} decisions in {len(keys)} partition(s)")
+    context.log.info(f"audit log {audit_log.describe()}: {counts}; {sum(written.values())} decisions in {len(keys)} partition(s)")
     yield dg.MaterializeResult(
         asset_key="operator_decisions",
         metadata={
@@ -55,8 +58,9 @@ def operator_decisions(context: dg.AssetExecutionContext, audit_log: dg.Resource
             "n_outside_partition_range": outside,
             **{f"n_{kind}": int(by_type.get(kind, 0)) for kind in ("approve", "reject", "override")},
             "audit_log": dg.MetadataValue.path(str(audit_log.file)),
+            "live_audit_log": dg.MetadataValue.path(str(audit_log.live_file)) if audit_log.live_file else "none",
             "quarantine": dg.MetadataValue.md(
-                "\n".join(f"- line {q['line_number']}: {q['error']}" for q in parsed.quarantine) or "none"
+                "\n".join(f"- {Path(q.get('source', audit_log.file)).name} line {q['line_number']}: {q['error']}" for q in parsed.quarantine) or "none"
             ),
         },
     )
