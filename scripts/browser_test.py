@@ -51,10 +51,10 @@ def make_driver():
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
-def screenshot(driver, path: Path) -> None:
+def screenshot(driver, path: Path, max_height: int = 4000) -> None:
     width, height = driver.execute_script("const e = document.documentElement; return [e.scrollWidth, e.scrollHeight]")
     shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
-                                                             "clip": {"x": 0, "y": 0, "width": width, "height": min(height, 4000), "scale": 1}})
+                                                             "clip": {"x": 0, "y": 0, "width": width, "height": min(height, max_height), "scale": 1}})
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
@@ -85,55 +85,40 @@ def api_round(base: str, token: str) -> dict:
     return codes
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default="data", help="the demo's FLYWHEEL_DATA_DIR (copied; never written)")
-    parser.add_argument("--screenshots", default="docs/screenshots")
-    args = parser.parse_args()
-    for tool in (CHROMIUM, CHROMEDRIVER):
-        if not Path(tool).exists():
-            raise SystemExit(f"{tool} is missing: apt-get install chromium chromium-driver (or `make browser-test`, which does)")
-    source = Path(args.data_dir).resolve()
-    if not (source / "warehouse" / "rollouts").is_dir():
-        raise SystemExit(f"{source} holds no demo data: run `make demo` first")
-    shots = Path(args.screenshots)
-    shots.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="flywheel-browser-"))
-    data = work / "data"
-    shutil.copytree(source, data, symlinks=True, ignore=shutil.ignore_patterns("warehouse.duckdb*", "feedback", "decisions", "service"))
-    home = work / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    token = "browser-test-" + os.urandom(12).hex()
-    os.environ.update(FLYWHEEL_DATA_DIR=str(data), DAGSTER_HOME=str(home), FLYWHEEL_API_TOKEN=token, FLYWHEEL_TRAIN_COOLDOWN_S="0")
-
+def serve_in_thread(state):
+    """The service on 127.0.0.1 and a free port, in a daemon thread: (server, base URL)."""
     import uvicorn
 
     from service.app import create_app
-    from service.state import ServiceState
 
-    port = free_port()
-    state = ServiceState.from_env()
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=free_port(), log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
-    while not server.started:
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
         time.sleep(0.05)
-    base = f"http://127.0.0.1:{port}"
-    started = time.perf_counter()
-    summary: dict = {"data_copied_from": str(source)}
+    return server, f"http://127.0.0.1:{server.config.port}"
+
+
+def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 300) -> dict:
+    """The whole walk-through against a service on `state` (its settings already in the environment,
+    which the worker process inherits); screenshots into `shots`. Raises AssertionError on a failure."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    shots.mkdir(parents=True, exist_ok=True)
+    server, base = serve_in_thread(state)
+    started = time.perf_counter()
+    summary: dict = {}
     driver = make_driver()
     try:
         codes = api_round(base, token)
-        check(all(c < 400 for c in codes.values()), f"every endpoint answers on the demo's data: {codes}")
+        check(all(c < 400 for c in codes.values()), f"every endpoint answers: {codes}")
         summary["endpoints"] = codes
 
         driver.get(f"{base}/login?token={token}")
         WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, "form.feedback-form"))
         check("Notes of" in driver.find_element(By.TAG_NAME, "h1").text, "signed in through the printed link; the notes page shows forms")
-        screenshot(driver, shots / "notes.png")
+        screenshot(driver, shots / "notes.png", max_height=1800)  # the first headlines: the page is long
         card = driver.find_elements(By.CSS_SELECTOR, ".note-card")[0]
         card_id = card.get_attribute("id")
         card.find_element(By.CSS_SELECTOR, "input[name=thumbs][value=down]").click()
@@ -157,7 +142,7 @@ def main() -> int:
         driver.find_element(By.ID, "materialize").click()
         WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.ID, "flash"))
         check("launched" in driver.find_element(By.ID, "flash").text, "note_feedback and feedback_pairs launched from the page")
-        deadline = time.time() + 300
+        deadline = time.time() + materialize_timeout
         while time.time() < deadline:
             driver.get(f"{base}/curation")
             rows = driver.find_elements(By.CSS_SELECTOR, "#pairs tr")
@@ -178,7 +163,7 @@ def main() -> int:
         screenshot(driver, shots / "proposal.png")
 
         driver.get(f"{base}/status")
-        check(bool(driver.find_elements(By.ID, "daily-history")), "the status page shows both loops")
+        check("History: daily loop" in driver.page_source and "History: preference adapters" in driver.page_source, "the status page shows both loops")
         screenshot(driver, shots / "status.png")
         # An alert() opened by markup would have failed the next driver command (UnexpectedAlertPresentException).
         summary.update(passed=True, seconds=round(time.perf_counter() - started, 1), screenshots=sorted(p.name for p in shots.glob("*.png")))
@@ -187,6 +172,37 @@ def main() -> int:
         server.should_exit = True
         for worker in state.workers:
             worker.wait(timeout=120)
+    return summary
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", default="data", help="the demo's FLYWHEEL_DATA_DIR (copied; never written)")
+    parser.add_argument("--screenshots", default="docs/screenshots")
+    args = parser.parse_args()
+    for tool in (CHROMIUM, CHROMEDRIVER):
+        if not Path(tool).exists():
+            raise SystemExit(f"{tool} is missing: apt-get install chromium chromium-driver (or `make browser-test`, which does)")
+    source = Path(args.data_dir).resolve()
+    if not (source / "warehouse" / "rollouts").is_dir():
+        raise SystemExit(f"{source} holds no demo data: run `make demo` first")
+    shots = Path(args.screenshots)
+    shots.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="flywheel-browser-"))
+    data = work / "data"
+    shutil.copytree(source, data, symlinks=True, ignore=shutil.ignore_patterns("warehouse.duckdb*", "feedback", "decisions", "service"))
+    home = work / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    token = "browser-test-" + os.urandom(12).hex()
+    os.environ.update(FLYWHEEL_DATA_DIR=str(data), DAGSTER_HOME=str(home), FLYWHEEL_API_TOKEN=token, FLYWHEEL_TRAIN_COOLDOWN_S="0")
+
+    from service.state import ServiceState
+
+    state = ServiceState.from_env()
+    try:
+        summary = {"data_copied_from": str(source), **run_in_browser(state, token, shots)}
+    finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(summary))
     return 0
