@@ -7,6 +7,10 @@ with the origin `dagster dev -w workspace.yaml` gives them (same location and re
 those runs look like runs launched from the UI: job pages, timeline, re-execute and backfill
 history all work. The run still executes here, in this process, without a daemon or a code server.
 
+The review service (service/launching.py) creates runs the same way (`create_run`) and hands them
+to a worker process, `python -m pipelines.launch RUN_ID...`, which executes them in order
+(`execute_created_run`), so a training never runs inside the service.
+
 Dagster has no public call for "execute in process with a remote origin", so this module is the one
 place that reaches into `dagster._core` for it (what `dagster job launch` and the run worker do).
 """

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from service.api import decisions, feedback, preferences, rl
 from service.pages import routes as pages
@@ -29,4 +30,11 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
         app.include_router(module.router)
     app.include_router(pages.router)
     app.add_middleware(WriteGuard, config=state.config)
+
+    @app.exception_handler(FileNotFoundError)
+    async def missing_file(request: Request, err: FileNotFoundError):
+        # A configured file that is not there (FLYWHEEL_AUDIT_LOG, the base model, an adapter folder):
+        # the service cannot answer until it is fixed, and says which file.
+        return JSONResponse({"detail": str(err)}, status_code=503)
+
     return app

@@ -26,7 +26,7 @@ from outcome_flywheel.preferences.status import min_new_pairs, training_status
 from outcome_flywheel.settings import env
 from pipelines.launch import IN_PROCESS, create_run, start_worker
 from pipelines.preferences import train_cooldown_s, training_decision
-from service.state import ServiceState
+from service.state import NoDagsterInstance, ServiceState
 
 REQUEST_TAG = "flywheel/request"
 REASON_TAG = "flywheel/reason"
@@ -79,6 +79,7 @@ def _launch(state: ServiceState, job: str | list[tuple[str, tuple[str, str] | No
             else:
                 runs.append(create_run(job, instance, partition_range=block, run_config=IN_PROCESS, tags=tags))
         log = state.warehouse.path("service", "runs", f"{runs[0].run_id}.log")
+        state.workers[:] = [w for w in state.workers if w.poll() is None]  # reap the finished ones
         state.workers.append(start_worker([r.run_id for r in runs], log))
     return True, runs
 
@@ -120,7 +121,7 @@ def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str,
     try:
         instance = state.instance()
         in_progress = len(instance.get_runs(filters=dg.RunsFilter(job_name=TRAINING_JOB, statuses=list(LIVE))))
-    except Exception as err:  # no instance: status still answers, launching will say why not
+    except NoDagsterInstance as err:  # status still answers; launching will say why not
         in_progress, status["instance_error"] = 0, str(err)
     start, reason, run_key = training_decision(state.warehouse, now, in_progress, min_new_pairs(), train_cooldown_s())
     reasons = list(status["blocking_reasons"])

@@ -192,3 +192,11 @@ def test_the_log_holds_what_was_acknowledged(client):
     ids = {client.post("/api/feedback", json={**GOOD, "rollout_index": i % 3}, headers=AUTH).json()["feedback_id"] for i in range(6)}
     parsed = read_feedback_log(client.app.state.service.feedback_log.file)
     assert {f.feedback_id for f in parsed.feedback} == ids and not parsed.quarantine
+
+
+def test_a_missing_configured_file_is_a_503_naming_it(world):
+    state = make_state(world)
+    state.audit_log.path = str(world / "nowhere.jsonl")
+    client = TestClient(create_app(state))
+    for response in (client.get("/api/preferences/stats"), client.post("/api/preferences/extract", headers=AUTH)):
+        assert response.status_code == 503 and "nowhere.jsonl" in response.json()["detail"]

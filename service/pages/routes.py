@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from urllib.parse import quote, urlencode
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,8 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Path as PathParam, 
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import ValidationError
-from urllib.parse import quote, urlencode
 
-from outcome_flywheel.daily_rl.status import records
+from outcome_flywheel.daily_rl.status import daily_history, records
 from outcome_flywheel.feedback.curation import feedback_metrics, feedback_table
 from outcome_flywheel.feedback.log import read_feedback_log
 from outcome_flywheel.feedback.records import FeedbackIn, VerificationIn
@@ -30,10 +30,9 @@ from service import launching
 from service.api.decisions import record_decision
 from service.api.feedback import add_feedback, verify_feedback
 from service.api.rl import loops_status, preference_history
-from outcome_flywheel.daily_rl.status import daily_history
 from service.pages.forms import FormError, parse_context, parse_order_lines, validation_text
-from service.state import NoDagsterInstance
 from service.security import SESSION_COOKIE, csrf_value, logged_in, require_csrf, session_value
+from service.state import NoDagsterInstance
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 # Autoescape everything: notes and corrections are model output and people's text, shown as text.
