@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 import dagster as dg
+import pandas as pd
 
 from assets.partitions import daily_rl_partitions, preference_partitions
 from assets.preferences.outcomes import pending_partitions_ready
@@ -127,8 +128,12 @@ def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str,
     reasons = list(status["blocking_reasons"])
     if not start and "new pairs since the last adapter" not in reason:  # that one training_status already gave
         reasons.append(reason)
+    history = state.warehouse.read_all("preference_training_history")
+    last = pd.to_datetime(history["finished_at"], utc=True).max() if len(history) else None
+    remaining = max(0.0, train_cooldown_s() - (pd.Timestamp(now) - last).total_seconds()) if last is not None else 0.0
     return {**status, "ready_to_train": start and status["ready_to_train"], "blocking_reasons": reasons,
-            "training_in_progress": in_progress, "cooldown_s": train_cooldown_s(), "run_key": run_key or None}
+            "training_in_progress": in_progress, "cooldown_s": train_cooldown_s(), "cooldown_remaining_s": round(remaining),
+            "last_training_finished_at": None if last is None else last.isoformat(), "run_key": run_key or None}
 
 
 def train(state: ServiceState, dry_run: bool = True, now: datetime | None = None) -> tuple[bool, dict[str, Any]]:

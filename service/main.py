@@ -37,7 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None, help="default FLYWHEEL_API_PORT (8765)")
     args = parser.parse_args(argv)
     validate_environment()
+    import warnings
+
+    import dagster as dg
     import uvicorn
+
+    # Dagster's notes that an API the definitions use is beta say nothing to the person starting the service.
+    warnings.filterwarnings("ignore", category=dg.BetaWarning)
+    warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
     from service.app import create_app
     from service.config import ServiceConfig

@@ -148,7 +148,7 @@ def test_stats_and_dataset(client):
 
 def test_training_status_and_train_refuse_with_reasons(client):
     status = client.get("/api/preferences/training_status").json()
-    assert status["ready_to_train"] is False and status["blocking_reasons"]
+    assert status["ready_to_train"] is False and status["blocking_reasons"] and status["cooldown_remaining_s"] == 0
     dry = client.post("/api/preferences/train", params={"dry_run": "true"}, headers=AUTH)
     assert dry.status_code == 200 and dry.json()["launched"] is False
     real = client.post("/api/preferences/train", params={"dry_run": "false"}, headers=AUTH)
