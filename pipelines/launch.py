@@ -100,19 +100,11 @@ def execute_created_run(run_id: str, instance: dg.DagsterInstance, raise_on_erro
     return execute_run(_reconstructable(run.job_name), run, instance, raise_on_error=raise_on_error)
 
 
-def run_job(
-    job_name: str,
-    instance: dg.DagsterInstance,
-    *,
-    partition_key: str | None = None,
-    partition_range: tuple[str, str] | None = None,
-    run_config: Mapping[str, object] | None = None,
-    tags: Mapping[str, str] | None = None,
-    raise_on_error: bool = True,
-) -> JobExecutionResult:
+def run_job(job_name: str, instance: dg.DagsterInstance, *, raise_on_error: bool = True, **run_options) -> JobExecutionResult:
     """Execute `job_name` of `pipelines.definitions.defs` here, recorded in `instance` as a run of the
-    workspace's code location (`create_run`, then `execute_created_run`)."""
-    run = create_run(job_name, instance, partition_key=partition_key, partition_range=partition_range, run_config=run_config, tags=tags)
+    workspace's code location: `create_run(job_name, instance, **run_options)` (partition_key,
+    partition_range, run_config, tags), then `execute_created_run`."""
+    run = create_run(job_name, instance, **run_options)
     result = execute_created_run(run.run_id, instance, raise_on_error=raise_on_error)
     if raise_on_error and not result.success:
         raise RuntimeError(f"{job_name} failed (run {result.run_id})")

@@ -83,6 +83,7 @@ def main() -> None:
     print(
         "\nLook at it:\n"
         "  make ui    # Dagster UI on this instance: http://127.0.0.1:3000 (runs, asset metadata, figures)\n"
+        "  make serve # review pages and REST API on this data: http://127.0.0.1:8765 (docs/service.md)\n"
         f"  .venv/bin/python -c \"import duckdb; print(duckdb.connect('{summary['data_dir']}/warehouse.duckdb', "
         "read_only=True).sql('SHOW TABLES'))\""
     )

@@ -59,3 +59,22 @@ def shared_data(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is not present on this machine")
     return path
+
+
+@pytest.fixture()
+def world(tmp_path, tiny_model_dir) -> Path:
+    """The review service's small world (tests/service_fixtures.py): tiny-local, one day of notes, a short audit log."""
+    from tests.service_fixtures import make_world
+
+    return make_world(tmp_path / "data", tiny_model_dir)
+
+
+@pytest.fixture()
+def client(world):
+    """The review service on `world`, through FastAPI's TestClient (token: service_fixtures.TOKEN)."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+    from tests.service_fixtures import make_state
+
+    return TestClient(create_app(make_state(world)))

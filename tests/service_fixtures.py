@@ -88,3 +88,4 @@ def publish_adapter(root: Path, name: str, seed: int) -> Path:
     (folder / TRAIN_INFO).write_text(json.dumps({"run": name, "config": {"completion_unit": "sequence", "beta": 0.1}, "prompt_context_keys": []}))
     atomic_symlink(folder, root.joinpath(*ADAPTERS_DIR, "latest"))
     return folder
+

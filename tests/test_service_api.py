@@ -14,22 +14,12 @@ from fastapi.testclient import TestClient
 from outcome_flywheel.feedback.log import read_feedback_log
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG
 from service.app import create_app
-from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, make_world, publish_adapter
+from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, publish_adapter
 
 GOOD = {"date": DAY, "headline_id": HEADLINES[0], "rollout_index": 1, "thumbs": "up", "stars": 4, "reviewer": "ana"}
 DECISION = {"decision_id": "web-0001", "ts": "2025-06-10T10:00:00-04:00", "decision": "approve",
             "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}], "text": "Cash deployment."},
             "context": {"regime": "risk-on"}}
-
-
-@pytest.fixture()
-def world(tmp_path, tiny_model_dir):
-    return make_world(tmp_path / "data", tiny_model_dir)
-
-
-@pytest.fixture()
-def client(world):
-    return TestClient(create_app(make_state(world)))
 
 
 def _bytes(path) -> bytes:

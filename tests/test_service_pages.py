@@ -6,25 +6,13 @@ from __future__ import annotations
 import html
 import re
 
-import pytest
 from fastapi.testclient import TestClient
 from markupsafe import escape
 
-from service.app import create_app
 from service.security import SESSION_COOKIE
-from tests.service_fixtures import AUTH, DAY, HEADLINES, MARKUP_NOTE, TOKEN, make_state, make_world, publish_adapter
+from tests.service_fixtures import AUTH, DAY, HEADLINES, MARKUP_NOTE, TOKEN, publish_adapter
 
 SCRIPT = '<script>alert("pwned")</script> Buy NVDA, 2%.'
-
-
-@pytest.fixture()
-def world(tmp_path, tiny_model_dir):
-    return make_world(tmp_path / "data", tiny_model_dir)
-
-
-@pytest.fixture()
-def client(world):
-    return TestClient(create_app(make_state(world)))
 
 
 def signed_in(client: TestClient) -> str:
