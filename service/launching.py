@@ -72,16 +72,21 @@ def _launch(state: ServiceState, job: str | list[tuple[str, tuple[str, str] | No
             return False, existing
         tags = {REQUEST_TAG: digest, REASON_TAG: reason[:200]}
         runs = []
-        for job, block in specs:
+        for job_name, block in specs:
             if block is None:
-                runs.append(create_run(job, instance, run_config=IN_PROCESS, tags=tags))
+                runs.append(create_run(job_name, instance, run_config=IN_PROCESS, tags=tags))
             elif block[0] == block[1]:
-                runs.append(create_run(job, instance, partition_key=block[0], run_config=IN_PROCESS, tags=tags))
+                runs.append(create_run(job_name, instance, partition_key=block[0], run_config=IN_PROCESS, tags=tags))
             else:
-                runs.append(create_run(job, instance, partition_range=block, run_config=IN_PROCESS, tags=tags))
+                runs.append(create_run(job_name, instance, partition_range=block, run_config=IN_PROCESS, tags=tags))
         log = state.warehouse.path("service", "runs", f"{runs[0].run_id}.log")
         state.workers[:] = [w for w in state.workers if w.poll() is None]  # reap the finished ones
-        state.workers.append(start_worker([r.run_id for r in runs], log))
+        try:
+            state.workers.append(start_worker([r.run_id for r in runs], log))
+        except OSError as err:  # no worker: fail the runs, or they would block the next identical request forever
+            for run in runs:
+                instance.report_run_failed(run, f"the launch worker could not start: {err}")
+            raise
     return True, runs
 
 
