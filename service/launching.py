@@ -19,8 +19,6 @@ import pandas as pd
 
 from assets.partitions import daily_rl_partitions, preference_partitions
 from assets.preferences.outcomes import pending_partitions_ready
-from outcome_flywheel.feedback.curation import feedback_table
-from outcome_flywheel.feedback.log import read_feedback_log
 from outcome_flywheel.preferences.audit_log import records_frame
 from outcome_flywheel.preferences.changes import changed_dates, contiguous_ranges
 from outcome_flywheel.preferences.status import min_new_pairs, training_status
@@ -158,8 +156,7 @@ FEEDBACK_PAIRS_JOB = "feedback_pairs_job"
 def feedback_plan(state: ServiceState) -> dict[str, Any]:
     """Days whose feedback (with verdicts) differs from their `note_feedback` partition, and whether
     `feedback_pairs` is older than the feedback it is built from."""
-    parsed = read_feedback_log(state.feedback_log.file)
-    table = feedback_table(parsed.feedback, parsed.verifications)
+    table = state.feedback_log.table()
     warehouse = state.warehouse
     changed = changed_dates(table.rename(columns={"date": "decision_date"}),
                             lambda d: warehouse.read("note_feedback", d).rename(columns={"date": "decision_date"}),

@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+import pandas as pd
 from pydantic import BaseModel, ValidationError
 
+from outcome_flywheel.feedback.curation import feedback_table
 from outcome_flywheel.feedback.records import FeedbackRecord, VerificationRecord
 from outcome_flywheel.settings import resolve_path
 
@@ -34,6 +36,11 @@ class FeedbackLog:
 
     def read(self) -> "ParsedFeedbackLog":
         return read_feedback_log(self.file)
+
+    def table(self) -> pd.DataFrame:
+        """One row per feedback with its latest verdict (`curation.feedback_table`)."""
+        parsed = self.read()
+        return feedback_table(parsed.feedback, parsed.verifications)
 
     def append(self, record: BaseModel) -> None:
         append_record(self.file, record)

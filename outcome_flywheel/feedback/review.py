@@ -12,6 +12,14 @@ from outcome_flywheel.daily_rl.status import records
 from outcome_flywheel.feedback.curation import note_ratings
 
 
+def find_note(notes: pd.DataFrame, headline_id: str, rollout_index: int) -> dict[str, Any] | None:
+    """The row of `notes` (rollouts of one day) for one note, or None."""
+    if notes.empty:
+        return None
+    match = notes[(notes["headline_id"] == headline_id) & (notes["rollout_index"] == rollout_index)]
+    return match.iloc[0].to_dict() if len(match) else None
+
+
 def review_days(warehouse) -> list[str]:
     """Days with rollouts, newest first."""
     return sorted(warehouse.partitions("rollouts"), reverse=True)

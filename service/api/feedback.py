@@ -8,9 +8,10 @@ from typing import Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 
 from outcome_flywheel.daily_rl.status import records
-from outcome_flywheel.feedback.curation import FEEDBACK_COLUMNS, feedback_table
-from outcome_flywheel.feedback.log import append_unless, read_feedback_log
+from outcome_flywheel.feedback.curation import FEEDBACK_COLUMNS
+from outcome_flywheel.feedback.log import append_unless
 from outcome_flywheel.feedback.records import FeedbackIn, FeedbackRecord, VerificationIn, VerificationRecord
+from outcome_flywheel.feedback.review import find_note
 from service import launching
 from service.security import bearer
 from service.state import NoDagsterInstance
@@ -22,9 +23,7 @@ FEEDBACK_ID = r"^[0-9a-f]{32}$"
 def add_feedback(state, feedback: FeedbackIn) -> dict:
     """Append feedback on a note that exists (404 otherwise); returns the record written."""
     day = feedback.date.isoformat()
-    notes = state.warehouse.read("rollouts", day)
-    match = notes[(notes["headline_id"] == feedback.headline_id) & (notes["rollout_index"] == feedback.rollout_index)] if len(notes) else notes
-    if match.empty:
+    if find_note(state.warehouse.read("rollouts", day), feedback.headline_id, feedback.rollout_index) is None:
         raise HTTPException(status_code=404, detail=f"no note {feedback.headline_id}#{feedback.rollout_index} in rollouts({day})")
     record = FeedbackRecord(**feedback.model_dump())
     state.feedback_log.append(record)
@@ -58,8 +57,7 @@ def verify_feedback(state, feedback_id: str, verdict: VerificationIn) -> dict:
 
 
 def feedback_rows(state, status: str = "unverified", day: str | None = None, limit: int = 100) -> tuple[int, list[dict]]:
-    parsed = read_feedback_log(state.feedback_log.file)
-    table = feedback_table(parsed.feedback, parsed.verifications)
+    table = state.feedback_log.table()
     if status != "all":
         table = table[table["status"] == status]
     if day:

@@ -8,18 +8,17 @@ from fastapi import APIRouter, Request
 
 from outcome_flywheel.daily_rl.status import daily_history, daily_status, records
 from outcome_flywheel.feedback.curation import feedback_metrics, feedback_table
-from outcome_flywheel.feedback.log import read_feedback_log
 from service import launching
 
 router = APIRouter(prefix="/api/rl", tags=["status"])
 
 
-def feedback_status(state) -> dict[str, Any]:
-    parsed = read_feedback_log(state.feedback_log.file)
+def feedback_status(state, parsed=None, pairs=None) -> dict[str, Any]:
+    """The feedback metrics over every note shown (`feedback_metrics`) and the log's quarantined lines."""
+    parsed = parsed if parsed is not None else state.feedback_log.read()
+    pairs = pairs if pairs is not None else state.warehouse.read("feedback_pairs")
     table = feedback_table(parsed.feedback, parsed.verifications)
-    shown = sum(len(state.warehouse.read("rollouts", d)) for d in state.warehouse.partitions("rollouts"))
-    pairs = state.warehouse.read("feedback_pairs")
-    return {**feedback_metrics(table, shown, pairs), "quarantined_lines": len(parsed.quarantine)}
+    return {**feedback_metrics(table, state.warehouse.count_rows("rollouts"), pairs), "quarantined_lines": len(parsed.quarantine)}
 
 
 def loops_status(state) -> dict[str, Any]:

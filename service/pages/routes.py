@@ -19,17 +19,16 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import ValidationError
 
 from outcome_flywheel.daily_rl.status import daily_history, records
-from outcome_flywheel.feedback.curation import feedback_metrics, feedback_table
-from outcome_flywheel.feedback.log import read_feedback_log
+from outcome_flywheel.feedback.curation import feedback_table
 from outcome_flywheel.feedback.records import FeedbackIn, VerificationIn
-from outcome_flywheel.feedback.review import notes_for_review, review_days
+from outcome_flywheel.feedback.review import find_note, notes_for_review, review_days
 from outcome_flywheel.preferences.audit_log import AuditRecord
 from outcome_flywheel.preferences.metrics import rejected_winners, style_band
 from outcome_flywheel.preferences.weighting import render_plan
 from service import launching
 from service.api.decisions import record_decision
 from service.api.feedback import add_feedback, verify_feedback
-from service.api.rl import loops_status, preference_history
+from service.api.rl import feedback_status, loops_status, preference_history
 from service.pages.forms import FormError, parse_context, parse_order_lines, validation_text
 from service.security import SESSION_COOKIE, csrf_value, logged_in, require_csrf, session_value
 from service.state import NoDagsterInstance
@@ -81,9 +80,7 @@ def notes_page(request: Request, date: str | None = Query(None, pattern=r"^\d{4}
     state = request.app.state.service
     days = review_days(state.warehouse)
     day = date or (days[0] if days else None)
-    parsed = read_feedback_log(state.feedback_log.file)
-    table = feedback_table(parsed.feedback, parsed.verifications)
-    headlines = notes_for_review(state.warehouse, day, table) if day else []
+    headlines = notes_for_review(state.warehouse, day, state.feedback_log.table()) if day else []
     return render(request, "notes.html", title="Notes", active="/", days=days, day=day, headlines=headlines)
 
 
@@ -160,16 +157,16 @@ def decide_form(
 @router.get("/curation", response_class=HTMLResponse)
 def curation_page(request: Request):
     state = request.app.state.service
-    parsed = read_feedback_log(state.feedback_log.file)
+    parsed = state.feedback_log.read()
     table = feedback_table(parsed.feedback, parsed.verifications)
     queue = records(table[table["status"] == "unverified"].sort_values("created_at"), list(table.columns))
+    days: dict[str, Any] = {}  # each day's notes read once
     for row in queue:
-        notes = state.warehouse.read("rollouts", row["date"])
-        match = notes[(notes["headline_id"] == row["headline_id"]) & (notes["rollout_index"] == row["rollout_index"])] if len(notes) else notes
-        row["note"] = match["response"].iloc[0] if len(match) else None
+        notes = days.setdefault(row["date"], state.warehouse.read("rollouts", row["date"]))
+        note = find_note(notes, row["headline_id"], row["rollout_index"])
+        row["note"] = note["response"] if note else None
     pairs = state.warehouse.read("feedback_pairs")
-    shown = sum(len(state.warehouse.read("rollouts", d)) for d in state.warehouse.partitions("rollouts"))
-    metrics = feedback_metrics(table, shown, pairs)
+    metrics = feedback_status(state, parsed, pairs)
     rows = records(pairs, ["pair_id", "source", "date", "headline_id", "chosen", "rejected", "exported_at"]) if len(pairs) else []
     return render(request, "curation.html", title="Curation", active="/curation", queue=queue, pairs=rows, metrics=metrics)
 
