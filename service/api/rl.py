@@ -25,6 +25,10 @@ def loops_status(state) -> dict[str, Any]:
     return {"daily_rl": daily_status(state.warehouse), "preferences": launching.training_plan(state), "feedback": feedback_status(state)}
 
 
+def loops_history(state) -> dict[str, Any]:
+    return {"daily_rl": daily_history(state.warehouse), "preferences": preference_history(state.warehouse)}
+
+
 def preference_history(warehouse) -> list[dict[str, Any]]:
     """One row per adapter run: its training (pairs, loss) and its holdout evaluation (AUC)."""
     training = warehouse.read_all("preference_training_history")
@@ -51,8 +55,7 @@ def status(request: Request) -> dict:
 def history(request: Request) -> dict:
     """Over time: the daily loop's reward, GSPO loss, KL to the base and gate per day; the preference
     adapters' loss and holdout AUC per run."""
-    state = request.app.state.service
-    return {"daily_rl": daily_history(state.warehouse), "preferences": preference_history(state.warehouse)}
+    return loops_history(request.app.state.service)
 
 
 

@@ -18,17 +18,18 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import ValidationError
 
-from outcome_flywheel.daily_rl.status import daily_history, records
+from outcome_flywheel.daily_rl.status import records
 from outcome_flywheel.feedback.curation import feedback_table
 from outcome_flywheel.feedback.records import FeedbackIn, VerificationIn
 from outcome_flywheel.feedback.review import find_note, notes_for_review, review_days
 from outcome_flywheel.preferences.audit_log import AuditRecord
 from outcome_flywheel.preferences.metrics import rejected_winners, style_band
+from outcome_flywheel.preferences.status import drift, last_eval
 from outcome_flywheel.preferences.weighting import render_plan
 from service import launching
 from service.api.decisions import record_decision
 from service.api.feedback import add_feedback, verify_feedback
-from service.api.rl import feedback_status, loops_status, preference_history
+from service.api.rl import feedback_status, loops_history, loops_status
 from service.pages.forms import FormError, parse_context, parse_order_lines, validation_text
 from service.security import SESSION_COOKIE, csrf_value, logged_in, require_csrf, session_value
 from service.state import NoDagsterInstance
@@ -126,7 +127,7 @@ def proposal_page(request: Request, orders: str = "", context: str = "", text: s
         score = state.scorer.score(parsed_orders, parsed_context, text or None)
     except (FormError, ValidationError) as err:
         return render(request, "proposal.html", 422, title="Proposal", active="/proposal", form=form, score=None, error=validation_text(err))
-    preferences = loops_status(state)["preferences"]
+    preferences = {"last_eval": last_eval(state.warehouse), "drift": drift(state.warehouse)}
     return render(request, "proposal.html", title="Proposal", active="/proposal", form=form, score=score,
                   band=style_band(score["style_match_score"]), learning_signal=learning_signal(preferences),
                   rejected_winners=holdout_winners(state, preferences), plan=render_plan(parsed_orders))
@@ -200,7 +201,7 @@ def verify_form(request: Request, feedback_id: str = PathParam(pattern=r"^[0-9a-
 def status_page(request: Request):
     state = request.app.state.service
     status = loops_status(state)
-    history = {"daily_rl": daily_history(state.warehouse), "preferences": preference_history(state.warehouse)}
+    history = loops_history(state)
     return render(request, "status.html", title="Status", active="/status", status=status, history=history,
                   learning_signal=learning_signal(status["preferences"]))
 
