@@ -13,6 +13,7 @@ from __future__ import annotations
 from fastapi import Form, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPBearer
+from starlette.requests import cookie_parser
 
 from service.config import ServiceConfig
 
@@ -49,14 +50,6 @@ def _bearer(headers: dict[bytes, bytes]) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
-def _cookie(headers: dict[bytes, bytes], name: str) -> str | None:
-    for part in headers.get(b"cookie", b"").decode("latin-1").split(";"):
-        key, _, value = part.strip().partition("=")
-        if key == name:
-            return value
-    return None
-
-
 class WriteGuard:
     """Auth for writes and the body-size limit, before routing (so a refused request is never parsed)."""
 
@@ -74,7 +67,7 @@ class WriteGuard:
                 response = JSONResponse({"detail": "writes need Authorization: Bearer <FLYWHEEL_API_TOKEN>"}, status_code=401,
                                         headers={"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send)
-        elif path not in OPEN_POSTS and _cookie(headers, SESSION_COOKIE) != session_value(self.config):
+        elif path not in OPEN_POSTS and cookie_parser(headers.get(b"cookie", b"").decode("latin-1")).get(SESSION_COOKIE) != session_value(self.config):
             response = PlainTextResponse("not logged in: open /login and paste the service's token", status_code=401)
             return await response(scope, receive, send)
         limit = self.config.max_body_bytes
