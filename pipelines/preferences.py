@@ -69,13 +69,18 @@ def flywheel_outcomes_schedule(context: dg.ScheduleEvaluationContext, warehouse:
     return requests
 
 
+def last_training_finished(warehouse) -> pd.Timestamp | None:
+    """When the last preference training finished (UTC), None before the first."""
+    hist = warehouse.read_all(HISTORY_TABLE)
+    return pd.to_datetime(hist["finished_at"], utc=True).max() if len(hist) else None
+
+
 def training_decision(warehouse, now: datetime, in_progress: int, min_new: int, cooldown_s: int) -> tuple[bool, str, str]:
     """(start?, reason, run key) for the training sensor; plain so tests can call it."""
     if in_progress:
         return False, f"a flywheel_training run is already queued or running ({in_progress})", ""
-    hist = warehouse.read_all(HISTORY_TABLE)
-    if len(hist):
-        last = pd.to_datetime(hist["finished_at"], utc=True).max()
+    last = last_training_finished(warehouse)
+    if last is not None:
         waited = (pd.Timestamp(now) - last).total_seconds()
         if waited < cooldown_s:
             return False, f"cooldown: last training finished {waited:.0f}s ago (< {cooldown_s}s)", ""

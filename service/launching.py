@@ -24,7 +24,7 @@ from outcome_flywheel.preferences.changes import changed_dates, contiguous_range
 from outcome_flywheel.preferences.status import min_new_pairs, training_status
 from outcome_flywheel.settings import env
 from pipelines.launch import IN_PROCESS, create_run, start_worker
-from pipelines.preferences import train_cooldown_s, training_decision
+from pipelines.preferences import last_training_finished, train_cooldown_s, training_decision
 from service.state import NoDagsterInstance, ServiceState
 
 REQUEST_TAG = "flywheel/request"
@@ -131,8 +131,7 @@ def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str,
     reasons = list(status["blocking_reasons"])
     if not start and "new pairs since the last adapter" not in reason:  # that one training_status already gave
         reasons.append(reason)
-    history = state.warehouse.read_all("preference_training_history")
-    last = pd.to_datetime(history["finished_at"], utc=True).max() if len(history) else None
+    last = last_training_finished(state.warehouse)
     remaining = max(0.0, train_cooldown_s() - (pd.Timestamp(now) - last).total_seconds()) if last is not None else 0.0
     return {**status, "ready_to_train": start and status["ready_to_train"], "blocking_reasons": reasons,
             "training_in_progress": in_progress, "cooldown_s": train_cooldown_s(), "cooldown_remaining_s": round(remaining),
