@@ -20,22 +20,16 @@ import base64
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from service.main import start_in_thread
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CORRECTION = '<script>alert("pwned")</script>Buy NVDA, 2% of the portfolio; stop 5% below entry.'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_driver():
@@ -85,20 +79,6 @@ def api_round(base: str, token: str) -> dict:
     return codes
 
 
-def serve_in_thread(state):
-    """The service on 127.0.0.1 and a free port, in a daemon thread: (server, base URL)."""
-    import uvicorn
-
-    from service.app import create_app
-
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=free_port(), log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    return server, f"http://127.0.0.1:{server.config.port}"
-
-
 def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 300) -> dict:
     """The whole walk-through against a service on `state` (its settings already in the environment,
     which the worker process inherits); screenshots into `shots`. Raises AssertionError on a failure."""
@@ -106,7 +86,7 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
     from selenium.webdriver.support.ui import WebDriverWait
 
     shots.mkdir(parents=True, exist_ok=True)
-    server, base = serve_in_thread(state)
+    server, base = start_in_thread(state)
     started = time.perf_counter()
     summary: dict = {}
     driver = make_driver()

@@ -31,6 +31,27 @@ def banner(config) -> str:
     return "\n".join(lines)
 
 
+def start_in_thread(state, port: int = 0):
+    """The service on `state` in a daemon thread of this process, on `state.config.host` and `port`
+    (0: a free one), for the browser test and the tests: (uvicorn server, base URL)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from service.app import create_app
+
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host=state.config.host, port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline:
+            raise RuntimeError("the service did not start in 30 s")
+        time.sleep(0.05)
+    host, bound_port = server.servers[0].sockets[0].getsockname()[:2]
+    return server, f"http://{host}:{bound_port}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flywheel-serve", description="The outcome flywheel's review pages and REST API.")
     parser.add_argument("--host", default=None, help="default FLYWHEEL_API_HOST (127.0.0.1)")

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.models import ModelLoader
@@ -21,6 +20,7 @@ from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO
 from outcome_flywheel.storage import Warehouse, atomic_symlink
 from service.config import ServiceConfig
 from service.state import ServiceState
+from tests.mlx_fixtures import perturb_torch_lora
 
 TOKEN = "test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -71,15 +71,11 @@ def make_world(root: Path, tiny_model_dir: Path) -> Path:
 
 
 def publish_adapter(root: Path, name: str, seed: int) -> Path:
-    """A LoRA adapter with random (seeded) B matrices, published as `latest` the way the adapter
+    """A LoRA adapter with random (seeded) weights, published as `latest` the way the adapter
     asset does: a real adapter the scorer must load, different for each seed."""
     backend = ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu").load()
     backend.add_lora(LoraSettings())
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for pname, param in backend.model.named_parameters():
-            if "lora_B" in pname:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.05)
+    perturb_torch_lora(backend, seed=seed)
     folder = root.joinpath(*ADAPTERS_DIR, name)
     if folder.exists():
         shutil.rmtree(folder)

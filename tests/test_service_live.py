@@ -4,7 +4,6 @@ runs on a Dagster instance through the worker process (idempotent)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import entry_points
@@ -12,13 +11,11 @@ from importlib.metadata import entry_points
 import dagster as dg
 import httpx
 import pytest
-import uvicorn
 
 from outcome_flywheel.feedback.log import read_feedback_log
 from outcome_flywheel.settings import settings_problems
-from service.app import create_app
 from service.config import ServiceConfig
-from service.main import banner
+from service.main import banner, start_in_thread
 from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, make_world
 
 DECISION = {"decision_id": "web-live-1", "ts": "2025-06-11T10:00:00-04:00", "decision": "reject",
@@ -37,18 +34,10 @@ def live(tmp_path_factory, tiny_model_dir):
         for name, value in {"DAGSTER_HOME": str(home), "FLYWHEEL_DATA_DIR": str(root), "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
                             "OMP_NUM_THREADS": "1"}.items():
             mp.setenv(name, value)
-        state = make_state(root)
-        config = uvicorn.Config(create_app(state), host=ServiceConfig().host, port=0, log_level="warning")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.time() + 30
-        while not server.started and time.time() < deadline:
-            time.sleep(0.05)
-        address = server.servers[0].sockets[0].getsockname()
-        yield {"state": state, "root": root, "address": address, "url": f"http://{address[0]}:{address[1]}"}
+        state = make_state(root)  # its config: ServiceConfig's defaults, the host included
+        server, url = start_in_thread(state)
+        yield {"state": state, "root": root, "address": server.servers[0].sockets[0].getsockname(), "url": url}
         server.should_exit = True
-        thread.join(timeout=10)
         for worker in state.workers:
             worker.wait(timeout=120)
 
