@@ -102,9 +102,9 @@ def extraction_plan(state: ServiceState, now: datetime | None = None) -> dict[st
                    "no partition yet: a day's partition opens when the day ends (FLYWHEEL_TIMEZONE); "
                    "the flywheel_outcomes_schedule or a later extract picks it up")
                for d in changed if d not in keys}
-    dates = sorted((set(changed) & keys) | set(ready))
-    return {"changed_dates": sorted(set(changed) & keys), "pending_outcomes_ready": ready, "waiting": waiting, "dates": dates,
-            "digest": _digest({"changed": {d: changed[d] for d in sorted(set(changed) & keys)}, "ready": ready, "day": now.date().isoformat() if ready else None})}
+    launchable = sorted(set(changed) & keys)
+    return {"changed_dates": launchable, "pending_outcomes_ready": ready, "waiting": waiting, "dates": sorted(set(launchable) | set(ready)),
+            "digest": _digest({"changed": {d: changed[d] for d in launchable}, "ready": ready, "day": now.date().isoformat() if ready else None})}
 
 
 def extract(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
