@@ -75,8 +75,10 @@ def last_training_finished(warehouse) -> pd.Timestamp | None:
     return pd.to_datetime(hist["finished_at"], utc=True).max() if len(hist) else None
 
 
-def training_decision(warehouse, now: datetime, in_progress: int, min_new: int, cooldown_s: int) -> tuple[bool, str, str]:
-    """(start?, reason, run key) for the training sensor; plain so tests can call it."""
+def training_decision(warehouse, now: datetime, in_progress: int, min_new: int, cooldown_s: int,
+                      pairs: pd.DataFrame | None = None) -> tuple[bool, str, str]:
+    """(start?, reason, run key) for the training sensor; plain so tests can call it (`pairs`:
+    `current_pairs(warehouse)` when the caller has it already)."""
     if in_progress:
         return False, f"a flywheel_training run is already queued or running ({in_progress})", ""
     last = last_training_finished(warehouse)
@@ -84,7 +86,7 @@ def training_decision(warehouse, now: datetime, in_progress: int, min_new: int, 
         waited = (pd.Timestamp(now) - last).total_seconds()
         if waited < cooldown_s:
             return False, f"cooldown: last training finished {waited:.0f}s ago (< {cooldown_s}s)", ""
-    pairs = current_pairs(warehouse)
+    pairs = current_pairs(warehouse) if pairs is None else pairs
     new = new_pairs_since(pairs, trained_state(latest_adapter_dir(warehouse)))
     if new < min_new:
         return False, f"{new} new pairs since the last adapter (< {min_new})", ""

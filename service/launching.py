@@ -21,7 +21,7 @@ from assets.partitions import daily_rl_partitions, preference_partitions
 from assets.preferences.outcomes import pending_partitions_ready
 from outcome_flywheel.preferences.audit_log import records_frame
 from outcome_flywheel.preferences.changes import changed_dates, contiguous_ranges
-from outcome_flywheel.preferences.status import min_new_pairs, training_status
+from outcome_flywheel.preferences.status import current_pairs, min_new_pairs, training_status
 from outcome_flywheel.settings import env
 from pipelines.launch import IN_PROCESS, create_run, start_worker
 from pipelines.preferences import last_training_finished, train_cooldown_s, training_decision
@@ -121,13 +121,14 @@ def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str,
     """The readiness of `training_status` and the training sensor's own rule (one training at a
     time, the cooldown, the new-pairs threshold)."""
     now = now or datetime.now(timezone.utc)
-    status = training_status(state.warehouse)
+    pairs = current_pairs(state.warehouse)  # built once for both readings of readiness
+    status = training_status(state.warehouse, pairs=pairs)
     try:
         instance = state.instance()
         in_progress = len(instance.get_runs(filters=dg.RunsFilter(job_name=TRAINING_JOB, statuses=list(LIVE))))
     except NoDagsterInstance as err:  # status still answers; launching will say why not
         in_progress, status["instance_error"] = 0, str(err)
-    start, reason, run_key = training_decision(state.warehouse, now, in_progress, min_new_pairs(), train_cooldown_s())
+    start, reason, run_key = training_decision(state.warehouse, now, in_progress, min_new_pairs(), train_cooldown_s(), pairs)
     reasons = list(status["blocking_reasons"])
     if not start and "new pairs since the last adapter" not in reason:  # that one training_status already gave
         reasons.append(reason)

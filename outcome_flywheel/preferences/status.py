@@ -101,11 +101,12 @@ def drift(warehouse) -> dict[str, Any]:
     return {k: _clean(v) for k, v in drift_level(aucs).items()}
 
 
-def training_status(warehouse, min_new: int | None = None) -> dict[str, Any]:
-    """n_preferences, n_dpo_pairs, n_holdout, ready_to_train with blocking reasons, last eval, drift."""
+def training_status(warehouse, min_new: int | None = None, pairs: pd.DataFrame | None = None) -> dict[str, Any]:
+    """n_preferences, n_dpo_pairs, n_holdout, ready_to_train with blocking reasons, last eval, drift
+    (`pairs`: `current_pairs(warehouse)` when the caller has it already)."""
     min_new = min_new_pairs() if min_new is None else min_new
     decisions = latest_decisions(warehouse.read_all("operator_decisions"))
-    pairs = current_pairs(warehouse)
+    pairs = current_pairs(warehouse) if pairs is None else pairs
     dataset = warehouse.read("dpo_dataset")
     adapter = latest_adapter_dir(warehouse)
     new = new_pairs_since(pairs, trained_state(adapter))
