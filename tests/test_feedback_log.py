@@ -11,7 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from outcome_flywheel.feedback.curation import carry_exports, feedback_metrics, feedback_pairs, feedback_table, new_export
-from outcome_flywheel.feedback.log import append_record, append_unless, read_feedback_log
+from outcome_flywheel.feedback.log import read_feedback_log
+from outcome_flywheel.jsonl_log import append_record, append_unless
 from outcome_flywheel.feedback.records import FeedbackIn, FeedbackRecord, VerificationIn, VerificationRecord, human_signal
 
 DAY = "2025-11-04"
@@ -135,3 +136,23 @@ def test_verification_rules():
         VerificationIn(action="edit", curator="cu")
     with pytest.raises(ValidationError, match="only an edit carries a correction"):
         VerificationIn(action="approve", correction="x", curator="cu")
+
+
+def test_a_torn_last_line_does_not_eat_the_next_append(tmp_path):
+    """A crash mid-write leaves a partial last line: the next acknowledged append is a whole line of
+    its own (readable), and the torn part alone is quarantined."""
+    log = tmp_path / "feedback.jsonl"
+    kept = fb(thumbs="up")
+    append_record(log, kept)
+    with open(log, "a") as f:
+        f.write('{"kind": "feedback", "date": "2025-11-0')  # torn: no newline
+    after = fb(rollout_index=1, stars=3)
+    append_record(log, after)
+    parsed = read_feedback_log(log)
+    assert [f.feedback_id for f in parsed.feedback] == [kept.feedback_id, after.feedback_id]
+    assert len(parsed.quarantine) == 1 and parsed.quarantine[0]["raw"].endswith('"2025-11-0') and parsed.lines == 3
+    # append_unless (the verdicts' and the decisions' path) ends a torn tail too.
+    with open(log, "a") as f:
+        f.write("{torn")
+    assert append_unless(log, '{"kind": "vote"}', lambda lines: None) is None
+    assert log.read_text().endswith('{torn\n{"kind": "vote"}\n')

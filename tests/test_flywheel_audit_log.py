@@ -73,3 +73,26 @@ def test_bundled_sample_log_parses_with_its_documented_edge_cases():
     frame = records_frame(parsed, "America/New_York")
     counts = frame["decision"].value_counts()
     assert set(counts.index) == {"approve", "reject", "override"} and len(frame) >= 150
+
+
+def test_a_torn_live_log_keeps_the_409_on_a_changed_body(tmp_path):
+    """A crash mid-write leaves the live log ending in a partial line: the next decision is still
+    appended as its own line, so it is found, and a changed body under its id is refused."""
+    import pytest
+
+    from outcome_flywheel.preferences.audit_log import AuditRecord
+    from outcome_flywheel.preferences.audit_log_file import AuditLog, DecisionConflict
+
+    source = tmp_path / "audit_log.jsonl"
+    source.write_text("")
+    log = AuditLog(path=str(source), data_dir=str(tmp_path))
+    log.live_file.parent.mkdir(parents=True)
+    log.live_file.write_text('{"decision_id": "d-torn", "ts": "2025-06-')  # a writer died here
+    record = AuditRecord(decision_id="d-1", ts="2025-06-10T10:00:00-04:00", decision="approve",
+                         proposal={"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]})
+    assert log.append(record) == "created"
+    parsed = log.parse()
+    assert [r.decision_id for _, r in parsed.records] == ["d-1"] and parsed.n_quarantined == 1 and parsed.reconciles()
+    with pytest.raises(DecisionConflict):
+        log.append(record.model_copy(update={"decision": "reject"}))
+    assert log.append(record) == "unchanged"

@@ -3,28 +3,14 @@ service's `/api/rl/status` and `/api/rl/history`, the status page)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
 from outcome_flywheel.daily_rl.loop import read_checkpoint
+from outcome_flywheel.json_rows import records
 
 CHECKPOINTS = ("checkpoints", "policy")
-
-
-def _plain(value: Any) -> Any:
-    """JSON-ready: numpy scalars to Python, NaN / NA to None."""
-    if hasattr(value, "item"):
-        value = value.item()
-    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return value
-
-
-def records(frame: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
-    present = [c for c in columns if c in frame.columns]
-    return [{c: _plain(v) for c, v in zip(present, row)} for row in frame[present].itertuples(index=False)]
 
 
 def daily_status(warehouse) -> dict[str, Any]:

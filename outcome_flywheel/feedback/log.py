@@ -1,23 +1,19 @@
-"""Append-only JSON Lines logs written by people through the service: durable appends (an exclusive
-lock, one write, fsync, then the caller may acknowledge) and a tolerant reader that quarantines bad
-lines with the reason instead of failing the day. Used by the note-feedback log and the operator
-decision log."""
+"""The note-feedback log: JSON Lines written by people through the service, appended durably
+(`outcome_flywheel.jsonl_log`: lock, one write, fsync) and read by a tolerant reader that
+quarantines bad lines with the reason instead of failing the day."""
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pandas as pd
 from pydantic import BaseModel, ValidationError
 
 from outcome_flywheel.feedback.curation import feedback_table
 from outcome_flywheel.feedback.records import FeedbackRecord, VerificationRecord
+from outcome_flywheel.jsonl_log import append_record
 from outcome_flywheel.settings import resolve_path
 
 KINDS: dict[str, type[BaseModel]] = {"feedback": FeedbackRecord, "verification": VerificationRecord}
@@ -44,45 +40,6 @@ class FeedbackLog:
 
     def append(self, record: BaseModel) -> None:
         append_record(self.file, record)
-
-
-@contextmanager
-def locked(path: Path) -> Iterator[int]:
-    """An exclusive lock on `path` (created if missing), held for the block: appends and
-    read-then-append checks of one log are serialised across threads and processes."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield fd
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
-def write_line(fd: int, line: str) -> None:
-    """One whole line in one write, then fsync: once this returns, the line survives a crash."""
-    data = (line.rstrip("\n") + "\n").encode("utf-8")
-    written = os.write(fd, data)
-    if written != len(data):  # a regular file under O_APPEND takes it whole, or the disk is full
-        raise OSError(f"short write: {written} of {len(data)} bytes")
-    os.fsync(fd)
-
-
-def append_record(path: Path, record: BaseModel) -> None:
-    with locked(path) as fd:
-        write_line(fd, record.model_dump_json())
-
-
-def append_unless(path: Path, line: str, existing: Callable[[list[str]], str | None]) -> str | None:
-    """Append `line` unless `existing(lines already in the log)` returns a reason not to (returned,
-    nothing written). Read and append happen under one lock, so two racing writers cannot both pass."""
-    with locked(path) as fd:
-        with open(path, encoding="utf-8") as f:
-            reason = existing(f.read().splitlines())
-        if reason is None:
-            write_line(fd, line)
-        return reason
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from outcome_flywheel.daily_rl.status import records
+from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import note_ratings
 
 

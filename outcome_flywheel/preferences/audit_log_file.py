@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from outcome_flywheel.feedback.log import append_unless
+from outcome_flywheel.jsonl_log import append_unless
 from outcome_flywheel.preferences.audit_log import AuditRecord, ParsedLog, canonical, parse_sources
 from outcome_flywheel.settings import SAMPLE_DATA, resolve_path
 

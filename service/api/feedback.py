@@ -7,9 +7,9 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 
-from outcome_flywheel.daily_rl.status import records
+from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import FEEDBACK_COLUMNS
-from outcome_flywheel.feedback.log import append_unless
+from outcome_flywheel.jsonl_log import append_unless
 from outcome_flywheel.feedback.records import FeedbackIn, FeedbackRecord, VerificationIn, VerificationRecord
 from outcome_flywheel.feedback.review import find_note
 from service import launching

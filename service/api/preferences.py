@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from outcome_flywheel.daily_rl.status import records
+from outcome_flywheel.json_rows import records
 from outcome_flywheel.preferences.audit_log import Proposal, records_frame
 from outcome_flywheel.preferences.fingerprint import style_fingerprint
 from outcome_flywheel.settings import env

@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import ValidationError
 
-from outcome_flywheel.daily_rl.status import records
+from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import feedback_table
 from outcome_flywheel.feedback.records import FeedbackIn, VerificationIn
 from outcome_flywheel.feedback.review import find_note, notes_for_review, review_days
