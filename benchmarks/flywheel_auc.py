@@ -34,7 +34,8 @@ from outcome_flywheel.preferences.audit_log import load_orders, parse_file, reco
 from outcome_flywheel.preferences.metrics import LABEL_NONE, USEFUL, auc_report, sigmoid
 from outcome_flywheel.preferences.scoring import score_holdout, training_pairs
 from outcome_flywheel.preferences.weighting import build_pairs
-from outcome_flywheel.preferences.windows import PriceTable, compute_outcome
+from outcome_flywheel.preferences.windows import compute_outcome
+from outcome_flywheel.trading_sessions import PriceTable
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 from outcome_flywheel.models.tiny_local import cached_tiny_local
 from outcome_flywheel.models.dpo_config import WeightedDPOConfig

@@ -24,9 +24,9 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
-from outcome_flywheel.preferences.windows import normalize_prices
 from outcome_flywheel.settings import SAMPLE_DATA, resolve_path
 from outcome_flywheel.storage import atomic_write_bytes
+from outcome_flywheel.trading_sessions import normalize_prices
 
 BUNDLED_PRICES = SAMPLE_DATA / "prices" / "daily_close.csv"
 SOURCES = ("file", "yfinance")

@@ -139,7 +139,8 @@ def trained_data_dir(tmp_path_factory, tiny_model_dir) -> Path:
     from outcome_flywheel.preferences.scoring import training_pairs
     from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO
     from outcome_flywheel.preferences.weighting import build_pairs
-    from outcome_flywheel.preferences.windows import PriceTable, compute_outcome
+    from outcome_flywheel.preferences.windows import compute_outcome
+    from outcome_flywheel.trading_sessions import PriceTable
     from outcome_flywheel.storage import atomic_symlink
 
     root = tmp_path_factory.mktemp("trained") / "data"

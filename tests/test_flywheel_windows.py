@@ -3,7 +3,8 @@
 import pandas as pd
 import pytest
 
-from outcome_flywheel.preferences.windows import PriceTable, compute_outcome, t5_window
+from outcome_flywheel.preferences.windows import compute_outcome, t5_window
+from outcome_flywheel.trading_sessions import PriceTable
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 
 

@@ -19,7 +19,7 @@ from outcome_flywheel.daily_rl.outcomes import (
     pending_days_ready,
     price_range,
 )
-from outcome_flywheel.preferences.windows import PriceTable
+from outcome_flywheel.trading_sessions import PriceTable
 
 PRICES_CSV = Path(__file__).resolve().parents[1] / "sample_data" / "prices" / "daily_close.csv"
 LATER = "2026-01-09T00:00:00Z"  # after every exit used here, and after the bundled data's end

@@ -12,9 +12,9 @@ from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.calls import CALL_COLUMNS, calls_frame
 from outcome_flywheel.daily_rl.outcomes import BENCHMARK, OUTCOME_COLUMNS, outcome_rows, price_range
 from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.preferences.windows import PriceTable
 from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.trading_sessions import PriceTable
 
 NOTE_COLUMNS = ["date", "source", "headline_id", "rollout_index", "policy_version"]
 ROLLOUT_OUTCOME_COLUMNS = NOTE_COLUMNS + CALL_COLUMNS + list(OUTCOME_COLUMNS)

@@ -8,9 +8,10 @@ import pandas as pd
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import preference_partitions
 from outcome_flywheel.preferences.audit_log import load_orders
-from outcome_flywheel.preferences.windows import BENCHMARK, OUTCOME_COLUMNS, WINDOW_DAYS, PriceTable, compute_outcome, empty_outcomes, t5_window
+from outcome_flywheel.preferences.windows import BENCHMARK, OUTCOME_COLUMNS, WINDOW_DAYS, compute_outcome, empty_outcomes, t5_window
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.trading_sessions import PriceTable
 
 
 def outcome_rows(decisions: pd.DataFrame, market_data: dg.ResourceParam[MarketData], now: datetime) -> tuple[pd.DataFrame, int]:

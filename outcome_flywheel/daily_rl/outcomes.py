@@ -35,7 +35,7 @@ from typing import Any, Iterable
 import exchange_calendars as xc
 import pandas as pd
 
-from outcome_flywheel.preferences.windows import PriceTable, Window, nyse_calendar, window_outcome
+from outcome_flywheel.trading_sessions import PriceTable, Window, nyse_calendar, window_outcome
 
 DEFAULT_HORIZON = 1
 DEFAULT_COST_BPS = 10.0
