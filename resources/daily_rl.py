@@ -9,10 +9,11 @@ class FeedsResource(DataclassResource[FeedSource]):
     """The day's raw feeds, from the archive folder or from live URLs (kept for replay)."""
 
     plain = FeedSource
+    variables = {"max_headlines": "FLYWHEEL_MAX_HEADLINES", "min_headlines": "FLYWHEEL_MIN_HEADLINES"}
     archive_dir: str = mirrored(FeedSource, "archive_dir")
     feed_urls: str = mirrored(FeedSource, "feed_urls")
-    max_headlines: int = mirrored(FeedSource, "max_headlines", ge=1)
-    min_headlines: int = mirrored(FeedSource, "min_headlines", ge=0)
+    max_headlines: int = mirrored(FeedSource, "max_headlines")
+    min_headlines: int = mirrored(FeedSource, "min_headlines")
     timeout_s: float = mirrored(FeedSource, "timeout_s")
     max_bytes: int = mirrored(FeedSource, "max_bytes")
     refetch: bool = mirrored(FeedSource, "refetch")

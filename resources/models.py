@@ -8,6 +8,7 @@ class ModelBackendResource(DataclassResource[ModelLoader]):
     """Which base model, which framework, which device; hands the assets a `ModelLoader`."""
 
     plain = ModelLoader
+    variables = {"backend": "FLYWHEEL_BACKEND", "sampler": "FLYWHEEL_SAMPLER", "device": "FLYWHEEL_DEVICE", "seed": "FLYWHEEL_SEED"}
     base_model: str = mirrored(ModelLoader, "base_model")
     backend: str = mirrored(ModelLoader, "backend")
     device: str = mirrored(ModelLoader, "device")

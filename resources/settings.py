@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Mapping, TypeVar
 
 import dagster as dg
 from pydantic import Field
@@ -19,7 +19,7 @@ from pydantic import Field
 # level in 1.13, so it is imported from its module once, here.
 from dagster._config.pythonic_config import ConfigurableResourceFactory
 
-from outcome_flywheel.settings import DEFAULTS
+from outcome_flywheel.settings import DEFAULTS, RULES, SECRETS, SettingsError
 
 __all__ = ["DataclassResource", "env_int_or_default", "env_or_default", "mirrored"]
 
@@ -31,9 +31,28 @@ class DataclassResource(ConfigurableResourceFactory[PlainT], Generic[PlainT]):
     receive the dataclass, built from the resolved fields when a run starts."""
 
     plain: ClassVar[type]
+    # field -> the FLYWHEEL_* variable it mirrors. The variable's rule (outcome_flywheel.settings.RULES)
+    # holds for the resolved field too, checked when a run starts: the run config may set the field.
+    # Not pydantic constraints (ge=1): Dagster checks those against an EnvVar's placeholder (0) at
+    # load, so any value of the variable would stop the code location from loading.
+    variables: ClassVar[Mapping[str, str]] = {}
 
     def create_resource(self, context) -> PlainT:
+        self.check_variables()
         return self.plain(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self.plain)})
+
+    def check_variables(self) -> None:
+        """Raise `SettingsError` when a resolved field breaks the rule of the variable it mirrors.
+        Each field on its own: a combination (min_headlines over max_headlines) is the checks' to report."""
+        problems = []
+        for field, name in self.variables.items():
+            value = str(getattr(self, field))
+            problem = RULES[name].problem(value)
+            if problem:
+                shown = "<hidden>" if name in SECRETS else repr(value)
+                problems.append(f"{field}={shown} ({name}): {problem}; allowed: {RULES[name].allowed}")
+        if problems:
+            raise SettingsError(f"{type(self).__name__}: " + "; ".join(problems))
 
 
 def env_or_default(name: str, default: Any = None):
