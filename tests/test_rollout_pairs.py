@@ -53,6 +53,24 @@ def test_groups_without_contrast_are_kept_with_the_reason():
     assert len(build_rollout_pairs(scores, rollouts, min_reward_gap=0.1)[0]) == 2  # the gap is a setting
 
 
+def test_the_minimum_gap_allows_for_float_rounding():
+    """0.7 - 0.4 is 0.29999999999999993 in floats: a gap of 0.3, kept at the default 0.3; a gap truly
+    smaller, even by 1e-8, is not, and its reason does not read as "0.300 < 0.3"."""
+    scores, rollouts = _day({
+        "exact": [(0.7, 1.0, "x1"), (0.4, 1.0, "y1")],
+        "exact_too": [(0.1 + 0.2 + 0.3, 1.0, "x2"), (0.3, 1.0, "y2")],  # 0.6000000000000001 - 0.3
+        "just_under": [(0.6999, 1.0, "x3"), (0.4, 1.0, "y3")],
+        "hair_under": [(0.69999999, 1.0, "x4"), (0.4, 1.0, "y4")],
+    })
+    assert 0.7 - 0.4 < 0.3  # the float fact the rule has to allow for
+    pairs, none = build_rollout_pairs(scores, rollouts)
+    assert sorted(pairs["headline_id"]) == ["exact", "exact_too"]
+    assert pairs.set_index("headline_id").loc["exact", "reward_gap"] == pytest.approx(0.3)
+    reasons = dict(zip(none["headline_id"], none["reason"]))
+    assert reasons == {"just_under": "reward gap 0.2999 < 0.3", "hair_under": "reward gap 0.29999999 < 0.3"}
+    assert len(build_rollout_pairs(scores, rollouts, min_reward_gap=0.1 + 0.2)[0]) == 2  # 0.30000000000000004 too
+
+
 def test_duplicate_pairs_are_dropped():
     scores, rollouts = _day({"h1": [(1.0, 1.0, "good"), (0.0, 0.0, "bad")], "h2": [(1.0, 1.0, "good"), (0.0, 0.0, "bad")]})
     pairs, none = build_rollout_pairs(scores, rollouts)

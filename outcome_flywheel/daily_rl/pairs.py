@@ -4,7 +4,8 @@ For each judged (usable) group of D-1's notes scored on D, the best note is pref
 Order inside a group: higher reward first, then higher structure score, then the shorter note (a
 tie on both scores should not reward length), then the lower rollout index (only so the order is
 total). A pair is kept only when the reward gap is at least `min_reward_gap` (default 0.3): a
-smaller gap is mostly judge noise. Groups without such a contrast go to `no_contrast` with the
+smaller gap is mostly judge noise. The comparison allows for float rounding (0.7 - 0.4 is
+0.29999999999999993 in binary floating point, and is a gap of 0.3). Groups without such a contrast go to `no_contrast` with the
 reason. Pairs whose (prompt, chosen, rejected) text repeats an earlier pair of the day are dropped,
 as are pairs whose two notes read the same.
 """
@@ -20,12 +21,24 @@ import pandas as pd
 from outcome_flywheel.exports import EXPORT_FORMATS, jsonl_bytes
 
 DEFAULT_MIN_REWARD_GAP = 0.3
+# Rewards are weighted sums of signals in [0, 1], so the float error of a gap is ~1e-16; 1e-9 is far
+# above that and far below any difference a judge can make (a rank step is 1/7 for 8 notes).
+REWARD_GAP_TOLERANCE = 1e-9
 PAIR_COLUMNS = [
     "pair_id", "date", "prediction_date", "headline_id", "prompt", "chosen", "rejected", "chosen_rollout_index",
     "rejected_rollout_index", "chosen_reward", "rejected_reward", "reward_gap", "chosen_structure", "rejected_structure",
     "chosen_rank", "rejected_rank", "seed", "policy_version", "reward_weights",
 ]
 NO_CONTRAST_COLUMNS = ["date", "prediction_date", "headline_id", "notes", "reward_gap", "reason"]
+
+
+def _shown_below(gap: float, limit: float) -> str:
+    """`gap` with 3 decimals, or as many more as it takes not to read as `limit` (0.2999 is not "0.300")."""
+    for digits in range(3, 17):
+        text = f"{gap:.{digits}f}"
+        if float(text) < limit:
+            return text
+    return repr(gap)
 
 
 def _ordered(group: pd.DataFrame) -> pd.DataFrame:
@@ -59,8 +72,8 @@ def build_rollout_pairs(
         ordered = _ordered(group)
         best, worst = ordered.iloc[0], ordered.iloc[-1]
         gap = float(best["reward"] - worst["reward"])
-        if gap < min_reward_gap:
-            none.append({**base, "reward_gap": gap, "reason": f"reward gap {gap:.3f} < {min_reward_gap:g}"})
+        if gap < min_reward_gap - REWARD_GAP_TOLERANCE:
+            none.append({**base, "reward_gap": gap, "reason": f"reward gap {_shown_below(gap, min_reward_gap)} < {min_reward_gap:g}"})
             continue
         if best["response"].strip() == worst["response"].strip():
             none.append({**base, "reward_gap": gap, "reason": "best and worst notes read the same"})
