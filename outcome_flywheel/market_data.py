@@ -10,7 +10,10 @@ dividends, which is what returns need):
     `$FLYWHEEL_DATA_DIR/market_data/`, with the range each symbol is known for, so a re-run over
     the same decisions downloads nothing. All of a symbol's cached closes come from one download
     (one adjustment basis): a symbol whose range grows is downloaded again over its whole range.
-A missing close stays missing: nothing here fills, interpolates or invents a price.
+    A session's row is never stored or served before that session has closed on the XNYS calendar
+    (half days at 13:00 New York): Yahoo's bar of a session still trading is a price, not a close.
+A missing close stays missing: nothing here fills, interpolates or invents a price. `price_table` also
+says how far each symbol's data reaches, so a window past the end of the data is pending, not no_data.
 """
 
 from __future__ import annotations
@@ -26,13 +29,28 @@ import pandas as pd
 
 from outcome_flywheel.settings import SAMPLE_DATA, resolve_path
 from outcome_flywheel.storage import atomic_write_bytes
-from outcome_flywheel.trading_sessions import normalize_prices
+from outcome_flywheel.trading_sessions import PriceTable, last_closed_session, normalize_prices, session_on_or_before
 
 BUNDLED_PRICES = SAMPLE_DATA / "prices" / "daily_close.csv"
 SOURCES = ("file", "yfinance")
 
 FetchFn = Callable[[list[str], str, str], pd.DataFrame]  # (symbols, start, end inclusive) -> long frame
 CACHE_COLUMNS = ["date", "symbol", "close", "downloaded_at"]
+Clock = datetime | pd.Timestamp | str | None  # None: the current time
+
+
+def utc_now(now: Clock = None) -> pd.Timestamp:
+    """`now` as a UTC timestamp (a naive one is taken as UTC); the current time when None."""
+    ts = pd.Timestamp.now(tz="UTC") if now is None else pd.Timestamp(now)
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+
+
+def date_spans(prices: pd.DataFrame) -> dict[str, tuple[str, str]]:
+    """{symbol: (first date, last date)} of a long frame `date, symbol, close`."""
+    if prices.empty:
+        return {}
+    grouped = prices.groupby("symbol")["date"]
+    return {s: (lo, hi) for s, lo, hi in zip(grouped.min().index, grouped.min(), grouped.max())}
 
 
 def read_price_file(path: str | Path) -> pd.DataFrame:
@@ -91,8 +109,11 @@ class PriceCache:
     symbol, the range it is known for and the one download all its rows come from (`coverage.json`:
     `{symbol: {start, end, downloaded_at}}`). A symbol whose range is already known is not fetched
     again; one whose range must grow is fetched again over its whole (union) range and all its rows
-    replaced. A range that ends today or later is only known up to yesterday (today's close may not
-    be final yet)."""
+    replaced. Only closed sessions count: nothing is downloaded, stored or served after the last XNYS
+    session closed by `now`, and a range is only known up to that session, so the day's close is
+    downloaded once the session has closed, never taken from a bar of the session still trading.
+    A symbol is only known up to the last close it got (a close Yahoo has not published yet is
+    asked for again next time)."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -116,11 +137,24 @@ class PriceCache:
             if s not in cov or cov[s]["downloaded_at"] is None or cov[s]["start"] > start or cov[s]["end"] < end
         )
 
-    def get(self, symbols: Sequence[str], start: str, end: str, fetch: FetchFn, today: date | None = None) -> tuple[pd.DataFrame, int]:
+    def served(self, symbols: Sequence[str], now: Clock = None) -> pd.DataFrame:
+        """Every cached row of `symbols` inside its symbol's known range and closed by `now` (a row an
+        earlier cache stored beyond its range, such as a bar of a session still trading, is left out)."""
+        prices, cov, closed = self._prices(), self.coverage(), last_closed_session(utc_now(now)) or ""
+        prices = prices[prices["symbol"].isin(set(symbols)) & (prices["date"] <= closed)]
+        end = prices["symbol"].map(lambda s: cov[s]["end"] if s in cov else "")
+        return prices[prices["date"] <= end][["date", "symbol", "close"]].reset_index(drop=True)
+
+    def get(self, symbols: Sequence[str], start: str, end: str, fetch: FetchFn, now: Clock = None) -> tuple[pd.DataFrame, int]:
         """(closes `date, symbol, close` for symbols over [start, end], number of downloads made: 0 or 1)."""
-        today = today or datetime.now(timezone.utc).date()
-        yesterday = (today - timedelta(days=1)).isoformat()
-        need = self.missing(symbols, start, min(end, yesterday))
+        now = utc_now(now)
+        # The range ends at its last session closed by `now` (a weekend or holiday end would never
+        # get a row, and the range would look short on every run).
+        closed = last_closed_session(now)
+        end = session_on_or_before(min(end, closed)) if closed else None
+        if end is None or end < start:  # no session of the range has closed: nothing to download
+            return pd.DataFrame(columns=["date", "symbol", "close"]), 0
+        need = self.missing(symbols, start, end)
         prices = self._prices()
         downloads = 0
         # Returns are per symbol (exit / entry of one symbol; vs SPY is a difference of such returns),
@@ -134,6 +168,7 @@ class PriceCache:
             fetch_start = min([start] + [cov[s]["start"] for s in need if s in cov])
             fetch_end = max([end] + [cov[s]["end"] for s in need if s in cov])
             fresh = fetch(need, fetch_start, fetch_end)
+            fresh = fresh[fresh["date"] <= fetch_end]  # a bar of a session not closed yet is not a close
             downloads = 1
             stamp = datetime.now(timezone.utc).isoformat(timespec="microseconds")
             # A symbol the batch returned nothing for (one failed ticker) keeps its old rows and range
@@ -147,11 +182,12 @@ class PriceCache:
             prices = pd.concat([kept, fresh], ignore_index=True) if len(kept) else fresh.reset_index(drop=True)
             prices = prices.sort_values(["symbol", "date"]).reset_index(drop=True)
             atomic_write_bytes(self.prices_path, prices.to_parquet(index=False))
-            for s in replaced:
-                cov[s] = {"start": fetch_start, "end": min(fetch_end, yesterday), "downloaded_at": stamp}
+            last_row = fresh.groupby("symbol")["date"].max().to_dict() if len(fresh) else {}
+            for s in replaced:  # known up to its last close: one Yahoo has not published yet is asked for again
+                cov[s] = {"start": fetch_start, "end": last_row.get(s, fetch_end), "downloaded_at": stamp}
             atomic_write_bytes(self.coverage_path, json.dumps(cov, sort_keys=True, indent=1).encode())
-        sel = prices[prices["symbol"].isin(set(symbols)) & (prices["date"] >= start) & (prices["date"] <= end)]
-        return sel[["date", "symbol", "close"]].reset_index(drop=True), downloads
+        sel = self.served(symbols, now)
+        return sel[(sel["date"] >= start) & (sel["date"] <= end)].reset_index(drop=True), downloads
 
 
 @dataclass
@@ -179,8 +215,9 @@ class MarketData:
             return None
         raise ValueError(f"FLYWHEEL_MARKET_DATA must be one of {SOURCES}, got {self.source!r}")
 
-    def closes(self, symbols: Sequence[str], start: str, end: str) -> tuple[pd.DataFrame, int]:
-        """(long frame of closes for `symbols` over [start, end], downloads made)."""
+    def closes(self, symbols: Sequence[str], start: str, end: str, now: Clock = None) -> tuple[pd.DataFrame, int]:
+        """(long frame of closes for `symbols` over [start, end], downloads made). `now` (default: the
+        current time) decides which yfinance sessions have closed; the file is taken as it is."""
         symbols = sorted({s.upper() for s in symbols})
         if self.source == "file":
             df = read_price_file(resolve_path(self.prices_file))
@@ -188,5 +225,18 @@ class MarketData:
             return sel.reset_index(drop=True), 0
         if self.source == "yfinance":
             fetch = lambda syms, s, e: fetch_yfinance(syms, s, e, retries=self.retries, backoff_s=self.backoff_seconds)  # noqa: E731
-            return self.cache().get(symbols, start, end, fetch)
+            return self.cache().get(symbols, start, end, fetch, now)
         raise ValueError(f"FLYWHEEL_MARKET_DATA must be one of {SOURCES}, got {self.source!r}")
+
+    def price_table(self, symbols: Sequence[str], start: str, end: str, now: Clock = None) -> tuple[PriceTable, int]:
+        """(the closes of `closes` as a PriceTable that also knows each symbol's whole span in the
+        source, downloads made). A symbol whose data ends before `start` is then known and its
+        outcome is pending until the data reaches the exit, not "no prices at all" (final)."""
+        prices, downloads = self.closes(symbols, start, end, now)
+        symbols = sorted({s.upper() for s in symbols})
+        if self.source == "file":
+            df = read_price_file(resolve_path(self.prices_file))
+            spans = date_spans(df[df["symbol"].isin(symbols) & df["close"].notna() & (df["close"] > 0)])
+        else:
+            spans = date_spans(self.cache().served(symbols, now))
+        return PriceTable(prices, spans), downloads

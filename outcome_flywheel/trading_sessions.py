@@ -40,6 +40,14 @@ def last_closed_session(now: pd.Timestamp | str, calendar: xc.ExchangeCalendar |
     return cal.closes.index[closed - 1].date().isoformat()
 
 
+def session_on_or_before(day: str, calendar: xc.ExchangeCalendar | None = None) -> str | None:
+    """The latest XNYS session dated on or before `day` (YYYY-MM-DD), or None before the calendar's first."""
+    cal = calendar or nyse_calendar()
+    sessions = cal.sessions
+    at = int(sessions.searchsorted(pd.Timestamp(day), side="right"))
+    return sessions[at - 1].date().isoformat() if at else None
+
+
 def normalize_prices(prices: pd.DataFrame, source: str = "price frame") -> pd.DataFrame:
     """`date` (YYYY-MM-DD), `symbol` (upper case), `close`; a clear error when a column is missing."""
     missing = {"date", "symbol", "close"} - set(prices.columns)

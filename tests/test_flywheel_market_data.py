@@ -1,11 +1,12 @@
 """Market data: offline files, the yfinance batch download with retries, and the price cache."""
 
-from datetime import date
-
 import pandas as pd
 import pytest
 
-from outcome_flywheel.market_data import MarketData, PriceCache, fetch_yfinance, read_price_file, yfinance_long
+from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData, PriceCache, fetch_yfinance, read_price_file, yfinance_long
+
+
+NOW = "2026-03-01T12:00:00Z"  # a Sunday: the last closed session is Friday 2026-02-27
 
 
 def _wide(symbols, dates):
@@ -69,17 +70,17 @@ def test_price_cache_downloads_nothing_new_on_a_rerun(tmp_path):
         return pd.DataFrame([{"date": d, "symbol": s, "close": 10.0} for d in dates for s in symbols])
 
     cache = PriceCache(tmp_path / "market_data")
-    today = date(2026, 3, 1)
-    a, n1 = cache.get(["AAPL", "SPY"], "2025-11-20", "2025-12-10", fetch, today=today)
-    b, n2 = cache.get(["SPY", "AAPL"], "2025-11-25", "2025-12-05", fetch, today=today)
+    a, n1 = cache.get(["AAPL", "SPY"], "2025-11-20", "2025-12-10", fetch, now=NOW)
+    b, n2 = cache.get(["SPY", "AAPL"], "2025-11-25", "2025-12-05", fetch, now=NOW)
     assert (n1, n2) == (1, 0) and len(fetched) == 1
     assert len(b) < len(a) and set(b["symbol"]) == {"AAPL", "SPY"}
     # A new symbol: one batched download of only what is missing.
-    _, n3 = cache.get(["AAPL", "SPY", "NVDA"], "2025-11-25", "2025-12-05", fetch, today=today)
+    _, n3 = cache.get(["AAPL", "SPY", "NVDA"], "2025-11-25", "2025-12-05", fetch, now=NOW)
     assert n3 == 1 and fetched[-1][0] == ("NVDA",)
-    # A window ending today is only covered up to yesterday: asking again later re-fetches.
-    _, n4 = cache.get(["SPY"], "2026-02-20", "2026-03-01", fetch, today=today)
-    _, n5 = cache.get(["SPY"], "2026-02-20", "2026-02-28", fetch, today=today)
+    # A range ending after the last session closed by now (Friday 02-27; now is Sunday) is known up to
+    # that session: asking for the weekend again downloads nothing.
+    _, n4 = cache.get(["SPY"], "2026-02-20", "2026-03-01", fetch, now=NOW)
+    _, n5 = cache.get(["SPY"], "2026-02-20", "2026-02-28", fetch, now=NOW)
     assert (n4, n5) == (1, 0)
 
 
@@ -143,13 +144,12 @@ def test_price_cache_keeps_one_download_per_symbol(tmp_path):
     yahoo = _SplittingYahoo()
     fetch = lambda syms, s, e: fetch_yfinance(syms, s, e, download=yahoo, sleep=lambda _: None)  # noqa: E731
     cache = PriceCache(tmp_path / "market_data")
-    today = date(2026, 3, 1)
-    cache.get(["AAPL", "SPY"], "2025-06-02", "2025-06-09", fetch, today=today)
-    cache.get(["NVDA"], "2025-06-02", "2025-06-09", fetch, today=today)
+    cache.get(["AAPL", "SPY"], "2025-06-02", "2025-06-09", fetch, now=NOW)
+    cache.get(["NVDA"], "2025-06-02", "2025-06-09", fetch, now=NOW)
     first = cache.coverage()
     yahoo.split_done = True
     # AAPL is extended on both sides: ONE batched download of its whole union range replaces its rows.
-    got, n = cache.get(["AAPL", "NVDA"], "2025-05-28", "2025-06-13", fetch, today=today)
+    got, n = cache.get(["AAPL", "NVDA"], "2025-05-28", "2025-06-13", fetch, now=NOW)
     assert n == 1 and yahoo.calls[-1] == (("AAPL", "NVDA"), "2025-05-28", "2025-06-14")
     cov = cache.coverage()
     assert cov["AAPL"]["start"] == "2025-05-28" and cov["AAPL"]["end"] == "2025-06-13"
@@ -161,7 +161,7 @@ def test_price_cache_keeps_one_download_per_symbol(tmp_path):
     assert set(got.loc[got["symbol"] == "AAPL", "close"]) == {20.0}  # one basis: all post-split adjusted
     assert list(got.columns) == ["date", "symbol", "close"]
     # Inside every symbol's range: nothing downloaded, even though SPY's rows are older than AAPL's.
-    _, n = cache.get(["AAPL", "SPY"], "2025-06-02", "2025-06-09", fetch, today=today)
+    _, n = cache.get(["AAPL", "SPY"], "2025-06-02", "2025-06-09", fetch, now=NOW)
     assert n == 0 and len(yahoo.calls) == 3
 
 
@@ -173,11 +173,10 @@ def test_price_cache_keeps_old_rows_when_a_redownload_lacks_the_symbol(tmp_path)
         return pd.DataFrame([{"date": d, "symbol": s, "close": served[s]} for d in days for s in symbols if s in served])
 
     cache = PriceCache(tmp_path / "market_data")
-    today = date(2026, 3, 1)
-    cache.get(["AAPL", "SPY"], "2025-06-02", "2025-06-09", fetch, today=today)
+    cache.get(["AAPL", "SPY"], "2025-06-02", "2025-06-09", fetch, now=NOW)
     before = cache.coverage()
     del served["AAPL"]  # Yahoo fails this one ticker of the batch
-    got, n = cache.get(["AAPL", "SPY"], "2025-06-02", "2025-06-13", fetch, today=today)
+    got, n = cache.get(["AAPL", "SPY"], "2025-06-02", "2025-06-13", fetch, now=NOW)
     assert n == 1 and cache.coverage()["AAPL"] == before["AAPL"]  # still its old, whole download; retried next time
     assert got.loc[got["symbol"] == "AAPL", "date"].max() == "2025-06-09"
     assert cache.coverage()["SPY"]["end"] == "2025-06-13"
@@ -196,6 +195,113 @@ def test_price_cache_redownloads_a_legacy_coverage_entry(tmp_path):
     (folder / "coverage.json").write_text('{"SPY": ["2025-06-02", "2025-06-09"]}')
     pd.DataFrame({"date": ["2025-06-02"], "symbol": ["SPY"], "close": [9.0]}).to_parquet(folder / "closes.parquet")
     cache = PriceCache(folder)
-    got, n = cache.get(["SPY"], "2025-06-03", "2025-06-05", fetch, today=date(2026, 3, 1))
+    got, n = cache.get(["SPY"], "2025-06-03", "2025-06-05", fetch, now=NOW)
     assert n == 1 and calls == [(("SPY",), "2025-06-02", "2025-06-09")]
     assert set(got["close"]) == {1.0} and cache.coverage()["SPY"]["start"] == "2025-06-02"
+
+
+def test_decision_outcomes_past_the_end_of_the_price_file_are_pending(tmp_path):
+    from assets.preferences.outcomes import outcome_rows
+
+    prices = read_price_file(BUNDLED_PRICES)
+    short = tmp_path / "short.csv"
+    prices[prices["date"] <= "2025-06-06"].to_csv(short, index=False)
+    md = MarketData(source="file", prices_file=str(short), data_dir=str(tmp_path))
+    out, _ = outcome_rows(_decisions("2025-06-10T15:00:00+00:00"), md, pd.Timestamp("2025-07-01", tz="UTC"))
+    assert out["status"].tolist() == ["pending"] and "price data ends 2025-06-06" in out["reason"].iloc[0]
+
+
+class _TradingYahoo:
+    """A fake `yf.download` that answers as Yahoo does at `now`: one row per weekday session up to now's
+    date, where the row of a session still trading holds the last trade (MID), not the close."""
+
+    MID = 555.0
+
+    def __init__(self, now):
+        self.now, self.calls = pd.Timestamp(now), []
+
+    def close(self, day):
+        return 100.0 + pd.Timestamp(day).dayofyear / 10.0
+
+    def __call__(self, symbols, start, end, **kw):
+        self.calls.append((tuple(symbols), start, end))
+        today = self.now.tz_convert("America/New_York").strftime("%Y-%m-%d")
+        closes_at = {"2025-11-28": "13:00"}  # the day after Thanksgiving is a half day
+        days = [d for d in pd.bdate_range(start, end, inclusive="left").strftime("%Y-%m-%d") if d <= today]
+        def price(d):
+            close_time = pd.Timestamp(f"{d} {closes_at.get(d, '16:00')}", tz="America/New_York")
+            return self.MID if d == today and self.now < close_time else self.close(d)
+        cols = pd.MultiIndex.from_product([["Close"], symbols], names=["Price", "Ticker"])
+        return pd.DataFrame([[price(d)] * len(symbols) for d in days], index=pd.DatetimeIndex(days, name="Date"), columns=cols)
+
+
+def _fetch(yahoo):
+    return lambda syms, s, e: fetch_yfinance(syms, s, e, download=yahoo, sleep=lambda _: None)
+
+
+@pytest.mark.parametrize("day, mid_session, after_close", [
+    ("2025-06-10", "2025-06-10T15:00:00Z", "2025-06-10T21:30:00Z"),  # a Tuesday: closes 16:00 New York (20:00 UTC)
+    ("2025-11-28", "2025-11-28T17:30:00Z", "2025-11-28T18:05:00Z"),  # a half day: closes 13:00 New York (18:00 UTC)
+])
+def test_price_cache_never_stores_or_serves_a_session_still_trading(tmp_path, day, mid_session, after_close):
+    cache = PriceCache(tmp_path / "market_data")
+    start = (pd.Timestamp(day) - pd.Timedelta(days=8)).strftime("%Y-%m-%d")
+    morning = _TradingYahoo(mid_session)
+    got, n = cache.get(["AAPL", "SPY"], start, day, _fetch(morning), now=mid_session)
+    assert n == 1 and got["date"].max() < day and _TradingYahoo.MID not in set(got["close"])
+    stored = pd.read_parquet(cache.prices_path)
+    assert stored["date"].max() < day and _TradingYahoo.MID not in set(stored["close"])
+    assert cache.coverage()["SPY"]["end"] < day
+    # Later the same day, once the session has closed: its close is downloaded, not the morning's price.
+    evening = _TradingYahoo(after_close)
+    got, n = cache.get(["AAPL", "SPY"], start, day, _fetch(evening), now=after_close)
+    assert n == 1 and len(evening.calls) == 1
+    closes = got[got["date"] == day].set_index("symbol")["close"].to_dict()
+    assert closes == {"AAPL": evening.close(day), "SPY": evening.close(day)}
+    assert cache.coverage()["SPY"]["end"] == day
+    # and asking again downloads nothing
+    _, n = cache.get(["AAPL", "SPY"], start, day, _fetch(evening), now=after_close)
+    assert n == 0 and len(evening.calls) == 1
+
+
+def test_a_partial_bar_in_an_older_cache_is_never_served(tmp_path):
+    folder = tmp_path / "market_data"
+    folder.mkdir()
+    stamp = "2025-06-10T15:00:00.000000+00:00"
+    # What the earlier cache wrote at 11:00 New York on 06-10: the 06-10 bar stored, the range only to 06-09.
+    rows = [{"date": d, "symbol": "SPY", "close": 600.0, "downloaded_at": stamp} for d in ("2025-06-06", "2025-06-09")]
+    rows.append({"date": "2025-06-10", "symbol": "SPY", "close": _TradingYahoo.MID, "downloaded_at": stamp})
+    pd.DataFrame(rows).to_parquet(folder / "closes.parquet")
+    (folder / "coverage.json").write_text('{"SPY": {"start": "2025-06-06", "end": "2025-06-09", "downloaded_at": "%s"}}' % stamp)
+    cache = PriceCache(folder)
+    got, n = cache.get(["SPY"], "2025-06-06", "2025-06-09", _fetch(_TradingYahoo("2025-06-10T21:30:00Z")), now="2025-06-10T21:30:00Z")
+    assert n == 0 and got["date"].tolist() == ["2025-06-06", "2025-06-09"]
+    assert cache.served(["SPY"], "2025-06-10T21:30:00Z")["close"].tolist() == [600.0, 600.0]
+
+
+def test_a_close_yahoo_has_not_published_yet_is_asked_for_again(tmp_path):
+    cache = PriceCache(tmp_path / "market_data")
+    late = _TradingYahoo("2025-06-09T23:00:00Z")  # Yahoo still lacks Tuesday's bar at 17:05 New York
+    got, n = cache.get(["SPY"], "2025-06-02", "2025-06-10", _fetch(late), now="2025-06-10T21:05:00Z")
+    assert n == 1 and got["date"].max() == "2025-06-09" and cache.coverage()["SPY"]["end"] == "2025-06-09"
+    published = _TradingYahoo("2025-06-10T21:30:00Z")
+    got, n = cache.get(["SPY"], "2025-06-02", "2025-06-10", _fetch(published), now="2025-06-10T21:30:00Z")
+    assert n == 1 and got["date"].max() == "2025-06-10"
+
+
+def test_yfinance_outcome_computed_mid_session_then_after_the_close(tmp_path, monkeypatch):
+    """The issue's sequence: a morning run downloads while the exit session trades; the 17:30 run must
+    price the exit at that session's close, not at the morning's price."""
+    import yfinance
+
+    from outcome_flywheel.daily_rl.outcomes import call_outcome, price_range
+
+    md = MarketData(source="yfinance", data_dir=str(tmp_path))
+    start, end = price_range(["2025-06-06"], 1)  # a Friday's call: entry Monday 06-09, exit Tuesday 06-10
+    for now, status in (("2025-06-10T15:00:00Z", "pending"), ("2025-06-10T21:30:00Z", "matured")):
+        yahoo = _TradingYahoo(now)
+        monkeypatch.setattr(yfinance, "download", yahoo)
+        table, downloads = md.price_table(["AAPL", "SPY"], start, end, now)
+        out = call_outcome("2025-06-06", "AAPL", "long", table, now)
+        assert downloads == 1 and out["status"] == status, out["reason"]
+    assert out["exit_close"] == yahoo.close("2025-06-10") != _TradingYahoo.MID

@@ -283,3 +283,57 @@ def test_pending_days_ready(frame, prices):
     assert pending_days_ready(both, "2025-12-10T20:59:59Z") == ["2025-12-04"]
     assert pending_days_ready(both, "2025-12-10T21:00:00Z") == ["2025-12-04", "2025-12-08"]
     assert pending_days_ready(out[out["status"] != "pending"], LATER) == []
+
+
+# ---------------------------------------------------------------- the asset: past the end of the prices
+
+
+def _notes(day: str, version: str) -> pd.DataFrame:
+    """Two notes of `day` with a usable call each (AAPL long, NVDA short), as daily_update writes them."""
+    return pd.DataFrame({
+        "date": [day, day], "headline_id": ["h1", "h2"], "rollout_index": [0, 0], "policy_version": [version] * 2,
+        "response": ["Trade Recommendation: Buy AAPL.\nTimeframe: 1 day.", "Trade Recommendation: Sell NVDA.\nTimeframe: 1 day."],
+    })
+
+
+def _materialize_outcomes(tmp_path, day: str, prices_file: Path, monkeypatch) -> pd.DataFrame:
+    import dagster as dg
+
+    from assets.daily_rl.outcomes import rollout_outcomes
+    from outcome_flywheel.market_data import MarketData
+    from outcome_flywheel.storage import Warehouse
+
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path))
+    warehouse = Warehouse(data_dir=str(tmp_path))
+    warehouse.write("rollouts", _notes(day, f"{day}@base"), partition=day)
+    warehouse.write("baseline_rollouts", _notes(day, "base:tiny-local"), partition=day)
+    market_data = MarketData(data_dir=str(tmp_path), prices_file=str(prices_file))
+    assert dg.materialize([rollout_outcomes], partition_key=day, resources={"warehouse": warehouse, "market_data": market_data}).success
+    return warehouse.read("rollout_outcomes", day)
+
+
+@pytest.mark.parametrize("day", ["2026-01-08", "2026-03-02"])  # the bundled data ends 2026-01-08
+def test_a_window_past_the_end_of_the_bundled_prices_is_pending(day):
+    from outcome_flywheel.market_data import MarketData
+
+    start, end = price_range([day], 1)
+    table, downloads = MarketData(prices_file=str(PRICES_CSV)).price_table(["AAPL", "SPY"], start, end)
+    out = call_outcome(day, "AAPL", "long", table, "2026-11-24T12:00:00Z")
+    assert downloads == 0 and out["status"] == "pending", out["reason"]
+    assert "price data ends 2026-01-08" in out["reason"]
+    # a symbol the data has never had stays final no_data
+    assert call_outcome(day, "ZZZZ", "long", table, "2026-11-24T12:00:00Z")["status"] == "no_data"
+
+
+def test_rollout_outcomes_past_the_end_of_the_prices_are_pending_and_mature_once_it_grows(tmp_path, monkeypatch, frame):
+    short = tmp_path / "short.csv"
+    frame[frame["date"] <= "2025-11-14"].to_csv(short, index=False)  # 2025-11-20's window is 11-21..11-24
+    pending = _materialize_outcomes(tmp_path, "2025-11-20", short, monkeypatch)
+    assert list(pending["status"]) == ["pending"] * 4, list(pending["reason"])
+    assert pending["reason"].str.contains("price data ends 2025-11-14").all() and pending["return_pct"].isna().all()
+    frame.to_csv(short, index=False)  # the file now reaches the exit: a re-run matures every call
+    matured = _materialize_outcomes(tmp_path, "2025-11-20", short, monkeypatch)
+    assert list(matured["status"]) == ["matured"] * 4
+    closes = frame.set_index(["date", "symbol"])["close"]
+    aapl = matured[(matured["source"] == "policy") & (matured["symbol"] == "AAPL")].iloc[0]
+    assert aapl["return_pct"] == pytest.approx(100 * (closes[("2025-11-24", "AAPL")] / closes[("2025-11-21", "AAPL")] - 1) - 0.1, **APPROX)

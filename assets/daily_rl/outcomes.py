@@ -87,9 +87,9 @@ def rollout_outcomes(
     calls = calls_frame(notes, market_data.universe()).drop(columns=["response"])
     symbols = sorted({s for s in calls["symbol"].dropna()} | {BENCHMARK})
     start, end = price_range([day], horizon)
-    prices, downloads = market_data.closes(symbols, start, end)
-    table = PriceTable(prices)
-    outcomes = outcome_rows(calls, table, datetime.now(timezone.utc), horizon, cost)[ROLLOUT_OUTCOME_COLUMNS]
+    now = datetime.now(timezone.utc)  # one clock: the closed sessions served and the outcomes' maturity
+    table, downloads = market_data.price_table(symbols, start, end, now)
+    outcomes = outcome_rows(calls, table, now, horizon, cost)[ROLLOUT_OUTCOME_COLUMNS]
     warehouse.write("rollout_outcomes", outcomes, partition=day)
     yield dg.MaterializeResult(metadata={**outcome_metadata(outcomes), "horizon_sessions": horizon, "cost_bps": cost,
                                          "market_data": market_data.describe(), "downloads": downloads})

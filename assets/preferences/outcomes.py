@@ -11,7 +11,6 @@ from outcome_flywheel.preferences.audit_log import load_orders
 from outcome_flywheel.preferences.windows import BENCHMARK, OUTCOME_COLUMNS, WINDOW_DAYS, compute_outcome, empty_outcomes, t5_window
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.storage import Warehouse
-from outcome_flywheel.trading_sessions import PriceTable
 
 
 def outcome_rows(decisions: pd.DataFrame, market_data: dg.ResourceParam[MarketData], now: datetime) -> tuple[pd.DataFrame, int]:
@@ -28,8 +27,7 @@ def outcome_rows(decisions: pd.DataFrame, market_data: dg.ResourceParam[MarketDa
             pass
     start = min(decisions["decision_date"])
     end = max([w.exit_date for w in windows], default=start)
-    prices, downloads = market_data.closes(sorted(symbols), start, end)
-    table = PriceTable(prices)
+    table, downloads = market_data.price_table(sorted(symbols), start, end, now)
     computed_at = now.isoformat()
     rows = []
     for r in decisions.itertuples(index=False):
