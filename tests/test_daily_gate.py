@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 
 from outcome_flywheel.daily_rl.gate import GateConfig, evaluate_update
+from outcome_flywheel.daily_rl.loop import generate_rollouts
+from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.interface import TrainStats
 
 FULL_NOTE = "\n".join(f"{s}: x" for s in ("Trade Recommendation", "Rationale", "Risk Factors", "Timeframe", "Position Size", "Stop Loss"))
@@ -71,3 +73,78 @@ def test_thresholds_are_validated():
     for bad in (dict(max_kl_to_parent=0), dict(max_probe_regression=-0.1), dict(probe_headlines=0)):
         with pytest.raises(ValueError):
             GateConfig(**bad)
+
+
+# How each rule names itself in the verdict's reason (what `policy_training.gate_reason` records).
+RULES = {"loss": "training loss", "kl": "KL to the parent", "probe": "probe regression"}
+HALF_NOTE = "\n".join(FULL_NOTE.splitlines()[:3])  # 3 of the 6 sections: structure 0.5
+
+
+def _rules_named(reason: str) -> list[str]:
+    return [rule for rule, words in RULES.items() if words in reason]
+
+
+@pytest.mark.parametrize("rule, candidate, stats", [
+    ("loss", FakePolicy(0.0, FULL_NOTE), _stats(0.1, float("inf"))),
+    ("loss", FakePolicy(0.0, FULL_NOTE), TrainStats()),  # no step ran: nothing shows the update is sane
+    ("kl", FakePolicy(0.3, FULL_NOTE), None),
+    ("kl", FakePolicy(float("nan"), FULL_NOTE), None),
+    ("probe", FakePolicy(0.0, HALF_NOTE), None),
+], ids=["inf-loss", "no-step", "kl-over-budget", "kl-nan", "probe-regression"])
+def test_a_rejection_names_the_one_rule_that_rejected(rule, candidate, stats):
+    result, _ = _gate(candidate, stats)
+    assert result.verdict == "rejected"
+    assert _rules_named(result.reason) == [rule], result.reason
+
+
+def test_a_nan_kl_is_said_to_be_not_finite_not_over_the_budget():
+    result, _ = _gate(FakePolicy(float("nan"), FULL_NOTE))
+    assert result.reason.startswith("KL to the parent is not a finite number (nan)"), result.reason
+
+
+def test_the_rules_are_applied_in_order_and_the_first_that_fails_is_named():
+    # every rule would fail: the loss is named (its KL and probe are never measured)
+    result, _ = _gate(FakePolicy(0.3, HALF_NOTE), _stats(float("nan")))
+    assert _rules_named(result.reason) == ["loss"] and result.kl_to_parent != result.kl_to_parent
+    # the KL and the probe would fail: the KL is named
+    result, _ = _gate(FakePolicy(0.3, HALF_NOTE))
+    assert _rules_named(result.reason) == ["kl"] and result.probe_structure == 0.5
+
+
+def test_an_accepted_update_says_every_rule_passed():
+    result, _ = _gate(FakePolicy(0.01, FULL_NOTE))
+    assert result.verdict == "accepted"
+    assert result.reason == "loss finite; KL to the parent 0.01 <= 0.25; probe structure 1.000 vs the parent's 1.000 on 2 headlines"
+
+
+def _trained(model_backend, rollouts, learning_rate):
+    """A candidate trained with GSPO from the base on `rollouts`, best notes of each group up, worst down."""
+    advantages = np.tile(np.linspace(-1.5, 1.5, 4), len(rollouts) // 4)
+    examples = [GSPOExample(json.loads(r.prompt), list(r.response_ids), list(r.behavior_logprobs), float(a))
+                for r, a in zip(rollouts.itertuples(), advantages)]
+    candidate = model_backend.load()
+    candidate.framework.seed(1)
+    stats = candidate.train_gspo(examples, GSPOConfig(learning_rate=learning_rate, batch_size=4, temperature=0.8))
+    return candidate, stats
+
+
+def test_on_tiny_local_a_healthy_update_is_accepted_and_a_destructive_one_rejected_by_the_kl_budget(model_backend):
+    """Real GSPO steps on tiny-local (not fakes): a small learning rate moves the policy a little and
+    passes every rule; a learning rate of 5 blows the distribution apart and the KL budget rejects it."""
+    headlines = pd.DataFrame({"headline_id": ["h1", "h2"], "title": ["Apple beats quarterly estimates", "Boeing recalls products"],
+                              "summary": ["Revenue rose 8%.", ""]})
+    parent = model_backend.load()
+    rollouts = generate_rollouts(parent, headlines, "2025-11-05", 0, 4, 32, "base:tiny-local")
+    config = GateConfig(probe_headlines=2, probe_max_new_tokens=40)
+
+    candidate, stats = _trained(model_backend, rollouts, 1e-3)
+    healthy = evaluate_update(candidate, parent, stats, rollouts, headlines, config)
+    assert healthy.verdict == "accepted", healthy.reason
+    assert 0 < healthy.kl_to_parent < config.max_kl_to_parent  # it moved, within the budget
+    assert len(healthy.probe_notes) == 2 and healthy.probe_structure >= healthy.probe_parent_structure - config.max_probe_regression
+
+    candidate, stats = _trained(model_backend, rollouts, 5.0)
+    destructive = evaluate_update(candidate, parent, stats, rollouts, headlines, config)
+    assert np.isfinite(stats.losses).all()  # the loss alone does not show it: the KL does
+    assert destructive.verdict == "rejected" and _rules_named(destructive.reason) == ["kl"], destructive.reason
+    assert destructive.kl_to_parent > config.max_kl_to_parent

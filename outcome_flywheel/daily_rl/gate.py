@@ -93,7 +93,7 @@ def evaluate_update(
     losses = np.asarray(stats.losses, dtype=np.float64)
     if not len(losses) or not np.isfinite(losses).all():
         bad = int((~np.isfinite(losses)).sum())
-        return GateResult("rejected", f"non-finite training loss ({bad} of {len(losses)} steps)" if len(losses) else "no training step ran")
+        return GateResult("rejected", f"non-finite training loss ({bad} of {len(losses)} steps)" if len(losses) else "no training loss: no training step ran")
     sample = trained_on.sort_values(["headline_id", "rollout_index"]).head(config.kl_rollouts)
     kl = kl_to_base(candidate, sample, base=parent)  # exact KL to `parent`, per token
     probe = probe_prompts(headlines, config.probe_headlines)
@@ -102,7 +102,10 @@ def evaluate_update(
     ours = float(np.mean([structure_score(t) for t in notes])) if notes else float("nan")
     theirs = float(np.mean([structure_score(t) for t in parent_notes])) if parent_notes else float("nan")
     result = GateResult("accepted", "", kl, ours, theirs, notes)
-    if not math.isfinite(kl) or kl > config.max_kl_to_parent:
+    if not math.isfinite(kl):  # NaN compares false with any budget: a broken candidate, said as such
+        result.verdict = "rejected"
+        result.reason = f"KL to the parent is not a finite number ({kl}): the candidate's distribution is broken"
+    elif kl > config.max_kl_to_parent:
         result.verdict = "rejected"
         result.reason = f"KL to the parent {kl:.4g} nats/token is over the budget {config.max_kl_to_parent:g}"
     elif notes and ours < theirs - config.max_probe_regression:
