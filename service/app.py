@@ -1,9 +1,12 @@
-"""`create_app`: the FastAPI application (REST API under /api, review pages at /, OpenAPI at /docs)."""
+"""`create_app`: the FastAPI application (REST API under /api, review pages at /, the OpenAPI schema
+at /openapi.json)."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from service.api import decisions, feedback, preferences, rl
 from service.pages import routes as pages
@@ -17,19 +20,34 @@ DESCRIPTION = """People in the loop of the outcome flywheel.
 * **Feedback** on the daily notes (thumbs, stars, corrections) and its **curation**.
 * **Status** and **history** of both loops.
 
-Writes (every POST) need `Authorization: Bearer <FLYWHEEL_API_TOKEN>` (use *Authorize*); reads are open.
+Writes (every POST) need `Authorization: Bearer <FLYWHEEL_API_TOKEN>`; reads are open.
 Request bodies over 64 KB are refused (413). The review pages are at `/`.
 """
 
 
 def create_app(state: ServiceState | None = None) -> FastAPI:
     state = state or ServiceState.from_env()
-    app = FastAPI(title="outcome-flywheel", version="0.1.0", description=DESCRIPTION)
+    # No Swagger UI or ReDoc: both load scripts from a CDN into the page where operators would paste
+    # the token. The schema stays at /openapi.json for any client or viewer a person trusts.
+    app = FastAPI(title="outcome-flywheel", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None)
     app.state.service = state
     for module in (decisions, preferences, feedback, rl):
         app.include_router(module.router)
     app.include_router(pages.router)
     app.add_middleware(WriteGuard, config=state.config)
+    # Outermost: a request naming another host (DNS rebinding onto loopback) is refused before anything else.
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=state.config.allowed_hosts)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        # The reasons without the refused input: echoing it back could be megabytes, or nested past
+        # what the JSON encoder can recurse through.
+        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))} for e in err.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(RecursionError)
+    async def too_deep(request: Request, err: RecursionError):
+        return JSONResponse({"detail": "the request nests objects or lists too deeply"}, status_code=422)
 
     @app.exception_handler(FileNotFoundError)
     async def missing_file(request: Request, err: FileNotFoundError):

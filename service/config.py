@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 from outcome_flywheel.settings import env
 
 MAX_BODY_BYTES = 64 * 1024  # a decision or a feedback line is a few KB; anything bigger is refused unread
+SESSION_TTL_S = 12 * 3600  # a page's sign-in lasts a working day
+LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
 @dataclass
@@ -19,6 +22,7 @@ class ServiceConfig:
     token: str = field(default="", metadata={"help": "FLYWHEEL_API_TOKEN: the bearer token writes need; empty = one made at start and printed."})
     token_generated: bool = field(default=False, metadata={"help": "True when the token was made at start (printed once)."})
     max_body_bytes: int = field(default=MAX_BODY_BYTES, metadata={"help": "Larger request bodies get a 413, unread."})
+    session_ttl_s: int = field(default=SESSION_TTL_S, metadata={"help": "How long a page's sign-in lasts."})
 
     def __post_init__(self):
         if not self.token:
@@ -31,12 +35,26 @@ class ServiceConfig:
         return cls(host=env("FLYWHEEL_API_HOST"), port=int(env("FLYWHEEL_API_PORT")), token=env("FLYWHEEL_API_TOKEN", ""))
 
     def derived(self, purpose: str) -> str:
-        """A value derived from the token (the page's session cookie, its CSRF field): a browser never holds the token itself."""
+        """A value derived from the token (a session's signature, its CSRF field, a message's
+        signature): a browser never holds the token itself."""
         return hmac.new(self.token.encode(), purpose.encode(), hashlib.sha256).hexdigest()
 
+    def matches(self, candidate: str | None, purpose: str) -> bool:
+        """`candidate` is `derived(purpose)`, compared in constant time."""
+        return bool(candidate) and hmac.compare_digest(candidate.encode("utf-8", "replace"), self.derived(purpose).encode())
+
     def is_token(self, candidate: str | None) -> bool:
-        return bool(candidate) and hmac.compare_digest(candidate.encode(), self.token.encode())
+        return bool(candidate) and hmac.compare_digest(candidate.encode("utf-8", "replace"), self.token.encode())
 
     @property
     def is_loopback(self) -> bool:
-        return self.host in ("127.0.0.1", "::1", "localhost")
+        return self.host in LOOPBACK_NAMES
+
+    @property
+    def allowed_hosts(self) -> list[str]:
+        """The Host headers answered (Starlette's TrustedHostMiddleware): the configured host and the
+        loopback names, so a page of another site whose name was rebound to 127.0.0.1 gets a 400.
+        Bound to every interface (0.0.0.0), the service cannot know its names and answers any."""
+        if self.host in WILDCARD_HOSTS:
+            return ["*"]
+        return list(dict.fromkeys([self.host, *LOOPBACK_NAMES]))

@@ -3,12 +3,16 @@
 
     flywheel-serve [--host HOST] [--port PORT]
 
-Without FLYWHEEL_API_TOKEN it makes a token and prints it, with a sign-in link for the pages.
+Without FLYWHEEL_API_TOKEN it makes a token and prints it, with the page to paste it into (a token
+never goes in a URL, and the access log redacts one that does).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import logging
+import re
 import sys
 
 from outcome_flywheel.settings import PROJECT_ROOT, validate_environment
@@ -19,11 +23,33 @@ if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
 
+TOKEN_IN_QUERY = re.compile(r"(?i)(\b(?:token|access_token)=)[^&\s]*")
+
+
+class RedactTokens(logging.Filter):
+    """uvicorn's access log names each request's path and query: a `token=` in it is written `token=<hidden>`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(TOKEN_IN_QUERY.sub(r"\1<hidden>", a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+def log_config() -> dict:
+    """uvicorn's logging, with tokens redacted from the access log."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["redact_tokens"] = {"()": RedactTokens}
+    config["handlers"]["access"]["filters"] = ["redact_tokens"]
+    return config
+
+
 def banner(config) -> str:
-    lines = [f"outcome-flywheel service on http://{config.host}:{config.port}  (API docs: /docs)"]
+    lines = [f"outcome-flywheel service on http://{config.host}:{config.port}  (API schema: /openapi.json)"]
     if config.token_generated:
         lines.append(f"  token (FLYWHEEL_API_TOKEN unset, made for this start): {config.token}")
-        lines.append(f"  review pages, signed in: http://{config.host}:{config.port}/login?token={config.token}")
+        lines.append(f"  review pages: sign in at http://{config.host}:{config.port}/login by pasting it")
     else:
         lines.append("  token: FLYWHEEL_API_TOKEN")
     if not config.is_loopback:
@@ -41,7 +67,7 @@ def start_in_thread(state, port: int = 0):
 
     from service.app import create_app
 
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host=state.config.host, port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(create_app(state), host=state.config.host, port=port, log_level="warning", log_config=log_config()))
     threading.Thread(target=server.run, daemon=True).start()
     deadline = time.time() + 30
     while not server.started:
@@ -76,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     config.port = args.port or config.port
     app = create_app(ServiceState.from_env(config))
     print(banner(config), flush=True)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="info")
+    uvicorn.run(app, host=config.host, port=config.port, log_level="info", log_config=log_config())
     return 0
 
 

@@ -1,14 +1,18 @@
 """Who may write, and how much: one ASGI middleware in front of every route.
 
 - `POST /api/...` needs `Authorization: Bearer <FLYWHEEL_API_TOKEN>`; without it: 401, unread.
-- A page's form post (any other POST, `/login` aside) needs the session cookie `/login` set (a value
-  derived from the token, HttpOnly, SameSite=Strict); each form also carries a CSRF field that the
-  route checks (`require_csrf`).
+- A page's form post (any other POST, `/login` aside) needs the session cookie `POST /login` set:
+  its issue time and a random id, signed with an HMAC of the token, checked in constant time and
+  refused once older than `session_ttl_s` (HttpOnly, SameSite=Strict, Secure when not on loopback).
+  Each form also carries a CSRF field derived from that session, which the route checks (`require_csrf`).
 - A body over `max_body_bytes` gets a 413 before any handler sees it, whatever Content-Length says.
 Reads (GET) are open: the service binds to loopback unless told otherwise.
 """
 
 from __future__ import annotations
+
+import secrets
+import time
 
 from fastapi import Form, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -20,27 +24,44 @@ from service.config import ServiceConfig
 SESSION_COOKIE = "flywheel_session"
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 OPEN_POSTS = {"/login"}
-# Declared on the write routes so /docs shows the lock and its "Authorize" button; the middleware enforces it.
+# Declared on the write routes so the OpenAPI schema shows the lock; the middleware enforces it.
 bearer = HTTPBearer(auto_error=False, description="FLYWHEEL_API_TOKEN (printed by the service at start when unset)")
 
 
-def session_value(config: ServiceConfig) -> str:
-    return config.derived("session")
+def new_session(config: ServiceConfig, now: float | None = None) -> str:
+    """A session cookie's value: `<issued>.<random id>.<HMAC of both under the token>`."""
+    body = f"{int(now if now is not None else time.time())}.{secrets.token_hex(16)}"
+    return f"{body}.{config.derived('session:' + body)}"
 
 
-def csrf_value(config: ServiceConfig) -> str:
-    return config.derived("csrf")
+def valid_session(config: ServiceConfig, value: str | None, now: float | None = None) -> bool:
+    """Signed by this token (constant-time comparison) and younger than `session_ttl_s`."""
+    issued, _, rest = (value or "").partition(".")
+    nonce, _, signature = rest.partition(".")
+    if not (issued.isdigit() and nonce and config.matches(signature, f"session:{issued}.{nonce}")):
+        return False
+    age = (now if now is not None else time.time()) - int(issued)
+    return -60 <= age < config.session_ttl_s  # a minute of clock skew
+
+
+def csrf_value(config: ServiceConfig, session: str | None) -> str:
+    """The CSRF field of the forms shown to one session (empty without a session)."""
+    return config.derived("csrf:" + session) if session else ""
+
+
+def session_of(request: Request) -> str | None:
+    value = request.cookies.get(SESSION_COOKIE)
+    return value if valid_session(request.app.state.service.config, value) else None
 
 
 def logged_in(request: Request) -> bool:
-    config: ServiceConfig = request.app.state.service.config
-    cookie = request.cookies.get(SESSION_COOKIE)
-    return bool(cookie) and cookie == session_value(config)
+    return session_of(request) is not None
 
 
 def require_csrf(request: Request, csrf: str = Form(default="")) -> None:
-    """A form post's CSRF field must be this service's (forms rendered for a logged-in browser carry it)."""
-    if csrf != csrf_value(request.app.state.service.config):
+    """A form post's CSRF field must be the one derived from this browser's session."""
+    session = session_of(request)
+    if session is None or not request.app.state.service.config.matches(csrf, "csrf:" + session):
         raise HTTPException(status_code=403, detail="the form's CSRF field is missing or stale: reload the page")
 
 
@@ -67,8 +88,8 @@ class WriteGuard:
                 response = JSONResponse({"detail": "writes need Authorization: Bearer <FLYWHEEL_API_TOKEN>"}, status_code=401,
                                         headers={"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send)
-        elif path not in OPEN_POSTS and cookie_parser(headers.get(b"cookie", b"").decode("latin-1")).get(SESSION_COOKIE) != session_value(self.config):
-            response = PlainTextResponse("not logged in: open /login and paste the service's token", status_code=401)
+        elif path not in OPEN_POSTS and not valid_session(self.config, cookie_parser(headers.get(b"cookie", b"").decode("latin-1")).get(SESSION_COOKIE)):
+            response = PlainTextResponse("not signed in, or the session expired: open /login and paste the service's token", status_code=401)
             return await response(scope, receive, send)
         limit = self.config.max_body_bytes
         declared = headers.get(b"content-length")

@@ -72,9 +72,6 @@ def world(tmp_path, tiny_model_dir) -> Path:
 @pytest.fixture()
 def client(world):
     """The review service on `world`, through FastAPI's TestClient (token: service_fixtures.TOKEN)."""
-    from fastapi.testclient import TestClient
+    from tests.service_fixtures import make_state, test_client
 
-    from service.app import create_app
-    from tests.service_fixtures import make_state
-
-    return TestClient(create_app(make_state(world)))
+    return test_client(make_state(world))

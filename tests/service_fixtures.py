@@ -62,6 +62,18 @@ def make_state(root: Path, instance_factory=None) -> ServiceState:
     )
 
 
+def test_client(state: ServiceState):
+    """FastAPI's TestClient on the app, as a browser on the loopback address (the Host the service accepts)."""
+    from fastapi.testclient import TestClient
+
+    from service.app import create_app
+
+    return TestClient(create_app(state), base_url="http://127.0.0.1")
+
+
+test_client.__test__ = False  # a helper, not a test
+
+
 def make_world(root: Path, tiny_model_dir: Path) -> Path:
     (root / "models").mkdir(parents=True)
     os.symlink(tiny_model_dir, root / "models" / "tiny-local")

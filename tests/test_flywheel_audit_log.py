@@ -96,3 +96,66 @@ def test_a_torn_live_log_keeps_the_409_on_a_changed_body(tmp_path):
     with pytest.raises(DecisionConflict):
         log.append(record.model_copy(update={"decision": "reject"}))
     assert log.append(record) == "unchanged"
+
+
+BAD_TIMES = ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "1900-01-01T00:00:00+00:00", "2200-01-01T00:00:00Z"]
+
+
+def test_a_time_that_does_not_convert_or_is_out_of_range_is_refused_and_quarantined(tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    from outcome_flywheel.preferences.audit_log import AuditRecord, parse_sources
+
+    good = {"decision_id": "d-ok", "ts": "2025-06-10T10:00:00-04:00", "decision": "approve",
+            "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]}}
+    for ts in BAD_TIMES:
+        with pytest.raises(ValidationError, match="ts "):
+            AuditRecord.model_validate({**good, "ts": ts})
+    # Lines written before this validation (or by hand) go to the quarantine; the rest of the day goes on.
+    lines = [json.dumps(good)] + [json.dumps({**good, "decision_id": f"d-bad-{i}", "ts": ts}) for i, ts in enumerate(BAD_TIMES)]
+    parsed = parse_sources([("kept.jsonl", lines[:2]), ("live.jsonl", lines[2:])])
+    frame = records_frame(parsed, "Pacific/Kiritimati")
+    assert list(frame["decision_id"]) == ["d-ok"] and parsed.n_quarantined == 4 and parsed.reconciles()
+    assert [(q["source"], q["line_number"]) for q in parsed.quarantine] == [("kept.jsonl", 2), ("live.jsonl", 1), ("live.jsonl", 2), ("live.jsonl", 3)]
+
+
+def test_records_frame_quarantines_a_decision_that_does_not_convert():
+    """The assets' safety net: a record that validation let through but that cannot become a row is
+    moved to the quarantine with the reason (file and line), never failing the partition."""
+    from datetime import datetime, timedelta, timezone
+
+    from outcome_flywheel.preferences.audit_log import AuditRecord, parse_sources
+
+    good = {"decision_id": "d-ok", "ts": "2025-06-10T10:00:00-04:00", "decision": "approve",
+            "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]}}
+    parsed = parse_sources([("kept.jsonl", [json.dumps(good)]), ("live.jsonl", [json.dumps({**good, "decision_id": "d-2"})])])
+    bad = AuditRecord.model_construct(**{**parsed.records[1][1].__dict__, "ts": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))})
+    parsed.records[1] = (parsed.records[1][0], bad)
+    frame = records_frame(parsed, "America/New_York")
+    assert list(frame["decision_id"]) == ["d-ok"] and parsed.reconciles()
+    assert parsed.quarantine[0]["source"] == "live.jsonl" and parsed.quarantine[0]["line_number"] == 1
+    assert "does not convert" in parsed.quarantine[0]["error"]
+
+
+def test_deeply_nested_context_is_refused_without_recursing():
+    import pytest
+    from pydantic import ValidationError
+
+    from outcome_flywheel.preferences.audit_log import MAX_JSON_DEPTH, AuditRecord, json_depth
+
+    deep: dict = {}
+    node = deep
+    for _ in range(100_000):  # deeper than Python's recursion limit
+        node["a"] = {}
+        node = node["a"]
+    assert json_depth(deep) == 100_001
+    good = {"decision_id": "d-ok", "ts": "2025-06-10T10:00:00-04:00", "decision": "approve", "proposal": {"orders": []}}
+    with pytest.raises(ValidationError, match="more than 32 deep"):
+        AuditRecord.model_validate({**good, "context": deep})
+    shallow: dict = {}
+    node = shallow
+    for _ in range(MAX_JSON_DEPTH - 2):
+        node["a"] = {}
+        node = node["a"]
+    assert AuditRecord.model_validate({**good, "context": shallow}).context == shallow

@@ -9,12 +9,10 @@ import hashlib
 import json
 
 import pytest
-from fastapi.testclient import TestClient
 
 from outcome_flywheel.feedback.log import read_feedback_log
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG
-from service.app import create_app
-from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, publish_adapter
+from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, publish_adapter, test_client
 
 GOOD = {"date": DAY, "headline_id": HEADLINES[0], "rollout_index": 1, "thumbs": "up", "stars": 4, "reviewer": "ana"}
 DECISION = {"decision_id": "web-0001", "ts": "2025-06-10T10:00:00-04:00", "decision": "approve",
@@ -35,8 +33,9 @@ def test_openapi_lists_every_endpoint_and_docs_answer(client):
         ("/api/feedback/{feedback_id}/verify", "post"), ("/api/feedback/materialize", "post"), ("/api/rl/status", "get"), ("/api/rl/history", "get"),
     }
     assert expected <= {(p, m) for p, ops in paths.items() for m in ops}
-    assert paths["/api/decisions"]["post"]["security"]  # /docs shows the lock on writes
-    assert client.get("/docs").status_code == 200
+    assert paths["/api/decisions"]["post"]["security"]  # the schema shows the lock on writes
+    # No Swagger UI / ReDoc: they load scripts from a CDN into the page where the token is pasted.
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
 
 
 @pytest.mark.parametrize("path", ["/api/decisions", "/api/feedback", "/api/preferences/extract", "/api/preferences/train?dry_run=false",
@@ -147,7 +146,7 @@ def test_training_status_and_train_refuse_with_reasons(client):
 
 def test_launching_without_a_dagster_instance_is_a_503(world, monkeypatch):
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
-    client = TestClient(create_app(make_state(world)))
+    client = test_client(make_state(world))
     response = client.post("/api/preferences/extract", headers=AUTH)
     assert response.status_code == 503 and "DAGSTER_HOME" in response.json()["detail"]
 
@@ -187,6 +186,60 @@ def test_the_log_holds_what_was_acknowledged(client):
 def test_a_missing_configured_file_is_a_503_naming_it(world):
     state = make_state(world)
     state.audit_log.path = str(world / "nowhere.jsonl")
-    client = TestClient(create_app(state))
+    client = test_client(state)
     for response in (client.get("/api/preferences/stats"), client.post("/api/preferences/extract", headers=AUTH)):
         assert response.status_code == 503 and "nowhere.jsonl" in response.json()["detail"]
+
+
+def _deep(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize("ts", ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "1900-01-01T00:00:00Z"])
+def test_a_decision_whose_time_does_not_convert_is_a_422_and_the_loop_goes_on(client, ts):
+    """Validated fully before anything is written: the log stays empty and stats, extract's plan and
+    the asset's frame still read it."""
+    live = client.app.state.service.audit_log.live_file
+    response = client.post("/api/decisions", json={**DECISION, "ts": ts}, headers=AUTH)
+    assert response.status_code == 422 and "ts" in response.text, response.text
+    assert not live.exists() or live.read_text() == ""
+    assert client.get("/api/preferences/stats").status_code == 200
+    assert client.post("/api/decisions", json=DECISION, headers=AUTH).status_code == 201
+
+
+@pytest.mark.parametrize("depth", [40, 900, 5000])
+def test_deeply_nested_json_is_a_4xx_not_a_500(client, depth):
+    live = client.app.state.service.audit_log.live_file
+    body = json.dumps({k: v for k, v in DECISION.items() if k != "context"})[:-1] + ', "context": ' + _deep(depth) + "}"
+    response = client.post("/api/decisions", content=body.encode(), headers={**AUTH, "Content-Type": "application/json"})
+    assert 400 <= response.status_code < 500, (response.status_code, response.text[:200])
+    assert not live.exists()
+    score = client.post("/api/preferences/style_score", headers={**AUTH, "Content-Type": "application/json"},
+                        content=('{"candidate": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]}, "prompt": ' + _deep(depth) + "}").encode())
+    assert 400 <= score.status_code < 500, (score.status_code, score.text[:200])
+
+
+def test_style_score_caps_orders_and_prompt_size(client):
+    order = {"symbol": "MSFT", "side": "buy", "weight": 0.01}
+    many = client.post("/api/preferences/style_score", json={"candidate": {"orders": [order] * 26}}, headers=AUTH)
+    assert many.status_code == 422 and "at most 25" in many.text
+    long_prompt = client.post("/api/preferences/style_score", json={"candidate": {"orders": [order]}, "prompt": "x" * 5000}, headers=AUTH)
+    assert long_prompt.status_code == 422 and "at most 4096" in long_prompt.text
+    assert client.app.state.service.scorer.loads == 0  # refused before any model work
+
+
+@pytest.mark.parametrize("host", ["evil.example", "rebound.attacker.test:8765"])
+def test_a_request_for_another_host_is_refused(client, host):
+    response = client.get("/api/rl/status", headers={"Host": host})
+    assert response.status_code == 400
+    assert client.post("/api/decisions", json=DECISION, headers={**AUTH, "Host": host}).status_code == 400
+    assert not client.app.state.service.audit_log.live_file.exists()
+    assert client.get("/api/rl/status", headers={"Host": "localhost:8765"}).status_code == 200
+
+
+def test_allowed_hosts_follow_the_configured_host():
+    from service.config import ServiceConfig
+
+    assert ServiceConfig(host="127.0.0.1", token="t" * 20).allowed_hosts == ["127.0.0.1", "localhost", "::1", "[::1]"]
+    assert ServiceConfig(host="flywheel.lan", token="t" * 20).allowed_hosts[0] == "flywheel.lan"
+    assert ServiceConfig(host="0.0.0.0", token="t" * 20).allowed_hosts == ["*"]

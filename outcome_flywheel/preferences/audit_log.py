@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone as dt_timezone
 from pathlib import Path
 from typing import Any, Iterable, Literal
 from zoneinfo import ZoneInfo
@@ -24,6 +24,23 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 DECISIONS = ("approve", "reject", "override")
+# A decision's time must convert to every zone (year 1 at +14:00 is before year 1 in UTC) and be a
+# time someone could have decided at; the T+5 window and the partition depend on it.
+TS_EARLIEST = datetime(1970, 1, 1, tzinfo=dt_timezone.utc)
+TS_LATEST = datetime(2100, 1, 1, tzinfo=dt_timezone.utc)
+MAX_JSON_DEPTH = 32  # context and extra keys are small objects; deeper nesting is refused, not recursed into
+
+
+def json_depth(value: Any) -> int:
+    """How deeply `value` nests lists and dicts, counted without recursion (a hostile depth cannot
+    exhaust the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 class Order(BaseModel):
@@ -65,6 +82,13 @@ class AuditRecord(BaseModel):
     reason: str | None = None
     context: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _not_too_deep(cls, value: Any) -> Any:
+        if isinstance(value, dict) and json_depth(value) > MAX_JSON_DEPTH:
+            raise ValueError(f"the decision nests objects or lists more than {MAX_JSON_DEPTH} deep")
+        return value
+
     @field_validator("decision", mode="before")
     @classmethod
     def _decision_lower(cls, value: Any) -> Any:
@@ -76,6 +100,12 @@ class AuditRecord(BaseModel):
         # A naive time is ambiguous across time zones and the T+5 window depends on it.
         if value.tzinfo is None or value.utcoffset() is None:
             raise ValueError("ts must carry a UTC offset, e.g. 2025-11-26T10:00:00-05:00")
+        try:
+            utc = value.astimezone(dt_timezone.utc)
+        except OverflowError:
+            raise ValueError(f"ts {value.isoformat()} does not convert to UTC") from None
+        if not TS_EARLIEST <= utc < TS_LATEST:
+            raise ValueError(f"ts must lie between {TS_EARLIEST.date()} and {TS_LATEST.date()} (UTC), got {value.isoformat()}")
         return value
 
     @model_validator(mode="after")
@@ -98,6 +128,15 @@ class ParsedLog:
     n_lines: int  # non-blank lines
     n_blank: int = 0
     duplicates: dict[str, int] = field(default_factory=dict)  # decision_id -> lines dropped
+    starts: list[tuple[str | None, int]] = field(default_factory=list)  # (file, line numbers before it) per source read
+
+    def locate(self, line_number: int) -> tuple[str | None, int]:
+        """(file, line in that file) of a line number counted across the sources."""
+        source, offset = None, 0
+        for name, start in self.starts:
+            if start < line_number:
+                source, offset = name, start
+        return source, line_number - offset
 
     @property
     def n_valid(self) -> int:
@@ -138,7 +177,9 @@ def parse_sources(sources: Iterable[tuple[str | None, Iterable[str]]]) -> Parsed
     quarantine: list[dict[str, Any]] = []
     duplicates: dict[str, int] = {}
     n_lines = n_blank = offset = 0
+    starts: list[tuple[str | None, int]] = []
     for source, lines in sources:
+        starts.append((source, offset))
         local = 0
         for local, raw in enumerate(lines, start=1):
             line_number = offset + local
@@ -162,7 +203,7 @@ def parse_sources(sources: Iterable[tuple[str | None, Iterable[str]]]) -> Parsed
             by_id[record.decision_id] = (line_number, record)
         offset += local
     records = sorted(by_id.values(), key=lambda item: item[0])
-    return ParsedLog(records=records, quarantine=quarantine, n_lines=n_lines, n_blank=n_blank, duplicates=duplicates)
+    return ParsedLog(records=records, quarantine=quarantine, n_lines=n_lines, n_blank=n_blank, duplicates=duplicates, starts=starts)
 
 
 def parse_file(path: str | Path) -> ParsedLog:
@@ -174,6 +215,13 @@ def canonical(record: AuditRecord) -> str:
     """A decision as canonical JSON (validated, sorted keys): two posts of the same decision are
     equal here however their JSON was spelled."""
     return json.dumps(record.model_dump(mode="json"), sort_keys=True)
+
+
+def canonical_or_repr(record: AuditRecord) -> str:
+    try:
+        return canonical(record)
+    except (ValueError, OverflowError, RecursionError, TypeError):
+        return repr(record)
 
 
 def orders_json(orders: list[Order] | None) -> str | None:
@@ -201,28 +249,43 @@ def decision_date(ts: datetime, timezone: str) -> str:
     return ts.astimezone(ZoneInfo(timezone)).date().isoformat()
 
 
+def decision_row(r: AuditRecord, line_number: int, duplicates_dropped: int, timezone: str) -> dict[str, Any]:
+    """The `operator_decisions` row of one decision, JSON fields kept as canonical JSON strings."""
+    symbols = sorted({o.symbol for o in r.proposal.orders})
+    return {
+        "decision_id": r.decision_id,
+        "decision_date": decision_date(r.ts, timezone),
+        "ts_utc": r.ts.astimezone(ZoneInfo("UTC")).isoformat(),
+        "ts_local": r.ts.astimezone(ZoneInfo(timezone)).isoformat(),
+        "decision": r.decision,
+        "proposal_orders_json": orders_json(r.proposal.orders),
+        "proposal_text": r.proposal.text,
+        "operator_orders_json": orders_json(r.operator_orders),
+        "reason": r.reason,
+        "context_json": json.dumps(r.context, sort_keys=True, default=str),
+        "extra_json": json.dumps({"record": r.extra, "proposal": dict(r.proposal.model_extra or {})}, sort_keys=True, default=str),
+        "symbols": ",".join(symbols),
+        "n_orders": len(r.proposal.orders),
+        "line_number": line_number,
+        "duplicates_dropped": duplicates_dropped,
+    }
+
+
 def records_frame(parsed: ParsedLog, timezone: str) -> pd.DataFrame:
-    """One row per unique decision, JSON fields kept as canonical JSON strings."""
-    rows = []
+    """One row per unique decision. A decision that validated but does not convert (a line written
+    before the validation that now refuses it) moves from `parsed.records` to `parsed.quarantine`
+    with the reason, so one line cannot fail the day and the counts still reconcile."""
+    rows, kept = [], []
     for line_number, r in parsed.records:
-        symbols = sorted({o.symbol for o in r.proposal.orders})
-        rows.append({
-            "decision_id": r.decision_id,
-            "decision_date": decision_date(r.ts, timezone),
-            "ts_utc": r.ts.astimezone(ZoneInfo("UTC")).isoformat(),
-            "ts_local": r.ts.astimezone(ZoneInfo(timezone)).isoformat(),
-            "decision": r.decision,
-            "proposal_orders_json": orders_json(r.proposal.orders),
-            "proposal_text": r.proposal.text,
-            "operator_orders_json": orders_json(r.operator_orders),
-            "reason": r.reason,
-            "context_json": json.dumps(r.context, sort_keys=True, default=str),
-            "extra_json": json.dumps({"record": r.extra, "proposal": dict(r.proposal.model_extra or {})}, sort_keys=True, default=str),
-            "symbols": ",".join(symbols),
-            "n_orders": len(r.proposal.orders),
-            "line_number": line_number,
-            "duplicates_dropped": parsed.duplicates.get(r.decision_id, 0),
-        })
+        try:
+            rows.append(decision_row(r, line_number, parsed.duplicates.get(r.decision_id, 0), timezone))
+        except (ValueError, OverflowError, RecursionError, TypeError) as err:
+            source, local = parsed.locate(line_number)
+            row = {"line_number": local, "error": f"does not convert: {type(err).__name__}: {err}", "raw": canonical_or_repr(r)[:2000]}
+            parsed.quarantine.append(row if source is None else {**row, "source": source})
+            continue
+        kept.append((line_number, r))
+    parsed.records[:] = kept
     if not rows:
         return empty_decisions()
     return pd.DataFrame(rows).astype(DECISION_COLUMNS)

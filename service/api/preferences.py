@@ -15,6 +15,7 @@ from outcome_flywheel.preferences.audit_log import Proposal, records_frame
 from outcome_flywheel.preferences.fingerprint import style_fingerprint
 from outcome_flywheel.settings import env
 from service import launching
+from service.limits import proposal_size_problem
 from service.security import bearer
 from service.state import NoDagsterInstance
 
@@ -113,10 +114,13 @@ def style_score(body: StyleScoreIn, request: Request) -> dict:
     loaded; the adapter is reloaded when `latest` moves. `available` is false before the first adapter."""
     if not body.candidate.orders:
         raise HTTPException(status_code=422, detail="candidate.orders is empty: a proposal needs an order to score against holding")
-    scorer = _state(request).scorer
-    started = time.perf_counter()
     context = body.prompt if isinstance(body.prompt, dict) else None
     text_prompt = body.prompt if isinstance(body.prompt, str) else None
+    problem = proposal_size_problem(body.candidate.orders, context, body.candidate.text, text_prompt)
+    if problem:
+        raise HTTPException(status_code=422, detail=problem)
+    scorer = _state(request).scorer
+    started = time.perf_counter()
     try:
         result = scorer.score([o.model_dump() for o in body.candidate.orders], context, body.candidate.text, prompt=text_prompt)
     except FileNotFoundError as err:

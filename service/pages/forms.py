@@ -35,6 +35,8 @@ def parse_context(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as err:
         raise FormError(f"the context is not JSON: {err.msg} (line {err.lineno}, column {err.colno})") from None
+    except RecursionError:  # nested deeper than the parser's stack
+        raise FormError("the context nests objects or lists too deeply") from None
     if not isinstance(value, dict):
         raise FormError("the context must be a JSON object, like {\"regime\": \"risk-on\"}")
     return value

@@ -6,6 +6,7 @@ the reason they were refused; they call the same functions as the JSON API."""
 
 from __future__ import annotations
 
+import hmac
 import math
 import uuid
 from urllib.parse import quote, urlencode
@@ -30,8 +31,9 @@ from service import launching
 from service.api.decisions import record_decision
 from service.api.feedback import add_feedback, verify_feedback
 from service.api.rl import feedback_status, loops_history, loops_status
+from service.limits import proposal_size_problem
 from service.pages.forms import FormError, parse_context, parse_order_lines, validation_text
-from service.security import SESSION_COOKIE, csrf_value, logged_in, require_csrf, session_value
+from service.security import SESSION_COOKIE, csrf_value, new_session, require_csrf, session_of
 from service.state import NoDagsterInstance
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
@@ -51,16 +53,36 @@ def fmt(value: Any) -> str:
 jinja.globals["fmt"] = fmt
 
 
+def message_signature(config, kind: str, text: str) -> str:
+    return config.derived(f"message:{kind}:{text}")[:32]
+
+
+def signed_message(request: Request, kind: str) -> str | None:
+    """The page's `?flash=` / `?error=` text, shown only when this service wrote it (its signature
+    in `?sig=`): a link from elsewhere cannot put its words in the page's message box."""
+    text = request.query_params.get(kind)
+    signature = request.query_params.get("sig", "")
+    if not text or not hmac.compare_digest(signature.encode("utf-8", "replace"), message_signature(request.app.state.service.config, kind, text).encode()):
+        return None
+    return text
+
+
 def render(request: Request, template: str, status_code: int = 200, **values) -> HTMLResponse:
     state = request.app.state.service
-    context = {"request": request, "logged_in": logged_in(request), "csrf": csrf_value(state.config),
-               "flash": request.query_params.get("flash"), "error": request.query_params.get("error"), **values}
+    session = session_of(request)
+    context = {"request": request, "logged_in": session is not None, "csrf": csrf_value(state.config, session),
+               "flash": signed_message(request, "flash"), "error": signed_message(request, "error"), **values}
     return HTMLResponse(jinja.get_template(template).render(**context), status_code=status_code)
 
 
-def back(path: str, **params) -> RedirectResponse:
-    query = urlencode({k: v for k, v in params.items() if v is not None})
-    return RedirectResponse(f"{path}?{query}" if query else path, status_code=303)
+def back(request: Request, path: str, anchor: str = "", **params) -> RedirectResponse:
+    """303 to `path` with `params`; a `flash` or `error` message goes with its signature."""
+    params = {k: v for k, v in params.items() if v is not None}
+    for kind in ("flash", "error"):
+        if kind in params:
+            params["sig"] = message_signature(request.app.state.service.config, kind, params[kind])
+    query = urlencode(params)
+    return RedirectResponse(f"{path}?{query}{anchor}" if query else f"{path}{anchor}", status_code=303)
 
 
 def learning_signal(preferences: dict[str, Any]) -> str:
@@ -96,11 +118,11 @@ def feedback_form(
                           stars=stars or None, correction=correction or None, reviewer=reviewer)
         record = add_feedback(request.app.state.service, body)
     except ValidationError as err:
-        return RedirectResponse(f"/?{urlencode({'date': date, 'error': 'feedback not saved: ' + validation_text(err)})}{anchor}", status_code=303)
+        return back(request, "/", anchor, date=date, error="feedback not saved: " + validation_text(err))
     except HTTPException as err:
-        return RedirectResponse(f"/?{urlencode({'date': date, 'error': 'feedback not saved: ' + str(err.detail)})}{anchor}", status_code=303)
+        return back(request, "/", anchor, date=date, error="feedback not saved: " + str(err.detail))
     flash = f"Thanks: feedback {record['feedback_id'][:8]} saved on {headline_id} #{rollout_index}."
-    return RedirectResponse(f"/?{urlencode({'date': date, 'flash': flash})}{anchor}", status_code=303)
+    return back(request, "/", anchor, date=date, flash=flash)
 
 
 # -- proposal ------------------------------------------------------------------------------------
@@ -117,13 +139,23 @@ def holdout_winners(state, preferences: dict[str, Any]) -> list[dict[str, Any]]:
 
 @router.get("/proposal", response_class=HTMLResponse)
 def proposal_page(request: Request, orders: str = "", context: str = "", text: str = ""):
+    """The proposal form (filled from the query, e.g. after a decision); scoring is its POST."""
+    form = {"orders": orders, "context": context, "text": text}
+    return render(request, "proposal.html", title="Proposal", active="/proposal", form=form, score=None)
+
+
+@router.post("/proposal", response_class=HTMLResponse, dependencies=[Depends(require_csrf)])
+def score_proposal(request: Request, orders: str = Form(""), context: str = Form(""), text: str = Form("")):
+    """The style-match panel: model work, so only for a signed-in browser (session + CSRF) and
+    capped in orders and prompt size."""
     state = request.app.state.service
     form = {"orders": orders, "context": context, "text": text}
-    if not orders.strip():
-        return render(request, "proposal.html", title="Proposal", active="/proposal", form=form, score=None)
     try:
         parsed_orders = parse_order_lines(orders)
         parsed_context = parse_context(context)
+        problem = proposal_size_problem(parsed_orders, parsed_context, text)
+        if problem or not parsed_orders:
+            raise FormError(problem or "type at least one order, like 'buy NVDA 5%'")
         score = state.scorer.score(parsed_orders, parsed_context, text or None)
     except (FormError, ValidationError) as err:
         return render(request, "proposal.html", 422, title="Proposal", active="/proposal", form=form, score=None, error=validation_text(err))
@@ -147,8 +179,8 @@ def decide_form(
         )
         _, body = record_decision(request.app.state.service, record)
     except (FormError, ValidationError) as err:
-        return back("/proposal", **here, error="decision not recorded: " + validation_text(err))
-    return back("/proposal", **here, flash=f"Decision {body['decision_id']} ({decision}) recorded in {body['live_log']}; "
+        return back(request, "/proposal", **here, error="decision not recorded: " + validation_text(err))
+    return back(request, "/proposal", **here, flash=f"Decision {body['decision_id']} ({decision}) recorded in {body['live_log']}; "
                                            "POST /api/preferences/extract materialises it.")
 
 
@@ -177,9 +209,9 @@ def materialize_form(request: Request):
     try:
         result = launching.materialize_feedback(request.app.state.service)
     except NoDagsterInstance as err:
-        return back("/curation", error=str(err))
+        return back(request, "/curation", error=str(err))
     runs = ", ".join(f"{r['job']} {r['run_id'][:8]}" for r in result["runs"])
-    return back("/curation", flash=f"{result['message']}: {runs or 'no runs'}. The pairs appear here when the runs finish (Dagster UI: Runs).")
+    return back(request, "/curation", flash=f"{result['message']}: {runs or 'no runs'}. The pairs appear here when the runs finish (Dagster UI: Runs).")
 
 
 @router.post("/curation/{feedback_id}", dependencies=[Depends(require_csrf)])
@@ -188,10 +220,10 @@ def verify_form(request: Request, feedback_id: str = PathParam(pattern=r"^[0-9a-
         verdict = VerificationIn(action=action, correction=(correction or None) if action == "edit" else None, curator=curator)
         verify_feedback(request.app.state.service, feedback_id, verdict)
     except ValidationError as err:
-        return back("/curation", error="verdict not saved: " + validation_text(err))
+        return back(request, "/curation", error="verdict not saved: " + validation_text(err))
     except HTTPException as err:
-        return back("/curation", error="verdict not saved: " + str(err.detail))
-    return back("/curation", flash=f"Verdict '{action}' saved on feedback {feedback_id[:8]}.")
+        return back(request, "/curation", error="verdict not saved: " + str(err.detail))
+    return back(request, "/curation", flash=f"Verdict '{action}' saved on feedback {feedback_id[:8]}.")
 
 
 # -- status and sign-in --------------------------------------------------------------------------
@@ -212,18 +244,20 @@ def _safe_next(target: str | None) -> str:
 
 
 def _signed_in(request: Request, target: str) -> RedirectResponse:
+    config = request.app.state.service.config
     response = RedirectResponse(_safe_next(target), status_code=303)
-    response.set_cookie(SESSION_COOKIE, session_value(request.app.state.service.config), httponly=True, samesite="strict", path="/")
+    response.set_cookie(SESSION_COOKIE, new_session(config), max_age=config.session_ttl_s, httponly=True, samesite="strict", path="/",
+                        secure=not config.is_loopback)  # off loopback the service is meant to sit behind HTTPS
     return response
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_page(request: Request, token: str | None = None, next: str = "/"):
-    """The page to paste the token into; `/login?token=...` (the link the service prints) signs in at once."""
-    if token is not None:
-        if request.app.state.service.config.is_token(token):
-            return _signed_in(request, next)
-        return render(request, "login.html", 401, title="Sign in", active="", next=_safe_next(next), error="that is not the service's token")
+def login_page(request: Request, next: str = "/"):
+    """The page to paste the token into. Signing in is its POST: a token in a URL would stay in the
+    browser's history and the access log, so `?token=` signs nobody in."""
+    if "token" in request.query_params:
+        return render(request, "login.html", 400, title="Sign in", active="", next=_safe_next(next),
+                      error="a token in the address is not accepted (it would stay in the history and the logs): paste it below")
     return render(request, "login.html", title="Sign in", active="", next=_safe_next(next))
 
 
