@@ -16,6 +16,7 @@ import torch
 
 from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
 from outcome_flywheel.models.segments import flatten_segments
+from outcome_flywheel.models.torch.graph_sampler import GraphSampler
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
 from outcome_flywheel.models.torch.sampling import attention_kernels, left_padded, sample_batch
 from outcome_flywheel.models.torch.training import FRAMEWORK
@@ -39,10 +40,14 @@ class TorchBackend(ChatTokenizer, ModelBackend):
     def __init__(
         self, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto",
         trainable: bool = True, dtype: str = "auto", master_weights: bool = False, sampler: str = "torch",
+        static_decode: bool | None = None,
     ):
         """`dtype` is the compute precision: "auto" = bf16 on CUDA, fp32 elsewhere (CPU has no fast
         bf16 path, and the parity tests need fp32), or a name. `master_weights` keeps the weights
-        in fp32 and computes in `dtype` under autocast (full fine-tuning: see `use_master_weights`)."""
+        in fp32 and computes in `dtype` under autocast (full fine-tuning: see `use_master_weights`).
+        `static_decode`: the project's sampler decodes over a static KV cache with CUDA graphs
+        (`graph_sampler.py`); None = on CUDA only (elsewhere the same step runs without graphs
+        when asked, for tests)."""
         from transformers import AutoModelForCausalLM
 
         self.model_path = Path(model_path)
@@ -58,6 +63,8 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         if sampler == "vllm":
             require_vllm()
         self.sampler = sampler
+        self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
+        self._graph_sampler: GraphSampler | None = None
         self.weights_on_disk = (self.model_path, self.adapter_path)
         self._load_tokenizer()
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32 if self.master_weights else self.dtype)
@@ -84,6 +91,15 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
     # -- inference ----------------------------------------------------------------------
+    @property
+    def graph_sampler(self) -> "GraphSampler | None":
+        """The static-cache sampler of this loaded model (made on first use), or None when off."""
+        if not self.static_decode:
+            return None
+        if self._graph_sampler is None:
+            self._graph_sampler = GraphSampler(self)
+        return self._graph_sampler
+
     @contextlib.contextmanager
     def _sampling_context(self):
         with torch.inference_mode(), self.autocast():

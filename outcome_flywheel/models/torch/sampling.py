@@ -15,6 +15,7 @@ import torch
 
 from outcome_flywheel.models.interface import Sample, SamplingConfig
 from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
+from outcome_flywheel.models.torch.graph_sampler import sampling_rule
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -67,15 +68,24 @@ def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConf
     ]).to(backend.device) if cfg.temperature > 0 else None
 
     with attention_kernels(backend.device):
-        return _decode(backend, prompt_ids, rows, n, cfg, input_ids, attention, positions, uniforms)
+        # The prompt is run once (the prefill); its KV cache then serves its n samples.
+        outputs = backend.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
+        engine = getattr(backend, "graph_sampler", None)
+        if engine is not None and not engine.unusable_reason(len(rows), input_ids.shape[1], cfg.max_new_tokens):
+            rows_prompt = torch.tensor([i for i, _ in rows], dtype=torch.long, device=backend.device)
+            rule = sampling_rule(backend, cfg, outputs.logits.shape[-1])
+            decoded = engine.decode(outputs, rows_prompt, attention, positions[:, -1] + 1, uniforms, cfg.max_new_tokens, rule)
+        else:
+            decoded = _decode(backend, rows, n, cfg, outputs, attention, positions, uniforms)
+    return _grouped(backend, prompt_ids, rows, *decoded)
 
 
-def _decode(backend, prompt_ids, rows, n, cfg, input_ids, attention, positions, uniforms) -> list[list[Sample]]:
+def _decode(backend, rows, n, cfg, outputs, attention, positions, uniforms) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The eager decode loop over transformers' dynamic cache (CPU, MPS, and what the static
+    sampler does not take): `(tokens, logps, alive)`, each `[rows, steps]`."""
     pad = backend.tokenizer.pad_token_id
-    # The prompt is run once, then its KV cache is copied to its n samples.
-    outputs = backend.model(
-        input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
-    )
     past = outputs.past_key_values
     past.batch_repeat_interleave(n)
     logits = outputs.logits[:, -1, :].float().repeat_interleave(n, dim=0)
@@ -129,10 +139,16 @@ def _decode(backend, prompt_ids, rows, n, cfg, input_ids, attention, positions, 
         logits = outputs.logits[:, -1, :].float()
         next_pos = next_pos + 1
 
+    return torch.stack(step_tokens, dim=1), torch.stack(step_logps, dim=1), torch.stack(step_alive, dim=1)
+
+
+def _grouped(backend, prompt_ids, rows, step_tokens: torch.Tensor, step_logps: torch.Tensor, step_alive: torch.Tensor) -> list[list[Sample]]:
+    """Per prompt, its samples: each row's tokens and log-probs while it was alive."""
     # One device->host copy at the end instead of per-token reads inside the loop.
-    all_tokens = torch.stack(step_tokens, dim=1).tolist()
-    all_logps = torch.stack(step_logps, dim=1).double().tolist()
-    alive = torch.stack(step_alive, dim=1).tolist()
+    total = len(rows)
+    all_tokens = step_tokens.tolist()
+    all_logps = step_logps.double().tolist()
+    alive = step_alive.tolist()
     tokens = [[t for t, a in zip(all_tokens[r], alive[r]) if a] for r in range(total)]
     logps = [[lp for lp, a in zip(all_logps[r], alive[r]) if a] for r in range(total)]
     grouped: list[list[Sample]] = [[] for _ in prompt_ids]
