@@ -27,14 +27,16 @@ Which dates count: a date counts when at least one source has a matured row on i
 only no_call / no_data, so it holds nothing). A source with pending rows and no matured row, or with no rows at all,
 makes its book unknown and the date is left out (not counted as a zero); so is a date with only pending rows.
 
-Summary statistics: the mean daily excess (policy - base, policy - SPY) with a seeded bootstrap 95% interval
-(`scipy.stats.bootstrap`, BCa, percentile when BCa is degenerate); fewer than 3 days -> NaN interval and
-"not enough data"; a zero-spread series (e.g. identical books) gets a zero-width interval and "no detectable edge".
+Summary statistics: the mean daily excess (policy - base, policy - SPY) with a 95% t-interval over the books
+(`ab_stats.session_mean_interval`: books are entry sessions, which ride one market move each, so the book is the
+unit; with h-session books the interval is the overlap-robust bound over the h non-overlapping sub-series), its
+p-value and a label read off that interval. Fewer than `MIN_SESSIONS` x h books -> NaN interval and "not enough data"
+(a bootstrap of a handful of days undercovers badly: 29% false labels at 3 days). A zero-spread series (e.g.
+identical books) gets a zero-width interval at the mean and "no detectable edge" when that mean is 0.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,7 +45,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .ab_stats import zero_spread
+from .ab_stats import LABELS, MIN_SESSIONS, label_for, session_mean_interval
 
 SOURCES = ("policy", "base")
 BOOK_COLUMNS = ["date", "source", "symbol", "weight", "positions", "symbol_return_pct"]
@@ -53,7 +55,7 @@ DAILY_COLUMNS = [
     "base_equity", "spy_equity",
 ]
 EDGE_LABELS = ("policy book better", "no detectable edge", "policy book worse", "not enough data")
-MIN_DAYS = 3
+EDGE_WORDS = dict(zip(LABELS, EDGE_LABELS))  # ab_stats' label -> the back-test's words
 TRADING_DAYS = 252
 
 
@@ -63,17 +65,15 @@ class BacktestResult:
     summary: dict = field(default_factory=dict)
 
 
-def _headline_position(calls: pd.DataFrame) -> tuple[str, int] | None:
-    """(symbol, +1 | -1) of one headline's calls, or None (no calls, or as many longs as shorts on the symbol)."""
-    calls = calls.sort_values("rollout_index", kind="stable")
-    symbols = calls["symbol"].tolist()
-    if not symbols:
+def _headline_position(calls: list[tuple[str, str]]) -> tuple[str, int] | None:
+    """(symbol, +1 | -1) of one headline's (symbol, side) calls in rollout_index order, or None (no calls, or as
+    many longs as shorts on the symbol)."""
+    if not calls:
         return None
-    counts = Counter(symbols)
+    counts = Counter(symbol for symbol, _ in calls)
     top = max(counts.values())
-    symbol = next(s for s in symbols if counts[s] == top)  # first in rollout_index order among the modal ones
-    sides = calls.loc[calls["symbol"] == symbol, "side"]
-    net = int((sides == "long").sum()) - int((sides == "short").sum())
+    symbol = next(s for s, _ in calls if counts[s] == top)  # first in rollout_index order among the modal ones
+    net = sum({"long": 1, "short": -1}.get(side, 0) for s, side in calls if s == symbol)
     return (symbol, 1 if net > 0 else -1) if net else None
 
 
@@ -90,10 +90,13 @@ def daily_books(outcomes: pd.DataFrame) -> pd.DataFrame:
     with a position that day, the same on every row of the (date, source)) and the symbol's return over the
     window (mean of its matured rows). Matured rows only; a (date, source) with no position has no row. A symbol
     whose headlines net out keeps a row with weight 0."""
-    votes = _votes(outcomes)
+    votes = _votes(outcomes).sort_values(["date", "source", "headline_id", "rollout_index"], kind="stable")
     rows = []
     for (date, source), day in votes.groupby(["date", "source"], sort=True):
-        picks = [p for _, g in day.groupby("headline_id", sort=True) if (p := _headline_position(g)) is not None]
+        calls: dict[str, list[tuple[str, str]]] = {}  # plain lists: a pandas group per headline is slow
+        for headline, symbol, side in zip(day["headline_id"], day["symbol"], day["side"]):
+            calls.setdefault(headline, []).append((symbol, side))
+        picks = [p for h in sorted(calls) if (p := _headline_position(calls[h])) is not None]
         if not picks:
             continue
         n = len(picks)
@@ -151,37 +154,11 @@ def max_drawdown_pct(returns_pct) -> float:
     return float(100.0 * np.max(1.0 - equity / peak))
 
 
-def bootstrap_mean_ci(values, n_resamples: int = 10_000, seed: int = 0, confidence: float = 0.95
-                      ) -> tuple[float, float, str]:
-    """Bootstrap interval of the mean: (low, high, method). Fewer than 3 values -> NaN; zero spread -> the mean."""
-    x = np.asarray(values, dtype=float)
-    x = x[~np.isnan(x)]
-    if x.size < MIN_DAYS:
-        return math.nan, math.nan, "none (fewer than 3 days)"
-    if zero_spread(x):
-        return float(x.mean()), float(x.mean()), "none (zero spread: interval at the mean)"
-    kw = "rng" if "rng" in inspect.signature(stats.bootstrap).parameters else "random_state"
-    for method in ("BCa", "percentile"):
-        res = stats.bootstrap((x,), np.mean, n_resamples=n_resamples, confidence_level=confidence, method=method,
-                              **{kw: np.random.default_rng(seed)})
-        low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
-        if math.isfinite(low) and math.isfinite(high):
-            return low, high, f"scipy.stats.bootstrap {method} of the mean daily excess"
-    return math.nan, math.nan, "bootstrap failed"
-
-
-def edge_label(ci_low: float, ci_high: float, days: int, degenerate: bool = False) -> str:
-    """"policy book better" (interval above 0) / "policy book worse" (below) / "no detectable edge" (covers 0,
-    or zero spread) / "not enough data" (fewer than 3 days or a NaN interval)."""
-    if days < MIN_DAYS or not (math.isfinite(ci_low) and math.isfinite(ci_high)):
-        return EDGE_LABELS[3]
-    if degenerate:
-        return EDGE_LABELS[1]
-    if ci_low > 0:
-        return EDGE_LABELS[0]
-    if ci_high < 0:
-        return EDGE_LABELS[2]
-    return EDGE_LABELS[1]
+def edge_label(ci_low: float, ci_high: float) -> str:
+    """The back-test's words for `ab_stats.label_for` of the interval (the one place labels are read): "policy book
+    better" (interval above 0) / "policy book worse" (below) / "no detectable edge" (covers 0) / "not enough data"
+    (a NaN interval: too few books)."""
+    return EDGE_WORDS[label_for(ci_low, ci_high)]
 
 
 def by_entry_session(outcomes: pd.DataFrame) -> pd.DataFrame:
@@ -197,21 +174,21 @@ def by_entry_session(outcomes: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def run_backtest(outcomes: pd.DataFrame, cost_bps_per_turnover: float = 10.0, n_resamples: int = 10_000,
-                 seed: int = 0) -> BacktestResult:
+def run_backtest(outcomes: pd.DataFrame, cost_bps_per_turnover: float = 10.0) -> BacktestResult:
     """Daily books of both sources, their net returns, SPY's over the same windows, equity curves and a summary."""
     outcomes = by_entry_session(outcomes)
     books = daily_books(outcomes)
     dates = counted_dates(outcomes) if len(outcomes) else []
     prev: dict[str, dict[str, float]] = {s: {} for s in SOURCES}
     rows = []
+    matured_by_date = dict(tuple(outcomes[outcomes["status"] == "matured"].groupby("date"))) if dates else {}
+    books_by = {key: b for key, b in books.groupby(["date", "source"])}
     for date in dates:
-        day = outcomes[outcomes["date"] == date]
-        matured = day[day["status"] == "matured"]
+        matured = matured_by_date[date]
         row = dict(date=date, entry_date=_first(matured["entry_date"]), exit_date=_first(matured["exit_date"]),
                    spy_return_pct=float(pd.to_numeric(matured["spy_return_pct"], errors="coerce").mean()))
         for s in SOURCES:
-            b = books[(books["date"] == date) & (books["source"] == s)]
+            b = books_by.get((date, s), books.iloc[0:0])
             w = dict(zip(b["symbol"], b["weight"]))
             gross = float(sum(b["weight"] * b["symbol_return_pct"]))
             turnover = float(sum(abs(w.get(k, 0.0) - prev[s].get(k, 0.0)) for k in set(w) | set(prev[s])))
@@ -226,7 +203,7 @@ def run_backtest(outcomes: pd.DataFrame, cost_bps_per_turnover: float = 10.0, n_
     for s in (*SOURCES, "spy"):
         daily[f"{s}_equity"] = (1.0 + daily[f"{s}_return_pct"].astype(float) / 100.0).cumprod()
     daily = daily[DAILY_COLUMNS].reset_index(drop=True)
-    return BacktestResult(daily=daily, summary=_summary(outcomes, daily, cost_bps_per_turnover, n_resamples, seed))
+    return BacktestResult(daily=daily, summary=_summary(outcomes, daily, cost_bps_per_turnover))
 
 
 def _horizon(outcomes: pd.DataFrame) -> int:
@@ -236,7 +213,7 @@ def _horizon(outcomes: pd.DataFrame) -> int:
     return int(h.mode().iloc[0]) if len(h) else 1
 
 
-def _summary(outcomes: pd.DataFrame, daily: pd.DataFrame, cost_bps: float, n_resamples: int, seed: int) -> dict:
+def _summary(outcomes: pd.DataFrame, daily: pd.DataFrame, cost_bps: float) -> dict:
     days = int(len(daily))
     horizon = _horizon(outcomes)
     out: dict = dict(days=days, horizon_sessions=horizon, cost_bps_per_turnover=float(cost_bps),
@@ -251,11 +228,11 @@ def _summary(outcomes: pd.DataFrame, daily: pd.DataFrame, cost_bps: float, n_res
     methods = []
     for name in ("base", "spy"):
         x = daily[f"excess_vs_{name}_pct"].astype(float).to_numpy()
-        low, high, method = bootstrap_mean_ci(x, n_resamples, seed)
-        flat = x.size >= MIN_DAYS and zero_spread(x)
+        low, high, p, method = session_mean_interval(x, horizon)
         out[f"mean_excess_vs_{name}_pct"] = float(x.mean()) if days else math.nan
         out[f"excess_vs_{name}_ci_low"], out[f"excess_vs_{name}_ci_high"] = low, high
-        out[f"label_vs_{name}"] = edge_label(low, high, days, degenerate=flat)
+        out[f"excess_vs_{name}_p_value"] = p
+        out[f"label_vs_{name}"] = edge_label(low, high)
         methods.append(f"vs {name}: {method}")
-    out.update(bootstrap_method="; ".join(methods), confidence=0.95, n_resamples=int(n_resamples), seed=int(seed))
+    out.update(interval_method="; ".join(methods), confidence=0.95, min_books=MIN_SESSIONS * horizon)
     return out

@@ -7,10 +7,12 @@
   seeded generator and recorded) goes to the judge as a group of two, in a seeded random order that
   is recorded; identical notes are a tie and are not asked. There is no next day yet when D is
   evaluated, so the judge sees D's own related headlines as context ("The day's news:").
-- `policy_eval(D)`: structure score, judge win rate, and once the calls' prices have matured, hit
-  rate (`vs_spy_pct > 0`) and mean `vs_spy_pct`, each with a 95% interval and a label
-  (`ab_stats`). The unit of pairing is the headline: notes of one headline share a prompt and are
-  not independent, so per-headline means are compared (paired t-test), not 8x as many notes.
+- `policy_eval(D)`: structure score and judge win rate on D's headlines, and once the calls' prices
+  have matured, hit rate (`vs_spy_pct > 0`) and mean `vs_spy_pct` over the matured calls of every
+  day up to D, each with a 95% interval and a label (`ab_stats`). The unit is what is independent:
+  for the structure score the headline (notes of one headline share a prompt, so per-headline means
+  are compared, not 8x as many notes); for the calls' outcomes the entry session (one day's calls
+  ride one market move and a few symbols, so D alone is one unit, never enough).
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ from __future__ import annotations
 import json
 import random
 
-import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.ab_stats import comparisons_frame, paired_comparison, per_headline_pairs, win_rate_comparison
+from outcome_flywheel.daily_rl.ab_stats import comparisons_frame, paired_comparison, per_headline_pairs, session_comparison, win_rate_comparison
 from outcome_flywheel.daily_rl.judging import JudgeGroup, select_outcome_headlines, stable_seed
 from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, ROLLOUT_SAMPLING, sample_rollouts
 
@@ -117,8 +118,35 @@ def _side(frame: pd.DataFrame, source: str) -> pd.DataFrame:
     return frame[frame["source"] == source]
 
 
-def evaluate_day(rollouts: pd.DataFrame, baseline: pd.DataFrame, outcomes: pd.DataFrame, preferences: pd.DataFrame) -> pd.DataFrame:
-    """The four comparisons of policy vs base for one day (rows of `policy_eval`), with each one's status."""
+def sessions_of(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Outcome rows with `session` = their entry session (the prediction day where there is none) and `headline_id`
+    made unique across days (a weekend's three days enter at one session; each day's headline is its own pair)."""
+    out = outcomes.copy()
+    entry = out["entry_date"].astype("string") if "entry_date" in out.columns else pd.Series(pd.NA, index=out.index, dtype="string")
+    out["session"] = entry.where(entry.notna() & (entry != ""), out["date"].astype("string")).astype(str)
+    out["headline_id"] = out["date"].astype(str) + "|" + out["headline_id"].astype(str)
+    return out
+
+
+def outcome_horizon(outcomes: pd.DataFrame) -> int:
+    """Sessions a matured call is held (the most common `horizon_sessions`; 1 when absent)."""
+    if "horizon_sessions" not in outcomes.columns or outcomes.empty:
+        return 1
+    h = pd.to_numeric(outcomes.loc[outcomes["status"] == "matured", "horizon_sessions"], errors="coerce").dropna()
+    return int(h.mode().iloc[0]) if len(h) else 1
+
+
+OUTCOME_TESTS = (
+    ("hit_rate", "hit", "per-session mean of per-headline shares of matured calls with vs_spy_pct > 0"),
+    ("mean_vs_spy_pct", "vs_spy_pct", "per-session mean of per-headline mean vs_spy_pct of matured calls, net of cost"),
+)
+
+
+def evaluate_day(rollouts: pd.DataFrame, baseline: pd.DataFrame, outcomes: pd.DataFrame, preferences: pd.DataFrame,
+                 day: str | None = None) -> pd.DataFrame:
+    """The four comparisons of policy vs base (rows of `policy_eval`), with each one's status. The structure score
+    and the judge are D's; `outcomes` holds the calls of every day up to D (D = `day`, else rollouts' date), and
+    the outcome metrics compare them session by session (the status says how far D's own calls have matured)."""
     comparisons, status = [], {}
     policy, base = per_headline_pairs(rollouts, baseline, "structure_score")
     comparisons.append(paired_comparison("structure_score", policy, base, test_name="paired t-test over headlines (per-headline mean structure score)"))
@@ -126,18 +154,19 @@ def evaluate_day(rollouts: pd.DataFrame, baseline: pd.DataFrame, outcomes: pd.Da
     counts = preferences["winner"].value_counts() if len(preferences) else pd.Series(dtype=int)
     comparisons.append(win_rate_comparison("judge_win_rate", int(counts.get("policy", 0)), int(counts.get("base", 0)), int(counts.get("tie", 0))))
     status["judge_win_rate"] = f"{int(counts.get('none', 0))} unanswered" if counts.get("none", 0) else "complete"
+    if day is None and len(rollouts):
+        day = str(rollouts["date"].iloc[0])
     calls = outcomes[outcomes["status"] != "no_call"] if len(outcomes) else outcomes
-    matured = calls[calls["status"] == "matured"].assign(hit=lambda f: (f["vs_spy_pct"] > 0).astype(float)) if len(calls) else calls
-    for metric, value, test in (
-        ("hit_rate", "hit", "paired t-test over headlines (per-headline share of matured calls with vs_spy_pct > 0)"),
-        ("mean_vs_spy_pct", "vs_spy_pct", "paired t-test over headlines (per-headline mean vs_spy_pct of matured calls, net of cost)"),
-    ):
-        if len(matured):
-            p, b = per_headline_pairs(_side(matured, "policy"), _side(matured, "base"), value)
-        else:
-            p, b = np.array([]), np.array([])
-        comparisons.append(paired_comparison(metric, p, b, test_name=test))
-        status[metric] = _maturity(calls)
+    matured = calls[calls["status"] == "matured"] if len(calls) else calls
+    if len(matured):
+        matured = sessions_of(matured).assign(hit=lambda f: (f["vs_spy_pct"] > 0).astype(float))
+    horizon = outcome_horizon(matured)
+    for metric, value, what in OUTCOME_TESTS:
+        sides = [_side(matured, s) if len(matured) else pd.DataFrame(columns=["session", "headline_id", value]) for s in ("policy", "base")]
+        test = f"t-test over entry sessions up to {day} ({what})"
+        comparisons.append(session_comparison(metric, sides[0], sides[1], value, horizon, test_name=test))
+        own = calls[calls["date"].astype(str) == str(day)] if len(calls) and day is not None else calls
+        status[metric] = _maturity(own)
     frame = comparisons_frame(comparisons)
     frame.insert(0, "status", frame["metric"].map(status))
     return frame
