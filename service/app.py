@@ -3,15 +3,18 @@ at /openapi.json)."""
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from service import launching
 from service.api import decisions, feedback, preferences, rl
 from service.pages import routes as pages
 from service.security import WriteGuard
-from service.state import ServiceState
+from service.state import NoDagsterInstance, ServiceState
 
 DESCRIPTION = """People in the loop of the outcome flywheel.
 
@@ -27,9 +30,20 @@ Request bodies over 64 KB are refused (413). The review pages are at `/`.
 
 def create_app(state: ServiceState | None = None) -> FastAPI:
     state = state or ServiceState.from_env()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # Runs whose worker died while the service was down are failed (and their pool slots freed) now.
+        try:
+            launching.reconcile(state)
+        except NoDagsterInstance:
+            pass  # launching will say why not
+        yield
+
     # No Swagger UI or ReDoc: both load scripts from a CDN into the page where operators would paste
     # the token. The schema stays at /openapi.json for any client or viewer a person trusts.
-    app = FastAPI(title="outcome-flywheel", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None)
+    app = FastAPI(title="outcome-flywheel", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None,
+                  lifespan=lifespan)
     app.state.service = state
     for module in (decisions, preferences, feedback, rl):
         app.include_router(module.router)

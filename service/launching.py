@@ -4,7 +4,9 @@ instance (they show in `make ui` like any run), executed by a worker process
 
 Every launch is idempotent: its runs carry `flywheel/request=<digest of what they would change>`,
 and a request whose digest already has a queued, running or successful run returns those runs
-instead of launching again.
+instead of launching again. Before each launch (and at the service's start) runs whose worker died
+are failed and their pool slots freed (`pipelines.launch.reconcile_dead_runs`); partitions a live run
+of the same job already covers are left out, so two launches never materialise one partition.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from outcome_flywheel.preferences.audit_log import records_frame
 from outcome_flywheel.preferences.changes import changed_dates, contiguous_ranges
 from outcome_flywheel.preferences.status import current_pairs, min_new_pairs, training_status
 from outcome_flywheel.settings import env
-from pipelines.launch import IN_PROCESS, create_run, start_worker
+from pipelines.launch import IN_PROCESS, RANGE_END, RANGE_START, create_run, reconcile_dead_runs, start_worker
 from pipelines.preferences import last_training_finished, train_cooldown_s, training_decision
 from service.state import NoDagsterInstance, ServiceState
 
@@ -57,17 +59,59 @@ def _existing(instance: dg.DagsterInstance, digest: str) -> list[dg.DagsterRun]:
     return [r for r in reversed(runs) if r.status in DONE_OR_LIVE]  # in the order they were made
 
 
+def reconcile(state: ServiceState) -> list[str]:
+    """Fail the runs whose worker is gone and free their pool slots (the run ids failed)."""
+    state.workers[:] = [w for w in state.workers if w.poll() is None]  # reap the finished ones (a dead child is a zombie until then)
+    return reconcile_dead_runs(state.instance())
+
+
+def _days(block: tuple[str, str]) -> list[str]:
+    return [d.strftime("%Y-%m-%d") for d in pd.date_range(block[0], block[1], freq="D")]
+
+
+def covered_partitions(instance: dg.DagsterInstance, job: str) -> dict[str, str]:
+    """{partition: run id} of the live runs of `job` (one partition or a range each)."""
+    covered = {}
+    for run in instance.get_runs(filters=dg.RunsFilter(job_name=job, statuses=list(LIVE))):
+        tags = run.tags
+        if RANGE_START in tags:
+            covered.update({d: run.run_id for d in _days((tags[RANGE_START], tags[RANGE_END]))})
+        elif "dagster/partition" in tags:
+            covered[tags["dagster/partition"]] = run.run_id
+    return covered
+
+
+def _uncovered(instance: dg.DagsterInstance, specs: list[tuple[str, tuple[str, str] | None]], skipped: dict[str, str]):
+    """`specs` without the partitions live runs of the same job already cover (recorded in `skipped`)."""
+    out = []
+    for job_name, block in specs:
+        if block is None:
+            out.append((job_name, None))
+            continue
+        covered = covered_partitions(instance, job_name)
+        days = [d for d in _days(block) if d not in covered]
+        skipped.update({d: covered[d] for d in _days(block) if d in covered})
+        out.extend((job_name, span) for span in contiguous_ranges(days))
+    return out
+
+
 def _launch(state: ServiceState, job: str | list[tuple[str, tuple[str, str] | None]], ranges: list[tuple[str, str] | None] | None,
-            digest: str, reason: str) -> tuple[bool, list[dg.DagsterRun]]:
+            digest: str, reason: str, skipped: dict[str, str] | None = None) -> tuple[bool, list[dg.DagsterRun]]:
     """(launched, runs): the runs of an earlier identical request, or new runs handed to one worker
     that executes them in order. `job` with `ranges` (partition spans, None = unpartitioned), or a
-    list of (job, span) when the runs belong to several jobs."""
+    list of (job, span) when the runs belong to several jobs. Partitions that live runs of the same
+    job cover are left out and recorded in `skipped` ({partition: run id})."""
     instance = state.instance()
     specs = job if isinstance(job, list) else [(job, block) for block in ranges or [None]]
+    skipped = {} if skipped is None else skipped
     with state.launch_lock:
+        reconcile(state)
         existing = _existing(instance, digest)
         if existing:
             return False, existing
+        specs = _uncovered(instance, specs, skipped)
+        if not specs:  # every partition is being materialised by a live run already: those runs
+            return False, [instance.get_run_by_id(r) for r in dict.fromkeys(skipped.values())]
         tags = {REQUEST_TAG: digest, REASON_TAG: reason[:200]}
         runs = []
         for job_name, block in specs:
@@ -78,9 +122,8 @@ def _launch(state: ServiceState, job: str | list[tuple[str, tuple[str, str] | No
             else:
                 runs.append(create_run(job_name, instance, partition_range=block, run_config=IN_PROCESS, tags=tags))
         log = state.warehouse.path("service", "runs", f"{runs[0].run_id}.log")
-        state.workers[:] = [w for w in state.workers if w.poll() is None]  # reap the finished ones
         try:
-            state.workers.append(start_worker([r.run_id for r in runs], log))
+            state.workers.append(start_worker([r.run_id for r in runs], log, instance))
         except OSError as err:  # no worker: fail the runs, or they would block the next identical request forever
             for run in runs:
                 instance.report_run_failed(run, f"the launch worker could not start: {err}")
@@ -111,10 +154,13 @@ def extract(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
     plan = extraction_plan(state, now)
     if not plan["dates"]:
         return {**plan, "launched": False, "runs": [], "message": "nothing changed: every decision partition matches the audit log"}
+    skipped: dict[str, str] = {}
     launched, runs = _launch(state, DECISIONS_JOB, list(contiguous_ranges(plan["dates"])), plan["digest"],
-                             f"service: {len(plan['dates'])} decision date(s) changed or have outcomes to mature")
+                             f"service: {len(plan['dates'])} decision date(s) changed or have outcomes to mature", skipped)
     message = "launched" if launched else "already launched for these changes"
-    return {**plan, "launched": launched, "runs": [run_summary(r) for r in runs], "message": message}
+    if launched and skipped:
+        message += f" ({len(skipped)} date(s) left to the live runs that cover them)"
+    return {**plan, "launched": launched, "runs": [run_summary(r) for r in runs], "in_live_runs": skipped, "message": message}
 
 
 def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
@@ -125,6 +171,7 @@ def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str,
     status = training_status(state.warehouse, pairs=pairs)
     try:
         instance = state.instance()
+        reconcile(state)  # a dead training run must not count as one in progress
         in_progress = len(instance.get_runs(filters=dg.RunsFilter(job_name=TRAINING_JOB, statuses=list(LIVE))))
     except NoDagsterInstance as err:  # status still answers; launching will say why not
         in_progress, status["instance_error"] = 0, str(err)
@@ -177,5 +224,7 @@ def materialize_feedback(state: ServiceState) -> dict[str, Any]:
     if not plan["pairs_stale"]:
         return {**plan, "launched": False, "runs": [], "message": "nothing changed: note_feedback and feedback_pairs match the log"}
     specs = [(FEEDBACK_DAY_JOB, block) for block in contiguous_ranges(plan["changed_days"])] + [(FEEDBACK_PAIRS_JOB, None)]
-    launched, runs = _launch(state, specs, None, plan["digest"], f"service: feedback changed on {len(plan['changed_days'])} day(s)")
-    return {**plan, "launched": launched, "runs": [run_summary(r) for r in runs], "message": "launched" if launched else "already launched for these changes"}
+    skipped: dict[str, str] = {}
+    launched, runs = _launch(state, specs, None, plan["digest"], f"service: feedback changed on {len(plan['changed_days'])} day(s)", skipped)
+    return {**plan, "launched": launched, "runs": [run_summary(r) for r in runs], "in_live_runs": skipped,
+            "message": "launched" if launched else "already launched for these changes"}
