@@ -2,12 +2,12 @@
 driven by Selenium through Debian's chromedriver), on a copy of the demo's data.
 
 1. every endpoint of the API answers on the demo's data (GETs, and the POSTs with the token);
-2. sign in with the printed link; on the notes page give feedback with a correction holding a
+2. sign in by pasting the token on /login (a POST: never a token in a URL); on the notes page give feedback with a correction holding a
    `<script>` (it must show as text, and no alert may open);
 3. on the curation page the curator approves it;
 4. "Materialise feedback pairs" launches note_feedback and feedback_pairs as runs on the Dagster
    instance; the pair appears on the curation page when they finish;
-5. the proposal page shows the style-match panel; the status page both loops.
+5. the proposal form (signed in) scores a proposal: the style-match panel; the status page both loops.
 A full-page screenshot of each page goes to docs/screenshots/. The last line is one JSON object.
 
     python -m scripts.browser_test [--data-dir data] [--screenshots docs/screenshots]
@@ -66,7 +66,7 @@ def api_round(base: str, token: str) -> dict:
     codes = {}
     with httpx.Client(base_url=base, timeout=120) as http:
         for path in ("/api/preferences/stats", "/api/preferences/dataset?limit=20", "/api/preferences/training_status",
-                     "/api/feedback?status=unverified", "/api/rl/status", "/api/rl/history", "/docs", "/openapi.json"):
+                     "/api/feedback?status=unverified", "/api/rl/status", "/api/rl/history", "/openapi.json"):
             codes[f"GET {path}"] = http.get(path).status_code
         decision = {"decision_id": "browser-test-1", "ts": "2025-06-12T11:00:00-04:00", "decision": "approve",
                     "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]}}
@@ -95,9 +95,12 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
         check(all(c < 400 for c in codes.values()), f"every endpoint answers: {codes}")
         summary["endpoints"] = codes
 
-        driver.get(f"{base}/login?token={token}")
+        driver.get(f"{base}/login")
+        driver.find_element(By.ID, "token").send_keys(token)
+        driver.find_element(By.ID, "sign-in").click()
         WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, "form.feedback-form"))
-        check("Notes of" in driver.find_element(By.TAG_NAME, "h1").text, "signed in through the printed link; the notes page shows forms")
+        check("Notes of" in driver.find_element(By.TAG_NAME, "h1").text and "token" not in driver.current_url,
+              "signed in by pasting the token (no token in the address); the notes page shows forms")
         screenshot(driver, shots / "notes.png", max_height=1800)  # the first headlines: the page is long
         card = driver.find_elements(By.CSS_SELECTOR, ".note-card")[0]
         card_id = card.get_attribute("id")
@@ -133,7 +136,10 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
         check(bool(cells) and cells[1].text == "correction" and cells[3].text == CORRECTION, "the verified correction is a feedback pair on the page")
         screenshot(driver, shots / "curation-pairs.png")
 
-        driver.get(f"{base}/proposal?orders=buy+MSFT+2%25%0Asell+XOM+3%25&context=%7B%22regime%22%3A+%22risk-on%22%7D")
+        driver.get(f"{base}/proposal")
+        driver.find_element(By.ID, "orders").send_keys("buy MSFT 2%\nsell XOM 3%")
+        driver.find_element(By.ID, "context").send_keys('{"regime": "risk-on"}')
+        driver.find_element(By.ID, "score").click()
         panel = WebDriverWait(driver, 120).until(lambda d: d.find_elements(By.ID, "style-panel"))[0]
         score = driver.find_element(By.ID, "style-score").text
         check(score.endswith("%") and "learning signal" in driver.find_element(By.ID, "learning-signal").text,
