@@ -28,8 +28,9 @@ def backtest(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Ware
     """Over every matured day up to D: for each policy (the trained one, the base) a daily long/short
     book that follows its calls (per headline, the symbol and side its notes vote for; equal weight per
     headline), 10 bps per unit of turnover, against the other book and SPY: equity curves, mean daily
-    excess with a seeded bootstrap 95% interval, hit rate (days > 0), Sharpe, max drawdown. When the
-    interval covers zero the label says there is no detectable edge. A book is one entry session (a
+    excess with a 95% t-interval over the books (overlap-robust for books held h > 1 sessions; "not enough
+    data" below 10 x h books), hit rate (days > 0), Sharpe, max drawdown. When the interval covers zero
+    the label says there is no detectable edge. A book is one entry session (a
     Friday's, Saturday's and Sunday's notes all enter at Monday's close: one book). Table `backtest` holds
     one row per book, stored under its entry session (every book up to D is rewritten, so a weekend's
     days fill Monday's book in turn and nothing is duplicated); `backtest_summary` the figures up to D."""
@@ -48,6 +49,6 @@ def backtest(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Ware
     return dg.MaterializeResult(metadata={
         **numbers,
         "label_vs_base": str(result.summary.get("label_vs_base")), "label_vs_spy": str(result.summary.get("label_vs_spy")),
-        "bootstrap": str(result.summary.get("bootstrap_method")),
+        "interval": str(result.summary.get("interval_method")),
         "equity": dg.MetadataValue.md(f"![Back-test equity](data:image/png;base64,{base64.b64encode(png).decode()})"),
     })

@@ -27,10 +27,11 @@ def policy_eval(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
                 judge: dg.ResourceParam[Judge]):
     """The policy of D against the frozen base on D's headlines (matched notes: same prompts and seeds),
     each with a 95% interval and a label (better / no detectable difference / worse / not enough data):
-    structure score and, once the calls matured, hit rate (vs_spy_pct > 0) and mean vs_spy_pct (paired
-    t-tests over headlines, per-headline means); judge preference (one matched pair per headline, shown in
-    a seeded random order that is recorded in `policy_preferences`; win rate, exact binomial test vs 0.5,
-    Wilson interval; the judge sees D's related headlines, as D has no next day yet). Re-run with
+    structure score (paired t-test over D's headlines, per-headline means); judge preference (one matched
+    pair per headline, shown in a seeded random order that is recorded in `policy_preferences`; win rate,
+    exact binomial test vs 0.5, Clopper-Pearson interval; the judge sees D's related headlines, as D has no
+    next day yet); and, over the matured calls of every day up to D, hit rate (vs_spy_pct > 0) and mean
+    vs_spy_pct (t-test over entry sessions: one session's calls ride one market move). Re-run with
     `rollout_outcomes` when pending calls mature."""
     day = context.partition_key
     rollouts, baseline = warehouse.read("rollouts", day), warehouse.read("baseline_rollouts", day)
@@ -40,7 +41,8 @@ def policy_eval(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
     judge_backend = judge.load(model_backend)
     preferences = judge_preferences(judge, judge_backend, rollouts, baseline, titles, model_backend.seed, day)
     del judge_backend
-    outcomes = warehouse.read("rollout_outcomes", day)
+    outcomes = warehouse.read_all("rollout_outcomes")  # every day up to D: the outcome A/B is over sessions
+    outcomes = outcomes[outcomes["date"] <= day] if len(outcomes) else outcomes
     version = str(rollouts["policy_version"].iloc[0])
     table = evaluate_day(rollouts, baseline, outcomes, preferences).assign(policy_version=version)
     table.insert(0, "date", day)
