@@ -7,10 +7,11 @@ books held 1 or 5 sessions, over 3 to 60 days. The real code labels them: `evalu
 score, judge win rate, hit rate, mean vs_spy_pct) and `backtest.run_backtest` (mean daily excess vs the base, and vs
 SPY on the random walks, where SPY has no drift and costs are 0 so policy vs SPY is a null too). The printed rate is
 the share of runs labelled "better" or "worse"; at the nominal 5% it should be <= 0.05 (<= 0.06 allowing for
-simulation error). The power: the same with a planted edge (the policy's calls earn `--edge` pp more per session
-held), over 40 days.
+simulation error); "when labelled" is the same share among the runs that had enough data for a verdict. The power:
+the same with a planted edge (the symbols the policy nets long rise `--edge` pp a session more than they would, those
+it nets short fall as much; the base sees the same prices), over 40 days.
 
-    python -m benchmarks.ab_calibration [--runs 480] [--power-runs 200] [--edge 0.3] [--seed 0]
+    python -m benchmarks.ab_calibration [--runs 960] [--power-runs 200] [--edge 0.3] [--seed 0]
 
 The last line is JSON: {"metric": false-label rate, ...}.
 """
@@ -91,15 +92,24 @@ def simulate(rng: np.random.Generator, closes: pd.DataFrame, days: int, horizon:
         entry, exit_ = closes.index[start + i], closes.index[start + i + horizon]
         move = 100.0 * (closes.loc[exit_] / closes.loc[entry] - 1.0)
         topics = [str(rng.choice(universe)) for _ in range(HEADLINES)]
-        for source, caller in callers.items():
-            bonus = edge * horizon if source == "policy" else 0.0
-            for h, notes in enumerate(caller.day(topics)):
+        calls = {source: caller.day(topics) for source, caller in callers.items()}
+        if edge:  # the planted edge: what the policy nets long rises `edge` pp a session more, what it nets short falls
+            net: dict[str, int] = {}
+            for notes in calls["policy"]:
+                for symbol, side in notes:
+                    if symbol:
+                        net[symbol] = net.get(symbol, 0) + side
+            move = move.copy()
+            for symbol, total in net.items():
+                move[symbol] += np.sign(total) * edge * horizon
+        for source in callers:
+            for h, notes in enumerate(calls[source]):
                 for k, (symbol, side) in enumerate(notes):
                     row = dict(date=entry, source=source, headline_id=f"h{h}", rollout_index=k, symbol=symbol,
                                side={1: "long", -1: "short"}.get(side, "none"), entry_date=entry, exit_date=exit_,
                                horizon_sessions=horizon, status="matured" if symbol else "no_call")
-                    if symbol:  # the planted edge: the policy's symbol moves its way by `bonus` pp
-                        r = float(move[symbol]) + side * bonus
+                    if symbol:
+                        r = float(move[symbol])
                         row.update(symbol_return_pct=r, spy_return_pct=float(move["SPY"]),
                                    vs_spy_pct=side * (r - float(move["SPY"])) - cost_bps / 100.0)
                     rows.append(row)
@@ -155,12 +165,15 @@ def power(runs: int, seed: int, edge: float, days: int = 40) -> pd.DataFrame:
 
 def _rates(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     g = frame.assign(decided=frame["label"].isin(DECIDED), labelled=~frame["label"].isin(ENOUGH_WORDS))
-    return g.groupby(by).agg(runs=("label", "size"), labelled=("labelled", "sum"), rate=("decided", "mean"))
+    out = g.groupby(by).agg(runs=("label", "size"), labelled=("labelled", "sum"), rate=("decided", "mean"),
+                            decided=("decided", "sum"))
+    out["when_labelled"] = out["decided"] / out["labelled"].where(out["labelled"] > 0)
+    return out.drop(columns="decided")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=480, help="null runs (spread over source x horizon x days)")
+    ap.add_argument("--runs", type=int, default=960, help="null runs (spread over source x horizon x days)")
     ap.add_argument("--power-runs", type=int, default=200)
     ap.add_argument("--edge", type=float, default=0.3, help="planted edge, pp per session held")
     ap.add_argument("--seed", type=int, default=0)
@@ -182,6 +195,7 @@ def main() -> None:
         print(f"\nPower: planted edge {args.edge} pp per session, 40 days, {args.power_runs} runs "
               f"({time.perf_counter() - t1:.0f} s): share labelled better")
         print(table.round(3).to_string())
+        print("(5-session books over 40 days are 8 non-overlapping windows: below the 10 an interval needs)")
     overall = _rates(null, ["metric"])["rate"]
     print(json.dumps({m: round(float(overall[m]), 4) for m in METRICS if m in overall}))
 
