@@ -37,6 +37,9 @@ _OUTCOME = {
     "vs_spy_pct": ("float", "100 s ((exit/entry - 1) - (SPY exit/entry - 1)) - cost_bps/100: > 0 is a hit."),
     "cost_bps": ("float", "Round-trip cost taken off, basis points (FLYWHEEL_OUTCOME_COST_BPS)."),
     "computed_at": ("string", "When the outcome was computed, UTC."),
+    "look_ahead": ("bool", "The note's policy was trained on headlines dated after D (override re-run, or a lineage that cannot be traced): left out of policy_eval and backtest by default."),
+    "headlines_seen_through": ("string", "Latest headline date the note's policy was trained on (empty: none, the base)."),
+    "look_ahead_reason": ("string", "Why the note is look-ahead; empty when it is not."),
 }
 
 _COMPARISON = {
@@ -53,6 +56,8 @@ _COMPARISON = {
     "p_value": ("float", "Two-sided p-value of that test."),
     "label": ("string", "better / no detectable difference / worse (interval against 0, or 0.5) / not enough data."),
     "policy_version": ("string", "Checkpoint D's version."),
+    "look_ahead": ("bool", "The row's inputs held look-ahead notes (a policy trained on headlines after its notes' day): left out unless run config include_look_ahead."),
+    "look_ahead_days": ("string", "Those notes' days and why, after 'left out:' or 'included:'; empty when none."),
 }
 
 EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
@@ -85,6 +90,7 @@ EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "policy_equity": ("float", "Compounded equity of the policy book (start 1.0)."),
         "base_equity": ("float", "Compounded equity of the base book."),
         "spy_equity": ("float", "Compounded equity of SPY."),
+        "look_ahead": ("bool", "The book holds look-ahead notes (only with run config include_look_ahead; by default their days are left out)."),
     },
     "rollout_pairs": {
         "pair_id": ("string", "Stable id: hash of the day, headline and the two rollout indices."),

@@ -95,6 +95,9 @@ def evaluation_markdown(evals: pd.DataFrame, summary: pd.DataFrame) -> str:
         )
         parts.append("**Policy vs base on D's headlines** (interval of policy - base; judge: of the win rate)\n\n"
                      "| metric | policy | base | 95% interval | label | status |\n| --- | --- | --- | --- | --- | --- |\n" + rows)
+        flagged = sorted({d for d in evals.get("look_ahead_days", pd.Series(dtype=str)).dropna() if d})
+        if flagged:  # a policy trained on headlines after its notes' day
+            parts.append("**Look-ahead notes** in the A/B's inputs: " + "; ".join(flagged))
     if len(summary):
         s = summary.iloc[0]
         parts.append(
@@ -105,6 +108,10 @@ def evaluation_markdown(evals: pd.DataFrame, summary: pd.DataFrame) -> str:
             f"**{s['label_vs_base']}**; over SPY: **{s['label_vs_spy']}**; Sharpe policy {_cell(s['policy_sharpe'], '')}, "
             f"base {_cell(s['base_sharpe'], '')}; max drawdown policy {_cell(s['policy_max_drawdown_pct'], '')}%."
         )
+        look_ahead = int(s.get("look_ahead_days", 0) or 0)
+        if look_ahead:
+            parts.append(f"**Look-ahead**: {look_ahead} day(s) whose policy was trained on later headlines "
+                         f"{'included (run config include_look_ahead)' if s.get('look_ahead_included') else 'left out of the back-test'}.")
     return "\n\n".join(parts)
 
 

@@ -10,6 +10,7 @@ from pydantic import Field
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.calls import CALL_COLUMNS, calls_frame
+from outcome_flywheel.daily_rl.look_ahead import LOOK_AHEAD_COLUMNS, look_ahead_flags
 from outcome_flywheel.daily_rl.outcomes import BENCHMARK, OUTCOME_COLUMNS, outcome_rows, price_range
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.settings import env
@@ -17,7 +18,7 @@ from outcome_flywheel.storage import Warehouse
 from outcome_flywheel.trading_sessions import PriceTable
 
 NOTE_COLUMNS = ["date", "source", "headline_id", "rollout_index", "policy_version"]
-ROLLOUT_OUTCOME_COLUMNS = NOTE_COLUMNS + CALL_COLUMNS + list(OUTCOME_COLUMNS)
+ROLLOUT_OUTCOME_COLUMNS = NOTE_COLUMNS + CALL_COLUMNS + list(OUTCOME_COLUMNS) + list(LOOK_AHEAD_COLUMNS)
 
 
 class RolloutOutcomesConfig(dg.Config):
@@ -78,7 +79,10 @@ def rollout_outcomes(
     close h sessions later (FLYWHEEL_OUTCOME_HORIZON, default 1). With s = +1 long / -1 short:
     return_pct = 100 s (exit/entry - 1) - cost/100, vs_spy_pct = 100 s (r - r_SPY) - cost/100, cost
     FLYWHEEL_OUTCOME_COST_BPS (10 bps round trip). Status matured / pending (re-run by
-    `daily_rl_outcomes_schedule` once the exit session has closed) / no_data (reason) / no_call."""
+    `daily_rl_outcomes_schedule` once the exit session has closed, or once the price data reaches the
+    exit) / no_data (reason) / no_call. `look_ahead` flags the policy's notes when its checkpoint was
+    trained on headlines dated after D (an override re-run; rule in outcome_flywheel.daily_rl.look_ahead):
+    policy_eval and backtest leave those days out unless their run config includes them."""
     day = context.partition_key
     horizon, cost = config.resolved()
     notes = day_notes(warehouse, day)
@@ -89,7 +93,8 @@ def rollout_outcomes(
     start, end = price_range([day], horizon)
     now = datetime.now(timezone.utc)  # one clock: the closed sessions served and the outcomes' maturity
     table, downloads = market_data.price_table(symbols, start, end, now)
-    outcomes = outcome_rows(calls, table, now, horizon, cost)[ROLLOUT_OUTCOME_COLUMNS]
+    outcomes = outcome_rows(calls, table, now, horizon, cost)
+    outcomes = pd.concat([outcomes, look_ahead_flags(outcomes, warehouse.read_all("policy_training"))], axis=1)[ROLLOUT_OUTCOME_COLUMNS]
     warehouse.write("rollout_outcomes", outcomes, partition=day)
     yield dg.MaterializeResult(metadata={**outcome_metadata(outcomes), "horizon_sessions": horizon, "cost_bps": cost,
                                          "market_data": market_data.describe(), "downloads": downloads})
@@ -107,6 +112,7 @@ def outcome_metadata(outcomes: pd.DataFrame) -> dict:
         if len(matured):  # left out when nothing matured (a NaN breaks the plots)
             meta[f"{source}_hit_rate"] = round(float((matured["vs_spy_pct"] > 0).mean()), 4)
             meta[f"{source}_mean_vs_spy_pct"] = round(float(matured["vs_spy_pct"].mean()), 4)
+    meta["n_look_ahead"] = int(outcomes["look_ahead"].sum()) if "look_ahead" in outcomes else 0
     pending = outcomes[outcomes["status"] == "pending"]
     meta["earliest_pending_exit_close"] = str(pending["exit_close_utc"].dropna().min()) if len(pending) else "none"
     reasons = outcomes.loc[outcomes["status"].isin(["no_data", "no_call"]), "reason"].fillna("").value_counts().head(10)
