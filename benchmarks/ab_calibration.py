@@ -184,7 +184,7 @@ def main() -> None:
     pd.set_option("display.width", 200)
     print(f"Null: {args.runs} runs in {t1 - t0:.0f} s (rate = share labelled better/worse; labelled = runs with a verdict)")
     print(_rates(null, ["metric"]).round(3).to_string())
-    print("\nBy days (all metrics pooled per cell):")
+    print("\nBy days (rate per metric, sources and horizons pooled):")
     print(_rates(null, ["metric", "days"])["rate"].unstack("days").round(3).to_string())
     print("\nBy source and horizon:")
     print(_rates(null, ["metric", "source", "horizon"])["rate"].unstack(["source", "horizon"]).round(3).to_string())
