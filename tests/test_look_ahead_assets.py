@@ -131,3 +131,14 @@ def test_an_override_rerun_is_flagged_and_left_out_of_the_ab_and_the_backtest(ov
     summary, books = _backtest(wh, "2025-11-06", include=True)
     assert list(books["date"]) == [call_window(d).entry_date for d in ("2025-11-05", "2025-11-06")]
     assert books["look_ahead"].tolist() == [False, True]
+
+
+def test_the_daily_report_says_what_was_left_out():
+    from assets.daily_rl.daily_report import evaluation_markdown
+
+    evals = pd.DataFrame([dict(metric="hit_rate", policy=float("nan"), base=float("nan"), ci_low=float("nan"),
+                               ci_high=float("nan"), label="not enough data", status="matured", look_ahead=True,
+                               look_ahead_days="left out: 2025-11-06 (trained on headlines of 2025-11-07)")])
+    text = evaluation_markdown(evals, pd.DataFrame())
+    assert "Look-ahead notes" in text and "left out: 2025-11-06" in text
+    assert "Look-ahead" not in evaluation_markdown(evals.assign(look_ahead=False, look_ahead_days=""), pd.DataFrame())
