@@ -90,22 +90,21 @@ def look_ahead_flags(notes: pd.DataFrame, training: pd.DataFrame) -> pd.DataFram
     Rows of source "base" are never look-ahead; a policy row is when its version has seen headlines
     dated after the row's date, or when its lineage is untraced (see the module's rule)."""
     seen = headlines_seen(training)
-    flags, through, reasons = [], [], []
     sources = notes["source"] if "source" in notes.columns else pd.Series("policy", index=notes.index)
-    for day, version, source in zip(notes["date"], notes["policy_version"], sources):
+
+    def flag(day, version, source) -> tuple[bool, str | None, str | None]:
         if source == "base":
-            flags.append(False), through.append(None), reasons.append(None)
-            continue
+            return False, None, None
         s = seen.get(_text(version) or "", Seen(None, f"no policy_training row made {version}"))
         day = pd.Timestamp(day).date().isoformat()
         if s.untraced:
-            flags.append(True), through.append(None), reasons.append(f"lineage untraced: {s.untraced}")
-        elif s.through and s.through > day:
-            flags.append(True), through.append(s.through)
-            reasons.append(f"{version} was trained on headlines of {s.through}, after the notes' day {day}")
-        else:
-            flags.append(False), through.append(s.through), reasons.append(None)
-    out = pd.DataFrame({"look_ahead": flags, "headlines_seen_through": through, "look_ahead_reason": reasons}, index=notes.index)
+            return True, None, f"lineage untraced: {s.untraced}"
+        if s.through and s.through > day:
+            return True, s.through, f"{version} was trained on headlines of {s.through}, after the notes' day {day}"
+        return False, s.through, None
+
+    rows = [flag(*r) for r in zip(notes["date"], notes["policy_version"], sources)]
+    out = pd.DataFrame(rows, columns=list(LOOK_AHEAD_COLUMNS), index=notes.index)
     return out.astype(LOOK_AHEAD_COLUMNS)
 
 
