@@ -7,7 +7,8 @@ DPO and the judge, timed; the last line one JSON object.
 On a machine without CUDA it runs the smoke version on `qwen3-tiny` and labels every figure as a
 CPU smoke figure: it checks the code paths, it measures nothing about a GPU.
 
-- generation: the project's sampler (`models/torch/sampling.py`) vs `transformers` `generate`
+- generation: the project's sampler (`models/torch/sampling.py`; on CUDA the static-cache, graph-captured
+  path of `models/torch/graph_sampler.py`, its capture and warm-up timed apart) vs its eager loop vs `transformers` `generate`
   with the same settings (temperature 0.8, top-k 50, top-p 0.95, no early stop) vs vLLM
   (`models/torch/vllm_sampling.py`, when installed); output tokens/s each. Roofline: a decode
   step must read the weights and every row's KV cache once; at the measured device-to-device
@@ -22,6 +23,7 @@ Anchor (not the same load): vLLM serves Qwen3-0.6B on one H100 at about 12k outp
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import tempfile
@@ -95,22 +97,39 @@ def headline_prompts(backend, count: int, target_tokens: int) -> list[list[dict]
 
 
 def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
+    """One timed call of a sampler at the load: "torch" (the static-cache, graph-captured sampler,
+    its capture and warm-up timed apart), "torch-eager" (the eager loop), "hf_generate", "vllm"."""
     from outcome_flywheel.models.interface import SamplingConfig
+    from outcome_flywheel.models.torch.graph_sampler import sampling_rule
 
     config = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=new_tokens, prompts_per_batch=len(prompts), ignore_eos=True)
     device = backend.device
     if sampler == "hf_generate":
         return _time_hf_generate(backend, prompts, n, config)
-    backend.sampler = sampler
+    backend.sampler = "vllm" if sampler == "vllm" else "torch"
+    backend.static_decode = sampler == "torch" and device.type == "cuda"
     backend.sample(prompts[:2], 2, SamplingConfig(**{**config.__dict__, "max_new_tokens": 8}), seeds=[0, 1])  # warm-up
+    out: dict = {}
+    engine = backend.graph_sampler
+    if engine is not None:  # what the first call of this shape pays, once per model load
+        width = max(len(backend.prompt_ids(p, config.enable_thinking)) for p in prompts)
+        _sync(device)
+        started = time.perf_counter()
+        engine.prepare(len(prompts) * n, width, new_tokens, sampling_rule(backend, config, backend.vocab_size))
+        _sync(device)
+        out.update(capture_and_warmup_s=round(time.perf_counter() - started, 2), graphs=engine.stats.captures,
+                   static_cache_gib=round(engine.stats.cache_bytes / 2**30, 2))
+        captured = engine.stats.captures
     _sync(device)
     started = time.perf_counter()
     groups = backend.sample(prompts, n, config, seeds=list(range(len(prompts))))
     _sync(device)
     seconds = time.perf_counter() - started
-    backend.sampler = "torch"
+    if engine is not None:
+        out.update(captures_in_timed_call=engine.stats.captures - captured, fallbacks=dict(engine.stats.fallbacks))
+    backend.sampler, backend.static_decode = "torch", device.type == "cuda"
     tokens = sum(len(s.token_ids) for g in groups for s in g)
-    return {"seconds": round(seconds, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1), "groups": groups}
+    return {"seconds": round(seconds, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1), **out, "groups": groups}
 
 
 def _time_hf_generate(backend, prompts, n, config) -> dict:
@@ -201,7 +220,7 @@ def profile_samplers(backend, prompts, n, steps) -> dict:
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if backend.device.type == "cuda" else [])
     out = {}
-    for sampler in ("torch", "hf_generate"):
+    for sampler in ("torch", "torch-eager", "hf_generate"):
         time_generation(backend, prompts, n, 4, sampler)  # warm-up
         with profile(activities=activities) as prof:
             timed = time_generation(backend, prompts, n, steps, sampler)
@@ -225,7 +244,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--dpo-pairs", type=int, default=200)
     parser.add_argument("--profile-steps", type=int, default=0, help="profile this many decode steps of each sampler (torch.profiler) and stop")
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: hf_generate,vllm,training,judge")
+    parser.add_argument("--skip", default="", help="comma list of parts to skip: eager,hf_generate,vllm,training,judge")
     args = parser.parse_args(argv)
 
     from outcome_flywheel.models.qwen3_shapes import benchmark_model
@@ -261,11 +280,25 @@ def main(argv=None) -> dict:
         groups = own.pop("groups")
         texts = note_texts(backend, groups)
         result["sampler"] = own
-        print(f"project sampler: {own['tokens_per_s']} output tokens/s ({own['output_tokens']} tokens in {own['seconds']} s)")
+        print(f"project sampler (static cache + CUDA graphs on CUDA): {own['tokens_per_s']} output tokens/s "
+              f"({own['output_tokens']} tokens in {own['seconds']} s; capture and warm-up {own.get('capture_and_warmup_s')} s, once per model load)")
+        if "eager" not in skip and cuda:
+            eager = time_generation(backend, prompts, args.rollouts, args.new_tokens, "torch-eager")
+            eager_groups = eager.pop("groups")
+            result["eager_sampler"] = eager
+            result["static_vs_eager"] = round(own["tokens_per_s"] / eager["tokens_per_s"], 2)
+            # bf16: the two take different attention kernels, so tokens agree only until a near-tie flips one
+            same = [a.token_ids == b.token_ids for g, h in zip(groups, eager_groups) for a, b in zip(g, h)]
+            first_tokens = [a.token_ids[0] == b.token_ids[0] for g, h in zip(groups, eager_groups) for a, b in zip(g, h)]
+            result["bf16_rows_identical_to_eager"] = round(float(np.mean(same)), 3)
+            result["bf16_first_token_identical"] = round(float(np.mean(first_tokens)), 3)
+            print(f"eager sampler: {eager['tokens_per_s']} output tokens/s; static/eager = {result['static_vs_eager']}x")
         bandwidth = copy_bandwidth_gbs(device)
         if bandwidth:
             ideal = decode_roofline_s(args.shape, args.headlines * args.rollouts, prompt_lengths, args.new_tokens, bandwidth)
             result.update(copy_bandwidth_gbs=bandwidth, roofline_s=round(ideal, 2), sampler_roofline_fraction=round(ideal / own["seconds"], 3))
+            if "eager_sampler" in result:
+                result["eager_roofline_fraction"] = round(ideal / result["eager_sampler"]["seconds"], 3)
             print(f"decode roofline at {bandwidth} GB/s: {ideal:.2f} s; the sampler reaches {ideal / own['seconds']:.1%} of it")
         if "hf_generate" not in skip:
             hf = time_generation(backend, prompts, args.rollouts, args.new_tokens, "hf_generate")
@@ -284,6 +317,7 @@ def main(argv=None) -> dict:
         if not smoke:
             result["sampler_vs_vllm_anchor"] = round(own["tokens_per_s"] / VLLM_ANCHOR_TOKENS_S, 3)
         del backend
+        gc.collect()  # the static cache and graphs go with the backend before training measures its peak
         if "training" not in skip:
             result.update(time_training(model_dir, device, prompts, groups, texts, args.dpo_pairs))
             print(f"GSPO on {result['gspo_rollouts']} rollouts: LoRA {result['gspo_lora_s']} s (peak {result['gspo_lora_peak_gib']} GiB), "
@@ -291,7 +325,14 @@ def main(argv=None) -> dict:
         if "judge" not in skip:
             judge_backend = TorchBackend(model_dir, device=str(device))
             result.update(time_judge(judge_backend, prompts, texts))
+            if judge_backend.graph_sampler is not None:  # which of the judge's decodes took the static path
+                stats = judge_backend.graph_sampler.stats
+                result["judge_static_calls"], result["judge_eager_calls"] = stats.calls, dict(stats.fallbacks)
             print(f"judge on {result['judge_groups']} groups of {args.rollouts}: {result['judge_s']} s")
+        if "gspo_lora_s" in result:
+            # the day's GPU work end to end: sampling (capture included), the judge, the GSPO LoRA update
+            result["gspo_day_s"] = round(own["seconds"] + own.get("capture_and_warmup_s", 0) + result.get("judge_s", 0) + result["gspo_lora_s"], 2)
+            print(f"GSPO day end to end (sampling with capture, judge, LoRA update): {result['gspo_day_s']} s")
     print(json.dumps(result))
     return result
 

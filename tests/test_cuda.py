@@ -64,6 +64,27 @@ def test_sampler_logprobs_match_teacher_forcing_in_bf16(qwen3_cuda_dir):
     samples = [s for g in backend.sample(PROMPTS, 4, config, seeds=[1, 2]) for s in g]
     forced = backend.response_logprobs([PROMPTS[i // 4] for i in range(8)], [s.token_ids for s in samples], temperature=0.8)
     assert max(_gaps([s.logprobs for s in samples], forced)) <= logprob_tolerance(torch.bfloat16)
+    stats = backend.graph_sampler.stats  # the default sampler on CUDA is the graph-captured one
+    assert stats.calls == 1 and stats.captures >= 1 and not stats.fallbacks
+
+
+def test_graphs_are_captured_once_per_model_load_and_replayed_after_training(qwen3_cuda_dir):
+    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.torch.backend import TorchBackend
+
+    backend = TorchBackend(qwen3_cuda_dir, device="cuda")
+    config = SamplingConfig(temperature=0.8, max_new_tokens=48)
+    first = backend.sample(PROMPTS, 4, config, seeds=[1, 2])
+    captured = backend.graph_sampler.stats.captures
+    again = backend.sample(PROMPTS, 4, config, seeds=[1, 2])
+    assert [s.token_ids for g in first for s in g] == [s.token_ids for g in again for s in g]
+    assert backend.graph_sampler.stats.captures == captured  # same shape: replayed, not captured again
+    examples = [GSPOExample(PROMPTS[i], s.token_ids, s.logprobs, float(k - 1.5)) for i, g in enumerate(first) for k, s in enumerate(g)]
+    backend.train_gspo(examples, GSPOConfig(temperature=0.8, learning_rate=1e-2, batch_size=4))  # LoRA: new parameters
+    trained = [s for g in backend.sample(PROMPTS, 4, config, seeds=[1, 2]) for s in g]
+    forced = backend.response_logprobs([PROMPTS[i // 4] for i in range(8)], [s.token_ids for s in trained], temperature=0.8)
+    assert max(_gaps([s.logprobs for s in trained], forced)) <= logprob_tolerance(torch.bfloat16)  # the trained weights, not stale ones
+    assert backend.graph_sampler.stats.captures > captured
 
 
 def test_gspo_lora_step_on_cuda_is_finite(qwen3_cuda_dir):

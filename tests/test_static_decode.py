@@ -168,3 +168,18 @@ def test_models_the_static_step_cannot_run_keep_the_eager_sampler():
     assert "not one of" in unsupported_reason(Holder(GPT2Config()))
     assert unsupported_reason(Holder(MistralConfig(sliding_window=64))) == "sliding-window attention"
     assert unsupported_reason(Holder(Qwen3Config())) == ""
+
+
+def test_training_frees_the_static_cache_and_the_trained_policy_samples_as_the_eager_one(qwen3_dir):
+    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+
+    eager, static = _backends(qwen3_dir, "cpu")
+    config = RULES["top-k+top-p"]
+    groups = static.sample(PROMPTS[:2], 4, config, seeds=[1, 2])
+    examples = [GSPOExample(PROMPTS[i], s.token_ids, s.logprobs, float(k - 1.5)) for i, g in enumerate(groups) for k, s in enumerate(g)]
+    for backend in (eager, static):
+        torch.manual_seed(11)  # the same LoRA initialisation in both
+        backend.train_gspo(examples, GSPOConfig(temperature=0.8, learning_rate=1e-2, batch_size=4, lora=LoraSettings(r=4, alpha=8)))
+    assert static._graph_sampler is None  # released for training
+    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]))
+    assert static.graph_sampler.stats.calls == 1
