@@ -130,12 +130,14 @@ def test_policy_eval_and_backtest_label_what_they_measure(days):
     root, res, _ = days
     wh = res["warehouse"]
     evals = wh.read("policy_eval", DAYS[0])
-    assert list(evals["metric"]) == ["structure_score", "judge_win_rate", "hit_rate", "mean_vs_spy_pct"]
+    assert list(evals["metric"]) == ["structure_score", "judge_win_rate", "hit_rate", "mean_vs_spy_pct", "headline_company_share"]
     # the policy of the first day is the base: no difference anywhere, and the labels say so
     base_day = evals.set_index("metric")
     assert base_day.loc["structure_score", "difference"] == 0.0
     assert base_day.loc["structure_score", "label"] == "not enough data"  # 3 headlines: below the 6 pairs needed
     assert base_day.loc["judge_win_rate", "label"] == "not enough data"  # every pair is a tie
+    share = base_day.loc["headline_company_share"]  # same notes on both sides: the same share
+    assert share["policy"] == share["base"] or (share["n"] == 0 and share["policy"] != share["policy"])
     assert (wh.read("policy_preferences", DAYS[0])["winner"] == "tie").all()
     assert set(evals["label"]) <= {"better", "no detectable difference", "worse", "not enough data"}
     summary = wh.read("backtest_summary", DAYS[2]).iloc[0]
@@ -262,3 +264,54 @@ def test_outcome_metrics_pool_the_sessions_up_to_the_day():
     assert row["n"] == 12 and row["label"] == "better" and row["ci_low"] > 0
     assert "entry sessions up to 2025-10-12" in row["test"]
     assert evals.loc["hit_rate", "label"] in ("better", "no detectable difference")
+
+
+_COMPANIES = (("Apple", "AAPL"), ("Nvidia", "NVDA"), ("Boeing", "BA"), ("Pfizer", "PFE"), ("Intel", "INTC"),
+              ("Netflix", "NFLX"), ("Oracle", "ORCL"), ("Chevron", "CVX"))
+
+
+def _company_notes(on_company, per_headline: int = 4) -> pd.DataFrame:
+    """Notes on 8 headlines that each name one company, plus one headline that names none; `on_company(i, k)`: note
+    k of headline i buys the headline's company (else Exxon, or no call at all when it returns None)."""
+    rows = []
+    for i, (name, ticker) in enumerate(_COMPANIES + (("", ""),)):
+        title = f"{name} shares jump after earnings" if name else "Markets wait for the Fed"
+        for k in range(per_headline):
+            on = on_company(i, k)
+            text = "Trade Recommendation: no trade today." if on is None else f"Trade Recommendation: Buy {ticker if on and ticker else 'XOM'}."
+            rows.append(dict(date="2025-11-05", headline_id=f"h{i}", rollout_index=k, title=title, summary="",
+                             response=text + "\nTimeframe: 1 day", structure_score=0.5))
+    return pd.DataFrame(rows)
+
+
+def _share(policy: pd.DataFrame, base: pd.DataFrame) -> pd.Series:
+    no_outcomes = pd.DataFrame(columns=["date", "source", "status"])
+    return evaluate_day(policy, base, no_outcomes, pd.DataFrame(columns=["winner"]), day="2025-11-05").set_index("metric").loc["headline_company_share"]
+
+
+def test_the_share_of_calls_on_the_headlines_company_has_an_interval_that_agrees_with_its_label():
+    """Policy: 3 of 4 notes per headline buy the headline's company; base: 1 in 8 (the others buy Exxon or make no call).
+    The headline that names no company drops out (n = 8 headlines, not 9 and not 32 notes)."""
+    from outcome_flywheel.daily_rl.ab_stats import label_for
+
+    policy = _company_notes(lambda i, k: k < 3)
+    base = _company_notes(lambda i, k: True if (k == 0 and i % 2 == 0) else (None if k == 1 else False))
+    row = _share(policy, base)
+    assert row["policy"] == pytest.approx(0.75) and row["base"] == pytest.approx(0.125) and row["n"] == 8
+    assert row["difference"] == pytest.approx(0.625) and row["ci_low"] < 0.625 < row["ci_high"]
+    assert row["ci_low"] > 0 and row["label"] == "better" == label_for(row["ci_low"], row["ci_high"])
+    assert row["status"] == "complete" and "headline" in row["test"]
+    # the other way round the label flips with the interval
+    worse = _share(base, policy)
+    assert worse["ci_high"] < 0 and worse["label"] == "worse" == label_for(worse["ci_low"], worse["ci_high"])
+    # a noisy difference: the label is what the stored interval says
+    mixed = _share(_company_notes(lambda i, k: (i + k) % 2 == 0), _company_notes(lambda i, k: (i * k) % 3 == 0))
+    assert mixed["label"] == label_for(mixed["ci_low"], mixed["ci_high"]) and mixed["ci_low"] <= mixed["difference"] <= mixed["ci_high"]
+
+
+def test_the_share_needs_headlines_that_name_a_company():
+    """Headlines that name no company the alias map knows give no share (not a 0): too few -> not enough data."""
+    few = _company_notes(lambda i, k: True).query("headline_id in ['h0', 'h1', 'h8']")
+    row = _share(few, few.assign(response="Trade Recommendation: Buy XOM."))
+    assert row["n"] == 2 and row["label"] == "not enough data" and row["ci_low"] != row["ci_low"]
+    assert row["policy"] == 1.0 and row["base"] == 0.0

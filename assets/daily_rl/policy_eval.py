@@ -40,8 +40,10 @@ def policy_eval(context: dg.AssetExecutionContext, config: LookAheadConfig, ware
     structure score (paired t-test over D's headlines, per-headline means); judge preference (one matched
     pair per headline, shown in a seeded random order that is recorded in `policy_preferences`; win rate,
     exact binomial test vs 0.5, Clopper-Pearson interval; the judge sees D's related headlines, as D has no
-    next day yet); and, over the matured calls of every day up to D, hit rate (vs_spy_pct > 0) and mean
-    vs_spy_pct (t-test over entry sessions: one session's calls ride one market move). Re-run with
+    next day yet); over the matured calls of every day up to D, hit rate (vs_spy_pct > 0) and mean
+    vs_spy_pct (t-test over entry sessions: one session's calls ride one market move); and the share of
+    D's calls on the headline's company (`headline_company_share`, relevance.py; paired t-test over the
+    headlines that name a known company, as for the structure score). Re-run with
     `rollout_outcomes` when pending calls mature. Look-ahead notes (a policy trained on headlines dated
     after its notes' day, rule in outcome_flywheel.daily_rl.look_ahead) are left out, both sides of their
     day, unless run config `include_look_ahead`; each row says so (`look_ahead`, `look_ahead_days`)."""

@@ -13,6 +13,9 @@
   for the structure score the headline (notes of one headline share a prompt, so per-headline means
   are compared, not 8x as many notes); for the calls' outcomes the entry session (one day's calls
   ride one market move and a few symbols, so D alone is one unit, never enough).
+- the share of calls on the headline's company (`relevance`), policy vs base on D's headlines, with the
+  structure score's test: whether a note names the headline's company is a property of its text, not of a
+  market move, so the unit is the headline (headlines that name no company the alias map knows drop out).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ import random
 import pandas as pd
 
 from outcome_flywheel.daily_rl.ab_stats import comparisons_frame, paired_comparison, per_headline_pairs, session_comparison, win_rate_comparison
+from outcome_flywheel.daily_rl.calls import calls_frame
 from outcome_flywheel.daily_rl.judging import JudgeGroup, select_outcome_headlines, stable_seed
 from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, ROLLOUT_SAMPLING, sample_rollouts
+from outcome_flywheel.daily_rl.relevance import relevance_column
 
 PREFERENCE_COLUMNS = [
     "date", "headline_id", "rollout_index", "policy_shown_first", "winner", "reason", "judge_answers", "context_shown",
@@ -142,10 +147,27 @@ OUTCOME_TESTS = (
 )
 
 
+SHARE_METRIC = "headline_company_share"
+SHARE_TEST = ("paired t-test over headlines that name a known company (per-headline share of notes whose call is "
+              "on the headline's company)")
+
+
+def with_relevance(notes: pd.DataFrame) -> pd.DataFrame:
+    """`notes` with `relevance` (relevance.relevance_column): 1.0 when the note's call is on a company its headline is
+    about, 0.0 when it is on another or the note makes no call (no side, no_trade, unparseable), NaN when the headline
+    names no known company. Only a parsed call counts: a note that names the company but takes no side is 0."""
+    if notes.empty:
+        return notes.assign(relevance=pd.Series(dtype=float))
+    text = notes[["response"]].assign(title=notes.get("title"), summary=notes.get("summary"))
+    calls = calls_frame(text)
+    symbol = calls["symbol"].where(calls["parse_status"] == "ok")
+    return notes.assign(relevance=relevance_column(calls.assign(symbol=symbol)))
+
+
 def evaluate_day(rollouts: pd.DataFrame, baseline: pd.DataFrame, outcomes: pd.DataFrame, preferences: pd.DataFrame,
                  day: str | None = None) -> pd.DataFrame:
-    """The four comparisons of policy vs base (rows of `policy_eval`), with each one's status. The structure score
-    and the judge are D's; `outcomes` holds the calls of every day up to D (D = `day`, else rollouts' date), and
+    """The five comparisons of policy vs base (rows of `policy_eval`), with each one's status. The structure score,
+    the judge and the share of calls on the headline's company are D's; `outcomes` holds the calls of every day up to D (D = `day`, else rollouts' date), and
     the outcome metrics compare them session by session (the status says how far D's own calls have matured)."""
     comparisons, status = [], {}
     policy, base = per_headline_pairs(rollouts, baseline, "structure_score")
@@ -156,6 +178,8 @@ def evaluate_day(rollouts: pd.DataFrame, baseline: pd.DataFrame, outcomes: pd.Da
     status["judge_win_rate"] = f"{int(counts.get('none', 0))} unanswered" if counts.get("none", 0) else "complete"
     if day is None and len(rollouts):
         day = str(rollouts["date"].iloc[0])
+    policy, base = per_headline_pairs(with_relevance(rollouts), with_relevance(baseline), "relevance")
+    share = paired_comparison(SHARE_METRIC, policy, base, test_name=SHARE_TEST)
     calls = outcomes[outcomes["status"] != "no_call"] if len(outcomes) else outcomes
     matured = calls[calls["status"] == "matured"] if len(calls) else calls
     if len(matured):
@@ -167,6 +191,8 @@ def evaluate_day(rollouts: pd.DataFrame, baseline: pd.DataFrame, outcomes: pd.Da
         comparisons.append(session_comparison(metric, sides[0], sides[1], value, horizon, test_name=test))
         own = calls[calls["date"].astype(str) == str(day)] if len(calls) and day is not None else calls
         status[metric] = _maturity(own)
+    comparisons.append(share)  # last: the rows before it keep their places for readers that index them
+    status[SHARE_METRIC] = "complete"
     frame = comparisons_frame(comparisons)
     frame.insert(0, "status", frame["metric"].map(status))
     return frame
