@@ -5,6 +5,9 @@
                                                  a proposal's style-match score against the latest adapter
     flywheel make-audit-log [--operator sector] [--n 200] [--seed 7] [--out PATH]
                                                  a synthetic operator's audit log (stdout by default)
+    flywheel make-world --kind news|inverted|null [--seed 0] [--move-pct 2] [--noise-pct 1] [--drift-pct 0] --out PATH
+                                                 a SYNTHETIC price file where the archive's news moves (or does not
+                                                 move) its company, for FLYWHEEL_PRICES_FILE
     flywheel check-settings                      validate the FLYWHEEL_* environment variables
 
 Bad input (a malformed argument, a setting the project cannot use, a missing file) prints one line
@@ -22,6 +25,7 @@ import argparse
 import difflib
 import json
 import logging
+import math
 import os
 import sys
 import warnings
@@ -242,6 +246,44 @@ def cmd_make_audit_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def _finite(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number")
+    return number
+
+
+def cmd_make_world(args: argparse.Namespace) -> int:
+    from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world, manifest_path, write_world
+
+    out = Path(args.out).expanduser()
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give a file path ending in .csv")
+    if out.suffix.lower() != ".csv":
+        raise UsageError(f"--out {out} must end in .csv (the world is written in the bundled price file's CSV format)")
+    require_settings(("FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_TIMEZONE"))
+    try:
+        config = WorldConfig(kind=args.kind, seed=args.seed, move_pct=args.move_pct, noise_pct=args.noise_pct, drift_pct=args.drift_pct)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    from outcome_flywheel.daily_rl.feed_source import DEFAULT_ARCHIVE
+    from outcome_flywheel.settings import env
+
+    archive = args.archive or os.environ.get("FLYWHEEL_FEEDS_ARCHIVE") or DEFAULT_ARCHIVE
+    prices, manifest = make_world(config, archive, args.template, env("FLYWHEEL_TIMEZONE"), args.max_headlines)
+    try:
+        manifest = write_world(out, prices, manifest)
+    except OSError as err:
+        raise CliError(f"cannot write {out}: {_one_line(err.strerror or err)}") from None
+    print(f"wrote {out} (SYNTHETIC {config.kind} world, seed {config.seed}: {manifest['rows']} closes, {manifest['symbols']} symbols "
+          f"{manifest['first_date']}..{manifest['last_date']}, {manifest['planted_moves']} planted moves) and {manifest_path(out)}; "
+          f"use it with FLYWHEEL_PRICES_FILE={out}")
+    return 0
+
+
 def cmd_check_settings(args: argparse.Namespace) -> int:
     problems = settings_problems() + unknown_variables()
     if problems:
@@ -290,6 +332,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     p.add_argument("--out", default="-", help="file to write (default -: stdout)")
     p.set_defaults(func=cmd_make_audit_log)
+
+    p = sub.add_parser("make-world", help="a SYNTHETIC price file where the answer is known (news, inverted, null)",
+                       description="Closes over the bundled price file's dates and symbols, every symbol and SPY a seeded random "
+                                   "walk; in `news` each archive headline's company moves --move-pct in the direction of its news "
+                                   "(good up, bad down) at the session after its note's entry session, in `inverted` against it, "
+                                   "in `null` never. Writes PATH and PATH.world.json (the rule, the options, every planted move). "
+                                   "Run the loop on it with FLYWHEEL_PRICES_FILE=PATH (docs/daily_rl.md, Worlds).")
+    p.add_argument("--kind", choices=("news", "inverted", "null"), required=True, help="the rule")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0); one seed draws the same walks in every kind")
+    p.add_argument("--move-pct", type=_finite, default=2.0, help="size of a planted move, %% of the close (default 2)")
+    p.add_argument("--noise-pct", type=_finite, default=1.0, help="daily standard deviation of every return, %% (default 1)")
+    p.add_argument("--drift-pct", type=_finite, default=0.0, help="mean daily return of every symbol, %% (default 0)")
+    p.add_argument("--archive", default=None, help="feed archive (default FLYWHEEL_FEEDS_ARCHIVE, the bundled one)")
+    p.add_argument("--max-headlines", type=_positive_int, default=None, help="plant moves for each day's first N headlines only, "
+                                                                             "the ones the loop reads under FLYWHEEL_MAX_HEADLINES=N (default: all)")
+    p.add_argument("--template", default="sample_data/prices/daily_close.csv", help="price file whose dates, symbols and first closes "
+                                                                                    "the world takes (default the bundled prices)")
+    p.add_argument("--out", required=True, help="the .csv file to write")
+    p.set_defaults(func=cmd_make_world)
 
     p = sub.add_parser("check-settings", help="validate the FLYWHEEL_* environment variables",
                        description="One line per variable that breaks its rule (and per FLYWHEEL_* name the project "

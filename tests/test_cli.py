@@ -49,7 +49,7 @@ def test_flywheel_is_a_console_script():
 def test_help_lists_the_commands():
     result = flywheel("--help")
     assert result.returncode == 0 and result.stderr == ""
-    for command in ("status", "style-score", "make-audit-log", "check-settings"):
+    for command in ("status", "style-score", "make-audit-log", "make-world", "check-settings"):
         assert command in result.stdout
     assert flywheel("style-score", "--help").returncode == 0
     assert_one_line_error(flywheel(), "COMMAND", code=2)
@@ -123,6 +123,30 @@ def test_make_audit_log_writes_a_file(tmp_path):
     assert_one_line_error(flywheel("make-audit-log", "--operator", "nobody"), "invalid choice", code=2)
     assert_one_line_error(flywheel("make-audit-log", "--n", "5"), "at least 20", code=2)
     assert_one_line_error(flywheel("make-audit-log", "--out", str(tmp_path)), "is a folder", code=2)
+
+
+def test_make_world_writes_a_price_file_the_loop_reads(tmp_path):
+    from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world, price_csv
+    from outcome_flywheel.market_data import MarketData
+
+    out = tmp_path / "worlds" / "inverted.csv"
+    result = flywheel("make-world", "--kind", "inverted", "--seed", "3", "--move-pct", "1.5", "--noise-pct", "0.8",
+                      "--drift-pct", "0.01", "--max-headlines", "12", "--out", str(out))
+    assert result.returncode == 0 and result.stderr == "" and "SYNTHETIC inverted world" in result.stdout
+    # The same file as the Python function's, and one the loop's price reader takes as FLYWHEEL_PRICES_FILE.
+    prices, _ = make_world(WorldConfig("inverted", seed=3, move_pct=1.5, noise_pct=0.8, drift_pct=0.01), max_headlines=12)
+    assert out.read_bytes() == price_csv(prices)
+    assert "SPY" in MarketData(prices_file=str(out)).universe()
+    manifest = json.loads((tmp_path / "worlds" / "inverted.csv.world.json").read_text())
+    assert manifest["synthetic"] is True and (manifest["kind"], manifest["move_pct"], manifest["max_headlines"]) == ("inverted", 1.5, 12)
+    assert_one_line_error(flywheel("make-world", "--kind", "bullish", "--out", str(out)), "invalid choice", code=2)
+    assert_one_line_error(flywheel("make-world", "--kind", "news"), "--out", code=2)
+    assert_one_line_error(flywheel("make-world", "--kind", "news", "--out", str(tmp_path)), "is a folder", code=2)
+    assert_one_line_error(flywheel("make-world", "--kind", "news", "--out", str(tmp_path / "w.parquet")), ".csv", code=2)
+    assert_one_line_error(flywheel("make-world", "--kind", "news", "--noise-pct", "inf", "--out", str(out)), "finite", code=2)
+    assert_one_line_error(flywheel("make-world", "--kind", "news", "--move-pct", "-1", "--out", str(out)), ">= 0", code=2)
+    assert_one_line_error(flywheel("make-world", "--kind", "null", "--archive", str(tmp_path / "none"), "--out", str(out)),
+                          "no day folders", code=1)
 
 
 # -- on a trained adapter ------------------------------------------------------------------------------
