@@ -182,7 +182,7 @@ def test_reward_weights_are_run_config_and_recorded(days):
     scores = wh.read("rollout_scores", DAYS[2])
     assert (scores["reward"] == scores["structure_score"].clip(upper=0.9)).all()
     assert set(scores["reward_weights"]) == {json.dumps({"structure": 1.0})} and set(scores["reward_clip"]) == {"[0.0, 0.9]"}
-    bad = _run(res, DAYS[2], {**SMALL, "reward_weights": {"price": 1.0}}, raise_on_error=False)
+    bad = _run(res, DAYS[2], {**SMALL, "reward_weights": {"profit": 1.0}}, raise_on_error=False)
     assert not bad.success
     failure = [e for e in bad.all_events if e.is_step_failure][0]
     assert "unknown reward signal" in str(failure.event_specific_data.error)

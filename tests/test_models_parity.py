@@ -57,6 +57,39 @@ def test_gspo_loss_matches_its_mirror(objective, shift):
         assert 0 < t_metrics["clip_fraction"] < 1
 
 
+@pytest.mark.parametrize("objective", ["gspo", "reward_weighted"])
+def test_gspo_loss_truncated_is_weight_matches_its_mirror(objective):
+    """The TIS weight min(exp(mean_t(old - behaviour)), cap) is the same in both mirrors, and it truncates."""
+    logp, old, mask, adv = _gspo_inputs(0.2)
+    rng = np.random.default_rng(5)
+    behaviour = (old - rng.normal(0.0, 1.5, size=(5, 1))).astype(np.float32)  # whole sequences shifted
+    eps, cap = (0.05, 0.08), 1.5
+    t_logp = torch.tensor(logp, requires_grad=True)
+    t_loss, t_metrics = torch_losses.gspo_loss(t_logp, torch.tensor(old), torch.tensor(mask), torch.tensor(adv), *eps,
+                                               objective, torch.tensor(behaviour), cap)
+    t_loss.backward()
+
+    def m_fn(x):
+        return mlx_losses.gspo_loss(x, mx.array(old), mx.array(mask), mx.array(adv), *eps, objective, mx.array(behaviour), cap)
+
+    m_loss, m_metrics = m_fn(mx.array(logp))
+    _assert_same(t_loss, t_metrics, m_loss, m_metrics)
+    np.testing.assert_allclose(np.array(mx.grad(lambda x: m_fn(x)[0])(mx.array(logp))), t_logp.grad.numpy(), atol=1e-6)
+    # By hand: each sequence's plain term times its truncated weight.
+    plain, _ = torch_losses.gspo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(mask), torch.tensor(adv), *eps, objective)
+    lengths = mask.sum(-1)
+    ratio = np.exp(((old - behaviour) * mask).sum(-1) / lengths)
+    assert (ratio > cap).any() and (ratio < cap).any()
+    assert t_metrics["is_truncated_fraction"] == pytest.approx(float((ratio > cap).mean()))
+    assert t_metrics["is_ratio_max"] == pytest.approx(float(ratio.max()), rel=1e-5)
+    per_seq = []
+    for i in range(5):
+        one, _ = torch_losses.gspo_loss(*(torch.tensor(x[i:i + 1]) for x in (logp, old, mask, adv)), *eps, objective)
+        per_seq.append(one.item() * min(ratio[i], cap))
+    assert t_loss.item() == pytest.approx(float(np.mean(per_seq)), rel=1e-5)
+    assert abs(t_loss.item() - plain.item()) > 1e-3  # the weight changed the loss
+
+
 def test_gspo_loss_refuses_an_unknown_objective_in_both():
     logp, old, mask, adv = _gspo_inputs(0.01)
     with pytest.raises(ValueError):

@@ -3,7 +3,10 @@
 rank reward  r_k = 1 - (k - 1) / (N - 1)        k = the judge's rank of the note in its group of N
 reward       R   = clip(sum_s w_s * signal_s)    named signals in [0, 1]: `structure` and `judge_rank`
                                                   (r_k), default w = 0.5 / 0.5, clip [0, 1]; plus
-                                                  `human` where people rated the note (below)
+                                                  `human` where people rated the note, `relevance`
+                                                  where the headline names a company (below)
+price        p   = 1 / (1 + exp(-vs_spy_pct / scale))  the matured call; no_trade / unparseable: set values.
+             It is delayed: trained days later, as its own group-normalised part (docs/daily_rl.md).
 advantage    A_i = (R_i - mean(R)) / (std(R) + eps) within the headline's group (GRPO/GSPO style)
 """
 
@@ -22,12 +25,18 @@ REWARD_SIGNALS = {
     "structure": "fraction of the six required sections the note has",
     "judge_rank": "the judge's rank of the note in its group, as r_k = 1 - (k-1)/(N-1)",
     "human": "people's thumbs / stars on the note (feedback.records.human_signal), only where it has feedback",
+    "relevance": "1 if the call is on a company the headline names, else 0 (daily_rl.relevance); only where it names one",
+    "price": "the matured call's vs_spy_pct net of costs through PriceReward's logistic; trained when it matures",
 }
 # Signals only some notes have. Where one is missing its weight drops out and the rest are
 # rescaled to the always-present signals' total weight, so rated and unrated notes share one scale
 # and a day without feedback gets exactly the rewards it would have got before.
-SPARSE_SIGNALS = ("human",)
+SPARSE_SIGNALS = ("human", "relevance")
+# Signals known only days after the note (prices): trained in their own step when they mature.
+DELAYED_SIGNALS = ("price",)
 HUMAN_WEIGHT = 0.5
+RELEVANCE_WEIGHT = 0.0  # off by default: the judge already sees the headline (docs/daily_rl.md)
+PRICE_WEIGHT = 0.5  # a third of the default total: the loop learns from prices, noise cannot dominate
 
 
 def rank_reward(rank: int, n: int) -> float:
@@ -44,7 +53,8 @@ class RewardConfig:
     """How a note's reward is made from its named signals: a weighted sum, clipped to a range."""
 
     weights: Mapping[str, float] = field(
-        default_factory=lambda: {"structure": STRUCTURE_WEIGHT, "judge_rank": 1.0 - STRUCTURE_WEIGHT, "human": HUMAN_WEIGHT},
+        default_factory=lambda: {"structure": STRUCTURE_WEIGHT, "judge_rank": 1.0 - STRUCTURE_WEIGHT, "human": HUMAN_WEIGHT,
+                                 "relevance": RELEVANCE_WEIGHT, "price": PRICE_WEIGHT},
         metadata={"help": f"Weight of each named signal ({', '.join(REWARD_SIGNALS)}); a signal left out weighs 0."},
     )
     clip_min: float = field(default=0.0, metadata={"help": "The reward is clipped to [clip_min, clip_max]."})
@@ -61,12 +71,33 @@ class RewardConfig:
         if not (math.isfinite(self.clip_min) and math.isfinite(self.clip_max) and self.clip_min < self.clip_max):
             raise ValueError(f"reward clip must be finite with clip_min < clip_max, got [{self.clip_min}, {self.clip_max}]")
 
+    def immediate(self) -> "RewardConfig | None":
+        """The part of the reward known the day after the note (every signal but the delayed ones);
+        None when only delayed signals are weighted."""
+        weights = {k: v for k, v in self.weights.items() if k not in DELAYED_SIGNALS}
+        if not any(float(w) != 0.0 for w in weights.values()):
+            return None
+        return RewardConfig(weights=weights, clip_min=self.clip_min, clip_max=self.clip_max)
+
+    def share(self, part: str) -> float:
+        """The delayed signal `part`'s share of the total dense weight ("immediate": the rest's);
+        each part's group-normalised advantage is scaled by it."""
+        dense = {k: abs(float(w)) for k, w in self.weights.items() if k not in SPARSE_SIGNALS}
+        total = sum(dense.values())
+        delayed = sum(dense.get(s, 0.0) for s in DELAYED_SIGNALS)
+        if part == "immediate":
+            return (total - delayed) / total if total else 0.0
+        return dense.get(part, 0.0) / total if total else 0.0
+
     def combine(self, signals: Mapping[str, float | None]) -> float:
-        """R = clip(sum of weight * signal) over the weighted signals (each in [0, 1]; every dense
-        signal must be given). A sparse signal (`human`) that is missing or None drops out and the
-        given ones are rescaled: R = clip(sum_given w x / sum_given w * sum_dense w)."""
+        """The immediate reward R = clip(sum of weight * signal) over the weighted signals (each in
+        [0, 1]; every dense signal must be given; delayed ones, `price`, are left out: they train in
+        their own step). A sparse signal (`human`, `relevance`) that is missing or None drops out and
+        the given ones are rescaled: R = clip(sum_given w x / sum_given w * sum_dense w)."""
         total, given_weight, dense_weight = 0.0, 0.0, 0.0
         for name, weight in self.weights.items():
+            if name in DELAYED_SIGNALS:
+                continue
             sparse = name in SPARSE_SIGNALS
             dense_weight += 0.0 if sparse else float(weight)
             value = signals.get(name)
@@ -89,6 +120,36 @@ class RewardConfig:
             "reward_weights": json.dumps({k: float(v) for k, v in sorted(self.weights.items())}),
             "reward_clip": json.dumps([self.clip_min, self.clip_max]),
         }
+
+
+@dataclass(frozen=True)
+class PriceReward:
+    """The `price` signal of one note, in [0, 1], from its `rollout_outcomes` status and vs_spy_pct."""
+
+    scale_pct: float = field(default=1.0, metadata={"help": "Logistic scale in percentage points: vs_spy_pct = +scale -> 0.73."})
+    no_trade: float = field(default=0.45, metadata={"help": "A note that recommends no trade: below a costless coin flip (0.5), far above 0."})
+    unparseable: float = field(default=0.25, metadata={"help": "A note with no usable call (no side, no symbol, unknown symbol, ambiguous, empty)."})
+
+    def __post_init__(self):
+        if not (math.isfinite(self.scale_pct) and self.scale_pct > 0):
+            raise ValueError(f"price_scale_pct must be a finite number > 0, got {self.scale_pct}")
+        for name in ("no_trade", "unparseable"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                raise ValueError(f"price_{name} must be in [0, 1], got {value}")
+
+    def value(self, status: str, vs_spy_pct: float | None, parse_status: str | None = None, side: str | None = None) -> float | None:
+        """The signal, or None when the note may not train on price (pending: wait; no_data: never)."""
+        if status == "matured":
+            x = float(vs_spy_pct)
+            if not math.isfinite(x):
+                raise ValueError(f"a matured call has vs_spy_pct {vs_spy_pct}")
+            return 1.0 / (1.0 + math.exp(-x / self.scale_pct)) if abs(x / self.scale_pct) < 700 else float(x > 0)
+        if status == "no_call":
+            return self.no_trade if parse_status == "no_trade" else self.unparseable
+        if status in ("pending", "no_data"):
+            return None
+        raise ValueError(f"unknown outcome status {status!r}")
 
 
 def mixed_reward(structure: float, outcome: float, structure_weight: float = STRUCTURE_WEIGHT) -> float:

@@ -48,6 +48,7 @@ class EncodedExample:
     response_ids: list[int]
     behavior_logprobs: list[float]
     advantage: float
+    index: int = -1  # position in the trainer's example list (per-example statistics)
 
 
 def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[[Any], list[int]]) -> list[list[EncodedExample]]:
@@ -56,7 +57,7 @@ def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[
     `batch_plan` from `config` (a `gspo_config.GSPOConfig`)."""
     cache: dict[str, list[int]] = {}
     encoded = []
-    for ex in examples:
+    for position, ex in enumerate(examples):
         if not ex.response_ids:
             continue
         if len(ex.behavior_logprobs) != len(ex.response_ids):
@@ -64,7 +65,7 @@ def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[
         key = repr(ex.prompt)
         if key not in cache:
             cache[key] = prompt_ids(ex.prompt)
-        encoded.append(EncodedExample(cache[key], list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage)))
+        encoded.append(EncodedExample(cache[key], list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage), position))
     batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
     plan = batch_plan([tuple(e.prompt_ids) for e in encoded], batch_size, config.epochs, config.seed, group_by_prompt=shares_prefix(config))
     return [[encoded[i] for i in index] for index in plan]

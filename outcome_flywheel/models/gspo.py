@@ -52,13 +52,18 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         )
 
     recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and not computes_in_float32(backend))
-    old_by_batch, behavior_gaps = old_logprobs(backend, batches, logprobs, recompute)
+    old_by_batch, behavior_gaps, is_ratios = old_logprobs(backend, batches, logprobs, recompute)
+    tis = config.tis_cap is not None and recompute  # with stored pi_old the IS ratio is 1 by construction
+    behavior_by_batch = [
+        fw.as_array(backend, padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch)))
+        for batch in batches] if tis else [None] * len(batches)
 
     def loss(model, indexed_batch):
         index, batch = indexed_batch
         logp, mask = logprobs(batch)
         advantages = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
-        return fw.gspo_loss(logp, old_by_batch[index], mask, advantages, config.epsilon_low, config.epsilon_high, config.objective)
+        return fw.gspo_loss(logp, old_by_batch[index], mask, advantages, config.epsilon_low, config.epsilon_high,
+                            config.objective, behavior_by_batch[index], config.tis_cap if tis else None)
 
     stats = TrainStats()
     if batches:
@@ -68,21 +73,26 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     if behavior_gaps:
         # How far the sampler's stored log-probs sit from the training forward (per-sequence mean).
         stats.extra["behavior_logprob_gap_max"] = float(max(behavior_gaps))
+    if is_ratios:
+        # Per example (by its position in `examples`): exp(mean_t(log pi_old - log pi_behaviour)), before truncation.
+        stats.extra["is_ratio_by_example"] = [is_ratios.get(i, float("nan")) for i in range(len(examples))]
     stats.extra.update(epoch_sizes(batches, config.epochs))
     return stats
 
 
 def old_logprobs(
     backend: ModelBackend, batches: Sequence[Sequence[EncodedExample]], logprobs: LogprobFn, recompute: bool
-) -> tuple[list[Any], list[float]]:
-    """pi_old of every minibatch, as the framework's arrays, and the per-sequence mean gaps between
-    the stored behaviour log-probs and the recomputed ones (empty when not recomputed).
+) -> tuple[list[Any], list[float], dict[int, float]]:
+    """pi_old of every minibatch, as the framework's arrays, the per-sequence mean gaps between
+    the stored behaviour log-probs and the recomputed ones, and each example's sequence IS ratio
+    exp(mean_t(recomputed - stored)) by its index (both empty when not recomputed).
 
     Recomputed: one no-grad pass of the training forward, before any update (the policy has not
     moved yet, so this is pi_old); stored: the behaviour log-probs saved at generation."""
     fw = backend.framework
     old_by_batch: list[Any] = []
     gaps: list[float] = []
+    ratios: dict[int, float] = {}
     with fw.inference(backend):
         for batch in batches:
             stored = padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch))
@@ -92,9 +102,11 @@ def old_logprobs(
             old, mask = logprobs(batch)
             old, mask = fw.to_numpy(old).astype(np.float32), fw.to_numpy(mask)
             lengths = np.maximum(mask.sum(-1), 1)
-            gaps += [float(g) for g in np.abs(((stored - old) * mask).sum(-1) / lengths)]
+            signed = ((old - stored) * mask).sum(-1) / lengths
+            gaps += [float(g) for g in np.abs(signed)]
+            ratios.update({b.index: float(np.exp(g)) for b, g in zip(batch, signed)})
             old_by_batch.append(fw.as_array(backend, old))
-    return old_by_batch, gaps
+    return old_by_batch, gaps, ratios
 
 
 def computes_in_float32(backend: ModelBackend) -> bool:

@@ -10,6 +10,11 @@ response y_i of prompt x with group-normalised advantage A_i,
 over response tokens only, every log-prob at the rollouts' sampling temperature (logits / T, before
 top-k / top-p, as TRL's GRPO and verl). The trainer is `gspo.train_gspo`; the loss is written once
 per framework (`torch/losses.py`, `mlx/losses.py`).
+
+Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
+is the policy the update starts from (recomputed), and each sequence's loss is weighted by the
+truncated behaviour importance ratio (TIS), min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap).
+For notes the parent itself sampled that weight is 1 (within float error).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class GSPOConfig:
     temperature: float = field(default=1.0, metadata={"help": "The rollouts' sampling temperature: logits are divided by it in the pi_old and pi_theta passes."})
     share_prompt_prefix: bool = field(default=True, metadata={"help": "A headline's rollouts share its prompt: keep a prompt group in one minibatch and (torch) run the prompt once, expanding its KV cache (gradients flow through it)."})
     one_at_a_time: bool = field(default=False, metadata={"help": "The original loop's way, one sequence per forward and step (for the benchmark)."})
+    tis_cap: float | None = field(default=2.0, metadata={"help": "Truncation cap C of the behaviour IS weight min(pi_old / pi_behaviour, C) per sequence (GSPO's length-normalised ratio; TRL's and verl's default cap 2.0); None = no correction. Needs recomputed pi_old."})
     old_logprobs: str = field(default="recompute", metadata={"help": "pi_old: `recompute` = one no-grad pass of the training forward over the behaviour policy before the first step (ratio exactly 1 in any precision); `stored` = the behaviour log-probs saved at generation (within 1e-4 in fp32, off by more than the clip band in bf16); `auto` = stored in fp32, recomputed otherwise."})
 
     def __post_init__(self) -> None:
@@ -45,6 +51,8 @@ class GSPOConfig:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
         if self.old_logprobs not in OLD_LOGPROBS:
             raise ValueError(f"old_logprobs must be auto | stored | recompute, got {self.old_logprobs!r}")
+        if self.tis_cap is not None and not (self.tis_cap >= 1.0 and self.tis_cap < float("inf")):
+            raise ValueError(f"tis_cap must be a finite number >= 1 (or None), got {self.tis_cap}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
 

@@ -17,6 +17,8 @@ def gspo_loss(
     epsilon_low: float = 3e-4,
     epsilon_high: float = 4e-4,
     objective: str = "gspo",
+    behavior_logp: mx.array | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[mx.array, dict[str, mx.array]]:
     """GSPO (Zheng et al. 2025) or reward-weighted loss of a padded batch:
 
@@ -24,6 +26,11 @@ def gspo_loss(
         loss = mean_i -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
 
     objective "reward_weighted": loss = mean_i -A_i mean_t log pi_theta (the original loop).
+    With `behavior_logp` and `tis_cap` (notes sampled by an older policy, trained days later): each
+    sequence's term is weighted by the truncated behaviour IS ratio (TIS), a constant,
+        w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap)
+    where pi_old is the policy the update started from. Metrics add is_ratio_mean / is_ratio_max
+    (before truncation) and is_truncated_fraction.
     `logp`, `old_logp`, `mask`: [B, T]; `advantages`: [B]. Metrics as torch: clip_fraction
     (TRL's definition: the clipped term is the active one), ratio mean/min/max, mean logp.
     """
@@ -40,6 +47,11 @@ def gspo_loss(
         per_sequence = -advantages * mean_logp
     else:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    is_ratio = None
+    if behavior_logp is not None and tis_cap is not None:
+        old = mx.stop_gradient(old_logp.astype(logp.dtype))
+        is_ratio = mx.stop_gradient(mx.exp(((old - behavior_logp.astype(logp.dtype)) * maskf).sum(axis=-1) / lengths))
+        per_sequence = per_sequence * mx.minimum(is_ratio, float(tis_cap))
     loss = per_sequence.mean()
     ratio_sg = mx.stop_gradient(ratio)
     low = (ratio_sg < 1.0 - epsilon_low) & (advantages < 0)
@@ -51,6 +63,9 @@ def gspo_loss(
         "ratio_max": ratio_sg.max(),
         "mean_logp": mx.stop_gradient(mean_logp).mean(),
     }
+    if is_ratio is not None:
+        metrics.update(is_ratio_mean=is_ratio.mean(), is_ratio_max=is_ratio.max(),
+                       is_truncated_fraction=(is_ratio > float(tis_cap)).astype(mx.float32).mean())
     return loss, metrics
 
 

@@ -17,6 +17,8 @@ def gspo_loss(
     epsilon_low: float = 3e-4,
     epsilon_high: float = 4e-4,
     objective: str = "gspo",
+    behavior_logp: torch.Tensor | None = None,
+    tis_cap: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO (Zheng et al. 2025) or reward-weighted loss of a padded batch:
 
@@ -24,6 +26,11 @@ def gspo_loss(
         loss = mean_i -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
 
     objective "reward_weighted": loss = mean_i -A_i mean_t log pi_theta (the original loop).
+    With `behavior_logp` and `tis_cap` (notes sampled by an older policy, trained days later): each
+    sequence's term is weighted by the truncated behaviour IS ratio (TIS), a constant,
+        w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap)
+    where pi_old is the policy the update started from. Metrics add is_ratio_mean / is_ratio_max
+    (before truncation) and is_truncated_fraction.
     logp, old_logp, mask: [B, T] (mask true on response tokens); advantages: [B].
     Metrics: clip_fraction (sequences whose clipped term is the active one, TRL's definition:
     ratio above 1+eps_high with A>0 or below 1-eps_low with A<0), ratio mean/min/max, mean logp.
@@ -41,6 +48,12 @@ def gspo_loss(
         per_sequence = -advantages * mean_logp
     else:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    is_ratio = None
+    if behavior_logp is not None and tis_cap is not None:
+        with torch.no_grad():
+            old = old_logp.to(logp.dtype)
+            is_ratio = torch.exp(((old - behavior_logp.to(logp.dtype)) * maskf).sum(-1) / lengths)
+        per_sequence = per_sequence * torch.clamp(is_ratio, max=float(tis_cap))
     loss = per_sequence.mean()
     with torch.no_grad():
         low = (ratio < 1.0 - epsilon_low) & (advantages < 0)
@@ -52,6 +65,9 @@ def gspo_loss(
             "ratio_max": float(ratio.max()),
             "mean_logp": float(mean_logp.mean()),
         }
+        if is_ratio is not None:
+            metrics.update(is_ratio_mean=float(is_ratio.mean()), is_ratio_max=float(is_ratio.max()),
+                           is_truncated_fraction=float((is_ratio > float(tis_cap)).float().mean()))
     return loss, metrics
 
 
