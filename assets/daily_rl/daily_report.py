@@ -1,4 +1,5 @@
-"""`daily_report`: the loop's per-day numbers and its figures (reward, KL, pass-through)."""
+"""`daily_report`: the loop's per-day numbers and its figures (reward, KL, pass-through, policy vs base,
+back-test, hit rate over days, the delayed price step)."""
 
 import base64
 import math
@@ -9,7 +10,10 @@ import pandas as pd
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.outcomes import call_window
-from outcome_flywheel.daily_rl.report import FIGURES, SUMMARY_COLUMNS, ab_figure, day_summary, equity_figure
+from outcome_flywheel.daily_rl.charts import FIGURES, ab_figure, equity_figure, hit_rate_figure, off_policy_figure, price_reward_figure
+from outcome_flywheel.daily_rl.report import OVER_DAYS_COLUMNS, SUMMARY_COLUMNS, day_summary, hit_rate_by_day, over_days, prices_note
+from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
+from outcome_flywheel.settings import resolve_path
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 # Columns of the short table in the report (the last REPORT_DAYS days up to D), with their headers.
@@ -21,7 +25,8 @@ REPORT_COLUMNS = {
 REPORT_DAYS = 7
 FIGURE_TITLES = {
     "reward": "Reward and structure", "kl": "KL to the base model", "pass_through": "Judge pass-through",
-    "ab": "Policy vs base", "equity": "Back-test equity",
+    "ab": "Policy vs base", "equity": "Back-test equity", "hit_rate": "Hit rate of each day's calls, policy vs base",
+    "price": "Price reward per training day", "off_policy": "Staleness, clip fraction and truncated IS ratio of the price step",
 }
 
 
@@ -34,13 +39,16 @@ FIGURE_TITLES = {
     owners=OWNERS,
     metadata=table_metadata("daily_report", SUMMARY_COLUMNS),
 )
-def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse]):
+def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse],
+                 market_data: dg.ResourceParam[MarketData]):
     """Day D's headlines, rollouts, pass-through (usable share), mean structure score, reward
     n/avg/min/max/negatives, training summary and the evaluation gate's verdict (table `daily_report`,
     one row per day); D's A/B against the base (`policy_eval`) and the back-test up to D (`backtest`);
     figures over every reported day up to D: reward curve, KL to base, pass-through, policy-vs-base
-    intervals, back-test equity. The `report` entry shows them inline; the PNGs are also written
-    under reports/daily_rl/D/."""
+    intervals, back-test equity, the hit rate of each day's calls (policy vs base), and the delayed price
+    step per training day (`price_training`: mean price reward, staleness, clip fraction, truncated IS
+    ratio), with a table of those numbers and a line on which prices the outcomes come from. The `report`
+    entry shows them inline; the PNGs are also written under reports/daily_rl/D/."""
     day = context.partition_key
     row = day_summary(
         day, warehouse.read("headlines", day), warehouse.read("rollouts", day),
@@ -56,14 +64,24 @@ def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[
     backtest_daily = warehouse.read_all("backtest")
     # books are keyed by entry session: D's calls enter at the first session after D
     backtest_daily = backtest_daily[backtest_daily["date"] <= call_window(day).entry_date] if len(backtest_daily) else backtest_daily
-    makers = {**FIGURES, "ab": lambda _: ab_figure(evals), "equity": lambda _: equity_figure(backtest_daily)}
+    outcomes = warehouse.read_all("rollout_outcomes")
+    hit_rates = hit_rate_by_day(outcomes[outcomes["date"] <= day] if len(outcomes) else outcomes)
+    price = warehouse.read_all("price_training")  # written by daily_update's delayed price step
+    price = price[price["date"] <= day] if len(price) else price
+    makers = {**FIGURES, "ab": lambda _: ab_figure(evals), "equity": lambda _: equity_figure(backtest_daily),
+              "hit_rate": lambda _: hit_rate_figure(hit_rates), "price": lambda _: price_reward_figure(price),
+              "off_policy": lambda _: off_policy_figure(price)}
     figures = {}
     for name, make in makers.items():
         png = make(history)
         atomic_write_bytes(folder / f"{name}.png", png)
         figures[name] = png
     evaluation = evaluation_markdown(warehouse.read("policy_eval", day), warehouse.read("backtest_summary", day))
+    bundled = market_data.source == "file" and resolve_path(market_data.prices_file) == BUNDLED_PRICES
+    prices = prices_note(market_data.source, str(resolve_path(market_data.prices_file)), str(BUNDLED_PRICES))
+    evaluation = "\n\n".join(p for p in (prices, over_days_markdown(over_days(price, hit_rates)), evaluation) if p)
     metadata: dict = {"report": dg.MetadataValue.md(report_markdown(day, history, figures, evaluation))}
+    metadata["bundled_real_prices"] = bundled
     metadata.update(numeric_metadata(row))
     metadata["policy_version"] = row["policy_version"]
     metadata["gate"] = row["gate"] or "n/a"
@@ -83,6 +101,19 @@ def numeric_metadata(row: dict) -> dict:
         elif isinstance(value, float) and not math.isnan(value):
             out[key] = round(value, 6 if key == "kl_to_base" else 4)
     return out
+
+
+def over_days_markdown(frame: pd.DataFrame) -> str:
+    """The last REPORT_DAYS days of the price step and of the calls' hit rate, as a table (– where a day has none)."""
+    if frame.empty:
+        return ""
+    recent = frame.tail(REPORT_DAYS)
+    header = "| " + " | ".join(OVER_DAYS_COLUMNS.values()) + " |\n|" + " --- |" * len(OVER_DAYS_COLUMNS) + "\n"
+    rows = "".join("| " + " | ".join(_cell(r[c], c) for c in OVER_DAYS_COLUMNS) + " |\n" for _, r in recent.iterrows())
+    return ("**Over days**: the price step of each training day (mean price reward of the notes it trained on price, "
+            "staleness in policy updates, GSPO clip fraction, share of IS ratios truncated at the cap) and the hit rate "
+            "of each day's matured calls (a plain share; the A/B below pools sessions and gives the interval).\n\n"
+            + header + rows)
 
 
 def evaluation_markdown(evals: pd.DataFrame, summary: pd.DataFrame) -> str:
@@ -133,9 +164,14 @@ def report_markdown(day: str, history: pd.DataFrame, figures: dict[str, bytes], 
     return "\n\n".join(parts)
 
 
+COUNT_COLUMNS = {"price_notes_trained", "price_notes_waiting", "policy_calls", "staleness_max"}  # floats after a merge
+
+
 def _cell(value, column: str) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "–"
+        if column in COUNT_COLUMNS:
+            return str(int(round(value)))
         return f"{value:.3g}" if column in ("loss", "kl_to_base") else f"{value:.3f}"
     return str(value)

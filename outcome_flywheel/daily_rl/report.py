@@ -1,17 +1,15 @@
-"""Per-day summary of the daily loop and its figures (PNG, matplotlib's Agg backend, no display)."""
+"""Per-day summary of the daily loop, and the per-day series its report and the status page draw (the
+figures themselves are in `charts`)."""
 
 from __future__ import annotations
 
-import io
-import math
+from pathlib import Path
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")
-import matplotlib.dates as mdates  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+# equity_figure is imported from here by the back-test asset
+from outcome_flywheel.daily_rl.charts import FIGURES, ab_figure, equity_figure  # noqa: F401
 
 SUMMARY_COLUMNS = [
     "date", "headlines", "rollouts", "mean_structure", "finished_share", "scored", "usable_share", "reward_n", "reward_avg",
@@ -53,120 +51,63 @@ def day_summary(day: str, headlines: pd.DataFrame, rollouts: pd.DataFrame, score
     )
 
 
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+def hit_rate_by_day(outcomes: pd.DataFrame) -> pd.DataFrame:
+    """Per prediction day: the hit rate (share of matured calls with vs_spy_pct > 0) of the policy's and of the
+    base's calls, and how many matured calls each is over. A plain share per day, to draw learning over days;
+    the A/B's interval and label are `policy_eval`'s (pooled over sessions). Look-ahead days (`look_ahead`) are
+    left out, both sides, as in the A/B."""
+    columns = ["date", "policy_hit_rate", "policy_calls", "base_hit_rate", "base_calls"]
+    matured = outcomes[outcomes["status"] == "matured"] if len(outcomes) else outcomes
+    if "look_ahead" in matured.columns and len(matured):
+        flagged = set(matured.loc[matured["look_ahead"].fillna(False).astype(bool), "date"].astype(str))
+        matured = matured[~matured["date"].astype(str).isin(flagged)]
+    if matured.empty:
+        return pd.DataFrame(columns=columns)
+    hits = (pd.to_numeric(matured["vs_spy_pct"], errors="coerce") > 0).astype(float)
+    grouped = hits.groupby([matured["date"].astype(str), matured["source"]]).agg(["mean", "size"]).unstack("source")
+    out = pd.DataFrame({"date": grouped.index})
+    for side in ("policy", "base"):
+        rate = grouped[("mean", side)] if ("mean", side) in grouped.columns else pd.Series(np.nan, index=grouped.index)
+        calls = grouped[("size", side)] if ("size", side) in grouped.columns else pd.Series(0, index=grouped.index)
+        out[f"{side}_hit_rate"] = rate.to_numpy(float)
+        out[f"{side}_calls"] = calls.fillna(0).astype(int).to_numpy()
+    return out[columns].sort_values("date").reset_index(drop=True)
 
 
-def _dates(summary: pd.DataFrame):
-    return pd.to_datetime(summary["date"])
-
-
-MAX_DATE_LABELS = 14
-
-
-def _date_axis(ax, dates: pd.Series) -> None:
-    """One tick per day (a label every k-th day past MAX_DATE_LABELS days), half a day of margin."""
-    n = int(dates.nunique()) if len(dates) else 0
-    every = max(1, math.ceil(n / MAX_DATE_LABELS))
-    ax.xaxis.set_major_locator(mdates.DayLocator(interval=every))
-    ax.xaxis.set_minor_locator(mdates.DayLocator())
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%b %d"))
-    if n:
-        half = pd.Timedelta(hours=12)
-        ax.set_xlim(dates.min() - half, dates.max() + half)
-    ax.grid(axis="y", alpha=0.3)
-    ax.set_xlabel("partition day")
-    ax.figure.autofmt_xdate()
-
-
-def reward_figure(summary: pd.DataFrame) -> bytes:
-    """Mean reward of the scored rollouts (min-max band) and mean structure score of the day's rollouts."""
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    x = _dates(summary)
-    ax.fill_between(x, summary["reward_min"], summary["reward_max"], alpha=0.15, color="C0", label="reward min-max")
-    ax.plot(x, summary["reward_avg"], "o-", color="C0", label="mean reward (scored day)")
-    ax.plot(x, summary["mean_structure"], "s--", color="C2", label="mean structure score (rollouts)")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_ylabel("[0, 1]")
-    ax.set_title("Reward and structure per day")
-    ax.legend(fontsize=8, loc="lower right")
-    _date_axis(ax, x)
-    return _png(fig)
-
-
-def kl_figure(summary: pd.DataFrame) -> bytes:
-    """Per-token KL(policy || base) on each day's own rollouts."""
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    x = _dates(summary)
-    ax.plot(x, summary["kl_to_base"], "o-", color="C3")
-    ax.set_ylabel("nats / token")
-    ax.set_title("KL to the base model (policy's own samples)")
-    _date_axis(ax, x)
-    return _png(fig)
-
-
-def pass_through_figure(summary: pd.DataFrame) -> bytes:
-    """Share of scored rollouts in groups the judge answered (the rest are not trained on)."""
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    x = _dates(summary)
-    share = summary["usable_share"]
-    scored = share.notna().to_numpy()
-    ax.bar(x[scored], share[scored], width=0.6, color="C1")
-    for day in x[~scored]:  # the first day (and a day after a gap) has no rollouts of D-1 to score
-        ax.text(day, 0.03, "nothing\nscored", ha="center", va="bottom", fontsize=7, color="0.4")
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("usable share")
-    ax.set_title("Judge pass-through per day")
-    _date_axis(ax, x)
-    return _png(fig)
-
-
-FIGURES = {"reward": reward_figure, "kl": kl_figure, "pass_through": pass_through_figure}
-
-AB_METRICS = {
-    "structure_score": "structure (policy - base)", "judge_win_rate": "judge win rate - 0.5",
-    "hit_rate": "hit rate (policy - base)", "mean_vs_spy_pct": "mean vs SPY, pp (policy - base)",
+OVER_DAYS_COLUMNS = {  # column -> header of the report's over-days table
+    "date": "day", "mean_price_reward": "price reward", "price_notes_trained": "notes on price",
+    "price_notes_waiting": "waiting", "staleness_mean": "staleness", "staleness_max": "max staleness",
+    "clip_fraction": "clip fraction", "is_truncated_fraction": "IS truncated", "policy_hit_rate": "hit rate policy",
+    "base_hit_rate": "hit rate base", "policy_calls": "matured calls",
 }
 
 
-def ab_figure(evals: pd.DataFrame) -> bytes:
-    """Per day and metric: the policy-minus-base difference with its 95% interval (for the judge: win
-    rate - 0.5); a dashed zero line is "no difference"."""
-    fig, axes = plt.subplots(1, len(AB_METRICS), figsize=(12, 2.9), sharex=True)
-    for ax, (metric, title) in zip(axes, AB_METRICS.items()):
-        rows = evals[evals["metric"] == metric].sort_values("date") if len(evals) else evals
-        x = pd.to_datetime(rows["date"]) if len(rows) else pd.Series(dtype="datetime64[ns]")
-        if len(rows):
-            shift = 0.5 if metric == "judge_win_rate" else 0.0  # its interval is of the win rate
-            mid, low, high = rows["difference"].to_numpy(float), rows["ci_low"].to_numpy(float) - shift, rows["ci_high"].to_numpy(float) - shift
-            ok = ~np.isnan(low) & ~np.isnan(high) & ~np.isnan(mid)
-            ax.errorbar(x[ok], mid[ok], yerr=[mid[ok] - low[ok], high[ok] - mid[ok]], fmt="o", capsize=3, color="C0")
-            for day in x[~ok]:
-                ax.text(day, 0, "n/a", ha="center", va="bottom", fontsize=7, color="0.4")
-        ax.axhline(0, color="0.5", linestyle="--", linewidth=1)
-        ax.set_title(title, fontsize=9)
-        _date_axis(ax, x)
-        ax.set_xlabel("")
-    fig.suptitle("Policy vs base, 95% intervals", fontsize=10)
-    return _png(fig)
+def over_days(price: pd.DataFrame, hit_rates: pd.DataFrame) -> pd.DataFrame:
+    """One row per day with the price step's figures (`price_training`: reward, staleness, clip fraction) and the
+    hit rate of that day's calls (`hit_rate_by_day`); a day missing from one side keeps NaN there."""
+    frames = [f for f in (price, hit_rates) if len(f)]
+    if not frames:
+        return pd.DataFrame(columns=list(OVER_DAYS_COLUMNS))
+    merged = frames[0].assign(date=frames[0]["date"].astype(str))
+    for other in frames[1:]:
+        merged = merged.merge(other.assign(date=other["date"].astype(str)), on="date", how="outer")
+    for column in OVER_DAYS_COLUMNS:
+        if column not in merged.columns:
+            merged[column] = np.nan
+    return merged[list(OVER_DAYS_COLUMNS)].sort_values("date").reset_index(drop=True)
 
 
-def equity_figure(daily: pd.DataFrame) -> bytes:
-    """Equity of the policy's book, the base's book and SPY over the back-test's days (start 1.0)."""
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    x = pd.to_datetime(daily["date"]) if len(daily) else pd.Series(dtype="datetime64[ns]")
-    for column, label, style in (("policy_equity", "policy book", "o-"), ("base_equity", "base book", "s--"), ("spy_equity", "SPY", "^:")):
-        if len(daily):
-            ax.plot(x, daily[column], style, label=label)
-    if not len(daily):
-        ax.text(0.5, 0.5, "no matured day yet", ha="center", va="center", transform=ax.transAxes, color="0.4")
-    ax.axhline(1.0, color="0.6", linewidth=0.8)
-    ax.set_ylabel("equity (start 1.0)")
-    ax.set_title("Back-test: daily long/short books that follow the calls (net of costs)")
-    if len(daily):
-        ax.legend(fontsize=8, loc="best")
-    _date_axis(ax, x)
-    return _png(fig)
+def prices_note(source: str, prices_file: str | None, bundled: str | None) -> str:
+    """What prices the outcomes come from, in one sentence: on the bundled real closes no edge is expected (a
+    headline's news is not what moves these closes the next session in any way a note could learn), a world file
+    is synthetic (its sidecar `<file>.world.json` states the rule)."""
+    if source == "yfinance":
+        return "Prices: Yahoo Finance closes (real)."
+    path = Path(prices_file) if prices_file else None
+    if path is not None and bundled is not None and path.resolve() == Path(bundled).resolve():
+        return ("Prices: the bundled real closes (sample_data/prices). No edge over the base is expected on them, and "
+                "none is claimed: expect the hit rate near 0.5 and the outcome labels to read "no detectable difference". A synthetic world "
+                "(`flywheel make-world`) is where the loop can show that it learns from prices.")
+    if path is not None and path.with_name(path.name + ".world.json").exists():
+        return f"Prices: a SYNTHETIC world, `{path.name}` (its rule and planted moves: `{path.name}.world.json`); no row is a real price."
+    return f"Prices: file `{path.name if path else prices_file}`."
