@@ -106,7 +106,7 @@ def prices_note(source: str, prices_file: str | None, bundled: str | None) -> st
     path = Path(prices_file) if prices_file else None
     if path is not None and bundled is not None and path.resolve() == Path(bundled).resolve():
         return ("Prices: the bundled real closes (sample_data/prices). No edge over the base is expected on them, and "
-                "none is claimed: expect the hit rate near 0.5 and the outcome labels to read "no detectable difference". A synthetic world "
+                "none is claimed: expect the hit rate near 0.5 and the outcome labels to read 'no detectable difference'. A synthetic world "
                 "(`flywheel make-world`) is where the loop can show that it learns from prices.")
     if path is not None and path.with_name(path.name + ".world.json").exists():
         return f"Prices: a SYNTHETIC world, `{path.name}` (its rule and planted moves: `{path.name}.world.json`); no row is a real price."
