@@ -31,8 +31,9 @@ MIRRORED = {
     "sampling.py": ["filter_logits", "sample_batch"],
     "logprobs.py": ["chunk_rows", "selective_log_softmax", "token_logprobs", "token_kl", "plain_token_logprobs", "plain_token_kl", "CHUNK_ELEMENTS"],
 }
-# vLLM is a CUDA engine for the torch backend only: it has no mlx mirror.
-TORCH_ONLY = {"vllm_sampling.py"}
+# CUDA engines of the torch backend only, with no mlx mirror: vLLM, and the static-cache sampler
+# captured in CUDA graphs (MLX keeps its own sampler).
+TORCH_ONLY = {"vllm_sampling.py", "graph_sampler.py", "static_cache.py"}
 
 
 def test_configs_and_shared_trainers_import_neither_torch_nor_mlx():

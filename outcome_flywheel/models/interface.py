@@ -278,6 +278,7 @@ class ModelBackend(ABC):
         from outcome_flywheel.models.gspo import train_gspo
 
         self.weights_on_disk = None
+        self.release_inference_state()
         return train_gspo(self, examples, config)
 
     def train_weighted_dpo(self, pairs, config) -> TrainStats:
@@ -285,4 +286,9 @@ class ModelBackend(ABC):
         from outcome_flywheel.models.dpo import train_weighted_dpo
 
         self.weights_on_disk = None
+        self.release_inference_state()
         return train_weighted_dpo(self, pairs, config)
+
+    def release_inference_state(self) -> None:
+        """Free what sampling keeps between calls that training needs the memory of (torch on
+        CUDA: the static KV cache and its graphs); nothing by default."""

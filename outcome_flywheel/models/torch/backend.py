@@ -100,18 +100,10 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             self._graph_sampler = GraphSampler(self)
         return self._graph_sampler
 
-    def release_static_cache(self) -> None:
+    def release_inference_state(self) -> None:
         """Free the static KV cache and its graphs (20 GiB at a day's load on qwen3-0.6b): training
         needs the memory, and a LoRA update brings new parameters that need new graphs anyway."""
         self._graph_sampler = None
-
-    def train_gspo(self, examples, config):
-        self.release_static_cache()
-        return super().train_gspo(examples, config)
-
-    def train_weighted_dpo(self, pairs, config):
-        self.release_static_cache()
-        return super().train_weighted_dpo(pairs, config)
 
     @contextlib.contextmanager
     def _sampling_context(self):
