@@ -6,8 +6,10 @@ the reason they were refused; they call the same functions as the JSON API."""
 
 from __future__ import annotations
 
+import base64
 import hmac
 import math
+import re
 import uuid
 from urllib.parse import quote, urlencode
 from datetime import datetime, timezone
@@ -19,6 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import ValidationError
 
+from outcome_flywheel.daily_rl.status import daily_figures
 from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import feedback_table
 from outcome_flywheel.feedback.records import FeedbackIn, VerificationIn
@@ -50,7 +53,32 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+# Status tables: figures to what they can say. Losses, KLs and p-values span orders of magnitude (3 significant
+# digits); shares, scores, rates and percentage points get 3 decimals; counts stay whole; times to the minute.
+SIGNIFICANT = re.compile(r"(^|_)(loss|kl|p_value)(_|$)")
+COUNTS = re.compile(r"(^|_)(n|steps|examples|pairs|calls|trained|days|lines)(_|$)|^n_")
+TIMESTAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2}(\.\d+)?)?(Z|[+-]00:?00)?$")
+
+
+def cell(value: Any, column: str = "") -> str:
+    """One value of a status table, rounded for a person (the JSON API keeps every digit)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if COUNTS.search(column) and value.is_integer():
+            return str(int(value))
+        if SIGNIFICANT.search(column) or 0 < abs(value) < 0.01:  # 0.0035 is not 0.004
+            return f"{value:.3g}"
+        return f"{value:.3f}"
+    if isinstance(value, str) and (m := TIMESTAMP.match(value)):
+        return f"{m.group(1)} {m.group(2)}" + (" UTC" if m.group(5) else "")
+    return str(value)
+
+
 jinja.globals["fmt"] = fmt
+jinja.globals["cell"] = cell
 
 
 def message_signature(config, kind: str, text: str) -> str:
@@ -234,8 +262,10 @@ def status_page(request: Request):
     state = request.app.state.service
     status = loops_status(state)
     history = loops_history(state)
+    figures = [{"title": f["title"], "alt": f["alt"], "name": f["name"],
+                "src": "data:image/png;base64," + base64.b64encode(f["png"]).decode("ascii")} for f in daily_figures(state.warehouse)]
     return render(request, "status.html", title="Status", active="/status", status=status, history=history,
-                  learning_signal=learning_signal(status["preferences"]))
+                  learning_signal=learning_signal(status["preferences"]), figures=figures)
 
 
 def _safe_next(target: str | None) -> str:
