@@ -1,0 +1,233 @@
+"""Does the daily loop learn what the prices reward, and nothing where they reward nothing? Runs the whole
+`daily_rl` group in order, day by day, on tiny-local in three SYNTHETIC worlds (`flywheel make-world`,
+outcome_flywheel/daily_rl/worlds.py): `news` (the headline's company moves with its news), `inverted`
+(against it) and `null` (random walks). Same archive days, headlines, seeds and settings in every world;
+only the price file differs. The reward weighs the price signal in (`reward_weights`, default
+{"structure": 0.25, "judge_rank": 0.25, "price": 1.0}: the price carries the answer, the structure keeps
+the notes parseable, the judge's rank is near noise on tiny-local).
+
+The first `--train-days` days train; the later days are held out: the policy is frozen (learning rate 0)
+and writes notes on headlines it never trained on. Printed per world, over the held-out days only, with
+the project's own tests (`evaluation.evaluate_day`, `backtest.run_backtest`): hit rate and mean
+`vs_spy_pct` of policy and base (t-test over entry sessions; 10 are needed for a label), the share of
+calls on the headline's company, the long share of company calls on good and on bad news, and the
+back-test. Then, `inverted` vs `news`: the share of held-out headlines on which the two policies take
+opposite sides (each policy's majority side among its notes' calls on the headline's company).
+
+    python -m benchmarks.outcome_learning [--days 26] [--train-days 11] [--headlines 8] [--worlds news,inverted,null]
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from benchmarks._daily_common import archive_days, resources, tiny_local_data_dir
+
+WORLDS = ("news", "inverted", "null")
+DEFAULT_WEIGHTS = {"structure": 0.25, "judge_rank": 0.25, "price": 1.0}
+SIDE_SIGN = {"long": 1, "short": -1}
+
+
+def _read_days(warehouse, table: str, days: list[str]) -> pd.DataFrame:
+    frames = [warehouse.read(table, d) for d in days if warehouse.exists(table, d)]
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def company_sides(warehouse, days: list[str]) -> pd.DataFrame:
+    """Per (date, headline_id) of `days`: the headline's news (+1 / -1 / 0) and, per source (policy, base),
+    the majority side (+1 long, -1 short, 0 none or tied) of its notes' calls on the headline's company,
+    with the number of such calls and of notes."""
+    from outcome_flywheel.daily_rl.news import news_direction
+    from outcome_flywheel.daily_rl.relevance import headline_symbols
+
+    outcomes = _read_days(warehouse, "rollout_outcomes", days)
+    heads = _read_days(warehouse, "headlines", days)[["date", "headline_id", "title", "summary"]]
+    rows = []
+    for h in heads.itertuples(index=False):
+        companies = set(headline_symbols(h.title, h.summary))
+        notes = outcomes[(outcomes["date"] == h.date) & (outcomes["headline_id"] == h.headline_id)]
+        row = dict(date=h.date, headline_id=h.headline_id, news=news_direction(h.title, h.summary), names_company=bool(companies))
+        for source in ("policy", "base"):
+            mine = notes[notes["source"] == source]
+            on = mine[(mine["parse_status"] == "ok") & mine["symbol"].isin(companies) & mine["side"].isin(list(SIDE_SIGN))]
+            votes = sum(SIDE_SIGN[side] for side in on["side"])
+            row.update({f"{source}_side": int(np.sign(votes)), f"{source}_company_calls": len(on), f"{source}_notes": len(mine)})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def long_share_by_news(sides: pd.DataFrame, warehouse, days: list[str], source: str) -> dict:
+    """Among `source`'s calls on the headline's company: the share that are long, on good and on bad news."""
+    from outcome_flywheel.daily_rl.relevance import headline_symbols
+
+    outcomes = _read_days(warehouse, "rollout_outcomes", days)
+    calls = outcomes[(outcomes["source"] == source) & (outcomes["parse_status"] == "ok") & outcomes["side"].isin(list(SIDE_SIGN))]
+    calls = calls.merge(_read_days(warehouse, "headlines", days)[["date", "headline_id", "title", "summary"]], on=["date", "headline_id"])
+    calls = calls.merge(sides[["date", "headline_id", "news"]], on=["date", "headline_id"])
+    on = calls[[sym in headline_symbols(t, s) for sym, t, s in zip(calls["symbol"], calls["title"], calls["summary"])]]
+    out = {}
+    for name, sign in (("good_news", 1), ("bad_news", -1)):
+        part = on[on["news"] == sign]
+        out[name] = dict(long_share=_round((part["side"] == "long").mean()) if len(part) else None, calls=len(part))
+    return out
+
+
+def held_out_summary(warehouse, held: list[str]) -> dict:
+    """The held-out days' A/B (evaluate_day over those days only), the back-test of their books, and sides."""
+    from outcome_flywheel.daily_rl.backtest import run_backtest
+    from outcome_flywheel.daily_rl.evaluation import PREFERENCE_COLUMNS, evaluate_day
+
+    rollouts, baseline = _read_days(warehouse, "rollouts", held), _read_days(warehouse, "baseline_rollouts", held)
+    preferences = _read_days(warehouse, "policy_preferences", held)
+    preferences = preferences if len(preferences) else pd.DataFrame(columns=PREFERENCE_COLUMNS)
+    outcomes = _read_days(warehouse, "rollout_outcomes", held)
+    table = evaluate_day(rollouts, baseline, outcomes, preferences, day=held[-1])
+    ab = {r.metric: dict(policy=_round(r.policy), base=_round(r.base), difference=_round(r.difference), ci=[_round(r.ci_low), _round(r.ci_high)],
+                         n=int(r.n), label=r.label) for r in table.itertuples(index=False)}
+    bt = run_backtest(outcomes).summary
+    backtest = {k: (_round(v) if isinstance(v, float) else v) for k, v in bt.items()}
+    sides = company_sides(warehouse, held)
+    return dict(ab=ab, backtest=backtest, sides=sides,
+                policy_long_share=long_share_by_news(sides, warehouse, held, "policy"),
+                base_long_share=long_share_by_news(sides, warehouse, held, "base"))
+
+
+def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines: int, seed: int, move_pct: float,
+              noise_pct: float, weights: dict, learning_rate: float, max_new_tokens: int) -> dict:
+    import dagster as dg
+
+    from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world, write_world
+    from outcome_flywheel.market_data import MarketData
+    from pipelines.daily_rl import DAILY_RL_ASSETS
+
+    data = tiny_local_data_dir(str(root / kind / "data"))
+    world_file = root / kind / "prices.csv"
+    prices, manifest = make_world(WorldConfig(kind, seed=seed, move_pct=move_pct, noise_pct=noise_pct), max_headlines=headlines)
+    manifest = write_world(world_file, prices, manifest)
+    os.environ["FLYWHEEL_PRICES_FILE"] = str(world_file)  # anything that reads the variable sees the world too
+    res = resources(data, headlines)
+    res["market_data"] = MarketData(prices_file=str(world_file), data_dir=str(data))
+    warehouse = res["warehouse"]
+    per_day, started = [], time.perf_counter()
+    for i, day in enumerate(days):
+        t0 = time.perf_counter()
+        phase = "train" if i < train_days else "held_out"
+        config = {"ops": {"daily_update": {"config": {
+            "objective": "gspo", "learning_rate": learning_rate if phase == "train" else 0.0,
+            "max_new_tokens": max_new_tokens, "reward_weights": weights}}}}
+        result = dg.materialize(DAILY_RL_ASSETS, partition_key=day, resources=res, run_config=config)
+        assert result.success, f"{kind} {day} failed"
+        sides = company_sides(warehouse, [day])
+        row = dict(world=kind, date=day, phase=phase, seconds=round(time.perf_counter() - t0, 1),
+                   policy_company_calls=int(sides["policy_company_calls"].sum()), notes=int(sides["policy_notes"].sum()),
+                   policy_side_with_news=_round(((sides["policy_side"] * sides["news"]) > 0).mean()))
+        per_day.append(row)
+        print(json.dumps(row), flush=True)
+    held = held_out_summary(warehouse, days[train_days:])
+    return dict(world=kind, planted_moves=manifest["planted_moves"], world_file=str(world_file), held_out=held,
+                per_day=per_day, wall_s=round(time.perf_counter() - started, 1))
+
+
+def opposite_share(a: pd.DataFrame, b: pd.DataFrame) -> dict:
+    """Share of held-out headlines (naming a company) on which the two worlds' policies take opposite sides."""
+    both = a.merge(b, on=["date", "headline_id"], suffixes=("_a", "_b"))
+    both = both[both["names_company_a"]]
+    opposite = (both["policy_side_a"] * both["policy_side_b"]) < 0
+    sided = (both["policy_side_a"] != 0) & (both["policy_side_b"] != 0)
+    return dict(share=_round(opposite.mean()) if len(both) else None, headlines=len(both),
+                share_where_both_take_a_side=_round(opposite[sided].mean()) if sided.any() else None, both_take_a_side=int(sided.sum()))
+
+
+def print_world(w: dict) -> None:
+    h = w["held_out"]
+    print(f"\n== world {w['world']} ({w['planted_moves']} planted moves; held-out days {w['per_day'][-1]['date'] if w['per_day'] else ''}) ==")
+    for metric in ("hit_rate", "mean_vs_spy_pct", "headline_company_share", "structure_score", "judge_win_rate"):
+        r = h["ab"].get(metric)
+        if r:
+            print(f"  {metric}: policy {r['policy']} vs base {r['base']}, difference {r['difference']} {r['ci']} (n={r['n']}): {r['label']}")
+    for source in ("policy", "base"):
+        ls = h[f"{source}_long_share"]
+        print(f"  {source}: long share of company calls on good news {ls['good_news']['long_share']} ({ls['good_news']['calls']} calls), "
+              f"on bad news {ls['bad_news']['long_share']} ({ls['bad_news']['calls']} calls)")
+    bt = h["backtest"]
+    print(f"  back-test over {bt.get('days')} held-out books: policy {bt.get('policy_total_return_pct')}% vs base "
+          f"{bt.get('base_total_return_pct')}% vs SPY {bt.get('spy_total_return_pct')}%; mean excess over the base "
+          f"{bt.get('mean_excess_vs_base_pct')} pp [{bt.get('excess_vs_base_ci_low')}, {bt.get('excess_vs_base_ci_high')}]: {bt.get('label_vs_base')}")
+
+
+def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8, seed: int = 0, move_pct: float = 2.0,
+        noise_pct: float = 1.0, weights: dict | None = None, learning_rate: float = 2e-3, max_new_tokens: int = 128,
+        out_dir: str | None = None) -> dict:
+    if not 0 < train_days < days:
+        raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
+    weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
+    root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="flywheel-worlds-"))
+    day_list = archive_days(days)
+    results = {}
+    started = time.perf_counter()
+    for kind in worlds:
+        results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate, max_new_tokens)
+    for kind in worlds:
+        print_world(results[kind])
+    opposite = None
+    if "news" in results and "inverted" in results:
+        opposite = opposite_share(results["news"]["held_out"]["sides"], results["inverted"]["held_out"]["sides"])
+        print(f"\ninverted vs news: opposite sides on {opposite['share']} of {opposite['headlines']} held-out headlines "
+              f"({opposite['share_where_both_take_a_side']} of the {opposite['both_take_a_side']} where both policies take a side)")
+    summary = dict(
+        benchmark="outcome_learning", worlds=list(worlds), days=len(day_list), first_day=day_list[0], last_day=day_list[-1],
+        train_days=train_days, held_out_days=len(day_list) - train_days, headlines_per_day=headlines, seed=seed,
+        move_pct=move_pct, noise_pct=noise_pct, reward_weights=weights, learning_rate=learning_rate, max_new_tokens=max_new_tokens,
+        held_out={k: {key: v["held_out"][key] for key in ("ab", "backtest", "policy_long_share", "base_long_share")} for k, v in results.items()},
+        inverted_vs_news_opposite=opposite, wall_s=round(time.perf_counter() - started, 1), out_dir=str(root),
+    )
+    return summary
+
+
+def _round(value):
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return round(value, 4) if value == value else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worlds", default=",".join(WORLDS), help="comma-separated, from news, inverted, null")
+    parser.add_argument("--days", type=int, default=26, help="archive days from its first (26 = all)")
+    parser.add_argument("--train-days", type=int, default=11, help="the first N days train; the rest are held out")
+    parser.add_argument("--headlines", type=int, default=8, help="headlines per day (FLYWHEEL_MAX_HEADLINES; the world plants these)")
+    parser.add_argument("--seed", type=int, default=0, help="the world's seed (the walks)")
+    parser.add_argument("--move-pct", type=float, default=2.0)
+    parser.add_argument("--noise-pct", type=float, default=1.0)
+    parser.add_argument("--reward-weights", default=json.dumps(DEFAULT_WEIGHTS), help="JSON object, signal -> weight")
+    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out-dir", default=None, help="where the worlds and their data dirs go (default: a temp folder)")
+    args = parser.parse_args()
+    from outcome_flywheel.cli import quiet_libraries
+
+    quiet_libraries()  # no progress bars or library warnings between the figures
+    worlds = tuple(w.strip() for w in args.worlds.split(",") if w.strip())
+    unknown = sorted(set(worlds) - set(WORLDS))
+    if unknown:
+        parser.error(f"unknown world(s) {unknown}: choose from {', '.join(WORLDS)}")
+    summary = run(worlds, args.days, args.train_days, args.headlines, args.seed, args.move_pct, args.noise_pct,
+                  json.loads(args.reward_weights), args.learning_rate, args.max_new_tokens, args.out_dir)
+    print(json.dumps(summary, default=str))
+
+
+if __name__ == "__main__":
+    main()
