@@ -199,3 +199,14 @@ def test_options_change_what_they_say(events):
 def test_bad_options_are_refused_with_the_reason(bad, needle):
     with pytest.raises(ValueError, match=needle):
         WorldConfig(**bad)
+
+
+def test_benchmark_counts_opposite_sides_per_headline():
+    from benchmarks.outcome_learning import opposite_share
+
+    keys = dict(date=["d"] * 5, headline_id=list("abcde"), names_company=[True, True, True, True, False])
+    news = pd.DataFrame(dict(keys, policy_side=[1, -1, 1, 0, 1]))
+    inverted = pd.DataFrame(dict(keys, policy_side=[-1, 1, 1, -1, -1]))
+    out = opposite_share(news, inverted)
+    # e names no company: left out; a and b are opposite, c the same side, d one policy takes no side.
+    assert out == dict(share=0.5, headlines=4, share_where_both_take_a_side=round(2 / 3, 4), both_take_a_side=3)
