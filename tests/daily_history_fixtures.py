@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.ab_stats import comparisons_frame, paired_comparison
+from outcome_flywheel.daily_rl.ab_stats import comparisons_frame, paired_comparison, session_comparison, win_rate_comparison
+from outcome_flywheel.daily_rl.evaluation import sessions_of
 from outcome_flywheel.daily_rl.report import SUMMARY_COLUMNS
 from outcome_flywheel.storage import Warehouse
 
@@ -40,11 +41,6 @@ def history_tables(seed: int = 7) -> dict[str, pd.DataFrame]:
         base_structure = rng.normal(0.78, 0.05, HEADLINES)
         share_policy = rng.binomial(8, min(0.9, 0.3 + 0.08 * i), HEADLINES) / 8
         share_base = rng.binomial(8, 0.3, HEADLINES) / 8
-        frame = comparisons_frame([
-            paired_comparison("structure_score", policy_structure, base_structure),
-            paired_comparison("headline_company_share", share_policy, share_base),
-        ])
-        evals.append(frame.assign(date=day, status="complete", policy_version=version))
         for source in ("policy", "base"):
             for h in range(HEADLINES):
                 for k in range(2):
@@ -53,6 +49,16 @@ def history_tables(seed: int = 7) -> dict[str, pd.DataFrame]:
                     outcomes.append(dict(date=day, source=source, headline_id=f"{day}-h{h}", rollout_index=k, symbol="NVDA",
                                          side="long", status=status, vs_spy_pct=move if status == "matured" else np.nan,
                                          entry_date=day, look_ahead=False))
+        so_far = sessions_of(pd.DataFrame(outcomes).query("status == 'matured'")).assign(hit=lambda f: (f["vs_spy_pct"] > 0).astype(float))
+        wins = int(rng.binomial(HEADLINES, 0.5))
+        frame = comparisons_frame([
+            paired_comparison("structure_score", policy_structure, base_structure),
+            win_rate_comparison("judge_win_rate", wins, HEADLINES - wins),
+            *(session_comparison(metric, so_far[so_far["source"] == "policy"], so_far[so_far["source"] == "base"], value)
+              for metric, value in (("hit_rate", "hit"), ("mean_vs_spy_pct", "vs_spy_pct"))),
+            paired_comparison("headline_company_share", share_policy, share_base),
+        ])
+        evals.append(frame.assign(date=day, status="complete", policy_version=version))
         if day in PRICE_DAYS:
             j = PRICE_DAYS.index(day)
             trained = 2 * 8 * 3 + 8 * j

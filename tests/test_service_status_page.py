@@ -66,12 +66,15 @@ def test_the_status_page_shows_the_curves_as_pictures_with_alt_text(client, hist
 
 def test_the_status_tables_are_rounded_and_the_api_keeps_the_digits(client, history):
     page = client.get("/status").text
-    for table_id in ("daily-history", "daily-eval"):
+    for table_id in ("daily-history", "daily-history-vs-base", "daily-eval"):
         header, rows = _table(page, table_id)
         cells = [c for row in rows for c in row]
         assert cells and not [c for c in cells if not _rounded(c)], table_id
-    header, rows = _table(page, "daily-history")
-    by_day = {row[0]: dict(zip(header, row)) for row in rows}
+    by_day: dict = {}
+    for table_id in ("daily-history", "daily-history-vs-base"):
+        header, rows = _table(page, table_id)
+        for row in rows:
+            by_day.setdefault(row[0], {}).update(zip(header, row))
     report = history["daily_report"].set_index("date")
     day = DAYS[3]
     assert by_day[day]["mean structure"] == f"{report.loc[day, 'mean_structure']:.3f}"
