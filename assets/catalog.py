@@ -77,6 +77,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "judge_shown_tokens": ("int", "Tokens of the note the judge saw: its fair share of the judge's prompt budget."),
         "judge_truncated": ("bool", "The note was cut to fit the judge's prompt budget."),
         "human_signal": ("float", "People's thumbs/stars on the note in [0, 1] (note_feedback of the notes' day, mean), when it has any: the `human` reward signal."),
+        "relevance_signal": ("float", "1 if the call is on a company the headline names, 0 if not; empty when the headline names no known company: the `relevance` signal."),
     },
     "policy_training": {
         "date": ("string", "Partition day D."),

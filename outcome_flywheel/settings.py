@@ -33,6 +33,7 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_MIN_HEADLINES": "1",
     "FLYWHEEL_OUTCOME_HORIZON": "1",
     "FLYWHEEL_OUTCOME_COST_BPS": "10",
+    "FLYWHEEL_PRICE_MAX_STALENESS": "4",
     "FLYWHEEL_API_HOST": "127.0.0.1",
     "FLYWHEEL_API_PORT": "8765",
 }
@@ -161,6 +162,7 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_MARKET_DATA": one_of("file", "yfinance"),
     "FLYWHEEL_OUTCOME_HORIZON": integer(1, 60),
     "FLYWHEEL_OUTCOME_COST_BPS": Rule("a number >= 0 (basis points, round trip), e.g. 10", _non_negative_number),
+    "FLYWHEEL_PRICE_MAX_STALENESS": integer(0, 60),  # policy updates; the window is the longest price wait
     "FLYWHEEL_MIN_NEW_PAIRS": integer(1),
     "FLYWHEEL_TRAIN_COOLDOWN_S": integer(0),
     "FLYWHEEL_API_HOST": Rule(

@@ -125,7 +125,13 @@ def test_a_day_without_outcome_headlines_is_not_a_judgement(loop):
     assert set(scores["unusable_reason"]) == {"no outcome headlines"} and (scores["advantage"] == 0).all()
     assert (scores["judge_rounds_answered"] == 0).all()  # the judge was not asked
     info = json.loads((root / "checkpoints" / "policy" / DAYS[2] / "checkpoint.json").read_text())
-    assert not info["trained"] and info["examples"] == 0
+    # none of D-1's notes trained; what trained is only DAYS[0]'s notes, whose price matured on DAYS[2]
+    ledger = wh.read("reward_ledger", DAYS[2])
+    judged, matured = ledger[ledger["step"] == "judged"], ledger[ledger["step"] == "matured"]
+    assert len(judged) == 12 and (judged["status"] == "dropped").all() and set(judged["reason"]) == {"no outcome headlines"}
+    assert set(matured["note_date"]) == {DAYS[0]}
+    assert info["examples"] == int((matured["advantage"].abs() > 1e-8).sum())
+    assert info["trained"] == (info["examples"] > 0)
 
 
 def test_rollouts_of_another_policy_are_refused_before_training(loop):

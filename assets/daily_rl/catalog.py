@@ -60,7 +60,49 @@ _COMPARISON = {
     "look_ahead_days": ("string", "Those notes' days and why, after 'left out:' or 'included:'; empty when none."),
 }
 
+_LEDGER = {
+    "date": ("string", "Training day D: the run of daily_update that trained (or dropped) the note."),
+    "note_date": ("string", "The note's day (its rollouts partition)."),
+    "headline_id": ("string", "The note's headline."),
+    "rollout_index": ("int", "Which of the headline's notes."),
+    "step": ("string", "judged (immediate signals, the day after the note) or matured (price, when its outcome is known)."),
+    "signals": ("string", "Comma-separated reward signals this row trained the note on."),
+    "status": ("string", "trained or dropped; either way the note is settled for this step."),
+    "reason": ("string", "Why it was dropped (stale: N policy updates > limit; no_data: ...; the judge's unusable reason)."),
+    "policy_version": ("string", "D's parent: the policy the update started from (the one trained against)."),
+    "behavior_policy_version": ("string", "The checkpoint that sampled the note (its behaviour log-probs)."),
+    "staleness_updates": ("int", "Policy updates (weight changes) between the note's sampler and D's parent."),
+    "staleness_days": ("int", "Days between the note's day and D."),
+    "signal_value": ("float", "The price signal in [0, 1] (matured) or the immediate reward (judged)."),
+    "advantage": ("float", "The group-normalised advantage trained on (price part scaled by its weight share)."),
+    "is_ratio": ("float", "exp(mean_t(log pi_parent - log pi_behaviour)), before truncation; NaN when no gradient."),
+}
+
+_PRICE_TRAINING = {
+    "date": ("string", "Training day D."),
+    "price_groups_trained": ("int", "Headline groups trained on price at D."),
+    "price_groups_dropped": ("int", "Groups dropped at D (stale, or only no_data notes)."),
+    "price_notes_trained": ("int", "Notes trained on price at D."),
+    "price_notes_waiting": ("int", "Notes in groups still pending at D (they wait)."),
+    "price_notes_no_data": ("int", "Notes dropped for no_data (never trained on price)."),
+    "mean_price_reward": ("float", "Mean price signal of the notes trained on price at D."),
+    "staleness_min": ("float", "Least policy updates since sampling over the trained groups."),
+    "staleness_mean": ("float", "Mean of it over the trained groups."),
+    "staleness_max": ("float", "Most of it over the trained groups."),
+    "is_ratio_mean": ("float", "Mean sequence IS ratio pi_parent / pi_behaviour of the price examples (before truncation)."),
+    "is_ratio_p05": ("float", "Its 5th percentile."),
+    "is_ratio_p50": ("float", "Its median."),
+    "is_ratio_p95": ("float", "Its 95th percentile."),
+    "is_ratio_max": ("float", "Its largest value."),
+    "is_truncated_fraction": ("float", "Share of price examples whose IS ratio was above tis_cap (truncated)."),
+    "clip_fraction": ("float", "GSPO clip fraction of D's whole update (judged and matured examples)."),
+    "tis_cap": ("float", "The truncation cap C of the IS weight."),
+    "max_staleness": ("float", "The staleness limit in policy updates."),
+}
+
 EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
+    "reward_ledger": _LEDGER,
+    "price_training": _PRICE_TRAINING,
     "rollout_outcomes": {**_NOTE, **_CALL, **_OUTCOME},
     "policy_eval": _COMPARISON,
     "policy_preferences": {

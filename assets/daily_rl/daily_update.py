@@ -17,23 +17,34 @@ from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, column_names, table
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.gate import GateConfig
 from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.daily_rl.ledger import LEDGER_COLUMNS
 from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, SCORE_COLUMNS, position_bias
-from outcome_flywheel.daily_rl.rewards import REWARD_SIGNALS, RewardConfig
+from outcome_flywheel.daily_rl.matured import longest_wait_days
+from outcome_flywheel.daily_rl.rewards import REWARD_SIGNALS, PriceReward, RewardConfig
+from outcome_flywheel.daily_rl.training_record import PRICE_TRAINING_COLUMNS
 from outcome_flywheel.daily_rl.update import DailyUpdateError, DailyUpdateResult, DailyUpdateSettings, run_daily_update
 from outcome_flywheel.models import LoraSettings, ModelLoader
+from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.gspo_config import GSPOConfig
+from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
 from resources.settings import field_default, mirrored, set_fields
 
 KEYS = ("rollout_scores", "policy_checkpoint", "rollouts")
-PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)
+# The body reads D-1 (rollouts to score, the parent) and every earlier day whose notes' prices can
+# mature by D: the longest wait from a note's day to its exit close on the XNYS calendar. One mapping
+# per key (Dagster refuses two deps on one key); an asset backfill still runs the days in order.
+PRICE_WINDOW_DAYS = longest_wait_days(int(env("FLYWHEEL_OUTCOME_HORIZON")))
+EARLIER_DAYS = dg.TimeWindowPartitionMapping(start_offset=-PRICE_WINDOW_DAYS, end_offset=-1)
 
 _DESCRIPTIONS = {
     "rollout_scores": "Yesterday's rollouts scored against today's headlines: judge rank (iterative A-H selection), "
                       "rank reward, structure score, reward = 0.5/0.5 mix, group-normalised advantage, usable flag.",
-    "policy_checkpoint": "The policy of day D: yesterday's checkpoint trained with GSPO on today's usable scores "
-                         "(LoRA by default), saved under checkpoints/policy/D/ with `latest` moved atomically. Each day's "
-                         "training is recorded as one row of the table `policy_training` (its columns below).",
+    "policy_checkpoint": "The policy of day D: yesterday's checkpoint trained with GSPO on today's usable scores and on "
+                         "earlier days' notes whose price matured by D (truncated IS, staleness limit; LoRA by default), "
+                         "saved under checkpoints/policy/D/ with `latest` moved atomically. Each day's training is recorded "
+                         "as one row of the table `policy_training` (its columns below), what each note trained on in "
+                         "`reward_ledger` and the delayed step in `price_training`.",
     "rollouts": "Notes sampled by today's checkpoint for each of today's headlines (8 each by default; temperature 0.8, "
                 "top-p 0.95, top-k 50), with the sampled token ids and per-token behaviour log-probs at the sampling "
                 "temperature (log-softmax of logits / T, before top-k/top-p): the behaviour policy GSPO uses as pi_old.",
@@ -43,7 +54,7 @@ _DESCRIPTIONS = {
 # Column schema shown per key: the table each key writes (policy_checkpoint: its record `policy_training`).
 _TABLES = {
     "rollout_scores": table_metadata("rollout_scores", SCORE_COLUMNS),
-    "policy_checkpoint": table_metadata("policy_training", column_names("policy_training")),
+    "policy_checkpoint": table_metadata("policy_training", column_names("policy_training")),  # also writes reward_ledger, price_training
     "rollouts": table_metadata("rollouts", ROLLOUT_COLUMNS),
 }
 
@@ -71,15 +82,23 @@ class DailyUpdateConfig(dg.Config):
     gate_max_kl_to_parent: Optional[float] = mirrored(GateConfig, "max_kl_to_parent", optional=True)
     gate_max_probe_regression: Optional[float] = mirrored(GateConfig, "max_probe_regression", optional=True)
     gate_probe_headlines: Optional[int] = mirrored(GateConfig, "probe_headlines", optional=True)
+    price_scale_pct: Optional[float] = mirrored(PriceReward, "scale_pct", optional=True)
+    price_no_trade: Optional[float] = mirrored(PriceReward, "no_trade", optional=True)
+    price_unparseable: Optional[float] = mirrored(PriceReward, "unparseable", optional=True)
+    price_max_staleness: Optional[int] = mirrored(DailyUpdateSettings, "max_staleness")
+    tis_cap: Optional[float] = mirrored(GSPOConfig, "tis_cap", optional=True)
 
     def settings(self) -> DailyUpdateSettings:
         lora = None if self.full_fine_tune else LoraSettings(**{k: v for k, v in (("r", self.lora_r), ("alpha", self.lora_alpha)) if v is not None})
-        gspo = GSPOConfig(**set_fields(self, ("objective", "learning_rate", "batch_size", "epochs")), lora=lora)
+        gspo = GSPOConfig(**set_fields(self, ("objective", "learning_rate", "batch_size", "epochs", "tis_cap")), lora=lora)
+        price = PriceReward(**{k.removeprefix("price_"): v for k, v in set_fields(
+            self, ("price_scale_pct", "price_no_trade", "price_unparseable")).items()})
         reward = RewardConfig(**{k.removeprefix("reward_"): v for k, v in set_fields(self, ("reward_weights", "reward_clip_min", "reward_clip_max")).items()})
         gate = GateConfig(**{k.removeprefix("gate_"): v for k, v in set_fields(
             self, ("gate_enabled", "gate_max_kl_to_parent", "gate_max_probe_regression", "gate_probe_headlines")).items()})
         return DailyUpdateSettings(
             **set_fields(self, ("outcome_headlines_date", "rollouts_per_headline", "max_new_tokens")), gspo=gspo, reward=reward, gate=gate,
+            price=price, max_staleness=self.price_max_staleness,
         )
 
 
@@ -93,7 +112,7 @@ def _check(key: str, name: str, description: str) -> dg.AssetCheckSpec:
         dg.AssetSpec(
             # Every key has the same deps (an asset backfill refuses keys of different shapes): the day's
             # headlines, the base model (the first policy and the frozen judge), itself the day before.
-            key, deps=[dg.AssetDep("headlines"), dg.AssetDep("base_model"), dg.AssetDep(key, partition_mapping=PREVIOUS_DAY)],
+            key, deps=[dg.AssetDep("headlines"), dg.AssetDep("base_model"), dg.AssetDep(key, partition_mapping=EARLIER_DAYS)],
             partitions_def=daily_rl_partitions, group_name="daily_rl", description=_DESCRIPTIONS[key],
             kinds=MODEL_KINDS if key == "policy_checkpoint" else TABLE_KINDS, owners=OWNERS, metadata=_TABLES[key],
         )
@@ -120,10 +139,12 @@ def daily_update(
     warehouse: dg.ResourceParam[Warehouse],
     model_backend: dg.ResourceParam[ModelLoader],
     judge: dg.ResourceParam[Judge],
+    market_data: dg.ResourceParam[MarketData],
 ):
-    """Score yesterday's rollouts with the judge, train the policy with GSPO, generate today's rollouts."""
+    """Score yesterday's rollouts with the judge, train the policy with GSPO (on them and on earlier
+    notes whose price matured), generate today's rollouts."""
     try:
-        result = run_daily_update(warehouse, model_backend, judge, context.partition_key, config.settings())
+        result = run_daily_update(warehouse, model_backend, judge, context.partition_key, config.settings(), market_data)
     except (DailyUpdateError, ValueError) as err:  # ValueError: a bad run config (reward weights, gate thresholds)
         raise dg.Failure(str(err)) from err
     yield dg.MaterializeResult(asset_key="rollout_scores", metadata=scores_metadata(result, judge.describe(model_backend), config, judge))
@@ -188,6 +209,8 @@ def checkpoint_metadata(result: DailyUpdateResult) -> dict:
         "gate_kl_to_parent": _num(row["gate_kl_to_parent"], 6),
         "gate_probe_structure": _num(row["gate_probe_structure"]),
         "gate_probe_parent_structure": _num(row["gate_probe_parent_structure"]),
+        **{k: _num(v) if isinstance(v, float) else v for k, v in result.price_row.items() if k not in ("date", "clip_fraction")},
+        "reward_ledger_rows": len(result.ledger),
     })
 
 

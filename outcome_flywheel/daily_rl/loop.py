@@ -44,7 +44,7 @@ SCORE_COLUMNS = [
     "outcome_reward", "structure_score", "reward", "advantage", "usable", "unusable_reason", "judge_retries",
     "judge_fallback", "judge_rounds_answered", "judge_first_position", "judge_presentation", "judge_answers",
     "outcome_headlines_shown", "reward_weights", "reward_clip", "judge_note_tokens", "judge_shown_tokens",
-    "judge_truncated", "human_signal",
+    "judge_truncated", "human_signal", "relevance_signal",
 ]
 # How rollouts are sampled. `behavior_logprobs` are log-softmax(logits / temperature) of the
 # sampled tokens (before top-k / top-p), and GSPO trains at the same temperature.
@@ -219,6 +219,7 @@ def judge_inputs(rollouts: pd.DataFrame, outcome_titles: Sequence[str], select_o
 def score_table(
     inputs: ScoringInput, judgements: Sequence[GroupJudgement], day: str, prediction_date: str, outcome_date: str,
     reward: RewardConfig | None = None, human: Mapping[tuple[str, int], float] | None = None,
+    relevance: Mapping[tuple[str, int], float | None] | None = None,
 ) -> pd.DataFrame:
     """rollout_scores rows: rank -> rank reward, the configured weighted sum of the signals (default
     0.5 structure + 0.5 rank reward, clipped to [0, 1]), group advantages; every row records the
@@ -227,10 +228,12 @@ def score_table(
     Notes the judge never placed (it failed a round) share one rank reward (`rank_rewards`).
     Unusable groups (the judge never answered, or there was nothing to judge against) keep their
     rows with advantage 0 and the reason. `human`: (headline_id, rollout_index) -> the note's human
-    signal in [0, 1], for the notes people rated (the `human` reward signal).
+    signal in [0, 1], for the notes people rated (the `human` reward signal); `relevance`: the same key
+    -> the `relevance` signal, None where the headline names no known company.
     """
     reward_config = reward or RewardConfig()
     human = human or {}
+    relevance = relevance or {}
     recorded = reward_config.describe()
     rows = []
     for group, key, frame, judgement in zip(inputs.groups, inputs.keys, inputs.frames, judgements):
@@ -240,7 +243,9 @@ def score_table(
         structure = [float(s) for s in frame["structure_score"]]
         outcome = rank_rewards(judgement, rank_reward)
         people = [human.get((key, int(i))) for i in frame["rollout_index"]]
-        rewards = [reward_config.combine({"structure": s, "judge_rank": o, "human": h}) for s, o, h in zip(structure, outcome, people)]
+        on_topic = [relevance.get((key, int(i))) for i in frame["rollout_index"]]
+        rewards = [reward_config.combine({"structure": s, "judge_rank": o, "human": h, "relevance": r})
+                   for s, o, h, r in zip(structure, outcome, people, on_topic)]
         advantage = group_advantages(rewards) if judgement.usable else np.zeros(n)
         placed = set(judgement.picks)
         for k, rollout_index in enumerate(frame["rollout_index"]):
@@ -255,7 +260,7 @@ def score_table(
                 outcome_headlines_shown=json.dumps(group.outcome_headlines), **recorded,
                 judge_note_tokens=int(judgement.note_tokens[k]) if judgement.note_tokens else 0,
                 judge_shown_tokens=int(judgement.shown_tokens[k]) if judgement.shown_tokens else 0,
-                judge_truncated=judgement.truncated(k), human_signal=people[k],
+                judge_truncated=judgement.truncated(k), human_signal=people[k], relevance_signal=on_topic[k],
             ))
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 
@@ -298,23 +303,26 @@ def check_behaviour_policy(rollouts: pd.DataFrame, parent_version: str | None, p
         )
 
 
-def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_advantage: float = 1e-8) -> list:
-    """GSPO examples from the usable scored rollouts (zero-advantage ones carry no gradient)."""
+def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_advantage: float = 1e-8, with_keys: bool = False):
+    """GSPO examples from the usable scored rollouts (zero-advantage ones carry no gradient); with
+    `with_keys`, also each example's (note date, headline_id, rollout_index)."""
     from outcome_flywheel.models.gspo_config import GSPOExample
 
     if rollouts.empty or scores.empty:
-        return []
+        return ([], []) if with_keys else []
     merged = rollouts.merge(
         scores[["headline_id", "rollout_index", "advantage", "usable"]], on=["headline_id", "rollout_index"], how="inner"
     )
     merged = merged[merged["usable"] & (merged["advantage"].abs() > min_abs_advantage)]
-    merged = merged.sort_values(["headline_id", "rollout_index"])
-    return [
+    merged = merged[merged["response_ids"].map(len) > 0].sort_values(["headline_id", "rollout_index"])
+    examples = [
         GSPOExample(prompt=json.loads(r.prompt), response_ids=[int(t) for t in r.response_ids],
                     behavior_logprobs=[float(x) for x in r.behavior_logprobs], advantage=float(r.advantage))
         for r in merged.itertuples()
-        if len(r.response_ids)
     ]
+    if with_keys:
+        return examples, [(str(r.date), str(r.headline_id), int(r.rollout_index)) for r in merged.itertuples()]
+    return examples
 
 
 def kl_to_base(policy: "ModelBackend", rollouts: pd.DataFrame, base: "ModelBackend | None" = None) -> float:

@@ -4,8 +4,10 @@
 and the dated checkpoints and returns everything the asset reports (`DailyUpdateResult`). In order:
 
 1. score    rollouts(D-1) ranked by the judge against headlines(D) (or of the override day H)
-2. train    checkpoint(D-1) + GSPO on the usable scores of D -> a candidate, which the evaluation
-            gate (`gate.py`) accepts as checkpoint(D) or rejects (the parent's weights stay)
+1b. matured earlier days' notes whose price outcome is known by D, not yet trained on price
+            (`matured.py`; what trained is written to the `reward_ledger`, `ledger.py`)
+2. train    checkpoint(D-1) + GSPO on the usable scores of D and the matured notes -> a candidate,
+            which the evaluation gate (`gate.py`) accepts as checkpoint(D) or rejects
 3. generate 8 notes per headline of D from checkpoint(D)
 4. verify   the checkpoint on disk loads, writes text and gives the stored behaviour log-probs back;
             only then is it marked verified (the next day may train from it, `latest` moves)
@@ -23,13 +25,18 @@ import pandas as pd
 
 from outcome_flywheel.daily_rl.gate import GateConfig, GateResult, evaluate_update, not_trained
 from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.daily_rl.calls import calls_frame
 from outcome_flywheel.daily_rl.judging import is_permutation, stable_seed
+from outcome_flywheel.daily_rl.ledger import ledger_frame
 from outcome_flywheel.daily_rl.loop import (
-    SCORE_COLUMNS, UnverifiedCheckpoint, check_behaviour_policy, generate_rollouts, judge_inputs, kl_to_base, load_policy,
-    mark_verified, parent_checkpoint, previous_day, publish_checkpoint, quartiles, read_checkpoint, republish_parent,
-    sampling_temperature, score_table, training_examples,
+    ROLLOUT_SAMPLING, SCORE_COLUMNS, UnverifiedCheckpoint, check_behaviour_policy, generate_rollouts, judge_inputs,
+    kl_to_base, load_policy, mark_verified, parent_checkpoint, previous_day, publish_checkpoint, quartiles,
+    read_checkpoint, republish_parent, sampling_temperature, score_table, training_examples,
 )
-from outcome_flywheel.daily_rl.rewards import RewardConfig
+from outcome_flywheel.daily_rl.matured import MaturedBatch, MaturedConfig, collect_matured
+from outcome_flywheel.daily_rl.relevance import relevance_column
+from outcome_flywheel.daily_rl.rewards import PriceReward, RewardConfig
+from outcome_flywheel.daily_rl.training_record import judged_ledger, price_training_row
 from outcome_flywheel.feedback.curation import note_ratings
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.models.gspo_config import GSPOConfig
@@ -65,6 +72,15 @@ class DailyUpdateSettings:
     gspo: GSPOConfig = field(default_factory=GSPOConfig, metadata={"help": "The GSPO trainer's settings (seed and temperature are set per day)."})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "How each note's reward is made from its signals."})
     gate: GateConfig = field(default_factory=GateConfig, metadata={"help": "The evaluation gate's thresholds."})
+    price: PriceReward = field(default_factory=PriceReward, metadata={"help": "The price signal's transform and no_trade / unparseable values."})
+    max_staleness: int | None = field(default=None, metadata={"help": (
+        "Most policy updates between a matured note's sampler and D's parent; None = FLYWHEEL_PRICE_MAX_STALENESS, else 4.")})
+
+    def matured(self) -> MaturedConfig:
+        """The delayed step's settings: the price transform, the staleness limit, the outcome horizon and cost."""
+        stale = self.max_staleness if self.max_staleness is not None else int(env("FLYWHEEL_PRICE_MAX_STALENESS"))
+        return MaturedConfig(price=self.price, max_staleness=stale, horizon=int(env("FLYWHEEL_OUTCOME_HORIZON")),
+                             cost_bps=float(env("FLYWHEEL_OUTCOME_COST_BPS")))
 
     def sizes(self, models: ModelLoader) -> tuple[int, int]:
         """(rollouts per headline, max new tokens) after the environment and the model's defaults."""
@@ -86,6 +102,8 @@ class DailyUpdateResult:
     checkpoint: dict
     checkpoint_dir: str
     training_row: dict
+    price_row: dict
+    ledger: pd.DataFrame
     gspo: GSPOConfig
     trained: bool
     gate: GateResult
@@ -110,7 +128,7 @@ def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
 
 def score_previous_rollouts(
     warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, prediction_day: str, outcome_day: str,
-    prev_rollouts: pd.DataFrame, reward: RewardConfig | None = None,
+    prev_rollouts: pd.DataFrame, reward: RewardConfig | None = None, universe: set[str] | None = None,
 ) -> pd.DataFrame:
     """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines."""
     if prev_rollouts.empty:
@@ -121,7 +139,15 @@ def score_previous_rollouts(
     judge_backend = judge.load(models)
     inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
     judgements = judge.rank(judge_backend, inputs.groups)
-    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human_signals(warehouse, prediction_day))
+    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human_signals(warehouse, prediction_day),
+                       relevance_signals(prev_rollouts, universe))
+
+
+def relevance_signals(rollouts: pd.DataFrame, universe: set[str] | None) -> dict[tuple[str, int], float | None]:
+    """(headline_id, rollout_index) -> the `relevance` signal (None where the headline names no known company)."""
+    calls = calls_frame(rollouts[["headline_id", "rollout_index", "title", "summary", "response"]], universe)
+    values = relevance_column(calls)
+    return {(str(h), int(i)): (None if v != v else float(v)) for h, i, v in zip(calls["headline_id"], calls["rollout_index"], values)}
 
 
 def human_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, int], float]:
@@ -192,9 +218,11 @@ def describe_rewards(scores: pd.DataFrame) -> dict:
     }
 
 
-def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, settings: DailyUpdateSettings) -> DailyUpdateResult:
-    """Score yesterday's rollouts, train the policy with GSPO, generate today's rollouts, verify; write
-    `rollout_scores`, `rollouts`, `policy_training` and checkpoint D. Raises `DailyUpdateError`."""
+def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, settings: DailyUpdateSettings,
+                     market_data=None) -> DailyUpdateResult:
+    """Score yesterday's rollouts, take the matured notes of earlier days (with `market_data`), train
+    the policy with GSPO, generate today's rollouts, verify; write `rollout_scores`, `reward_ledger`,
+    `price_training`, `rollouts`, `policy_training` and checkpoint D. Raises `DailyUpdateError`."""
     prediction_day, outcome_day = outcome_day_for(day, settings.outcome_headlines_date)
     n_rollouts, max_new_tokens = settings.sizes(models)
     seed = models.seed
@@ -213,17 +241,24 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
         check_behaviour_policy(prev_rollouts, parent[1]["policy_version"] if parent else None, prediction_day)
     except ValueError as err:
         raise DailyUpdateError(str(err)) from err
-    scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts, settings.reward)
+    universe = market_data.universe() if market_data is not None else None
+    scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts, settings.reward, universe)
     warehouse.write("rollout_scores", scores, partition=day)
     timings["score_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
     parent_dir, parent_info = parent if parent else (None, None)
+    parent_version = parent_info["policy_version"] if parent_info else None
+    temperature = sampling_temperature(prev_rollouts) if len(prev_rollouts) else ROLLOUT_SAMPLING.temperature
+    matured = matured_notes(warehouse, market_data, day, parent_version, settings, temperature)
+    timings["matured_s"] = time.perf_counter() - started
     policy = load_policy(models, parent_dir, parent_info)
-    examples = training_examples(prev_rollouts, scores)
+    judged, judged_keys = training_examples(prev_rollouts, scores, with_keys=True)
+    examples = judged + matured.examples
     gspo = replace(
-        settings.gspo, seed=stable_seed(seed, day, "shuffle") % (2**31),
-        temperature=sampling_temperature(prev_rollouts) if examples else 1.0,
+        settings.gspo, seed=stable_seed(seed, day, "shuffle") % (2**31), temperature=temperature if examples else 1.0,
+        # notes sampled days ago need pi_old = the parent recomputed, for the truncated IS weight
+        old_logprobs="recompute" if matured.examples else settings.gspo.old_logprobs,
     )
     todays = warehouse.read("headlines", day)
     stats, gate = None, not_trained("nothing to train on" if parent_info else "first day: the base policy")
@@ -231,7 +266,14 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
         # LoRA init and anything random in the trainer draw from the framework's generator: a re-run repeats them.
         policy.framework.seed(stable_seed(seed, day, "train") % (2**31))
         stats = policy.train_gspo(examples, gspo)
-        policy, gate = gate_update(models, policy, parent, stats, prev_rollouts, scores, todays, settings.gate)
+        policy, gate = gate_update(models, policy, parent, stats, trained_notes(warehouse, prev_rollouts, scores, matured), todays, settings.gate)
+    is_ratios = dict(zip(judged_keys + matured.example_keys, stats.extra.get("is_ratio_by_example", []))) if stats else {}
+    ledger = ledger_frame(judged_ledger(day, prev_rollouts, scores, settings.reward, parent_version, is_ratios)
+                          + [{**row, "is_ratio": is_ratios.get((row["note_date"], row["headline_id"], row["rollout_index"]), np.nan)}
+                             for row in matured.ledger])
+    warehouse.write("reward_ledger", ledger, partition=day)
+    price_row = price_training_row(day, ledger, matured, stats, gspo, settings.matured().max_staleness if matured.window else None)
+    warehouse.write("price_training", pd.DataFrame([price_row]), partition=day)
     info = {
         "date": day, "parent_date": parent_info["date"] if parent_info else None,
         "parent_version": parent_info["policy_version"] if parent_info else None,
@@ -265,17 +307,39 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     return DailyUpdateResult(
         day=day, prediction_day=prediction_day, outcome_day=outcome_day, scores=scores, rollouts=rollouts,
         headlines=len(todays), checkpoint=info, checkpoint_dir=str(ckpt_root / day), training_row=training_row,
-        gspo=gspo, trained=stats is not None, gate=gate, n_rollouts=n_rollouts, max_new_tokens=max_new_tokens,
+        price_row=price_row, ledger=ledger, gspo=gspo, trained=stats is not None, gate=gate, n_rollouts=n_rollouts, max_new_tokens=max_new_tokens,
         timings=timings, checks=checks,
     )
 
 
-def gate_update(models, candidate, parent, stats, prev_rollouts, scores, todays, config: GateConfig):
+def matured_notes(warehouse: Warehouse, market_data, day: str, parent_version: str | None, settings: DailyUpdateSettings,
+                  temperature: float) -> MaturedBatch:
+    """The delayed step (`matured.py`), when the price signal is weighted and there is market data."""
+    reward = settings.reward
+    price_weight = float(reward.weights.get("price", 0.0))
+    if market_data is None or price_weight == 0.0:
+        return MaturedBatch()
+    immediate = reward.immediate()
+    scale = price_weight / sum(abs(float(w)) for k, w in immediate.weights.items() if k not in ("human", "relevance")) if immediate else 1.0
+    return collect_matured(warehouse, market_data, warehouse.path("checkpoints", "policy"), day, parent_version,
+                           settings.matured(), scale, temperature)
+
+
+def trained_notes(warehouse: Warehouse, prev_rollouts: pd.DataFrame, scores: pd.DataFrame, matured: MaturedBatch) -> pd.DataFrame:
+    """The rollout rows the update trained on: D-1's usable scored notes, then the matured notes."""
+    trained = prev_rollouts.merge(scores.loc[scores["usable"], ["headline_id", "rollout_index"]], on=["headline_id", "rollout_index"]) \
+        if len(scores) else prev_rollouts.iloc[:0]
+    keys = set(matured.example_keys)
+    older = [f[[(d, h, int(i)) in keys for d, h, i in zip(f["date"], f["headline_id"], f["rollout_index"])]]
+             for f in (warehouse.read("rollouts", d) for d in sorted({k[0] for k in keys}))]
+    return pd.concat([trained, *older], ignore_index=True) if older else trained
+
+
+def gate_update(models, candidate, parent, stats, trained_on, todays, config: GateConfig):
     """(the policy D's checkpoint holds, the gate's verdict): the candidate, or the parent reloaded when rejected."""
     parent_dir, parent_info = parent
     if not config.enabled:
         return candidate, GateResult("accepted", "gate disabled (run config gate_enabled=false)")
-    trained_on = prev_rollouts.merge(scores.loc[scores["usable"], ["headline_id", "rollout_index"]], on=["headline_id", "rollout_index"])
     parent_policy = load_policy(models, parent_dir, parent_info)
     try:
         gate = evaluate_update(candidate, parent_policy, stats, trained_on, todays, config)
