@@ -84,7 +84,7 @@ def test_the_status_tables_are_rounded_and_the_api_keeps_the_digits(client, hist
     assert by_day[PENDING_DAYS[-1]]["policy hit rate"] == "—"  # pending calls: no hit rate yet
     api = {r["date"]: r for r in client.get("/api/rl/history").json()["daily_rl"]}
     assert api[day]["mean_structure"] == pytest.approx(report.loc[day, "mean_structure"], abs=1e-12)
-    assert {"policy_hit_rate", "base_hit_rate", "mean_price_reward", "staleness_mean", "price_clip_fraction"} <= set(api[day])
+    assert {"policy_hit_rate", "base_hit_rate", "mean_price_reward", "staleness_mean", "clip_fraction"} <= set(api[day])
 
 
 def test_figures_are_drawn_once_per_state_of_their_tables(world, history, monkeypatch):

@@ -111,7 +111,7 @@ def over_days_markdown(frame: pd.DataFrame) -> str:
     header = "| " + " | ".join(OVER_DAYS_COLUMNS.values()) + " |\n|" + " --- |" * len(OVER_DAYS_COLUMNS) + "\n"
     rows = "".join("| " + " | ".join(_cell(r[c], c) for c in OVER_DAYS_COLUMNS) + " |\n" for _, r in recent.iterrows())
     return ("**Over days**: the price step of each training day (mean price reward of the notes it trained on price, "
-            "staleness in policy updates, GSPO clip fraction, share of IS ratios truncated at the cap) and the hit rate "
+            "staleness in policy updates, GSPO clip fraction of the day's update, share of IS ratios truncated at the cap) and the hit rate "
             "of each day's matured calls (a plain share; the A/B below pools sessions and gives the interval).\n\n"
             + header + rows)
 

@@ -214,7 +214,7 @@ def price_reward_figure(price: pd.DataFrame) -> bytes:
 def off_policy_figure(price: pd.DataFrame) -> bytes:
     """Left: staleness (policy updates between a note's sampler and the day's parent) of the groups trained on
     price, mean with a min-max band, and the limit past which groups are dropped. Right: the share of sequences
-    whose IS ratio hit the TIS cap and the GSPO clip fraction of the day's price step."""
+    whose IS ratio hit the TIS cap, and the GSPO clip fraction of the day's whole update (judged and matured notes)."""
     fig = Figure(figsize=(12, 3.1))
     left, right = fig.subplots(1, 2)
     x = _dates(price)
@@ -229,7 +229,7 @@ def off_policy_figure(price: pd.DataFrame) -> bytes:
             top = max(top, float(limit.iloc[-1]))
         left.set_ylim(0, top * 1.35)  # room for the legend above the curves
         left.legend(fontsize=8, loc="upper left")
-        right.plot(x, _column(price, "clip_fraction"), "o-", color="C1", label="clip fraction")
+        right.plot(x, _column(price, "clip_fraction"), "o-", color="C1", label="clip fraction (the day's GSPO update)")
         right.plot(x, _column(price, "is_truncated_fraction"), "s--", color="C6", label="IS ratio truncated (at the cap)")
         right.legend(fontsize=8, loc="upper left")
     else:

@@ -48,13 +48,13 @@ def daily_status(warehouse) -> dict[str, Any]:
 
 
 PRICE_HISTORY = {"mean_price_reward": "mean_price_reward", "price_notes_trained": "price_notes_trained",
-                 "staleness_mean": "staleness_mean", "clip_fraction": "price_clip_fraction"}  # price_training -> history
+                 "staleness_mean": "staleness_mean", "clip_fraction": "clip_fraction"}  # price_training -> history
 
 
 def daily_history(warehouse) -> list[dict[str, Any]]:
     """One row per day: mean reward, GSPO loss, KL to the base, the gate, structure of policy and base, the hit
     rate of the day's matured calls (policy, base), and the delayed price step (mean price reward, notes trained on
-    price, mean staleness, its clip fraction)."""
+    price, mean staleness, the GSPO clip fraction of the day's update)."""
     report = warehouse.read_all("daily_report")
     training = warehouse.read_all("policy_training")
     if report.empty and training.empty:
@@ -126,7 +126,7 @@ def _alts(report: pd.DataFrame, hits: pd.DataFrame, price: pd.DataFrame) -> dict
 
 FIGURE_TITLES = {
     "reward": "Reward and structure per day", "kl": "KL to the base model", "hit_rate": "Hit rate of each day's calls, policy vs base",
-    "price": "Price reward per training day", "off_policy": "Staleness and clip fraction of the price step",
+    "price": "Price reward per training day", "off_policy": "Staleness of the price step and the update's clip fraction",
 }
 
 
@@ -151,7 +151,7 @@ def _draw(warehouse) -> list[dict[str, Any]]:
 
 def daily_figures(warehouse, cache_size: int = 4) -> list[dict[str, Any]]:
     """The status page's figures (name, title, alt text, PNG bytes): reward and structure, KL to the base, the hit
-    rate of each day's calls, the price reward, staleness and clip fraction of the price step. Drawn once per state
+    rate of each day's calls, the price reward, the price step's staleness and the update's clip fraction. Drawn once per state
     of the tables they read (their files' names, sizes and times), so a page view does not redraw unchanged
     figures. Empty when nothing has been reported or trained on price yet."""
     try:
