@@ -315,3 +315,25 @@ def test_the_share_needs_headlines_that_name_a_company():
     row = _share(few, few.assign(response="Trade Recommendation: Buy XOM."))
     assert row["n"] == 2 and row["label"] == "not enough data" and row["ci_low"] != row["ci_low"]
     assert row["policy"] == 1.0 and row["base"] == 0.0
+
+
+def test_the_report_of_a_real_run_shows_the_price_step_and_the_hit_rates(days):
+    """On the three days run above: the Friday's report holds the price step of that day as `price_training`
+    recorded it (the Wednesday's notes matured on Friday), the hit rate of the Wednesday's calls as
+    `rollout_outcomes` gives it, and the curves inline; the bundled real prices are named as such."""
+    root, res, results = days
+    wh = res["warehouse"]
+    report = results[DAYS[2]].asset_materializations_for_node("daily_report")[0].metadata["report"].value
+    price = wh.read("price_training", DAYS[2])
+    assert len(price) == 1 and price["price_notes_trained"].iloc[0] > 0
+    row = next(line for line in report.splitlines() if line.startswith(f"| {DAYS[2]} |") and line.count("|") == 12)
+    assert f"| {price['mean_price_reward'].iloc[0]:.3f} | {int(price['price_notes_trained'].iloc[0])} |" in row
+    outcomes = wh.read("rollout_outcomes", DAYS[0])
+    matured = outcomes[(outcomes["status"] == "matured") & (outcomes["source"] == "policy")]
+    first = next(line for line in report.splitlines() if line.startswith(f"| {DAYS[0]} |") and line.count("|") == 12)
+    assert f"| {(matured['vs_spy_pct'] > 0).mean():.3f} |" in first and first.rstrip(" |").endswith(str(len(matured)))
+    for title in ("Hit rate of each day's calls", "Price reward per training day", "Staleness, clip fraction"):
+        assert f"![{title}" in report
+    assert "bundled real closes" in report
+    for name in ("hit_rate", "price", "off_policy"):
+        assert (root / "reports" / "daily_rl" / DAYS[2] / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
