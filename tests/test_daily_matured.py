@@ -116,3 +116,14 @@ def test_matured_batch_drops_notes_sampled_at_another_temperature():
     batch = matured_batch(notes, _outcomes(["matured"] * 4, [1.0, -1.0, 0.0, 2.0], ["ok"] * 4), "2025-11-11",
                           "2025-11-10@aaa", {}, MaturedConfig(), 1.0, 0.8)
     assert not batch.examples and all("temperature" in r["reason"] for r in batch.ledger)
+
+
+def test_the_catalog_describes_the_ledger_and_price_training_columns_in_order():
+    from assets.catalog import COLUMNS
+    from outcome_flywheel.daily_rl.ledger import LEDGER_COLUMNS
+    from outcome_flywheel.daily_rl.loop import SCORE_COLUMNS
+    from outcome_flywheel.daily_rl.training_record import PRICE_TRAINING_COLUMNS
+
+    assert list(COLUMNS["reward_ledger"]) == LEDGER_COLUMNS
+    assert list(COLUMNS["price_training"]) == PRICE_TRAINING_COLUMNS
+    assert set(SCORE_COLUMNS) <= set(COLUMNS["rollout_scores"])

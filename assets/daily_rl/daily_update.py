@@ -17,11 +17,9 @@ from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, column_names, table
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.gate import GateConfig
 from outcome_flywheel.daily_rl.judge import Judge
-from outcome_flywheel.daily_rl.ledger import LEDGER_COLUMNS
 from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, SCORE_COLUMNS, position_bias
 from outcome_flywheel.daily_rl.matured import longest_wait_days
 from outcome_flywheel.daily_rl.rewards import REWARD_SIGNALS, PriceReward, RewardConfig
-from outcome_flywheel.daily_rl.training_record import PRICE_TRAINING_COLUMNS
 from outcome_flywheel.daily_rl.update import DailyUpdateError, DailyUpdateResult, DailyUpdateSettings, run_daily_update
 from outcome_flywheel.models import LoraSettings, ModelLoader
 from outcome_flywheel.market_data import MarketData

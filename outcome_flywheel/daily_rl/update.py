@@ -1,4 +1,6 @@
-"""One day of the daily loop, end to end, as plain functions: score, train, generate, verify.
+"""One day of the daily loop, end to end: score (`scoring.py`), matured (`matured.py`), train (here,
+with the gate of `gate.py`), generate (`loop.py`), verify (`verify.py`); the ledger (`ledger.py`,
+`training_record.py`).
 
 `run_daily_update` is what the `daily_update` multi-asset calls; it reads and writes the warehouse
 and the dated checkpoints and returns everything the asset reports (`DailyUpdateResult`). In order:
@@ -15,7 +17,6 @@ and the dated checkpoints and returns everything the asset reports (`DailyUpdate
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field, replace
 from datetime import date
@@ -25,33 +26,26 @@ import pandas as pd
 
 from outcome_flywheel.daily_rl.gate import GateConfig, GateResult, evaluate_update, not_trained
 from outcome_flywheel.daily_rl.judge import Judge
-from outcome_flywheel.daily_rl.calls import calls_frame
-from outcome_flywheel.daily_rl.judging import is_permutation, stable_seed
+from outcome_flywheel.daily_rl.judging import stable_seed
 from outcome_flywheel.daily_rl.ledger import ledger_frame
 from outcome_flywheel.daily_rl.loop import (
-    ROLLOUT_SAMPLING, SCORE_COLUMNS, UnverifiedCheckpoint, check_behaviour_policy, generate_rollouts, judge_inputs,
-    kl_to_base, load_policy, mark_verified, parent_checkpoint, previous_day, publish_checkpoint, quartiles,
-    read_checkpoint, republish_parent, sampling_temperature, score_table, training_examples,
+    ROLLOUT_SAMPLING, UnverifiedCheckpoint, check_behaviour_policy, generate_rollouts, kl_to_base, load_policy,
+    parent_checkpoint, previous_day, publish_checkpoint, quartiles, republish_parent, sampling_temperature,
+    training_examples,
 )
 from outcome_flywheel.daily_rl.matured import MaturedBatch, MaturedConfig, collect_matured
-from outcome_flywheel.daily_rl.relevance import relevance_column
 from outcome_flywheel.daily_rl.rewards import PriceReward, RewardConfig
+from outcome_flywheel.daily_rl.scoring import DailyUpdateError, score_previous_rollouts
 from outcome_flywheel.daily_rl.training_record import judged_ledger, price_training_row
-from outcome_flywheel.feedback.curation import note_ratings
+from outcome_flywheel.daily_rl.verify import behavior_logprob_gap, verify_day  # noqa: F401  (behavior_logprob_gap re-exported)
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.models.gspo_config import GSPOConfig
-from outcome_flywheel.models.prompts import trading_note_messages
-from outcome_flywheel.models.sampling import logprob_tolerance as logprob_tolerance_for
 from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
 
 TINY_LOCAL_MAX_NEW_TOKENS = 160  # tiny-local's notes end within ~80 tokens
 DEFAULT_ROLLOUTS_PER_HEADLINE = 8
 DEFAULT_MAX_NEW_TOKENS = 512
-
-
-class DailyUpdateError(ValueError):
-    """The day cannot be updated as asked (bad override date, missing headlines, unverified parent...)."""
 
 
 @dataclass
@@ -124,98 +118,6 @@ def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
     if outcome_day <= prediction_day:
         raise DailyUpdateError(f"outcome headlines ({outcome_day}) must come after the predictions ({prediction_day})")
     return prediction_day, outcome_day
-
-
-def score_previous_rollouts(
-    warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, prediction_day: str, outcome_day: str,
-    prev_rollouts: pd.DataFrame, reward: RewardConfig | None = None, universe: set[str] | None = None,
-) -> pd.DataFrame:
-    """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines."""
-    if prev_rollouts.empty:
-        return pd.DataFrame(columns=SCORE_COLUMNS)
-    if not warehouse.exists("headlines", outcome_day):
-        raise DailyUpdateError(f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first")
-    outcome_titles = list(warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
-    judge_backend = judge.load(models)
-    inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
-    judgements = judge.rank(judge_backend, inputs.groups)
-    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human_signals(warehouse, prediction_day),
-                       relevance_signals(prev_rollouts, universe))
-
-
-def relevance_signals(rollouts: pd.DataFrame, universe: set[str] | None) -> dict[tuple[str, int], float | None]:
-    """(headline_id, rollout_index) -> the `relevance` signal (None where the headline names no known company)."""
-    calls = calls_frame(rollouts[["headline_id", "rollout_index", "title", "summary", "response"]], universe)
-    values = relevance_column(calls)
-    return {(str(h), int(i)): (None if v != v else float(v)) for h, i, v in zip(calls["headline_id"], calls["rollout_index"], values)}
-
-
-def human_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, int], float]:
-    """(headline_id, rollout_index) -> mean human score of the notes people rated, from
-    note_feedback(D-1) as it stands when D is scored (no declared dependency: note_feedback reads
-    rollouts, so a declared one would close a cycle; re-run D to take later feedback in)."""
-    if not warehouse.exists("note_feedback", prediction_day):
-        return {}
-    ratings = note_ratings(warehouse.read("note_feedback", prediction_day))
-    return {(str(h), int(i)): float(v) for h, i, v in zip(ratings["headline_id"], ratings["rollout_index"], ratings["rating"])}
-
-
-def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
-    """Largest per-rollout mean |stored behaviour log-prob - log-prob under `policy`| (teacher forced
-    at the sampling temperature, as they were stored)."""
-    prompts = [json.loads(p) for p in rollouts["prompt"]]
-    responses = [list(r) for r in rollouts["response_ids"]]
-    forced = policy.response_logprobs(prompts, responses, temperature=sampling_temperature(rollouts))
-    gaps = [float(np.mean(np.abs(np.asarray(b, dtype=np.float64) - f))) for b, f in zip(rollouts["behavior_logprobs"], forced) if len(f)]
-    return max(gaps, default=0.0)
-
-
-def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.DataFrame, rollouts: pd.DataFrame) -> dict[str, dict]:
-    """The four checks of `daily_update`, each {passed, metadata}; marks the checkpoint verified when all pass."""
-    ckpt_root = warehouse.path("checkpoints", "policy")
-    ranks_ok = all(is_permutation(list(g["rank"])) for _, g in scores.groupby("headline_id")) if len(scores) else True
-    rewards_ok = rewards_in_range(scores)
-    on_disk = read_checkpoint(ckpt_root / day) or {}
-    own_version = bool(len(rollouts) == 0 or (rollouts["policy_version"] == on_disk.get("policy_version")).all())
-    reloaded = load_policy(models, ckpt_root / day, on_disk)
-    probe = reloaded.greedy([trading_note_messages("Apple beats quarterly estimates", "")], max_new_tokens=12)[0]
-    # The weights on disk, not just the label: they must give the stored behaviour log-probs back.
-    logprob_gap = behavior_logprob_gap(reloaded, rollouts.head(8)) if len(rollouts) else 0.0
-    logprob_tolerance = logprob_tolerance_for(getattr(reloaded, "dtype", "float32"))
-    del reloaded
-    checks = {
-        "ranks_are_permutations": {"passed": bool(ranks_ok), "metadata": {}},
-        "rewards_in_range": {"passed": rewards_ok, "metadata": describe_rewards(scores)},
-        "loads_and_generates": {"passed": bool(probe.strip()), "metadata": {"sample": probe[:200]}},
-        "generated_by_own_checkpoint": {
-            "passed": bool(own_version and logprob_gap <= logprob_tolerance),
-            "metadata": {"checkpoint_version": str(on_disk.get("policy_version")), "version_matches": own_version,
-                         "max_mean_abs_logprob_gap": float(logprob_gap), "tolerance": logprob_tolerance},
-        },
-    }
-    if all(c["passed"] for c in checks.values()):
-        mark_verified(ckpt_root, day)  # only now may the next day train from it, and `latest` move
-    return checks
-
-
-def rewards_in_range(scores: pd.DataFrame) -> bool:
-    """Every signal in [0, 1] and every reward inside the clip range its row records."""
-    if not len(scores):
-        return True
-    signals = scores[["structure_score", "outcome_reward"]]
-    clip = np.array([json.loads(c) for c in scores["reward_clip"]], dtype=np.float64)
-    reward = scores["reward"].to_numpy(dtype=np.float64)
-    return bool(((signals >= 0) & (signals <= 1)).all().all() and ((reward >= clip[:, 0]) & (reward <= clip[:, 1])).all())
-
-
-def describe_rewards(scores: pd.DataFrame) -> dict:
-    if not len(scores):
-        return {}
-    rewards = scores["reward"]
-    return {
-        "n": int(len(rewards)), "avg": round(float(rewards.mean()), 4), "min": round(float(rewards.min()), 4),
-        "max": round(float(rewards.max()), 4), "negatives": int((rewards < 0).sum()),
-    }
 
 
 def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, settings: DailyUpdateSettings,

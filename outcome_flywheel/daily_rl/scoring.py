@@ -1,0 +1,54 @@
+"""Step 1 of a day: score D-1's notes. The judge ranks each headline's notes against the outcome
+day's headlines; with the structure score, people's ratings (`human`) and whether the call is on the
+headline's company (`relevance`) that makes the immediate reward (`loop.score_table`)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from outcome_flywheel.daily_rl.calls import calls_frame
+from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.daily_rl.loop import SCORE_COLUMNS, judge_inputs, score_table
+from outcome_flywheel.daily_rl.relevance import relevance_column
+from outcome_flywheel.daily_rl.rewards import RewardConfig
+from outcome_flywheel.feedback.curation import note_ratings
+from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.storage import Warehouse
+
+
+class DailyUpdateError(ValueError):
+    """The day cannot be updated as asked (bad override date, missing headlines, unverified parent...)."""
+
+
+def score_previous_rollouts(
+    warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, prediction_day: str, outcome_day: str,
+    prev_rollouts: pd.DataFrame, reward: RewardConfig | None = None, universe: set[str] | None = None,
+) -> pd.DataFrame:
+    """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines."""
+    if prev_rollouts.empty:
+        return pd.DataFrame(columns=SCORE_COLUMNS)
+    if not warehouse.exists("headlines", outcome_day):
+        raise DailyUpdateError(f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first")
+    outcome_titles = list(warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
+    judge_backend = judge.load(models)
+    inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
+    judgements = judge.rank(judge_backend, inputs.groups)
+    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human_signals(warehouse, prediction_day),
+                       relevance_signals(prev_rollouts, universe))
+
+
+def relevance_signals(rollouts: pd.DataFrame, universe: set[str] | None) -> dict[tuple[str, int], float | None]:
+    """(headline_id, rollout_index) -> the `relevance` signal (None where the headline names no known company)."""
+    calls = calls_frame(rollouts[["headline_id", "rollout_index", "title", "summary", "response"]], universe)
+    values = relevance_column(calls)
+    return {(str(h), int(i)): (None if v != v else float(v)) for h, i, v in zip(calls["headline_id"], calls["rollout_index"], values)}
+
+
+def human_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, int], float]:
+    """(headline_id, rollout_index) -> mean human score of the notes people rated, from
+    note_feedback(D-1) as it stands when D is scored (no declared dependency: note_feedback reads
+    rollouts, so a declared one would close a cycle; re-run D to take later feedback in)."""
+    if not warehouse.exists("note_feedback", prediction_day):
+        return {}
+    ratings = note_ratings(warehouse.read("note_feedback", prediction_day))
+    return {(str(h), int(i)): float(v) for h, i, v in zip(ratings["headline_id"], ratings["rollout_index"], ratings["rating"])}
