@@ -6,6 +6,7 @@ from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
 from outcome_flywheel.daily_rl.feed_source import FeedSource
 from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.settings import SAMPLE_DATA
 from outcome_flywheel.storage import Warehouse
@@ -24,6 +25,7 @@ def _resources(root, feeds: FeedSource) -> dict:
         model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
         feeds=feeds,
         judge=Judge(),
+        market_data=MarketData(data_dir=str(root)),
     )
 
 
