@@ -332,7 +332,7 @@ def test_the_report_of_a_real_run_shows_the_price_step_and_the_hit_rates(days):
     matured = outcomes[(outcomes["status"] == "matured") & (outcomes["source"] == "policy")]
     first = next(line for line in report.splitlines() if line.startswith(f"| {DAYS[0]} |") and line.count("|") == 12)
     assert f"| {(matured['vs_spy_pct'] > 0).mean():.3f} |" in first and first.rstrip(" |").endswith(str(len(matured)))
-    for title in ("Hit rate of each day's calls", "Price reward per training day", "Staleness, clip fraction"):
+    for title in ("Hit rate of each day's calls", "Price reward per training day", "Staleness and truncated IS ratio"):
         assert f"![{title}" in report
     assert "bundled real closes" in report
     for name in ("hit_rate", "price", "off_policy"):

@@ -66,7 +66,7 @@ def test_the_report_holds_price_reward_staleness_clip_fraction_and_hit_rates_ove
     assert _table_row(markdown, PENDING_DAYS[-1], "day | price reward")["hit rate policy"] == "–"
     # the curves, inline and on disk, each with its title as alt text
     for name, title in (("hit_rate", "Hit rate of each day's calls, policy vs base"), ("price", "Price reward per training day"),
-                        ("off_policy", "Staleness, clip fraction and truncated IS ratio of the price step")):
+                        ("off_policy", "Staleness and truncated IS ratio of the price step, clip fraction of the update")):
         inline = re.search(rf"!\[{re.escape(title)}\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", markdown)
         assert inline, name
         on_disk = (root / "reports" / "daily_rl" / DAYS[-1] / f"{name}.png").read_bytes()

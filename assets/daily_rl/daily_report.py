@@ -26,7 +26,7 @@ REPORT_DAYS = 7
 FIGURE_TITLES = {
     "reward": "Reward and structure", "kl": "KL to the base model", "pass_through": "Judge pass-through",
     "ab": "Policy vs base", "equity": "Back-test equity", "hit_rate": "Hit rate of each day's calls, policy vs base",
-    "price": "Price reward per training day", "off_policy": "Staleness, clip fraction and truncated IS ratio of the price step",
+    "price": "Price reward per training day", "off_policy": "Staleness and truncated IS ratio of the price step, clip fraction of the update",
 }
 
 

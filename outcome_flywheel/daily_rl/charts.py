@@ -239,7 +239,7 @@ def off_policy_figure(price: pd.DataFrame) -> bytes:
     left.set_title("Staleness of the groups trained on price", fontsize=10)
     right.set_ylim(-0.02, 1.02) if not len(price) else right.set_ylim(-0.02, 1.15)
     right.set_ylabel("share of sequences")
-    right.set_title("Clip fraction and truncated IS ratio", fontsize=10)
+    right.set_title("Clip fraction of the update, IS ratio truncated in the price step", fontsize=10)
     for ax in (left, right):
         _date_axis(ax, x)
     return png(fig)
