@@ -162,7 +162,8 @@ def test_definitions_shape_and_schedule():
         by_key = {d.asset_key.to_user_string(): d for d in deps}
         assert set(by_key) == {"headlines", "base_model", key}
         mapping = by_key[key].partition_mapping
-        assert isinstance(mapping, dg.TimeWindowPartitionMapping) and (mapping.start_offset, mapping.end_offset) == (-1, -1)
+        # D-1 and every earlier day whose notes' prices can mature by D (6 days for the default horizon of 1)
+        assert isinstance(mapping, dg.TimeWindowPartitionMapping) and (mapping.start_offset, mapping.end_offset) == (-6, -1)
     assert daily_update.can_subset is False
     assert daily_rl_schedule.cron_schedule == "0 6 * * *"
     assert daily_rl_schedule.execution_timezone == "America/New_York"
