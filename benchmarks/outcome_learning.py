@@ -178,8 +178,7 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
     started = time.perf_counter()
     for kind in worlds:
         results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate, max_new_tokens)
-    for kind in worlds:
-        print_world(results[kind])
+        print_world(results[kind])  # as each world ends: a long run stopped early keeps what it has
     opposite = None
     if "news" in results and "inverted" in results:
         opposite = opposite_share(results["news"]["held_out"]["sides"], results["inverted"]["held_out"]["sides"])
