@@ -177,11 +177,12 @@ def test_rollout_pairs_are_exported_with_their_sidecar(days):
 def test_reward_weights_are_run_config_and_recorded(days):
     root, res, _ = days
     wh = res["warehouse"]
-    config = {**SMALL, "reward_weights": {"structure": 1.0}, "reward_clip_max": 0.9}
+    # price stays weighted: the immediate reward leaves it out, and DAYS[2]'s price step stays as the report test reads it
+    config = {**SMALL, "reward_weights": {"structure": 1.0, "price": 0.5}, "reward_clip_max": 0.9}
     assert _run(res, DAYS[2], config).success
     scores = wh.read("rollout_scores", DAYS[2])
     assert (scores["reward"] == scores["structure_score"].clip(upper=0.9)).all()
-    assert set(scores["reward_weights"]) == {json.dumps({"structure": 1.0})} and set(scores["reward_clip"]) == {"[0.0, 0.9]"}
+    assert set(scores["reward_weights"]) == {json.dumps({"price": 0.5, "structure": 1.0})} and set(scores["reward_clip"]) == {"[0.0, 0.9]"}
     bad = _run(res, DAYS[2], {**SMALL, "reward_weights": {"profit": 1.0}}, raise_on_error=False)
     assert not bad.success
     failure = [e for e in bad.all_events if e.is_step_failure][0]
