@@ -123,9 +123,12 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
     for i, day in enumerate(days):
         t0 = time.perf_counter()
         phase = "train" if i < train_days else "held_out"
+        # Held out: learning rate 0 freezes the weights, and without the price weight the delayed step
+        # (which could only train at learning rate 0) is skipped rather than computed for nothing.
+        day_weights = weights if phase == "train" else {k: v for k, v in weights.items() if k != "price"}
         config = {"ops": {"daily_update": {"config": {
             "objective": "gspo", "learning_rate": learning_rate if phase == "train" else 0.0,
-            "max_new_tokens": max_new_tokens, "reward_weights": weights}}}}
+            "max_new_tokens": max_new_tokens, "reward_weights": day_weights}}}}
         result = dg.materialize(DAILY_RL_ASSETS, partition_key=day, resources=res, run_config=config)
         assert result.success, f"{kind} {day} failed"
         sides = company_sides(warehouse, [day])
@@ -214,9 +217,14 @@ def main() -> None:
     parser.add_argument("--reward-weights", default=json.dumps(DEFAULT_WEIGHTS), help="JSON object, signal -> weight")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the box is shared)")
     parser.add_argument("--out-dir", default=None, help="where the worlds and their data dirs go (default: a temp folder)")
     args = parser.parse_args()
+    import torch
+
     from outcome_flywheel.cli import quiet_libraries
+
+    torch.set_num_threads(args.threads)  # on a shared box, more threads than free cores slow every step down
 
     quiet_libraries()  # no progress bars or library warnings between the figures
     worlds = tuple(w.strip() for w in args.worlds.split(",") if w.strip())
