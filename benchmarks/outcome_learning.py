@@ -104,7 +104,7 @@ def held_out_summary(warehouse, held: list[str]) -> dict:
 
 
 def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines: int, seed: int, move_pct: float,
-              noise_pct: float, weights: dict, learning_rate: float, max_new_tokens: int) -> dict:
+              noise_pct: float, weights: dict, learning_rate: float, max_new_tokens: int, epochs: int = 1) -> dict:
     import dagster as dg
 
     from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world, write_world
@@ -127,7 +127,7 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
         # (which could only train at learning rate 0) is skipped rather than computed for nothing.
         day_weights = weights if phase == "train" else {k: v for k, v in weights.items() if k != "price"}
         config = {"ops": {"daily_update": {"config": {
-            "objective": "gspo", "learning_rate": learning_rate if phase == "train" else 0.0,
+            "objective": "gspo", "learning_rate": learning_rate if phase == "train" else 0.0, "epochs": epochs,
             "max_new_tokens": max_new_tokens, "reward_weights": day_weights}}}}
         result = dg.materialize(DAILY_RL_ASSETS, partition_key=day, resources=res, run_config=config)
         assert result.success, f"{kind} {day} failed"
@@ -171,7 +171,7 @@ def print_world(w: dict) -> None:
 
 def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8, seed: int = 0, move_pct: float = 2.0,
         noise_pct: float = 1.0, weights: dict | None = None, learning_rate: float = 2e-3, max_new_tokens: int = 128,
-        out_dir: str | None = None) -> dict:
+        out_dir: str | None = None, epochs: int = 1) -> dict:
     if not 0 < train_days < days:
         raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
     weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
@@ -180,7 +180,7 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
     results = {}
     started = time.perf_counter()
     for kind in worlds:
-        results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate, max_new_tokens)
+        results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate, max_new_tokens, epochs)
         print_world(results[kind])  # as each world ends: a long run stopped early keeps what it has
     opposite = None
     if "news" in results and "inverted" in results:
@@ -190,7 +190,7 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
     summary = dict(
         benchmark="outcome_learning", worlds=list(worlds), days=len(day_list), first_day=day_list[0], last_day=day_list[-1],
         train_days=train_days, held_out_days=len(day_list) - train_days, headlines_per_day=headlines, seed=seed,
-        move_pct=move_pct, noise_pct=noise_pct, reward_weights=weights, learning_rate=learning_rate, max_new_tokens=max_new_tokens,
+        move_pct=move_pct, noise_pct=noise_pct, reward_weights=weights, learning_rate=learning_rate, epochs=epochs, max_new_tokens=max_new_tokens,
         held_out={k: {key: v["held_out"][key] for key in ("ab", "backtest", "policy_long_share", "base_long_share")} for k, v in results.items()},
         inverted_vs_news_opposite=opposite, wall_s=round(time.perf_counter() - started, 1), out_dir=str(root),
     )
@@ -216,6 +216,7 @@ def main() -> None:
     parser.add_argument("--noise-pct", type=float, default=1.0)
     parser.add_argument("--reward-weights", default=json.dumps(DEFAULT_WEIGHTS), help="JSON object, signal -> weight")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument("--epochs", type=int, default=1, help="GSPO passes over each training day's examples")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the box is shared)")
     parser.add_argument("--out-dir", default=None, help="where the worlds and their data dirs go (default: a temp folder)")
@@ -232,7 +233,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown world(s) {unknown}: choose from {', '.join(WORLDS)}")
     summary = run(worlds, args.days, args.train_days, args.headlines, args.seed, args.move_pct, args.noise_pct,
-                  json.loads(args.reward_weights), args.learning_rate, args.max_new_tokens, args.out_dir)
+                  json.loads(args.reward_weights), args.learning_rate, args.max_new_tokens, args.out_dir, args.epochs)
     print(json.dumps(summary, default=str))
 
 
