@@ -34,12 +34,14 @@ def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_back
     from assets.daily_rl.headlines import headlines
     from outcome_flywheel.daily_rl.feed_source import FeedSource
     from outcome_flywheel.daily_rl.judge import Judge
+    from outcome_flywheel.market_data import MarketData
 
     resources = {
         "warehouse": warehouse,
         "model_backend": mlx_backend_resource,
         "feeds": FeedSource(max_headlines=3, data_dir=str(data_dir)),
         "judge": Judge(max_new_tokens=4),
+        "market_data": MarketData(data_dir=str(data_dir)),  # daily_update reads matured prices
     }
     run_config = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 2, "max_new_tokens": 24}}}}
     for day in (DAY1, DAY2):
