@@ -14,7 +14,9 @@ import json
 
 import dagster as dg
 
-from outcome_flywheel.settings import SAMPLE_DATA, env
+from outcome_flywheel.daily_rl.report import prices_note
+from outcome_flywheel.market_data import BUNDLED_PRICES
+from outcome_flywheel.settings import SAMPLE_DATA, env, resolve_path
 from outcome_flywheel.storage import Warehouse
 from pipelines.launch import IN_PROCESS, run_job
 from scripts import QUIET_CONSOLE
@@ -57,7 +59,15 @@ def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None =
     if last:
         summary["ab_vs_base"] = ab_summary(warehouse.read("policy_eval", last))
         summary["backtest"] = backtest_summary(warehouse.read("backtest_summary", last))
+    summary["prices"] = prices_line()
     return summary
+
+
+def prices_line() -> str:
+    """What the outcome figures can show on the prices this run reads: on the bundled real closes no
+    edge is expected (and the summary says so); a world file is synthetic."""
+    prices_file = resolve_path(env("FLYWHEEL_PRICES_FILE", str(BUNDLED_PRICES)))
+    return prices_note(env("FLYWHEEL_MARKET_DATA", "file"), str(prices_file), str(BUNDLED_PRICES))
 
 
 def ab_summary(evals) -> dict:
