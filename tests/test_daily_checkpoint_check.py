@@ -4,7 +4,7 @@ import json
 
 import pandas as pd
 
-from outcome_flywheel.daily_rl.update import behavior_logprob_gap
+from outcome_flywheel.daily_rl.verify import behavior_logprob_gap
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
 

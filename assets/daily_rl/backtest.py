@@ -12,7 +12,7 @@ from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.backtest import DAILY_COLUMNS, run_backtest
 from outcome_flywheel.daily_rl.look_ahead import look_ahead_days, without_days
 from outcome_flywheel.daily_rl.outcomes import call_window
-from outcome_flywheel.daily_rl.report import equity_figure
+from outcome_flywheel.daily_rl.charts import equity_figure
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 SUMMARY_TABLE = "backtest_summary"

@@ -8,9 +8,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-# equity_figure is imported from here by the back-test asset
-from outcome_flywheel.daily_rl.charts import FIGURES, ab_figure, equity_figure  # noqa: F401
-
 SUMMARY_COLUMNS = [
     "date", "headlines", "rollouts", "mean_structure", "finished_share", "scored", "usable_share", "reward_n", "reward_avg",
     "reward_min", "reward_max", "reward_negatives", "negative_advantages", "trained", "steps", "loss", "kl_to_base",

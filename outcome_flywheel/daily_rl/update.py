@@ -37,7 +37,7 @@ from outcome_flywheel.daily_rl.matured import MaturedBatch, MaturedConfig, colle
 from outcome_flywheel.daily_rl.rewards import PriceReward, RewardConfig
 from outcome_flywheel.daily_rl.scoring import DailyUpdateError, score_previous_rollouts
 from outcome_flywheel.daily_rl.training_record import judged_ledger, price_training_row
-from outcome_flywheel.daily_rl.verify import behavior_logprob_gap, verify_day  # noqa: F401  (behavior_logprob_gap re-exported)
+from outcome_flywheel.daily_rl.verify import verify_day
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.models.gspo_config import GSPOConfig
 from outcome_flywheel.settings import env
