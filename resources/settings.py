@@ -14,11 +14,6 @@ from typing import Any, ClassVar, Generic, Mapping, TypeVar
 import dagster as dg
 from pydantic import Field
 
-# Dagster's base class for a resource whose configuration hands out another object: public as a
-# concept (assets receive the object through `dg.ResourceParam`), not re-exported at dagster's top
-# level in 1.13, so it is imported from its module once, here.
-from dagster._config.pythonic_config import ConfigurableResourceFactory
-
 from outcome_flywheel.settings import DEFAULTS, RULES, SECRETS, SettingsError
 
 __all__ = ["DataclassResource", "env_int_or_default", "env_or_default", "mirrored"]
@@ -26,9 +21,13 @@ __all__ = ["DataclassResource", "env_int_or_default", "env_or_default", "mirrore
 PlainT = TypeVar("PlainT")
 
 
-class DataclassResource(ConfigurableResourceFactory[PlainT], Generic[PlainT]):
+class DataclassResource(dg.ConfigurableResource[PlainT], Generic[PlainT]):
     """A resource whose fields are those of the dataclass `plain` (declared with `mirrored`); assets
     receive the dataclass, built from the resolved fields when a run starts."""
+
+    # `ConfigurableResource.create_resource` may hand out another object than the resource itself
+    # (Dagster's documented pattern for a third-party or plain class, received through
+    # `dg.ResourceParam`): here the dataclass.
 
     plain: ClassVar[type]
     # field -> the FLYWHEEL_* variable it mirrors. The variable's rule (outcome_flywheel.settings.RULES)
