@@ -15,6 +15,7 @@ back-test. Then, `inverted` vs `news`: the share of held-out headlines on which 
 opposite sides (each policy's majority side among its notes' calls on the headline's company).
 
     python -m benchmarks.outcome_learning [--days 26] [--train-days 11] [--headlines 8] [--worlds news,inverted,null]
+        [--model tiny-local | smollm2-135m-instruct | a local folder]
 
 The last line is one JSON object.
 """
@@ -103,21 +104,36 @@ def held_out_summary(warehouse, held: list[str]) -> dict:
                 base_long_share=long_share_by_news(sides, warehouse, held, "base"))
 
 
+def model_data_dir(data_dir: Path, model: str) -> Path:
+    """A data dir holding tiny-local and, for `smollm2-135m-instruct`, its folder (built once into .cache/)."""
+    data = tiny_local_data_dir(str(data_dir))
+    if model == "smollm2-135m-instruct":
+        from outcome_flywheel.models.smollm2 import cached_smollm2
+
+        link = data / "models" / model
+        if not link.exists():
+            os.symlink(cached_smollm2(), link)
+    return data
+
+
 def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines: int, seed: int, move_pct: float,
-              noise_pct: float, weights: dict, learning_rate: float, max_new_tokens: int, epochs: int = 1) -> dict:
+              noise_pct: float, weights: dict, learning_rate: float, max_new_tokens: int, epochs: int = 1,
+              model: str = "tiny-local") -> dict:
     import dagster as dg
 
     from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world, write_world
     from outcome_flywheel.market_data import MarketData
+    from outcome_flywheel.models import ModelLoader
     from pipelines.daily_rl import DAILY_RL_ASSETS
 
-    data = tiny_local_data_dir(str(root / kind / "data"))
+    data = model_data_dir(root / kind / "data", model)
     world_file = root / kind / "prices.csv"
     prices, manifest = make_world(WorldConfig(kind, seed=seed, move_pct=move_pct, noise_pct=noise_pct), max_headlines=headlines)
     manifest = write_world(world_file, prices, manifest)
     os.environ["FLYWHEEL_PRICES_FILE"] = str(world_file)  # anything that reads the variable sees the world too
     res = resources(data, headlines)
     res["market_data"] = MarketData(prices_file=str(world_file), data_dir=str(data))
+    res["model_backend"] = ModelLoader(data_dir=str(data), base_model=model, backend="torch", device="cpu")
     warehouse = res["warehouse"]
     per_day, started = [], time.perf_counter()
     for i, day in enumerate(days):
@@ -171,7 +187,7 @@ def print_world(w: dict) -> None:
 
 def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8, seed: int = 0, move_pct: float = 2.0,
         noise_pct: float = 1.0, weights: dict | None = None, learning_rate: float = 2e-3, max_new_tokens: int = 128,
-        out_dir: str | None = None, epochs: int = 1) -> dict:
+        out_dir: str | None = None, epochs: int = 1, model: str = "tiny-local") -> dict:
     if not 0 < train_days < days:
         raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
     weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
@@ -180,7 +196,7 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
     results = {}
     started = time.perf_counter()
     for kind in worlds:
-        results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate, max_new_tokens, epochs)
+        results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate, max_new_tokens, epochs, model)
         print_world(results[kind])  # as each world ends: a long run stopped early keeps what it has
     opposite = None
     if "news" in results and "inverted" in results:
@@ -188,7 +204,7 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
         print(f"\ninverted vs news: opposite sides on {opposite['share']} of {opposite['headlines']} held-out headlines "
               f"({opposite['share_where_both_take_a_side']} of the {opposite['both_take_a_side']} where both policies take a side)")
     summary = dict(
-        benchmark="outcome_learning", worlds=list(worlds), days=len(day_list), first_day=day_list[0], last_day=day_list[-1],
+        benchmark="outcome_learning", model=model, worlds=list(worlds), days=len(day_list), first_day=day_list[0], last_day=day_list[-1],
         train_days=train_days, held_out_days=len(day_list) - train_days, headlines_per_day=headlines, seed=seed,
         move_pct=move_pct, noise_pct=noise_pct, reward_weights=weights, learning_rate=learning_rate, epochs=epochs, max_new_tokens=max_new_tokens,
         held_out={k: {key: v["held_out"][key] for key in ("ab", "backtest", "policy_long_share", "base_long_share")} for k, v in results.items()},
@@ -219,6 +235,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1, help="GSPO passes over each training day's examples")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the box is shared)")
+    parser.add_argument("--model", default="tiny-local", help="FLYWHEEL_BASE_MODEL of the policy and (frozen) judge: tiny-local, smollm2-135m-instruct or a folder")
     parser.add_argument("--out-dir", default=None, help="where the worlds and their data dirs go (default: a temp folder)")
     args = parser.parse_args()
     import torch
@@ -233,7 +250,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown world(s) {unknown}: choose from {', '.join(WORLDS)}")
     summary = run(worlds, args.days, args.train_days, args.headlines, args.seed, args.move_pct, args.noise_pct,
-                  json.loads(args.reward_weights), args.learning_rate, args.max_new_tokens, args.out_dir, args.epochs)
+                  json.loads(args.reward_weights), args.learning_rate, args.max_new_tokens, args.out_dir, args.epochs, args.model)
     print(json.dumps(summary, default=str))
 
 

