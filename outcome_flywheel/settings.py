@@ -126,6 +126,41 @@ def feed_url_problem(url: str) -> str | None:
     return None
 
 
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def warehouse_url_problem(url: str) -> str | None:
+    """Why `url` cannot be FLYWHEEL_WAREHOUSE_URL, or None: empty (the data dir's warehouse/), a
+    folder path, or s3://bucket/prefix (S3 bucket naming: 3-63 lower-case letters, digits, dots, dashes)."""
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", url)
+    if not scheme:
+        return None  # a folder
+    if scheme.group(1).lower() != "s3":
+        return f"scheme {scheme.group(1)!r} is not supported (only s3://, or a folder path)"
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    if not _BUCKET.fullmatch(bucket):
+        return f"{bucket!r} is not an S3 bucket name"
+    if any(c in prefix for c in "?#*[]") or "//" in prefix.strip("/"):
+        return f"prefix {prefix!r} has an empty folder or one of ? # * [ ]"
+    return None
+
+
+def s3_endpoint_problem(endpoint: str) -> str | None:
+    """Why `endpoint` cannot be FLYWHEEL_S3_ENDPOINT, or None: http(s)://host[:port], nothing after."""
+    if endpoint == "":
+        return None
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as err:
+        return f"{endpoint!r} is not a URL ({err})"
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return f"{endpoint!r} is not an http(s)://host[:port] URL"
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        return f"{endpoint!r} has more than a scheme, host and port"
+    return None
+
+
 def _non_negative_number(value: str) -> str | None:
     try:
         number = float(value)
@@ -173,6 +208,12 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_API_TOKEN": Rule(
         "at least 16 characters without spaces (the service's bearer token; unset = one made at start and printed)",
         lambda v: None if len(v) >= 16 and not any(c.isspace() for c in v) else "too short or has spaces",
+    ),
+    "FLYWHEEL_WAREHOUSE_URL": Rule(
+        "empty (<FLYWHEEL_DATA_DIR>/warehouse), a folder path, or s3://bucket/prefix, e.g. s3://flywheel/warehouse", warehouse_url_problem
+    ),
+    "FLYWHEEL_S3_ENDPOINT": Rule(
+        "empty (AWS) or the http(s)://host[:port] of an S3-compatible server, e.g. http://127.0.0.1:8333", s3_endpoint_problem
     ),
     "FLYWHEEL_PREFERENCE_CONTEXT": Rule(
         "comma-separated decision-context keys (letters, digits, _), `note` for the proposal's note, `*` for all, e.g. regime,note",

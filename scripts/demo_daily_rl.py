@@ -41,7 +41,7 @@ def demo_run_config(max_headlines: int | None = DEMO_MAX_HEADLINES) -> dict:
 def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None = DEMO_MAX_HEADLINES) -> dict:
     """Run `daily_rl_job` (headlines, daily_update, daily_report) for the first `days` archive days, in order."""
     run_config = demo_run_config(max_headlines)
-    warehouse = Warehouse(data_dir=env("FLYWHEEL_DATA_DIR"))  # plain values: the resources may hold EnvVars
+    warehouse = Warehouse.from_env()  # plain values: the resources may hold EnvVars
     summary: dict = {"days": []}
     for day in archive_days(days):
         result = run_job("daily_rl_job", instance, partition_key=day, run_config=run_config)

@@ -58,6 +58,8 @@ VALID = {
     "FLYWHEEL_MIN_NEW_PAIRS": "3",
     "FLYWHEEL_TRAIN_COOLDOWN_S": "60",
     "FLYWHEEL_PREFERENCE_CONTEXT": "regime,note",
+    "FLYWHEEL_WAREHOUSE_URL": "s3://flywheel-test/warehouse",
+    "FLYWHEEL_S3_ENDPOINT": "http://127.0.0.1:8333",
 }
 
 # Unusable, for every variable with a rule (free-form ones are checked where they are used).
@@ -85,6 +87,8 @@ INVALID = {
     "FLYWHEEL_API_PORT": "70000",
     "FLYWHEEL_API_TOKEN": "short",
     "FLYWHEEL_PREFERENCE_CONTEXT": "regime;note",
+    "FLYWHEEL_WAREHOUSE_URL": "gs://bucket/warehouse",
+    "FLYWHEEL_S3_ENDPOINT": "127.0.0.1:8333",
 }
 
 # The packages whose modules read the environment at import (partitions, resources' EnvVars).
@@ -135,7 +139,7 @@ def readme_table() -> dict[str, str]:
     """Variable -> default column of the README's configuration table."""
     readme = (PROJECT_ROOT / "README.md").read_text()
     section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    return dict(re.findall(r"^\| `(FLYWHEEL_[A-Z_]+)` \| ([^|]*) \|", section, flags=re.M))
+    return dict(re.findall(r"^\| `(FLYWHEEL_[A-Z0-9_]+)` \| ([^|]*) \|", section, flags=re.M))
 
 
 def test_every_variable_has_examples():

@@ -98,7 +98,7 @@ def test_the_minimum_may_not_exceed_the_cap():
 def test_every_configuration_variable_of_the_readme_has_a_rule_or_is_free_form():
     readme = (PROJECT_ROOT / "README.md").read_text()
     table = readme.split("## Configuration", 1)[1].split("\n\n", 2)[2].split("\n\n", 1)[0]
-    documented = set(re.findall(r"^\| `(FLYWHEEL_[A-Z_]+)` \|", table, flags=re.M))
+    documented = set(re.findall(r"^\| `(FLYWHEEL_[A-Z0-9_]+)` \|", table, flags=re.M))
     assert len(documented) >= 18
     assert documented - set(RULES) - set(FREE_FORM) == set()
     assert not set(RULES) & set(FREE_FORM)

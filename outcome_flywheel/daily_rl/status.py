@@ -155,7 +155,7 @@ def daily_figures(warehouse, cache_size: int = 4) -> list[dict[str, Any]]:
     of the tables they read (their files' names, sizes and times), so a page view does not redraw unchanged
     figures. Empty when nothing has been reported or trained on price yet."""
     try:
-        key = (str(warehouse.root), tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for t in FIGURE_TABLES for f in warehouse.files(t)))
+        key = (warehouse.url, tuple(f for t in FIGURE_TABLES for f in warehouse.files(t)))  # locations, sizes, times
     except FileNotFoundError:  # a partition rewritten (temp file + rename) while we looked: draw, do not cache
         return _draw(warehouse)
     if len(key[1]) == 0:
