@@ -1,64 +1,65 @@
-"""Run a job of this code location in the calling process, recorded as that code location's run.
+"""Run this code location's jobs through Dagster's public API, without a webserver or a daemon.
 
-`dg.materialize` and `JobDefinition.execute_in_process` record runs that belong to no code location
-(no repository origin): the Dagster UI leaves them off the job's page and the overview timeline and
-cannot re-execute them. The demo therefore runs the named jobs of `pipelines.definitions.defs`
-with the origin `dagster dev -w workspace.yaml` gives them (same location and repository name), so
-those runs look like runs launched from the UI: job pages, timeline, re-execute and backfill
-history all work. The run still executes here, in this process, without a daemon or a code server.
+`run_job` executes a job of `pipelines.definitions.defs` in the calling process with
+`dg.execute_job` on a reconstructable job (`dg.build_reconstructable_job`), recorded in the given
+instance (the demo). The runs carry the code location's repository tag (`.dagster/repository`), so
+the Dagster UI lists them on the job's page; Dagster's public API cannot give a run the code
+location's origin, so the UI does not offer to re-execute them (docs/service.md).
 
-The review service (service/launching.py) creates runs the same way (`create_run`) and hands them
-to a worker process, `python -m pipelines.launch RUN_ID...`, which executes them in order
-(`execute_created_run`), so a training never runs inside the service.
+The review service without a webserver (no FLYWHEEL_DAGSTER_URL) queues its runs for a worker
+process (`enqueue`: `python -m pipelines.launch QUEUE_FILE`), which executes them in order, one
+launch at a time (an exclusive lock in $DAGSTER_HOME), so a training never runs inside the service.
+A queued launch is a JSON file under `$DAGSTER_HOME/flywheel_launch_queue/`, locked (`flock`) by the
+worker for as long as it lives: the service counts the specs of a locked file as queued runs
+(idempotency), and a file nobody holds is a dead worker's, removed.
 
 Dead executors are found and failed (`reconcile_dead_runs`): every run made here carries the process
-that made it (`flywheel/created_by`) and, once handed to a worker, the worker (`flywheel/worker`), each
-as pid and start time (a reused pid is another process). A live run whose executor is gone (a
-`kill -9`, an OOM kill, a reboot) is reported failed and its concurrency-pool slots are freed, as
-Dagster's run monitoring does for runs the daemon launched; otherwise its `duckdb` slot stays claimed
-and every later run waits "blocked by limit for pool duckdb" for good. Workers form one queue: each
-takes an exclusive lock in $DAGSTER_HOME before executing, so two launches never run at once.
-
-Dagster has no public call for "execute in process with a remote origin", so this module is the one
-place that reaches into `dagster._core` for it (what `dagster job launch` and the run worker do).
+that executes it (`flywheel/created_by` for `run_job`, `flywheel/worker` for a worker), as pid and
+start time (a reused pid is another process). A live run whose executor is gone (a `kill -9`, an OOM
+kill, a reboot) is reported failed and its concurrency-pool slots are freed, as Dagster's run
+monitoring does for runs the daemon launched; otherwise its `duckdb` slot stays claimed and every
+later run waits "blocked by limit for pool duckdb" for good.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import subprocess
 import sys
+import time
+import traceback
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import dagster as dg
 import psutil
-from dagster._core.definitions.reconstruct import ReconstructableRepository
-from dagster._core.execution.api import create_execution_plan, execute_run
-from dagster._core.execution.job_execution_result import JobExecutionResult
-from dagster._core.remote_origin import CodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
-from dagster._core.workspace.load_target import WorkspaceFileTarget
+import yaml
 
 from outcome_flywheel.settings import PROJECT_ROOT
 
 WORKSPACE_FILE = PROJECT_ROOT / "workspace.yaml"
-DEFS_MODULE = "pipelines.definitions"
-DEFS_ATTRIBUTE = "defs"
+LAUNCH_MODULE = "pipelines.launch"  # this module, by name: `python -m` runs it as __main__
 REPOSITORY_NAME = "__repository__"  # the one repository of a `Definitions` object
 # Run config: every step in the calling process. The default executor starts a process per step,
-# each importing torch and the code location again (minutes over a demo on 2 cores). It is recorded
-# with the run, so a re-execution from the UI runs the same way.
+# each importing torch and the code location again (minutes over a demo on 2 cores).
 IN_PROCESS = {"execution": {"config": {"in_process": {}}}}
+PARTITION_TAG = "dagster/partition"
 RANGE_START = "dagster/asset_partition_range_start"
 RANGE_END = "dagster/asset_partition_range_end"
-CREATOR_TAG = "flywheel/created_by"  # "<pid>:<start time>" of the process that created the run
+REPOSITORY_TAG = ".dagster/repository"  # "<repository>@<code location>": the UI's job page lists runs by it
+LAUNCH_TAG = "flywheel/launch"  # the id of the RunSpec the run executes (known before the run exists)
+CREATOR_TAG = "flywheel/created_by"  # "<pid>:<start time>" of the process that ran `run_job`
 WORKER_TAG = "flywheel/worker"  # "<pid>:<start time>" of the worker process that executes it
-PARENT_RUN_TAG = "dagster/parent_run_id"  # a re-execution from the UI copies tags but runs elsewhere
+PARENT_RUN_TAG = "dagster/parent_run_id"  # a re-execution copies tags but runs elsewhere
 LIVE_STATUSES = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 QUEUE_LOCK = "flywheel_launch_queue.lock"
+QUEUE_DIR = "flywheel_launch_queue"
 
 
 def process_identity(pid: int) -> str:
@@ -78,27 +79,107 @@ def process_alive(identity: str) -> bool:
         return False
 
 
+@lru_cache(maxsize=1)
+def code_location_name() -> str:
+    """The code location `dagster dev -w workspace.yaml` loads, as that file names it."""
+    entries = (yaml.safe_load(WORKSPACE_FILE.read_text()) or {}).get("load_from") or []
+    if len(entries) != 1:
+        raise ValueError(f"{WORKSPACE_FILE} must name exactly one code location, found {len(entries)}")
+    (kind, target), = entries[0].items()
+    return target.get("location_name") or target.get("module_name") or kind
+
+
+def repository_label() -> str:
+    return f"{REPOSITORY_NAME}@{code_location_name()}"
+
+
+def job_named(job_name: str) -> dg.JobDefinition:
+    """The job `job_name` of `pipelines.definitions.defs` (what a reconstructable job rebuilds)."""
+    from pipelines.definitions import defs
+
+    return defs.resolve_job_def(job_name)
+
+
+def reconstructable_job(job_name: str):
+    return dg.build_reconstructable_job(LAUNCH_MODULE, "job_named", reconstructable_args=(job_name,),
+                                        reconstructor_working_directory=str(PROJECT_ROOT))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run to make: a job, one partition or a (first, last) range (assets with a single-run
+    backfill policy), its run config and tags. `launch_id` names it before the run exists."""
+
+    job: str
+    partition_key: str | None = None
+    partition_range: tuple[str, str] | None = None
+    run_config: Mapping[str, object] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    launch_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def run_tags(self) -> dict[str, str]:
+        tags = {k: str(v) for k, v in self.tags.items()}
+        if self.partition_key is not None:
+            tags[PARTITION_TAG] = self.partition_key
+        if self.partition_range is not None:
+            tags.update({RANGE_START: self.partition_range[0], RANGE_END: self.partition_range[1]})
+        tags[LAUNCH_TAG] = self.launch_id
+        return tags
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "RunSpec":
+        span = data.get("partition_range")
+        return cls(**{**data, "partition_range": tuple(span) if span else None})
+
+
+def execute_spec(spec: RunSpec, instance: dg.DagsterInstance, executor_tag: str, raise_on_error: bool = False) -> dg.JobExecutionResult:
+    """Execute `spec` here with `dg.execute_job`, tagged with this process as its executor."""
+    tags = {**spec.run_tags(), REPOSITORY_TAG: repository_label(), executor_tag: process_identity(os.getpid())}
+    return dg.execute_job(reconstructable_job(spec.job), instance=instance, run_config=dict(spec.run_config), tags=tags,
+                          raise_on_error=raise_on_error)
+
+
+def run_job(job_name: str, instance: dg.DagsterInstance, *, raise_on_error: bool = True, partition_key: str | None = None,
+            partition_range: tuple[str, str] | None = None, run_config: Mapping[str, object] | None = None,
+            tags: Mapping[str, str] | None = None) -> dg.JobExecutionResult:
+    """Execute `job_name` of `pipelines.definitions.defs` here, recorded in `instance` (one
+    partition, a (first, last) range, or unpartitioned)."""
+    spec = RunSpec(job_name, partition_key, partition_range, dict(run_config or {}), dict(tags or {}))
+    result = execute_spec(spec, instance, CREATOR_TAG, raise_on_error=raise_on_error)
+    if raise_on_error and not result.success:
+        raise RuntimeError(f"{job_name} failed (run {result.run_id})")
+    return result
+
+
 def executor_of(run: dg.DagsterRun) -> str | None:
-    """The identity of the process that executes (or will hand over) the run; None for runs not made here."""
+    """The identity of the process that executes the run; None for runs not executed here."""
     if PARENT_RUN_TAG in run.tags:
         return None
     return run.tags.get(WORKER_TAG) or run.tags.get(CREATOR_TAG)
 
 
+def live_runs(instance: dg.DagsterInstance, **filters) -> list[dg.DagsterRun]:
+    """Live runs (not started, queued, starting, started) matching `filters` (dg.RunsFilter's), oldest first."""
+    records = instance.get_run_records(filters=dg.RunsFilter(statuses=list(LIVE_STATUSES), **filters))
+    return [r.dagster_run for r in reversed(records)]
+
+
 def reconcile_dead_runs(instance: dg.DagsterInstance) -> list[str]:
-    """Fail every live run made here whose executing process is gone, and free its pool slots.
-    Returns the run ids failed."""
+    """Fail every live run executed here whose executing process is gone, free its pool slots, and
+    drop the queue files of dead workers. Returns the run ids failed."""
     failed = []
-    for run in instance.get_runs(filters=dg.RunsFilter(statuses=list(LIVE_STATUSES))):
+    for run in live_runs(instance):
         identity = executor_of(run)
         if identity is None or process_alive(identity):
             continue
-        who = "worker" if WORKER_TAG in run.tags else "process that created it"
+        who = "worker" if WORKER_TAG in run.tags else "process that ran it"
         instance.report_run_failed(run, f"the {who} ({identity.split(':')[0]}) is gone: failed by reconciliation, its pool slots freed")
         failed.append(run.run_id)
+    # What Dagster's run monitoring does for the daemon's runs (`free_slots_after_run_end_seconds`).
     if failed and instance.event_log_storage.supports_global_concurrency_limits:
         for run_id in failed:
             instance.event_log_storage.free_concurrency_slots_for_run(run_id)
+    queued_launches(instance)  # drops the files nobody holds
     return failed
 
 
@@ -116,113 +197,87 @@ def launch_queue(instance: dg.DagsterInstance) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@lru_cache(maxsize=1)
-def code_location_origin() -> CodeLocationOrigin:
-    """The code location `dagster dev -w workspace.yaml` loads (read from that file, nothing started)."""
-    origins = WorkspaceFileTarget(paths=[str(WORKSPACE_FILE)]).create_origins()
-    if len(origins) != 1:
-        raise ValueError(f"{WORKSPACE_FILE} must name exactly one code location, found {len(origins)}")
-    return origins[0]
+def _held(path: Path) -> bool:
+    """Whether a live process holds `path`'s lock (a worker, or the service handing it over)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock taken here
+    return False
 
 
-def code_location_name() -> str:
-    return code_location_origin().location_name
+def queued_launches(instance: dg.DagsterInstance) -> list[list[RunSpec]]:
+    """The specs of every launch a live worker holds, in the order they were queued; the files of
+    dead workers are removed."""
+    folder = Path(instance.root_directory) / QUEUE_DIR
+    launches = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        if not _held(path):
+            path.unlink(missing_ok=True)
+            continue
+        try:
+            launches.append([RunSpec.from_json(s) for s in json.loads(path.read_text())["specs"]])
+        except FileNotFoundError:  # the worker finished meanwhile
+            continue
+    return launches
 
 
-def create_run(
-    job_name: str,
-    instance: dg.DagsterInstance,
-    *,
-    partition_key: str | None = None,
-    partition_range: tuple[str, str] | None = None,
-    run_config: Mapping[str, object] | None = None,
-    tags: Mapping[str, str] | None = None,
-) -> dg.DagsterRun:
-    """Record a run of `job_name` (status NOT_STARTED) in `instance` as a run of the workspace's code
-    location; `partition_range` = (first, last) makes one run over the range (assets with a
-    single-run backfill policy). `execute_created_run` executes it, here or in a worker process."""
-    job = _reconstructable(job_name)
-    job_def = job.get_definition()
-    run_tags = dict(job_def.run_tags)
-    if partition_key is not None:
-        run_tags.update(job_def.get_tags_for_partition_key(partition_key, selected_asset_keys=None))
-    if partition_range is not None:
-        run_tags.update({RANGE_START: partition_range[0], RANGE_END: partition_range[1]})
-    run_tags.update(tags or {})
-    run_tags[CREATOR_TAG] = process_identity(os.getpid())
-    run_config = dict(run_config or {})
-    plan = create_execution_plan(job, run_config=run_config, instance_ref=instance.get_ref() if instance.is_persistent else None,
-                                 tags=run_tags)
-    origin = RemoteJobOrigin(RemoteRepositoryOrigin(code_location_origin(), REPOSITORY_NAME), job_name)
-    return instance.create_run_for_job(
-        job_def=job_def, execution_plan=plan, run_config=run_config, tags=run_tags,
-        remote_job_origin=origin, job_code_origin=job.get_python_origin(),
-    )
-
-
-def _reconstructable(job_name: str):
-    repository = ReconstructableRepository.for_module(DEFS_MODULE, DEFS_ATTRIBUTE, working_directory=str(PROJECT_ROOT))
-    return repository.get_reconstructable_job(job_name)
-
-
-def execute_created_run(run_id: str, instance: dg.DagsterInstance, raise_on_error: bool = False) -> JobExecutionResult:
-    """Execute a run made by `create_run` (still NOT_STARTED) in this process."""
-    run = instance.get_run_by_id(run_id)
-    if run is None:
-        raise ValueError(f"no run {run_id} in this Dagster instance")
-    return execute_run(_reconstructable(run.job_name), run, instance, raise_on_error=raise_on_error)
-
-
-def run_job(job_name: str, instance: dg.DagsterInstance, *, raise_on_error: bool = True, **run_options) -> JobExecutionResult:
-    """Execute `job_name` of `pipelines.definitions.defs` here, recorded in `instance` as a run of the
-    workspace's code location: `create_run(job_name, instance, **run_options)` (partition_key,
-    partition_range, run_config, tags), then `execute_created_run`."""
-    run = create_run(job_name, instance, **run_options)
-    result = execute_created_run(run.run_id, instance, raise_on_error=raise_on_error)
-    if raise_on_error and not result.success:
-        raise RuntimeError(f"{job_name} failed (run {result.run_id})")
-    return result
-
-
-def start_worker(run_ids: list[str], log_path: Path, instance: dg.DagsterInstance) -> subprocess.Popen:
-    """Execute created runs, one after another, in a new process (`python -m pipelines.launch`), so a
-    long training never runs inside the caller (the review service). The worker outlives its caller;
-    its output goes to `log_path`, the runs' events to the instance ($DAGSTER_HOME) as usual. The
-    runs are tagged with the worker (`WORKER_TAG`) before this returns."""
+def enqueue(specs: list[RunSpec], log_path: Path, instance: dg.DagsterInstance) -> subprocess.Popen:
+    """Queue `specs` for a new worker process (`python -m pipelines.launch`) that executes them in
+    order after the workers before it, so a long training never runs inside the caller. The queue
+    file appears already locked, and the lock passes to the worker (the same open file), so the
+    launch counts as queued from this call until the worker ends or dies. The worker outlives its
+    caller; its output goes to `log_path`, the runs' events to the instance as usual."""
+    folder = Path(instance.root_directory) / QUEUE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        worker = subprocess.Popen([sys.executable, "-m", "pipelines.launch", *run_ids], cwd=PROJECT_ROOT, stdout=log,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    identity = process_identity(worker.pid)
-    for run_id in run_ids:
-        instance.add_run_tags(run_id, {WORKER_TAG: identity})
-    return worker
+    path = folder / f"{time.time_ns()}-{uuid.uuid4().hex[:8]}.json"  # names sort in queue order
+    partial = path.with_name(f".{path.name}.tmp")
+    fd = os.open(partial, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"specs": [asdict(s) for s in specs]}).encode())
+        os.fsync(fd)
+        os.replace(partial, path)
+        with open(log_path, "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", LAUNCH_MODULE, str(path), str(fd)], cwd=PROJECT_ROOT, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(fd,))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)  # the worker keeps its copy, and with it the lock
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m pipelines.launch RUN_ID...`: execute created runs of $DAGSTER_HOME's instance in
-    order, after the workers before it (`launch_queue`) and after failing the runs of any dead one;
-    a run that fails does not stop the next. A run left unstarted (this process stops before it) is
-    marked failed, so nothing waits on it forever."""
-    run_ids = list(sys.argv[1:] if argv is None else argv)
+    """`python -m pipelines.launch QUEUE_FILE [LOCK_FD]`: execute the queued specs on $DAGSTER_HOME's
+    instance in order, after the workers before it (`launch_queue`) and after failing the runs of
+    any dead one; a run that fails does not stop the next."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    path = Path(args[0])
+    if len(args) > 1:
+        os.set_inheritable(int(args[1]), False)  # the queue lock is this process's, not its children's
+    specs = [RunSpec.from_json(s) for s in json.loads(path.read_text())["specs"]]
     instance = dg.DagsterInstance.get()
     failed = 0
     try:
         with launch_queue(instance):
             reconcile_dead_runs(instance)
-            for run_id in run_ids:
-                run = instance.get_run_by_id(run_id)
-                if run is None or run.status != dg.DagsterRunStatus.NOT_STARTED:  # failed while it waited in the queue
+            for spec in specs:
+                try:
+                    failed += not execute_spec(spec, instance, WORKER_TAG).success
+                except Exception:  # a job that cannot start (bad run config...): say why, go on
+                    traceback.print_exc()
                     failed += 1
-                    continue
-                result = execute_created_run(run_id, instance)
-                failed += not result.success
     finally:
-        for run_id in run_ids:
-            run = instance.get_run_by_id(run_id)
-            if run is not None and run.status == dg.DagsterRunStatus.NOT_STARTED:
-                instance.report_run_failed(run, "the launch worker stopped before this run started")
-                failed += 1
+        path.unlink(missing_ok=True)
     return 1 if failed else 0
 
 

@@ -1,11 +1,14 @@
-"""The service's settings: where it listens and the token that guards every write."""
+"""The service's settings: where it listens, the token that guards every write, and the Dagster
+webserver runs are submitted to (FLYWHEEL_DAGSTER_URL; unset = the embedded worker)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import secrets
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from outcome_flywheel.settings import env
 
@@ -13,6 +16,22 @@ MAX_BODY_BYTES = 64 * 1024  # a decision or a feedback line is a few KB; anythin
 SESSION_TTL_S = 12 * 3600  # a page's sign-in lasts a working day
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+DAGSTER_URL_VARIABLE = "FLYWHEEL_DAGSTER_URL"
+
+
+def check_dagster_url(url: str) -> str:
+    """`url` without a trailing slash, or ValueError naming what is wrong with it: an http(s) URL of a
+    Dagster webserver (`http://127.0.0.1:3000`, or with a path prefix `https://host/dagster`)."""
+    url = url.strip().rstrip("/")
+    parts = urlsplit(url)
+    try:
+        parts.port  # a bad port raises here
+    except ValueError as err:
+        raise ValueError(f"{DAGSTER_URL_VARIABLE}={url!r}: {err}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or parts.username:
+        raise ValueError(f"{DAGSTER_URL_VARIABLE}={url!r}: expected the Dagster webserver's http(s) URL, "
+                         "such as http://127.0.0.1:3000 (no query, fragment or credentials)")
+    return url
 
 
 @dataclass
@@ -23,8 +42,13 @@ class ServiceConfig:
     token_generated: bool = field(default=False, metadata={"help": "True when the token was made at start (printed once)."})
     max_body_bytes: int = field(default=MAX_BODY_BYTES, metadata={"help": "Larger request bodies get a 413, unread."})
     session_ttl_s: int = field(default=SESSION_TTL_S, metadata={"help": "How long a page's sign-in lasts."})
+    dagster_url: str = field(default="", metadata={"help": "FLYWHEEL_DAGSTER_URL: the Dagster webserver runs are submitted to "
+                                                          "(GraphQL; its daemon launches them); empty = the service's own worker process "
+                                                          "executes them on $DAGSTER_HOME's instance."})
 
     def __post_init__(self):
+        if self.dagster_url:
+            self.dagster_url = check_dagster_url(self.dagster_url)
         if not self.token:
             # Like notebook servers: a fresh random token per start, printed with the page's URL.
             self.token = secrets.token_urlsafe(24)
@@ -32,7 +56,8 @@ class ServiceConfig:
 
     @classmethod
     def from_env(cls) -> "ServiceConfig":
-        return cls(host=env("FLYWHEEL_API_HOST"), port=int(env("FLYWHEEL_API_PORT")), token=env("FLYWHEEL_API_TOKEN", ""))
+        return cls(host=env("FLYWHEEL_API_HOST"), port=int(env("FLYWHEEL_API_PORT")), token=env("FLYWHEEL_API_TOKEN", ""),
+                   dagster_url=os.environ.get(DAGSTER_URL_VARIABLE, ""))
 
     def derived(self, purpose: str) -> str:
         """A value derived from the token (a session's signature, its CSRF field, a message's

@@ -1,12 +1,19 @@
 """Launching the flywheel's jobs from the service, as runs of the code location on the Dagster
-instance (they show in `make ui` like any run), executed by a worker process
-(`pipelines.launch.start_worker`) so the service keeps answering.
+instance (they show in the Dagster UI like any run), never inside the service:
+
+- with FLYWHEEL_DAGSTER_URL (production: `make up`), each run is submitted to that webserver
+  (`DagsterGraphQLClient.submit_job_execution`, partitions through the `dagster/partition` tag or
+  the range tags); the instance's run queue and `dagster-daemon` launch and monitor them;
+- without it (`make serve` alone), the runs are queued for a worker process that executes them in
+  order, one launch at a time (`pipelines.launch.enqueue`).
 
 Every launch is idempotent: its runs carry `flywheel/request=<digest of what they would change>`,
 and a request whose digest already has a queued, running or successful run returns those runs
-instead of launching again. Before each launch (and at the service's start) runs whose worker died
-are failed and their pool slots freed (`pipelines.launch.reconcile_dead_runs`); partitions a live run
-of the same job already covers are left out, so two launches never materialise one partition.
+instead of launching again. Partitions a queued or live run of the same job already covers are left
+out, so two launches never materialise one partition. Run state is read with the instance's public
+`get_run_records`. Before each launch (and at the service's start) runs whose worker died are failed
+and their pool slots freed (`pipelines.launch.reconcile_dead_runs`; the daemon's run monitoring does
+this for the runs it launched).
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ import hashlib
 import json
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urlsplit
 
 import dagster as dg
 import pandas as pd
+from dagster_graphql import DagsterGraphQLClient, DagsterGraphQLClientError
 
 from assets.partitions import daily_rl_partitions, preference_partitions
 from assets.preferences.outcomes import pending_partitions_ready
@@ -25,13 +34,14 @@ from outcome_flywheel.preferences.audit_log import records_frame
 from outcome_flywheel.preferences.changes import changed_dates, contiguous_ranges
 from outcome_flywheel.preferences.status import current_pairs, min_new_pairs, training_status
 from outcome_flywheel.settings import env
-from pipelines.launch import IN_PROCESS, RANGE_END, RANGE_START, create_run, reconcile_dead_runs, start_worker
+from pipelines.launch import (IN_PROCESS, LAUNCH_TAG, LIVE_STATUSES, PARTITION_TAG, RANGE_END, RANGE_START, RunSpec, enqueue,
+                              live_runs, queued_launches, reconcile_dead_runs)
 from pipelines.preferences import last_training_finished, train_cooldown_s, training_decision
-from service.state import NoDagsterInstance, ServiceState
+from service.state import DagsterUnavailable, NoDagsterInstance, ServiceState
 
 REQUEST_TAG = "flywheel/request"
 REASON_TAG = "flywheel/reason"
-LIVE = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+LIVE = LIVE_STATUSES
 DONE_OR_LIVE = LIVE + (dg.DagsterRunStatus.SUCCESS,)
 DECISIONS_JOB = "flywheel_decisions"
 TRAINING_JOB = "flywheel_training"
@@ -43,20 +53,43 @@ FEEDBACK_DIGEST = ("feedback_id", "decision_date", "headline_id", "rollout_index
 def run_summary(run: dg.DagsterRun) -> dict[str, Any]:
     tags = run.tags
     return {
-        "run_id": run.run_id, "job": run.job_name, "status": run.status.value,
-        "partition": tags.get("dagster/partition"),
-        "partition_range": [tags["dagster/asset_partition_range_start"], tags["dagster/asset_partition_range_end"]]
-        if "dagster/asset_partition_range_start" in tags else None,
+        "run_id": run.run_id, "launch_id": tags.get(LAUNCH_TAG), "job": run.job_name, "status": run.status.value,
+        "partition": tags.get(PARTITION_TAG),
+        "partition_range": [tags[RANGE_START], tags[RANGE_END]] if RANGE_START in tags else None,
     }
+
+
+def queued_summary(spec: RunSpec) -> dict[str, Any]:
+    """A run a worker will make (no run id yet): queued in the service's worker queue."""
+    return {"run_id": None, "launch_id": spec.launch_id, "job": spec.job, "status": dg.DagsterRunStatus.QUEUED.value,
+            "partition": spec.partition_key, "partition_range": list(spec.partition_range) if spec.partition_range else None}
 
 
 def _digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _existing(instance: dg.DagsterInstance, digest: str) -> list[dg.DagsterRun]:
-    runs = instance.get_runs(filters=dg.RunsFilter(tags={REQUEST_TAG: digest}))
-    return [r for r in reversed(runs) if r.status in DONE_OR_LIVE]  # in the order they were made
+def _runs(instance: dg.DagsterInstance, statuses, **filters) -> list[dg.DagsterRun]:
+    """Runs matching `filters` (dg.RunsFilter's) in `statuses`, oldest first."""
+    records = instance.get_run_records(filters=dg.RunsFilter(statuses=list(statuses), **filters))
+    return [r.dagster_run for r in reversed(records)]
+
+
+def _queued_specs(instance: dg.DagsterInstance, job: str | None = None, digest: str | None = None) -> list[RunSpec]:
+    """Specs live workers hold that have no run yet (embedded mode; none with a webserver)."""
+    specs = [s for launch in queued_launches(instance) for s in launch
+             if (job is None or s.job == job) and (digest is None or s.tags.get(REQUEST_TAG) == digest)]
+    return [s for s in specs if not instance.get_run_records(filters=dg.RunsFilter(tags={LAUNCH_TAG: s.launch_id}), limit=1)]
+
+
+def _existing(instance: dg.DagsterInstance, digest: str) -> list[dict[str, Any]]:
+    runs = _runs(instance, DONE_OR_LIVE, tags={REQUEST_TAG: digest})
+    return [run_summary(r) for r in runs] + [queued_summary(s) for s in _queued_specs(instance, digest=digest)]
+
+
+def in_progress(instance: dg.DagsterInstance, job: str) -> list[dict[str, Any]]:
+    """The live runs of `job` and the ones queued for a worker, oldest first."""
+    return [run_summary(r) for r in live_runs(instance, job_name=job)] + [queued_summary(s) for s in _queued_specs(instance, job=job)]
 
 
 def reconcile(state: ServiceState) -> list[str]:
@@ -69,20 +102,21 @@ def _days(block: tuple[str, str]) -> list[str]:
     return [d.strftime("%Y-%m-%d") for d in pd.date_range(block[0], block[1], freq="D")]
 
 
-def covered_partitions(instance: dg.DagsterInstance, job: str) -> dict[str, str]:
-    """{partition: run id} of the live runs of `job` (one partition or a range each)."""
+def covered_partitions(instance: dg.DagsterInstance, job: str) -> dict[str, dict[str, Any]]:
+    """{partition: run summary} of the queued or live runs of `job` (one partition or a range each)."""
     covered = {}
-    for run in instance.get_runs(filters=dg.RunsFilter(job_name=job, statuses=list(LIVE))):
-        tags = run.tags
-        if RANGE_START in tags:
-            covered.update({d: run.run_id for d in _days((tags[RANGE_START], tags[RANGE_END]))})
-        elif "dagster/partition" in tags:
-            covered[tags["dagster/partition"]] = run.run_id
+    for run in in_progress(instance, job):
+        if run["partition_range"]:
+            covered.update({d: run for d in _days(tuple(run["partition_range"]))})
+        elif run["partition"]:
+            covered[run["partition"]] = run
     return covered
 
 
-def _uncovered(instance: dg.DagsterInstance, specs: list[tuple[str, tuple[str, str] | None]], skipped: dict[str, str]):
-    """`specs` without the partitions live runs of the same job already cover (recorded in `skipped`)."""
+def _uncovered(instance: dg.DagsterInstance, specs: list[tuple[str, tuple[str, str] | None]], skipped: dict[str, str],
+               covering: dict[str, dict[str, Any]]):
+    """`specs` without the partitions queued or live runs of the same job already cover (recorded in
+    `skipped` by run id, or launch id while queued, and their runs in `covering`)."""
     out = []
     for job_name, block in specs:
         if block is None:
@@ -90,45 +124,63 @@ def _uncovered(instance: dg.DagsterInstance, specs: list[tuple[str, tuple[str, s
             continue
         covered = covered_partitions(instance, job_name)
         days = [d for d in _days(block) if d not in covered]
-        skipped.update({d: covered[d] for d in _days(block) if d in covered})
+        for d in _days(block):
+            if d in covered:
+                run = covered[d]
+                skipped[d] = run["run_id"] or run["launch_id"]
+                covering[run["run_id"] or run["launch_id"]] = run
         out.extend((job_name, span) for span in contiguous_ranges(days))
     return out
 
 
+def graphql_client(url: str) -> DagsterGraphQLClient:
+    parts = urlsplit(url)
+    return DagsterGraphQLClient(parts.hostname, port_number=parts.port, use_https=parts.scheme == "https",
+                                path_prefix=parts.path.rstrip("/"), timeout=60)
+
+
+def submit(url: str, specs: list[RunSpec], instance: dg.DagsterInstance) -> list[dict[str, Any]]:
+    """Submit each spec to the Dagster webserver at `url` (queued there; its daemon launches it)."""
+    client = graphql_client(url)
+    runs = []
+    for spec in specs:
+        try:
+            run_id = client.submit_job_execution(spec.job, run_config=dict(spec.run_config), tags=spec.run_tags())
+        except DagsterGraphQLClientError as err:
+            done = f" ({len(runs)} of {len(specs)} runs were submitted)" if runs else ""
+            raise DagsterUnavailable(f"the Dagster webserver at {url} did not take the {spec.job} run: {err}{done}") from None
+        run = instance.get_run_by_id(run_id)
+        runs.append(run_summary(run) if run is not None else {**queued_summary(spec), "run_id": run_id})
+    return runs
+
+
 def _launch(state: ServiceState, job: str | list[tuple[str, tuple[str, str] | None]], ranges: list[tuple[str, str] | None] | None,
-            digest: str, reason: str, skipped: dict[str, str] | None = None) -> tuple[bool, list[dg.DagsterRun]]:
-    """(launched, runs): the runs of an earlier identical request, or new runs handed to one worker
-    that executes them in order. `job` with `ranges` (partition spans, None = unpartitioned), or a
-    list of (job, span) when the runs belong to several jobs. Partitions that live runs of the same
-    job cover are left out and recorded in `skipped` ({partition: run id})."""
+            digest: str, reason: str, skipped: dict[str, str] | None = None) -> tuple[bool, list[dict[str, Any]]]:
+    """(launched, run summaries): the runs of an earlier identical request, or new runs (submitted
+    to FLYWHEEL_DAGSTER_URL, else queued for one worker that executes them in order). `job` with
+    `ranges` (partition spans, None = unpartitioned), or a list of (job, span) when the runs belong
+    to several jobs. Partitions that queued or live runs of the same job cover are left out and
+    recorded in `skipped` ({partition: run id, or launch id while queued})."""
     instance = state.instance()
-    specs = job if isinstance(job, list) else [(job, block) for block in ranges or [None]]
+    pairs = job if isinstance(job, list) else [(job, block) for block in ranges or [None]]
     skipped = {} if skipped is None else skipped
     with state.launch_lock:
         reconcile(state)
         existing = _existing(instance, digest)
         if existing:
             return False, existing
-        specs = _uncovered(instance, specs, skipped)
-        if not specs:  # every partition is being materialised by a live run already: those runs
-            return False, [instance.get_run_by_id(r) for r in dict.fromkeys(skipped.values())]
+        covering: dict[str, dict[str, Any]] = {}
+        pairs = _uncovered(instance, pairs, skipped, covering)
+        if not pairs:  # every partition is being materialised by a queued or live run already: those runs
+            return False, list(covering.values())
         tags = {REQUEST_TAG: digest, REASON_TAG: reason[:200]}
-        runs = []
-        for job_name, block in specs:
-            if block is None:
-                runs.append(create_run(job_name, instance, run_config=IN_PROCESS, tags=tags))
-            elif block[0] == block[1]:
-                runs.append(create_run(job_name, instance, partition_key=block[0], run_config=IN_PROCESS, tags=tags))
-            else:
-                runs.append(create_run(job_name, instance, partition_range=block, run_config=IN_PROCESS, tags=tags))
-        log = state.warehouse.path("service", "runs", f"{runs[0].run_id}.log")
-        try:
-            state.workers.append(start_worker([r.run_id for r in runs], log, instance))
-        except OSError as err:  # no worker: fail the runs, or they would block the next identical request forever
-            for run in runs:
-                instance.report_run_failed(run, f"the launch worker could not start: {err}")
-            raise
-    return True, runs
+        specs = [RunSpec(job_name, block[0] if block and block[0] == block[1] else None, block if block and block[0] != block[1] else None,
+                         IN_PROCESS, tags) for job_name, block in pairs]
+        if state.config.dagster_url:
+            return True, submit(state.config.dagster_url, specs, instance)
+        log = state.warehouse.path("service", "runs", f"{specs[0].launch_id}.log")
+        state.workers.append(enqueue(specs, log, instance))
+    return True, [queued_summary(s) for s in specs]
 
 
 def extraction_plan(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
@@ -160,7 +212,7 @@ def extract(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
     message = "launched" if launched else "already launched for these changes"
     if launched and skipped:
         message += f" ({len(skipped)} date(s) left to the live runs that cover them)"
-    return {**plan, "launched": launched, "runs": [run_summary(r) for r in runs], "in_live_runs": skipped, "message": message}
+    return {**plan, "launched": launched, "runs": runs, "in_live_runs": skipped, "message": message}
 
 
 def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
@@ -172,17 +224,17 @@ def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str,
     try:
         instance = state.instance()
         reconcile(state)  # a dead training run must not count as one in progress
-        in_progress = len(instance.get_runs(filters=dg.RunsFilter(job_name=TRAINING_JOB, statuses=list(LIVE))))
+        trainings = len(in_progress(instance, TRAINING_JOB))
     except NoDagsterInstance as err:  # status still answers; launching will say why not
-        in_progress, status["instance_error"] = 0, str(err)
-    start, reason, run_key = training_decision(state.warehouse, now, in_progress, min_new_pairs(), train_cooldown_s(), pairs)
+        trainings, status["instance_error"] = 0, str(err)
+    start, reason, run_key = training_decision(state.warehouse, now, trainings, min_new_pairs(), train_cooldown_s(), pairs)
     reasons = list(status["blocking_reasons"])
     if not start and "new pairs since the last adapter" not in reason:  # that one training_status already gave
         reasons.append(reason)
     last = last_training_finished(state.warehouse)
     remaining = max(0.0, train_cooldown_s() - (pd.Timestamp(now) - last).total_seconds()) if last is not None else 0.0
     return {**status, "ready_to_train": start and status["ready_to_train"], "blocking_reasons": reasons,
-            "training_in_progress": in_progress, "cooldown_s": train_cooldown_s(), "cooldown_remaining_s": round(remaining),
+            "training_in_progress": trainings, "cooldown_s": train_cooldown_s(), "cooldown_remaining_s": round(remaining),
             "last_training_finished_at": None if last is None else last.isoformat(), "run_key": run_key or None}
 
 
@@ -193,7 +245,7 @@ def train(state: ServiceState, dry_run: bool = True, now: datetime | None = None
     if dry_run or not plan["ready_to_train"]:
         return plan["ready_to_train"] or dry_run, {**plan, "dry_run": dry_run, "launched": False, "runs": []}
     launched, runs = _launch(state, TRAINING_JOB, [None], plan["run_key"], "service: " + ", ".join(plan["blocking_reasons"]) if plan["blocking_reasons"] else "service: training requested")
-    return True, {**plan, "dry_run": False, "launched": launched, "runs": [run_summary(r) for r in runs]}
+    return True, {**plan, "dry_run": False, "launched": launched, "runs": runs}
 
 
 FEEDBACK_DAY_JOB = "note_feedback_job"
@@ -210,9 +262,9 @@ def feedback_plan(state: ServiceState) -> dict[str, Any]:
                             warehouse.partitions("note_feedback"), columns=FEEDBACK_DIGEST, key="feedback_id")
     keys = set(daily_rl_partitions.get_partition_keys())
     days = sorted(set(changed) & keys)
-    newest_day = max((f.stat().st_mtime for f in warehouse.files("note_feedback")), default=0.0)
-    pairs_file = warehouse.partition_file("feedback_pairs")
-    pairs_stale = bool(days) or (newest_day > 0 and (not pairs_file.exists() or pairs_file.stat().st_mtime < newest_day))
+    newest_day = max((f.mtime_ns / 1e9 for f in warehouse.files("note_feedback")), default=0.0)
+    pairs_file = warehouse.stat("feedback_pairs")
+    pairs_stale = bool(days) or (newest_day > 0 and (pairs_file is None or pairs_file.mtime_ns / 1e9 < newest_day))
     return {"changed_days": days, "waiting": {d: "not a day of the daily loop's partitions" for d in changed if d not in keys},
             "pairs_stale": pairs_stale, "digest": _digest({"changed": {d: changed[d] for d in days}, "pairs_stale": pairs_stale,
                                                            "newest": newest_day if pairs_stale else None})}
@@ -226,5 +278,5 @@ def materialize_feedback(state: ServiceState) -> dict[str, Any]:
     specs = [(FEEDBACK_DAY_JOB, block) for block in contiguous_ranges(plan["changed_days"])] + [(FEEDBACK_PAIRS_JOB, None)]
     skipped: dict[str, str] = {}
     launched, runs = _launch(state, specs, None, plan["digest"], f"service: feedback changed on {len(plan['changed_days'])} day(s)", skipped)
-    return {**plan, "launched": launched, "runs": [run_summary(r) for r in runs], "in_live_runs": skipped,
+    return {**plan, "launched": launched, "runs": runs, "in_live_runs": skipped,
             "message": "launched" if launched else "already launched for these changes"}

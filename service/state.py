@@ -1,5 +1,6 @@
 """What the service's handlers share: its settings, the warehouse, the two people-written logs, the
-style scorer (one model kept loaded) and the Dagster instance runs are launched on."""
+style scorer (one model kept loaded) and the Dagster instance runs are launched on (read with public
+calls; with FLYWHEEL_DAGSTER_URL the same instance its webserver and daemon use)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ from service.config import ServiceConfig
 
 class NoDagsterInstance(RuntimeError):
     """Launching needs a persistent Dagster instance (DAGSTER_HOME), the one `make ui` shows."""
+
+
+class DagsterUnavailable(NoDagsterInstance):
+    """The Dagster webserver of FLYWHEEL_DAGSTER_URL did not take a run (down, still loading the
+    code location, or it refused the run): the request gets a 503 with the reason."""
 
 
 def dagster_instance() -> dg.DagsterInstance:
@@ -53,7 +59,7 @@ class ServiceState:
         """The same places the Dagster resources read (FLYWHEEL_DATA_DIR, FLYWHEEL_AUDIT_LOG,
         FLYWHEEL_LIVE_AUDIT_LOG, FLYWHEEL_FEEDBACK_LOG), so the assets see what the service writes."""
         data_dir = env("FLYWHEEL_DATA_DIR")
-        warehouse = Warehouse(data_dir=data_dir)
+        warehouse = Warehouse.from_env()  # FLYWHEEL_DATA_DIR, FLYWHEEL_WAREHOUSE_URL, FLYWHEEL_S3_ENDPOINT
         return cls(
             config=config or ServiceConfig.from_env(),
             warehouse=warehouse,

@@ -238,7 +238,7 @@ def materialize_form(request: Request):
         result = launching.materialize_feedback(request.app.state.service)
     except NoDagsterInstance as err:
         return back(request, "/curation", error=str(err))
-    runs = ", ".join(f"{r['job']} {r['run_id'][:8]}" for r in result["runs"])
+    runs = ", ".join(f"{r['job']} {(r['run_id'] or r['launch_id'])[:8]}" for r in result["runs"])
     return back(request, "/curation", flash=f"{result['message']}: {runs or 'no runs'}. The pairs appear here when the runs finish (Dagster UI: Runs).")
 
 
