@@ -29,6 +29,7 @@ def resources(root: Path, max_headlines: int) -> dict:
     from outcome_flywheel.market_data import MarketData
     from outcome_flywheel.models import ModelLoader
     from outcome_flywheel.storage import Warehouse
+    from resources.steps import StepRunnerResource
 
     return dict(
         warehouse=Warehouse(data_dir=str(root)),
@@ -36,6 +37,7 @@ def resources(root: Path, max_headlines: int) -> dict:
         feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
         judge=Judge(),
         market_data=MarketData(data_dir=str(root)),
+        step_runner=StepRunnerResource(runner="in_process"),  # learning figures, not process starts
     )
 
 

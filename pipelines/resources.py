@@ -2,13 +2,14 @@
 
 from resources.market_data import MarketDataResource
 from resources.models import ModelBackendResource
+from resources.steps import StepRunnerResource
 from resources.storage import WarehouseResource
 
 
 def core_resources() -> dict:
-    """The warehouse, the models and the market data (the flywheel's T+5 outcomes and the daily
-    loop's call outcomes read the same prices)."""
+    """The warehouse, the models, the market data (the flywheel's T+5 outcomes and the daily
+    loop's call outcomes read the same prices) and where the training steps run (docs/pipes.md)."""
     return {
         "warehouse": WarehouseResource.from_env(), "model_backend": ModelBackendResource.from_env(),
-        "market_data": MarketDataResource.from_env(),
+        "market_data": MarketDataResource.from_env(), "step_runner": StepRunnerResource.from_env(),
     }

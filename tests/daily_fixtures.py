@@ -10,6 +10,7 @@ from outcome_flywheel.daily_rl.judge import Judge
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.storage import Warehouse
+from resources.steps import StepRunnerResource
 
 
 def linked_data_dir(parent: Path, tiny_model_dir: Path) -> Path:
@@ -28,4 +29,6 @@ def daily_resources(root: Path, max_headlines: int = 3, prices_file: str = str(B
         feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
         judge=Judge(),
         market_data=MarketData(data_dir=str(root), prices_file=prices_file),
+        # the step's code over Pipes in the test's process: fast; tests/test_pipes_steps.py runs the subprocess
+        step_runner=StepRunnerResource(runner="in_process"),
     )

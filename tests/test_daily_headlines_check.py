@@ -11,6 +11,7 @@ from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.settings import SAMPLE_DATA
 from outcome_flywheel.storage import Warehouse
 from resources.daily_rl import FeedsResource
+from resources.steps import StepRunnerResource
 
 ARCHIVE = SAMPLE_DATA / "feeds_archive"
 DAY = "2025-11-05"
@@ -26,6 +27,7 @@ def _resources(root, feeds: FeedSource) -> dict:
         feeds=feeds,
         judge=Judge(),
         market_data=MarketData(data_dir=str(root)),
+        step_runner=StepRunnerResource(runner="in_process"),
     )
 
 

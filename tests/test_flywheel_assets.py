@@ -17,6 +17,7 @@ from pipelines.preferences import flywheel_outcomes_schedule, training_decision
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.cli import flywheel_status, style_score
+from resources.steps import StepRunnerResource
 from tests.flywheel_fixtures import one_thread  # noqa: F401
 
 FIRST, LAST = "2025-11-17", "2026-01-08"
@@ -49,6 +50,7 @@ def resources(small_log, warehouse, model_backend, data_dir):
         "warehouse": warehouse, "model_backend": model_backend,
         "audit_log": AuditLog(path=str(small_log)),
         "market_data": MarketData(data_dir=str(data_dir)),
+        "step_runner": StepRunnerResource(runner="in_process"),
     }
 
 

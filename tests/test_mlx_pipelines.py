@@ -15,6 +15,7 @@ from tests.mlx_fixtures import require_mlx
 require_mlx()
 
 from resources.models import ModelBackendResource  # noqa: E402
+from resources.steps import StepRunnerResource
 
 DAY1, DAY2 = "2025-11-03", "2025-11-04"
 
@@ -42,6 +43,7 @@ def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_back
         "feeds": FeedSource(max_headlines=3, data_dir=str(data_dir)),
         "judge": Judge(max_new_tokens=4),
         "market_data": MarketData(data_dir=str(data_dir)),  # daily_update reads matured prices
+        "step_runner": StepRunnerResource(runner="in_process"),
     }
     run_config = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 2, "max_new_tokens": 24}}}}
     for day in (DAY1, DAY2):
@@ -98,6 +100,7 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     resources = {
         "warehouse": warehouse, "model_backend": mlx_backend_resource,
         "audit_log": AuditLog(path=str(log)), "market_data": MarketData(data_dir=str(data_dir)),
+        "step_runner": StepRunnerResource(runner="in_process"),
     }
     instance = dg.DagsterInstance.ephemeral()
     tags = {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}

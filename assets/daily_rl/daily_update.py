@@ -4,29 +4,32 @@ The loop is a cycle (policy -> rollouts -> scores -> policy). Dagster accepts a 
 asset depending on its own earlier partition, so all three keys live in one multi-asset and each
 depends on the day's `headlines` and on its own previous partition (docs/daily_rl.md, "Why one
 multi-asset": other shapes break asset backfills or run days out of order). The work itself is
-`outcome_flywheel.daily_rl.update.run_daily_update`: score, train, generate, verify.
+`outcome_flywheel.daily_rl.update.run_daily_update` (score, train, generate, verify), run by the
+step process `outcome_flywheel.steps.daily_update` where the `step_runner` resource says
+(docs/pipes.md); its metadata and checks come back through Dagster Pipes.
 """
 
 from typing import Optional
 
 import dagster as dg
-import pandas as pd
 from pydantic import Field
 
 from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, column_names, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.gate import GateConfig
 from outcome_flywheel.daily_rl.judge import Judge
-from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, SCORE_COLUMNS, position_bias
+from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, SCORE_COLUMNS
 from outcome_flywheel.daily_rl.matured import longest_wait_days
 from outcome_flywheel.daily_rl.rewards import REWARD_SIGNALS, PriceReward, RewardConfig
-from outcome_flywheel.daily_rl.update import DailyUpdateError, DailyUpdateResult, DailyUpdateSettings, run_daily_update
+from outcome_flywheel.daily_rl.update import DailyUpdateSettings
 from outcome_flywheel.models import LoraSettings, ModelLoader
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.gspo_config import GSPOConfig
 from outcome_flywheel.settings import env
+from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.storage import Warehouse
 from resources.settings import field_default, mirrored, set_fields
+from resources.steps import StepRunnerResource
 
 KEYS = ("rollout_scores", "policy_checkpoint", "rollouts")
 # The body reads D-1 (rollouts to score, the parent) and every earlier day whose notes' prices can
@@ -138,107 +141,18 @@ def daily_update(
     model_backend: dg.ResourceParam[ModelLoader],
     judge: dg.ResourceParam[Judge],
     market_data: dg.ResourceParam[MarketData],
+    step_runner: StepRunnerResource,
 ):
     """Score yesterday's rollouts with the judge, train the policy with GSPO (on them and on earlier
-    notes whose price matured), generate today's rollouts."""
+    notes whose price matured), generate today's rollouts: as a step process (`step_runner`), whose
+    metadata and checks come back through Dagster Pipes."""
     try:
-        result = run_daily_update(warehouse, model_backend, judge, context.partition_key, config.settings(), market_data)
-    except (DailyUpdateError, ValueError) as err:  # ValueError: a bad run config (reward weights, gate thresholds)
+        settings = config.settings()
+    except ValueError as err:  # a bad run config (reward weights, gate thresholds): refused before any process starts
         raise dg.Failure(str(err)) from err
-    yield dg.MaterializeResult(asset_key="rollout_scores", metadata=scores_metadata(result, judge.describe(model_backend), config, judge))
-    yield dg.MaterializeResult(asset_key="policy_checkpoint", metadata=checkpoint_metadata(result))
-    yield dg.MaterializeResult(asset_key="rollouts", metadata=rollouts_metadata(result))
-    for name, check in result.checks.items():
-        yield dg.AssetCheckResult(asset_key=CHECK_ASSET[name], check_name=name, passed=check["passed"], metadata=check["metadata"])
-    gate = result.gate
-    yield dg.AssetCheckResult(
-        asset_key="policy_checkpoint", check_name="update_accepted_by_gate", passed=gate.verdict != "rejected",
-        severity=dg.AssetCheckSeverity.WARN, metadata={"gate": gate.verdict, "reason": gate.reason},
-    )
-
-
-CHECK_ASSET = {
-    "ranks_are_permutations": "rollout_scores", "rewards_in_range": "rollout_scores",
-    "loads_and_generates": "policy_checkpoint", "generated_by_own_checkpoint": "rollouts",
-}
-
-
-def scores_metadata(result: DailyUpdateResult, judge_name: str, config: DailyUpdateConfig, judge) -> dict:
-    scores = result.scores
-    bias = position_bias(scores)
-    unusable = scores.groupby("headline_id")["unusable_reason"].first() if len(scores) else pd.Series(dtype=str)
-    reward = scores["reward"] if len(scores) else pd.Series(dtype=float)
-    return _present({
-        "dagster/row_count": len(scores), "prediction_date": result.prediction_day, "outcome_headlines_date": result.outcome_day,
-        "override": config.outcome_headlines_date is not None, "judge": judge_name,
-        "groups": int(scores["headline_id"].nunique()) if len(scores) else 0,
-        "judge_retries": int(scores.groupby("headline_id")["judge_retries"].first().sum()) if len(scores) else 0,
-        "judge_fallbacks": int(scores.groupby("headline_id")["judge_fallback"].first().sum()) if len(scores) else 0,
-        "usable_share": _num(scores["usable"].mean()) if len(scores) else None,
-        "unusable_groups": dg.MetadataValue.md(_counts_table(unusable[unusable != ""].value_counts(), "reason", "groups")),
-        "judge_mean_rank_by_shown_position": dg.MetadataValue.md(_mapping_table(bias["by_shown_position"], "shown position", "mean rank")),
-        "judge_mean_rank_by_rollout_index": dg.MetadataValue.md(_mapping_table(bias["by_rollout_index"], "rollout index", "mean rank")),
-        "judge_notes_truncated": int(scores["judge_truncated"].sum()) if len(scores) else 0,
-        "judge_prompt_tokens": judge.prompt_tokens,
-        "reward_mean": _num(reward.mean()) if len(reward) else None,
-        "reward_min": _num(reward.min()) if len(reward) else None,
-        "reward_max": _num(reward.max()) if len(reward) else None,
-        "reward_weights": scores["reward_weights"].iloc[0] if len(scores) else None,
-        "reward_clip": scores["reward_clip"].iloc[0] if len(scores) else None,
-        "score_seconds": round(result.timings["score_s"], 2),
-    })
-
-
-def checkpoint_metadata(result: DailyUpdateResult) -> dict:
-    info, row = result.checkpoint, result.training_row
-    return _present({
-        "policy_version": info["policy_version"], "kind": info["kind"], "parent_version": str(info["parent_version"]),
-        "path": dg.MetadataValue.path(result.checkpoint_dir), "trained": result.trained,
-        "examples": row["examples"], "steps": row["steps"], "loss": _num(row["loss"]),
-        "mean_reward": _num(row["mean_reward"]),
-        "kl_to_base": _num(row["kl_to_base"], 6),  # exact, per token, at the sampling temperature
-        "grad_norm_median": _num(row["grad_norm_median"]), "grad_norm_iqr": _num(row["grad_norm_iqr"]),
-        "clip_fraction": _num(row["clip_fraction"]), "train_seconds": round(result.timings["train_s"], 2),
-        # stored behaviour log-probs vs pi_old recomputed by the training forward: ~1e-6 in fp32
-        "behavior_logprob_gap_max": _num(row["behavior_logprob_gap_max"], 8),
-        "sampling_temperature": result.gspo.temperature if result.trained else None,
-        "objective": result.gspo.objective, "learning_rate": result.gspo.learning_rate,
-        "gate": result.gate.verdict, "gate_reason": result.gate.reason,
-        "gate_kl_to_parent": _num(row["gate_kl_to_parent"], 6),
-        "gate_probe_structure": _num(row["gate_probe_structure"]),
-        "gate_probe_parent_structure": _num(row["gate_probe_parent_structure"]),
-        **{k: _num(v) if isinstance(v, float) else v for k, v in result.price_row.items() if k not in ("date", "clip_fraction")},
-        "reward_ledger_rows": len(result.ledger),
-    })
-
-
-def rollouts_metadata(result: DailyUpdateResult) -> dict:
-    rollouts, row = result.rollouts, result.training_row
-    return _present({
-        "dagster/row_count": len(rollouts), "headlines": result.headlines, "rollouts_per_headline": result.n_rollouts,
-        "max_new_tokens": result.max_new_tokens, "policy_version": result.checkpoint["policy_version"],
-        "mean_structure_score": _num(row["mean_structure"]), "generated_tokens": row["generated_tokens"],
-        "tokens_per_second": round(row["generated_tokens"] / max(result.timings["generate_s"], 1e-9), 1),
-        "generate_seconds": round(result.timings["generate_s"], 2),
-        "example": dg.MetadataValue.md(f"```\n{rollouts['response'].iloc[0][:600]}\n```") if len(rollouts) else None,
-    })
-
-
-def _num(value, digits: int = 4) -> float | None:
-    """A rounded float for metadata (Dagster plots it); None for NaN (not trained / nothing scored)."""
-    value = float(value)
-    return round(value, digits) if value == value else None
-
-
-def _present(metadata: dict) -> dict:
-    return {k: v for k, v in metadata.items() if v is not None}
-
-
-def _mapping_table(values: dict, key: str, value: str) -> str:
-    rows = "".join(f"| {k} | {v:.3f} |\n" for k, v in values.items())
-    return f"| {key} | {value} |\n| --- | --- |\n{rows}" if rows else "none"
-
-
-def _counts_table(counts: pd.Series, key: str, value: str) -> str:
-    rows = "".join(f"| {k} | {int(v)} |\n" for k, v in counts.items())
-    return f"| {key} | {value} |\n| --- | --- |\n{rows}" if rows else "none"
+    extras = {
+        "warehouse": to_payload(warehouse), "models": to_payload(model_backend), "judge": to_payload(judge),
+        "market_data": to_payload(market_data) if market_data is not None else None, "settings": to_payload(settings),
+    }
+    # The whole day is one step: one process start (torch and the model load once) per partition.
+    yield from step_runner.run_step(context, "daily_update", extras).get_results()

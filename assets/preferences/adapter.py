@@ -1,9 +1,8 @@
-"""`preference_adapter`: LoRA weighted DPO on the base model from the training split of `dpo_dataset`."""
+"""`preference_adapter`: LoRA weighted DPO on the base model from the training split of `dpo_dataset`,
+trained by the step process `outcome_flywheel.steps.preference_adapter` (docs/pipes.md)."""
 
-import json
 import shutil
 import time
-import uuid
 from datetime import datetime, timezone
 from typing import Optional
 
@@ -12,13 +11,15 @@ import pandas as pd
 from pydantic import Field
 
 from assets.catalog import MODEL_KINDS, OWNERS, column_names, table_metadata
-from outcome_flywheel.preferences.scoring import training_pairs
-from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO, prompt_context_keys
+from outcome_flywheel.preferences.status import ADAPTERS_DIR
 from outcome_flywheel.preferences.weighting import dataset_fingerprint
 from outcome_flywheel.models import LoraSettings, ModelLoader
 from outcome_flywheel.models.dpo_config import WeightedDPOConfig
-from outcome_flywheel.storage import Warehouse, atomic_symlink, publish_dir
+from outcome_flywheel.steps.codec import to_payload
+from outcome_flywheel.preferences.adapter_step import SUMMARY_KEY
+from outcome_flywheel.storage import Warehouse
 from resources.settings import mirrored
+from resources.steps import StepRunnerResource
 
 HISTORY_TABLE = "preference_training_history"
 
@@ -39,17 +40,6 @@ class PreferenceAdapterConfig(dg.Config):
     seed: Optional[int] = Field(default=None, description="Seeds the LoRA init and the batch order. Default: FLYWHEEL_SEED.")
 
 
-def _config_table(config: dict, prefix: str = "") -> str:
-    """The trainer's settings as a two-column markdown table (nested settings as `lora.r`...)."""
-    rows = []
-    for key, value in config.items():
-        if isinstance(value, dict):
-            rows += [line for line in _config_table(value, f"{prefix}{key}.").splitlines()[2:]]
-        else:
-            rows.append(f"| {prefix}{key} | {', '.join(map(str, value)) if isinstance(value, (list, tuple)) else value} |")
-    return "| setting | value |\n| --- | --- |\n" + "\n".join(rows)
-
-
 def adapter_run_id(dagster_run_id: str, now: datetime) -> str:
     """Sortable and unique: UTC time then the Dagster run id's first 8 characters."""
     return f"{now:%Y%m%dT%H%M%SZ}-{dagster_run_id[:8]}"
@@ -68,12 +58,13 @@ def adapter_run_id(dagster_run_id: str, now: datetime) -> str:
         description="Every DPO step's loss is finite and below 1e6 (a diverged run does not feed holdout_eval).",
     )],
 )
-def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdapterConfig, model_backend: dg.ResourceParam[ModelLoader], warehouse: dg.ResourceParam[Warehouse]):
+def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdapterConfig, model_backend: dg.ResourceParam[ModelLoader],
+                       warehouse: dg.ResourceParam[Warehouse], step_runner: StepRunnerResource):
     """LoRA adapter (r=8) trained with outcome-weighted DPO (beta 0.02, plans scored line by line) on
     the training split of `dpo_dataset`: exact per-pair weights, reference = the base with the
-    adapter disabled. Saved
-    in PEFT layout under adapters/preference/<run>/; the `latest` pointer moves only after a
-    successful run. Every run (failed ones too) appends a row to `preference_training_history`."""
+    adapter disabled. Trained by a step process (`step_runner`, docs/pipes.md) that saves it in
+    PEFT layout under adapters/preference/<run>/ and moves the `latest` pointer only after a
+    successful run. Every run (failed and killed ones too) appends a row to `preference_training_history`."""
     pairs_df = warehouse.read("dpo_dataset")
     train = pairs_df[pairs_df["split"] == "train"] if len(pairs_df) else pairs_df
     default_lora = WeightedDPOConfig().lora
@@ -86,8 +77,6 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
     started_at = datetime.now(timezone.utc)
     run = adapter_run_id(context.run_id, started_at)
     root = warehouse.path(*ADAPTERS_DIR)
-    final = root / run
-    staging = root / f".staging-{run}-{uuid.uuid4().hex[:6]}"
     history = {
         "run": run, "dagster_run_id": context.run_id, "started_at": started_at.isoformat(),
         "base_model": model_backend.base_model, "backend": model_backend.backend,
@@ -102,28 +91,13 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
     try:
         if train.empty:
             raise ValueError("dpo_dataset has no training pairs: materialise operator_decisions, decision_outcomes and dpo_dataset first")
-        pairs = training_pairs(pairs_df)
-        backend = model_backend.load()
-        # The trainer seeds, then adds the LoRA adapter, so a re-run gives the same adapter.
-        stats = backend.train_weighted_dpo(pairs, cfg)
-        staging.mkdir(parents=True)
-        backend.save(staging)
-        info = {
-            "run": run, "config": cfg.as_dict(), "base_model": model_backend.base_model,
-            "base_model_dir": str(model_backend.base_model_dir()), "dataset_fingerprint": history["dataset_fingerprint"],
-            "n_pairs": len(pairs), "steps": stats.steps,
-            # How a new proposal's prompt must be rendered to be scored like these pairs.
-            "prompt_context_keys": list(prompt_context_keys()), "losses": stats.losses, "wall_s": stats.wall_s,
-            # decision_id -> verdict trained on: the sensor counts pairs new since this adapter.
-            "trained": dict(zip(train["decision_id"], train["verdict"])),
-        }
-        (staging / TRAIN_INFO).write_text(json.dumps(info, indent=1, sort_keys=True))
-        publish_dir(staging, final)
-        atomic_symlink(final, root / "latest")  # only now: a failed run never moves `latest`
-        history.update(
-            status="succeeded", steps=stats.steps, loss_first=float(stats.losses[0]), loss_last=float(stats.losses[-1]),
-            adapter_path=str(final),
-        )
+        extras = {"warehouse": to_payload(warehouse), "models": to_payload(model_backend), "config": cfg.as_dict(), "run": run,
+                  "dataset_fingerprint": history["dataset_fingerprint"]}
+        invocation = step_runner.run_step(context, "preference_adapter", extras)
+        figures = [m[SUMMARY_KEY] for m in invocation.get_custom_messages() if isinstance(m, dict) and SUMMARY_KEY in m]
+        if not figures:
+            raise dg.Failure(description="the preference_adapter step ended without reporting its training figures")
+        history.update(status="succeeded", **figures[-1])
     except Exception as err:
         history["error"] = f"{type(err).__name__}: {err}"[:2000]
         raise
@@ -131,23 +105,7 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
         history["wall_s"] = round(time.perf_counter() - t0, 3)
         history["finished_at"] = datetime.now(timezone.utc).isoformat()
         warehouse.write(HISTORY_TABLE, pd.DataFrame([history])[column_names(HISTORY_TABLE, history)], partition=run, key="run")
-        if staging.exists():
+        # A killed step leaves its staging folder behind (its own cleanup never ran).
+        for staging in root.glob(f".staging-{run}-*") if root.exists() else ():
             shutil.rmtree(staging, ignore_errors=True)
-    acc = stats.extra.get("rewards_accuracy", [])
-    yield dg.MaterializeResult(
-        metadata={
-            "run": run,
-            "adapter_path": dg.MetadataValue.path(str(final)),
-            "n_pairs": len(pairs),
-            "steps": stats.steps,
-            "loss_first": round(float(stats.losses[0]), 4),
-            "loss_last": round(float(stats.losses[-1]), 4),
-            "mean_loss_last_epoch": round(float(pd.Series(stats.losses[-max(1, len(stats.losses) // cfg.epochs):]).mean()), 4),
-            **({"rewards_accuracy_last_epoch": round(float(pd.Series(acc[-max(1, len(acc) // cfg.epochs):]).mean()), 4)} if acc else {}),
-            "wall_seconds": round(stats.wall_s, 2),
-            "learning_rate": cfg.learning_rate, "beta": cfg.beta, "epochs": cfg.epochs, "lora_r": cfg.lora.r,
-            "config": dg.MetadataValue.md(_config_table(cfg.as_dict())),
-        }
-    )
-    finite = all(pd.notna(stats.losses)) and all(abs(x) < 1e6 for x in stats.losses)
-    yield dg.AssetCheckResult(check_name="loss_is_finite", passed=bool(finite), metadata={"loss_last": float(stats.losses[-1])})
+    yield from invocation.get_results()

@@ -1,0 +1,125 @@
+"""A step process's side of Dagster Pipes: open the connection, run the step, report how it ended.
+
+`main(step)` is what `python -m outcome_flywheel.steps.<step>` runs. It opens Pipes from the
+bootstrap variables the step runner set (`DAGSTER_PIPES_CONTEXT`, `DAGSTER_PIPES_MESSAGES`), runs
+the step's `run(pipes)`, and on an error reports it as a custom message (the asset's failure shows
+it) and exits 1 after printing the traceback to stderr (its tail is in the failure too).
+`run_in_process` runs the same `run(pipes)` over the same protocol inside the caller's process.
+
+Test hook: `FLYWHEEL_STEP_CRASH=train` makes a step process kill itself with SIGKILL (what the
+out-of-memory killer sends) when training starts: GSPO in `daily_update`, weighted DPO in
+`preference_adapter`. Only `main` honours it, never the in-process runner, so it cannot kill an
+orchestrator. It exists so tests can prove that a killed training fails the step and leaves
+`latest` where it was.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+import traceback
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping
+
+from dagster_pipes import (
+    PipesContext, PipesDefaultContextLoader, PipesDefaultMessageWriter, PipesEnvVarParamsLoader, PipesMappingParamsLoader,
+    PipesParamsLoader,
+)
+
+from outcome_flywheel.steps import step_module
+
+CRASH_VARIABLE = "FLYWHEEL_STEP_CRASH"
+CRASH_POINTS = ("train",)
+ERROR_KEY = "step_error"  # custom message {ERROR_KEY: "Type: message"}: why the step failed
+_open: list[PipesContext] = []  # the context open in this process, for the crash hook's last log line
+
+
+class StepError(RuntimeError):
+    """A step process that cannot run as launched (not under Pipes, several processes where one is needed)."""
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+@contextmanager
+def open_step(params_loader: PipesParamsLoader | None = None, distributed: bool = False) -> Iterator[PipesContext]:
+    """The step's Pipes context (closed on exit, with the exception if one ended it).
+
+    A launcher that starts several processes (accelerate, torchrun) gives each a RANK: rank 0
+    reports to Dagster; the others get None and must write nothing. A step that is not
+    `distributed` refuses more than one process: the trainers run in one process today, and N
+    copies would each write the same outputs (docs/pipes.md, multi-GPU).
+    """
+    loader = params_loader or PipesEnvVarParamsLoader()
+    if not loader.is_dagster_pipes_process():
+        raise StepError("not launched through Dagster Pipes (DAGSTER_PIPES_CONTEXT is unset): steps are started by "
+                        "their assets' step runner (resources/steps.py), not by hand")
+    if world_size() > 1 and not distributed:
+        raise StepError(f"WORLD_SIZE={world_size()}: this step's trainer runs in one process; launch it with "
+                        "FLYWHEEL_STEP_PROCESSES=1 (docs/pipes.md, multi-GPU)")
+    if rank() != 0:
+        yield None
+        return
+    # Made here, not with open_dagster_pipes(): that keeps one context per process for good, and the
+    # in-process runner opens a fresh one for every step it runs.
+    with PipesContext(loader, PipesDefaultContextLoader(), PipesDefaultMessageWriter()) as pipes:
+        _open.append(pipes)
+        try:
+            yield pipes
+        except Exception as err:
+            pipes.report_custom_message({ERROR_KEY: f"{type(err).__name__}: {err}"[:4000]})
+            raise
+        finally:
+            _open.remove(pipes)
+
+
+def step_extras(params_loader: PipesParamsLoader | None = None) -> Mapping:
+    """The extras the asset sent, read from the injected context (for ranks other than 0, which open no Pipes)."""
+    loader = params_loader or PipesEnvVarParamsLoader()
+    with PipesDefaultContextLoader().load_context(loader.load_context_params()) as data:
+        return dict(data["extras"] or {})
+
+
+def run_in_process(step: str, bootstrap_env: Mapping[str, str]) -> None:
+    """Run `step` over Pipes in this process (the `in_process` runner): its `run(pipes)`, exceptions raised."""
+    run = importlib.import_module(step_module(step)).run
+    with open_step(PipesMappingParamsLoader(bootstrap_env)) as pipes:
+        run(pipes)
+
+
+def main(step: str, run: Callable[[PipesContext | None], None], distributed: bool = False) -> None:
+    """The process entry point: run the step; exit 1 with the traceback on stderr when it fails."""
+    install_crash_hook(os.environ.get(CRASH_VARIABLE, ""))
+    try:
+        with open_step(distributed=distributed) as pipes:
+            run(pipes)
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        sys.exit(1)
+
+
+def install_crash_hook(point: str) -> None:
+    """`FLYWHEEL_STEP_CRASH=train`: SIGKILL this process when a GSPO or weighted-DPO training starts."""
+    if not point:
+        return
+    if point not in CRASH_POINTS:
+        raise StepError(f"{CRASH_VARIABLE}={point!r}: one of {', '.join(CRASH_POINTS)}")
+    from outcome_flywheel.models import dpo, gspo
+
+    def killed(*_args, **_kwargs):
+        for pipes in _open:
+            pipes.log.warning(f"{CRASH_VARIABLE}={point}: training started, killing this process with SIGKILL")
+        print(f"{CRASH_VARIABLE}={point}: training started; SIGKILL", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    # The backends import the trainers when they train (interface.py), so the module attributes are what they call.
+    gspo.train_gspo = killed
+    dpo.train_weighted_dpo = killed

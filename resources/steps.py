@@ -1,0 +1,267 @@
+"""The step runner: where the heavy steps (GSPO training and rollout generation in `daily_update`,
+weighted DPO in `preference_adapter`) run. A resource choice, not a code change (docs/pipes.md):
+
+- `subprocess` (default): `python -m outcome_flywheel.steps.<step>` on this machine, in its own
+  process, through Dagster Pipes; a crash or a kill (out of memory) fails the step with its exit
+  status and the tail of its stderr.
+- `in_process`: the same step code over the same Pipes protocol inside the run's process (debugging;
+  fast tests of other things). No process boundary: a crash takes the run's process with it.
+- `k8s`: a pod per step through `dagster_k8s.PipesK8sClient` (image, namespace, GPU request, the
+  data volume), messages read from the pod's logs.
+
+The launcher (`python`, `accelerate`, `torchrun`) wraps the step's command in every mode but `in_process`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import deque
+from typing import Any, Mapping, Optional
+
+import dagster as dg
+from pydantic import Field
+
+from outcome_flywheel.settings import PROJECT_ROOT, SettingsError
+from outcome_flywheel.steps.entry import ERROR_KEY, run_in_process
+from outcome_flywheel.steps.launch import LAUNCHERS, StepLaunch, passthrough_env
+
+RUNNERS = ("subprocess", "in_process", "k8s")
+GPU_RESOURCE = "nvidia.com/gpu"
+DATA_VOLUME = "flywheel-data"
+# variable -> (field, default); an empty variable counts as unset
+VARIABLES = {
+    "FLYWHEEL_STEP_RUNNER": ("runner", "subprocess"),
+    "FLYWHEEL_STEP_LAUNCHER": ("launcher", "python"),
+    "FLYWHEEL_STEP_PROCESSES": ("processes", 1),
+    "FLYWHEEL_K8S_IMAGE": ("k8s_image", ""),
+    "FLYWHEEL_K8S_NAMESPACE": ("k8s_namespace", ""),
+    "FLYWHEEL_K8S_GPUS": ("k8s_gpus", 1),
+    "FLYWHEEL_K8S_CPU": ("k8s_cpu", ""),
+    "FLYWHEEL_K8S_MEMORY": ("k8s_memory", ""),
+    "FLYWHEEL_K8S_DATA_PVC": ("k8s_data_pvc", ""),
+    "FLYWHEEL_K8S_DATA_MOUNT": ("k8s_data_mount", "/data"),
+    "FLYWHEEL_K8S_ENV_SECRET": ("k8s_env_secret", ""),
+}
+INTEGERS = {"FLYWHEEL_STEP_PROCESSES": 1, "FLYWHEEL_K8S_GPUS": 0}  # variable -> lowest value
+
+
+class StepRunnerResource(dg.ConfigurableResource):
+    """Where heavy steps run (FLYWHEEL_STEP_RUNNER): a local subprocess (default), the run's own process, or a
+    Kubernetes pod; and how they start (FLYWHEEL_STEP_LAUNCHER: python, accelerate, torchrun)."""
+
+    runner: str = Field(default="subprocess", description="subprocess (default: this machine, its own process) | in_process "
+                                                           "(the run's process: debugging) | k8s (a pod through PipesK8sClient).")
+    launcher: str = Field(default="python", description="python (one process) | accelerate (`accelerate launch`) | torchrun.")
+    processes: int = Field(default=1, description="Processes the launcher starts (accelerate, torchrun); rank 0 reports to Dagster.")
+    k8s_image: str = Field(default="", description="k8s: the image holding the project and its environment (required for k8s).")
+    k8s_namespace: str = Field(default="", description="k8s: the namespace of the step pods; empty = the current one, else `default`.")
+    k8s_gpus: int = Field(default=1, description=f"k8s: GPUs requested per pod (`{GPU_RESOURCE}` limit); 0 = none.")
+    k8s_cpu: str = Field(default="", description="k8s: CPU request and limit of the pod (e.g. `8`); empty = none.")
+    k8s_memory: str = Field(default="", description="k8s: memory request and limit of the pod (e.g. `32Gi`); empty = none.")
+    k8s_data_pvc: str = Field(default="", description="k8s: a PersistentVolumeClaim with the data dir (models, checkpoints, "
+                                                      "adapters), mounted at k8s_data_mount; the pod's FLYWHEEL_DATA_DIR.")
+    k8s_data_mount: str = Field(default="/data", description="k8s: where the data volume is mounted in the pod.")
+    k8s_env_secret: str = Field(default="", description="k8s: a Secret whose keys become the pod's environment (AWS_* credentials); "
+                                                        "when set, AWS_* variables are not copied into the pod spec.")
+    k8s_python: str = Field(default="python", description="k8s: the interpreter in the image that runs the step.")
+    stderr_tail_lines: int = Field(default=40, description="Lines of a failed step's stderr shown in the failure.")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "StepRunnerResource":
+        """From the FLYWHEEL_STEP_* / FLYWHEEL_K8S_* variables (a set one shows as an EnvVar); bad values
+        stop the load with one error naming each variable."""
+        environ = os.environ if environ is None else environ
+        problems = check_environment(environ)
+        if problems:
+            raise SettingsError("step runner: " + "; ".join(problems))
+        fields: dict[str, Any] = {}
+        for name, (field, default) in VARIABLES.items():
+            if environ.get(name, "") == "":
+                fields[field] = default
+            else:
+                fields[field] = dg.EnvVar.int(name) if name in INTEGERS else dg.EnvVar(name)
+        return cls(**fields)
+
+    # -- what runs -----------------------------------------------------------------------------
+
+    def launch(self, python: str | None = None) -> StepLaunch:
+        return StepLaunch(launcher=self.launcher, processes=self.processes, python=python or sys.executable)
+
+    def command(self, step: str) -> list[str]:
+        """The step's argv where it runs: this interpreter locally, `k8s_python` in a pod."""
+        return self.launch(self.k8s_python if self.runner == "k8s" else None).command(step)
+
+    def run_step(self, context: dg.AssetExecutionContext, step: str, extras: Mapping[str, Any]) -> dg.PipesClientCompletedInvocation:
+        """Run `step` with `extras`, wherever this resource says; its reports are the invocation's results.
+        Raises `dg.Failure` with the step's error (and its stderr tail) when it fails."""
+        problems = check_fields(self)
+        if problems:
+            raise dg.Failure(description="step runner: " + "; ".join(problems))
+        context.log.info(f"step {step}: runner {self.runner}, launcher {self.launcher} x{self.processes}")
+        if self.runner == "in_process":
+            return _run_in_process(context, step, extras)
+        if self.runner == "k8s":
+            from dagster_k8s import PipesK8sClient
+
+            return PipesK8sClient().run(context=context, extras=k8s_extras(extras, self), **self.k8s_arguments(step))
+        client = StepSubprocessClient(step=step, tail_lines=self.stderr_tail_lines)
+        return client.run(context=context, extras=dict(extras), command=self.command(step), cwd=str(PROJECT_ROOT))
+
+    # -- Kubernetes ----------------------------------------------------------------------------
+
+    def k8s_arguments(self, step: str, environ: Mapping[str, str] | None = None) -> dict:
+        """What `PipesK8sClient.run` is given besides the context and extras: image, command, namespace,
+        env (the FLYWHEEL_*/AWS_*/HF_* variables; the data dir moved to the mount) and the pod spec."""
+        env = passthrough_env(os.environ if environ is None else environ)
+        if self.k8s_env_secret:
+            env = {k: v for k, v in env.items() if not k.startswith("AWS_")}  # from the Secret instead
+        env.pop("FLYWHEEL_STEP_RUNNER", None)  # the pod runs the step; it launches nothing
+        if self.k8s_data_pvc:
+            env["FLYWHEEL_DATA_DIR"] = self.k8s_data_mount
+        container: dict[str, Any] = {"name": "step"}
+        limits = {GPU_RESOURCE: str(self.k8s_gpus)} if self.k8s_gpus else {}
+        requests = {}
+        for key, value in (("cpu", self.k8s_cpu), ("memory", self.k8s_memory)):
+            if value:
+                requests[key] = limits[key] = value
+        if limits or requests:
+            container["resources"] = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+        if self.k8s_env_secret:
+            container["env_from"] = [{"secret_ref": {"name": self.k8s_env_secret}}]
+        spec: dict[str, Any] = {"containers": [container]}
+        if self.k8s_data_pvc:
+            container["volume_mounts"] = [{"name": DATA_VOLUME, "mount_path": self.k8s_data_mount}]
+            spec["volumes"] = [{"name": DATA_VOLUME, "persistent_volume_claim": {"claim_name": self.k8s_data_pvc}}]
+        if self.k8s_gpus:  # GPU nodes are commonly tainted so that only GPU pods land there
+            spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+        return {
+            "image": self.k8s_image, "command": self.command(step), "namespace": self.k8s_namespace or None,
+            "env": env, "base_pod_meta": {"labels": {"app.kubernetes.io/part-of": "outcome-flywheel", "flywheel/step": step}},
+            "base_pod_spec": spec,
+        }
+
+    def k8s_pod(self, context: dg.AssetExecutionContext, step: str, extras: Mapping[str, Any],
+                environ: Mapping[str, str] | None = None):
+        """The pod (`kubernetes.client.V1Pod`) `run_step` would create for `step`, built the way
+        `PipesK8sClient.run` builds it (Pipes bootstrap env included), without a cluster."""
+        from dagster_k8s.pipes import PipesK8sPodLogsMessageReader, build_pod_body, get_pod_name
+
+        args = self.k8s_arguments(step, environ)
+        with dg.open_pipes_session(context=context, extras=k8s_extras(extras, self), context_injector=dg.PipesEnvContextInjector(),
+                                   message_reader=PipesK8sPodLogsMessageReader()) as session:
+            return build_pod_body(
+                pod_name=get_pod_name(context.run_id, context.op.name), image=args["image"], command=args["command"],
+                env_vars={**session.get_bootstrap_env_vars(), **args["env"]},
+                base_pod_meta=args["base_pod_meta"], base_pod_spec=args["base_pod_spec"],
+            )
+
+
+def k8s_extras(extras: Mapping[str, Any], runner: StepRunnerResource) -> dict:
+    """The extras as the pod sees them: paths inside this checkout made relative (the image holds the
+    project elsewhere), each `data_dir` moved to the data volume's mount when there is one."""
+    root = str(PROJECT_ROOT) + os.sep
+
+    def move(value, key=""):
+        if isinstance(value, dict):
+            return {k: move(v, k) for k, v in value.items()}
+        if key == "data_dir" and runner.k8s_data_pvc:
+            return runner.k8s_data_mount
+        if isinstance(value, str) and value.startswith(root):
+            return value[len(root):]
+        return value
+
+    return move(dict(extras))
+
+
+def check_environment(environ: Mapping[str, str]) -> list[str]:
+    """Problems with the step runner's variables, one per bad variable."""
+    values = {name: environ.get(name, "") for name in VARIABLES}
+    problems = []
+    for name, low in INTEGERS.items():
+        value = values[name]
+        if value and (not value.lstrip("-").isdigit() or int(value) < low):
+            problems.append(f"{name}={value!r}: an integer >= {low}")
+    if values["FLYWHEEL_STEP_RUNNER"] and values["FLYWHEEL_STEP_RUNNER"] not in RUNNERS:
+        problems.append(f"FLYWHEEL_STEP_RUNNER={values['FLYWHEEL_STEP_RUNNER']!r}: one of {', '.join(RUNNERS)}")
+    if values["FLYWHEEL_STEP_LAUNCHER"] and values["FLYWHEEL_STEP_LAUNCHER"] not in LAUNCHERS:
+        problems.append(f"FLYWHEEL_STEP_LAUNCHER={values['FLYWHEEL_STEP_LAUNCHER']!r}: one of {', '.join(LAUNCHERS)}")
+    if values["FLYWHEEL_STEP_RUNNER"] == "k8s" and not values["FLYWHEEL_K8S_IMAGE"]:
+        problems.append("FLYWHEEL_K8S_IMAGE is unset: the k8s step runner needs the image that holds the project")
+    if values["FLYWHEEL_STEP_LAUNCHER"] in ("", "python") and values["FLYWHEEL_STEP_PROCESSES"] not in ("", "1") and not problems:
+        problems.append("FLYWHEEL_STEP_PROCESSES > 1 needs FLYWHEEL_STEP_LAUNCHER=accelerate or torchrun")
+    return problems
+
+
+def check_fields(runner: StepRunnerResource) -> list[str]:
+    """The same rules on the resolved fields (run config may set them)."""
+    return check_environment({name: str(getattr(runner, field)) for name, (field, _) in VARIABLES.items()})
+
+
+class StepSubprocessClient(dg.PipesClient):
+    """`PipesSubprocessClient` with the failure a person needs: the step's error, its exit status
+    (a kill named as such) and the tail of its stderr, which is also forwarded as it is written."""
+
+    def __init__(self, step: str, tail_lines: int = 40):
+        self.step, self.tail_lines = step, tail_lines
+
+    def run(self, *, context, extras=None, command: list[str], cwd: Optional[str] = None,
+            env: Optional[Mapping[str, str]] = None) -> dg.PipesClientCompletedInvocation:
+        tail: deque[str] = deque(maxlen=self.tail_lines)
+        with dg.open_pipes_session(context=context, extras=extras, context_injector=dg.PipesTempFileContextInjector(),
+                                   message_reader=dg.PipesTempFileMessageReader()) as session:
+            # The whole environment: the step sees the same FLYWHEEL_* settings (the warehouse URL),
+            # AWS_* credentials and model caches as the run.
+            process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {}), **session.get_bootstrap_env_vars()},
+                                       stderr=subprocess.PIPE, text=True, errors="replace")
+            try:
+                for line in process.stderr:
+                    sys.stderr.write(line)
+                    tail.append(line)
+                process.wait()
+            except BaseException:  # the run was interrupted or cancelled: stop the step too
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                raise
+        if process.returncode != 0:
+            raise step_failure(self.step, exit_status(process.returncode), session.get_custom_messages(), "".join(tail))
+        return dg.PipesClientCompletedInvocation(session, metadata={"step_pid": process.pid})
+
+
+def _run_in_process(context, step: str, extras: Mapping[str, Any]) -> dg.PipesClientCompletedInvocation:
+    error = None
+    with dg.open_pipes_session(context=context, extras=dict(extras), context_injector=dg.PipesTempFileContextInjector(),
+                               message_reader=dg.PipesTempFileMessageReader()) as session:
+        try:
+            run_in_process(step, session.get_bootstrap_env_vars())
+        except Exception as err:  # reported like a subprocess's failure, the traceback kept as the cause
+            error = err
+    if error is not None:
+        raise step_failure(step, "failed in the run's process", session.get_custom_messages(), "") from error
+    return dg.PipesClientCompletedInvocation(session)
+
+
+def exit_status(code: int) -> str:
+    """How a step process ended, in words; a kill says which signal (SIGKILL: the out-of-memory killer's)."""
+    if code < 0 or code in (128 + signal.SIGKILL, 128 + signal.SIGTERM):
+        number = -code if code < 0 else code - 128
+        name = signal.Signals(number).name
+        why = " (out of memory, or killed)" if number == signal.SIGKILL else ""
+        return f"was killed by {name}{why}, exit status {code}"
+    return f"exited with status {code}"
+
+
+def step_failure(step: str, how: str, messages, stderr_tail: str) -> dg.Failure:
+    errors = [m[ERROR_KEY] for m in messages if isinstance(m, dict) and ERROR_KEY in m]
+    description = f"step {step} {how}" + (f": {errors[-1]}" if errors else "")
+    if stderr_tail:
+        description += f"\n\nlast lines of its stderr:\n{stderr_tail}"
+    metadata = {"step": step, "how": how}
+    if stderr_tail:
+        metadata["stderr_tail"] = dg.MetadataValue.text(stderr_tail)
+    return dg.Failure(description=description, metadata=metadata)
