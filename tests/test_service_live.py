@@ -1,6 +1,6 @@
 """The service as it runs: uvicorn on a real socket (loopback unless told otherwise), 200 concurrent
 feedback posts from 20 clients, the token printed when none is set, and `extract` launching real
-runs on a Dagster instance through the worker process (idempotent)."""
+runs on a Dagster instance through the worker process (idempotent; dg.execute_job in the worker)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from outcome_flywheel.feedback.log import read_feedback_log
 from outcome_flywheel.settings import settings_problems
+from pipelines.launch import LAUNCH_TAG, REPOSITORY_TAG
 from service.config import ServiceConfig
 from service.main import banner, start_in_thread
 from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, make_world
@@ -87,14 +88,16 @@ def test_200_concurrent_posts_from_20_clients_leave_200_valid_lines(live):
     assert {(f.reviewer, f.correction.split(" x")[0]) for f in parsed.feedback} == {(f"client-{n}", f"client {n} post {i}") for n in range(20) for i in range(10)}
 
 
-def _wait(instance: dg.DagsterInstance, run_ids: list[str], timeout: float = 300) -> list[dg.DagsterRun]:
+def _wait(instance: dg.DagsterInstance, launch_ids: list[str], timeout: float = 300) -> list[dg.DagsterRun]:
+    """The runs the worker made for `launch_ids` (queued specs), once all have finished."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        runs = [instance.get_run_by_id(r) for r in run_ids]
-        if all(r.is_finished for r in runs):
+        records = [instance.get_run_records(filters=dg.RunsFilter(tags={LAUNCH_TAG: i}), limit=1) for i in launch_ids]
+        runs = [r[0].dagster_run for r in records if r]
+        if len(runs) == len(launch_ids) and all(r.is_finished for r in runs):
             return runs
         time.sleep(1)
-    raise AssertionError(f"runs {run_ids} did not finish in {timeout} s")
+    raise AssertionError(f"runs {launch_ids} did not finish in {timeout} s")
 
 
 def test_extract_launches_the_changed_partition_once(live):
@@ -103,11 +106,11 @@ def test_extract_launches_the_changed_partition_once(live):
         first = http.post("/api/preferences/extract").json()
         assert first["launched"] and "2025-06-11" in first["changed_dates"]
         again = http.post("/api/preferences/extract").json()  # the same changes: the same runs, nothing new
-        assert not again["launched"] and [r["run_id"] for r in again["runs"]] == [r["run_id"] for r in first["runs"]]
+        assert not again["launched"] and [r["launch_id"] for r in again["runs"]] == [r["launch_id"] for r in first["runs"]]
         instance = live["state"].instance()
-        runs = _wait(instance, [r["run_id"] for r in first["runs"]])
+        runs = _wait(instance, [r["launch_id"] for r in first["runs"]])
         assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), [r.status for r in runs]
-        assert all(r.remote_job_origin.location_name == "outcome_flywheel" for r in runs)  # a run of the code location, as in the UI
+        assert all(r.tags[REPOSITORY_TAG] == "__repository__@outcome_flywheel" for r in runs)  # on the job's page in the UI
         stored = live["state"].warehouse.read("operator_decisions", "2025-06-11")
         assert "web-live-1" in set(stored["decision_id"])
         assert len(live["state"].warehouse.read("decision_outcomes", "2025-06-11")) == len(stored)

@@ -1,6 +1,7 @@
 """A launch worker that dies (`kill -9`) mid-run: its run stays STARTED and its `duckdb` pool slot
-claimed, which blocked every later run. The next launch must fail the dead run, free the slot and
-launch what is left, and that run must succeed; a launch overlapping a live run leaves its dates to it."""
+claimed, which blocked every later run. The next worker in the queue (or the next launch) must fail
+the dead run and free the slot, and what is left must succeed; a launch overlapping a live or a
+queued run leaves its dates to it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from outcome_flywheel.preferences.audit_log import parse_file, records_frame
 from outcome_flywheel.settings import PROJECT_ROOT
-from pipelines.launch import CREATOR_TAG, WORKER_TAG, process_alive, process_identity
+from pipelines.launch import LAUNCH_TAG, REPOSITORY_TAG, WORKER_TAG, process_alive, process_identity
 from service import launching
 from tests.service_fixtures import make_state, make_world
 
@@ -54,40 +55,60 @@ def test_process_identity_names_one_process_not_a_pid():
     assert not process_alive("999999999:0.0")
 
 
-def test_a_killed_worker_is_failed_its_slot_freed_and_the_next_run_succeeds(instance_world):
+def _run_of(instance: dg.DagsterInstance, launch_id: str) -> dg.DagsterRun | None:
+    records = instance.get_run_records(filters=dg.RunsFilter(tags={LAUNCH_TAG: launch_id}), limit=1)
+    return records[0].dagster_run if records else None
+
+
+def test_a_killed_worker_is_failed_its_slot_freed_and_the_queue_goes_on(instance_world):
     state, root = instance_world
     log = root / "audit_log.jsonl"
-    day = records_frame(parse_file(log), "America/New_York")["decision_date"].iloc[0]
+    days = sorted(records_frame(parse_file(log), "America/New_York")["decision_date"].unique())
+    day, queued_day = days[-1], days[0]
     # The run's first step, operator_decisions, claims the duckdb slot and then opens the audit log:
     # a FIFO with no writer holds it there, mid-run, for as long as the test needs.
     kept = log.read_bytes()
     log.unlink()
     os.mkfifo(log)
     launched, runs = launching._launch(state, launching.DECISIONS_JOB, [(day, day)], "dead-worker-test", "test")
-    assert launched and runs[0].tags[CREATOR_TAG] == process_identity(os.getpid())
+    assert launched and runs[0]["status"] == "QUEUED" and runs[0]["partition"] == day
     worker = state.workers[-1]
     instance = state.instance()
-    dead_run = runs[0].run_id
-    _wait_for(lambda: dead_run in instance.event_log_storage.get_concurrency_info("duckdb").active_run_ids, timeout=240)
-    assert instance.get_run_by_id(dead_run).status == dg.DagsterRunStatus.STARTED
-    assert instance.get_run_by_id(dead_run).tags[WORKER_TAG] == process_identity(worker.pid)
+    dead = _wait_for(lambda: _run_of(instance, runs[0]["launch_id"]), timeout=240)
+    _wait_for(lambda: dead.run_id in instance.event_log_storage.get_concurrency_info("duckdb").active_run_ids, timeout=240)
+    assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.STARTED
+    assert dead.tags[WORKER_TAG] == process_identity(worker.pid) and dead.tags[REPOSITORY_TAG] == "__repository__@outcome_flywheel"
 
     # While it runs, an overlapping launch leaves its date to it (one partition, one run at a time).
     skipped: dict[str, str] = {}
     again, covering = launching._launch(state, launching.DECISIONS_JOB, [(day, day)], "another-request", "test", skipped)
-    assert not again and [r.run_id for r in covering] == [dead_run] and skipped == {day: dead_run}
+    assert not again and [r["run_id"] for r in covering] == [dead.run_id] and skipped == {day: dead.run_id}
 
-    os.kill(worker.pid, signal.SIGKILL)  # not waited for: a zombie child, as in the service
-    _wait_for(lambda: not process_alive(instance.get_run_by_id(dead_run).tags[WORKER_TAG]), timeout=30)
-    assert instance.get_run_by_id(dead_run).status == dg.DagsterRunStatus.STARTED  # dead, but nothing says so yet
-    log.unlink()
+    # Another date waits in the queue behind it: no run yet, yet the same request or its date is not launched twice.
+    launched, queued = launching._launch(state, launching.DECISIONS_JOB, [(queued_day, queued_day)], "queued-request", "test")
+    assert launched and queued[0]["run_id"] is None and _run_of(instance, queued[0]["launch_id"]) is None
+    again, same = launching._launch(state, launching.DECISIONS_JOB, [(queued_day, queued_day)], "queued-request", "test")
+    assert not again and [r["launch_id"] for r in same] == [queued[0]["launch_id"]]
+    skipped = {}
+    again, _ = launching._launch(state, launching.DECISIONS_JOB, [(queued_day, queued_day)], "yet-another-request", "test", skipped)
+    assert not again and skipped == {queued_day: queued[0]["launch_id"]}
+    assert [r["launch_id"] for r in launching.in_progress(instance, launching.DECISIONS_JOB)] == [runs[0]["launch_id"], queued[0]["launch_id"]]
+
+    log.unlink()  # the stuck open() stays stuck: nobody can open an unlinked FIFO for writing
     log.write_bytes(kept)
+    os.kill(worker.pid, signal.SIGKILL)  # not waited for: a zombie child, as in the service
+    killed = time.time()
+    # The next worker in the queue fails the dead run and frees its slot before it runs its own.
+    _wait_for(lambda: instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE, timeout=60)
+    assert dead.run_id not in instance.event_log_storage.get_concurrency_info("duckdb").active_run_ids
+    print(f"dead run failed and its slot freed {time.time() - killed:.1f} s after kill -9")
+    behind = _wait_for(lambda: (r := _run_of(instance, queued[0]["launch_id"])) is not None and r.is_finished and r, timeout=400, step=1)
+    assert behind.status == dg.DagsterRunStatus.SUCCESS and behind.tags["dagster/partition"] == queued_day
 
-    result = launching.extract(state)  # reconciles first, then launches the changed dates
-    assert instance.get_run_by_id(dead_run).status == dg.DagsterRunStatus.FAILURE
-    assert dead_run not in instance.event_log_storage.get_concurrency_info("duckdb").active_run_ids
-    assert result["launched"] and day in result["dates"] and result["in_live_runs"] == {}
-    new_ids = [r["run_id"] for r in result["runs"]]
-    finished = _wait_for(lambda: all(instance.get_run_by_id(r).is_finished for r in new_ids), timeout=400, step=1)
-    assert finished and all(instance.get_run_by_id(r).status == dg.DagsterRunStatus.SUCCESS for r in new_ids)
+    result = launching.extract(state)  # the dead run's date is still to do: launched again
+    assert result["launched"] and day in result["dates"] and queued_day not in result["dates"] and result["in_live_runs"] == {}
+    launch_ids = [r["launch_id"] for r in result["runs"]]
+    finished = _wait_for(lambda: all((r := _run_of(instance, i)) is not None and r.is_finished for i in launch_ids), timeout=400, step=1)
+    assert finished and all(_run_of(instance, i).status == dg.DagsterRunStatus.SUCCESS for i in launch_ids)
     assert len(state.warehouse.read("operator_decisions", day)) >= 1
+    _wait_for(lambda: launching.in_progress(instance, launching.DECISIONS_JOB) == [], timeout=60)  # the queue files are gone
