@@ -144,7 +144,7 @@ def start_s3_server(workdir: Path, bucket: str = "flywheel", timeout_s: float = 
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES))))
     command = [str(weed), f"-logdir={workdir}", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
                *(f"-{name}={port}" for name, port in ports.items()),
-               "-filer", "-s3", f"-s3.config={config}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+               "-filer", "-s3", f"-s3.config={config}", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
                f"-filer.localSocket={socket_dir / 'filer.sock'}", f"-s3.localSocket={socket_dir / 's3.sock'}",
                "-master.volumeSizeLimitMB=64", "-volume.max=16"]
     log_path = workdir / "weed.log"
