@@ -11,7 +11,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 
 LOCK := requirements.lock
 
-.PHONY: setup setup-vllm demo test ui serve browser-test clean lock
+.PHONY: setup setup-vllm demo test ui serve browser-test clean lock up down
 
 setup: $(STAMP) .dagster/dagster.yaml
 
@@ -70,6 +70,17 @@ test: setup
 
 ui: setup
 	$(VENV)/bin/dagster dev -w workspace.yaml
+
+# The production shape on this machine (docs/deploy.md): PostgreSQL (installed with apt-get when missing),
+# the code server, dagster-daemon, dagster-webserver (127.0.0.1:3030) and the review service (127.0.0.1:8765)
+# on the instance deploy/dagster.yaml in .dagster-prod/ (FLYWHEEL_PROD_HOME); `make demo` keeps .dagster/.
+# `make down` stops exactly what `make up` started, by pid.
+up: setup
+	$(PY) -m deploy.up
+
+down:
+	@test -x $(PY) || { echo "make down: nothing is up (no .venv)"; exit 0; }
+	$(PY) -m deploy.down
 
 # The review pages and REST API (service/, docs/service.md) on FLYWHEEL_API_HOST:FLYWHEEL_API_PORT
 # (127.0.0.1:8765); it prints a token and a sign-in link when FLYWHEEL_API_TOKEN is unset.
