@@ -2,8 +2,9 @@
 Dagster instance ($DAGSTER_HOME, `.dagster/` via the Makefile), then a short summary.
 
 Every step is a run of a named job of the code location (`base_model_job`, `daily_rl_job`,
-`flywheel_decisions`, `flywheel_training`; `pipelines.launch.run_job`), executed in this process,
-so `make ui` shows them on the job pages and the timeline and can re-execute them.
+`flywheel_decisions`, `flywheel_training`; `pipelines.launch.run_job`: the public `dg.execute_job`),
+executed in this process, so `make ui` lists them on the job pages (docs/service.md says what the
+UI cannot do with such runs).
 
     DAGSTER_HOME=$PWD/.dagster python -m scripts.demo [--days 3]
 """

@@ -19,10 +19,10 @@ import pytest
 
 from outcome_flywheel.settings import PROJECT_ROOT
 from outcome_flywheel.storage import Warehouse
-from pipelines.launch import IN_PROCESS, run_job
+from pipelines.launch import IN_PROCESS, RANGE_END, RANGE_START, run_job
 from service import launching
 from service.config import ServiceConfig
-from tests.service_fixtures import AUTH, TOKEN, make_state, make_world, test_client
+from tests.service_fixtures import AUTH, TOKEN, make_state, make_world, small_audit_log, test_client
 
 SKIPPED_DIRS = {"tests", ".venv", ".git", "data", ".dagster", ".cache", "build", "node_modules"}
 # Where a private API were truly the only way, it would be wrapped in one module named here.
@@ -112,6 +112,7 @@ def webserver(tmp_path_factory, tiny_model_dir):
     if not WEBSERVER.exists():
         pytest.skip(f"{WEBSERVER} is missing (make setup installs dagster-webserver)")
     root = make_world(tmp_path_factory.mktemp("graphql") / "data", tiny_model_dir)
+    small_audit_log(root / "audit_log.jsonl", n=1)  # one decision date: one run
     home = root.parent / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text((PROJECT_ROOT / "scripts" / "dagster.yaml").read_text() + QUEUED_COORDINATOR)
@@ -159,27 +160,28 @@ def test_the_service_submits_runs_through_graphql_once(webserver):
     assert _decision_runs(instance) == []
 
     first = client.post("/api/preferences/extract", headers=AUTH).json()
-    assert first["launched"] and first["changed_dates"] == ["2025-06-03", "2025-06-05", "2025-06-07"]
-    runs = {r.run_id: r for r in _decision_runs(instance)}
-    assert sorted(runs) == sorted(r["run_id"] for r in first["runs"]) and len(runs) == 3  # one run per date, no range here
-    for run in runs.values():
-        assert run.status == dg.DagsterRunStatus.QUEUED  # the daemon would launch it; none runs here
-        assert run.tags[launching.REQUEST_TAG] == first["digest"] and run.tags["dagster/partition"] in first["changed_dates"]
-        assert run.remote_job_origin.location_name == "outcome_flywheel"  # submitted to the webserver's code location
-        assert run.run_config == IN_PROCESS
-    assert sorted(r.tags["dagster/partition"] for r in runs.values()) == first["changed_dates"]
+    assert first["launched"] and first["changed_dates"] == ["2025-06-07"]
+    (run,) = _decision_runs(instance)  # exactly one run, submitted to the webserver and queued there
+    assert [r["run_id"] for r in first["runs"]] == [run.run_id]
+    assert run.status == dg.DagsterRunStatus.QUEUED  # the daemon would launch it; none runs here
+    assert run.tags["dagster/partition"] == "2025-06-07" and run.tags[launching.REQUEST_TAG] == first["digest"]
+    assert run.remote_job_origin.location_name == "outcome_flywheel"  # a run of the webserver's code location
+    assert run.run_config == IN_PROCESS
 
     again = client.post("/api/preferences/extract", headers=AUTH).json()  # the same changes: nothing new
-    assert not again["launched"] and sorted(r["run_id"] for r in again["runs"]) == sorted(runs)
-    assert len(_decision_runs(instance)) == 3
+    assert not again["launched"] and [r["run_id"] for r in again["runs"]] == [run.run_id]
+    assert len(_decision_runs(instance)) == 1
 
-    # A new decision: its date is submitted, the dates the queued runs cover are not submitted again.
+    # Two new decisions on consecutive dates: one run over the range; the queued run keeps its date.
     assert client.post("/api/decisions", headers=AUTH, json={"decision_id": "bad"}).status_code == 422
-    assert client.post("/api/decisions", headers=AUTH, json=DECISION).status_code == 201
+    for n, ts in enumerate(("2025-06-11T10:00:00-04:00", "2025-06-12T10:00:00-04:00")):
+        assert client.post("/api/decisions", headers=AUTH, json={**DECISION, "decision_id": f"web-graphql-{n}", "ts": ts}).status_code == 201
     third = client.post("/api/preferences/extract", headers=AUTH).json()
-    assert third["launched"] and third["in_live_runs"] == {r.tags["dagster/partition"]: r.run_id for r in runs.values()}
-    assert [r["partition"] for r in third["runs"]] == ["2025-06-11"]
-    assert len(_decision_runs(instance)) == 4
+    assert third["launched"] and third["in_live_runs"] == {"2025-06-07": run.run_id}
+    assert [(r["partition"], r["partition_range"]) for r in third["runs"]] == [(None, ["2025-06-11", "2025-06-12"])]
+    ranged = instance.get_run_by_id(third["runs"][0]["run_id"])
+    assert (ranged.tags[RANGE_START], ranged.tags[RANGE_END]) == ("2025-06-11", "2025-06-12") and "dagster/partition" not in ranged.tags
+    assert len(_decision_runs(instance)) == 2
 
 
 def test_a_webserver_that_is_down_is_a_503_with_the_reason(webserver, tmp_path, tiny_model_dir):
