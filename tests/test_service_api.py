@@ -243,3 +243,16 @@ def test_allowed_hosts_follow_the_configured_host():
     assert ServiceConfig(host="127.0.0.1", token="t" * 20).allowed_hosts == ["127.0.0.1", "localhost", "::1", "[::1]"]
     assert ServiceConfig(host="flywheel.lan", token="t" * 20).allowed_hosts[0] == "flywheel.lan"
     assert ServiceConfig(host="0.0.0.0", token="t" * 20).allowed_hosts == ["*"]
+
+
+def test_the_dagster_url_must_be_a_webserver_url(monkeypatch):
+    from service.config import ServiceConfig
+
+    monkeypatch.setenv("FLYWHEEL_DAGSTER_URL", "http://127.0.0.1:3000/")
+    assert ServiceConfig.from_env().dagster_url == "http://127.0.0.1:3000"
+    monkeypatch.delenv("FLYWHEEL_DAGSTER_URL")
+    assert ServiceConfig.from_env().dagster_url == ""  # unset: the service's own worker
+    for bad in ("127.0.0.1:3000", "file:///tmp/x", "http://:3000", "http://127.0.0.1:99999", "http://u:p@host:3000", "http://h/?q=1"):
+        monkeypatch.setenv("FLYWHEEL_DAGSTER_URL", bad)
+        with pytest.raises(ValueError, match="FLYWHEEL_DAGSTER_URL"):
+            ServiceConfig.from_env()
