@@ -36,6 +36,11 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_PRICE_MAX_STALENESS": "4",
     "FLYWHEEL_API_HOST": "127.0.0.1",
     "FLYWHEEL_API_PORT": "8765",
+    "FLYWHEEL_STEP_RUNNER": "subprocess",
+    "FLYWHEEL_STEP_LAUNCHER": "python",
+    "FLYWHEEL_STEP_PROCESSES": "1",
+    "FLYWHEEL_K8S_GPUS": "1",
+    "FLYWHEEL_K8S_DATA_MOUNT": "/data",
 }
 
 
@@ -215,6 +220,11 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_S3_ENDPOINT": Rule(
         "empty (AWS) or the http(s)://host[:port] of an S3-compatible server, e.g. http://127.0.0.1:8333", s3_endpoint_problem
     ),
+    # where the training steps run (resources/steps.py, docs/pipes.md)
+    "FLYWHEEL_STEP_RUNNER": one_of("subprocess", "in_process", "k8s"),
+    "FLYWHEEL_STEP_LAUNCHER": one_of("python", "accelerate", "torchrun"),
+    "FLYWHEEL_STEP_PROCESSES": integer(1),
+    "FLYWHEEL_K8S_GPUS": integer(0),
     "FLYWHEEL_PREFERENCE_CONTEXT": Rule(
         "comma-separated decision-context keys (letters, digits, _), `note` for the proposal's note, `*` for all, e.g. regime,note",
         lambda v: None if all(re.fullmatch(r"\*|[A-Za-z0-9_]+", k.strip()) for k in v.split(",")) else "not a list of key names",
@@ -224,6 +234,9 @@ RULES: dict[str, Rule] = {
 FREE_FORM = (
     "FLYWHEEL_DATA_DIR", "FLYWHEEL_BASE_MODEL", "FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_JUDGE_MODEL",
     "FLYWHEEL_AUDIT_LOG", "FLYWHEEL_PRICES_FILE", "FLYWHEEL_FEEDBACK_LOG", "FLYWHEEL_LIVE_AUDIT_LOG",
+    # the step pod's image, namespace, sizes, volume and Secret: Kubernetes checks them when the pod is made
+    "FLYWHEEL_K8S_IMAGE", "FLYWHEEL_K8S_NAMESPACE", "FLYWHEEL_K8S_CPU", "FLYWHEEL_K8S_MEMORY", "FLYWHEEL_K8S_DATA_PVC",
+    "FLYWHEEL_K8S_DATA_MOUNT", "FLYWHEEL_K8S_ENV_SECRET",
 )
 # Secrets: checked by their rule, never printed (`flywheel check-settings` masks them).
 SECRETS = ("FLYWHEEL_API_TOKEN",)

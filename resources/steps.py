@@ -24,28 +24,23 @@ from typing import Any, Mapping, Optional
 import dagster as dg
 from pydantic import Field
 
-from outcome_flywheel.settings import PROJECT_ROOT, SettingsError
+from outcome_flywheel.settings import DEFAULTS, PROJECT_ROOT, RULES, SettingsError
 from outcome_flywheel.steps.entry import ERROR_KEY, run_in_process
-from outcome_flywheel.steps.launch import LAUNCHERS, StepLaunch, passthrough_env
+from outcome_flywheel.steps.launch import StepLaunch, passthrough_env
 
 RUNNERS = ("subprocess", "in_process", "k8s")
 GPU_RESOURCE = "nvidia.com/gpu"
 DATA_VOLUME = "flywheel-data"
-# variable -> (field, default); an empty variable counts as unset
+# variable -> (field, default: the settings module's, else empty); an empty variable counts as unset
 VARIABLES = {
-    "FLYWHEEL_STEP_RUNNER": ("runner", "subprocess"),
-    "FLYWHEEL_STEP_LAUNCHER": ("launcher", "python"),
-    "FLYWHEEL_STEP_PROCESSES": ("processes", 1),
-    "FLYWHEEL_K8S_IMAGE": ("k8s_image", ""),
-    "FLYWHEEL_K8S_NAMESPACE": ("k8s_namespace", ""),
-    "FLYWHEEL_K8S_GPUS": ("k8s_gpus", 1),
-    "FLYWHEEL_K8S_CPU": ("k8s_cpu", ""),
-    "FLYWHEEL_K8S_MEMORY": ("k8s_memory", ""),
-    "FLYWHEEL_K8S_DATA_PVC": ("k8s_data_pvc", ""),
-    "FLYWHEEL_K8S_DATA_MOUNT": ("k8s_data_mount", "/data"),
-    "FLYWHEEL_K8S_ENV_SECRET": ("k8s_env_secret", ""),
+    name: (field, DEFAULTS.get(name, "")) for name, field in (
+        ("FLYWHEEL_STEP_RUNNER", "runner"), ("FLYWHEEL_STEP_LAUNCHER", "launcher"), ("FLYWHEEL_STEP_PROCESSES", "processes"),
+        ("FLYWHEEL_K8S_IMAGE", "k8s_image"), ("FLYWHEEL_K8S_NAMESPACE", "k8s_namespace"), ("FLYWHEEL_K8S_GPUS", "k8s_gpus"),
+        ("FLYWHEEL_K8S_CPU", "k8s_cpu"), ("FLYWHEEL_K8S_MEMORY", "k8s_memory"), ("FLYWHEEL_K8S_DATA_PVC", "k8s_data_pvc"),
+        ("FLYWHEEL_K8S_DATA_MOUNT", "k8s_data_mount"), ("FLYWHEEL_K8S_ENV_SECRET", "k8s_env_secret"),
+    )
 }
-INTEGERS = {"FLYWHEEL_STEP_PROCESSES": 1, "FLYWHEEL_K8S_GPUS": 0}  # variable -> lowest value
+INTEGERS = ("FLYWHEEL_STEP_PROCESSES", "FLYWHEEL_K8S_GPUS")
 
 
 class StepRunnerResource(dg.ConfigurableResource):
@@ -80,7 +75,7 @@ class StepRunnerResource(dg.ConfigurableResource):
         fields: dict[str, Any] = {}
         for name, (field, default) in VARIABLES.items():
             if environ.get(name, "") == "":
-                fields[field] = default
+                fields[field] = int(default) if name in INTEGERS else default
             else:
                 fields[field] = dg.EnvVar.int(name) if name in INTEGERS else dg.EnvVar(name)
         return cls(**fields)
@@ -176,28 +171,29 @@ def k8s_extras(extras: Mapping[str, Any], runner: StepRunnerResource) -> dict:
     return move(dict(extras))
 
 
-def check_environment(environ: Mapping[str, str]) -> list[str]:
-    """Problems with the step runner's variables, one per bad variable."""
-    values = {name: environ.get(name, "") for name in VARIABLES}
+def check_environment(environ: Mapping[str, str], run_time: bool = False) -> list[str]:
+    """Problems with the step runner's variables, one per bad variable (each by its rule in
+    outcome_flywheel.settings), then the ones that must agree. `run_time`: also the launcher and
+    process count (at load each variable alone must load, so that pair is checked when a step starts)."""
+    values = {name: str(environ.get(name, "")) for name in VARIABLES}
     problems = []
-    for name, low in INTEGERS.items():
-        value = values[name]
-        if value and (not value.lstrip("-").isdigit() or int(value) < low):
-            problems.append(f"{name}={value!r}: an integer >= {low}")
-    if values["FLYWHEEL_STEP_RUNNER"] and values["FLYWHEEL_STEP_RUNNER"] not in RUNNERS:
-        problems.append(f"FLYWHEEL_STEP_RUNNER={values['FLYWHEEL_STEP_RUNNER']!r}: one of {', '.join(RUNNERS)}")
-    if values["FLYWHEEL_STEP_LAUNCHER"] and values["FLYWHEEL_STEP_LAUNCHER"] not in LAUNCHERS:
-        problems.append(f"FLYWHEEL_STEP_LAUNCHER={values['FLYWHEEL_STEP_LAUNCHER']!r}: one of {', '.join(LAUNCHERS)}")
+    for name, value in values.items():
+        problem = RULES[name].problem(value) if value and name in RULES else None
+        if problem:
+            problems.append(f"{name}={value!r}: {problem}; allowed: {RULES[name].allowed}")
+    if problems:
+        return problems
     if values["FLYWHEEL_STEP_RUNNER"] == "k8s" and not values["FLYWHEEL_K8S_IMAGE"]:
         problems.append("FLYWHEEL_K8S_IMAGE is unset: the k8s step runner needs the image that holds the project")
-    if values["FLYWHEEL_STEP_LAUNCHER"] in ("", "python") and values["FLYWHEEL_STEP_PROCESSES"] not in ("", "1") and not problems:
-        problems.append("FLYWHEEL_STEP_PROCESSES > 1 needs FLYWHEEL_STEP_LAUNCHER=accelerate or torchrun")
+    if run_time and values["FLYWHEEL_STEP_LAUNCHER"] in ("", "python") and values["FLYWHEEL_STEP_PROCESSES"] not in ("", "1"):
+        problems.append(f"FLYWHEEL_STEP_PROCESSES={values['FLYWHEEL_STEP_PROCESSES']}: the python launcher starts one process; "
+                        "set FLYWHEEL_STEP_LAUNCHER=accelerate or torchrun")
     return problems
 
 
 def check_fields(runner: StepRunnerResource) -> list[str]:
-    """The same rules on the resolved fields (run config may set them)."""
-    return check_environment({name: str(getattr(runner, field)) for name, (field, _) in VARIABLES.items()})
+    """The same rules on the resolved fields (run config may set them), when a step starts."""
+    return check_environment({name: str(getattr(runner, field)) for name, (field, _) in VARIABLES.items()}, run_time=True)
 
 
 class StepSubprocessClient(dg.PipesClient):

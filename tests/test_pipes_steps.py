@@ -25,7 +25,7 @@ from outcome_flywheel.settings import PROJECT_ROOT, SettingsError
 from outcome_flywheel.steps.codec import StepPayloadError, from_payload, to_payload
 from outcome_flywheel.steps.entry import CRASH_VARIABLE
 from outcome_flywheel.steps.launch import StepLaunch, passthrough_env
-from resources.steps import GPU_RESOURCE, StepRunnerResource, exit_status
+from resources.steps import GPU_RESOURCE, StepRunnerResource, check_fields, exit_status
 from tests.daily_fixtures import daily_resources, linked_data_dir
 
 DAYS = ["2025-11-03", "2025-11-04"]
@@ -280,8 +280,10 @@ def test_the_runner_comes_from_the_environment_and_bad_values_are_named():
         assert text in str(err.value)
     with pytest.raises(SettingsError, match="FLYWHEEL_K8S_IMAGE is unset"):
         StepRunnerResource.from_env({"FLYWHEEL_STEP_RUNNER": "k8s"})
-    with pytest.raises(SettingsError, match="accelerate or torchrun"):
-        StepRunnerResource.from_env({"FLYWHEEL_STEP_PROCESSES": "2"})
+    # each variable alone loads; the pair is refused when a step starts
+    StepRunnerResource.from_env({"FLYWHEEL_STEP_PROCESSES": "2"})  # loads: an EnvVar, resolved when a run starts
+    assert "accelerate or torchrun" in check_fields(StepRunnerResource(processes=2))[0]
+    assert check_fields(StepRunnerResource(launcher="torchrun", processes=2)) == []
 
 
 def test_payloads_round_trip_and_refuse_what_cannot_travel():

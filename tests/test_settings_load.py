@@ -60,6 +60,17 @@ VALID = {
     "FLYWHEEL_PREFERENCE_CONTEXT": "regime,note",
     "FLYWHEEL_WAREHOUSE_URL": "s3://flywheel-test/warehouse",
     "FLYWHEEL_S3_ENDPOINT": "http://127.0.0.1:8333",
+    "FLYWHEEL_STEP_RUNNER": "in_process",
+    "FLYWHEEL_STEP_LAUNCHER": "torchrun",
+    "FLYWHEEL_STEP_PROCESSES": "2",
+    "FLYWHEEL_K8S_IMAGE": "registry.example/flywheel:1.0",
+    "FLYWHEEL_K8S_NAMESPACE": "ml",
+    "FLYWHEEL_K8S_GPUS": "2",
+    "FLYWHEEL_K8S_CPU": "8",
+    "FLYWHEEL_K8S_MEMORY": "32Gi",
+    "FLYWHEEL_K8S_DATA_PVC": "flywheel-data",
+    "FLYWHEEL_K8S_DATA_MOUNT": "/mnt/flywheel",
+    "FLYWHEEL_K8S_ENV_SECRET": "flywheel-s3",
 }
 
 # Unusable, for every variable with a rule (free-form ones are checked where they are used).
@@ -89,6 +100,10 @@ INVALID = {
     "FLYWHEEL_PREFERENCE_CONTEXT": "regime;note",
     "FLYWHEEL_WAREHOUSE_URL": "gs://bucket/warehouse",
     "FLYWHEEL_S3_ENDPOINT": "127.0.0.1:8333",
+    "FLYWHEEL_STEP_RUNNER": "ray",
+    "FLYWHEEL_STEP_LAUNCHER": "mpirun",
+    "FLYWHEEL_STEP_PROCESSES": "0",
+    "FLYWHEEL_K8S_GPUS": "-1",
 }
 
 # The packages whose modules read the environment at import (partitions, resources' EnvVars).
