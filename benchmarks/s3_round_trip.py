@@ -5,7 +5,8 @@ Tables: `rollouts` as one day of the daily loop writes it at full size (30 headl
 ~512 tokens: text, token ids and logprobs; synthetic values, the real columns), and a ~10 MB table of
 random numbers (incompressible). Per table and store: write (Warehouse.write: Parquet built in memory,
 then the atomic rename or the one upload), read (Warehouse.read) and a DuckDB count through the
-registered filesystem (Warehouse.query), each the median of `--repeats`. The last line is one JSON object.
+registered filesystem (Warehouse.query), each the median of `--repeats`; then a table of 60 small daily
+partitions (two months of operator decisions) read whole by `read_all`. The last line is one JSON object.
 
     python -m benchmarks.s3_round_trip [--repeats 5]
 """
@@ -73,6 +74,19 @@ def measure(warehouse, tables: dict[str, pd.DataFrame], repeats: int) -> dict:
     return out
 
 
+def many_partitions(warehouse, repeats: int, days: int = 60) -> dict:
+    """`read_all` of a table with `days` partitions of 20 rows (one request per partition on S3)."""
+    dates = pd.date_range("2025-06-02", periods=days, freq="D").strftime("%Y-%m-%d")
+    rng = np.random.default_rng(0)
+    started = time.perf_counter()
+    for d in dates:
+        warehouse.write("decisions", pd.DataFrame({"decision_id": [f"{d}-{i}" for i in range(20)], "weight": rng.random(20)}), partition=d)
+    write_ms = (time.perf_counter() - started) * 1000
+    read_ms = _median_ms(lambda: warehouse.read_all("decisions"), repeats)
+    assert len(warehouse.read_all("decisions")) == 20 * days
+    return {"partitions": days, "write_all_ms": round(write_ms, 1), "read_all_ms": read_ms}
+
+
 def run(repeats: int = 5) -> dict:
     from outcome_flywheel.storage import Warehouse
     from tests.s3_server import s3_server
@@ -81,11 +95,13 @@ def run(repeats: int = 5) -> dict:
     with tempfile.TemporaryDirectory(prefix="s3-round-trip-") as tmp:
         local = Warehouse(data_dir=str(Path(tmp) / "local"))
         result = {"local": measure(local, tables, repeats)}
+        result["local"]["decisions_60_days"] = many_partitions(local, repeats)
         with s3_server(Path(tmp) / "seaweedfs") as server:
             env = server.env("bench")
             os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
             remote = Warehouse(data_dir=str(Path(tmp) / "s3"), warehouse_url=env["FLYWHEEL_WAREHOUSE_URL"], s3_endpoint=env["FLYWHEEL_S3_ENDPOINT"])
             result["seaweedfs"] = measure(remote, tables, repeats)
+            result["seaweedfs"]["decisions_60_days"] = many_partitions(remote, repeats)
     return {"benchmark": "s3_round_trip", "repeats": repeats, "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
             "server": "SeaweedFS (weed server -s3) on 127.0.0.1, same machine", **result}
 
@@ -97,6 +113,9 @@ def main() -> None:
     result = run(args.repeats)
     for store in ("local", "seaweedfs"):
         for name, row in result[store].items():
+            if "partitions" in row:
+                print(f"{store:10s} {name}: write {row['write_all_ms']:.0f} ms (one by one), read_all {row['read_all_ms']:.1f} ms")
+                continue
             print(f"{store:10s} {name:9s} {row['parquet_mb']:6.2f} MB  write {row['write_ms']:8.1f} ms  read {row['read_ms']:8.1f} ms  "
                   f"duckdb count {row['duckdb_count_ms']:7.1f} ms")
     print(json.dumps(result))

@@ -23,7 +23,9 @@ in the project's settings, and a subprocess that inherits the environment sees t
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable, Iterable, TypeVar
 from urllib.parse import urlsplit
 
 import duckdb
@@ -33,6 +35,7 @@ import pyarrow.parquet as pq
 
 from outcome_flywheel.settings import s3_endpoint_problem, warehouse_url_problem
 
+T = TypeVar("T")
 S3_PREFIX = "s3://"
 DEFAULT_REGION = "us-east-1"
 
@@ -76,9 +79,21 @@ def s3_filesystem(endpoint: str = "") -> pafs.S3FileSystem:
 class ArrowStore:
     """Files under `root` on a pyarrow filesystem, named by their keys below it."""
 
+    # Files read at once by `map` (a table's partitions): one for a local disk, more where each read
+    # is a request whose time is mostly waiting.
+    parallel_reads = 1
+
     def __init__(self, fs: pafs.FileSystem, root: str):
         self.fs = fs
         self.root = root.rstrip("/")
+
+    def map(self, fn: Callable[[str], T], keys: Iterable[str]) -> list[T]:
+        """`fn` over `keys`, in order, `parallel_reads` at a time (pyarrow releases the GIL)."""
+        keys = list(keys)
+        if self.parallel_reads <= 1 or len(keys) <= 1:
+            return [fn(k) for k in keys]
+        with ThreadPoolExecutor(max_workers=min(self.parallel_reads, len(keys))) as pool:
+            return list(pool.map(fn, keys))
 
     # -- names -----------------------------------------------------------------------------
     def _full(self, key: str) -> str:
@@ -141,6 +156,8 @@ class ArrowStore:
 
 class S3Store(ArrowStore):
     """Objects under `s3://bucket/prefix`, on AWS or an S3-compatible server (FLYWHEEL_S3_ENDPOINT)."""
+
+    parallel_reads = 16
 
     def __init__(self, url: str, endpoint: str = ""):
         bucket, prefix = split_s3_url(url)

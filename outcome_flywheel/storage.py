@@ -225,12 +225,12 @@ class Warehouse:
 
     def read_all(self, table: str) -> pd.DataFrame:
         """Every partition of a table, in partition order."""
-        frames = [t.to_pandas() for t in (self.store.read_table(f.key) for f in self.files(table)) if t is not None]
+        frames = [t.to_pandas() for t in self.store.map(self.store.read_table, (f.key for f in self.files(table))) if t is not None]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def count_rows(self, table: str) -> int:
         """Rows over every partition of a table, from the Parquet footers (no column is read)."""
-        return sum(self.store.num_rows(f.key) for f in self.files(table))
+        return sum(self.store.map(self.store.num_rows, (f.key for f in self.files(table))))
 
     def files(self, table: str) -> list[StoredFile]:
         """The table's partition files (key, location, size, time written), in partition order."""
