@@ -38,13 +38,18 @@ class ProcessRecord:
     @classmethod
     def of(cls, name: str, pid: int, log: str = "") -> "ProcessRecord":
         process = psutil.Process(pid)
-        return cls(name=name, pid=pid, create_time=process.create_time(), cmdline=process.cmdline(), log=log)
+        deadline = time.monotonic() + 5
+        # Just after fork, before exec has filled it in, /proc/<pid>/cmdline reads empty.
+        while not (cmdline := process.cmdline()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return cls(name=name, pid=pid, create_time=process.create_time(), cmdline=cmdline, log=log)
 
     def process(self) -> psutil.Process | None:
         """The live process this record names, or None (gone, a zombie, or the pid now names another process)."""
         try:
             process = psutil.Process(self.pid)
-            same = abs(process.create_time() - self.create_time) < START_TIME_TOLERANCE_S and process.cmdline()[:3] == self.cmdline[:3]
+            same = (abs(process.create_time() - self.create_time) < START_TIME_TOLERANCE_S and bool(self.cmdline)
+                    and process.cmdline()[:3] == self.cmdline[:3])
             return process if same and process.status() != psutil.STATUS_ZOMBIE else None
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None

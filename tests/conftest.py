@@ -17,6 +17,10 @@ from outcome_flywheel.storage import Warehouse
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "production: the production shape on real servers (make up / make down, tests/test_production.py)")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     """tiny-local with the default config, built once and reused while its fingerprint holds."""

