@@ -133,6 +133,15 @@ def _uncovered(instance: dg.DagsterInstance, specs: list[tuple[str, tuple[str, s
     return out
 
 
+def run_spec(job: str, block: tuple[str, str] | None, tags: dict[str, str]) -> RunSpec:
+    """A run of `job` over `block` (one date: the partition; a span: the range), every step in process."""
+    if block is None:
+        return RunSpec(job, run_config=IN_PROCESS, tags=tags)
+    if block[0] == block[1]:
+        return RunSpec(job, partition_key=block[0], run_config=IN_PROCESS, tags=tags)
+    return RunSpec(job, partition_range=block, run_config=IN_PROCESS, tags=tags)
+
+
 def graphql_client(url: str) -> DagsterGraphQLClient:
     parts = urlsplit(url)
     return DagsterGraphQLClient(parts.hostname, port_number=parts.port, use_https=parts.scheme == "https",
@@ -150,7 +159,10 @@ def submit(url: str, specs: list[RunSpec], instance: dg.DagsterInstance) -> list
             done = f" ({len(runs)} of {len(specs)} runs were submitted)" if runs else ""
             raise DagsterUnavailable(f"the Dagster webserver at {url} did not take the {spec.job} run: {err}{done}") from None
         run = instance.get_run_by_id(run_id)
-        runs.append(run_summary(run) if run is not None else {**queued_summary(spec), "run_id": run_id})
+        if run is None:  # idempotency reads this instance: without the run, every request would submit again
+            raise DagsterUnavailable(f"the Dagster webserver at {url} queued run {run_id}, but DAGSTER_HOME's instance does not hold it: "
+                                     "point DAGSTER_HOME at the instance (dagster.yaml) that webserver uses")
+        runs.append(run_summary(run))
     return runs
 
 
@@ -174,8 +186,7 @@ def _launch(state: ServiceState, job: str | list[tuple[str, tuple[str, str] | No
         if not pairs:  # every partition is being materialised by a queued or live run already: those runs
             return False, list(covering.values())
         tags = {REQUEST_TAG: digest, REASON_TAG: reason[:200]}
-        specs = [RunSpec(job_name, block[0] if block and block[0] == block[1] else None, block if block and block[0] != block[1] else None,
-                         IN_PROCESS, tags) for job_name, block in pairs]
+        specs = [run_spec(job_name, block, tags) for job_name, block in pairs]
         if state.config.dagster_url:
             return True, submit(state.config.dagster_url, specs, instance)
         log = state.warehouse.path("service", "runs", f"{specs[0].launch_id}.log")

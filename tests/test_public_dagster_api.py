@@ -196,6 +196,13 @@ def test_a_webserver_that_is_down_is_a_503_with_the_reason(webserver, tmp_path, 
     assert answer.status_code == 503 and "did not take the flywheel_decisions run" in answer.json()["detail"]
     assert len(_decision_runs(webserver["instance"])) == before
 
+    # The webserver up, but the service's DAGSTER_HOME another instance: it stops at the first run, saying why.
+    other = make_state(root, instance_factory=dg.DagsterInstance.ephemeral)
+    other.config = ServiceConfig(token=TOKEN, dagster_url=webserver["url"])
+    answer = test_client(other).post("/api/preferences/extract", headers=AUTH)
+    assert answer.status_code == 503 and "point DAGSTER_HOME at the instance" in answer.json()["detail"]
+    assert len(_decision_runs(webserver["instance"])) == before + 1
+
 
 def test_the_demos_runs_are_on_the_job_page_and_re_execute_through_graphql(webserver):
     """`run_job` (dg.execute_job) records a run without the code location's origin; its
