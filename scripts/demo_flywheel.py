@@ -43,7 +43,8 @@ def decision_range(resources: dict) -> tuple[str, str]:
     return dates[0], dates[-1]
 
 
-def run(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(instance: dg.DagsterInstance, log: Callable[[str], None] = print, training_config: dict | None = None) -> dict[str, Any]:
+    """`training_config`: extra run config of `flywheel_training` (the real-model demo trains one epoch)."""
     # Resolved values (a resource built from the environment may hold EnvVars until a run starts).
     resources = {k: r.process_config_and_initialize() for k, r in {**core_resources(), **flywheel_resources()}.items()}
     started = time.perf_counter()
@@ -51,7 +52,7 @@ def run(instance: dg.DagsterInstance, log: Callable[[str], None] = print) -> dic
     log(f"flywheel: decisions and outcomes {first}..{last} (one run)")
     r1 = run_job("flywheel_decisions", instance, partition_range=(first, last), run_config=RUN_CONFIG)
     log("flywheel: dpo_dataset -> preference_adapter -> holdout_eval -> style_drift")
-    r2 = run_job("flywheel_training", instance, run_config=RUN_CONFIG)
+    r2 = run_job("flywheel_training", instance, run_config={**RUN_CONFIG, **(training_config or {})})
 
     warehouse = resources["warehouse"]
     outcomes = warehouse.read_all("decision_outcomes")
