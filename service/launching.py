@@ -41,6 +41,10 @@ from service.state import DagsterUnavailable, NoDagsterInstance, ServiceState
 
 REQUEST_TAG = "flywheel/request"
 REASON_TAG = "flywheel/reason"
+# One queue: with the webserver, the instance's run queue launches the service's runs one at a time, in
+# order, given `concurrency: runs: tag_concurrency_limits: [{key: flywheel/queue, limit: 1}]` (deploy/dagster.yaml);
+# `feedback_pairs_job` must follow the `note_feedback_job` runs it reads.
+QUEUE_TAG, QUEUE_NAME = "flywheel/queue", "service"
 LIVE = LIVE_STATUSES
 DONE_OR_LIVE = LIVE + (dg.DagsterRunStatus.SUCCESS,)
 DECISIONS_JOB = "flywheel_decisions"
@@ -185,7 +189,7 @@ def _launch(state: ServiceState, job: str | list[tuple[str, tuple[str, str] | No
         pairs = _uncovered(instance, pairs, skipped, covering)
         if not pairs:  # every partition is being materialised by a queued or live run already: those runs
             return False, list(covering.values())
-        tags = {REQUEST_TAG: digest, REASON_TAG: reason[:200]}
+        tags = {REQUEST_TAG: digest, REASON_TAG: reason[:200], QUEUE_TAG: QUEUE_NAME}
         specs = [run_spec(job_name, block, tags) for job_name, block in pairs]
         if state.config.dagster_url:
             return True, submit(state.config.dagster_url, specs, instance)

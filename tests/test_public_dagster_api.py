@@ -165,6 +165,7 @@ def test_the_service_submits_runs_through_graphql_once(webserver):
     assert [r["run_id"] for r in first["runs"]] == [run.run_id]
     assert run.status == dg.DagsterRunStatus.QUEUED  # the daemon would launch it; none runs here
     assert run.tags["dagster/partition"] == "2025-06-07" and run.tags[launching.REQUEST_TAG] == first["digest"]
+    assert run.tags[launching.QUEUE_TAG] == "service"  # one queue: the instance limits this tag to one run at a time
     assert run.remote_job_origin.location_name == "outcome_flywheel"  # a run of the webserver's code location
     assert run.run_config == IN_PROCESS
 
