@@ -9,6 +9,7 @@ cluster's folder (mode 0700), a `dagster` role and database. Started and stopped
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -21,6 +22,18 @@ SEARCH = ("/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin")
 
 class PostgresError(RuntimeError):
     """PostgreSQL could not be installed, initialised or started; the message says why and what to do."""
+
+
+def server_user_problem() -> str | None:
+    """Why PostgreSQL cannot run here as `make up` runs it, or None: as root it needs the `postgres` user."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(SERVER_OS_USER)
+    except KeyError:
+        return (f"running as root, PostgreSQL needs the `{SERVER_OS_USER}` system user (initdb refuses root); Debian's "
+                "postgresql package creates it: install the package, or run `make up` as a normal user")
+    return None if shutil.which("runuser") else "running as root, PostgreSQL is started through `runuser`, which is missing"
 
 
 def find_binaries() -> Path | None:
@@ -83,6 +96,9 @@ class Cluster:
     def init(self) -> None:
         if self.initialised:
             return
+        problem = server_user_problem()
+        if problem:
+            raise PostgresError(problem)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.data_dir.chmod(0o700)
         if self.as_root:

