@@ -41,6 +41,8 @@ VARIABLES = {
     )
 }
 INTEGERS = ("FLYWHEEL_STEP_PROCESSES", "FLYWHEEL_K8S_GPUS")
+# A step's stderr is its log (its tail is in a failure): no progress bars there, unless the run's environment asks.
+STEP_ENV_DEFAULTS = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 class StepRunnerResource(dg.ConfigurableResource):
@@ -110,7 +112,7 @@ class StepRunnerResource(dg.ConfigurableResource):
     def k8s_arguments(self, step: str, environ: Mapping[str, str] | None = None) -> dict:
         """What `PipesK8sClient.run` is given besides the context and extras: image, command, namespace,
         env (the FLYWHEEL_*/AWS_*/HF_* variables; the data dir moved to the mount) and the pod spec."""
-        env = passthrough_env(os.environ if environ is None else environ)
+        env = {**STEP_ENV_DEFAULTS, **passthrough_env(os.environ if environ is None else environ)}
         if self.k8s_env_secret:
             env = {k: v for k, v in env.items() if not k.startswith("AWS_")}  # from the Secret instead
         env.pop("FLYWHEEL_STEP_RUNNER", None)  # the pod runs the step; it launches nothing
@@ -210,8 +212,8 @@ class StepSubprocessClient(dg.PipesClient):
                                    message_reader=dg.PipesTempFileMessageReader()) as session:
             # The whole environment: the step sees the same FLYWHEEL_* settings (the warehouse URL),
             # AWS_* credentials and model caches as the run.
-            process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {}), **session.get_bootstrap_env_vars()},
-                                       stderr=subprocess.PIPE, text=True, errors="replace")
+            step_env = {**STEP_ENV_DEFAULTS, **os.environ, **(env or {}), **session.get_bootstrap_env_vars()}
+            process = subprocess.Popen(command, cwd=cwd, env=step_env, stderr=subprocess.PIPE, text=True, errors="replace")
             try:
                 for line in process.stderr:
                     sys.stderr.write(line)

@@ -117,6 +117,17 @@ def test_the_re_run_after_a_kill_succeeds_and_moves_latest(daily):
     assert all(c.passed for c in result.get_asset_check_evaluations() if c.check_name != "update_accepted_by_gate")
 
 
+def test_an_error_in_the_step_process_fails_the_step_with_its_message_and_traceback(daily):
+    root, res, instance, runs = daily
+    missing = {"ops": {"daily_update": {"config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-20"}}}}
+    result = dg.materialize([daily_update], partition_key=DAYS[1], resources=res, run_config=missing, instance=instance, raise_on_error=False)
+    assert not result.success
+    message = _failure(result)
+    assert "step daily_update exited with status 1: DailyUpdateError:" in message and "2025-11-20" in message
+    assert "Traceback (most recent call last)" in message  # the stderr tail
+    assert _latest(root) == DAYS[1]
+
+
 # -- preference_adapter: the killed DPO training ----------------------------------------------
 
 
