@@ -32,6 +32,8 @@ from outcome_flywheel.settings import PROJECT_ROOT, validate_environment
 BIN = Path(sys.executable).parent  # the project's virtual environment: dagster, dagster-daemon, flywheel-serve
 POOLS = ("duckdb", "accelerator")
 DAILY_SCHEDULE = "daily_rl_job_schedule"
+PORT_SETTINGS = {"code_server": "FLYWHEEL_CODE_SERVER_PORT (--code-server-port)", "webserver": "FLYWHEEL_WEBSERVER_PORT (--webserver-port)",
+                 "service": "FLYWHEEL_API_PORT (--api-port)"}
 REPOSITORY_NAME = "__repository__"  # the one repository of a `Definitions` object
 
 
@@ -119,7 +121,8 @@ def ensure_process(d: Deployment, name: str, command: list[str], env: dict[str, 
     if record:
         return record, "already running"
     if port is not None and not processes.port_free(port):
-        raise processes.StartupError(f"{name}: port {port} on {HOST} is taken by another program; choose another (see deploy/settings.py)")
+        raise processes.StartupError(f"{name}: port {port} on {HOST} is taken by another program; choose another with "
+                                     f"{PORT_SETTINGS.get(name, 'its option')}")
     return processes.start(d.home, name, command, env, PROJECT_ROOT), "started"
 
 
@@ -127,7 +130,11 @@ def up(d: Deployment, daily_schedule: str = "auto", timeout_s: float = 600) -> d
     """Start what is not running; returns {piece: 'started' | 'already running'}."""
     validate_environment()
     started_at = time.monotonic()
-    d.save()
+    for name, port in (("code_server", d.code_server_port), ("webserver", d.webserver_port), ("service", d.api_port)):
+        if not processes.running(d.home, name) and not processes.port_free(port):  # before starting anything
+            raise processes.StartupError(f"{name}: port {port} on {HOST} is taken by another program; choose another with "
+                                         f"{PORT_SETTINGS[name]}")
+    d.save()  # the choices `make down` and the next `make up` read
     write_instance_files(d)
     secrets = instance_env(d)
     env = process_env(d, secrets)
@@ -185,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         states = up(deployment, args.daily_schedule, args.timeout)
     except (PostgresError, processes.StartupError, RuntimeError) as err:
-        print(f"make up: {err}\n(what did start is still running: `make down` stops it)", file=sys.stderr)
+        started = any(processes.pid_dir(deployment.home).glob("*.pid"))
+        print(f"make up: {err}" + ("\n(what did start is still running: `make down` stops it)" if started else ""), file=sys.stderr)
         return 1
     print(summary(deployment, states), flush=True)
     return 0
