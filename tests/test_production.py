@@ -131,6 +131,7 @@ def test_up_starts_each_piece_once_on_postgres(prod):
     assert prod["webserver"] in prod["up"] and prod["service"] in prod["up"] and TOKEN not in prod["up"]  # a set token is never printed
     instance_file = (home / "dagster.yaml").read_text()
     assert "postgresql+psycopg2" in instance_file and "QueuedRunCoordinator" in instance_file
+    assert prod["instance"].get_concurrency_config().run_queue_config.tag_concurrency_limits == [{"key": "flywheel/queue", "limit": 1}]
     assert type(prod["instance"].run_storage).__name__ == "PostgresRunStorage"
     assert graphql(prod["webserver"], SLOTS, {"key": "duckdb"})["instance"]["concurrencyLimit"]["slotCount"] == 1
     assert graphql(prod["webserver"], SLOTS, {"key": "accelerator"})["instance"]["concurrencyLimit"]["slotCount"] == 1
