@@ -10,8 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from outcome_flywheel.models.serving import ModelServer
 from service import launching
-from service.api import decisions, feedback, preferences, rl
+from service.api import decisions, feedback, openai_compat, preferences, rl
 from service.pages import routes as pages
 from service.security import WriteGuard
 from service.state import NoDagsterInstance, ServiceState
@@ -22,8 +23,11 @@ DESCRIPTION = """People in the loop of the outcome flywheel.
   **train** launch the flywheel's jobs on the Dagster instance.
 * **Feedback** on the daily notes (thumbs, stars, corrections) and its **curation**.
 * **Status** and **history** of both loops.
+* **OpenAI-compatible** serving of the trained models under `/v1` (`policy`, `preference`), hot-swapped
+  when a newly accepted checkpoint or adapter is published.
 
-Writes (every POST) need `Authorization: Bearer <FLYWHEEL_API_TOKEN>`; reads are open.
+Writes (every POST) need `Authorization: Bearer <FLYWHEEL_API_TOKEN>`; reads are open, except under
+`/v1`, where every request needs it (generation spends the machine's compute).
 Request bodies over 64 KB are refused (413). The review pages are at `/`.
 """
 
@@ -45,10 +49,13 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
     app = FastAPI(title="outcome-flywheel", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None,
                   lifespan=lifespan)
     app.state.service = state
-    for module in (decisions, preferences, feedback, rl):
+    # The models are loaded on the first /v1 request, not here: the review pages start without them.
+    app.state.serving = ModelServer(state.scorer.loader, state.warehouse.root, max_tokens=state.config.serve_max_tokens)
+    for module in (decisions, preferences, feedback, rl, openai_compat):
         app.include_router(module.router)
     app.include_router(pages.router)
     app.add_middleware(WriteGuard, config=state.config)
+    app.add_middleware(openai_compat.ServingGuard, config=state.config)  # outside WriteGuard: /v1 reads need the token too
     # Outermost: a request naming another host (DNS rebinding onto loopback) is refused before anything else.
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=state.config.allowed_hosts)
 

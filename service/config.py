@@ -17,6 +17,8 @@ SESSION_TTL_S = 12 * 3600  # a page's sign-in lasts a working day
 LOOPBACK_NAMES = ["127.0.0.1", "localhost", "::1", "[::1]"]
 WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 DAGSTER_URL_VARIABLE = "FLYWHEEL_DAGSTER_URL"
+SERVE_MAX_TOKENS_VARIABLE = "FLYWHEEL_SERVE_MAX_TOKENS"
+SERVE_MAX_TOKENS = 512  # per completion of /v1/chat/completions: generation is the expensive thing the service does
 
 
 def check_dagster_url(url: str) -> str:
@@ -34,6 +36,16 @@ def check_dagster_url(url: str) -> str:
     return url
 
 
+def serve_max_tokens_from_env() -> int:
+    """FLYWHEEL_SERVE_MAX_TOKENS as a whole number (ValueError naming the variable otherwise)."""
+    value = os.environ.get(SERVE_MAX_TOKENS_VARIABLE, "").strip()
+    if not value:
+        return SERVE_MAX_TOKENS
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{SERVE_MAX_TOKENS_VARIABLE}={value!r}: expected a positive whole number of tokens, such as 512")
+    return int(value)
+
+
 @dataclass
 class ServiceConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "FLYWHEEL_API_HOST: the address to bind; loopback unless told otherwise."})
@@ -45,10 +57,14 @@ class ServiceConfig:
     dagster_url: str = field(default="", metadata={"help": "FLYWHEEL_DAGSTER_URL: the Dagster webserver runs are submitted to "
                                                           "(GraphQL; its daemon launches them); empty = the service's own worker process "
                                                           "executes them on $DAGSTER_HOME's instance."})
+    serve_max_tokens: int = field(default=SERVE_MAX_TOKENS, metadata={"help": "FLYWHEEL_SERVE_MAX_TOKENS: the most tokens one "
+                                                                                "/v1/chat/completions reply may generate (max_tokens above it: 400)."})
 
     def __post_init__(self):
         if self.dagster_url:
             self.dagster_url = check_dagster_url(self.dagster_url)
+        if isinstance(self.serve_max_tokens, bool) or not isinstance(self.serve_max_tokens, int) or self.serve_max_tokens < 1:
+            raise ValueError(f"{SERVE_MAX_TOKENS_VARIABLE}={self.serve_max_tokens!r}: expected a positive whole number of tokens, such as 512")
         if not self.token:
             # Like notebook servers: a fresh random token per start, printed with the page's URL.
             self.token = secrets.token_urlsafe(24)
@@ -57,7 +73,7 @@ class ServiceConfig:
     @classmethod
     def from_env(cls) -> "ServiceConfig":
         return cls(host=env("FLYWHEEL_API_HOST"), port=int(env("FLYWHEEL_API_PORT")), token=env("FLYWHEEL_API_TOKEN", ""),
-                   dagster_url=os.environ.get(DAGSTER_URL_VARIABLE, ""))
+                   dagster_url=os.environ.get(DAGSTER_URL_VARIABLE, ""), serve_max_tokens=serve_max_tokens_from_env())
 
     def derived(self, purpose: str) -> str:
         """A value derived from the token (a session's signature, its CSRF field, a message's

@@ -83,7 +83,7 @@ class WriteGuard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         path = scope["path"]
-        if path.startswith("/api/"):
+        if path.startswith(("/api/", "/v1/")):  # /v1: the OpenAI-compatible API (ServingGuard checked its token already)
             if not self.config.is_token(_bearer(headers)):
                 response = JSONResponse({"detail": "writes need Authorization: Bearer <FLYWHEEL_API_TOKEN>"}, status_code=401,
                                         headers={"WWW-Authenticate": "Bearer"})
