@@ -14,6 +14,7 @@ from assets.daily_rl.baseline import baseline_rollouts
 from assets.daily_rl.daily_report import daily_report
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
+from assets.daily_rl.note_scorer import note_scorer
 from assets.daily_rl.outcomes import rollout_outcomes
 from assets.daily_rl.pairs import rollout_pairs
 from assets.daily_rl.policy_eval import policy_eval
@@ -29,7 +30,7 @@ daily_rl_job = dg.define_asset_job(
     selection=dg.AssetSelection.groups("daily_rl"),
     partitions_def=daily_rl_partitions,
     description="One day of the loop: headlines, daily_update (score yesterday's notes, train, gate, generate), rollout_pairs, "
-    "baseline_rollouts, rollout_outcomes, policy_eval, backtest, daily_report. Several days: use an asset backfill (it runs "
+    "baseline_rollouts, rollout_outcomes, policy_eval, backtest, daily_report, note_scorer. Several days: use an asset backfill (it runs "
     "them in order), not a backfill of this job.",
 )
 
@@ -76,7 +77,7 @@ def daily_rl_resources() -> dict:
 
 
 defs = dg.Definitions(
-    assets=dg.with_source_code_references(DAILY_RL_ASSETS),
+    assets=dg.with_source_code_references([*DAILY_RL_ASSETS, note_scorer]),  # note_scorer: tier 1a (docs/tiers.md)
     jobs=[daily_rl_job, daily_rl_outcomes_job],
     schedules=[daily_rl_schedule, daily_rl_outcomes_schedule],
     resources=daily_rl_resources(),

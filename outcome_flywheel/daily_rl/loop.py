@@ -219,7 +219,7 @@ def judge_inputs(rollouts: pd.DataFrame, outcome_titles: Sequence[str], select_o
 def score_table(
     inputs: ScoringInput, judgements: Sequence[GroupJudgement], day: str, prediction_date: str, outcome_date: str,
     reward: RewardConfig | None = None, human: Mapping[tuple[str, int], float] | None = None,
-    relevance: Mapping[tuple[str, int], float | None] | None = None,
+    relevance: Mapping[tuple[str, int], float | None] | None = None, scorer: Mapping[tuple[str, int], float] | None = None,
 ) -> pd.DataFrame:
     """rollout_scores rows: rank -> rank reward, the configured weighted sum of the signals (default
     0.5 structure + 0.5 rank reward, clipped to [0, 1]), group advantages; every row records the
@@ -229,11 +229,13 @@ def score_table(
     Unusable groups (the judge never answered, or there was nothing to judge against) keep their
     rows with advantage 0 and the reason. `human`: (headline_id, rollout_index) -> the note's human
     signal in [0, 1], for the notes people rated (the `human` reward signal); `relevance`: the same key
-    -> the `relevance` signal, None where the headline names no known company.
+    -> the `relevance` signal, None where the headline names no known company; `scorer`: the same key
+    -> the online note scorer's signal, where it is weighted and known.
     """
     reward_config = reward or RewardConfig()
     human = human or {}
     relevance = relevance or {}
+    scorer = scorer or {}
     recorded = reward_config.describe()
     rows = []
     for group, key, frame, judgement in zip(inputs.groups, inputs.keys, inputs.frames, judgements):
@@ -244,8 +246,9 @@ def score_table(
         outcome = rank_rewards(judgement, rank_reward)
         people = [human.get((key, int(i))) for i in frame["rollout_index"]]
         on_topic = [relevance.get((key, int(i))) for i in frame["rollout_index"]]
-        rewards = [reward_config.combine({"structure": s, "judge_rank": o, "human": h, "relevance": r})
-                   for s, o, h, r in zip(structure, outcome, people, on_topic)]
+        rated = [scorer.get((key, int(i))) for i in frame["rollout_index"]]
+        rewards = [reward_config.combine({"structure": s, "judge_rank": o, "human": h, "relevance": r, "scorer": c})
+                   for s, o, h, r, c in zip(structure, outcome, people, on_topic, rated)]
         advantage = group_advantages(rewards) if judgement.usable else np.zeros(n)
         placed = set(judgement.picks)
         for k, rollout_index in enumerate(frame["rollout_index"]):

@@ -4,7 +4,8 @@ rank reward  r_k = 1 - (k - 1) / (N - 1)        k = the judge's rank of the note
 reward       R   = clip(sum_s w_s * signal_s)    named signals in [0, 1]: `structure` and `judge_rank`
                                                   (r_k), default w = 0.5 / 0.5, clip [0, 1]; plus
                                                   `human` where people rated the note, `relevance`
-                                                  where the headline names a company (below)
+                                                  where the headline names a company (below), `scorer`
+                                                  (the online note scorer; off unless weighted)
 price        p   = 1 / (1 + exp(-vs_spy_pct / scale))  the matured call; no_trade / unparseable: set values.
              It is delayed: trained days later, as its own group-normalised part (docs/daily_rl.md).
 advantage    A_i = (R_i - mean(R)) / (std(R) + eps) within the headline's group (GRPO/GSPO style)
@@ -27,11 +28,13 @@ REWARD_SIGNALS = {
     "human": "people's thumbs / stars on the note (feedback.records.human_signal), only where it has feedback",
     "relevance": "1 if the call is on a company the headline names, else 0 (daily_rl.relevance); only where it names one",
     "price": "the matured call's vs_spy_pct net of costs through PriceReward's logistic; trained when it matures",
+    "scorer": "the online note scorer's sigmoid(score) of the note, its state as of the note's day (daily_rl.note_scorer); "
+              "off unless weighted, only where that state and the note's features exist",
 }
 # Signals only some notes have. Where one is missing its weight drops out and the rest are
 # rescaled to the always-present signals' total weight, so rated and unrated notes share one scale
 # and a day without feedback gets exactly the rewards it would have got before.
-SPARSE_SIGNALS = ("human", "relevance")
+SPARSE_SIGNALS = ("human", "relevance", "scorer")
 # Signals known only days after the note (prices): trained in their own step when they mature.
 DELAYED_SIGNALS = ("price",)
 HUMAN_WEIGHT = 0.5
@@ -93,7 +96,8 @@ class RewardConfig:
         """The immediate reward R = clip(sum of weight * signal) over the weighted signals (each in
         [0, 1]; every dense signal must be given; delayed ones, `price`, are left out: they train in
         their own step). A sparse signal (`human`, `relevance`) that is missing or None drops out and
-        the given ones are rescaled: R = clip(sum_given w x / sum_given w * sum_dense w)."""
+        the given ones are rescaled: R = clip(sum_given w x / sum_given w * sum_dense w). `scorer` is
+        sparse the same way and weighs 0 unless `weights` names it (left out of the defaults)."""
         total, given_weight, dense_weight = 0.0, 0.0, 0.0
         for name, weight in self.weights.items():
             if name in DELAYED_SIGNALS:

@@ -4,6 +4,7 @@ headline's company (`relevance`) that makes the immediate reward (`loop.score_ta
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from outcome_flywheel.daily_rl.calls import calls_frame
@@ -33,8 +34,32 @@ def score_previous_rollouts(
     judge_backend = judge.load(models)
     inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
     judgements = judge.rank(judge_backend, inputs.groups)
+    scorer = scorer_signals(warehouse, prediction_day) if float((reward or RewardConfig()).weights.get("scorer", 0.0)) else None
     return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human_signals(warehouse, prediction_day),
-                       relevance_signals(prev_rollouts, universe))
+                       relevance_signals(prev_rollouts, universe), scorer)
+
+
+def scorer_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, int], float]:
+    """(headline_id, rollout_index) -> sigmoid of the online note scorer's score of D-1's note, by its
+    state after D-1 (`note_scorer(D-1)`, which has not seen these notes' ranks) and the notes' stored
+    features; empty (the signal drops out) where either is missing. Read like `human_signals`: no
+    declared dependency (note_scorer reads rollout_scores, so a declared one would close a cycle)."""
+    import math
+
+    from outcome_flywheel.daily_rl.note_scorer import ScorerStore
+    from outcome_flywheel.daily_rl.note_scorer_features import FEATURES_TABLE, feature_lookup
+    from outcome_flywheel.settings import resolve_path
+
+    path = ScorerStore(resolve_path(warehouse.data_dir)).day_file(prediction_day)
+    if not path.exists() or not warehouse.exists(FEATURES_TABLE, prediction_day):
+        return {}
+    state = ScorerStore(resolve_path(warehouse.data_dir)).load(path)
+    lookup = feature_lookup(warehouse.read(FEATURES_TABLE, prediction_day), state.spec_key)
+    if not lookup:
+        return {}
+    keys = list(lookup)
+    scores = state.scores(np.stack([lookup[k] for k in keys]))
+    return {(h, i): 1.0 / (1.0 + math.exp(-max(min(float(s), 50.0), -50.0))) for (_, h, i), s in zip(keys, scores)}
 
 
 def relevance_signals(rollouts: pd.DataFrame, universe: set[str] | None) -> dict[tuple[str, int], float | None]:

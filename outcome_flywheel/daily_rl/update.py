@@ -34,7 +34,7 @@ from outcome_flywheel.daily_rl.loop import (
     training_examples,
 )
 from outcome_flywheel.daily_rl.matured import MaturedBatch, MaturedConfig, collect_matured
-from outcome_flywheel.daily_rl.rewards import PriceReward, RewardConfig
+from outcome_flywheel.daily_rl.rewards import SPARSE_SIGNALS, PriceReward, RewardConfig
 from outcome_flywheel.daily_rl.scoring import DailyUpdateError, score_previous_rollouts
 from outcome_flywheel.daily_rl.training_record import judged_ledger, price_training_row
 from outcome_flywheel.daily_rl.verify import verify_day
@@ -222,7 +222,7 @@ def matured_notes(warehouse: Warehouse, market_data, day: str, parent_version: s
     if market_data is None or price_weight == 0.0:
         return MaturedBatch()
     immediate = reward.immediate()
-    scale = price_weight / sum(abs(float(w)) for k, w in immediate.weights.items() if k not in ("human", "relevance")) if immediate else 1.0
+    scale = price_weight / sum(abs(float(w)) for k, w in immediate.weights.items() if k not in SPARSE_SIGNALS) if immediate else 1.0
     return collect_matured(warehouse, market_data, warehouse.path("checkpoints", "policy"), day, parent_version,
                            settings.matured(), scale, temperature)
 

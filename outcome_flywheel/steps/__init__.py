@@ -17,6 +17,7 @@ STEP_MODULES = {
     "daily_update": "outcome_flywheel.daily_rl.update_step",
     "preference_adapter": "outcome_flywheel.preferences.adapter_step",
     "probe": "outcome_flywheel.steps.probe",
+    "note_scorer": "outcome_flywheel.daily_rl.note_scorer_step",
 }
 
 

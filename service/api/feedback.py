@@ -13,6 +13,7 @@ from outcome_flywheel.jsonl_log import append_unless
 from outcome_flywheel.feedback.records import FeedbackIn, FeedbackRecord, VerificationIn, VerificationRecord
 from outcome_flywheel.feedback.review import find_note
 from service import launching
+from service.api.scorer import online_update
 from service.security import bearer
 from service.state import NoDagsterInstance
 
@@ -27,7 +28,13 @@ def add_feedback(state, feedback: FeedbackIn) -> dict:
         raise HTTPException(status_code=404, detail=f"no note {feedback.headline_id}#{feedback.rollout_index} in rollouts({day})")
     record = FeedbackRecord(**feedback.model_dump())
     state.feedback_log.append(record)
-    return record.model_dump(mode="json")
+    out = record.model_dump(mode="json")
+    # Stored first; then the online note scorer takes one step on it (never failing the request).
+    try:
+        out["note_scorer"] = online_update(state, out)
+    except (OSError, ValueError, RuntimeError) as err:
+        out["note_scorer"] = {"updated": False, "reason": f"{type(err).__name__}: {err}"}
+    return out
 
 
 def verify_feedback(state, feedback_id: str, verdict: VerificationIn) -> dict:
@@ -70,7 +77,9 @@ def feedback_rows(state, status: str = "unverified", day: str | None = None, lim
 def post_feedback(body: FeedbackIn, request: Request) -> dict:
     """Feedback on one daily note (`date`, `headline_id`, `rollout_index`): thumbs up/down, stars
     1-5, an optional correction ("what should it have said?"), the reviewer. Appended durably
-    (locked, fsynced) to the feedback log (FLYWHEEL_FEEDBACK_LOG); `note_feedback` reads it."""
+    (locked, fsynced) to the feedback log (FLYWHEEL_FEEDBACK_LOG); `note_feedback` reads it. Then the
+    online note scorer takes one step on a rated feedback: `note_scorer` in the answer says whether
+    it did, or why not."""
     return add_feedback(request.app.state.service, body)
 
 

@@ -1,4 +1,4 @@
-"""Both loops at a glance: `/api/rl/status` and `/api/rl/history`."""
+"""Both loops at a glance: `/api/rl/status`, `/api/rl/history` and the online note scorer's `/api/rl/note_scorer`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from outcome_flywheel.daily_rl.status import daily_history, daily_status
 from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import feedback_metrics, feedback_table
 from service import launching
+from service.api.scorer import scorer_status
 
 router = APIRouter(prefix="/api/rl", tags=["status"])
 
@@ -59,4 +60,9 @@ def history(request: Request) -> dict:
     return loops_history(request.app.state.service)
 
 
-
+@router.get("/note_scorer")
+def note_scorer(request: Request) -> dict:
+    """The online note scorer (tier 1a): updates, parameters, the state `latest` points at, and its
+    held-out (test-then-train) pairwise accuracy against the judge, prices and people, each with a
+    95% bootstrap interval, against a constant scorer's 0.5."""
+    return scorer_status(request.app.state.service)

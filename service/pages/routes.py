@@ -34,6 +34,7 @@ from service import launching
 from service.api.decisions import record_decision
 from service.api.feedback import add_feedback, verify_feedback
 from service.api.rl import feedback_status, loops_history, loops_status
+from service.api.scorer import rank_notes
 from service.limits import proposal_size_problem
 from service.pages.forms import FormError, parse_context, parse_order_lines, validation_text
 from service.security import SESSION_COOKIE, csrf_value, new_session, require_csrf, session_of
@@ -132,7 +133,8 @@ def notes_page(request: Request, date: str | None = Query(None, pattern=r"^\d{4}
     days = review_days(state.warehouse)
     day = date or (days[0] if days else None)
     headlines = notes_for_review(state.warehouse, day, state.feedback_log.table()) if day else []
-    return render(request, "notes.html", title="Notes", active="/", days=days, day=day, headlines=headlines)
+    ranking = rank_notes(state, day, headlines) if headlines else {"ranked": False, "reason": "no notes"}
+    return render(request, "notes.html", title="Notes", active="/", days=days, day=day, headlines=headlines, ranking=ranking)
 
 
 @router.post("/feedback", dependencies=[Depends(require_csrf)])
