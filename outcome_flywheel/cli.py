@@ -9,6 +9,7 @@
                                                  a SYNTHETIC price file where the archive's news moves (or does not
                                                  move) its company, for FLYWHEEL_PRICES_FILE
     flywheel check-settings                      validate the FLYWHEEL_* environment variables
+    flywheel export SOURCE OUT [--gguf auto|always|never]   a checkpoint or adapter as a standalone HF folder (+ GGUF)
 
 Bad input (a malformed argument, a setting the project cannot use, a missing file) prints one line
 `flywheel: error: ...` on stderr and exits 2 (the input) or 1 (a file or a failure), without a
@@ -297,6 +298,17 @@ def cmd_check_settings(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from outcome_flywheel.models import ModelLoader
+    from outcome_flywheel.models.export import ExportError, export
+    require_settings(("FLYWHEEL_DATA_DIR", "FLYWHEEL_BASE_MODEL"))
+    try:
+        print(export(args.source, args.out, ModelLoader.from_env(), args.gguf, args.gguf_type)[1])
+    except ExportError as err:
+        raise CliError(str(err)) from None
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from outcome_flywheel.preferences.synthetic import OPERATORS
 
@@ -356,6 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="One line per variable that breaks its rule (and per FLYWHEEL_* name the project "
                                    "does not read); exit 2 when any, 0 when all are usable.")
     p.set_defaults(func=cmd_check_settings)
+
+    p = sub.add_parser("export", help="a policy checkpoint or preference adapter as a standalone Hugging Face folder, and GGUF")
+    p.add_argument("source", help="policy | preference (the latest, as /v1 serves them) | a checkpoint, adapter or model folder")
+    p.add_argument("out", help="the folder to write: safetensors with the LoRA merged (PEFT), then OUT/model.gguf via llama.cpp (docs/serving.md)")
+    p.add_argument("--gguf", choices=("auto", "always", "never"), default="auto", help="auto: when the converter is installed")
+    p.add_argument("--gguf-type", choices=("f32", "f16", "bf16", "q8_0"), default="f16", help="GGUF weights (default f16)")
+    p.set_defaults(func=cmd_export)
     return parser
 
 
