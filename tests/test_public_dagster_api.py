@@ -117,6 +117,7 @@ def webserver(tmp_path_factory, tiny_model_dir):
     home.mkdir()
     (home / "dagster.yaml").write_text((PROJECT_ROOT / "scripts" / "dagster.yaml").read_text() + QUEUED_COORDINATOR)
     env = {"DAGSTER_HOME": str(home), "FLYWHEEL_DATA_DIR": str(root), "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"), "OMP_NUM_THREADS": "1"}
+    instance = dg.DagsterInstance.from_config(str(home))  # its SQLite storage made once, before other processes open it
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(root.parent / "webserver.log", "wb")
@@ -131,7 +132,7 @@ def webserver(tmp_path_factory, tiny_model_dir):
         with pytest.MonkeyPatch.context() as mp:
             for name, value in env.items():
                 mp.setenv(name, value)
-            yield {"url": url, "root": root, "instance": dg.DagsterInstance.get()}
+            yield {"url": url, "root": root, "instance": instance}
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the webserver and the code server it started
         try:
