@@ -32,7 +32,6 @@ def live(tmp_path_factory, tiny_model_dir):
     first = publisher.publish("2025-11-03", seed=1)
     publish_adapter(root, "run-1", seed=5)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")
         state = make_state(root)
         state.config.serve_max_tokens = CAP
         server, url = start_in_thread(state)
