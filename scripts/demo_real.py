@@ -110,18 +110,24 @@ def main() -> None:
 
 
 def _ensure_judge_model() -> None:
-    """A named local judge (tiny-local) is built where the loader looks for it, like the base model."""
-    from outcome_flywheel.models import LOCAL_MODELS, ModelLoader
-    from outcome_flywheel.models.tiny_local import TinyLocalConfig, ensure_tiny_local
+    """A named local judge is provisioned where the loader looks for it, like the base model: tiny-local
+    from its per-machine build under .cache/ (linked in, as the tests and benchmarks do), SmolLM2 built."""
+    from outcome_flywheel.models import ModelLoader
 
     judge = os.environ.get("FLYWHEEL_JUDGE_MODEL", "")
-    if judge == "tiny-local":
-        loader = ModelLoader.from_env()
-        ensure_tiny_local(loader.tiny_local_dir(), TinyLocalConfig(seed=loader.seed), log=lambda _: None)
-    elif judge in LOCAL_MODELS:
+    loader = ModelLoader.from_env()
+    target = loader.local_model_dir().parent / judge if judge else None
+    if judge == "tiny-local" and not (target / "config.json").exists():
+        from outcome_flywheel.models.tiny_local import TinyLocalConfig, cached_tiny_local
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.is_symlink():  # a link to a build that is gone (`make clean` empties .cache/)
+            target.unlink()
+        os.symlink(cached_tiny_local(TinyLocalConfig(seed=loader.seed), log=lambda _: None), target)
+    elif judge == "smollm2-135m-instruct":
         from outcome_flywheel.models.smollm2 import ensure_smollm2
 
-        ensure_smollm2(ModelLoader.from_env().local_model_dir().parent / judge, log=lambda _: None)
+        ensure_smollm2(target, log=lambda _: None)
 
 
 if __name__ == "__main__":
