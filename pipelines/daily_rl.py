@@ -13,12 +13,14 @@ from assets.daily_rl.backtest import backtest
 from assets.daily_rl.baseline import baseline_rollouts
 from assets.daily_rl.daily_report import daily_report
 from assets.daily_rl.daily_update import daily_update
+from assets.daily_rl.distillation import distill_samples, distilled_policy
 from assets.daily_rl.headlines import headlines
 from assets.daily_rl.note_scorer import note_scorer
 from assets.daily_rl.outcomes import rollout_outcomes
 from assets.daily_rl.pairs import rollout_pairs
 from assets.daily_rl.policy_eval import policy_eval
 from assets.partitions import daily_rl_partitions
+from outcome_flywheel.daily_rl.distillation import ready_to_distill
 from outcome_flywheel.daily_rl.outcomes import pending_days_ready
 from outcome_flywheel.storage import Warehouse
 from resources.daily_rl import FeedsResource, JudgeResource
@@ -72,13 +74,36 @@ daily_rl_schedule = dg.build_schedule_from_partitioned_job(
 )
 
 
+# Tier 3 (docs/tiers.md, "Distillation"): a day's teacher samples, and a gated SFT run once enough are new.
+distill_samples_job = dg.define_asset_job(
+    "distill_samples_job", selection=dg.AssetSelection.assets(distill_samples), partitions_def=daily_rl_partitions,
+    description="The teacher answers a day's sampled headlines; with the day's verified corrections, distill_samples(D).",
+)
+distillation_job = dg.define_asset_job(
+    "distillation_job", selection=dg.AssetSelection.assets(distilled_policy),
+    description="One distillation run: SFT in phases on the unused samples, the daily gate, a verified checkpoint, `latest` moved if accepted.",
+)
+
+
+@dg.sensor(job=distillation_job, minimum_interval_seconds=300, default_status=dg.DefaultSensorStatus.STOPPED,
+           description="Starts distillation_job when at least FLYWHEEL_DISTILL_MIN_SAMPLES (default 100) distillation samples "
+                       "no run has used exist.")
+def distillation_sensor(context: dg.SensorEvaluationContext, warehouse: dg.ResourceParam[Warehouse]):
+    ready, count, need = ready_to_distill(warehouse)
+    if not ready:
+        return dg.SkipReason(f"{count} new distillation samples, fewer than {need}")
+    return dg.RunRequest(run_key=f"distill-{count}-{warehouse.partitions('distill_samples')[-1]}",
+                         tags={"flywheel/reason": f"{count} new distillation samples (>= {need})"})
+
+
 def daily_rl_resources() -> dict:
     return {"feeds": FeedsResource.from_env(), "judge": JudgeResource.from_env()}
 
 
 defs = dg.Definitions(
-    assets=dg.with_source_code_references([*DAILY_RL_ASSETS, note_scorer]),  # note_scorer: tier 1a (docs/tiers.md)
-    jobs=[daily_rl_job, daily_rl_outcomes_job],
+    assets=dg.with_source_code_references([*DAILY_RL_ASSETS, note_scorer, distill_samples, distilled_policy]),  # tiers: docs/tiers.md
+    jobs=[daily_rl_job, daily_rl_outcomes_job, distill_samples_job, distillation_job],
+    sensors=[distillation_sensor],
     schedules=[daily_rl_schedule, daily_rl_outcomes_schedule],
     resources=daily_rl_resources(),
 )

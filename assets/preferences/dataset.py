@@ -7,6 +7,7 @@ import dagster as dg
 import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
+from outcome_flywheel.preferences.pool import POOL_CAP, cap_pool
 from outcome_flywheel.preferences.status import latest_decisions, prompt_context_keys, training_status
 from outcome_flywheel.preferences.weighting import (
     PAIR_COLUMNS, WEIGHT_TABLE, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, outcome_treatment,
@@ -79,6 +80,7 @@ def dpo_dataset(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
         outcomes = outcomes.drop_duplicates("decision_id", keep="last")
     keys = prompt_context_keys()
     pairs, skipped = build_pairs(decisions, outcomes, context_keys=keys) if len(decisions) else build_pairs(pd.DataFrame(columns=["decision_id"]), None)
+    pairs, dropped_by_cap = cap_pool(pairs)  # the pool's cap: the oldest decisions go first
     warehouse.write("dpo_dataset", pairs)
     fingerprint = dataset_fingerprint(pairs)
 
@@ -104,6 +106,7 @@ def dpo_dataset(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
             "n_train": int((pairs["split"] == "train").sum()) if len(pairs) else 0,
             "n_holdout": int((pairs["split"] == "holdout").sum()) if len(pairs) else 0,
             "n_skipped": len(skipped),
+            "pool_cap": POOL_CAP, "n_dropped_by_cap": dropped_by_cap,
             "prompt_context_keys": ", ".join(keys) or "(none: one context-free prompt)",
             **{f"n_{t}": int(by_treatment.get(t, 0)) for t in TREATMENTS},
             **{f"export_rows_{fmt}": n for fmt, n in export_counts.items()},

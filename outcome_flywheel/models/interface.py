@@ -4,8 +4,8 @@ A backend holds one policy: a base model, optionally with a LoRA adapter on top.
 chat messages; the backend renders them with the tokenizer's chat template. Everything that
 crosses the interface is plain Python / NumPy, so assets never import torch or mlx.
 
-The trainers are written once for both frameworks (`gspo.py`, `dpo.py`; their Config dataclasses
-in `gspo_config.py`, `dpo_config.py`); a backend lends them its log-prob functions
+The trainers are written once for both frameworks (`gspo.py`, `dpo.py`, `sft.py`; their Config dataclasses
+in `gspo_config.py`, `dpo_config.py`, `sft_config.py`); a backend lends them its log-prob functions
 (`batch_logprobs`, `sequence_logps`) and its `framework` (`Framework`: losses, loop, seeding).
 """
 
@@ -98,6 +98,7 @@ class Framework:
     weighted_dpo_loss: Callable[..., tuple[Any, dict]]
     adamw: Callable[..., Any]  # (model, learning_rate) -> optimiser of the trainable parameters
     train: Callable[..., "TrainStats"]  # (model, optimizer, *, loss, iterate_batches, max_grad_norm)
+    sft_loss: Callable[..., tuple[Any, dict]] | None = None  # (logp, mask) -> completion-only NLL (sft.py)
 
 
 class ChatTokenizer:
@@ -288,6 +289,14 @@ class ModelBackend(ABC):
         self.weights_on_disk = None
         self.release_inference_state()
         return train_weighted_dpo(self, pairs, config)
+
+    def train_sft(self, examples, config) -> TrainStats:
+        """Completion-only LoRA SFT on `sft_config.SFTExample`s with an `sft_config.SFTConfig`: `sft.train_sft`."""
+        from outcome_flywheel.models.sft import train_sft
+
+        self.weights_on_disk = None
+        self.release_inference_state()
+        return train_sft(self, examples, config)
 
     def release_inference_state(self) -> None:
         """Free what sampling keeps between calls that training needs the memory of (torch on

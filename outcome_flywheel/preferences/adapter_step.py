@@ -22,6 +22,7 @@ import pandas as pd
 
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.models.dpo_config import WeightedDPOConfig
+from outcome_flywheel.preferences.pool import pool_backup
 from outcome_flywheel.preferences.scoring import training_pairs
 from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO, prompt_context_keys
 from outcome_flywheel.preferences.weighting import dataset_fingerprint
@@ -51,8 +52,10 @@ def run(pipes) -> None:
     staging = root / f".staging-{run_id}-{uuid.uuid4().hex[:6]}"
     try:
         backend = models.load()
-        # The trainer seeds, then adds the LoRA adapter, so a re-run gives the same adapter.
-        stats = backend.train_weighted_dpo(pairs, cfg)
+        # The trainer seeds, then adds the LoRA adapter, so a re-run gives the same adapter; the pool
+        # is backed up first and restored if the training fails.
+        with pool_backup(warehouse, "dpo_dataset", run_id):
+            stats = backend.train_weighted_dpo(pairs, cfg)
         staging.mkdir(parents=True)
         backend.save(staging)
         info = {

@@ -100,3 +100,12 @@ def weighted_dpo_loss(
         "rewards_accuracy": (chosen_reward > rejected_reward).astype(mx.float32).mean(),
     }
     return loss, metrics
+
+
+def sft_loss(logp: mx.array, mask: mx.array) -> tuple[mx.array, dict[str, mx.array]]:
+    """Completion-only SFT: the mirror of torch's `sft_loss` (mean NLL over the completion tokens)."""
+    maskf = mask.astype(logp.dtype)
+    tokens = mx.maximum(maskf.sum(), 1.0)
+    loss = -(logp * maskf).sum() / tokens
+    metrics = {"completion_tokens": mx.stop_gradient(tokens), "geometric_mean_token_prob": mx.stop_gradient(mx.exp(-loss))}
+    return loss, metrics

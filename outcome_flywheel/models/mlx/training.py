@@ -14,7 +14,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from outcome_flywheel.models.interface import Framework, TrainStats
-from outcome_flywheel.models.mlx.losses import gspo_loss, weighted_dpo_loss
+from outcome_flywheel.models.mlx.losses import gspo_loss, sft_loss, weighted_dpo_loss
 
 LossFn = Callable[[nn.Module, Any], tuple[mx.array, dict[str, mx.array]]]
 
@@ -75,5 +75,5 @@ def seed(value: int) -> None:
 
 FRAMEWORK = Framework(
     name="mlx", seed=seed, inference=inference, to_numpy=to_numpy, as_array=as_array,
-    gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train,
+    gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train, sft_loss=sft_loss,
 )

@@ -105,3 +105,14 @@ def weighted_dpo_loss(
             "rewards_accuracy": (chosen_reward > rejected_reward).float().mean().item(),
         }
     return loss, metrics
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """Completion-only SFT (`sft_config.py`): the mean negative log-likelihood over the masked
+    (completion) tokens of the batch; prompt tokens are not in `logp` at all. `[B, T]` each."""
+    maskf = mask.to(logp.dtype)
+    tokens = maskf.sum().clamp(min=1.0)
+    loss = -(logp * maskf).sum() / tokens
+    with torch.no_grad():
+        metrics = {"completion_tokens": float(tokens), "geometric_mean_token_prob": float(torch.exp(-loss))}
+    return loss, metrics

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from outcome_flywheel.models.interface import Framework, TrainStats
-from outcome_flywheel.models.torch.losses import gspo_loss, weighted_dpo_loss
+from outcome_flywheel.models.torch.losses import gspo_loss, sft_loss, weighted_dpo_loss
 
 LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]]
 
@@ -80,5 +80,5 @@ def seed(value: int) -> None:
 
 FRAMEWORK = Framework(
     name="torch", seed=seed, inference=inference, to_numpy=to_numpy, as_array=as_array,
-    gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train,
+    gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train, sft_loss=sft_loss,
 )
