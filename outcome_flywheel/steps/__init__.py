@@ -18,6 +18,7 @@ STEP_MODULES = {
     "preference_adapter": "outcome_flywheel.preferences.adapter_step",
     "probe": "outcome_flywheel.steps.probe",
     "note_scorer": "outcome_flywheel.daily_rl.note_scorer_step",
+    "distillation": "outcome_flywheel.daily_rl.distill_step",
 }
 
 

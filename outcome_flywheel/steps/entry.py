@@ -91,7 +91,7 @@ def run_in_process(step: str, bootstrap_env: Mapping[str, str]) -> None:
     """Run `step` over Pipes in this process (the `in_process` runner): its `run(pipes)`, exceptions raised."""
     run = importlib.import_module(step_module(step)).run
     with open_step(PipesMappingParamsLoader(bootstrap_env)) as pipes:
-        run(pipes)
+        run_guarded(step, pipes, run)
 
 
 def main(step: str, run: Callable[[PipesContext | None], None], distributed: bool = False) -> None:
@@ -99,11 +99,35 @@ def main(step: str, run: Callable[[PipesContext | None], None], distributed: boo
     install_crash_hook(os.environ.get(CRASH_VARIABLE, ""))
     try:
         with open_step(distributed=distributed) as pipes:
-            run(pipes)
+            run_guarded(step, pipes, run)
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()
         sys.exit(1)
+
+
+def run_guarded(step: str, pipes: PipesContext | None, run: Callable[[PipesContext | None], None]) -> None:
+    """Run the step; a training step (`training_audit.TRAINING_STEPS`) under the single trainer lock,
+    with its `training_audit` row written however it ends (docs/tiers.md, "Safety")."""
+    from outcome_flywheel.training_audit import TRAINING_STEPS, audited_training, daily_gate_from_warehouse, step_audit_inputs
+
+    extras = dict(pipes.extras or {}) if pipes is not None else {}
+    if pipes is None or step not in TRAINING_STEPS or extras.get("action", "train") != "train" or "warehouse" not in extras:
+        run(pipes)
+        return
+    from outcome_flywheel.steps.codec import from_payload
+    from outcome_flywheel.storage import Warehouse
+
+    warehouse = from_payload(Warehouse, extras["warehouse"])
+    tier, partition = TRAINING_STEPS[step], pipes.partition_key if pipes.is_partition_step else None
+    training_id = extras.get("training_id") or f"{tier}:{pipes.run_id}:{partition or ''}"
+    trigger = extras.get("trigger") or f"run {pipes.run_id[:8]} ({pipes.job_name or 'asset materialization'})"
+    with audited_training(warehouse, tier, training_id, trigger, step_audit_inputs(step, extras, partition),
+                          log=pipes.log.info) as entry:
+        run(pipes)
+        if step == "daily_update":  # its gate's verdict is in the day's policy_training row
+            entry.gate_verdict, entry.gate_reason, figures = daily_gate_from_warehouse(warehouse, partition)
+            entry.inputs.update(figures)
 
 
 def install_crash_hook(point: str) -> None:
