@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import dagster as dg
 
-from assets.daily_rl.catalog import EVALUATION_COLUMNS
+from assets.daily_rl.catalog import EVALUATION_COLUMNS, PROMPT_EVOLVER_COLUMNS
 from assets.feedback.catalog import FEEDBACK_TABLE_COLUMNS
 
 OWNERS = ["team:ml"]
@@ -49,6 +49,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "policy_version": ("string", "Checkpoint that sampled the note: D@<weights sha256, 12 hex> or D@base."),
         "seed": ("int", "Sampling seed of the headline's group."),
         "max_new_tokens": ("int", "Token budget each note was sampled with."),
+        "prompt_version": ("string", "The prompt evolver's variant of the system prompt the note was sampled under (base = SYSTEM_PROMPT)."),
     },
     "rollout_scores": {
         "date": ("string", "Partition day D (the day whose headlines are the outcome)."),
@@ -241,7 +242,9 @@ COLUMNS["baseline_rollouts"] = {
     "date": ("string", "Partition day D: the same day, headlines and prompts as rollouts(D)."),
     "policy_version": ("string", "base:<model>: the frozen base model."),
     "behavior_logprobs": ("list<float>", "Per-token log-probs under the base model at the sampling temperature."),
+    "prompt_version": ("string", "Always base: the baseline keeps the base system prompt whatever variant the policy had."),
 }
+COLUMNS.update(PROMPT_EVOLVER_COLUMNS)
 COLUMNS.update(EVALUATION_COLUMNS)
 COLUMNS.update(FEEDBACK_TABLE_COLUMNS)
 

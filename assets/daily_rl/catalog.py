@@ -156,3 +156,40 @@ EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "reward_weights": ("string", "Reward weights the scores were made with, JSON."),
     },
 }
+
+# The prompt evolver's state (outcome_flywheel/daily_rl/prompt_evolver.py): written by daily_update for day D.
+PROMPT_EVOLVER_COLUMNS = {
+    "prompt_evolver": {
+        "date": ("string", "Partition day D: the state after D's scores and D's assignments."),
+        "version": ("string", "The variant: base (SYSTEM_PROMPT) or v<n>-<sha256 of the prompt, 8 hex>."),
+        "parent": ("string", "The variant it was written from (the best when it was written)."),
+        "mutation": ("string", "state_rules, reorder_rules, rephrase_rule, tighten_wording, add_example, rephrase_condition; empty for base."),
+        "writer": ("string", "rules, or llm:<model> when the judge model (a real LLM) wrote it."),
+        "system_prompt": ("string", "The system message of the variant."),
+        "spec": ("string", "The variant as JSON: role, rules, example."),
+        "created_date": ("string", "Day the variant was written."),
+        "created_at_trial": ("int", "Scored trials when it was written (one every trials_per_variant)."),
+        "status": ("string", "live (an arm of the bandit), rejected (worse than the best on the held-out set) or retired (more than max_live)."),
+        "pulls": ("int", "Scored trials: headlines whose group was sampled under it and scored usable."),
+        "pending": ("int", "Headlines of D given this variant, scored on D+1."),
+        "reward_sum": ("float", "Sum of its trials' rewards (group mean reward)."),
+        "reward_sq_sum": ("float", "Sum of their squares (for the interval)."),
+        "reward_mean": ("float", "Mean trial reward."),
+        "ci_low": ("float", "95% t-interval of the mean, low (two or more pulls)."),
+        "ci_high": ("float", "95% t-interval of the mean, high."),
+        "is_best": ("bool", "The best live variant (highest mean with at least min_pulls_for_best pulls; else base)."),
+        "heldout_n": ("int", "Held-out headlines it was tested on before adoption (0 for base)."),
+        "heldout_reward": ("float", "Its mean reward on them (structure part, rank reward at its group mean 0.5)."),
+        "heldout_best_reward": ("float", "The best's mean reward on the same headlines and seeds."),
+        "heldout_diff": ("float", "heldout_reward - heldout_best_reward: adopted when >= -tolerance."),
+    },
+    "prompt_experiences": {
+        "date": ("string", "Day the group was scored."),
+        "prediction_date": ("string", "Day the group was sampled."),
+        "headline_id": ("string", "The headline."),
+        "title": ("string", "Headline text."),
+        "summary": ("string", "Headline summary."),
+        "prompt_version": ("string", "The variant it was sampled under."),
+        "reward": ("float", "The group's mean reward (the trial's reward)."),
+    },
+}

@@ -20,6 +20,7 @@ from outcome_flywheel.daily_rl.gate import GateConfig
 from outcome_flywheel.daily_rl.judge import Judge
 from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, SCORE_COLUMNS
 from outcome_flywheel.daily_rl.matured import longest_wait_days
+from outcome_flywheel.daily_rl.prompt_evolver import VARIANT_COLUMNS, EvolverConfig
 from outcome_flywheel.daily_rl.rewards import REWARD_SIGNALS, PriceReward, RewardConfig
 from outcome_flywheel.daily_rl.update import DailyUpdateSettings
 from outcome_flywheel.models import LoraSettings, ModelLoader
@@ -31,7 +32,7 @@ from outcome_flywheel.storage import Warehouse
 from resources.settings import field_default, mirrored, set_fields
 from resources.steps import StepRunnerResource
 
-KEYS = ("rollout_scores", "policy_checkpoint", "rollouts")
+KEYS = ("rollout_scores", "policy_checkpoint", "rollouts", "prompt_evolver")
 # The body reads D-1 (rollouts to score, the parent) and every earlier day whose notes' prices can
 # mature by D: the longest wait from a note's day to its exit close on the XNYS calendar. One mapping
 # per key (Dagster refuses two deps on one key); an asset backfill still runs the days in order.
@@ -48,7 +49,14 @@ _DESCRIPTIONS = {
                          "`reward_ledger` and the delayed step in `price_training`.",
     "rollouts": "Notes sampled by today's checkpoint for each of today's headlines (8 each by default; temperature 0.8, "
                 "top-p 0.95, top-k 50), with the sampled token ids and per-token behaviour log-probs at the sampling "
-                "temperature (log-softmax of logits / T, before top-k/top-p): the behaviour policy GSPO uses as pi_old.",
+                "temperature (log-softmax of logits / T, before top-k/top-p): the behaviour policy GSPO uses as pi_old. "
+                "Each headline's group is written under the system prompt the prompt evolver picked (`prompt_version`; the "
+                "stored `prompt` is what GSPO trains on, so its ratio uses the prompt the note was sampled under).",
+    "prompt_evolver": "The prompt evolver's state of day D (tier 1b): a UCB1 bandit (epsilon-greedy 0.1) over variants of the "
+                      "note-writing system prompt, one row per variant with its pulls, mean reward and 95% interval. A trial is one "
+                      "headline's group; its reward the group's mean reward once scored. A candidate is written every 25 trials and "
+                      "adopted only if not worse than the best on the last 50 scored headlines (`prompt_experiences`, also written). "
+                      "The baseline, the gate's probe and the A/B keep the base prompt.",
 }
 
 
@@ -57,6 +65,7 @@ _TABLES = {
     "rollout_scores": table_metadata("rollout_scores", SCORE_COLUMNS),
     "policy_checkpoint": table_metadata("policy_training", column_names("policy_training")),  # also writes reward_ledger, price_training
     "rollouts": table_metadata("rollouts", ROLLOUT_COLUMNS),
+    "prompt_evolver": table_metadata("prompt_evolver", VARIANT_COLUMNS),  # also writes prompt_experiences
 }
 
 
@@ -88,6 +97,10 @@ class DailyUpdateConfig(dg.Config):
     price_unparseable: Optional[float] = mirrored(PriceReward, "unparseable", optional=True)
     price_max_staleness: Optional[int] = mirrored(DailyUpdateSettings, "max_staleness")
     tis_cap: Optional[float] = mirrored(GSPOConfig, "tis_cap", optional=True)
+    prompt_evolver_enabled: Optional[bool] = mirrored(EvolverConfig, "enabled", optional=True)
+    prompt_evolver_epsilon: Optional[float] = mirrored(EvolverConfig, "epsilon", optional=True)
+    prompt_evolver_trials_per_variant: Optional[int] = mirrored(EvolverConfig, "trials_per_variant", optional=True)
+    prompt_evolver_heldout_samples: Optional[int] = mirrored(EvolverConfig, "heldout_samples", optional=True)
 
     def settings(self) -> DailyUpdateSettings:
         lora = None if self.full_fine_tune else LoraSettings(**{k: v for k, v in (("r", self.lora_r), ("alpha", self.lora_alpha)) if v is not None})
@@ -97,9 +110,11 @@ class DailyUpdateConfig(dg.Config):
         reward = RewardConfig(**{k.removeprefix("reward_"): v for k, v in set_fields(self, ("reward_weights", "reward_clip_min", "reward_clip_max")).items()})
         gate = GateConfig(**{k.removeprefix("gate_"): v for k, v in set_fields(
             self, ("gate_enabled", "gate_max_kl_to_parent", "gate_max_probe_regression", "gate_probe_headlines")).items()})
+        evolver = EvolverConfig(**{k.removeprefix("prompt_evolver_"): v for k, v in set_fields(self, (
+            "prompt_evolver_enabled", "prompt_evolver_epsilon", "prompt_evolver_trials_per_variant", "prompt_evolver_heldout_samples")).items()})
         return DailyUpdateSettings(
             **set_fields(self, ("outcome_headlines_date", "rollouts_per_headline", "max_new_tokens")), gspo=gspo, reward=reward, gate=gate,
-            price=price, max_staleness=self.price_max_staleness,
+            price=price, max_staleness=self.price_max_staleness, prompt_evolver=evolver,
         )
 
 

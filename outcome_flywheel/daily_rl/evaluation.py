@@ -2,7 +2,8 @@
 
 - `baseline_rollouts(D)`: the frozen base model writes notes for D's headlines with the same prompts,
   group seeds, sampling settings and counts as `rollouts(D)`, so note (headline, k) of one is matched
-  with note (headline, k) of the other: the only difference is the weights.
+  with note (headline, k) of the other: the only difference is the weights, and the system prompt where
+  the prompt evolver gave the policy's note a variant (the baseline always has the base prompt).
 - judge preference: for each headline one matched pair (the same k on both sides, k drawn from a
   seeded generator and recorded) goes to the judge as a group of two, in a seeded random order that
   is recorded; identical notes are a tie and are not asked. There is no next day yet when D is
@@ -30,6 +31,7 @@ from outcome_flywheel.daily_rl.calls import calls_frame
 from outcome_flywheel.daily_rl.judging import JudgeGroup, select_outcome_headlines, stable_seed
 from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, ROLLOUT_SAMPLING, sample_rollouts
 from outcome_flywheel.daily_rl.relevance import relevance_column
+from outcome_flywheel.models.prompts import with_base_system
 
 PREFERENCE_COLUMNS = [
     "date", "headline_id", "rollout_index", "policy_shown_first", "winner", "reason", "judge_answers", "context_shown",
@@ -55,7 +57,7 @@ def baseline_rollouts(base, rollouts: pd.DataFrame, base_version: str) -> pd.Dat
     budgets = set(int(m) for m in rollouts["max_new_tokens"])
     if len(sizes) != 1 or len(budgets) != 1:
         raise ValueError(f"rollouts of one day must have one group size and one token budget, got {sorted(sizes)} / {sorted(budgets)}")
-    prompts = [json.loads(p) for p in firsts["prompt"]]
+    prompts = [with_base_system(json.loads(p)) for p in firsts["prompt"]]  # the base prompt, whatever variant the policy had
     seeds = [int(s) for s in firsts["seed"]]
     return sample_rollouts(base, firsts, prompts, seeds, str(firsts["date"].iloc[0]), sizes.pop(), budgets.pop(), base_version)
 
@@ -64,6 +66,7 @@ def matching_problems(rollouts: pd.DataFrame, baseline: pd.DataFrame) -> list[st
     """Why `baseline` is not matched note for note with `rollouts` (empty list: it is)."""
     if len(rollouts) != len(baseline):
         return [f"{len(baseline)} baseline notes for {len(rollouts)} rollouts"]
+    rollouts = rollouts.assign(prompt=[json.dumps(with_base_system(json.loads(p))) for p in rollouts["prompt"]])
     merged = rollouts.merge(baseline, on=MATCH_KEYS, how="outer", suffixes=("", "_base"), indicator=True)
     problems = [f"{(merged['_merge'] != 'both').sum()} notes without a twin"] if (merged["_merge"] != "both").any() else []
     for name in MATCHED_FIELDS:

@@ -28,7 +28,7 @@ from outcome_flywheel.daily_rl.judging import GroupJudgement, JudgeGroup, is_per
 from outcome_flywheel.daily_rl.rewards import RewardConfig, group_advantages, rank_reward
 from outcome_flywheel.daily_rl.structure import structure_score
 from outcome_flywheel.models.interface import SamplingConfig
-from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.models.prompts import BASE_PROMPT_VERSION, SYSTEM_PROMPT, note_messages
 from outcome_flywheel.storage import atomic_symlink, atomic_write_bytes, publish_dir
 
 if TYPE_CHECKING:
@@ -38,6 +38,7 @@ CHECKPOINT_FILE = "checkpoint.json"
 ROLLOUT_COLUMNS = [
     "date", "headline_id", "rollout_index", "title", "summary", "prompt", "response", "response_ids", "n_tokens",
     "finished", "structure_score", "behavior_logprobs", "temperature", "policy_version", "seed", "max_new_tokens",
+    "prompt_version",
 ]
 SCORE_COLUMNS = [
     "date", "prediction_date", "outcome_headlines_date", "headline_id", "rollout_index", "rank", "judge_placed",
@@ -165,32 +166,37 @@ def generation_seed(seed: int, day: str, headline_id: str) -> int:
 
 def generate_rollouts(
     policy: "ModelBackend", headlines: pd.DataFrame, day: str, seed: int, n: int, max_new_tokens: int,
-    policy_version: str,
+    policy_version: str, prompt_versions: Sequence[str] | None = None, system_prompts: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
-    """`n` notes per headline, sampled as `ROLLOUT_SAMPLING` (temperature 0.8, top_p 0.95, top_k 50)."""
+    """`n` notes per headline, sampled as `ROLLOUT_SAMPLING` (temperature 0.8, top_p 0.95, top_k 50);
+    headline i under the system prompt `system_prompts[prompt_versions[i]]` (default: the base prompt)."""
     if headlines.empty:
         return pd.DataFrame(columns=ROLLOUT_COLUMNS)
-    prompts = [trading_note_messages(t, s) for t, s in zip(headlines["title"], headlines["summary"])]
+    versions = list(prompt_versions) if prompt_versions is not None else [BASE_PROMPT_VERSION] * len(headlines)
+    systems = {BASE_PROMPT_VERSION: SYSTEM_PROMPT, **(system_prompts or {})}
+    prompts = [note_messages(t, s, systems[v]) for t, s, v in zip(headlines["title"], headlines["summary"], versions)]
     seeds = [generation_seed(seed, day, h) for h in headlines["headline_id"]]
-    return sample_rollouts(policy, headlines, prompts, seeds, day, n, max_new_tokens, policy_version)
+    return sample_rollouts(policy, headlines, prompts, seeds, day, n, max_new_tokens, policy_version, versions)
 
 
 def sample_rollouts(
     policy: "ModelBackend", headlines: pd.DataFrame, prompts: list, seeds: list[int], day: str, n: int,
-    max_new_tokens: int, policy_version: str,
+    max_new_tokens: int, policy_version: str, prompt_versions: Sequence[str] | None = None,
 ) -> pd.DataFrame:
-    """Rollout rows: `n` samples of each prompt with its group seed (`headlines` gives id, title, summary)."""
+    """Rollout rows: `n` samples of each prompt with its group seed (`headlines` gives id, title, summary);
+    `prompt_versions[i]`: the prompt evolver's variant prompt i was written with (default: the base prompt)."""
+    versions = list(prompt_versions) if prompt_versions is not None else [BASE_PROMPT_VERSION] * len(prompts)
     config = replace(ROLLOUT_SAMPLING, max_new_tokens=max_new_tokens)
     samples = policy.sample(prompts, n, config, seeds)
     rows = []
-    for (_, h), prompt, group_seed, group in zip(headlines.iterrows(), prompts, seeds, samples):
+    for (_, h), prompt, group_seed, group, version in zip(headlines.iterrows(), prompts, seeds, samples, versions):
         for k, s in enumerate(group):
             rows.append(dict(
                 date=day, headline_id=h["headline_id"], rollout_index=k, title=h["title"], summary=h["summary"],
                 prompt=json.dumps(prompt), response=s.text, response_ids=[int(t) for t in s.token_ids],
                 n_tokens=len(s.token_ids), finished=bool(s.finished), structure_score=structure_score(s.text),
                 behavior_logprobs=[float(x) for x in s.logprobs], temperature=config.temperature,
-                policy_version=policy_version, seed=int(group_seed), max_new_tokens=max_new_tokens,
+                policy_version=policy_version, seed=int(group_seed), max_new_tokens=max_new_tokens, prompt_version=version,
             ))
     return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
 

@@ -10,7 +10,9 @@ and the dated checkpoints and returns everything the asset reports (`DailyUpdate
             (`matured.py`; what trained is written to the `reward_ledger`, `ledger.py`)
 2. train    checkpoint(D-1) + GSPO on the usable scores of D and the matured notes -> a candidate,
             which the evaluation gate (`gate.py`) accepts as checkpoint(D) or rejects
-3. generate 8 notes per headline of D from checkpoint(D)
+2b. prompts the prompt evolver (`prompt_evolver.py`) counts D's scores as trials of the variants
+            D-1's notes were written under, maybe writes and tests a new variant, picks one per headline
+3. generate 8 notes per headline of D from checkpoint(D), each headline under its variant
 4. verify   the checkpoint on disk loads, writes text and gives the stored behaviour log-probs back;
             only then is it marked verified (the next day may train from it, `latest` moves)
 """
@@ -34,6 +36,7 @@ from outcome_flywheel.daily_rl.loop import (
     training_examples,
 )
 from outcome_flywheel.daily_rl.matured import MaturedBatch, MaturedConfig, collect_matured
+from outcome_flywheel.daily_rl.prompt_evolver import EvolverConfig, PromptEvolver, heldout_scorer, prompt_writer
 from outcome_flywheel.daily_rl.rewards import SPARSE_SIGNALS, PriceReward, RewardConfig
 from outcome_flywheel.daily_rl.scoring import DailyUpdateError, score_previous_rollouts
 from outcome_flywheel.daily_rl.training_record import judged_ledger, price_training_row
@@ -69,6 +72,7 @@ class DailyUpdateSettings:
     price: PriceReward = field(default_factory=PriceReward, metadata={"help": "The price signal's transform and no_trade / unparseable values."})
     max_staleness: int | None = field(default=None, metadata={"help": (
         "Most policy updates between a matured note's sampler and D's parent; None = FLYWHEEL_PRICE_MAX_STALENESS, else 4.")})
+    prompt_evolver: EvolverConfig = field(default_factory=EvolverConfig, metadata={"help": "The prompt evolver's bandit (tier 1b)."})
 
     def matured(self) -> MaturedConfig:
         """The delayed step's settings: the price transform, the staleness limit, the outcome horizon and cost."""
@@ -105,6 +109,8 @@ class DailyUpdateResult:
     max_new_tokens: int
     timings: dict[str, float]
     checks: dict[str, dict] = field(default_factory=dict)
+    prompt_variants: pd.DataFrame = field(default_factory=pd.DataFrame)  # the prompt evolver's state of D
+    prompt_events: list[str] = field(default_factory=list)
 
 
 def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
@@ -147,6 +153,8 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts, settings.reward, universe)
     warehouse.write("rollout_scores", scores, partition=day)
     timings["score_s"] = time.perf_counter() - started
+    evolver = PromptEvolver.load(warehouse, day, settings.prompt_evolver, seed)
+    evolver.record(prev_rollouts, scores)
 
     started = time.perf_counter()
     parent_dir, parent_info = parent if parent else (None, None)
@@ -191,7 +199,13 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     timings["train_s"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    rollouts = generate_rollouts(policy, todays, day, seed, n_rollouts, max_new_tokens, info["policy_version"])
+    if evolver.due():  # a candidate prompt, tested on the held-out headlines by D's policy
+        heldout = heldout_scorer(policy, settings.reward, replace(ROLLOUT_SAMPLING, max_new_tokens=max_new_tokens),
+                                 settings.prompt_evolver.heldout_samples, seed, day)
+        evolver.evolve(heldout, prompt_writer(models, judge))
+    versions = evolver.assign(list(todays["headline_id"])) if len(todays) else []
+    rollouts = generate_rollouts(policy, todays, day, seed, n_rollouts, max_new_tokens, info["policy_version"],
+                                 versions, {v["version"]: v["system_prompt"] for v in evolver.live()})
     warehouse.write("rollouts", rollouts, partition=day)
     timings["generate_s"] = time.perf_counter() - started
 
@@ -205,12 +219,13 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
 
     training_row = training_summary(day, info, stats, examples, scores, rollouts, len(todays), kl, gspo, outcome_day, timings, gate)
     warehouse.write("policy_training", pd.DataFrame([training_row]), partition=day)
+    prompt_variants = evolver.write(warehouse)
     checks = verify_day(warehouse, models, day, scores, rollouts)
     return DailyUpdateResult(
         day=day, prediction_day=prediction_day, outcome_day=outcome_day, scores=scores, rollouts=rollouts,
         headlines=len(todays), checkpoint=info, checkpoint_dir=str(ckpt_root / day), training_row=training_row,
         price_row=price_row, ledger=ledger, gspo=gspo, trained=stats is not None, gate=gate, n_rollouts=n_rollouts, max_new_tokens=max_new_tokens,
-        timings=timings, checks=checks,
+        timings=timings, checks=checks, prompt_variants=prompt_variants, prompt_events=evolver.events,
     )
 
 

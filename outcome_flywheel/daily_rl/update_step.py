@@ -17,6 +17,7 @@ import pandas as pd
 
 from outcome_flywheel.daily_rl.judge import Judge
 from outcome_flywheel.daily_rl.loop import position_bias
+from outcome_flywheel.daily_rl.prompt_evolver import variant_table
 from outcome_flywheel.daily_rl.update import DailyUpdateResult, DailyUpdateSettings, run_daily_update
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models import ModelLoader
@@ -48,6 +49,7 @@ def run(pipes) -> None:
     pipes.report_asset_materialization(asset_key="rollout_scores", metadata=scores_metadata(result, judge, models, settings))
     pipes.report_asset_materialization(asset_key="policy_checkpoint", metadata=checkpoint_metadata(result))
     pipes.report_asset_materialization(asset_key="rollouts", metadata=rollouts_metadata(result))
+    pipes.report_asset_materialization(asset_key="prompt_evolver", metadata=evolver_metadata(result))
     for name, check in result.checks.items():
         pipes.report_asset_check(check_name=name, asset_key=CHECK_ASSET[name], passed=bool(check["passed"]),
                                  metadata=present(check["metadata"]) or None)
@@ -114,6 +116,20 @@ def rollouts_metadata(result: DailyUpdateResult) -> dict:
         "tokens_per_second": round(row["generated_tokens"] / max(result.timings["generate_s"], 1e-9), 1),
         "generate_seconds": round(result.timings["generate_s"], 2),
         "example": md(f"```\n{rollouts['response'].iloc[0][:600]}\n```") if len(rollouts) else None,
+    })
+
+
+def evolver_metadata(result: DailyUpdateResult) -> dict:
+    variants = result.prompt_variants
+    if variants.empty:
+        return {"dagster/row_count": 0}
+    best = variants.loc[variants["is_best"], "version"]
+    return present({
+        "dagster/row_count": len(variants), "trials": int(variants["pulls"].sum()),
+        "live": int((variants["status"] == "live").sum()), "best": str(best.iloc[0]) if len(best) else None,
+        "variants": md(variant_table(variants)), "events": md("\n".join(f"- {e}" for e in result.prompt_events)) if result.prompt_events else None,
+        "assigned_today": md(counts_table(result.rollouts.groupby("headline_id")["prompt_version"].first().value_counts(), "variant", "headlines"))
+        if len(result.rollouts) else None,
     })
 
 

@@ -13,15 +13,28 @@ NOTE_SECTIONS: tuple[str, ...] = (
 )
 
 SYSTEM_PROMPT = "You are a markets analyst who writes short, actionable trading notes."
+# `prompt_version` of notes sampled under SYSTEM_PROMPT (the prompt evolver's base variant; the
+# baseline, the gate's probe and the A/B always use it).
+BASE_PROMPT_VERSION = "base"
 
 
 def trading_note_messages(title: str, summary: str = "") -> list[dict[str, str]]:
     """The prompt for one trading note about one headline; it asks for the six sections."""
+    return note_messages(title, summary, SYSTEM_PROMPT)
+
+
+def note_messages(title: str, summary: str = "", system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
+    """`trading_note_messages` under another system prompt (a variant of the prompt evolver)."""
     body = f"Headline: {title.strip()}"
     if summary and summary.strip():
         body += f"\nSummary: {summary.strip()}"
     body += "\nWrite a trading note with these sections: " + ", ".join(NOTE_SECTIONS) + "."
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": body}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": body}]
+
+
+def with_base_system(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The same note prompt under the base system prompt (the baseline's twin of an evolved prompt)."""
+    return [{**m, "content": SYSTEM_PROMPT} if m["role"] == "system" else m for m in messages]
 
 
 JUDGE_LETTERS = "ABCDEFGH"
