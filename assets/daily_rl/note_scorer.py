@@ -4,9 +4,10 @@ from typing import Optional
 
 import dagster as dg
 
-from assets.catalog import MODEL_KINDS, OWNERS
+from assets.catalog import COLUMNS, OWNERS, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.note_scorer import ScorerSettings
+from outcome_flywheel.daily_rl.note_scorer_features import FEATURE_COLUMNS, FEATURES_TABLE
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models import ModelLoader
@@ -16,6 +17,15 @@ from outcome_flywheel.storage import Warehouse
 from resources.settings import mirrored, set_fields
 from resources.steps import StepRunnerResource
 
+# The table this asset writes, described beside it (assets.catalog.COLUMNS holds every table's columns).
+COLUMNS[FEATURES_TABLE] = {
+    "date": ("string", "The note's day (rollouts.date)."),
+    "headline_id": ("string", "The headline (headlines.headline_id)."),
+    "rollout_index": ("int", "Which of the headline's notes."),
+    "feature_spec": ("string", "JSON: hidden size, base model fingerprint, scales; the scorer only uses rows of its own spec."),
+    "features": ("list<float>", "The base model's pooled hidden state (unit norm x 0.5) then the structured features (x 2): "
+                                "sections, call parsed, on the headline's company, side, length, source bucket."),
+}
 FIELDS = ("rank", "hidden", "learning_rate", "margin", "grad_clip", "checkpoint_every", "seed")
 
 
@@ -42,8 +52,9 @@ class NoteScorerConfig(dg.Config):
     deps=["rollouts", "rollout_scores", "rollout_outcomes", "base_model",
           dg.AssetDep("note_scorer", partition_mapping=dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1))],
     pool="duckdb",
-    kinds=MODEL_KINDS,
+    kinds={"pytorch", "safetensors", "parquet"},  # the state (safetensors) and the `note_features` table
     owners=OWNERS,
+    metadata=table_metadata(FEATURES_TABLE, FEATURE_COLUMNS),
 )
 def note_scorer(
     context: dg.AssetExecutionContext, config: NoteScorerConfig, warehouse: dg.ResourceParam[Warehouse],
@@ -56,7 +67,7 @@ def note_scorer(
     a fixed order, one Adam step each on a pairwise margin-ranking loss within the headline's group:
     the judge's ranks (rollout_scores(D)), the prices that matured on D (rollout_outcomes), people's
     thumbs and stars written on D (the feedback log). Labels clipped to [0, 1] per event. Writes the
-    features of D's notes (`note_features`), the state under checkpoints/note_scorer/ (days/D.pt, a
+    features of D's notes (`note_features`), the state under checkpoints/note_scorer/ (days/D.safetensors, a
     checkpoint every 50 updates, `latest`); the metadata gives the held-out (test-then-train)
     pairwise accuracy against each source with a 95% bootstrap interval, against a constant
     scorer (0.5), and over time. A change of feature size or rank starts it afresh, and says so."""

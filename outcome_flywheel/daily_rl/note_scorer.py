@@ -10,8 +10,8 @@ prequential (test-then-train) pairwise accuracy is the held-out measure, per sou
 constant scorer (every pair a tie: 0.5).
 
 State: weights, Adam's moments, the update count and the per-event accuracy history in one file.
-`ScorerStore` keeps the asset's state after each day (`days/D.pt`, what a re-run of D+1 starts from),
-a checkpoint every 50 updates (`steps/`), the service's online state (`live.pt`) and a `latest` pointer
+`ScorerStore` keeps the asset's state after each day (`days/D.safetensors`, what a re-run of D+1 starts
+from), a checkpoint every 50 updates (`steps/`), the service's online state (`live.safetensors`) and a `latest` pointer
 to the newest of them, all written atomically. A state whose feature size, rank or feature spec
 differs from what is asked starts afresh, with the reason recorded.
 """
@@ -19,7 +19,6 @@ differs from what is asked starts afresh, with the reason recorded.
 from __future__ import annotations
 
 import fcntl
-import io
 import json
 import math
 from contextlib import contextmanager
@@ -33,6 +32,7 @@ from outcome_flywheel.storage import atomic_symlink, atomic_write_bytes
 
 SOURCES = ("judge", "price", "people")
 STATE_FORMAT = 1
+SUFFIX = ".safetensors"
 TIE = 1e-9
 
 
@@ -169,24 +169,36 @@ class ScorerState:
         return record
 
     def to_bytes(self) -> bytes:
-        import torch
+        """The state as one safetensors file: weights and Adam's moments as tensors, the rest as its
+        JSON metadata (no pickle: loading it runs no code)."""
+        from safetensors.torch import save
 
-        buffer = io.BytesIO()
-        torch.save({"format": STATE_FORMAT, "feature_dim": self.feature_dim, "spec_key": self.spec_key,
-                    "settings": asdict(self.settings), "model": self.model.state_dict(),
-                    "optimizer": self.optimizer.state_dict(), "meta": self.meta}, buffer)
-        return buffer.getvalue()
+        optimizer = self.optimizer.state_dict()
+        tensors = {f"model.{k}": v.detach().contiguous() for k, v in self.model.state_dict().items()}
+        for index, moments in optimizer["state"].items():
+            for name, value in moments.items():
+                tensors[f"optim.{index}.{name}"] = value.detach().reshape(value.shape).contiguous()
+        header = {"format": STATE_FORMAT, "feature_dim": self.feature_dim, "spec_key": self.spec_key,
+                  "settings": asdict(self.settings), "param_groups": optimizer["param_groups"], "meta": self.meta}
+        return save(tensors, metadata={"note_scorer": json.dumps(header)})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "ScorerState":
-        import torch
+        from safetensors.torch import load
 
-        raw = torch.load(io.BytesIO(data), weights_only=True)
+        size = int.from_bytes(data[:8], "little")
+        raw = json.loads(json.loads(data[8:8 + size])["__metadata__"]["note_scorer"])
         if raw.get("format") != STATE_FORMAT:
             raise ValueError(f"note scorer state format {raw.get('format')} is not {STATE_FORMAT}")
+        tensors = load(data)
         state = cls(raw["feature_dim"], raw["spec_key"], ScorerSettings(**raw["settings"]), raw["meta"])
-        state.model.load_state_dict(raw["model"])
-        state.optimizer.load_state_dict(raw["optimizer"])
+        state.model.load_state_dict({k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")})
+        moments: dict[int, dict] = {}
+        for key, value in tensors.items():
+            if key.startswith("optim."):
+                _, index, name = key.split(".", 2)
+                moments.setdefault(int(index), {})[name] = value
+        state.optimizer.load_state_dict({"state": moments, "param_groups": raw["param_groups"]})
         state.model.eval()
         return state
 
@@ -220,7 +232,7 @@ class ScorerStore:
         self.root = Path(data_dir) / "checkpoints" / "note_scorer"
 
     def day_file(self, day: str) -> Path:
-        return self.root / "days" / f"{day}.pt"
+        return self.root / "days" / f"{day}{SUFFIX}"
 
     @property
     def latest(self) -> Path:
@@ -228,7 +240,7 @@ class ScorerStore:
 
     def days(self) -> list[str]:
         folder = self.root / "days"
-        return sorted(p.stem for p in folder.glob("*.pt")) if folder.is_dir() else []
+        return sorted(p.name.removesuffix(SUFFIX) for p in folder.glob(f"*{SUFFIX}")) if folder.is_dir() else []
 
     def load(self, path: Path) -> ScorerState:
         return ScorerState.from_bytes(path.read_bytes())
@@ -254,11 +266,11 @@ class ScorerStore:
         return self._write(self.day_file(day), state, move_latest)
 
     def save_checkpoint(self, state: ScorerState, live: bool = False, move_latest: bool = True) -> Path:
-        """`steps/step-NNNNNNNN.pt` (the service's: `live-steps/`)."""
-        return self._write(self.root / ("live-steps" if live else "steps") / f"step-{state.updates:08d}.pt", state, move_latest)
+        """`steps/step-NNNNNNNN.safetensors` (the service's: `live-steps/`)."""
+        return self._write(self.root / ("live-steps" if live else "steps") / f"step-{state.updates:08d}{SUFFIX}", state, move_latest)
 
     def save_live(self, state: ScorerState) -> Path:
-        return self._write(self.root / "live.pt", state)
+        return self._write(self.root / f"live{SUFFIX}", state)
 
     def load_latest(self) -> ScorerState | None:
         return self.load(self.latest.resolve()) if self.latest.exists() else None

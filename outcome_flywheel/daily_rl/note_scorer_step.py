@@ -2,8 +2,8 @@
 in its own process through Dagster Pipes like the other training steps.
 
 Day D: the features of D's notes (`note_features(D)`), then D's events (note_scorer_events.py) applied
-in their fixed order, one Adam step each, on the state as of D-1 (`days/<D-1>.pt`, never `latest`:
-a re-run of D gives the same state). The state after D is `days/D.pt`; `latest` moves to it unless
+in their fixed order, one Adam step each, on the state as of D-1 (`days/<D-1>.safetensors`, never `latest`:
+a re-run of D gives the same state). The state after D is `days/D.safetensors`; `latest` moves to it unless
 a later day exists already (a re-run of an old day leaves the newest state served).
 """
 

@@ -3,7 +3,7 @@ best-first by it, and one online step on every rated feedback.
 
 The online step starts from the scorer's `latest` state, applies the feedback's people event (the
 same event the `note_scorer` asset takes for that day, so the asset's re-run of the day reproduces it
-from the day before), writes `live.pt` atomically and moves `latest` to it, all under the scorer's
+from the day before), writes `live.safetensors` atomically and moves `latest` to it, all under the scorer's
 file lock: two requests (threads or worker processes) never interleave a load and a save. The
 feedback is stored first; a scorer that cannot step (no state yet, no features for the note's day)
 says why in the response and never fails the request.
