@@ -171,6 +171,14 @@ def test_a_rejected_day_and_an_unverified_rerun_never_reach_the_served_model(liv
     assert f"policy = {served}" in summary and "1 rejected" in summary and "1 unverified" in summary
 
 
+def test_a_distilled_checkpoint_named_by_latest_is_served(live):
+    # The distillation tier publishes `<parent day>.distill-<run>` and moves `latest` once it is verified.
+    client, publisher = live["client"], live["publisher"]
+    distilled = publisher.publish("2025-11-06.distill-r1", seed=4)["policy_version"]
+    assert (publisher.ckpt_root / "latest").resolve().name == "2025-11-06.distill-r1"
+    assert client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4).system_fingerprint == distilled
+
+
 def test_a_new_preference_adapter_is_swapped_in(live):
     client = live["client"]
     before = client.chat.completions.create(model="preference", messages=MESSAGES, max_tokens=4).system_fingerprint

@@ -25,7 +25,6 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -82,14 +81,6 @@ class Completion:
     seconds: float
 
 
-def _is_date(name: str) -> bool:
-    try:
-        date.fromisoformat(name)
-        return True
-    except ValueError:
-        return False
-
-
 def read_checkpoint(folder: Path) -> dict | None:
     try:
         return json.loads((Path(folder) / CHECKPOINT_FILE).read_text())
@@ -111,19 +102,28 @@ def _weights_of(policy_version: str) -> str:
     return policy_version.split("@", 1)[1] if "@" in policy_version else policy_version
 
 
+def checkpoint_folders(root: Path) -> list[str]:
+    """Published checkpoint folders, newest name first: dated days (`2025-11-04`) and the tiers' own
+    (`2025-11-04.distill-<run>`, after its parent day); staging and replaced folders start with a dot."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted((p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+                   and (p / CHECKPOINT_FILE).exists()), reverse=True)
+
+
 def latest_policy(root: Path) -> Candidate | None:
-    """The checkpoint `latest` names if servable, else the newest servable one dated before it."""
+    """The checkpoint `latest` names if servable, else the newest servable one named before it."""
     root = Path(root)
     link = root / "latest"
     if not link.exists():
         return None
     newest = link.resolve().name
-    days = sorted((p.name for p in root.iterdir() if p.is_dir() and _is_date(p.name) and p.name <= newest), reverse=True)
-    for day in days:
-        info = read_checkpoint(root / day)
+    for name in [newest] + [n for n in checkpoint_folders(root) if n < newest]:
+        info = read_checkpoint(root / name)
         if servable(info):
             version = info["policy_version"]
-            return Candidate("policy", version, f"{info.get('kind')}:{_weights_of(version)}", root / day, info.get("kind", "lora"), info)
+            return Candidate("policy", version, f"{info.get('kind')}:{_weights_of(version)}", root / name, info.get("kind", "lora"), info)
     return None
 
 
@@ -285,9 +285,8 @@ def tier_summary(data_dir: str | Path) -> str:
             parts.append(f"{model_id} = {server.resolve(model_id).version}")
         except ModelUnavailable:
             parts.append(f"{model_id}: none yet")
-    root = server.checkpoints
-    days = sorted(p.name for p in root.iterdir() if p.is_dir() and _is_date(p.name)) if root.is_dir() else []
-    infos = [read_checkpoint(root / d) or {} for d in days]
+    days = checkpoint_folders(server.checkpoints)
+    infos = [read_checkpoint(server.checkpoints / d) or {} for d in days]
     rejected = sum(1 for i in infos if i.get("gate") == "rejected")
     unverified = sum(1 for i in infos if i.get("verified") is not True)
     return (f"serving (/v1/chat/completions, hot swap on `latest`): {'; '.join(parts)} "

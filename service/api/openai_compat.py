@@ -156,7 +156,7 @@ async def chat_completions(request: Request):
                                        chat.temperature, chat.top_p, chat.seed, chat.ignore_eos)
     except ValueError as err:
         return openai_error(400, str(err), param="max_tokens" if "max_tokens" in str(err) else "messages")
-    except ModelUnavailable as err:
+    except (ModelUnavailable, FileNotFoundError) as err:  # FileNotFoundError: the base model is not built (base_model asset)
         return openai_error(503, str(err), "server_error", param="model", code="model_not_available")
     reply = {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": chat.model,
