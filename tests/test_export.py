@@ -90,6 +90,20 @@ def test_a_base_checkpoint_folder_exports_the_base_model(world, tmp_path, capsys
     assert np.abs(logits - served_logits(loader(world["root"]).load(), ids)).max() < 1e-5
 
 
+def test_a_full_fine_tune_checkpoint_exports_its_own_weights(world, tmp_path, capsys):
+    full = loader(world["root"]).load()
+    with torch.no_grad():
+        full.model.model.norm.weight.mul_(1.5)  # a full fine-tune's change: no adapter, other weights
+    info = publish_checkpoint(full, tmp_path / "ckpts", "2025-11-09", {"date": "2025-11-09", "base_model": "tiny-local"}, is_base=False)
+    assert info["kind"] == "full"
+    out = tmp_path / "full"
+    assert main(["export", str(tmp_path / "ckpts" / "2025-11-09"), str(out)]) == 0
+    assert f"{info['policy_version']} (full)" in capsys.readouterr().out
+    ids, logits = standalone_logits(out, tmp_path)
+    assert np.abs(logits - served_logits(full, ids)).max() < 1e-5
+    assert np.abs(logits - served_logits(loader(world["root"]).load(), ids)).max() > 1e-3
+
+
 def test_exporting_again_replaces_the_export_never_another_folder(world, tmp_path, capsys):
     out = tmp_path / "export"
     assert main(["export", "preference", str(out)]) == 0

@@ -270,6 +270,10 @@ class ModelServer:
             return int.from_bytes(hashlib.sha256(str(time.time_ns()).encode()).digest()[:4], "big")
         return seed % (2**31)
 
+    def loaded(self, model_id: str) -> LoadedModel | None:
+        """The model in memory for `model_id` (None before its first request)."""
+        return self._loaded.get(model_id)
+
     def in_flight(self) -> dict[str, int]:
         """Requests generating now, by the version they run on (the old one's too, during a swap)."""
         with self._state_lock:

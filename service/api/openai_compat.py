@@ -105,7 +105,7 @@ def list_models(request: Request):
     """The model ids with something to serve now, each with the version a request would get
     (`version`) and the one in memory (`loaded_version`; they differ until the next request loads it)."""
     server = _server(request)
-    return {"object": "list", "data": [_model_card(c, server._loaded.get(c.model_id)) for c in server.available()]}
+    return {"object": "list", "data": [_model_card(c, server.loaded(c.model_id)) for c in server.available()]}
 
 
 @router.get("/models/{model_id}", summary="One served model")
@@ -117,7 +117,7 @@ def get_model(model_id: str, request: Request):
         return openai_error(404, f"the model {model_id!r} does not exist: this server serves {', '.join(MODEL_IDS)}", code="model_not_found")
     except ModelUnavailable as err:
         return openai_error(404, str(err), code="model_not_found")
-    return _model_card(candidate, server._loaded.get(model_id))
+    return _model_card(candidate, server.loaded(model_id))
 
 
 @router.post("/chat/completions", summary="A chat completion from the policy or the preference model")
