@@ -14,15 +14,16 @@ import time
 import uuid
 from typing import Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from outcome_flywheel.models.serving import MODEL_IDS, ModelServer, ModelUnavailable
-from service.security import _bearer
+from service.security import _bearer, bearer
 
-router = APIRouter(prefix="/v1", tags=["openai-compatible"])
+# Declared so the OpenAPI schema shows the lock on every /v1 route; ServingGuard enforces it.
+router = APIRouter(prefix="/v1", tags=["openai-compatible"], dependencies=[Depends(bearer)])
 VERSION_HEADER = "X-Flywheel-Model-Version"
 # Fields of OpenAI's request this server does not implement: refused rather than silently ignored.
 UNSUPPORTED = ("stream", "tools", "tool_choice", "functions", "stop", "logprobs", "top_logprobs", "response_format",
