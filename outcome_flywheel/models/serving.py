@@ -214,8 +214,8 @@ class ModelServer:
                 return current
             started = time.perf_counter()
             backend = self._load(candidate)
-            if hasattr(backend, "model"):
-                backend.model.requires_grad_(False)  # served, never trained here
+            if backend.name == "torch":
+                backend.model.requires_grad_(False)  # served, never trained here: no autograd state kept
             loaded = LoadedModel(candidate, backend, time.time(), time.perf_counter() - started)
             self._loaded[model_id] = loaded  # later requests get it; in-flight ones keep the old
             self.loads.append({"model": model_id, "version": candidate.version, "seconds": round(loaded.load_s, 3),
