@@ -301,7 +301,7 @@ def cmd_check_settings(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from outcome_flywheel.models import ModelLoader
     from outcome_flywheel.models.export import ExportError, export
-    require_settings(("FLYWHEEL_DATA_DIR", "FLYWHEEL_BASE_MODEL"))
+    require_settings(STYLE_VARIABLES)  # the model loader's variables
     try:
         print(export(args.source, args.out, ModelLoader.from_env(), args.gguf, args.gguf_type)[1])
     except ExportError as err:
