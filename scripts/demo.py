@@ -42,6 +42,9 @@ def _quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore", category=FutureWarning)
+    # The same for the step processes the assets launch (docs/pipes.md): they inherit the environment.
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # Dagster's notes that an API used by the definitions (single-run backfills, code references) is beta.
     warnings.filterwarnings("ignore", category=dg.BetaWarning)
     warnings.filterwarnings("ignore", category=dg.PreviewWarning)
