@@ -1,5 +1,5 @@
 """The prompt evolver (tier 1b): mutations that keep the prompt's logic, the UCB1 bandit's bookkeeping,
-and three days of `daily_update` on tiny-local where a variant is written, tested on the held-out set and
+and two days of `daily_update` on tiny-local where a variant is written, tested on the held-out set and
 sampled, with the prompt it was sampled under used by GSPO and the state reproduced by a re-run."""
 
 import json
@@ -20,10 +20,10 @@ from outcome_flywheel.daily_rl.prompt_mutations import (
 from outcome_flywheel.models.prompts import NOTE_SECTIONS, SYSTEM_PROMPT, trading_note_messages
 from tests.daily_fixtures import daily_resources, linked_data_dir
 
-DAYS = ["2025-11-03", "2025-11-04", "2025-11-05"]
+DAYS = ["2025-11-03", "2025-11-04"]
 # 3 headlines a day: a candidate after 3 scored trials (day 2), the held-out set = those 3 headlines
 EVOLVE = {"ops": {"daily_update": {"config": {
-    "rollouts_per_headline": 4, "max_new_tokens": 40, "batch_size": 8,
+    "rollouts_per_headline": 2, "max_new_tokens": 32, "batch_size": 8,
     "prompt_evolver_trials_per_variant": 3, "prompt_evolver_heldout_samples": 2,
 }}}}
 
@@ -138,7 +138,7 @@ def test_at_most_max_live_and_epsilon_explores():
     assert len(counts) == 3 and counts.min() > 60
 
 
-# -- three days of daily_update on tiny-local ---------------------------------------------------------
+# -- two days of daily_update on tiny-local ---------------------------------------------------------
 def _run(res, day, run_config=EVOLVE):
     return dg.materialize([headlines, daily_update, baseline_rollouts], partition_key=day, resources=res, run_config=run_config)
 
@@ -173,7 +173,7 @@ def test_a_variant_is_written_tested_and_sampled(evolved):
         assert json.loads(prompt)[0]["content"] == systems[version]  # the stored prompt is the variant's
     baseline = wh.read("baseline_rollouts", DAYS[1])
     assert {json.loads(p)[0]["content"] for p in baseline["prompt"]} == {SYSTEM_PROMPT} and set(baseline["prompt_version"]) == {"base"}
-    assert "prompt evolver (2025-11-05)" in tier_summary(root)
+    assert "prompt evolver (2025-11-04): 3 trials, 1 candidates" in tier_summary(root)
 
 
 def test_gspo_trains_on_the_prompt_the_note_was_sampled_under(evolved, tmp_path_factory):
@@ -190,7 +190,7 @@ def test_gspo_trains_on_the_prompt_the_note_was_sampled_under(evolved, tmp_path_
     ckpt = root / "checkpoints" / "policy" / DAYS[1]
     policy = load_policy(res["model_backend"], ckpt, read_checkpoint(ckpt))
     todays = wh.read("headlines", DAYS[1]).head(2)
-    sampled = generate_rollouts(policy, todays, DAYS[1], 0, 2, 30, "x", [variant["version"].iloc[0], "base"],
+    sampled = generate_rollouts(policy, todays, DAYS[1], 0, 2, 24, "x", [variant["version"].iloc[0], "base"],
                                 {variant["version"].iloc[0]: system})
     ours = sampled[sampled["prompt_version"] != "base"]
     scores = ours.assign(advantage=[1.0, -1.0], usable=True)
