@@ -8,8 +8,9 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field
 
-from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS
+from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
+from outcome_flywheel.daily_rl.distill_samples import SAMPLE_COLUMNS, SAMPLES_TABLE
 from outcome_flywheel.daily_rl.distillation import DEFAULT_MIN_SAMPLES, DistillConfig, teacher_name
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.models.sft_config import SFTConfig
@@ -25,10 +26,11 @@ class DistillSamplesConfig(dg.Config):
 @dg.asset(
     partitions_def=daily_rl_partitions,
     group_name="distillation",
-    deps=["headlines", "rollout_scores"],
+    deps=["headlines", "rollout_scores", "base_model"],
     pool="accelerator",
     owners=OWNERS,
     kinds=TABLE_KINDS,
+    metadata=table_metadata(SAMPLES_TABLE, SAMPLE_COLUMNS),
 )
 def distill_samples(context: dg.AssetExecutionContext, config: DistillSamplesConfig, model_backend: dg.ResourceParam[ModelLoader],
                     warehouse: dg.ResourceParam[Warehouse], step_runner: StepRunnerResource):
@@ -50,7 +52,7 @@ class DistilledPolicyConfig(dg.Config):
 
 @dg.asset(
     group_name="distillation",
-    deps=["distill_samples"],
+    deps=["distill_samples", "base_model"],
     pool="accelerator",
     owners=OWNERS,
     kinds=MODEL_KINDS,
