@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 import dagster as dg
 
 from assets.daily_rl.catalog import EVALUATION_COLUMNS, PROMPT_EVOLVER_COLUMNS
+from assets.daily_rl.distill_catalog import DISTILLATION_COLUMNS
 from assets.feedback.catalog import FEEDBACK_TABLE_COLUMNS
 
 OWNERS = ["team:ml"]
@@ -247,6 +248,7 @@ COLUMNS["baseline_rollouts"] = {
 COLUMNS.update(PROMPT_EVOLVER_COLUMNS)
 COLUMNS.update(EVALUATION_COLUMNS)
 COLUMNS.update(FEEDBACK_TABLE_COLUMNS)
+COLUMNS.update(DISTILLATION_COLUMNS)
 
 
 def column_schema(table: str, columns: Iterable[str] | None = None) -> dg.TableSchema:
