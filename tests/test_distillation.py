@@ -167,3 +167,17 @@ def test_audit_rows_for_a_gspo_day_a_dpo_run_and_a_distillation_run(day):
     assert (audit[audit["tier"] == "dpo"]["status"] == "succeeded").all()
     assert set(audit["tier"]) >= {"gspo_daily", "dpo"}
     assert not (root / "locks" / "trainer.lock").exists()  # every trainer released the lock
+
+
+def test_sft_loss_matches_its_mlx_mirror():
+    mx = pytest.importorskip("mlx.core", reason="mlx is not installed")
+    from outcome_flywheel.models.mlx.losses import sft_loss as mlx_sft_loss
+    from outcome_flywheel.models.torch.losses import sft_loss as torch_sft_loss
+
+    rng = np.random.default_rng(0)
+    logp = -rng.random((3, 7)).astype(np.float32)
+    mask = rng.random((3, 7)) > 0.4
+    ours, _ = torch_sft_loss(torch.tensor(logp), torch.tensor(mask))
+    theirs, _ = mlx_sft_loss(mx.array(logp), mx.array(mask))
+    assert abs(float(ours) - float(theirs)) < 1e-6
+    assert abs(float(ours) + logp[mask].mean()) < 1e-6  # the masked mean, nothing else
