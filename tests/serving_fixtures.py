@@ -20,18 +20,19 @@ def tiny_root(parent: Path, tiny_model_dir: Path) -> Path:
     return root
 
 
-def loader(root: Path) -> ModelLoader:
-    return ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu")
+def loader(root: Path, base_model: str = "tiny-local") -> ModelLoader:
+    return ModelLoader(data_dir=str(root), base_model=base_model, backend="torch", device="cpu")
 
 
 class PolicyPublisher:
     """Publishes policy checkpoints under `root/checkpoints/policy`: one base model with a LoRA
     adapter, its weights moved by a seeded perturbation before each checkpoint."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, base_model: str = "tiny-local"):
         self.root = root
+        self.base_model = base_model
         self.ckpt_root = root / "checkpoints" / "policy"
-        self.backend = loader(root).load()
+        self.backend = loader(root, base_model).load()
         self.backend.add_lora(LoraSettings())
         self.last: tuple[Path, dict] | None = None
 
@@ -40,7 +41,7 @@ class PolicyPublisher:
         perturb_torch_lora(self.backend, seed=seed)
         parent = self.last[1]["policy_version"] if self.last else None
         info = publish_checkpoint(self.backend, self.ckpt_root, day, {"date": day, "parent_version": parent, "gate": "accepted",
-                                                                      "base_model": "tiny-local", "trained": True}, is_base=False)
+                                                                      "base_model": self.base_model, "trained": True}, is_base=False)
         return self.verify(day) if verify else info
 
     def verify(self, day: str) -> dict:

@@ -141,14 +141,36 @@ def test_nothing_published_yet(tmp_path, tiny_model_dir, monkeypatch, capsys):
     assert "no verified, accepted policy checkpoint" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(find_converter() is None, reason="llama.cpp's convert_hf_to_gguf.py is not installed (FLYWHEEL_LLAMA_CPP_DIR "
-                                                      "or PATH): GGUF is an optional extra, docs/serving.md")
-def test_gguf_when_the_converter_is_installed(world, tmp_path, capsys):
-    import gguf
+CONVERTER = find_converter()  # before the fixtures clear FLYWHEEL_LLAMA_CPP_DIR
 
+
+@pytest.mark.skipif(CONVERTER is None, reason="llama.cpp's convert_hf_to_gguf.py is not installed (FLYWHEEL_LLAMA_CPP_DIR "
+                                              "or PATH): GGUF is an optional extra, docs/serving.md")
+def test_gguf_logits_equal_the_served_models(tmp_path, monkeypatch, capsys):
+    """On smollm2-135m-instruct (llama.cpp knows its tokenizer; tiny-local's it refuses, clearly):
+    transformers' GGUF loader reads the file back and its logits are the served model's."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+
+    from outcome_flywheel.models.smollm2 import cached_smollm2
+
+    root = tmp_path / "data"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / "smollm2-135m-instruct").symlink_to(cached_smollm2(log=lambda *a: None))
+    for name, value in {"FLYWHEEL_DATA_DIR": str(root), "FLYWHEEL_BASE_MODEL": "smollm2-135m-instruct", "FLYWHEEL_DEVICE": "cpu",
+                        "FLYWHEEL_LLAMA_CPP_DIR": str(CONVERTER.parent)}.items():
+        monkeypatch.setenv(name, value)
+    PolicyPublisher(root, "smollm2-135m-instruct").publish("2025-11-03", seed=1)
     out = tmp_path / "export"
-    assert main(["export", "policy", str(out), "--gguf", "always"]) == 0
+    assert main(["export", "policy", str(out), "--gguf", "always", "--gguf-type", "f32"]) == 0
+    assert "GGUF" in capsys.readouterr().out and json.loads((out / EXPORT_FILE).read_text())["gguf"] == "model.gguf"
     reader = gguf.GGUFReader(out / "model.gguf")
-    arch = reader.fields["general.architecture"]
-    assert bytes(arch.parts[arch.data[0]]).decode() == "qwen3" and len(reader.tensors) > 0
-    assert json.loads((out / EXPORT_FILE).read_text())["gguf"] == "model.gguf"
+    assert reader.get_field("general.architecture").contents() == "llama"
+    assert float(reader.get_field("llama.rope.freq_base").contents()) == 100000.0  # smollm2's, not llama.cpp's default
+    del reader
+    model = AutoModelForCausalLM.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32).eval()
+    served = ModelServer(loader(root, "smollm2-135m-instruct"), root).model("policy").backend
+    ids = served.prompt_ids(MESSAGES)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(logits - served_logits(served, ids)).max() < 1e-3

@@ -115,6 +115,7 @@ def export_merged(source: Source, out: str | Path, loader: "ModelLoader") -> dic
     try:
         model.save_pretrained(staging, safe_serialization=True)
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(staging)
+        _keep_config_fields(weights_dir / "config.json", staging / "config.json")
         for name in ("generation_config.json", "chat_template.jinja"):
             if not (staging / name).exists() and (base_dir / name).exists():
                 shutil.copy2(base_dir / name, staging / name)
@@ -128,6 +129,18 @@ def export_merged(source: Source, out: str | Path, loader: "ModelLoader") -> dic
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return record
+
+
+def _keep_config_fields(source: Path, saved: Path) -> None:
+    """Put back the source config's fields transformers' save drops: a top-level `rope_theta` beside
+    `rope_parameters` is the one llama.cpp's converter and mlx-lm read (without it they assume
+    10,000, and smollm2's 100,000 drifts the logits by nats). The dtype fields stay the export's."""
+    if not source.exists():
+        return
+    original, written = json.loads(source.read_text()), json.loads(saved.read_text())
+    missing = {k: v for k, v in original.items() if k not in written and k not in ("torch_dtype", "dtype", "transformers_version", "_name_or_path")}
+    if missing:
+        atomic_write_bytes(saved, json.dumps({**written, **missing}, indent=2, sort_keys=True).encode())
 
 
 def find_converter() -> Path | None:
@@ -170,8 +183,35 @@ def export_gguf(hf_dir: str | Path, outtype: str = "f16", outfile: str | Path | 
         partial.unlink(missing_ok=True)
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
         raise ExportError(f"llama.cpp's converter failed (exit {done.returncode}): {tail}")
+    _restore_rope_base(partial, hf_dir / "config.json")
     os.replace(partial, target)
     return target
+
+
+def _restore_rope_base(gguf_file: Path, config_file: Path) -> None:
+    """Write `<arch>.rope.freq_base` when the converter left it out. Converters that read a top-level
+    `rope_theta` from transformers' config find none under transformers 5 (it moved to
+    `rope_parameters`), and llama.cpp then assumes 10,000: smollm2's 100,000 drifted the logits by
+    ~9 (measured). The file is rewritten with the key, tensors copied as they are."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    config = json.loads(config_file.read_text())
+    theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta")
+    reader = gguf.GGUFReader(gguf_file)
+    arch_field = reader.get_field(gguf.Keys.General.ARCHITECTURE)
+    if theta is None or arch_field is None:
+        return
+    arch = arch_field.contents()
+    key = gguf.Keys.Rope.FREQ_BASE.format(arch=arch)
+    written = reader.get_field(key)
+    if written is not None and abs(float(written.contents()) - float(theta)) <= 1e-6 * float(theta):
+        return
+    fixed = gguf_file.with_name(gguf_file.name + ".rope")
+    writer = gguf.GGUFWriter(fixed, arch=arch, endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {key: MetadataDetails(gguf.GGUFValueType.FLOAT32, float(theta))}, [])
+    del reader  # its memory map, before the file is replaced
+    os.replace(fixed, gguf_file)
 
 
 def export(spec: str, out: str | Path, loader: "ModelLoader", gguf: str = "auto", outtype: str = "f16") -> tuple[dict, str]:
@@ -189,7 +229,10 @@ def export(spec: str, out: str | Path, loader: "ModelLoader", gguf: str = "auto"
                f"{len(record['files'])} files, {record['seconds']} s")
     why = gguf_unavailable() if gguf != "never" else "--gguf never"
     if why is None:
-        path = export_gguf(out, outtype)
+        try:
+            path = export_gguf(out, outtype)
+        except ExportError as err:
+            raise ExportError(f"wrote {out} (the Hugging Face folder is usable), but {err}") from None
         record = {**record, "gguf": path.name, "gguf_type": outtype}
         atomic_write_bytes(out / EXPORT_FILE, json.dumps(record, indent=1).encode())
         message += f"; GGUF {path} ({outtype}, {path.stat().st_size / 2**20:.1f} MiB)"
