@@ -73,6 +73,9 @@ def test_the_export_loads_alone_and_its_logits_equal_the_served_models(world, so
     assert not any(name.startswith("adapter_") for name in files)  # merged: no adapter left to load
     record = json.loads((out / EXPORT_FILE).read_text())
     assert record["version"] == served.version and record["merged_lora"] is True
+    base_config = json.loads((served.backend.model_path / "config.json").read_text())
+    kept = set(json.loads((out / "config.json").read_text()))
+    assert set(base_config) - {"dtype", "torch_dtype", "transformers_version", "_name_or_path"} <= kept  # nothing dropped
 
     ids, logits = standalone_logits(out, tmp_path)
     assert ids == served.backend.prompt_ids(MESSAGES)  # the same chat template, rendered by transformers alone
