@@ -149,7 +149,7 @@ class ModelServer:
         self._state_lock = threading.Lock()
         self._in_flight: dict[str, int] = {}  # version -> requests generating on it (an old one's too, after a swap)
         self._digests: dict[tuple, str] = {}  # adapter stamp -> digest (hash the files once per change)
-        self.loads: list[dict] = []  # every load: model, version, seconds (GET /v1/models shows the last)
+        self.loads: list[dict] = []  # every load: model, version, seconds, the version it replaced
 
     # -- resolving -------------------------------------------------------------------------------
     def _latest_adapter(self) -> Candidate | None:
@@ -294,7 +294,7 @@ def tier_summary(data_dir: str | Path) -> str:
     rejected = sum(1 for i in infos if i.get("gate") == "rejected")
     unverified = sum(1 for i in infos if i.get("verified") is not True)
     return (f"serving (/v1/chat/completions, hot swap on `latest`): {'; '.join(parts)} "
-            f"({len(days)} policy checkpoints: {rejected} rejected days served their parent, {unverified} unverified never served)")
+            f"({len(days)} policy checkpoints: {rejected} rejected (their parent served instead), {unverified} unverified (never served))")
 
 
 __all__: Sequence[str] = ("ModelServer", "ModelUnavailable", "Candidate", "LoadedModel", "Completion", "latest_policy", "servable", "tier_summary")
