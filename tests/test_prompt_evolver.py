@@ -19,6 +19,7 @@ from outcome_flywheel.daily_rl.prompt_mutations import (
 )
 from outcome_flywheel.models.prompts import NOTE_SECTIONS, SYSTEM_PROMPT, trading_note_messages
 from tests.daily_fixtures import daily_resources, linked_data_dir
+from tests.test_smollm2 import offline, smollm2_dir  # noqa: F401 (fixtures: the converted SmolLM2 folder, offline)
 
 DAYS = ["2025-11-03", "2025-11-04"]
 # 3 headlines a day: a candidate after 3 scored trials (day 2), the held-out set = those 3 headlines
@@ -68,6 +69,23 @@ def test_condition_rephrasing_round_trips_and_llm_rewrites_are_checked():
         .endswith("Stop Loss.")
     assert acceptable_rewrite(rule, "Write the sections in order.") is None  # the section names went missing
     assert acceptable_rewrite(rule, "line one\nline two") is None and acceptable_rewrite(rule, rule) is None
+
+
+def test_a_real_llm_writes_rules_tiny_local_does_not(smollm2_dir, model_backend):
+    """SmolLM2-135M-Instruct (offline, a real instruct LLM) rewrites a rule; tiny-local gets no writer."""
+    from outcome_flywheel.daily_rl.judge import Judge
+    from outcome_flywheel.daily_rl.prompt_evolver import prompt_writer
+    from outcome_flywheel.daily_rl.prompt_mutations import LLMWriter
+    from outcome_flywheel.models.torch.backend import TorchBackend
+
+    assert prompt_writer(model_backend, Judge()) is None  # tiny-local cannot write prompts
+    writer = LLMWriter(TorchBackend(smollm2_dir, device="cpu"), "smollm2-135m-instruct")
+    rewritten = writer.rewrite(IMPLIED_RULES[0], "rephrase_rule")
+    assert rewritten and rewritten != IMPLIED_RULES[0] and all(s in rewritten for s in NOTE_SECTIONS)
+    # seed 0 draws tighten_wording of the first rule: the LLM writes it (greedy, so always the same text)
+    spec, name, by = mutate(PromptSpec(rules=IMPLIED_RULES), np.random.default_rng(0), writer)
+    assert (name, by) == ("tighten_wording", "llm:smollm2-135m-instruct") and spec.rules[1:] == IMPLIED_RULES[1:]
+    assert all(s in spec.rules[0] for s in NOTE_SECTIONS)
 
 
 # -- the bandit ---------------------------------------------------------------------------------
