@@ -19,7 +19,7 @@ from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION
 
 # The whole daily_rl group: the loop, then its evaluation (pairs, baseline, outcomes, A/B, back-test), then the report.
 ASSETS = (
-    "headlines", "rollout_scores", "policy_checkpoint", "rollouts", "rollout_pairs", "baseline_rollouts", "rollout_outcomes",
+    "headlines", "rollout_scores", "policy_checkpoint", "rollouts", "prompt_evolver", "rollout_pairs", "baseline_rollouts", "rollout_outcomes",
     "policy_eval", "backtest", "daily_report", "note_scorer",
 )
 
