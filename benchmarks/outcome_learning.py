@@ -76,7 +76,9 @@ def long_share_by_news(sides: pd.DataFrame, warehouse, days: list[str], source: 
     calls = outcomes[(outcomes["source"] == source) & (outcomes["parse_status"] == "ok") & outcomes["side"].isin(list(SIDE_SIGN))]
     calls = calls.merge(_read_days(warehouse, "headlines", days)[["date", "headline_id", "title", "summary"]], on=["date", "headline_id"])
     calls = calls.merge(sides[["date", "headline_id", "news"]], on=["date", "headline_id"])
-    on = calls[[sym in headline_symbols(t, s) for sym, t, s in zip(calls["symbol"], calls["title"], calls["summary"])]]
+    # A boolean Series, not a list: an empty list would select no columns (SmolLM2's held-out base made no company call).
+    on = calls[pd.Series([sym in headline_symbols(t, s) for sym, t, s in zip(calls["symbol"], calls["title"], calls["summary"])],
+                         index=calls.index, dtype=bool)]
     out = {}
     for name, sign in (("good_news", 1), ("bad_news", -1)):
         part = on[on["news"] == sign]
