@@ -169,12 +169,21 @@ class PromptEvolver:
         rng = np.random.default_rng(stable_seed(self.seed, self.day, "prompt_evolver", "mutate", self.trials) % 2**32)
         known = {v["system_prompt"] for v in self.variants}
         made = None
-        for _ in range(8):  # a mutation that gives a prompt tried before is drawn again
-            made = mutate(PromptSpec.from_json(best["spec"]), rng, writer)
-            if made is None or made[0].render() not in known:
+        for attempt in range(8):  # a prompt tried before (even a rejected one) is drawn again, then with mutations stacked
+            spec, names, writers = PromptSpec.from_json(best["spec"]), [], set()
+            for _ in range(1 + attempt // 2):
+                step = mutate(spec, rng, writer)
+                if step is None:
+                    break
+                spec, names = step[0], names + [step[1]]
+                writers.add(step[2])
+                if spec.render() not in known:
+                    made = (spec, "+".join(names), "+".join(sorted(writers)))
+                    break
+            if made is not None:
                 break
         number = len(self.variants)
-        if made is None or made[0].render() in known:
+        if made is None:
             # nothing new to write from the best: the slot is used up so the next one waits 25 more trials
             candidate = dict(_base_row(self.day), version=f"v{number}-none", parent=best["version"], mutation="none",
                              status=REJECTED, system_prompt="", spec="", created_at_trial=self.trials)
