@@ -41,6 +41,13 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_STEP_PROCESSES": "1",
     "FLYWHEEL_K8S_GPUS": "1",
     "FLYWHEEL_K8S_DATA_MOUNT": "/data",
+    "FLYWHEEL_SERVE_MAX_TOKENS": "512",
+    "FLYWHEEL_TEACHER_MODEL": "tiny-local-teacher",
+    "FLYWHEEL_DISTILL_MIN_SAMPLES": "100",
+    "FLYWHEEL_TRAINER_LOCK_WAIT_S": "3600",
+    "FLYWHEEL_PROD_HOME": ".dagster-prod",
+    "FLYWHEEL_WEBSERVER_PORT": "3030",
+    "FLYWHEEL_DAILY_SCHEDULE": "auto",
 }
 
 
@@ -225,6 +232,20 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_STEP_LAUNCHER": one_of("python", "accelerate", "torchrun"),
     "FLYWHEEL_STEP_PROCESSES": integer(1),
     "FLYWHEEL_K8S_GPUS": integer(0),
+    # the service's runs through a webserver (GraphQL) and its OpenAI-compatible serving (service/config.py)
+    "FLYWHEEL_DAGSTER_URL": Rule(
+        "empty (the service's own worker) or the http(s)://host:port of a Dagster webserver, e.g. http://127.0.0.1:3030",
+        lambda v: None if re.fullmatch(r"https?://[^\s/]+(/[^\s]*)?", v) else "not an http(s) URL",
+    ),
+    "FLYWHEEL_SERVE_MAX_TOKENS": integer(1),
+    # the slower tiers (docs/tiers.md)
+    "FLYWHEEL_DISTILL_MIN_SAMPLES": integer(1),
+    "FLYWHEEL_TRAINER_LOCK_WAIT_S": integer(0),
+    # `make up` (deploy/, docs/deploy.md); FLYWHEEL_PG_PORT / FLYWHEEL_CODE_SERVER_PORT unset = a free port
+    "FLYWHEEL_PG_PORT": integer(1, 65535),
+    "FLYWHEEL_CODE_SERVER_PORT": integer(1, 65535),
+    "FLYWHEEL_WEBSERVER_PORT": integer(1, 65535),
+    "FLYWHEEL_DAILY_SCHEDULE": one_of("auto", "on", "off"),
     "FLYWHEEL_PREFERENCE_CONTEXT": Rule(
         "comma-separated decision-context keys (letters, digits, _), `note` for the proposal's note, `*` for all, e.g. regime,note",
         lambda v: None if all(re.fullmatch(r"\*|[A-Za-z0-9_]+", k.strip()) for k in v.split(",")) else "not a list of key names",
@@ -237,6 +258,8 @@ FREE_FORM = (
     # the step pod's image, namespace, sizes, volume and Secret: Kubernetes checks them when the pod is made
     "FLYWHEEL_K8S_IMAGE", "FLYWHEEL_K8S_NAMESPACE", "FLYWHEEL_K8S_CPU", "FLYWHEEL_K8S_MEMORY", "FLYWHEEL_K8S_DATA_PVC",
     "FLYWHEEL_K8S_DATA_MOUNT", "FLYWHEEL_K8S_ENV_SECRET",
+    # the distillation teacher (a hub id or folder; never the policy), llama.cpp for GGUF exports, make up's folders
+    "FLYWHEEL_TEACHER_MODEL", "FLYWHEEL_LLAMA_CPP_DIR", "FLYWHEEL_PROD_HOME", "FLYWHEEL_PG_DIR",
 )
 # Secrets: checked by their rule, never printed (`flywheel check-settings` masks them).
 SECRETS = ("FLYWHEEL_API_TOKEN",)
