@@ -24,6 +24,14 @@ from pipelines.launch import IN_PROCESS, run_job
 from scripts import QUIET_CONSOLE
 
 
+TIERS = (
+    ("note_scorer", "outcome_flywheel.daily_rl.note_scorer"),
+    ("prompt_evolver", "outcome_flywheel.daily_rl.prompt_evolver"),
+    ("distillation", "outcome_flywheel.daily_rl.distillation"),
+    ("serving", "outcome_flywheel.models.serving"),
+)
+
+
 def _area_demo(module: str):
     try:
         return importlib.import_module(module).run
@@ -81,6 +89,9 @@ def main() -> None:
         started = time.perf_counter()
         summary[name] = run(instance, **kwargs)
         print(f"{name} finished in {time.perf_counter() - started:.0f} s", flush=True)
+
+    # The learners beside the daily update (docs/tiers.md) and the served policy (docs/serving.md), one line each.
+    summary["tiers"] = {name: importlib.import_module(module).tier_summary(summary["data_dir"]) for name, module in TIERS}
 
     print("\n== summary ==")
     print(json.dumps(summary, indent=2, default=str))
