@@ -226,7 +226,9 @@ def test_daily_loop_two_days_on_smollm2(smol_data_dir, offline, backend):
     for day in (DAY1, DAY2):
         result = dg.materialize(assets, partition_key=day, resources=res, run_config=run_config)
         assert result.success
-        failed = [(c.asset_key.to_user_string(), c.check_name) for c in result.get_asset_check_evaluations() if not c.passed]
+        # The gate may reject a 16-token, one-step update (its check says so); every other check must pass.
+        failed = [(c.asset_key.to_user_string(), c.check_name) for c in result.get_asset_check_evaluations()
+                  if not c.passed and c.check_name != "update_accepted_by_gate"]
         assert not failed, failed
     wh = res["warehouse"]
     rollouts = wh.read("rollouts", DAY2)
@@ -235,9 +237,11 @@ def test_daily_loop_two_days_on_smollm2(smol_data_dir, offline, backend):
     assert len(scores) == len(wh.read("rollouts", DAY1)) and scores["reward"].between(0, 1).all()
     training = wh.read("policy_training", DAY2).iloc[0]
     assert bool(training["trained"]) and training["steps"] >= 1 and np.isfinite(training["loss"])
+    assert training["gate"] in ("accepted", "rejected") and training["gate_reason"]
     ckpt = wh.path("checkpoints", "policy", DAY2)
-    assert json.loads((ckpt / "adapter_config.json").read_text())["peft_type"] == "LORA"
     assert json.loads((ckpt / "checkpoint.json").read_text())["verified"]
+    if training["gate"] == "accepted":  # the LoRA adapter is the day's policy; rejected: the parent republished
+        assert json.loads((ckpt / "adapter_config.json").read_text())["peft_type"] == "LORA"
     outcomes = wh.read("rollout_outcomes", DAY2)
     assert {"policy", "base"} <= set(outcomes["source"]) and "structure_score" in rollouts
     assert {"structure_score", "headline_company_share"} <= set(wh.read("policy_eval", DAY2)["metric"])
