@@ -198,6 +198,7 @@ def test_asset_takes_the_days_events_in_order_and_reports_accuracy(scorer_world)
 
 
 def test_rerun_of_a_day_starts_from_the_day_before_not_latest(scorer_world):
+    """Re-run in a step process (the default runner), after `latest` moved on: the same weights."""
     root, resources, _ = scorer_world
     store = ScorerStore(root)
     before = tensors(store.load(store.day_file(D2)))
@@ -206,7 +207,7 @@ def test_rerun_of_a_day_starts_from_the_day_before_not_latest(scorer_world):
     events, _ = synthetic_events(1, dim=live.feature_dim)
     live.step(events[0], np.random.default_rng(1).normal(size=(6, live.feature_dim)).astype(np.float32))
     store.save_live(live)
-    materialize(resources, D2)
+    materialize({**resources, "step_runner": StepRunnerResource(runner="subprocess")}, D2)  # as deployed: its own process
     after = store.load(store.day_file(D2))
     assert after.updates == 5 and all(torch.equal(before[k], v) for k, v in tensors(after).items())
 
