@@ -80,6 +80,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "judge_truncated": ("bool", "The note was cut to fit the judge's prompt budget."),
         "human_signal": ("float", "People's thumbs/stars on the note in [0, 1] (note_feedback of the notes' day, mean), when it has any: the `human` reward signal."),
         "relevance_signal": ("float", "1 if the call is on a company the headline names, 0 if not; empty when the headline names no known company: the `relevance` signal."),
+        "relevance_advantage": ("float", "The `relevance` part's group-normalised advantage (trained on the call's line, times its share); 0 where relevance is not weighted or the headline names no company."),
     },
     "policy_training": {
         "date": ("string", "Partition day D."),
@@ -97,7 +98,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "clip_fraction": ("float", "Share of sequences whose GSPO ratio was clipped."),
         "behavior_logprob_gap_max": ("float", "Largest |stored behaviour log-prob - recomputed pi_old| (~1e-6 in fp32)."),
         "train_wall_s": ("float", "Seconds spent in the trainer."),
-        "objective": ("string", "gspo or reward_weighted."),
+        "objective": ("string", "token (token-level clipped surrogate, signal-scoped advantages), gspo or reward_weighted."),
         "learning_rate": ("float", "Optimiser learning rate."),
         "headlines": ("int", "Headlines of D."),
         "rollouts": ("int", "Rollouts generated for D."),

@@ -35,7 +35,7 @@ import pandas as pd
 from benchmarks._daily_common import archive_days, resources, tiny_local_data_dir
 
 WORLDS = ("news", "inverted", "null")
-DEFAULT_WEIGHTS = {"structure": 0.25, "judge_rank": 0.25, "price": 1.0}
+DEFAULT_WEIGHTS = None  # the project's defaults (RewardConfig): what anyone running the assets gets
 SIDE_SIGN = {"long": 1, "short": -1}
 
 
@@ -119,9 +119,11 @@ def model_data_dir(data_dir: Path, model: str) -> Path:
 
 
 def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines: int, seed: int, move_pct: float,
-              noise_pct: float, weights: dict, learning_rate: float, max_new_tokens: int, epochs: int = 1,
+              noise_pct: float, weights: dict, learning_rate: float, max_new_tokens: int, epochs: int | None = None,
               model: str = "tiny-local") -> dict:
     import dagster as dg
+
+    from outcome_flywheel.daily_rl.rewards import RewardConfig
 
     from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world, write_world
     from outcome_flywheel.market_data import MarketData
@@ -137,6 +139,7 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
     res["market_data"] = MarketData(prices_file=str(world_file), data_dir=str(data))
     res["model_backend"] = ModelLoader(data_dir=str(data), base_model=model, backend="torch", device="cpu")
     warehouse = res["warehouse"]
+    default_weights = dict(RewardConfig().weights)
     per_day, started = [], time.perf_counter()
     for i, day in enumerate(days):
         t0 = time.perf_counter()
@@ -144,9 +147,10 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
         # Held out: learning rate 0 freezes the weights, and without the price weight the delayed step
         # (which could only train at learning rate 0) is skipped rather than computed for nothing.
         day_weights = weights if phase == "train" else {k: v for k, v in weights.items() if k != "price"}
-        config = {"ops": {"daily_update": {"config": {
-            "objective": "gspo", "learning_rate": learning_rate if phase == "train" else 0.0, "epochs": epochs,
-            "max_new_tokens": max_new_tokens, "reward_weights": day_weights}}}}
+        settings = {"learning_rate": learning_rate if phase == "train" else 0.0, "max_new_tokens": max_new_tokens}
+        settings.update({"epochs": epochs} if epochs else {})
+        settings.update({"reward_weights": day_weights} if day_weights != default_weights else {})
+        config = {"ops": {"daily_update": {"config": settings}}}
         result = dg.materialize(DAILY_RL_ASSETS, partition_key=day, resources=res, run_config=config)
         assert result.success, f"{kind} {day} failed"
         sides = company_sides(warehouse, [day])
@@ -189,10 +193,12 @@ def print_world(w: dict) -> None:
 
 def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8, seed: int = 0, move_pct: float = 2.0,
         noise_pct: float = 1.0, weights: dict | None = None, learning_rate: float = 2e-3, max_new_tokens: int = 128,
-        out_dir: str | None = None, epochs: int = 1, model: str = "tiny-local") -> dict:
+        out_dir: str | None = None, epochs: int | None = None, model: str = "tiny-local") -> dict:
+    from outcome_flywheel.daily_rl.rewards import RewardConfig
+
     if not 0 < train_days < days:
         raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
-    weights = dict(DEFAULT_WEIGHTS if weights is None else weights)
+    weights = dict(RewardConfig().weights if weights is None else weights)
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="flywheel-worlds-"))
     day_list = archive_days(days)
     results = {}
@@ -232,9 +238,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the world's seed (the walks)")
     parser.add_argument("--move-pct", type=float, default=2.0)
     parser.add_argument("--noise-pct", type=float, default=1.0)
-    parser.add_argument("--reward-weights", default=json.dumps(DEFAULT_WEIGHTS), help="JSON object, signal -> weight")
+    parser.add_argument("--reward-weights", default=None, help="JSON object, signal -> weight (default: the project's, RewardConfig)")
     parser.add_argument("--learning-rate", type=float, default=2e-3)
-    parser.add_argument("--epochs", type=int, default=1, help="GSPO passes over each training day's examples")
+    parser.add_argument("--epochs", type=int, default=None, help="passes over each training day's examples (default: GSPOConfig's)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the box is shared)")
     parser.add_argument("--model", default="tiny-local", help="FLYWHEEL_BASE_MODEL of the policy and (frozen) judge: tiny-local, smollm2-135m-instruct or a folder")
@@ -252,7 +258,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown world(s) {unknown}: choose from {', '.join(WORLDS)}")
     summary = run(worlds, args.days, args.train_days, args.headlines, args.seed, args.move_pct, args.noise_pct,
-                  json.loads(args.reward_weights), args.learning_rate, args.max_new_tokens, args.out_dir, args.epochs, args.model)
+                  json.loads(args.reward_weights) if args.reward_weights else None, args.learning_rate, args.max_new_tokens, args.out_dir, args.epochs, args.model)
     print(json.dumps(summary, default=str))
 
 

@@ -32,17 +32,22 @@ def test_price_transform_and_the_documented_values():
             PriceReward(**bad)
 
 
-def test_price_is_delayed_and_weighted_against_the_immediate_signals():
+def test_price_is_delayed_and_the_shares_are_the_documented_mixture():
     config = RewardConfig()
-    assert config.weights["price"] == 0.5 and config.weights["relevance"] == 0.0
-    # the immediate reward leaves price out: the same as before the signal existed
+    assert config.weights["price"] == 1.0 and config.weights["relevance"] == 0.5
+    # the note reward leaves the call-line signals out: the same as before they existed
     assert config.combine({"structure": 1.0, "judge_rank": 0.0}) == pytest.approx(0.5)
-    assert "price" not in config.immediate().weights
-    assert RewardConfig(weights={"price": 1.0}).immediate() is None
-    # relevance is sparse: missing where the headline names no company
-    rel = RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5, "relevance": 1.0})
-    assert rel.combine({"structure": 1.0, "judge_rank": 1.0, "relevance": None}) == pytest.approx(1.0)
-    assert rel.combine({"structure": 1.0, "judge_rank": 1.0, "relevance": 0.0}) == pytest.approx(0.5)
+    assert config.combine({"structure": 1.0, "judge_rank": 0.0, "relevance": 0.0}) == pytest.approx(0.5)
+    # shares: note = structure + judge_rank (1.0; human is sparse, inside R), relevance 0.5, price 1.0
+    assert config.part_weights() == {"note": 1.0, "relevance": 0.5, "price": 1.0}
+    assert [config.share(p) for p in ("note", "relevance", "price")] == pytest.approx([0.4, 0.2, 0.4])
+    assert sum(config.share(p) for p in ("note", "relevance", "price")) == pytest.approx(1.0)
+    assert RewardConfig(weights={"price": 1.0}).share("price") == 1.0
+    assert not RewardConfig(weights={"price": 1.0}).has_note_signals()
+    whole_note = RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5})
+    assert whole_note.share("note") == 1.0 and whole_note.share("price") == 0.0
+    with pytest.raises(ValueError, match="unknown reward part"):
+        config.share("immediate")
 
 
 def test_the_window_covers_the_longest_wait_and_a_friday_waits_until_tuesday():

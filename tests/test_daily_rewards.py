@@ -63,7 +63,7 @@ def test_reward_config_weighs_named_signals_and_clips():
     assert only_structure.combine({"structure": 1.0, "judge_rank": 0.3}) == pytest.approx(0.8)  # clipped
     assert RewardConfig(weights={"structure": 2.0, "judge_rank": -1.0}, clip_min=-1.0, clip_max=2.0).combine(
         {"structure": 0.5, "judge_rank": 1.0}) == pytest.approx(0.0)
-    assert RewardConfig().describe() == {"reward_weights": '{"human": 0.5, "judge_rank": 0.5, "price": 0.5, "relevance": 0.0, "structure": 0.5}', "reward_clip": "[0.0, 1.0]"}
+    assert RewardConfig().describe() == {"reward_weights": '{"human": 0.5, "judge_rank": 0.5, "price": 1.0, "relevance": 0.5, "structure": 0.5}', "reward_clip": "[0.0, 1.0]"}
     for bad in (dict(weights={"profit": 1.0}), dict(weights={"structure": 0.0}), dict(clip_min=1.0, clip_max=0.0),
                 dict(weights={"structure": float("nan")})):
         with pytest.raises(ValueError):

@@ -79,6 +79,9 @@ class DailyUpdateConfig(dg.Config):
     learning_rate: Optional[float] = mirrored(GSPOConfig, "learning_rate", optional=True)
     batch_size: Optional[int] = mirrored(GSPOConfig, "batch_size", optional=True)
     epochs: Optional[int] = mirrored(GSPOConfig, "epochs", optional=True)
+    kl_beta: Optional[float] = mirrored(GSPOConfig, "kl_beta", optional=True)
+    epsilon_low: Optional[float] = mirrored(GSPOConfig, "epsilon_low", optional=True)
+    epsilon_high: Optional[float] = mirrored(GSPOConfig, "epsilon_high", optional=True)
     full_fine_tune: bool = Field(default=False, description="Train every weight instead of a LoRA adapter.")
     lora_r: Optional[int] = Field(default=None, description=f"LoRA rank. Default: {field_default(LoraSettings, 'r')} (LoraSettings).")
     lora_alpha: Optional[int] = Field(default=None, description=f"LoRA alpha (scale = alpha / r). Default: {field_default(LoraSettings, 'alpha')} (LoraSettings).")
@@ -104,7 +107,7 @@ class DailyUpdateConfig(dg.Config):
 
     def settings(self) -> DailyUpdateSettings:
         lora = None if self.full_fine_tune else LoraSettings(**{k: v for k, v in (("r", self.lora_r), ("alpha", self.lora_alpha)) if v is not None})
-        gspo = GSPOConfig(**set_fields(self, ("objective", "learning_rate", "batch_size", "epochs", "tis_cap")), lora=lora)
+        gspo = GSPOConfig(**set_fields(self, ("objective", "learning_rate", "batch_size", "epochs", "tis_cap", "kl_beta", "epsilon_low", "epsilon_high")), lora=lora)
         price = PriceReward(**{k.removeprefix("price_"): v for k, v in set_fields(
             self, ("price_scale_pct", "price_no_trade", "price_unparseable")).items()})
         reward = RewardConfig(**{k.removeprefix("reward_"): v for k, v in set_fields(self, ("reward_weights", "reward_clip_min", "reward_clip_max")).items()})

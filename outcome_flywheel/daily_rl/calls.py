@@ -138,7 +138,12 @@ def _header(line: str) -> tuple[str, str] | None:
 def _sections(lines: list[str]) -> dict[str, str]:
     """Each kind of section's text (the first one of a kind): the header line's rest and the lines below
     it, up to the next header, or a blank line once there is text."""
-    found: dict[str, str] = {}
+    return {key: text for key, (text, _) in _section_lines(lines).items()}
+
+
+def _section_lines(lines: list[str]) -> dict[str, tuple[str, list[int]]]:
+    """`_sections` with, per kind, the indices of the lines its text came from (the call's span)."""
+    found: dict[str, tuple[str, list[int]]] = {}
     i = 0
     while i < len(lines):
         hit = _header(lines[i])
@@ -146,15 +151,16 @@ def _sections(lines: list[str]) -> dict[str, str]:
         if hit is None:
             continue
         key, rest = hit
-        body = [rest] if rest else []
+        body, where = ([rest], [i - 1]) if rest else ([], [])
         while i < len(lines) and _header(lines[i]) is None and not _OTHER_HEADER.match(lines[i]):
             if lines[i].strip():
                 body.append(lines[i].strip())
+                where.append(i)
             elif body:
                 break
             i += 1
-        if body:
-            found.setdefault(key, "\n".join(body))
+        if body and key not in found:
+            found[key] = ("\n".join(body), where)
     return found
 
 
@@ -265,20 +271,62 @@ def _stop(text: str | None) -> tuple[float | None, float | None]:
     return _percent(text), float((m.group(1) or m.group(2)).replace(",", "")) if m else None
 
 
+def _readable(note: str) -> str:
+    """The note as the parser reads it, character for character: a think block blanked (its newlines
+    kept), curly quotes and non-breaking spaces made plain, so offsets into it are offsets into `note`."""
+    blank = re.sub(r"<think>.*?(?:</think>|\Z)", lambda m: re.sub(r"[^\n]", " ", m.group(0)), note, flags=re.DOTALL)
+    return blank.replace("’", "'").replace("\u00a0", " ")
+
+
+def _side_sources(lines: list[str], sections: dict[str, str]) -> list[str | None]:
+    """Where the side is read from, in order: the Trade Recommendation section, a Side line, and when
+    there is no recommendation section the first sentence of the prose (markdown titles left out)."""
+    sources = [sections.get("recommendation"), sections.get("side")]
+    if "recommendation" not in sections:
+        prose = " ".join(ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
+        sources.append(re.split(r"(?<=[.!?])\s", prose, maxsplit=1)[0])
+    return sources
+
+
+def call_spans(note: str) -> list[tuple[int, int]]:
+    """The character spans of `note` that make its call: the lines of the section the side was read
+    from (the Trade Recommendation section, else the Side line, else the first prose line), plus a
+    Ticker section's lines when there is one. Empty when the note takes no side anywhere: then there
+    is no call line, and the reward signals about the call (`price`, `relevance`) judge the whole note."""
+    if not isinstance(note, str) or not note.strip():
+        return []
+    text = _readable(note)
+    lines = text.splitlines(keepends=True)
+    starts = [0]
+    for line in lines:
+        starts.append(starts[-1] + len(line))
+    bare = [ln.rstrip("\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029") for ln in lines]
+    parts = _section_lines(bare)
+    sections = {key: body for key, (body, _) in parts.items()}
+    picked: list[int] = []
+    for key, source in zip(("recommendation", "side", "prose"), _side_sources(bare, sections)):
+        if source and _side_in(source):
+            if key == "prose":
+                picked = [next(i for i, ln in enumerate(bare) if ln.strip() and not ln.lstrip().startswith("#"))]
+            else:
+                picked = list(parts[key][1])
+            break
+    if not picked:
+        return []
+    picked += [i for i in parts.get("ticker", ("", []))[1] if i not in picked]
+    return [(starts[i] + len(bare[i]) - len(bare[i].lstrip()), starts[i] + len(bare[i].rstrip())) for i in sorted(picked)]
+
+
 def parse_call(note: str, universe: Iterable[str] | None = None) -> TradeCall:
     """Read one note's trade call. With a `universe`, a symbol outside it gives "unknown_symbol"; without
     one any well-formed ticker counts (live data checks it later)."""
     known = {s.upper() for s in universe} if universe is not None else None
     if not isinstance(note, str) or not note.strip():
         return TradeCall(None, "none", None, None, None, None, None, "empty", "the note is empty")
-    text = re.sub(r"<think>.*?(?:</think>|\Z)", "", note, flags=re.DOTALL).replace("’", "'").replace("\u00a0", " ")
+    text = _readable(note)
     lines = text.splitlines()
     sections = _sections(lines)
-    sources = [sections.get("recommendation"), sections.get("side")]
-    if "recommendation" not in sections:  # then the first sentence, markdown titles left out
-        prose = " ".join(ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#"))
-        sources.append(re.split(r"(?<=[.!?])\s", prose, maxsplit=1)[0])
-    side = next((found for s in sources if s and (found := _side_in(s))), None)
+    side = next((found for s in _side_sources(lines, sections) if s and (found := _side_in(s))), None)
     symbol = _symbol([r for r in (sections.get("recommendation"), sections.get("ticker"), text) if r], known)
 
     problems = []

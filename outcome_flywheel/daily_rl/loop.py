@@ -45,7 +45,7 @@ SCORE_COLUMNS = [
     "outcome_reward", "structure_score", "reward", "advantage", "usable", "unusable_reason", "judge_retries",
     "judge_fallback", "judge_rounds_answered", "judge_first_position", "judge_presentation", "judge_answers",
     "outcome_headlines_shown", "reward_weights", "reward_clip", "judge_note_tokens", "judge_shown_tokens",
-    "judge_truncated", "human_signal", "relevance_signal",
+    "judge_truncated", "human_signal", "relevance_signal", "relevance_advantage",
 ]
 # How rollouts are sampled. `behavior_logprobs` are log-softmax(logits / temperature) of the
 # sampled tokens (before top-k / top-p), and GSPO trains at the same temperature.
@@ -227,9 +227,10 @@ def score_table(
     reward: RewardConfig | None = None, human: Mapping[tuple[str, int], float] | None = None,
     relevance: Mapping[tuple[str, int], float | None] | None = None, scorer: Mapping[tuple[str, int], float] | None = None,
 ) -> pd.DataFrame:
-    """rollout_scores rows: rank -> rank reward, the configured weighted sum of the signals (default
-    0.5 structure + 0.5 rank reward, clipped to [0, 1]), group advantages; every row records the
-    weights and clip it was made with.
+    """rollout_scores rows: rank -> rank reward, the configured weighted sum of the whole-note signals
+    (default 0.5 structure + 0.5 rank reward, clipped to [0, 1]) and its group advantage (`advantage`),
+    the `relevance` part's own group advantage (`relevance_advantage`, 0 where it is not weighted or the
+    headline names no company); every row records the weights and clip it was made with.
 
     Notes the judge never placed (it failed a round) share one rank reward (`rank_rewards`).
     Unusable groups (the judge never answered, or there was nothing to judge against) keep their
@@ -256,6 +257,11 @@ def score_table(
         rewards = [reward_config.combine({"structure": s, "judge_rank": o, "human": h, "relevance": r, "scorer": c})
                    for s, o, h, r, c in zip(structure, outcome, people, on_topic, rated)]
         advantage = group_advantages(rewards) if judgement.usable else np.zeros(n)
+        # `relevance` is its own part (it judges the call's line): normalised within the group where defined.
+        defined = [r for r in on_topic if r is not None]
+        relevance_adv = np.zeros(n)
+        if judgement.usable and float(reward_config.weights.get("relevance", 0.0)) and len(defined) == n:
+            relevance_adv = group_advantages([float(r) for r in on_topic])
         placed = set(judgement.picks)
         for k, rollout_index in enumerate(frame["rollout_index"]):
             rows.append(dict(
@@ -270,6 +276,7 @@ def score_table(
                 judge_note_tokens=int(judgement.note_tokens[k]) if judgement.note_tokens else 0,
                 judge_shown_tokens=int(judgement.shown_tokens[k]) if judgement.shown_tokens else 0,
                 judge_truncated=judgement.truncated(k), human_signal=people[k], relevance_signal=on_topic[k],
+                relevance_advantage=float(relevance_adv[k]),
             ))
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 
@@ -312,23 +319,43 @@ def check_behaviour_policy(rollouts: pd.DataFrame, parent_version: str | None, p
         )
 
 
-def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_advantage: float = 1e-8, with_keys: bool = False):
-    """GSPO examples from the usable scored rollouts (zero-advantage ones carry no gradient); with
-    `with_keys`, also each example's (note date, headline_id, rollout_index)."""
+def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_advantage: float = 1e-8, with_keys: bool = False,
+                      reward: RewardConfig | None = None, tokenizer=None):
+    """GSPO examples from the usable scored rollouts (notes whose every token's advantage is 0 carry no
+    gradient); with `with_keys`, also each example's (note date, headline_id, rollout_index).
+
+    Without `reward`: one advantage per note, `advantage` (whole-note signals only). With it and the
+    policy's `tokenizer`: per-token advantages, share(note) * advantage on every token plus
+    share(relevance) * relevance_advantage on the call's line (`credit.py`)."""
+    from outcome_flywheel.daily_rl.credit import call_token_mask, judged_token_advantages
     from outcome_flywheel.models.gspo_config import GSPOExample
 
     if rollouts.empty or scores.empty:
         return ([], []) if with_keys else []
-    merged = rollouts.merge(
-        scores[["headline_id", "rollout_index", "advantage", "usable"]], on=["headline_id", "rollout_index"], how="inner"
-    )
-    merged = merged[merged["usable"] & (merged["advantage"].abs() > min_abs_advantage)]
+    columns = ["headline_id", "rollout_index", "advantage", "usable"]
+    relevance = "relevance_advantage" in scores.columns
+    merged = rollouts.merge(scores[columns + (["relevance_advantage"] if relevance else [])],
+                            on=["headline_id", "rollout_index"], how="inner")
+    if not relevance:
+        merged["relevance_advantage"] = 0.0
+    merged["relevance_advantage"] = merged["relevance_advantage"].fillna(0.0)
+    if reward is None:
+        keep = merged["advantage"].abs() > min_abs_advantage
+    else:
+        keep = (merged["advantage"].abs() * reward.share("note") > min_abs_advantage) | \
+               (merged["relevance_advantage"].abs() * reward.share("relevance") > min_abs_advantage)
+    merged = merged[merged["usable"] & keep]
     merged = merged[merged["response_ids"].map(len) > 0].sort_values(["headline_id", "rollout_index"])
-    examples = [
-        GSPOExample(prompt=json.loads(r.prompt), response_ids=[int(t) for t in r.response_ids],
-                    behavior_logprobs=[float(x) for x in r.behavior_logprobs], advantage=float(r.advantage))
-        for r in merged.itertuples()
-    ]
+    examples = []
+    for r in merged.itertuples():
+        ids = [int(t) for t in r.response_ids]
+        token_adv = None
+        if reward is not None:
+            mask = call_token_mask(tokenizer, ids, r.response) if tokenizer is not None else None
+            token_adv = judged_token_advantages(reward, len(ids), float(r.advantage), float(r.relevance_advantage), mask)
+        examples.append(GSPOExample(
+            prompt=json.loads(r.prompt), response_ids=ids, behavior_logprobs=[float(x) for x in r.behavior_logprobs],
+            advantage=float(r.advantage) * (reward.share("note") if reward is not None else 1.0), token_advantages=token_adv))
     if with_keys:
         return examples, [(str(r.date), str(r.headline_id), int(r.rollout_index)) for r in merged.itertuples()]
     return examples

@@ -11,9 +11,10 @@ session (a Friday's notes, h = 1: Tuesday). `daily_update`(D) trains them beside
   of D sees the same maturity whenever it runs;
 - per headline group: any `pending` note -> the group waits (no ledger row); `no_data` notes are
   dropped (never train on price); a group staler than `max_staleness` policy updates is dropped;
-  the rest get the price signal (`rewards.PriceReward`), a group-normalised advantage scaled by the
-  price weight relative to the immediate signals' total, and train with their stored behaviour
-  log-probs (the GSPO loss weights them by the truncated IS ratio, `gspo_config.tis_cap`).
+  the rest get the price signal (`rewards.PriceReward`), a group-normalised advantage times the price
+  part's share of the credit (`RewardConfig.share`), on the tokens of the call's line (`credit.py`), and
+  train with their stored behaviour log-probs (the loss weights them by the truncated IS ratio,
+  `gspo_config.tis_cap`).
 
 Staleness rule, named: *policy updates since sampling*, as NeMo-RL's trajectory age and TRL's
 `max_staleness` count versions, not days: the number of times the checkpoint weights changed between
@@ -103,10 +104,14 @@ class MaturedBatch:
 
 def matured_batch(
     notes: pd.DataFrame, outcomes: pd.DataFrame, day: str, parent_version: str | None, checkpoints: dict[str, str],
-    config: MaturedConfig, advantage_scale: float, temperature: float | None,
+    config: MaturedConfig, advantage_scale: float, temperature: float | None, tokenizer=None,
 ) -> MaturedBatch:
     """Ledger rows and GSPO examples of the unsettled `notes` (rollout rows of earlier days) given their
-    `outcomes` (same rows, in order: `outcome_rows` of their calls)."""
+    `outcomes` (same rows, in order: `outcome_rows` of their calls). `advantage_scale`: the price part's
+    share of the credit (`RewardConfig.share("price")`). With the policy's `tokenizer` the advantage
+    sits on the call's line only (`credit.py`); without it, on every token."""
+    from outcome_flywheel.daily_rl.credit import call_token_mask
+    from outcome_flywheel.daily_rl.rewards import token_advantages
     from outcome_flywheel.models.gspo_config import GSPOExample
 
     batch = MaturedBatch()
@@ -138,16 +143,18 @@ def matured_batch(
             batch.ledger.append({**base, "rollout_index": int(r.rollout_index), "status": "dropped" if reason else "trained",
                                  "reason": reason, "signal_value": value, "advantage": np.nan if reason else float(adv)})
             if reason is None and abs(adv) > 1e-8 and len(r.response_ids):
+                ids = [int(t) for t in r.response_ids]
+                span = call_token_mask(tokenizer, ids, r.response) if tokenizer is not None else None
                 batch.examples.append(GSPOExample(
-                    prompt=json.loads(r.prompt), response_ids=[int(t) for t in r.response_ids],
-                    behavior_logprobs=[float(x) for x in r.behavior_logprobs], advantage=float(adv)))
+                    prompt=json.loads(r.prompt), response_ids=ids, behavior_logprobs=[float(x) for x in r.behavior_logprobs],
+                    advantage=float(adv), token_advantages=token_advantages(len(ids), [(1.0, float(adv), span)])))
                 batch.example_keys.append((note_day, headline_id, int(r.rollout_index)))
     return batch
 
 
 def collect_matured(warehouse, market_data, checkpoints_root, day: str, parent_version: str | None,
                     config: MaturedConfig, advantage_scale: float, temperature: float | None,
-                    wall_clock: pd.Timestamp | None = None) -> MaturedBatch:
+                    wall_clock: pd.Timestamp | None = None, tokenizer=None) -> MaturedBatch:
     """Read the window's notes and earlier ledgers, price the unsettled notes as of D, build the batch.
     Days of the window that were never run (first days, gaps) are simply absent."""
     wait = longest_wait_days(config.horizon)
@@ -176,6 +183,6 @@ def collect_matured(warehouse, market_data, checkpoints_root, day: str, parent_v
         info = read_checkpoint(checkpoints_root / d)
         if info is not None:
             checkpoints[d] = info["policy_version"]
-    result = matured_batch(notes, outcomes, day, parent_version, checkpoints, config, advantage_scale, temperature)
+    result = matured_batch(notes, outcomes, day, parent_version, checkpoints, config, advantage_scale, temperature, tokenizer)
     result.window = batch.window
     return result

@@ -1,14 +1,19 @@
-"""Rewards of the daily loop (docs/daily_rl.md, "How one day works", step 2).
+"""Rewards of the daily loop (docs/daily_rl.md, "How one day works", step 2, and "Credit").
 
 rank reward  r_k = 1 - (k - 1) / (N - 1)        k = the judge's rank of the note in its group of N
-reward       R   = clip(sum_s w_s * signal_s)    named signals in [0, 1]: `structure` and `judge_rank`
-                                                  (r_k), default w = 0.5 / 0.5, clip [0, 1]; plus
-                                                  `human` where people rated the note, `relevance`
-                                                  where the headline names a company (below), `scorer`
+note reward  R   = clip(sum_s w_s * signal_s)    the whole-note signals in [0, 1]: `structure` and
+                                                  `judge_rank` (r_k), default w = 0.5 / 0.5, clip [0, 1];
+                                                  plus `human` where people rated the note and `scorer`
                                                   (the online note scorer; off unless weighted)
+relevance    1 if the call is on a company the headline names, else 0 (None: it names none)
 price        p   = 1 / (1 + exp(-vs_spy_pct / scale))  the matured call; no_trade / unparseable: set values.
-             It is delayed: trained days later, as its own group-normalised part (docs/daily_rl.md).
-advantage    A_i = (R_i - mean(R)) / (std(R) + eps) within the headline's group (GRPO/GSPO style)
+             It is delayed: trained days later, in its own step (docs/daily_rl.md).
+advantage    A_part = (x - mean(x)) / (std(x) + eps) within the headline's group, for each part
+credit       each part judges a span of the note (`SIGNAL_SPANS`): `note` (R) every token, `relevance` and
+             `price` the trade call's line. A token's advantage is
+                 A_t = sum over parts of share(part) * A_part * [t in the part's span]
+             with share(part) = |w_part| / sum of |w_part| over the parts (w_note = the dense note
+             signals' total weight), so the shares are the documented mixture and sum to 1.
 """
 
 from __future__ import annotations
@@ -37,9 +42,14 @@ REWARD_SIGNALS = {
 SPARSE_SIGNALS = ("human", "relevance", "scorer")
 # Signals known only days after the note (prices): trained in their own step when they mature.
 DELAYED_SIGNALS = ("price",)
+# What each signal judges: the whole note, or the trade call's line (`calls.call_spans`).
+SIGNAL_SPANS = {"structure": "note", "judge_rank": "note", "human": "note", "scorer": "note", "relevance": "call", "price": "call"}
+# The parts of a reward, each with its own group-normalised advantage: the whole-note signals summed
+# into R (same span, same time), and each call-line signal on its own (one immediate, one delayed).
+PARTS = ("note", "relevance", "price")
 HUMAN_WEIGHT = 0.5
-RELEVANCE_WEIGHT = 0.0  # off by default: the judge already sees the headline (docs/daily_rl.md)
-PRICE_WEIGHT = 0.5  # a third of the default total: the loop learns from prices, noise cannot dominate
+RELEVANCE_WEIGHT = 0.5  # keeps calls on the headline's company while the price signal moves their side
+PRICE_WEIGHT = 1.0  # the note part (structure + judge_rank) weighs 1.0: price carries 40% of the credit
 
 
 def rank_reward(rank: int, n: int) -> float:
@@ -74,33 +84,36 @@ class RewardConfig:
         if not (math.isfinite(self.clip_min) and math.isfinite(self.clip_max) and self.clip_min < self.clip_max):
             raise ValueError(f"reward clip must be finite with clip_min < clip_max, got [{self.clip_min}, {self.clip_max}]")
 
-    def immediate(self) -> "RewardConfig | None":
-        """The part of the reward known the day after the note (every signal but the delayed ones);
-        None when only delayed signals are weighted."""
-        weights = {k: v for k, v in self.weights.items() if k not in DELAYED_SIGNALS}
-        if not any(float(w) != 0.0 for w in weights.values()):
-            return None
-        return RewardConfig(weights=weights, clip_min=self.clip_min, clip_max=self.clip_max)
+    def part_weights(self) -> dict[str, float]:
+        """|weight| of each part: `note` = the note signals' (the dense ones', else the sparse ones'),
+        `relevance` and `price` their own."""
+        note = [k for k in self.weights if SIGNAL_SPANS[k] == "note"]
+        dense = sum(abs(float(self.weights[k])) for k in note if k not in SPARSE_SIGNALS)
+        return {"note": dense or sum(abs(float(self.weights[k])) for k in note),
+                "relevance": abs(float(self.weights.get("relevance", 0.0))), "price": abs(float(self.weights.get("price", 0.0)))}
 
     def share(self, part: str) -> float:
-        """The delayed signal `part`'s share of the total dense weight ("immediate": the rest's);
-        each part's group-normalised advantage is scaled by it."""
-        dense = {k: abs(float(w)) for k, w in self.weights.items() if k not in SPARSE_SIGNALS}
-        total = sum(dense.values())
-        delayed = sum(dense.get(s, 0.0) for s in DELAYED_SIGNALS)
-        if part == "immediate":
-            return (total - delayed) / total if total else 0.0
-        return dense.get(part, 0.0) / total if total else 0.0
+        """The part's share of the credit (`note`, `relevance` or `price`): its weight over all parts'. Each
+        part's group-normalised advantage is multiplied by it on the tokens of its span."""
+        if part not in PARTS:
+            raise ValueError(f"unknown reward part {part!r}: known are {PARTS}")
+        weights = self.part_weights()
+        total = sum(weights.values())
+        return weights[part] / total if total else 0.0
+
+    def has_note_signals(self) -> bool:
+        """Whether any whole-note signal is weighted (else the judged step trains relevance alone, or nothing)."""
+        return any(float(w) != 0.0 for k, w in self.weights.items() if SIGNAL_SPANS[k] == "note")
 
     def combine(self, signals: Mapping[str, float | None]) -> float:
-        """The immediate reward R = clip(sum of weight * signal) over the weighted signals (each in
-        [0, 1]; every dense signal must be given; delayed ones, `price`, are left out: they train in
-        their own step). A sparse signal (`human`, `relevance`) that is missing or None drops out and
-        the given ones are rescaled: R = clip(sum_given w x / sum_given w * sum_dense w). `scorer` is
-        sparse the same way and weighs 0 unless `weights` names it (left out of the defaults)."""
+        """The note reward R = clip(sum of weight * signal) over the weighted whole-note signals (each in
+        [0, 1]; every dense one must be given; the call-line signals, `relevance` and `price`, are their
+        own parts). A sparse signal (`human`, `scorer`) that is missing or None drops out and the given
+        ones are rescaled: R = clip(sum_given w x / sum_given w * sum_dense w). `scorer` weighs 0 unless
+        `weights` names it (left out of the defaults)."""
         total, given_weight, dense_weight = 0.0, 0.0, 0.0
         for name, weight in self.weights.items():
-            if name in DELAYED_SIGNALS:
+            if SIGNAL_SPANS[name] != "note":
                 continue
             sparse = name in SPARSE_SIGNALS
             dense_weight += 0.0 if sparse else float(weight)
@@ -171,3 +184,17 @@ def group_advantages(rewards: Sequence[float], eps: float = 1e-4) -> np.ndarray:
     if std < 1e-8:
         return np.zeros_like(r)
     return (r - r.mean()) / (std + eps)
+
+
+def token_advantages(n_tokens: int, parts: Sequence[tuple[float, float, Sequence[bool] | None]]) -> list[float]:
+    """A_t = sum over parts of share * advantage * [t in span] for a response of `n_tokens` tokens;
+    `parts`: (share, group-normalised advantage, span mask or None for the whole note)."""
+    out = np.zeros(int(n_tokens), dtype=np.float64)
+    for share, advantage, span in parts:
+        if span is None:
+            out += share * advantage
+        else:
+            if len(span) != n_tokens:
+                raise ValueError(f"a span mask of {len(span)} tokens for a response of {n_tokens}")
+            out += share * advantage * np.asarray(span, dtype=np.float64)
+    return [float(a) for a in out]

@@ -37,7 +37,7 @@ from outcome_flywheel.daily_rl.loop import (
 )
 from outcome_flywheel.daily_rl.matured import MaturedBatch, MaturedConfig, collect_matured
 from outcome_flywheel.daily_rl.prompt_evolver import EvolverConfig, PromptEvolver, heldout_scorer, prompt_writer
-from outcome_flywheel.daily_rl.rewards import SPARSE_SIGNALS, PriceReward, RewardConfig
+from outcome_flywheel.daily_rl.rewards import SIGNAL_SPANS, PriceReward, RewardConfig
 from outcome_flywheel.daily_rl.scoring import DailyUpdateError, score_previous_rollouts
 from outcome_flywheel.daily_rl.training_record import judged_ledger, price_training_row
 from outcome_flywheel.daily_rl.verify import verify_day
@@ -113,6 +113,16 @@ class DailyUpdateResult:
     prompt_events: list[str] = field(default_factory=list)
 
 
+def check_objective(settings: DailyUpdateSettings) -> None:
+    """A sequence-level objective spreads one advantage over the whole note: it cannot give the call's
+    line alone what `price` and `relevance` say about it, so it trains whole-note signals only."""
+    scoped = sorted(k for k, w in settings.reward.weights.items() if SIGNAL_SPANS[k] != "note" and float(w) != 0.0)
+    if settings.gspo.objective != "token" and scoped:
+        raise DailyUpdateError(
+            f"objective {settings.gspo.objective!r} trains whole-note signals only, but {scoped} judge the trade call's line: "
+            f"use objective 'token' (the default), or set their reward_weights to 0")
+
+
 def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
     """(prediction day D-1, outcome day) of partition D; the outcome day must come after D-1."""
     prediction_day = previous_day(day)
@@ -132,6 +142,7 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     the policy with GSPO, generate today's rollouts, verify; write `rollout_scores`, `reward_ledger`,
     `price_training`, `rollouts`, `policy_training` and checkpoint D. Raises `DailyUpdateError`."""
     prediction_day, outcome_day = outcome_day_for(day, settings.outcome_headlines_date)
+    check_objective(settings)
     n_rollouts, max_new_tokens = settings.sizes(models)
     seed = models.seed
     timings: dict[str, float] = {}
@@ -160,10 +171,11 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     parent_dir, parent_info = parent if parent else (None, None)
     parent_version = parent_info["policy_version"] if parent_info else None
     temperature = sampling_temperature(prev_rollouts) if len(prev_rollouts) else ROLLOUT_SAMPLING.temperature
-    matured = matured_notes(warehouse, market_data, day, parent_version, settings, temperature)
-    timings["matured_s"] = time.perf_counter() - started
     policy = load_policy(models, parent_dir, parent_info)
-    judged, judged_keys = training_examples(prev_rollouts, scores, with_keys=True)
+    tokenizer = policy.tokenizer if settings.gspo.objective == "token" else None
+    matured = matured_notes(warehouse, market_data, day, parent_version, settings, temperature, tokenizer)
+    timings["matured_s"] = time.perf_counter() - started
+    judged, judged_keys = training_examples(prev_rollouts, scores, with_keys=True, reward=settings.reward, tokenizer=tokenizer)
     examples = judged + matured.examples
     gspo = replace(
         settings.gspo, seed=stable_seed(seed, day, "shuffle") % (2**31), temperature=temperature if examples else 1.0,
@@ -230,16 +242,12 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
 
 
 def matured_notes(warehouse: Warehouse, market_data, day: str, parent_version: str | None, settings: DailyUpdateSettings,
-                  temperature: float) -> MaturedBatch:
+                  temperature: float, tokenizer=None) -> MaturedBatch:
     """The delayed step (`matured.py`), when the price signal is weighted and there is market data."""
-    reward = settings.reward
-    price_weight = float(reward.weights.get("price", 0.0))
-    if market_data is None or price_weight == 0.0:
+    if market_data is None or float(settings.reward.weights.get("price", 0.0)) == 0.0:
         return MaturedBatch()
-    immediate = reward.immediate()
-    scale = price_weight / sum(abs(float(w)) for k, w in immediate.weights.items() if k not in SPARSE_SIGNALS) if immediate else 1.0
     return collect_matured(warehouse, market_data, warehouse.path("checkpoints", "policy"), day, parent_version,
-                           settings.matured(), scale, temperature)
+                           settings.matured(), settings.reward.share("price"), temperature, tokenizer=tokenizer)
 
 
 def trained_notes(warehouse: Warehouse, prev_rollouts: pd.DataFrame, scores: pd.DataFrame, matured: MaturedBatch) -> pd.DataFrame:

@@ -49,6 +49,11 @@ class EncodedExample:
     behavior_logprobs: list[float]
     advantage: float
     index: int = -1  # position in the trainer's example list (per-example statistics)
+    token_advantages: list[float] | None = None  # per response token; None = `advantage` on each
+
+    def advantages_row(self) -> list[float]:
+        """The advantage of each response token."""
+        return list(self.token_advantages) if self.token_advantages is not None else [self.advantage] * len(self.response_ids)
 
 
 def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[[Any], list[int]]) -> list[list[EncodedExample]]:
@@ -62,10 +67,14 @@ def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[
             continue
         if len(ex.behavior_logprobs) != len(ex.response_ids):
             raise ValueError("behavior_logprobs must have one value per response token")
+        token_advantages = getattr(ex, "token_advantages", None)
+        if token_advantages is not None and len(token_advantages) != len(ex.response_ids):
+            raise ValueError("token_advantages must have one value per response token")
         key = repr(ex.prompt)
         if key not in cache:
             cache[key] = prompt_ids(ex.prompt)
-        encoded.append(EncodedExample(cache[key], list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage), position))
+        encoded.append(EncodedExample(cache[key], list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage), position,
+                                      None if token_advantages is None else [float(a) for a in token_advantages]))
     batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
     plan = batch_plan([tuple(e.prompt_ids) for e in encoded], batch_size, config.epochs, config.seed, group_by_prompt=shares_prefix(config))
     return [[encoded[i] for i in index] for index in plan]

@@ -52,24 +52,39 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         )
 
     recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and not computes_in_float32(backend))
-    old_by_batch, behavior_gaps, is_ratios = old_logprobs(backend, batches, logprobs, recompute)
+    eps_low, eps_high = config.clip_band()
+    if config.objective != "token" and any(not per_sequence_advantage(b) for batch in batches for b in batch):
+        raise ValueError(f"objective {config.objective!r} takes one advantage per note, but some examples have span-scoped "
+                         "token advantages (price / relevance judge the call's line): use objective 'token'")
+    # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base).
+    with_reference = config.kl_beta > 0 and backend.has_adapter
+    old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(backend, batches, logprobs, recompute, with_reference)
     tis = config.tis_cap is not None and recompute  # with stored pi_old the IS ratio is 1 by construction
     behavior_by_batch = [
         fw.as_array(backend, padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch)))
         for batch in batches] if tis else [None] * len(batches)
+    # Dr. GRPO's constant normaliser: every minibatch divides by its sequences x the update's longest response.
+    longest = max((len(b.response_ids) for batch in batches for b in batch), default=1)
 
     def loss(model, indexed_batch):
         index, batch = indexed_batch
         logp, mask = logprobs(batch)
-        advantages = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
-        return fw.gspo_loss(logp, old_by_batch[index], mask, advantages, config.epsilon_low, config.epsilon_high,
-                            config.objective, behavior_by_batch[index], config.tis_cap if tis else None)
+        width = max(len(b.response_ids) for b in batch)
+        if config.objective == "token":
+            advantages = fw.as_array(backend, padded([b.advantages_row() for b in batch], width))
+        else:
+            advantages = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
+        return fw.gspo_loss(logp, old_by_batch[index], mask, advantages, eps_low, eps_high, config.objective,
+                            behavior_by_batch[index], config.tis_cap if tis else None, ref_by_batch[index],
+                            config.kl_beta if with_reference else 0.0, float(len(batch) * longest))
 
     stats = TrainStats()
     if batches:
         optimizer = fw.adamw(backend.model, config.learning_rate)
         stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=list(enumerate(batches)), max_grad_norm=config.max_grad_norm)
     stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
+    stats.extra["kl_reference"] = "base (adapter off)" if with_reference else (
+        "none: kl_beta = 0" if not config.kl_beta else "none: a full fine-tune holds no base model in memory")
     if behavior_gaps:
         # How far the sampler's stored log-probs sit from the training forward (per-sequence mean).
         stats.extra["behavior_logprob_gap_max"] = float(max(behavior_gaps))
@@ -80,21 +95,36 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     return stats
 
 
+def per_sequence_advantage(example: EncodedExample) -> bool:
+    """Whether the example's advantage is one number for the whole note (what `gspo` can train)."""
+    row = example.token_advantages
+    return row is None or all(abs(a - example.advantage) <= 1e-12 * max(1.0, abs(example.advantage)) for a in row)
+
+
 def old_logprobs(
-    backend: ModelBackend, batches: Sequence[Sequence[EncodedExample]], logprobs: LogprobFn, recompute: bool
-) -> tuple[list[Any], list[float], dict[int, float]]:
+    backend: ModelBackend, batches: Sequence[Sequence[EncodedExample]], logprobs: LogprobFn, recompute: bool,
+    reference: bool = False,
+) -> tuple[list[Any], list[float], dict[int, float], list[Any]]:
     """pi_old of every minibatch, as the framework's arrays, the per-sequence mean gaps between
-    the stored behaviour log-probs and the recomputed ones, and each example's sequence IS ratio
-    exp(mean_t(recomputed - stored)) by its index (both empty when not recomputed).
+    the stored behaviour log-probs and the recomputed ones, each example's sequence IS ratio
+    exp(mean_t(recomputed - stored)) by its index (both empty when not recomputed), and with
+    `reference` pi_ref's log-probs (the adapter switched off; else None per minibatch).
 
     Recomputed: one no-grad pass of the training forward, before any update (the policy has not
     moved yet, so this is pi_old); stored: the behaviour log-probs saved at generation."""
     fw = backend.framework
     old_by_batch: list[Any] = []
+    ref_by_batch: list[Any] = []
     gaps: list[float] = []
     ratios: dict[int, float] = {}
     with fw.inference(backend):
         for batch in batches:
+            if reference:
+                with backend.adapter_disabled():
+                    ref, _ = logprobs(batch)
+                ref_by_batch.append(fw.as_array(backend, fw.to_numpy(ref).astype(np.float32)))
+            else:
+                ref_by_batch.append(None)
             stored = padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch))
             if not recompute:
                 old_by_batch.append(fw.as_array(backend, stored))
@@ -106,7 +136,7 @@ def old_logprobs(
             gaps += [float(g) for g in np.abs(signed)]
             ratios.update({b.index: float(np.exp(g)) for b, g in zip(batch, signed)})
             old_by_batch.append(fw.as_array(backend, old))
-    return old_by_batch, gaps, ratios
+    return old_by_batch, gaps, ratios, ref_by_batch
 
 
 def computes_in_float32(backend: ModelBackend) -> bool:

@@ -1,20 +1,39 @@
 """The GSPO trainer's settings and examples (TRL style: a Config dataclass beside the trainer, each
 field's default and help written once). Plain Python: importing this imports neither torch nor mlx.
 
-Group Sequence Policy Optimization (Zheng et al. 2025, "Group Sequence Policy Optimization"): for
-response y_i of prompt x with group-normalised advantage A_i,
+Two objectives over the same rollouts, every log-prob at the rollouts' sampling temperature (logits
+/ T, before top-k / top-p, as TRL's GRPO and verl), response tokens only:
+
+`token` (the default): a token-level clipped surrogate over signal-scoped advantages. Each reward
+signal judges a span of the note (`price` and `relevance` the trade call's line, the others the whole
+note), so each token t of note i has its own advantage A_it (the sum over the signals whose span holds
+it; `daily_rl/rewards.py`). With r_it = pi_theta(y_it | ...) / pi_old(y_it | ...):
+
+    loss = sum_it m_it [ -w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it) + beta k3_it ] / Z
+
+- the ratio is clipped per token, as PPO/GRPO do and as DAPO (Yu et al. 2025, "DAPO: An Open-Source LLM
+  Reinforcement Learning System at Scale") keeps it: its token-level loss, and its clip-higher band
+  eps_low = 0.2, eps_high = 0.28. A one-token decision (the side of a call, " Buy" / " Sell") moves its
+  own ratio, not a length-normalised mean over the note that the sequence clip cuts at ~2%;
+- Z is a constant (the minibatch's sequences x the longest response of the update), Dr. GRPO's
+  normalisation (Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"): no
+  division by each note's own length, so a token's pull does not depend on how long its note is;
+- w_it = min(pi_old / pi_behaviour at token t, tis_cap), the truncated IS weight per token (TIS), a
+  constant: 1 for notes the parent sampled, the correction for notes sampled days before (prices);
+- k3_it = exp(q_it) - 1 - q_it with q_it = log pi_ref - log pi_theta, Schulman's k3 estimator of
+  KL(pi_theta || pi_ref) per token (non-negative, unbiased under pi_theta's samples), as TRL's GRPO;
+  pi_ref = the base model (the LoRA adapter switched off).
+
+`gspo` (Zheng et al. 2025, "Group Sequence Policy Optimization"), for whole-note signals only:
 
     s_i  = (pi_theta(y_i|x) / pi_old(y_i|x)) ** (1/|y_i|) = exp(mean_t(log pi_theta - log pi_old))
-    loss = mean_i  -min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)
+    loss = mean_i  -w_i min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i) + beta mean_i mean_t k3_it
 
-over response tokens only, every log-prob at the rollouts' sampling temperature (logits / T, before
-top-k / top-p, as TRL's GRPO and verl). The trainer is `gspo.train_gspo`; the loss is written once
-per framework (`torch/losses.py`, `mlx/losses.py`).
+with the paper's band 3e-4 / 4e-4 and w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap).
+A note's advantages must then be one number per note (the trainer refuses span-scoped ones).
 
 Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
-is the policy the update starts from (recomputed), and each sequence's loss is weighted by the
-truncated behaviour importance ratio (TIS), min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap).
-For notes the parent itself sampled that weight is 1 (within float error).
+is the policy the update starts from (recomputed); the TIS weight corrects for the sampler.
 """
 
 from __future__ import annotations
@@ -23,7 +42,9 @@ from dataclasses import dataclass, field
 
 from outcome_flywheel.models.interface import LoraSettings, Messages
 
-OBJECTIVES = ("gspo", "reward_weighted")
+OBJECTIVES = ("token", "gspo", "reward_weighted")
+# The clip band each objective is written with: DAPO's clip-higher per token, the GSPO paper's per sequence.
+DEFAULT_CLIP = {"token": (0.2, 0.28), "gspo": (3e-4, 4e-4), "reward_weighted": (3e-4, 4e-4)}
 OLD_LOGPROBS = ("auto", "stored", "recompute")
 
 
@@ -31,10 +52,11 @@ OLD_LOGPROBS = ("auto", "stored", "recompute")
 class GSPOConfig:
     """GSPO settings; the one source of truth for their defaults."""
 
-    objective: str = field(default="gspo", metadata={"help": "`gspo`: the clipped sequence-ratio objective; `reward_weighted`: -A_i * mean_t log pi_theta (the original loop's update, GSPO's gradient at ratio 1)."})
+    objective: str = field(default="token", metadata={"help": "`token`: the token-level clipped surrogate over signal-scoped advantages (DAPO's loss and clip-higher, Dr. GRPO's constant normaliser); `gspo`: the clipped sequence ratio (whole-note signals only); `reward_weighted`: -A_i * mean_t log pi_theta (the original loop's update, GSPO's gradient at ratio 1)."})
     learning_rate: float = field(default=2e-3, metadata={"help": "AdamW learning rate. LoRA on tiny-local needs a large step to move in one epoch a day (benchmarks/daily_learning.py); for a 0.6B+ model start near 1e-5 (full) / 1e-4 (LoRA)."})
-    epsilon_low: float = field(default=3e-4, metadata={"help": "Lower clip band of the sequence ratio, 1 - eps_low (the paper's value)."})
-    epsilon_high: float = field(default=4e-4, metadata={"help": "Upper clip band of the sequence ratio, 1 + eps_high (the paper's value)."})
+    epsilon_low: float | None = field(default=None, metadata={"help": "Lower clip band of the ratio, 1 - eps_low; None = the objective's own: 0.2 per token (`token`, DAPO), 3e-4 per sequence (`gspo`, the paper)."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip band of the ratio, 1 + eps_high; None = the objective's own: 0.28 per token (`token`, DAPO's clip-higher), 4e-4 per sequence (`gspo`)."})
+    kl_beta: float = field(default=0.04, metadata={"help": "Weight beta of the KL-to-base penalty (k3 estimator per token, pi_ref = the LoRA adapter switched off); 0 = none. A full fine-tune (lora=None) holds no base in memory and trains without it (recorded as kl_reference)."})
     batch_size: int = field(default=16, metadata={"help": "Sequences per padded minibatch (one AdamW step each)."})
     epochs: int = field(default=1, metadata={"help": "Passes over the examples."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip."})
@@ -43,7 +65,7 @@ class GSPOConfig:
     temperature: float = field(default=1.0, metadata={"help": "The rollouts' sampling temperature: logits are divided by it in the pi_old and pi_theta passes."})
     share_prompt_prefix: bool = field(default=True, metadata={"help": "A headline's rollouts share its prompt: keep a prompt group in one minibatch and (torch) run the prompt once, expanding its KV cache (gradients flow through it)."})
     one_at_a_time: bool = field(default=False, metadata={"help": "The original loop's way, one sequence per forward and step (for the benchmark)."})
-    tis_cap: float | None = field(default=2.0, metadata={"help": "Truncation cap C of the behaviour IS weight min(pi_old / pi_behaviour, C) per sequence (GSPO's length-normalised ratio; TRL's and verl's default cap 2.0); None = no correction. Needs recomputed pi_old."})
+    tis_cap: float | None = field(default=2.0, metadata={"help": "Truncation cap C of the behaviour IS weight min(pi_old / pi_behaviour, C): per token (`token`), per sequence as a length-normalised ratio (`gspo`); TRL's and verl's default cap 2.0; None = no correction. Needs recomputed pi_old."})
     old_logprobs: str = field(default="recompute", metadata={"help": "pi_old: `recompute` = one no-grad pass of the training forward over the behaviour policy before the first step (ratio exactly 1 in any precision); `stored` = the behaviour log-probs saved at generation (within 1e-4 in fp32, off by more than the clip band in bf16); `auto` = stored in fp32, recomputed otherwise."})
 
     def __post_init__(self) -> None:
@@ -53,8 +75,21 @@ class GSPOConfig:
             raise ValueError(f"old_logprobs must be auto | stored | recompute, got {self.old_logprobs!r}")
         if self.tis_cap is not None and not (self.tis_cap >= 1.0 and self.tis_cap < float("inf")):
             raise ValueError(f"tis_cap must be a finite number >= 1 (or None), got {self.tis_cap}")
+        if not (isinstance(self.kl_beta, (int, float)) and 0.0 <= float(self.kl_beta) < float("inf")):
+            raise ValueError(f"kl_beta must be a finite number >= 0, got {self.kl_beta!r}")
+        for name in ("epsilon_low", "epsilon_high"):
+            value = getattr(self, name)
+            if value is not None and not (0.0 <= float(value) < 1.0 if name == "epsilon_low" else 0.0 <= float(value) < float("inf")):
+                raise ValueError(f"{name} must be >= 0 (and epsilon_low < 1), got {value!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
+
+
+    def clip_band(self) -> tuple[float, float]:
+        """(eps_low, eps_high) in force: the ones set, else the objective's own (`DEFAULT_CLIP`)."""
+        low, high = DEFAULT_CLIP[self.objective]
+        return (low if self.epsilon_low is None else float(self.epsilon_low),
+                high if self.epsilon_high is None else float(self.epsilon_high))
 
 
 @dataclass
@@ -64,4 +99,5 @@ class GSPOExample:
     prompt: Messages = field(metadata={"help": "The chat messages the response answers."})
     response_ids: list[int] = field(metadata={"help": "The sampled response's token ids."})
     behavior_logprobs: list[float] = field(metadata={"help": "Per response token, under the policy that sampled it, at its sampling temperature."})
-    advantage: float = field(metadata={"help": "Group-normalised reward within the headline's rollouts."})
+    advantage: float = field(metadata={"help": "Group-normalised reward within the headline's rollouts (every token's, unless token_advantages is given)."})
+    token_advantages: list[float] | None = field(default=None, metadata={"help": "Per response token: the sum over reward signals of share x group-normalised advantage x whether the token lies in the signal's span (rewards.token_advantages); None = `advantage` on every token."})

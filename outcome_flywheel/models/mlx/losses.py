@@ -19,53 +19,89 @@ def gspo_loss(
     objective: str = "gspo",
     behavior_logp: mx.array | None = None,
     tis_cap: float | None = None,
+    ref_logp: mx.array | None = None,
+    kl_beta: float = 0.0,
+    normaliser: float | None = None,
 ) -> tuple[mx.array, dict[str, mx.array]]:
-    """GSPO (Zheng et al. 2025) or reward-weighted loss of a padded batch:
+    """The mirror of torch's `gspo_loss`, formula for formula (formulas and papers: `gspo_config.py`).
 
-        s_i  = exp(mean_t(log pi_theta - log pi_old))  over response tokens
-        loss = mean_i -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
-
-    objective "reward_weighted": loss = mean_i -A_i mean_t log pi_theta (the original loop).
-    With `behavior_logp` and `tis_cap` (notes sampled by an older policy, trained days later): each
-    sequence's term is weighted by the truncated behaviour IS ratio (TIS), a constant,
-        w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap)
-    where pi_old is the policy the update started from. Metrics add is_ratio_mean / is_ratio_max
-    (before truncation) and is_truncated_fraction.
-    `logp`, `old_logp`, `mask`: [B, T]; `advantages`: [B]. Metrics as torch: clip_fraction
-    (TRL's definition: the clipped term is the active one), ratio mean/min/max, mean logp.
+    objective "token": loss = sum_it m_it [-w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it)
+    + beta k3_it] / Z, r_it and w_it per token, advantages [B, T] or [B], Z = `normaliser` (default: the
+    batch's response tokens). "gspo": the sequence ratio s_i and weight w_i, advantages [B].
+    "reward_weighted": -A_i mean_t log pi_theta. k3_it = exp(q) - 1 - q, q = log pi_ref - log pi_theta.
     """
     maskf = mask.astype(logp.dtype)
     lengths = mx.maximum(maskf.sum(axis=-1), 1.0)
     mean_logp = (logp * maskf).sum(axis=-1) / lengths
-    log_ratio = ((logp - old_logp.astype(logp.dtype)) * maskf).sum(axis=-1) / lengths
-    ratio = mx.exp(log_ratio)
+    old = mx.stop_gradient(old_logp.astype(logp.dtype))
     advantages = advantages.astype(logp.dtype)
-    if objective == "gspo":
+    is_weight = None
+    if behavior_logp is not None and tis_cap is not None:
+        behaviour = behavior_logp.astype(logp.dtype)
+        is_ratio = mx.exp(old - behaviour) if objective == "token" else mx.exp(((old - behaviour) * maskf).sum(axis=-1) / lengths)
+        is_ratio = mx.stop_gradient(is_ratio)
+        is_weight = mx.minimum(is_ratio, float(tis_cap))
+    on = maskf > 0
+    if objective == "token":
+        token_adv = advantages if advantages.ndim == 2 else mx.broadcast_to(advantages[:, None], logp.shape)
+        ratio = mx.exp(logp - old)
         clipped = mx.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
-        per_sequence = -mx.minimum(ratio * advantages, clipped * advantages)
-    elif objective == "reward_weighted":
-        per_sequence = -advantages * mean_logp
+        per_token = -mx.minimum(ratio * token_adv, clipped * token_adv)
+        if is_weight is not None:
+            per_token = per_token * is_weight
+        z = mx.maximum(maskf.sum(), 1.0) if normaliser is None else mx.array(float(normaliser), dtype=logp.dtype)
+        loss = (per_token * maskf).sum() / z
+        active = on & (token_adv != 0)
+        ratio_sg = mx.stop_gradient(ratio)
+        low, high = (ratio_sg < 1.0 - epsilon_low) & (token_adv < 0), (ratio_sg > 1.0 + epsilon_high) & (token_adv > 0)
+        count = mx.maximum(on.sum(), 1)
+        ratio_mean = (ratio_sg * maskf).sum() / count
+        ratio_min = mx.where(on, ratio_sg, mx.inf).min()
+        ratio_max = mx.where(on, ratio_sg, -mx.inf).max()
+    elif objective in ("gspo", "reward_weighted"):
+        if advantages.ndim != 1:
+            raise ValueError(f"objective {objective!r} takes one advantage per sequence, got shape {tuple(advantages.shape)}")
+        ratio = mx.exp(((logp - old) * maskf).sum(axis=-1) / lengths)
+        if objective == "gspo":
+            clipped = mx.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+            per_sequence = -mx.minimum(ratio * advantages, clipped * advantages)
+        else:
+            per_sequence = -advantages * mean_logp
+        if is_weight is not None:
+            per_sequence = per_sequence * is_weight
+        loss = per_sequence.mean()
+        active = mx.ones(advantages.shape, dtype=mx.bool_)  # per sequence: over all of them, as TRL
+        ratio_sg = mx.stop_gradient(ratio)
+        low, high = (ratio_sg < 1.0 - epsilon_low) & (advantages < 0), (ratio_sg > 1.0 + epsilon_high) & (advantages > 0)
+        ratio_mean, ratio_min, ratio_max = ratio_sg.mean(), ratio_sg.min(), ratio_sg.max()
     else:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    is_ratio = None
-    if behavior_logp is not None and tis_cap is not None:
-        old = mx.stop_gradient(old_logp.astype(logp.dtype))
-        is_ratio = mx.stop_gradient(mx.exp(((old - behavior_logp.astype(logp.dtype)) * maskf).sum(axis=-1) / lengths))
-        per_sequence = per_sequence * mx.minimum(is_ratio, float(tis_cap))
-    loss = per_sequence.mean()
-    ratio_sg = mx.stop_gradient(ratio)
-    low = (ratio_sg < 1.0 - epsilon_low) & (advantages < 0)
-    high = (ratio_sg > 1.0 + epsilon_high) & (advantages > 0)
+    kl_tokens = None
+    if ref_logp is not None:
+        q = mx.stop_gradient(ref_logp.astype(logp.dtype)) - logp
+        kl_tokens = mx.exp(q) - 1.0 - q
+        if kl_beta:
+            if objective == "token":
+                loss = loss + float(kl_beta) * (kl_tokens * maskf).sum() / z
+            else:
+                loss = loss + float(kl_beta) * ((kl_tokens * maskf).sum(axis=-1) / lengths).mean()
     metrics = {
-        "clip_fraction": (low | high).astype(mx.float32).mean(),
-        "ratio_mean": ratio_sg.mean(),
-        "ratio_min": ratio_sg.min(),
-        "ratio_max": ratio_sg.max(),
+        "clip_fraction": ((low | high) & active).astype(mx.float32).sum() / mx.maximum(active.astype(mx.float32).sum(), 1.0),
+        "ratio_mean": ratio_mean,
+        "ratio_min": ratio_min,
+        "ratio_max": ratio_max,
         "mean_logp": mx.stop_gradient(mean_logp).mean(),
     }
-    if is_ratio is not None:
-        metrics.update(is_ratio_mean=is_ratio.mean(), is_ratio_max=is_ratio.max(),
-                       is_truncated_fraction=(is_ratio > float(tis_cap)).astype(mx.float32).mean())
+    if kl_tokens is not None:
+        metrics["kl"] = mx.stop_gradient((kl_tokens * maskf).sum() / mx.maximum(maskf.sum(), 1.0))
+    if is_weight is not None:
+        if objective == "token":
+            count = mx.maximum(on.sum(), 1)
+            metrics.update(is_ratio_mean=(is_ratio * maskf).sum() / count, is_ratio_max=mx.where(on, is_ratio, -mx.inf).max(),
+                           is_truncated_fraction=((is_ratio > float(tis_cap)) & on).astype(mx.float32).sum() / count)
+        else:
+            metrics.update(is_ratio_mean=is_ratio.mean(), is_ratio_max=is_ratio.max(),
+                           is_truncated_fraction=(is_ratio > float(tis_cap)).astype(mx.float32).mean())
     return loss, metrics
 
 

@@ -19,55 +19,92 @@ def gspo_loss(
     objective: str = "gspo",
     behavior_logp: torch.Tensor | None = None,
     tis_cap: float | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+    normaliser: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """GSPO (Zheng et al. 2025) or reward-weighted loss of a padded batch:
+    """The daily loop's policy loss of a padded batch (formulas and papers: `gspo_config.py`).
 
-        s_i  = exp(mean_t(log pi_theta - log pi_old))  over response tokens
-        loss = mean_i -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)
-
-    objective "reward_weighted": loss = mean_i -A_i mean_t log pi_theta (the original loop).
-    With `behavior_logp` and `tis_cap` (notes sampled by an older policy, trained days later): each
-    sequence's term is weighted by the truncated behaviour IS ratio (TIS), a constant,
-        w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap)
-    where pi_old is the policy the update started from. Metrics add is_ratio_mean / is_ratio_max
-    (before truncation) and is_truncated_fraction.
-    logp, old_logp, mask: [B, T] (mask true on response tokens); advantages: [B].
-    Metrics: clip_fraction (sequences whose clipped term is the active one, TRL's definition:
-    ratio above 1+eps_high with A>0 or below 1-eps_low with A<0), ratio mean/min/max, mean logp.
+    objective "token" (DAPO's token-level clipped surrogate, Dr. GRPO's constant normaliser):
+        r_it = exp(log pi_theta - log pi_old),  w_it = min(exp(log pi_old - log pi_behaviour), tis_cap)
+        loss = sum_it m_it [-w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it) + beta k3_it] / Z
+      advantages: [B, T] (per token) or [B] (the same on every token); Z = `normaliser` (default: the
+      batch's response tokens, DAPO's token mean).
+    objective "gspo" (Zheng et al. 2025), advantages [B]:
+        s_i  = exp(mean_t(log pi_theta - log pi_old)),  w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap)
+        loss = mean_i -w_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i) + beta mean_i mean_t k3_it
+    objective "reward_weighted": loss = mean_i -A_i mean_t log pi_theta (the original loop), + the KL term.
+    k3_it = exp(q) - 1 - q, q = log pi_ref - log pi_theta (Schulman's estimator), when `ref_logp` is given.
+    The IS weight is used only with `behavior_logp` and `tis_cap`.
+    logp, old_logp, mask (true on response tokens), behavior_logp, ref_logp: [B, T].
+    Metrics: clip_fraction (tokens, or sequences for gspo, whose clipped term is the active one, TRL's
+    definition: ratio above 1+eps_high with A>0 or below 1-eps_low with A<0; per token over those with A != 0),
+    ratio mean/min/max, mean logp, kl (mean k3 per token), is_ratio_* (before truncation).
     """
     maskf = mask.to(logp.dtype)
     lengths = maskf.sum(-1).clamp(min=1.0)
     mean_logp = (logp * maskf).sum(-1) / lengths  # mean_t log pi_theta, [B]
-    log_ratio = ((logp - old_logp.to(logp.dtype)) * maskf).sum(-1) / lengths
-    ratio = torch.exp(log_ratio)  # s_i
+    old = old_logp.to(logp.dtype)
     advantages = advantages.to(logp.dtype)
-    if objective == "gspo":
+    is_weight = None
+    with torch.no_grad():
+        if behavior_logp is not None and tis_cap is not None:
+            token_is = torch.exp(old - behavior_logp.to(logp.dtype))
+            is_ratio = token_is if objective == "token" else torch.exp(((old - behavior_logp.to(logp.dtype)) * maskf).sum(-1) / lengths)
+            is_weight = torch.clamp(is_ratio, max=float(tis_cap))
+    if objective == "token":
+        token_adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)
+        ratio = torch.exp(logp - old)  # r_it
         clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
-        per_sequence = -torch.minimum(ratio * advantages, clipped * advantages)
-    elif objective == "reward_weighted":
-        per_sequence = -advantages * mean_logp
+        per_token = -torch.minimum(ratio * token_adv, clipped * token_adv)
+        if is_weight is not None:
+            per_token = per_token * is_weight
+        z = maskf.sum().clamp(min=1.0) if normaliser is None else logp.new_tensor(float(normaliser))
+        loss = (per_token * maskf).sum() / z
+        active = (maskf > 0) & (token_adv != 0)
+        low, high = (ratio < 1.0 - epsilon_low) & (token_adv < 0), (ratio > 1.0 + epsilon_high) & (token_adv > 0)
+        ratio_values = ratio[maskf > 0]
+    elif objective in ("gspo", "reward_weighted"):
+        if advantages.dim() != 1:
+            raise ValueError(f"objective {objective!r} takes one advantage per sequence, got shape {tuple(advantages.shape)}")
+        ratio = torch.exp(((logp - old) * maskf).sum(-1) / lengths)  # s_i
+        if objective == "gspo":
+            clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+            per_sequence = -torch.minimum(ratio * advantages, clipped * advantages)
+        else:
+            per_sequence = -advantages * mean_logp
+        if is_weight is not None:
+            per_sequence = per_sequence * is_weight
+        loss = per_sequence.mean()
+        z = None
+        active = torch.ones_like(advantages, dtype=torch.bool)  # per sequence: over all of them, as TRL
+        low, high = (ratio < 1.0 - epsilon_low) & (advantages < 0), (ratio > 1.0 + epsilon_high) & (advantages > 0)
+        ratio_values = ratio
     else:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-    is_ratio = None
-    if behavior_logp is not None and tis_cap is not None:
-        with torch.no_grad():
-            old = old_logp.to(logp.dtype)
-            is_ratio = torch.exp(((old - behavior_logp.to(logp.dtype)) * maskf).sum(-1) / lengths)
-        per_sequence = per_sequence * torch.clamp(is_ratio, max=float(tis_cap))
-    loss = per_sequence.mean()
+    kl_tokens = None
+    if ref_logp is not None:
+        q = ref_logp.to(logp.dtype) - logp
+        kl_tokens = torch.exp(q) - 1.0 - q  # k3, per token
+        if kl_beta:
+            if objective == "token":
+                loss = loss + float(kl_beta) * (kl_tokens * maskf).sum() / z
+            else:
+                loss = loss + float(kl_beta) * ((kl_tokens * maskf).sum(-1) / lengths).mean()
     with torch.no_grad():
-        low = (ratio < 1.0 - epsilon_low) & (advantages < 0)
-        high = (ratio > 1.0 + epsilon_high) & (advantages > 0)
         metrics = {
-            "clip_fraction": float((low | high).float().mean()),
-            "ratio_mean": float(ratio.mean()),
-            "ratio_min": float(ratio.min()),
-            "ratio_max": float(ratio.max()),
+            "clip_fraction": float(((low | high) & active).sum() / active.sum().clamp(min=1)),
+            "ratio_mean": float(ratio_values.mean()) if ratio_values.numel() else 1.0,
+            "ratio_min": float(ratio_values.min()) if ratio_values.numel() else 1.0,
+            "ratio_max": float(ratio_values.max()) if ratio_values.numel() else 1.0,
             "mean_logp": float(mean_logp.mean()),
         }
-        if is_ratio is not None:
-            metrics.update(is_ratio_mean=float(is_ratio.mean()), is_ratio_max=float(is_ratio.max()),
-                           is_truncated_fraction=float((is_ratio > float(tis_cap)).float().mean()))
+        if kl_tokens is not None:
+            metrics["kl"] = float((kl_tokens * maskf).sum() / maskf.sum().clamp(min=1.0))
+        if is_weight is not None:
+            values = is_ratio[maskf > 0] if objective == "token" else is_ratio
+            metrics.update(is_ratio_mean=float(values.mean()), is_ratio_max=float(values.max()),
+                           is_truncated_fraction=float((values > float(tis_cap)).float().mean()))
     return loss, metrics
 
 
