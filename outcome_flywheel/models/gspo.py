@@ -81,7 +81,11 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     stats = TrainStats()
     if batches:
         optimizer = fw.adamw(backend.model, config.learning_rate)
+        moments = resume_moments(backend, optimizer)
         stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=list(enumerate(batches)), max_grad_norm=config.max_grad_norm)
+        stats.extra["optimizer_moments"] = moments
+        if fw.optimizer_state is not None:  # saved with the checkpoint: the next day continues from them
+            backend.optimizer_tensors = fw.optimizer_state(optimizer, backend.model)
     stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
     stats.extra["kl_reference"] = "base (adapter off)" if with_reference else (
         "none: kl_beta = 0" if not config.kl_beta else "none: a full fine-tune holds no base model in memory")
@@ -93,6 +97,20 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         stats.extra["is_ratio_by_example"] = [is_ratios.get(i, float("nan")) for i in range(len(examples))]
     stats.extra.update(epoch_sizes(batches, config.epochs))
     return stats
+
+
+def resume_moments(backend: ModelBackend, optimizer: Any) -> str:
+    """Load the parent checkpoint's AdamW moments into the fresh optimizer (else its first step is
+    lr * sign(g) on every weight); what happened, for the record."""
+    fw = backend.framework
+    tensors = backend.optimizer_tensors
+    if tensors is None or fw.load_optimizer_state is None:
+        return "fresh: the parent has none"
+    try:
+        fw.load_optimizer_state(optimizer, backend.model, tensors)
+    except ValueError as err:  # another LoRA rank or target modules: the old moments do not apply
+        return f"fresh: {err}"
+    return f"resumed after {int(np.asarray(tensors['step']).reshape(()))} steps"
 
 
 def per_sequence_advantage(example: EncodedExample) -> bool:

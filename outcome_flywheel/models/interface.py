@@ -99,6 +99,14 @@ class Framework:
     adamw: Callable[..., Any]  # (model, learning_rate) -> optimiser of the trainable parameters
     train: Callable[..., "TrainStats"]  # (model, optimizer, *, loss, iterate_batches, max_grad_norm)
     sft_loss: Callable[..., tuple[Any, dict]] | None = None  # (logp, mask) -> completion-only NLL (sft.py)
+    # AdamW's moments kept across days beside the checkpoint (`ModelBackend.optimizer_tensors`):
+    # (optimizer, model) -> {"<weight name as saved>.exp_avg" / ".exp_avg_sq": float32, "step": int64 []},
+    # the names those of the checkpoint's files (PEFT adapter keys, or transformers names for full
+    # weights), so either framework resumes the other's state.
+    optimizer_state: Callable[[Any, Any], dict[str, np.ndarray]] | None = None
+    # (optimizer, model, tensors) -> None: into a fresh `adamw(model, lr)` before its first step;
+    # ValueError naming the mismatch when the parameters differ (the caller keeps fresh moments).
+    load_optimizer_state: Callable[[Any, Any, Mapping[str, np.ndarray]], None] | None = None
 
 
 class ChatTokenizer:
@@ -179,10 +187,55 @@ class ModelBackend(ABC):
     # change in memory (a fresh adapter, training) until saved: an external engine (vLLM) can
     # serve the policy only from files.
     weights_on_disk: tuple[Path, Path | None] | None = None
+    # In a subfolder: the weights' digest (`policy_version`) and engines that load every top-level
+    # *.safetensors of a model folder (vLLM) see the weights only.
+    OPTIMIZER_STATE_FILE = "optimizer/optimizer_state.safetensors"
+    _optimizer_tensors: dict[str, np.ndarray] | None = None
+    _optimizer_file: Any = None  # the loaded checkpoint's OPTIMIZER_STATE_FILE, opened, not yet read
 
     def weights_saved_as(self, folder: Path) -> None:
         """The weights in memory are now the checkpoint folder `folder` (an adapter, or full weights)."""
         self.weights_on_disk = (self.model_path, Path(folder)) if self.has_adapter else (Path(folder), None)
+
+    @property
+    def optimizer_tensors(self) -> dict[str, np.ndarray] | None:
+        """AdamW's state (`Framework.optimizer_state`) of this policy: the loaded checkpoint's
+        OPTIMIZER_STATE_FILE (None: it has none) until set; `save` writes it beside the weights.
+        The file is opened (memory-mapped) at load and read on first use, so a full model's
+        moments (2 x its fp32 weights) cost nothing to a process that only samples, and a
+        checkpoint replaced on disk meanwhile does not change what this load sees."""
+        if self._optimizer_file is not None:
+            handle, self._optimizer_file = self._optimizer_file, None
+            self._optimizer_tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        return self._optimizer_tensors
+
+    @optimizer_tensors.setter
+    def optimizer_tensors(self, tensors: Mapping[str, np.ndarray] | None) -> None:
+        self._optimizer_file = None
+        self._optimizer_tensors = None if tensors is None else dict(tensors)
+
+    def read_optimizer_tensors(self, folder: Path | None) -> None:
+        """At load: `optimizer_tensors` from the checkpoint folder's OPTIMIZER_STATE_FILE, None without one."""
+        self.optimizer_tensors = None
+        file = Path(folder) / self.OPTIMIZER_STATE_FILE if folder is not None else None
+        if file is not None and file.exists():
+            from safetensors import safe_open
+
+            self._optimizer_file = safe_open(str(file), framework="numpy")
+
+    def write_optimizer_tensors(self, folder: Path) -> None:
+        """OPTIMIZER_STATE_FILE beside the weights `save` writes into `folder` (the caller makes the
+        folder appear at once: staging, then rename); a stale one is removed when there is none."""
+        file = Path(folder) / self.OPTIMIZER_STATE_FILE
+        if self.optimizer_tensors is None:
+            file.unlink(missing_ok=True)
+            if file.parent.is_dir() and not any(file.parent.iterdir()):
+                file.parent.rmdir()
+            return
+        from safetensors.numpy import save_file
+
+        file.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: np.asarray(v, order="C") for k, v in self.optimizer_tensors.items()}, str(file), metadata={"format": "np"})
 
     # -- text and tokens ----------------------------------------------------------------
     @abstractmethod
@@ -287,6 +340,7 @@ class ModelBackend(ABC):
         from outcome_flywheel.models.dpo import train_weighted_dpo
 
         self.weights_on_disk = None
+        self.optimizer_tensors = None  # GSPO's moments do not describe DPO's steps
         self.release_inference_state()
         return train_weighted_dpo(self, pairs, config)
 
@@ -295,6 +349,7 @@ class ModelBackend(ABC):
         from outcome_flywheel.models.sft import train_sft
 
         self.weights_on_disk = None
+        self.optimizer_tensors = None  # GSPO's moments do not describe SFT's steps
         self.release_inference_state()
         return train_sft(self, examples, config)
 

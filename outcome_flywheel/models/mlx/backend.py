@@ -57,6 +57,8 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         if self.adapter_path is not None:
             self._load_adapter(self.adapter_path)
         self.model.eval()
+        # AdamW's moments saved with the checkpoint (the adapter's, or the full weights')
+        self.read_optimizer_tensors(self.adapter_path or self.model_path)
 
     def _param_dtype(self):
         return next(v.dtype for _, v in tree_flatten(self.model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
@@ -301,6 +303,7 @@ class MLXBackend(ChatTokenizer, ModelBackend):
             }
             tensors, peft_config = lora_convert.mlx_to_peft(self.adapter_tensors(), mlx_config, str(self.model_path))
             lora_convert.write_adapter(path, "peft", tensors, peft_config)
+            self.write_optimizer_tensors(path)  # beside the weights, when there is a state to keep
             return
         # A full HF folder: the weights under their transformers names, config and tokenizer.
         weights = dict(tree_flatten(self.model.parameters()))
@@ -309,6 +312,7 @@ class MLXBackend(ChatTokenizer, ModelBackend):
             if (self.model_path / name).exists() and not (path / name).exists():
                 shutil.copy(self.model_path / name, path / name)
         self.tokenizer.save_pretrained(path)
+        self.write_optimizer_tensors(path)
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         params = self.model.trainable_parameters() if trainable_only else self.model.parameters()

@@ -4,8 +4,9 @@
 
 from __future__ import annotations
 
+import re
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -14,9 +15,13 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from outcome_flywheel.models.interface import Framework, TrainStats
+from outcome_flywheel.models.lora_convert import PEFT_PREFIX
 from outcome_flywheel.models.mlx.losses import gspo_loss, sft_loss, weighted_dpo_loss
+from outcome_flywheel.models.optimizer_state import MOMENTS, check_state, flat_state
 
 LossFn = Callable[[nn.Module, Any], tuple[mx.array, dict[str, mx.array]]]
+MLX_MOMENTS = ("m", "v")  # mlx's names for MOMENTS ("exp_avg", "exp_avg_sq")
+_LORA = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[ab])$")
 
 
 def adamw(model: nn.Module, learning_rate: float, weight_decay: float = 0.0) -> optim.AdamW:
@@ -55,6 +60,66 @@ def train(
     return stats
 
 
+def _checkpoint_names(model: nn.Module) -> dict[str, tuple[str, bool]]:
+    """mlx name of each trainable parameter -> (its name in the checkpoint's files, transposed
+    there): LoRA factors as PEFT writes them (`lora_a` [in, r] is `...lora_A.weight` [r, in],
+    `lora_convert`), full weights under their transformers names (the same as mlx-lm's)."""
+    names = {}
+    for name, _ in tree_flatten(model.trainable_parameters()):
+        match = _LORA.match(name)
+        names[name] = (f"{PEFT_PREFIX}{match['module']}.lora_{match['which'].upper()}.weight", True) if match else (name, False)
+    return names
+
+
+def _state_node(state: dict, name: str) -> dict:
+    """The optimiser's per-parameter dict (`m`, `v`) of the parameter `name` (`a.layers.0.b`)."""
+    node: Any = state
+    for part in name.split("."):
+        node = node[int(part)] if isinstance(node, (list, tuple)) else node[part]
+    return node
+
+
+def optimizer_state(optimizer: optim.AdamW, model: nn.Module) -> dict[str, np.ndarray]:
+    """AdamW's moments and step count in the framework-neutral layout (`optimizer_state.py`); an
+    optimiser that has not stepped gives zero moments at step 0 (the same as a fresh one)."""
+    flat = dict(tree_flatten(optimizer.state))
+    step = int(optimizer.state["step"].item())
+    params = dict(tree_flatten(model.trainable_parameters()))
+    moments = {}
+    for name, (saved, transposed) in _checkpoint_names(model).items():
+        pair = []
+        for ours in MLX_MOMENTS:
+            value = flat.get(f"{name}.{ours}")
+            if value is None and step:
+                raise ValueError(f"the optimiser has taken {step} steps but holds no state for {name}")
+            array = np.array(value.astype(mx.float32)) if value is not None else np.zeros(params[name].shape, np.float32)
+            pair.append(np.ascontiguousarray(array.T) if transposed else array)
+        moments[saved] = tuple(pair)
+    return flat_state(moments, step)
+
+
+def load_optimizer_state(optimizer: optim.AdamW, model: nn.Module, tensors: Mapping[str, np.ndarray]) -> None:
+    """`optimizer_state`'s tensors into a fresh `adamw(model, lr)` before its first step (its own
+    learning rate stays). The state mlx would make lazily at the first update is made now
+    (`optimizer.init(model.trainable_parameters())`, as mlx-lm does) and filled; the restored
+    `step` makes the next update's bias correction that of step + 1, as torch's. ValueError naming
+    the mismatch when the trainable parameters differ; nothing is changed then."""
+    names = _checkpoint_names(model)
+    params = dict(tree_flatten(model.trainable_parameters()))
+    shapes = {saved: tuple(params[name].shape[::-1] if transposed else params[name].shape) for name, (saved, transposed) in names.items()}
+    step = check_state(tensors, shapes)
+    if int(optimizer.state["step"].item()) != 0:
+        raise ValueError("the optimiser has already stepped: load its state into a fresh one")
+    optimizer.init(model.trainable_parameters())
+    for name, (saved, transposed) in names.items():
+        node = _state_node(optimizer.state, name)
+        for key, ours in zip(MOMENTS, MLX_MOMENTS):
+            value = np.asarray(tensors[f"{saved}.{key}"], dtype=np.float32)
+            node[ours] = mx.array(np.ascontiguousarray(value.T) if transposed else value).astype(params[name].dtype)
+    optimizer.state["step"] = mx.array(step, dtype=mx.uint64)
+    mx.eval(optimizer.state)
+
+
 def inference(backend):
     """Eval mode (no LoRA dropout), the training flag restored afterwards; mlx has no autograd
     tape, so nothing else is needed for a no-grad pass."""
@@ -76,4 +141,5 @@ def seed(value: int) -> None:
 FRAMEWORK = Framework(
     name="mlx", seed=seed, inference=inference, to_numpy=to_numpy, as_array=as_array,
     gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train, sft_loss=sft_loss,
+    optimizer_state=optimizer_state, load_optimizer_state=load_optimizer_state,
 )

@@ -74,6 +74,8 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             model = PeftModel.from_pretrained(model, self.adapter_path, is_trainable=trainable)
         self.model = model.to(self.device)
         self.model.eval()
+        # AdamW's moments saved with the checkpoint (the adapter's, or the full weights')
+        self.read_optimizer_tensors(self.adapter_path or self.model_path)
 
     def use_master_weights(self) -> None:
         """Full fine-tuning in bf16/fp16 loses its updates: an Adam step of 1e-5 is below half a
@@ -337,6 +339,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         self.model.save_pretrained(path)
         if not self.has_adapter:
             self.tokenizer.save_pretrained(path)
+        self.write_optimizer_tensors(path)  # beside the weights, when there is a state to keep
 
     def num_parameters(self, trainable_only: bool = False) -> int:
         return int(sum(p.numel() for p in self.model.parameters() if p.requires_grad or not trainable_only))
