@@ -120,7 +120,7 @@ def model_data_dir(data_dir: Path, model: str) -> Path:
 
 def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines: int, seed: int, move_pct: float,
               noise_pct: float, weights: dict, learning_rate: float, max_new_tokens: int, epochs: int | None = None,
-              model: str = "tiny-local") -> dict:
+              model: str = "tiny-local", extra_config: dict | None = None) -> dict:
     import dagster as dg
 
     from outcome_flywheel.daily_rl.rewards import RewardConfig
@@ -150,6 +150,7 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
         settings = {"learning_rate": learning_rate if phase == "train" else 0.0, "max_new_tokens": max_new_tokens}
         settings.update({"epochs": epochs} if epochs else {})
         settings.update({"reward_weights": day_weights} if day_weights != default_weights else {})
+        settings.update({k: v for k, v in (extra_config or {}).items() if phase == "train" or k != "learning_rate"})
         config = {"ops": {"daily_update": {"config": settings}}}
         result = dg.materialize(DAILY_RL_ASSETS, partition_key=day, resources=res, run_config=config)
         assert result.success, f"{kind} {day} failed"
@@ -193,7 +194,7 @@ def print_world(w: dict) -> None:
 
 def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8, seed: int = 0, move_pct: float = 2.0,
         noise_pct: float = 1.0, weights: dict | None = None, learning_rate: float = 2e-3, max_new_tokens: int = 128,
-        out_dir: str | None = None, epochs: int | None = None, model: str = "tiny-local") -> dict:
+        out_dir: str | None = None, epochs: int | None = None, model: str = "tiny-local", extra_config: dict | None = None) -> dict:
     from outcome_flywheel.daily_rl.rewards import RewardConfig
 
     if not 0 < train_days < days:
@@ -204,7 +205,7 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
     results = {}
     started = time.perf_counter()
     for kind in worlds:
-        results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate, max_new_tokens, epochs, model)
+        results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate, max_new_tokens, epochs, model, extra_config)
         print_world(results[kind])  # as each world ends: a long run stopped early keeps what it has
     opposite = None
     if "news" in results and "inverted" in results:
@@ -244,6 +245,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the box is shared)")
     parser.add_argument("--model", default="tiny-local", help="FLYWHEEL_BASE_MODEL of the policy and (frozen) judge: tiny-local, smollm2-135m-instruct or a folder")
+    parser.add_argument("--config", default=None, help="JSON object of other daily_update run-config fields, e.g. '{\"kl_beta\": 0}'")
     parser.add_argument("--out-dir", default=None, help="where the worlds and their data dirs go (default: a temp folder)")
     args = parser.parse_args()
     import torch
@@ -258,7 +260,8 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown world(s) {unknown}: choose from {', '.join(WORLDS)}")
     summary = run(worlds, args.days, args.train_days, args.headlines, args.seed, args.move_pct, args.noise_pct,
-                  json.loads(args.reward_weights) if args.reward_weights else None, args.learning_rate, args.max_new_tokens, args.out_dir, args.epochs, args.model)
+                  json.loads(args.reward_weights) if args.reward_weights else None, args.learning_rate, args.max_new_tokens, args.out_dir, args.epochs, args.model,
+                  json.loads(args.config) if args.config else None)
     print(json.dumps(summary, default=str))
 
 

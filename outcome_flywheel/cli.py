@@ -5,9 +5,8 @@
                                                  a proposal's style-match score against the latest adapter
     flywheel make-audit-log [--operator sector] [--n 200] [--seed 7] [--out PATH]
                                                  a synthetic operator's audit log (stdout by default)
-    flywheel make-world --kind news|inverted|null [--seed 0] [--move-pct 2] [--noise-pct 1] [--drift-pct 0] --out PATH
-                                                 a SYNTHETIC price file where the archive's news moves (or does not
-                                                 move) its company, for FLYWHEEL_PRICES_FILE
+    flywheel make-world --kind news|inverted|null [--seed 0] [--move-pct 2] ... --out PATH [--synthetic-days 60 --archive-out DIR]
+                                                 a SYNTHETIC price file (and feed archive) where the answer is known
     flywheel check-settings                      validate the FLYWHEEL_* environment variables
     flywheel export SOURCE OUT [--gguf auto|always|never]   a checkpoint or adapter as a standalone HF folder (+ GGUF)
 
@@ -258,30 +257,30 @@ def _finite(value: str) -> float:
 
 
 def cmd_make_world(args: argparse.Namespace) -> int:
-    from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world, manifest_path, write_world
-
-    out = Path(args.out).expanduser()
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; give a file path ending in .csv")
-    if out.suffix.lower() != ".csv":
-        raise UsageError(f"--out {out} must end in .csv (the world is written in the bundled price file's CSV format)")
-    require_settings(("FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_TIMEZONE"))
-    try:
-        config = WorldConfig(kind=args.kind, seed=args.seed, move_pct=args.move_pct, noise_pct=args.noise_pct, drift_pct=args.drift_pct)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    from outcome_flywheel.daily_rl.feed_source import DEFAULT_ARCHIVE
+    from outcome_flywheel.daily_rl import world_feeds, worlds
     from outcome_flywheel.settings import env
 
-    archive = args.archive or os.environ.get("FLYWHEEL_FEEDS_ARCHIVE") or DEFAULT_ARCHIVE
-    prices, manifest = make_world(config, archive, args.template, env("FLYWHEEL_TIMEZONE"), args.max_headlines)
+    require_settings(("FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_TIMEZONE"))
+    archive, tz = args.archive or os.environ.get("FLYWHEEL_FEEDS_ARCHIVE") or world_feeds.DEFAULT_ARCHIVE, env("FLYWHEEL_TIMEZONE")
     try:
-        manifest = write_world(out, prices, manifest)
+        out = worlds.check_world_path(Path(args.out).expanduser())
+        if (args.synthetic_days is None) != (args.archive_out is None):
+            raise ValueError("give --synthetic-days and --archive-out together (a SYNTHETIC archive of N days, written to DIR)")
+        config = worlds.WorldConfig(kind=args.kind, seed=args.seed, move_pct=args.move_pct, noise_pct=args.noise_pct, drift_pct=args.drift_pct)
+        if args.synthetic_days is not None:  # from the event templates of --archive
+            feeds = world_feeds.write_synthetic_archive(args.archive_out, args.synthetic_days, args.headlines_per_day, args.seed,
+                                                        template_archive=archive, prices_file=args.template, tz=tz)
+            archive = args.archive_out
+            print(f"wrote {archive} (SYNTHETIC feeds, {feeds['headlines']} headlines): use it with FLYWHEEL_FEEDS_ARCHIVE={archive}")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    prices, manifest = worlds.make_world(config, archive, args.template, tz, args.max_headlines)
+    try:
+        manifest = worlds.write_world(out, prices, manifest)
     except OSError as err:
         raise CliError(f"cannot write {out}: {_one_line(err.strerror or err)}") from None
-    print(f"wrote {out} (SYNTHETIC {config.kind} world, seed {config.seed}: {manifest['rows']} closes, {manifest['symbols']} symbols "
-          f"{manifest['first_date']}..{manifest['last_date']}, {manifest['planted_moves']} planted moves) and {manifest_path(out)}; "
-          f"use it with FLYWHEEL_PRICES_FILE={out}")
+    print(f"wrote {out} (SYNTHETIC {config.kind} world, seed {config.seed}: {manifest['rows']} closes {manifest['first_date']}.."
+          f"{manifest['last_date']}, {manifest['planted_moves']} planted moves) and {worlds.manifest_path(out)}; FLYWHEEL_PRICES_FILE={out}")
     return 0
 
 
@@ -346,21 +345,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_make_audit_log)
 
     p = sub.add_parser("make-world", help="a SYNTHETIC price file where the answer is known (news, inverted, null)",
-                       description="Closes over the bundled price file's dates and symbols, every symbol and SPY a seeded random "
-                                   "walk; in `news` each archive headline's company moves --move-pct in the direction of its news "
-                                   "(good up, bad down) at the session after its note's entry session, in `inverted` against it, "
-                                   "in `null` never. Writes PATH and PATH.world.json (the rule, the options, every planted move). "
-                                   "Run the loop on it with FLYWHEEL_PRICES_FILE=PATH (docs/daily_rl.md, Worlds).")
+                       description="Closes over the template price file's dates and symbols, each a seeded random walk; in `news` each "
+                                   "headline's company moves --move-pct with its news the session after its note's entry, in `inverted` against "
+                                   "it, in `null` never. Writes PATH and PATH.world.json; --synthetic-days first writes a SYNTHETIC archive to "
+                                   "--archive-out and builds the world over it (docs/daily_rl.md, Worlds).")
     p.add_argument("--kind", choices=("news", "inverted", "null"), required=True, help="the rule")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0); one seed draws the same walks in every kind")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0): the walks (the same in every kind), the synthetic archive")
     p.add_argument("--move-pct", type=_finite, default=2.0, help="size of a planted move, %% of the close (default 2)")
     p.add_argument("--noise-pct", type=_finite, default=1.0, help="daily standard deviation of every return, %% (default 1)")
     p.add_argument("--drift-pct", type=_finite, default=0.0, help="mean daily return of every symbol, %% (default 0)")
-    p.add_argument("--archive", default=None, help="feed archive (default FLYWHEEL_FEEDS_ARCHIVE, the bundled one)")
-    p.add_argument("--max-headlines", type=_positive_int, default=None, help="plant moves for each day's first N headlines only, "
-                                                                             "the ones the loop reads under FLYWHEEL_MAX_HEADLINES=N (default: all)")
-    p.add_argument("--template", default="sample_data/prices/daily_close.csv", help="price file whose dates, symbols and first closes "
-                                                                                    "the world takes (default the bundled prices)")
+    p.add_argument("--archive", default=None, help="feed archive (default FLYWHEEL_FEEDS_ARCHIVE); with --synthetic-days, the templates'")
+    p.add_argument("--max-headlines", type=_positive_int, default=None, help="plant moves for each day's first N headlines (as the loop reads)")
+    p.add_argument("--template", default="sample_data/prices/daily_close.csv", help="price file of the dates, symbols, first closes")
+    p.add_argument("--synthetic-days", type=_positive_int, default=None, help="write a SYNTHETIC archive of N days to --archive-out")
+    p.add_argument("--headlines-per-day", type=_positive_int, default=16, help="the SYNTHETIC archive's headlines a day (default 16)")
+    p.add_argument("--archive-out", default=None, help="the SYNTHETIC archive's folder (DIR/YYYY-MM-DD/*.xml, DIR/synthetic_archive.json)")
     p.add_argument("--out", required=True, help="the .csv file to write")
     p.set_defaults(func=cmd_make_world)
 

@@ -15,7 +15,8 @@ from scipy import stats
 from outcome_flywheel.daily_rl.news import news_direction
 from outcome_flywheel.daily_rl.outcomes import call_outcome, call_window
 from outcome_flywheel.daily_rl.worlds import (
-    WorldConfig, archive_events, make_world, manifest_path, planted_moves, price_csv, write_world,
+    WORLD_KINDS, WorldConfig, archive_events, judge_outcome_titles, make_world, manifest_path, planted_moves, price_csv,
+    world_outcome_titles, write_world,
 )
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData, read_price_file
 from scripts.make_tiny_local_corpus import NEGATIVE, POSITIVE
@@ -210,3 +211,117 @@ def test_benchmark_counts_opposite_sides_per_headline():
     out = opposite_share(news, inverted)
     # e names no company: left out; a and b are opposite, c the same side, d one policy takes no side.
     assert out == dict(share=0.5, headlines=4, share_where_both_take_a_side=round(2 / 3, 4), both_take_a_side=3)
+
+
+# -- what the judge reads in a world: the world's own moves, never a close it cannot know yet ----------------
+
+
+@pytest.fixture(scope="module")
+def small_worlds(tmp_path_factory) -> dict:
+    """A SYNTHETIC archive over Labor Day 2025 (12 days x 8) and its three worlds without noise, so every
+    move is a planted one: {"archive": folder, kind: world file}."""
+    from outcome_flywheel.daily_rl.world_feeds import write_synthetic_archive
+
+    folder = tmp_path_factory.mktemp("judge_worlds")
+    out = {"archive": folder / "feeds"}
+    write_synthetic_archive(out["archive"], days=12, per_day=8, seed=9, start="2025-08-27")
+    for kind in WORLD_KINDS:
+        prices, manifest = make_world(WorldConfig(kind, seed=9, noise_pct=0.0), archive_dir=out["archive"])
+        write_world(folder / f"{kind}.csv", prices, manifest)
+        out[kind] = folder / f"{kind}.csv"
+    return out
+
+
+def day_headlines(archive, day: str) -> pd.DataFrame:
+    from outcome_flywheel.daily_rl.feed_source import FeedSource
+    from outcome_flywheel.daily_rl.feeds import build_headlines
+
+    return build_headlines(FeedSource(archive_dir=str(archive)).fetch(day), day, "America/New_York", 99)[0]
+
+
+def archive_days_of(archive) -> list[str]:
+    return sorted(p.name for p in archive.iterdir() if p.is_dir())
+
+
+def follow_up(titles: list[str], name: str) -> str:
+    (found,) = [t for t in titles if t.startswith(f"{name} ")]
+    return found
+
+
+def test_a_real_price_file_keeps_the_archives_headlines(small_worlds):
+    day = archive_days_of(small_worlds["archive"])[0]
+    headlines = day_headlines(small_worlds["archive"], day)
+    assert world_outcome_titles(BUNDLED_PRICES, headlines, day) is None
+    assert world_outcome_titles(None, headlines, day) is None and judge_outcome_titles("", headlines, day) is None
+    assert judge_outcome_titles(str(small_worlds["news"]), headlines, day) == world_outcome_titles(small_worlds["news"], headlines, day)
+    assert world_outcome_titles(manifest_path(small_worlds["news"]), headlines, day) == world_outcome_titles(small_worlds["news"], headlines, day)
+
+
+def test_follow_ups_state_the_worlds_move_with_the_rules_sign_once_the_window_closed(small_worlds):
+    from outcome_flywheel.daily_rl.relevance import headline_symbols
+    from outcome_flywheel.daily_rl.world_feeds import company_mention
+
+    expected = {"news": ("rose", "fell"), "inverted": ("fell", "rose"), "null": ("were flat", "were flat")}
+    checked = 0
+    for day in archive_days_of(small_worlds["archive"]):
+        headlines = day_headlines(small_worlds["archive"], day)
+        exit_date = call_window(day, 1).exit_date
+        for kind in WORLD_KINDS:
+            titles = world_outcome_titles(small_worlds[kind], headlines, day, outcome_day=exit_date)
+            assert len(titles) == len(headlines)  # one company each, none twice a day
+            for h in headlines.itertuples(index=False):
+                (symbol,) = headline_symbols(h.title, h.summary)
+                said = follow_up(titles, company_mention(h.title, symbol))
+                good, bad = expected[kind]
+                assert (good if news_direction(h.title, h.summary) > 0 else bad) in said, said
+                assert f"to the {exit_date} close, the call's window" in said and "SYNTHETIC" in said
+                checked += 1
+    assert checked == 3 * 12 * 8
+
+
+def test_follow_ups_never_read_a_close_after_the_judges_morning(small_worlds, tmp_path):
+    """The judge of D (the morning after D) scores D-1's notes: changing every close after D changes
+    nothing it reads; D's own close is read when D is a session."""
+    world = small_worlds["news"]
+    closes = read_price_file(world)
+    for day in archive_days_of(small_worlds["archive"]):
+        headlines = day_headlines(small_worlds["archive"], day)
+        judged = (pd.Timestamp(day) + pd.Timedelta(days=1)).date().isoformat()
+        said = world_outcome_titles(world, headlines, day)
+        for name, changed in (("after", closes["date"] > judged), ("at", closes["date"] == judged)):
+            other = closes.assign(close=closes["close"].where(~changed, closes["close"] * 1.37))
+            path = tmp_path / f"{name}-{day}.csv"
+            write_world(path, other, {"kind": "news"})
+            if name == "after" or not changed.any():
+                assert world_outcome_titles(path, headlines, day) == said, day
+            else:
+                assert world_outcome_titles(path, headlines, day) != said, day
+        window = call_window(day, 1)
+        assert all(f"exit close ({window.exit_date}) is not in yet" in t or "no close yet" in t for t in said)
+        if not (closes["date"] == judged).any():  # no session on D: nothing new to state
+            assert all(f"no close yet since {day}" in t for t in said)
+
+
+def test_the_judges_selection_puts_the_headlines_own_follow_up_first(small_worlds):
+    from outcome_flywheel.daily_rl.judge import Judge
+    from outcome_flywheel.daily_rl.relevance import headline_symbols
+    from outcome_flywheel.daily_rl.world_feeds import company_mention
+
+    judge = Judge()
+    for day in archive_days_of(small_worlds["archive"])[:4]:
+        headlines = day_headlines(small_worlds["archive"], day)
+        titles = world_outcome_titles(small_worlds["inverted"], headlines, day)
+        for h in headlines.itertuples(index=False):
+            (symbol,) = headline_symbols(h.title, h.summary)
+            shown = judge.outcome_context(h.title, titles)
+            assert shown[0] == follow_up(titles, company_mention(h.title, symbol)), (h.title, shown)
+        # A follow-up is about its company alone and is no news of its own.
+        assert all(len(headline_symbols(t)) == 1 and news_direction(t) == 0 for t in titles)
+
+
+def test_follow_ups_on_the_bundled_archive_name_the_company_as_the_headline_does(worlds):
+    day = "2025-11-05"
+    headlines = day_headlines("sample_data/feeds_archive", day)
+    titles = world_outcome_titles(worlds["news"][0], headlines, day)
+    assert titles and all("2025-11-06 session" in t and "(2025-11-07) is not in yet" in t for t in titles)
+    assert any(t.startswith("Procter & Gamble (PG) shares ") for t in titles)

@@ -12,6 +12,7 @@ from outcome_flywheel.daily_rl.judge import Judge
 from outcome_flywheel.daily_rl.loop import SCORE_COLUMNS, judge_inputs, score_table
 from outcome_flywheel.daily_rl.relevance import relevance_column
 from outcome_flywheel.daily_rl.rewards import RewardConfig
+from outcome_flywheel.daily_rl.worlds import judge_outcome_titles
 from outcome_flywheel.feedback.curation import note_ratings
 from outcome_flywheel.models import ModelLoader
 from outcome_flywheel.storage import Warehouse
@@ -24,13 +25,18 @@ class DailyUpdateError(ValueError):
 def score_previous_rollouts(
     warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, prediction_day: str, outcome_day: str,
     prev_rollouts: pd.DataFrame, reward: RewardConfig | None = None, universe: set[str] | None = None,
+    prices_file: str | None = None,
 ) -> pd.DataFrame:
-    """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines."""
+    """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines, or,
+    when `prices_file` is a synthetic world's, against the world's own follow-ups of the headlines'
+    companies (`worlds.judge_outcome_titles`): the archive's real moves say nothing about a world."""
     if prev_rollouts.empty:
         return pd.DataFrame(columns=SCORE_COLUMNS)
     if not warehouse.exists("headlines", outcome_day):
         raise DailyUpdateError(f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first")
-    outcome_titles = list(warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
+    outcome_titles = judge_outcome_titles(prices_file, prev_rollouts, prediction_day) if prices_file else None
+    if outcome_titles is None:
+        outcome_titles = list(warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
     judge_backend = judge.load(models)
     inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
     judgements = judge.rank(judge_backend, inputs.groups)

@@ -161,7 +161,9 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     except ValueError as err:
         raise DailyUpdateError(str(err)) from err
     universe = market_data.universe() if market_data is not None else None
-    scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts, settings.reward, universe)
+    prices_file = market_data.prices_file if market_data is not None and market_data.source == "file" else None
+    scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts, settings.reward,
+                                     universe, prices_file)
     warehouse.write("rollout_scores", scores, partition=day)
     timings["score_s"] = time.perf_counter() - started
     evolver = PromptEvolver.load(warehouse, day, settings.prompt_evolver, seed)

@@ -2,8 +2,10 @@
 not) move its company. Plain Python; `flywheel make-world` writes one, `benchmarks.outcome_learning`
 runs the daily loop on each.
 
-The daily loop takes only one thing from the world: the closes (`FLYWHEEL_PRICES_FILE`). So a world
-is a price file over the bundled price file's dates and symbols, in its exact format (`date, symbol,
+The daily loop takes two things from the world: the closes (`FLYWHEEL_PRICES_FILE`) and, for its judge,
+what happened next (`world_outcome_titles`: one follow-up per company stating the world's own move, up to
+the last close the judge may know, in place of the archive's next-day headlines, whose moves are real
+ones). So a world is a price file over the bundled price file's dates and symbols, in its exact format (`date, symbol,
 close`, six decimals), with a sidecar `<file>.world.json` that states the rule, the options and every
 planted move. Every figure in it is SYNTHETIC: no row is a real price.
 
@@ -21,6 +23,8 @@ Every symbol (SPY included) walks at random: each session's return, in percent, 
 - `inverted`: the same with the direction reversed;
 - `null`: no planted move, random walks only.
 One seed draws the same z in every kind, so the three worlds of a seed differ only by the rule.
+The headlines may be a SYNTHETIC archive (`world_feeds.py`: more days, no clashing news); the manifest
+then says so (`synthetic_headlines`, `archive_manifest`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +44,11 @@ from outcome_flywheel.daily_rl.feeds import build_headlines
 from outcome_flywheel.daily_rl.news import news_direction
 from outcome_flywheel.daily_rl.outcomes import BENCHMARK, call_window
 from outcome_flywheel.daily_rl.relevance import headline_symbols
+from outcome_flywheel.daily_rl.world_feeds import company_mention, read_archive_manifest
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
-from outcome_flywheel.settings import resolve_path
+from outcome_flywheel.settings import env, resolve_path
 from outcome_flywheel.storage import atomic_write_bytes
+from outcome_flywheel.trading_sessions import session_on_or_before
 
 WORLD_KINDS = ("news", "inverted", "null")
 RULE_SIGN = {"news": 1, "inverted": -1, "null": 0}
@@ -150,10 +157,13 @@ def make_world(config: WorldConfig, archive_dir: str | Path = DEFAULT_ARCHIVE, t
     landed = planted[planted["session"].isin(dates) & planted["symbol"].isin(symbols) & (planted["session"] > min(dates))]
     prices = world_prices(config, template, landed)
     news = events[events["news"] != 0]
+    feeds = read_archive_manifest(archive_dir)
     manifest = dict(
         synthetic=True, note="SYNTHETIC prices written by `flywheel make-world`: no row is a real price.",
         **asdict(config), rule=RULES[config.kind],
         archive=str(resolve_path(str(archive_dir))), max_headlines=max_headlines, template=str(resolve_path(str(template_file))),
+        synthetic_headlines=bool(feeds and feeds.get("synthetic")),
+        archive_manifest=None if feeds is None else {k: feeds.get(k) for k in ("seed", "days", "headlines_per_day", "first_day", "last_day")},
         first_date=min(dates), last_date=max(dates), symbols=len(symbols),
         headlines=int(events["headline_id"].nunique()), headlines_with_news=int(news["headline_id"].nunique()),
         planted_moves=len(landed),
@@ -172,6 +182,15 @@ def price_csv(prices: pd.DataFrame) -> bytes:
     return prices.to_csv(index=False, float_format="%.6f", lineterminator="\n").encode()
 
 
+def check_world_path(path: Path) -> Path:
+    """`path` if a world can be written there (a .csv file path), else ValueError saying why."""
+    if path.is_dir():
+        raise ValueError(f"world file {path} is a folder; give a file path ending in .csv")
+    if path.suffix.lower() != ".csv":
+        raise ValueError(f"world file {path} must end in .csv (a world is written in the bundled price file's CSV format)")
+    return path
+
+
 def manifest_path(prices_path: str | Path) -> Path:
     path = Path(prices_path)
     return path.with_name(path.name + ".world.json")
@@ -185,3 +204,92 @@ def write_world(path: str | Path, prices: pd.DataFrame, manifest: dict) -> dict:
     atomic_write_bytes(path, data)
     atomic_write_bytes(manifest_path(path), (json.dumps(manifest, indent=1, default=str) + "\n").encode())
     return manifest
+
+
+# -- what the judge may read of a world: its own closes, up to the morning it runs ----------------------------
+
+
+def world_prices_path(world: str | Path | None) -> Path | None:
+    """The world's price file from it or its `.world.json`; None when `world` is unset or has no sidecar
+    (a real price file, e.g. the bundled one: the judge reads the archive's next-day headlines as before)."""
+    if not world:
+        return None
+    path = resolve_path(str(world))
+    if path.name.endswith(".world.json"):
+        path = path.with_name(path.name[: -len(".world.json")])
+    return path if manifest_path(path).is_file() and path.is_file() else None
+
+
+@lru_cache(maxsize=8)
+def _closes(path: str, mtime_ns: int, size: int) -> pd.DataFrame:
+    return read_price_file(path).pivot(index="date", columns="symbol", values="close")
+
+
+def _move(closes: pd.DataFrame, symbol: str, start: str, end: str) -> float | None:
+    try:
+        a, b = float(closes.at[start, symbol]), float(closes.at[end, symbol])
+    except KeyError:
+        return None
+    return round(100.0 * (b / a - 1.0), 1) if a > 0 and b == b else None
+
+
+def _stated(name: str, move: float, market: float | None, when: str) -> str:
+    said = f"rose {move:.1f}%" if move > 0 else f"fell {-move:.1f}%" if move < 0 else "were flat (0.0%)"
+    return f"{name} shares {said}" + ("" if market is None else f" (market {market:+.1f}%)") + f" {when}"
+
+
+def world_outcome_titles(world: str | Path | None, headlines: pd.DataFrame, prediction_day: str, horizon: int = 1,
+                         outcome_day: str | None = None) -> list[str] | None:
+    """What happened next, in a world: one follow-up title per company the prediction day's headlines are
+    about (`relevance.headline_symbols`), stating that company's move in the world's closes and naming it
+    as the headline did (so `judge.outcome_context` puts it first); in symbol order. None when `world`
+    (a price file or its `.world.json`) is not a world. `headlines`: title and summary columns (D-1's
+    headlines, or its rollouts: a company is stated once).
+
+    No close after the judge's knowledge cutoff is read: the judge of D (`outcome_day`, default the day
+    after `prediction_day`) runs the morning after D, so it knows the closes of sessions dated <= D. The
+    call window of a note of D-1 (`outcomes.call_window`: entry at the first session after D-1, exit h
+    sessions later) always ends after D, so its move is never known yet. The follow-up then states what
+    is: the company's move since the note was written, from the last close on or before D-1 to the last
+    close on or before D (on a session day D, D's own session: the entry session, before the planted
+    move, which lands on the exit session), and that the window's exit close is not in yet; with no
+    session in between (a weekend, a holiday), that there is no close yet. Only a later cutoff (`outcome_day` on or
+    after the exit) states the window's move itself, entry close to exit close. SPY's move over the same
+    closes is given as "market"."""
+    path = world_prices_path(world)
+    if path is None:
+        return None
+    stat = path.stat()
+    closes = _closes(str(path), stat.st_mtime_ns, stat.st_size)
+    cutoff = outcome_day or (pd.Timestamp(prediction_day) + pd.Timedelta(days=1)).date().isoformat()
+    window = call_window(prediction_day, horizon)
+    base, last = session_on_or_before(prediction_day), session_on_or_before(cutoff)
+    names: dict[str, str] = {}
+    summaries = headlines["summary"] if "summary" in headlines else [None] * len(headlines)
+    for title, summary in zip(headlines["title"], summaries):
+        for symbol in headline_symbols(title, summary):
+            names.setdefault(symbol, company_mention(title, symbol) or company_mention(summary, symbol) or symbol)
+    out = []
+    for symbol in sorted(s for s in names if s in closes.columns):  # a company the world has no closes of: nothing to state
+        name = names[symbol] if names[symbol] == symbol else f"{names[symbol]} ({symbol})"
+        if window.exit_date <= cutoff:
+            start, end = window.entry_date, window.exit_date
+            when = f"from the {start} close to the {end} close, the call's window"
+        elif last is not None and base is not None and last > base:
+            start, end = base, last
+            when = (f"in the {end} session" if session_on_or_before((pd.Timestamp(end) - pd.Timedelta(days=1)).date().isoformat()) == base
+                    else f"from the {start} close to the {end} close") + f"; the call's exit close ({window.exit_date}) is not in yet"
+        else:
+            out.append(f"{name} shares: no close yet since {prediction_day}; the call's window runs from the {window.entry_date} "
+                       f"close to the {window.exit_date} close (world prices, SYNTHETIC)")
+            continue
+        move = _move(closes, symbol, start, end)
+        if move is not None and start <= cutoff and end <= cutoff:
+            out.append(f"{_stated(name, move, _move(closes, BENCHMARK, start, end), when)} (world prices, SYNTHETIC)")
+    return out
+
+
+def judge_outcome_titles(prices_file: str | Path | None, headlines: pd.DataFrame, prediction_day: str) -> list[str] | None:
+    """For the scoring step: `world_outcome_titles` with the horizon of FLYWHEEL_OUTCOME_HORIZON and the
+    judge of the day after `prediction_day`; None for a real price file (keep the archive's headlines)."""
+    return world_outcome_titles(prices_file, headlines, prediction_day, int(env("FLYWHEEL_OUTCOME_HORIZON")))
