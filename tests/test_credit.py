@@ -74,9 +74,9 @@ def test_a_note_without_a_call_line_is_judged_whole(tokenizer):
 def test_token_advantages_sum_share_times_advantage_over_the_parts_spans():
     reward = RewardConfig()  # shares: note 0.4, relevance 0.2, price 0.4
     mask = [False, True, True, False]
-    judged = judged_token_advantages(reward, 4, note_advantage=1.5, relevance_advantage=-1.0, call_mask=mask)
-    assert judged == pytest.approx([0.4 * 1.5, 0.4 * 1.5 - 0.2, 0.4 * 1.5 - 0.2, 0.4 * 1.5])
+    assert judged_token_advantages(reward, 4, relevance_advantage=-1.0, call_mask=mask) == pytest.approx([0.0, -0.2, -0.2, 0.0])
     assert price_token_advantages(reward, 4, 2.0, mask) == pytest.approx([0.0, 0.8, 0.8, 0.0])
+    assert token_advantages(4, [(0.5, 1.0, None), (0.25, 2.0, mask)]) == pytest.approx([0.5, 1.0, 1.0, 0.5])
     assert token_advantages(3, []) == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="span mask of 2 tokens"):
         token_advantages(3, [(1.0, 1.0, [True, False])])
@@ -97,6 +97,7 @@ def test_training_examples_put_relevance_on_the_call_line_only(tokenizer):
     reward = RewardConfig()
     examples = training_examples(rollouts, scores, reward=reward, tokenizer=tokenizer)
     assert len(examples) == 2  # the note part is 0, the relevance part is not: both train
+    assert [ex.advantage for ex in examples] == [0.0, 0.0]  # the whole-note (sequence) part
     for ex, sign, text in zip(examples, (1, -1), notes):
         on = [i for i, a in enumerate(ex.token_advantages) if a != 0]
         assert tokenizer.decode([ex.response_ids[i] for i in on]).strip() == text.splitlines()[0]
@@ -112,6 +113,8 @@ BEHAVIOUR = [[-1.3, -0.6, -2.1], [-0.2, -4.4, -0.5]]
 REF = [[-1.1, -0.5, -1.9], [-0.6, -3.1, -0.4]]
 MASK = [[1, 1, 1], [1, 1, 0]]
 ADV = [[0.0, 1.5, 0.0], [-0.5, -0.5, 9.0]]  # the padded position's advantage must not count
+SEQ = [0.8, -1.1]  # the whole-note part of each note
+SEQ_CLIP = (0.04, 0.07)  # wide enough that one of the two sequences is clipped at these log-probs
 EPS_LOW, EPS_HIGH, CAP, BETA, Z = 0.2, 0.28, 2.0, 0.1, 6.0
 
 
@@ -130,7 +133,17 @@ def hand_token_loss() -> tuple[float, list[list[float]]]:
             q = REF[i][t] - LOGP[i][t]
             total += -w * min(r * a, clipped * a) + BETA * (math.exp(q) - 1 - q)
             grad[i][t] = ((-w * a * r) if unclipped_active else 0.0) + BETA * (1 - math.exp(q))
-    return total / Z, [[g / Z for g in row] for row in grad]
+    total, grad = total / Z, [[g / Z for g in row] for row in grad]
+    for i in range(2):  # + mean_i -w_i min(s_i N_i, clip(s_i) N_i), s_i and w_i length-normalised
+        tokens = [t for t in range(3) if MASK[i][t]]
+        s_i = math.exp(sum(LOGP[i][t] - OLD[i][t] for t in tokens) / len(tokens))
+        w_i = min(math.exp(sum(OLD[i][t] - BEHAVIOUR[i][t] for t in tokens) / len(tokens)), CAP)
+        clipped = min(max(s_i, 1 - SEQ_CLIP[0]), 1 + SEQ_CLIP[1])
+        total += -w_i * min(s_i * SEQ[i], clipped * SEQ[i]) / 2
+        if s_i * SEQ[i] <= clipped * SEQ[i]:  # d s_i / d logp_it = s_i / |y_i|
+            for t in tokens:
+                grad[i][t] += -w_i * SEQ[i] * s_i / len(tokens) / 2
+    return total, grad
 
 
 def test_token_loss_by_hand_torch():
@@ -141,7 +154,7 @@ def test_token_loss_by_hand_torch():
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
     t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
     loss, metrics = gspo_loss(logp, t(OLD), t(MASK).bool(), t(ADV), EPS_LOW, EPS_HIGH, "token", t(BEHAVIOUR), CAP,
-                              t(REF), BETA, Z)
+                              t(REF), BETA, Z, t(SEQ), SEQ_CLIP)
     loss.backward()
     expected, grad = hand_token_loss()
     # float64 throughout: a handful of exp and sums, so agreement to 1e-12 is the arithmetic's
@@ -149,6 +162,7 @@ def test_token_loss_by_hand_torch():
     assert logp.grad.numpy() == pytest.approx(np.array(grad), rel=1e-12, abs=1e-15)
     assert metrics["is_truncated_fraction"] == pytest.approx(1 / 5)  # exp(1.0) > 2 on one of the 5 tokens
     assert 0 < metrics["clip_fraction"] <= 1 and metrics["kl"] > 0
+    assert metrics["sequence_clip_fraction"] == pytest.approx(0.5)  # one of the two notes' sequence term is clipped
 
 
 def test_token_loss_by_hand_mlx():
@@ -159,7 +173,7 @@ def test_token_loss_by_hand_mlx():
 
     def f(logp):
         return gspo_loss(logp, a(OLD), a(MASK).astype(mx.bool_), a(ADV), EPS_LOW, EPS_HIGH, "token", a(BEHAVIOUR), CAP,
-                         a(REF), BETA, Z)
+                         a(REF), BETA, Z, a(SEQ), SEQ_CLIP)
 
     loss, metrics = f(a(LOGP))
     grad = mx.grad(lambda x: f(x)[0])(a(LOGP))
@@ -179,8 +193,10 @@ def test_both_mirrors_agree_on_every_metric():
 
     t = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
     a = lambda x: mx.array(np.array(x, dtype=np.float32))  # noqa: E731
-    _, mt = torch_loss(t(LOGP), t(OLD), t(MASK).bool(), t(ADV), EPS_LOW, EPS_HIGH, "token", t(BEHAVIOUR), CAP, t(REF), BETA, Z)
-    _, mm = mlx_loss(a(LOGP), a(OLD), a(MASK).astype(mx.bool_), a(ADV), EPS_LOW, EPS_HIGH, "token", a(BEHAVIOUR), CAP, a(REF), BETA, Z)
+    _, mt = torch_loss(t(LOGP), t(OLD), t(MASK).bool(), t(ADV), EPS_LOW, EPS_HIGH, "token", t(BEHAVIOUR), CAP, t(REF), BETA, Z,
+                       t(SEQ), SEQ_CLIP)
+    _, mm = mlx_loss(a(LOGP), a(OLD), a(MASK).astype(mx.bool_), a(ADV), EPS_LOW, EPS_HIGH, "token", a(BEHAVIOUR), CAP, a(REF), BETA, Z,
+                     a(SEQ), SEQ_CLIP)
     assert set(mt) == set(mm)
     for name in mt:  # float32 means of <= 6 values: a few ulps
         assert mm[name].item() == pytest.approx(mt[name], rel=1e-5, abs=1e-7), name
@@ -210,7 +226,7 @@ def test_sequence_objectives_refuse_span_scoped_advantages(tiny_model_dir):
     policy = ModelLoader(data_dir=str(tiny_model_dir.parent), base_model=str(tiny_model_dir), backend="torch", device="cpu").load()
     ids = policy.encode_response("Trade Recommendation: Buy Meta.")
     example = GSPOExample(prompt=[{"role": "user", "content": "x"}], response_ids=ids, behavior_logprobs=[-1.0] * len(ids),
-                          advantage=0.5, token_advantages=[0.5] + [0.0] * (len(ids) - 1))
+                          advantage=0.0, token_advantages=[0.5] + [0.0] * (len(ids) - 1))
     with pytest.raises(ValueError, match="use objective 'token'"):
         policy.train_gspo([example], GSPOConfig(objective="gspo", lora=LoraSettings(r=2, alpha=4)))
     for bad in (dict(kl_beta=-0.1), dict(epsilon_low=1.5), dict(objective="sequence")):

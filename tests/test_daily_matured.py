@@ -109,7 +109,8 @@ def test_matured_batch_trains_matured_waits_on_pending_drops_no_data_and_stale()
     h3 = by_group["h3"]  # sampled by 11-05's weights: 5 updates since > 3
     assert (h3["status"] == "dropped").all() and h3["reason"].str.startswith("stale: 5 policy updates").all()
     assert batch.example_keys == [("2025-11-07", "h1", 0), ("2025-11-07", "h1", 1), ("2025-11-07", "h1", 2)]
-    assert [e.advantage for e in batch.examples] == pytest.approx(adv.tolist(), rel=1e-6)
+    assert [e.token_advantages[0] for e in batch.examples] == pytest.approx(adv.tolist(), rel=1e-6)  # no tokenizer: the whole note
+    assert all(e.advantage == 0.0 for e in batch.examples)  # price has no whole-note part
     assert set(ledger["policy_version"]) == {"2025-11-10@ddd"} and set(ledger["step"]) == {"matured"}
     # settled notes are never picked again: trained and dropped alike
     assert settled_notes(ledger, "matured") == {(d, h, i) for d, h, i in zip(ledger["note_date"], ledger["headline_id"], ledger["rollout_index"])}

@@ -1,6 +1,7 @@
 """Credit where it is due: each part of a note's reward trains the tokens it judges (`rewards.py`,
-"credit"). The judged step's notes carry the `note` part on every token and the `relevance` part on the
-trade call's line; the matured step's notes carry the `price` part on the call's line.
+"credit"). The judged step's notes carry the `note` part on the whole note (one number, trained through
+the sequence ratio: `gspo_config.py`) and the `relevance` part on the trade call's line (per token);
+the matured step's notes carry the `price` part on the call's line.
 
 The call's line is what the call parser reads (`calls.call_spans`), mapped from characters to the
 response's tokens through the tokenizer (`models.spans.span_token_mask`). A note that takes no side
@@ -27,12 +28,11 @@ def call_token_mask(tokenizer: Any, response_ids: Sequence[int], response: str) 
     return mask if any(mask) else None
 
 
-def judged_token_advantages(reward: RewardConfig, n_tokens: int, note_advantage: float, relevance_advantage: float,
+def judged_token_advantages(reward: RewardConfig, n_tokens: int, relevance_advantage: float,
                             call_mask: Sequence[bool] | None) -> list[float]:
-    """The judged step's per-token advantages: share(note) * A_note everywhere, plus share(relevance) *
-    A_relevance on the call's line."""
-    return token_advantages(n_tokens, [(reward.share("note"), note_advantage, None),
-                                       (reward.share("relevance"), relevance_advantage, call_mask)])
+    """The judged step's span-scoped advantages: share(relevance) * A_relevance on the call's line
+    (the `note` part is the example's sequence advantage, share(note) * A_note)."""
+    return token_advantages(n_tokens, [(reward.share("relevance"), relevance_advantage, call_mask)])
 
 
 def price_token_advantages(reward: RewardConfig, n_tokens: int, price_advantage: float, call_mask: Sequence[bool] | None) -> list[float]:

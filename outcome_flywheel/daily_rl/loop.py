@@ -325,8 +325,8 @@ def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_adva
     gradient); with `with_keys`, also each example's (note date, headline_id, rollout_index).
 
     Without `reward`: one advantage per note, `advantage` (whole-note signals only). With it and the
-    policy's `tokenizer`: per-token advantages, share(note) * advantage on every token plus
-    share(relevance) * relevance_advantage on the call's line (`credit.py`)."""
+    policy's `tokenizer`: the note's advantage share(note) * advantage (the sequence part) and
+    share(relevance) * relevance_advantage on the call's line's tokens (`credit.py`)."""
     from outcome_flywheel.daily_rl.credit import call_token_mask, judged_token_advantages
     from outcome_flywheel.models.gspo_config import GSPOExample
 
@@ -350,9 +350,9 @@ def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_adva
     for r in merged.itertuples():
         ids = [int(t) for t in r.response_ids]
         token_adv = None
-        if reward is not None:
+        if reward is not None and reward.share("relevance") and float(r.relevance_advantage):
             mask = call_token_mask(tokenizer, ids, r.response) if tokenizer is not None else None
-            token_adv = judged_token_advantages(reward, len(ids), float(r.advantage), float(r.relevance_advantage), mask)
+            token_adv = judged_token_advantages(reward, len(ids), float(r.relevance_advantage), mask)
         examples.append(GSPOExample(
             prompt=json.loads(r.prompt), response_ids=ids, behavior_logprobs=[float(x) for x in r.behavior_logprobs],
             advantage=float(r.advantage) * (reward.share("note") if reward is not None else 1.0), token_advantages=token_adv))

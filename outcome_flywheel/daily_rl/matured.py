@@ -147,7 +147,7 @@ def matured_batch(
                 span = call_token_mask(tokenizer, ids, r.response) if tokenizer is not None else None
                 batch.examples.append(GSPOExample(
                     prompt=json.loads(r.prompt), response_ids=ids, behavior_logprobs=[float(x) for x in r.behavior_logprobs],
-                    advantage=float(adv), token_advantages=token_advantages(len(ids), [(1.0, float(adv), span)])))
+                    advantage=0.0, token_advantages=token_advantages(len(ids), [(1.0, float(adv), span)])))
                 batch.example_keys.append((note_day, headline_id, int(r.rollout_index)))
     return batch
 

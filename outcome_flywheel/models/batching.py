@@ -49,11 +49,11 @@ class EncodedExample:
     behavior_logprobs: list[float]
     advantage: float
     index: int = -1  # position in the trainer's example list (per-example statistics)
-    token_advantages: list[float] | None = None  # per response token; None = `advantage` on each
+    token_advantages: list[float] | None = None  # the span-scoped parts, per response token; None = none
 
     def advantages_row(self) -> list[float]:
-        """The advantage of each response token."""
-        return list(self.token_advantages) if self.token_advantages is not None else [self.advantage] * len(self.response_ids)
+        """The span-scoped advantage of each response token (zeros when there is none)."""
+        return list(self.token_advantages) if self.token_advantages is not None else [0.0] * len(self.response_ids)
 
 
 def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[[Any], list[int]]) -> list[list[EncodedExample]]:

@@ -70,13 +70,15 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         index, batch = indexed_batch
         logp, mask = logprobs(batch)
         width = max(len(b.response_ids) for b in batch)
-        if config.objective == "token":
-            advantages = fw.as_array(backend, padded([b.advantages_row() for b in batch], width))
-        else:
-            advantages = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
-        return fw.gspo_loss(logp, old_by_batch[index], mask, advantages, eps_low, eps_high, config.objective,
+        sequence = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
+        if config.objective == "token":  # span-scoped parts per token, the whole-note part per sequence
+            return fw.gspo_loss(logp, old_by_batch[index], mask, fw.as_array(backend, padded([b.advantages_row() for b in batch], width)),
+                                eps_low, eps_high, "token", behavior_by_batch[index], config.tis_cap if tis else None,
+                                ref_by_batch[index], config.kl_beta if with_reference else 0.0, float(len(batch) * longest),
+                                sequence, (config.sequence_epsilon_low, config.sequence_epsilon_high))
+        return fw.gspo_loss(logp, old_by_batch[index], mask, sequence, eps_low, eps_high, config.objective,
                             behavior_by_batch[index], config.tis_cap if tis else None, ref_by_batch[index],
-                            config.kl_beta if with_reference else 0.0, float(len(batch) * longest))
+                            config.kl_beta if with_reference else 0.0)
 
     stats = TrainStats()
     if batches:
@@ -114,9 +116,8 @@ def resume_moments(backend: ModelBackend, optimizer: Any) -> str:
 
 
 def per_sequence_advantage(example: EncodedExample) -> bool:
-    """Whether the example's advantage is one number for the whole note (what `gspo` can train)."""
-    row = example.token_advantages
-    return row is None or all(abs(a - example.advantage) <= 1e-12 * max(1.0, abs(example.advantage)) for a in row)
+    """Whether the example has only a whole-note advantage (what `gspo` can train): no span-scoped part."""
+    return example.token_advantages is None or not any(example.token_advantages)
 
 
 def old_logprobs(

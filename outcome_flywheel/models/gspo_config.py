@@ -4,22 +4,29 @@ field's default and help written once). Plain Python: importing this imports nei
 Two objectives over the same rollouts, every log-prob at the rollouts' sampling temperature (logits
 / T, before top-k / top-p, as TRL's GRPO and verl), response tokens only:
 
-`token` (the default): a token-level clipped surrogate over signal-scoped advantages. Each reward
-signal judges a span of the note (`price` and `relevance` the trade call's line, the others the whole
-note), so each token t of note i has its own advantage A_it (the sum over the signals whose span holds
-it; `daily_rl/rewards.py`). With r_it = pi_theta(y_it | ...) / pi_old(y_it | ...):
+`token` (the default): each reward part is trained through the ratio that fits its span. The
+whole-note part N_i (structure, judge rank, people: one number per note) goes through GSPO's
+length-normalised sequence ratio and its narrow band; the parts that judge a span of the note (`price`
+and `relevance`: the trade call's line) give each token t of note i an advantage A_it (zero outside
+their span; `daily_rl/rewards.py`) and go through the per-token ratio r_it = pi_theta / pi_old at t:
 
     loss = sum_it m_it [ -w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it) + beta k3_it ] / Z
+         + mean_i -w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i)
 
-- the ratio is clipped per token, as PPO/GRPO do and as DAPO (Yu et al. 2025, "DAPO: An Open-Source LLM
-  Reinforcement Learning System at Scale") keeps it: its token-level loss, and its clip-higher band
+- the span parts are clipped per token, as PPO/GRPO do and as DAPO (Yu et al. 2025, "DAPO: An Open-Source
+  LLM Reinforcement Learning System at Scale") keeps it: its token-level loss, and its clip-higher band
   eps_low = 0.2, eps_high = 0.28. A one-token decision (the side of a call, " Buy" / " Sell") moves its
   own ratio, not a length-normalised mean over the note that the sequence clip cuts at ~2%;
 - Z is a constant (the minibatch's sequences x the longest response of the update), Dr. GRPO's
   normalisation (Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"): no
   division by each note's own length, so a token's pull does not depend on how long its note is;
+- the whole-note part keeps GSPO's sequence ratio s_i and band (seq_low 3e-4, seq_high 4e-4): at the
+  token level a judge's rank on every token of the note, at DAPO's band and this learning rate,
+  collapsed single tokens' probabilities by up to 1e5 within a day (measured on tiny-local) and
+  drowned the call's line;
 - w_it = min(pi_old / pi_behaviour at token t, tis_cap), the truncated IS weight per token (TIS), a
-  constant: 1 for notes the parent sampled, the correction for notes sampled days before (prices);
+  constant (w_i: the sequence's, length-normalised): 1 for notes the parent sampled, the correction for
+  notes sampled days before (prices);
 - k3_it = exp(q_it) - 1 - q_it with q_it = log pi_ref - log pi_theta, Schulman's k3 estimator of
   KL(pi_theta || pi_ref) per token (non-negative, unbiased under pi_theta's samples), as TRL's GRPO;
   pi_ref = the base model (the LoRA adapter switched off).
@@ -30,7 +37,7 @@ it; `daily_rl/rewards.py`). With r_it = pi_theta(y_it | ...) / pi_old(y_it | ...
     loss = mean_i  -w_i min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i) + beta mean_i mean_t k3_it
 
 with the paper's band 3e-4 / 4e-4 and w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap).
-A note's advantages must then be one number per note (the trainer refuses span-scoped ones).
+A note's advantage must then be one number per note (the trainer refuses span-scoped parts).
 
 Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
 is the policy the update starts from (recomputed); the TIS weight corrects for the sampler.
@@ -56,6 +63,8 @@ class GSPOConfig:
     learning_rate: float = field(default=2e-3, metadata={"help": "AdamW learning rate. LoRA on tiny-local needs a large step to move in one epoch a day (benchmarks/daily_learning.py); for a 0.6B+ model start near 1e-5 (full) / 1e-4 (LoRA)."})
     epsilon_low: float | None = field(default=None, metadata={"help": "Lower clip band of the ratio, 1 - eps_low; None = the objective's own: 0.2 per token (`token`, DAPO), 3e-4 per sequence (`gspo`, the paper)."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip band of the ratio, 1 + eps_high; None = the objective's own: 0.28 per token (`token`, DAPO's clip-higher), 4e-4 per sequence (`gspo`)."})
+    sequence_epsilon_low: float = field(default=3e-4, metadata={"help": "`token` objective: lower band of the whole-note part's sequence ratio (GSPO's, the paper's 3e-4)."})
+    sequence_epsilon_high: float = field(default=4e-4, metadata={"help": "`token` objective: upper band of the whole-note part's sequence ratio (the paper's 4e-4)."})
     kl_beta: float = field(default=0.04, metadata={"help": "Weight beta of the KL-to-base penalty (k3 estimator per token, pi_ref = the LoRA adapter switched off); 0 = none. A full fine-tune (lora=None) holds no base in memory and trains without it (recorded as kl_reference)."})
     batch_size: int = field(default=16, metadata={"help": "Sequences per padded minibatch (one AdamW step each)."})
     epochs: int = field(default=1, metadata={"help": "Passes over the examples."})
@@ -99,5 +108,5 @@ class GSPOExample:
     prompt: Messages = field(metadata={"help": "The chat messages the response answers."})
     response_ids: list[int] = field(metadata={"help": "The sampled response's token ids."})
     behavior_logprobs: list[float] = field(metadata={"help": "Per response token, under the policy that sampled it, at its sampling temperature."})
-    advantage: float = field(metadata={"help": "Group-normalised reward within the headline's rollouts (every token's, unless token_advantages is given)."})
-    token_advantages: list[float] | None = field(default=None, metadata={"help": "Per response token: the sum over reward signals of share x group-normalised advantage x whether the token lies in the signal's span (rewards.token_advantages); None = `advantage` on every token."})
+    advantage: float = field(metadata={"help": "The whole-note part: group-normalised reward within the headline's rollouts (times its share), trained through the sequence ratio."})
+    token_advantages: list[float] | None = field(default=None, metadata={"help": "The span-scoped parts per response token: the sum over them of share x group-normalised advantage x whether the token lies in the part's span (rewards.token_advantages), trained through the per-token ratio (objective `token`); None = none."})

@@ -22,12 +22,15 @@ def gspo_loss(
     ref_logp: mx.array | None = None,
     kl_beta: float = 0.0,
     normaliser: float | None = None,
+    sequence_advantages: "mx.array | None" = None,
+    sequence_clip: tuple[float, float] = (3e-4, 4e-4),
 ) -> tuple[mx.array, dict[str, mx.array]]:
     """The mirror of torch's `gspo_loss`, formula for formula (formulas and papers: `gspo_config.py`).
 
     objective "token": loss = sum_it m_it [-w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it)
-    + beta k3_it] / Z, r_it and w_it per token, advantages [B, T] or [B], Z = `normaliser` (default: the
-    batch's response tokens). "gspo": the sequence ratio s_i and weight w_i, advantages [B].
+    + beta k3_it] / Z + mean_i -w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i), r_it and w_it per
+    token, advantages [B, T] or [B], Z = `normaliser` (default: the batch's response tokens), N =
+    `sequence_advantages` (None: no sequence term), (seq_low, seq_high) = `sequence_clip`. "gspo": the sequence ratio s_i and weight w_i, advantages [B].
     "reward_weighted": -A_i mean_t log pi_theta. k3_it = exp(q) - 1 - q, q = log pi_ref - log pi_theta.
     """
     maskf = mask.astype(logp.dtype)
@@ -35,7 +38,7 @@ def gspo_loss(
     mean_logp = (logp * maskf).sum(axis=-1) / lengths
     old = mx.stop_gradient(old_logp.astype(logp.dtype))
     advantages = advantages.astype(logp.dtype)
-    is_weight = None
+    is_weight, seq_clipped = None, None
     if behavior_logp is not None and tis_cap is not None:
         behaviour = behavior_logp.astype(logp.dtype)
         is_ratio = mx.exp(old - behaviour) if objective == "token" else mx.exp(((old - behaviour) * maskf).sum(axis=-1) / lengths)
@@ -51,6 +54,17 @@ def gspo_loss(
             per_token = per_token * is_weight
         z = mx.maximum(maskf.sum(), 1.0) if normaliser is None else mx.array(float(normaliser), dtype=logp.dtype)
         loss = (per_token * maskf).sum() / z
+        if sequence_advantages is not None:  # the whole-note part: GSPO's sequence ratio and band
+            seq_adv = sequence_advantages.astype(logp.dtype)
+            s_i = mx.exp(((logp - old) * maskf).sum(axis=-1) / lengths)
+            s_clipped = mx.clip(s_i, 1.0 - sequence_clip[0], 1.0 + sequence_clip[1])
+            sequence_term = -mx.minimum(s_i * seq_adv, s_clipped * seq_adv)
+            if is_weight is not None:
+                seq_is = mx.stop_gradient(mx.exp(((old - behavior_logp.astype(logp.dtype)) * maskf).sum(axis=-1) / lengths))
+                sequence_term = sequence_term * mx.minimum(seq_is, float(tis_cap))
+            loss = loss + sequence_term.mean()
+            s_sg = mx.stop_gradient(s_i)
+            seq_clipped = ((s_sg < 1.0 - sequence_clip[0]) & (seq_adv < 0)) | ((s_sg > 1.0 + sequence_clip[1]) & (seq_adv > 0))
         active = on & (token_adv != 0)
         ratio_sg = mx.stop_gradient(ratio)
         low, high = (ratio_sg < 1.0 - epsilon_low) & (token_adv < 0), (ratio_sg > 1.0 + epsilon_high) & (token_adv > 0)
@@ -94,6 +108,8 @@ def gspo_loss(
     }
     if kl_tokens is not None:
         metrics["kl"] = mx.stop_gradient((kl_tokens * maskf).sum() / mx.maximum(maskf.sum(), 1.0))
+    if seq_clipped is not None:
+        metrics["sequence_clip_fraction"] = seq_clipped.astype(mx.float32).mean()
     if is_weight is not None:
         if objective == "token":
             count = mx.maximum(on.sum(), 1)

@@ -22,14 +22,19 @@ def gspo_loss(
     ref_logp: torch.Tensor | None = None,
     kl_beta: float = 0.0,
     normaliser: float | None = None,
+    sequence_advantages: "torch.Tensor | None" = None,
+    sequence_clip: tuple[float, float] = (3e-4, 4e-4),
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The daily loop's policy loss of a padded batch (formulas and papers: `gspo_config.py`).
 
-    objective "token" (DAPO's token-level clipped surrogate, Dr. GRPO's constant normaliser):
+    objective "token" (DAPO's token-level clipped surrogate, Dr. GRPO's constant normaliser) for the
+    span-scoped parts, plus GSPO's sequence term for the whole-note part:
         r_it = exp(log pi_theta - log pi_old),  w_it = min(exp(log pi_old - log pi_behaviour), tis_cap)
         loss = sum_it m_it [-w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it) + beta k3_it] / Z
+             + mean_i -w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i)
       advantages: [B, T] (per token) or [B] (the same on every token); Z = `normaliser` (default: the
-      batch's response tokens, DAPO's token mean).
+      batch's response tokens, DAPO's token mean); N = `sequence_advantages` [B] (None: no sequence
+      term), s_i and w_i as for "gspo" below, (seq_low, seq_high) = `sequence_clip`.
     objective "gspo" (Zheng et al. 2025), advantages [B]:
         s_i  = exp(mean_t(log pi_theta - log pi_old)),  w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap)
         loss = mean_i -w_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i) + beta mean_i mean_t k3_it
@@ -52,6 +57,7 @@ def gspo_loss(
             token_is = torch.exp(old - behavior_logp.to(logp.dtype))
             is_ratio = token_is if objective == "token" else torch.exp(((old - behavior_logp.to(logp.dtype)) * maskf).sum(-1) / lengths)
             is_weight = torch.clamp(is_ratio, max=float(tis_cap))
+    sequence_term = None
     if objective == "token":
         token_adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)
         ratio = torch.exp(logp - old)  # r_it
@@ -61,6 +67,17 @@ def gspo_loss(
             per_token = per_token * is_weight
         z = maskf.sum().clamp(min=1.0) if normaliser is None else logp.new_tensor(float(normaliser))
         loss = (per_token * maskf).sum() / z
+        if sequence_advantages is not None:  # the whole-note part: GSPO's sequence ratio and band
+            seq_adv = sequence_advantages.to(logp.dtype)
+            s_i = torch.exp(((logp - old) * maskf).sum(-1) / lengths)
+            s_clipped = torch.clamp(s_i, 1.0 - sequence_clip[0], 1.0 + sequence_clip[1])
+            sequence_term = -torch.minimum(s_i * seq_adv, s_clipped * seq_adv)
+            if is_weight is not None:  # the sequence's TIS weight: its tokens' log-ratios averaged
+                with torch.no_grad():
+                    seq_is = torch.exp(((old - behavior_logp.to(logp.dtype)) * maskf).sum(-1) / lengths)
+                sequence_term = sequence_term * torch.clamp(seq_is, max=float(tis_cap))
+            loss = loss + sequence_term.mean()
+            seq_clipped = ((s_i < 1.0 - sequence_clip[0]) & (seq_adv < 0)) | ((s_i > 1.0 + sequence_clip[1]) & (seq_adv > 0))
         active = (maskf > 0) & (token_adv != 0)
         low, high = (ratio < 1.0 - epsilon_low) & (token_adv < 0), (ratio > 1.0 + epsilon_high) & (token_adv > 0)
         ratio_values = ratio[maskf > 0]
@@ -101,6 +118,8 @@ def gspo_loss(
         }
         if kl_tokens is not None:
             metrics["kl"] = float((kl_tokens * maskf).sum() / maskf.sum().clamp(min=1.0))
+        if sequence_term is not None:
+            metrics["sequence_clip_fraction"] = float(seq_clipped.float().mean())
         if is_weight is not None:
             values = is_ratio[maskf > 0] if objective == "token" else is_ratio
             metrics.update(is_ratio_mean=float(values.mean()), is_ratio_max=float(values.max()),
