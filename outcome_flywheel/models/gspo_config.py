@@ -86,9 +86,9 @@ class GSPOConfig:
             raise ValueError(f"tis_cap must be a finite number >= 1 (or None), got {self.tis_cap}")
         if not (isinstance(self.kl_beta, (int, float)) and 0.0 <= float(self.kl_beta) < float("inf")):
             raise ValueError(f"kl_beta must be a finite number >= 0, got {self.kl_beta!r}")
-        for name in ("epsilon_low", "epsilon_high"):
+        for name in ("epsilon_low", "epsilon_high", "sequence_epsilon_low", "sequence_epsilon_high"):
             value = getattr(self, name)
-            if value is not None and not (0.0 <= float(value) < 1.0 if name == "epsilon_low" else 0.0 <= float(value) < float("inf")):
+            if value is not None and not (0.0 <= float(value) < 1.0 if name.endswith("low") else 0.0 <= float(value) < float("inf")):
                 raise ValueError(f"{name} must be >= 0 (and epsilon_low < 1), got {value!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
