@@ -120,8 +120,10 @@ def model_data_dir(data_dir: Path, model: str) -> Path:
 
 def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines: int, seed: int, move_pct: float,
               noise_pct: float, weights: dict, learning_rate: float, max_new_tokens: int, epochs: int | None = None,
-              model: str = "tiny-local", extra_config: dict | None = None) -> dict:
+              model: str = "tiny-local", extra_config: dict | None = None, train_seed: int = 0, archive: Path | None = None) -> dict:
     import dagster as dg
+
+    from outcome_flywheel.daily_rl.feed_source import FeedSource
 
     from outcome_flywheel.daily_rl.rewards import RewardConfig
 
@@ -130,14 +132,21 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
     from outcome_flywheel.models import ModelLoader
     from pipelines.daily_rl import DAILY_RL_ASSETS
 
-    data = model_data_dir(root / kind / "data", model)
-    world_file = root / kind / "prices.csv"
-    prices, manifest = make_world(WorldConfig(kind, seed=seed, move_pct=move_pct, noise_pct=noise_pct), max_headlines=headlines)
+    folder = root / (kind if train_seed == 0 else f"{kind}-train-seed-{train_seed}")
+    data = model_data_dir(folder / "data", model)
+    world_file = folder / "prices.csv"
+    world = WorldConfig(kind, seed=seed, move_pct=move_pct, noise_pct=noise_pct)
+    prices, manifest = (make_world(world, archive_dir=archive, max_headlines=headlines) if archive is not None
+                        else make_world(world, max_headlines=headlines))
     manifest = write_world(world_file, prices, manifest)
     os.environ["FLYWHEEL_PRICES_FILE"] = str(world_file)  # anything that reads the variable sees the world too
     res = resources(data, headlines)
     res["market_data"] = MarketData(prices_file=str(world_file), data_dir=str(data))
-    res["model_backend"] = ModelLoader(data_dir=str(data), base_model=model, backend="torch", device="cpu")
+    if archive is not None:  # a synthetic archive (`world_feeds.py`): its days and headlines
+        os.environ["FLYWHEEL_FEEDS_ARCHIVE"] = str(archive)
+        res["feeds"] = FeedSource(archive_dir=str(archive), max_headlines=headlines, data_dir=str(data))
+    # the training seed: sampling, minibatch order and the LoRA init (the model folder is built once, seed 0)
+    res["model_backend"] = ModelLoader(data_dir=str(data), base_model=model, backend="torch", device="cpu", seed=train_seed)
     warehouse = res["warehouse"]
     default_weights = dict(RewardConfig().weights)
     per_day, started = [], time.perf_counter()
@@ -161,7 +170,7 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
         per_day.append(row)
         print(json.dumps(row), flush=True)
     held = held_out_summary(warehouse, days[train_days:])
-    return dict(world=kind, planted_moves=manifest["planted_moves"], world_file=str(world_file), held_out=held,
+    return dict(world=kind, train_seed=train_seed, planted_moves=manifest["planted_moves"], world_file=str(world_file), held_out=held,
                 per_day=per_day, wall_s=round(time.perf_counter() - started, 1))
 
 
@@ -194,32 +203,81 @@ def print_world(w: dict) -> None:
 
 def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8, seed: int = 0, move_pct: float = 2.0,
         noise_pct: float = 1.0, weights: dict | None = None, learning_rate: float = 2e-3, max_new_tokens: int = 128,
-        out_dir: str | None = None, epochs: int | None = None, model: str = "tiny-local", extra_config: dict | None = None) -> dict:
+        out_dir: str | None = None, epochs: int | None = None, model: str = "tiny-local", extra_config: dict | None = None,
+        train_seeds: tuple[int, ...] = (0, 1, 2), synthetic_days: int = 0) -> dict:
     from outcome_flywheel.daily_rl.rewards import RewardConfig
 
     if not 0 < train_days < days:
         raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
     weights = dict(RewardConfig().weights if weights is None else weights)
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="flywheel-worlds-"))
-    day_list = archive_days(days)
-    results = {}
+    archive = None
+    if synthetic_days:  # SYNTHETIC headlines from the archive's event templates, seeded by the world's seed
+        from outcome_flywheel.daily_rl.world_feeds import archive_day_list, write_synthetic_archive
+
+        archive = root / "synthetic_feeds"
+        write_synthetic_archive(archive, days=synthetic_days, per_day=max(headlines, 8), seed=seed)
+        day_list = archive_day_list(archive)[:days] if days else archive_day_list(archive)
+    else:
+        day_list = archive_days(days)
     started = time.perf_counter()
-    for kind in worlds:
-        results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate, max_new_tokens, epochs, model, extra_config)
-        print_world(results[kind])  # as each world ends: a long run stopped early keeps what it has
-    opposite = None
-    if "news" in results and "inverted" in results:
-        opposite = opposite_share(results["news"]["held_out"]["sides"], results["inverted"]["held_out"]["sides"])
-        print(f"\ninverted vs news: opposite sides on {opposite['share']} of {opposite['headlines']} held-out headlines "
-              f"({opposite['share_where_both_take_a_side']} of the {opposite['both_take_a_side']} where both policies take a side)")
+    runs, opposites = [], []
+    for train_seed in train_seeds:
+        results = {}
+        for kind in worlds:
+            results[kind] = run_world(kind, root, day_list, train_days, headlines, seed, move_pct, noise_pct, weights, learning_rate,
+                                      max_new_tokens, epochs, model, extra_config, train_seed, archive)
+            print_world(results[kind])  # as each world ends: a long run stopped early keeps what it has
+        runs.append(results)
+        if "news" in results and "inverted" in results:
+            opposite = opposite_share(results["news"]["held_out"]["sides"], results["inverted"]["held_out"]["sides"])
+            opposites.append(opposite)
+            print(f"\ninverted vs news (training seed {train_seed}): opposite sides on {opposite['share']} of {opposite['headlines']} "
+                  f"held-out headlines ({opposite['share_where_both_take_a_side']} of the {opposite['both_take_a_side']} where both take a side)")
+    over_seeds = {kind: seed_spread([r[kind] for r in runs]) for kind in worlds}
+    for kind, spread in over_seeds.items():
+        print(f"{kind} over training seeds {list(train_seeds)}: " + "; ".join(f"{k} mean {v['mean']} [{v['min']}, {v['max']}]" for k, v in spread.items()))
+    opposite = dict(share=_spread([o["share"] for o in opposites]), per_seed=opposites) if opposites else None
+    if opposite:
+        print(f"inverted vs news, opposite sides over training seeds: mean {opposite['share']['mean']} [{opposite['share']['min']}, {opposite['share']['max']}]")
+    results = runs[-1]
     summary = dict(
         benchmark="outcome_learning", model=model, worlds=list(worlds), days=len(day_list), first_day=day_list[0], last_day=day_list[-1],
         train_days=train_days, held_out_days=len(day_list) - train_days, headlines_per_day=headlines, seed=seed,
         move_pct=move_pct, noise_pct=noise_pct, reward_weights=weights, learning_rate=learning_rate, epochs=epochs, max_new_tokens=max_new_tokens,
-        held_out={k: {key: v["held_out"][key] for key in ("ab", "backtest", "policy_long_share", "base_long_share")} for k, v in results.items()},
+        train_seeds=list(train_seeds), over_training_seeds=over_seeds,
+        held_out_last_seed={k: {key: v["held_out"][key] for key in ("ab", "policy_long_share", "base_long_share")} for k, v in results.items()},
         inverted_vs_news_opposite=opposite, wall_s=round(time.perf_counter() - started, 1), out_dir=str(root),
     )
     return summary
+
+
+def _spread(values) -> dict:
+    values = [v for v in values if v is not None]
+    return dict(mean=_round(np.mean(values)) if values else None, min=_round(min(values)) if values else None,
+                max=_round(max(values)) if values else None, n=len(values))
+
+
+def seed_spread(results: list[dict]) -> dict:
+    """Per figure, its mean and range over the training seeds' runs of one world."""
+    def ab(r, metric, source):
+        return r["held_out"]["ab"].get(metric, {}).get(source)
+
+    def gap(r, source):
+        ls = r["held_out"][f"{source}_long_share"]
+        good, bad = ls["good_news"]["long_share"], ls["bad_news"]["long_share"]
+        return None if good is None or bad is None else good - bad
+
+    return {
+        "hit_rate_policy": _spread([ab(r, "hit_rate", "policy") for r in results]),
+        "hit_rate_base": _spread([ab(r, "hit_rate", "base") for r in results]),
+        "company_share_policy": _spread([ab(r, "headline_company_share", "policy") for r in results]),
+        "company_share_base": _spread([ab(r, "headline_company_share", "base") for r in results]),
+        "structure_policy": _spread([ab(r, "structure_score", "policy") for r in results]),
+        "long_gap_good_minus_bad_policy": _spread([gap(r, "policy") for r in results]),
+        "long_gap_good_minus_bad_base": _spread([gap(r, "base") for r in results]),
+        "hit_rate_labels": [r["held_out"]["ab"].get("hit_rate", {}).get("label") for r in results],
+    }
 
 
 def _round(value):
@@ -245,6 +303,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the box is shared)")
     parser.add_argument("--model", default="tiny-local", help="FLYWHEEL_BASE_MODEL of the policy and (frozen) judge: tiny-local, smollm2-135m-instruct or a folder")
+    parser.add_argument("--synthetic-days", type=int, default=0, help="run on a SYNTHETIC archive of this many days (world_feeds.py) instead of the bundled one; --days then caps it")
+    parser.add_argument("--train-seeds", default="0,1,2", help="FLYWHEEL_SEED of each training run (sampling, minibatch order, LoRA init)")
     parser.add_argument("--config", default=None, help="JSON object of other daily_update run-config fields, e.g. '{\"kl_beta\": 0}'")
     parser.add_argument("--out-dir", default=None, help="where the worlds and their data dirs go (default: a temp folder)")
     args = parser.parse_args()
@@ -261,7 +321,8 @@ def main() -> None:
         parser.error(f"unknown world(s) {unknown}: choose from {', '.join(WORLDS)}")
     summary = run(worlds, args.days, args.train_days, args.headlines, args.seed, args.move_pct, args.noise_pct,
                   json.loads(args.reward_weights) if args.reward_weights else None, args.learning_rate, args.max_new_tokens, args.out_dir, args.epochs, args.model,
-                  json.loads(args.config) if args.config else None)
+                  json.loads(args.config) if args.config else None, tuple(int(x) for x in args.train_seeds.split(",") if x.strip()),
+                  args.synthetic_days)
     print(json.dumps(summary, default=str))
 
 

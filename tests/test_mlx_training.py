@@ -72,7 +72,7 @@ def torch_gspo_batch_loss(backend, examples, config):
         old[i, : len(e.behavior_logprobs)] = torch.tensor(e.behavior_logprobs)
     adv = torch.tensor([e.advantage for e in examples])
     with torch.no_grad():
-        loss, _ = torch_losses.gspo_loss(logp, old, mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
+        loss, _ = torch_losses.gspo_loss(logp, old, mask, adv, *config.clip_band(), config.objective)
     return float(loss)
 
 
@@ -82,7 +82,7 @@ def mlx_gspo_batch_loss(backend, examples, config):
     for i, e in enumerate(examples):
         old[i, : len(e.behavior_logprobs)] = e.behavior_logprobs
     adv = mx.array([e.advantage for e in examples])
-    loss, _ = mlx_losses.gspo_loss(logp, mx.array(old), mask, adv, config.epsilon_low, config.epsilon_high, config.objective)
+    loss, _ = mlx_losses.gspo_loss(logp, mx.array(old), mask, adv, *config.clip_band(), config.objective)
     return loss.item()
 
 
@@ -116,7 +116,7 @@ def test_gspo_batch_loss_matches_torch_before_any_step(tiny_model_dir, adapter):
     # pi_old = the base (adapter off), so the ratios are far from 1 and both clip branches occur.
     base = TorchBackend(tiny_model_dir, device="cpu")
     examples = gspo_examples(base)
-    config = GSPOConfig(objective="gspo", epsilon_low=0.05, epsilon_high=0.08, batch_size=6, lora=SMALL_LORA,
+    config = GSPOConfig(objective="gspo", kl_beta=0.0, epsilon_low=0.05, epsilon_high=0.08, batch_size=6, lora=SMALL_LORA,
                                    old_logprobs="stored")
     t_loss, m_loss = torch_gspo_batch_loss(torch_policy, examples, config), mlx_gspo_batch_loss(mlx_policy, examples, config)
     assert abs(t_loss - m_loss) < TOL
@@ -148,7 +148,7 @@ def test_weighted_dpo_batch_loss_matches_torch_before_any_step(tiny_model_dir, a
 @pytest.mark.parametrize("objective", ["gspo", "reward_weighted"])
 def test_one_gspo_step_lowers_the_batch_loss_in_both(tiny_model_dir, objective):
     """The daily loop's case: a fresh adapter, rollouts scored by the policy that sampled them."""
-    config = GSPOConfig(objective=objective, learning_rate=2e-3, batch_size=6, epochs=1, lora=SMALL_LORA)
+    config = GSPOConfig(objective=objective, kl_beta=0.0, learning_rate=2e-3, batch_size=6, epochs=1, lora=SMALL_LORA)
     for policy in (TorchBackend(tiny_model_dir, device="cpu"), MLXBackend(tiny_model_dir)):
         examples = gspo_examples(policy)
         batch_loss = torch_gspo_batch_loss if policy.name == "torch" else mlx_gspo_batch_loss

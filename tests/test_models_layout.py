@@ -96,7 +96,7 @@ def test_config_defaults_and_validation():
     g = GSPOConfig()
     assert (g.objective, g.learning_rate, g.epsilon_low, g.epsilon_high, g.batch_size, g.epochs, g.max_grad_norm,
             g.seed, g.temperature, g.share_prompt_prefix, g.one_at_a_time, g.old_logprobs, g.kl_beta) == (
-        "token", 2e-3, None, None, 16, 1, 1.0, 0, 1.0, True, False, "recompute", 0.04)
+        "token", 2e-3, None, None, 16, 4, 1.0, 0, 1.0, True, False, "recompute", 0.0)
     assert g.clip_band() == (0.2, 0.28) and (g.sequence_epsilon_low, g.sequence_epsilon_high) == (3e-4, 4e-4)
     assert g.lora is not None and g.lora.r == 8
     for bad in ({"objective": "ppo"}, {"old_logprobs": "cached"}, {"temperature": 0.0}):
