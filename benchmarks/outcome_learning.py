@@ -218,6 +218,9 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
         archive = root / "synthetic_feeds"
         write_synthetic_archive(archive, days=synthetic_days, per_day=max(headlines, 8), seed=seed)
         day_list = archive_day_list(archive)[:days] if days else archive_day_list(archive)
+        # the daily partitions are made when the definitions load: from the archive's days
+        os.environ["FLYWHEEL_FEEDS_ARCHIVE"] = str(archive)
+        os.environ["FLYWHEEL_DAILY_RL_START_DATE"] = day_list[0]
     else:
         day_list = archive_days(days)
     started = time.perf_counter()

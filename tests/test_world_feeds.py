@@ -95,7 +95,8 @@ def test_every_call_window_lies_inside_the_price_file(archive):
 
 def test_everything_is_marked_synthetic(archive):
     folder, manifest, headlines = archive
-    assert headlines["title"].str.contains("SYNTHETIC").all() and headlines["summary"].str.contains("SYNTHETIC").all()
+    # the feeds say so; the headline's words, which the policy reads, stay as the archive writes them
+    assert not headlines["title"].str.contains("SYNTHETIC").any() and not headlines["summary"].str.contains("SYNTHETIC").any()
     assert headlines["source"].str.contains("SYNTHETIC").all()
     for xml in folder.glob("*/*.xml"):
         assert "<description>" in xml.read_text() and xml.read_text().count("SYNTHETIC") > 2

@@ -49,6 +49,9 @@ from outcome_flywheel.settings import resolve_path
 from outcome_flywheel.storage import atomic_write_bytes
 
 SLOT = "{company}"
+# On every feed's title and description, every item's guid and the manifest; not in the headline's own
+# words, which the policy reads: a marker it never saw in training moved tiny-local's calls off the
+# headline's company (11-13 of 64 notes on it, against ~53 on the bundled archive).
 MARK = "(SYNTHETIC)"
 MANIFEST_NAME = "synthetic_archive.json"
 FEEDS = ("synthetic-wire", "synthetic-desk")
@@ -187,7 +190,7 @@ def plan_headlines(day_list: Sequence[str], per_day: int, seed: int, templates: 
             today.add(symbol)
             local = datetime.fromisoformat(day).replace(tzinfo=zone) + timedelta(hours=7, minutes=int(minute))
             rows.append(dict(date=day, symbol=symbol, company=names[symbol], news=sign, template=index,
-                             title=f"{title} {MARK}", summary=f"{summary} {MARK}", feed=FEEDS[i % len(FEEDS)], published=local))
+                             title=title, summary=summary, feed=FEEDS[i % len(FEEDS)], published=local))
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)
 
 
@@ -200,7 +203,7 @@ def feed_xml(feed: str, day: str, items: pd.DataFrame) -> bytes:
     compact = day.replace("-", "")
     for n, r in enumerate(items.itertuples(index=False)):
         out.append(f"<item><title>{escape(r.title)}</title><link>https://example.com/{feed}/{compact}-{n}</link>"
-                   f'<guid isPermaLink="false">{feed}-{compact}-{n}</guid><description>{escape(r.summary)}</description>'
+                   f'<guid isPermaLink="false">synthetic-{feed}-{compact}-{n}</guid><description>{escape(r.summary)}</description>'
                    f"<pubDate>{format_datetime(r.published)}</pubDate></item>")
     out.append("</channel></rss>\n")
     return "\n".join(out).encode()
