@@ -96,7 +96,7 @@ def test_gspo_lora_step_on_cuda_is_finite(qwen3_cuda_dir):
     backend = TorchBackend(qwen3_cuda_dir, device="cuda")
     groups = backend.sample(PROMPTS, 4, SamplingConfig(temperature=0.8, max_new_tokens=32), seeds=[3, 4])
     examples = [GSPOExample(PROMPTS[i], s.token_ids, s.logprobs, float(k - 1.5)) for i, g in enumerate(groups) for k, s in enumerate(g)]
-    stats = backend.train_gspo(examples, GSPOConfig(temperature=0.8, learning_rate=1e-3, batch_size=4))
+    stats = backend.train_gspo(examples, GSPOConfig(temperature=0.8, learning_rate=1e-3, batch_size=4, epochs=1))
     assert stats.steps == 2 and np.isfinite(stats.losses).all()
 
 

@@ -124,7 +124,7 @@ def _trained(model_backend, rollouts, learning_rate):
                 for r, a in zip(rollouts.itertuples(), advantages)]
     candidate = model_backend.load()
     candidate.framework.seed(1)
-    stats = candidate.train_gspo(examples, GSPOConfig(learning_rate=learning_rate, batch_size=4, temperature=0.8))
+    stats = candidate.train_gspo(examples, GSPOConfig(learning_rate=learning_rate, batch_size=4, temperature=0.8, epochs=1))
     return candidate, stats
 
 

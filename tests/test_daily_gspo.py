@@ -106,13 +106,13 @@ def test_train_gspo_moves_likelihood_with_the_advantage(torch_policy):
 
 def test_train_gspo_one_at_a_time_takes_one_step_per_example(torch_policy):
     examples, _ = _examples(torch_policy, n=4)
-    stats = train_gspo(torch_policy, examples, GSPOConfig(one_at_a_time=True, learning_rate=1e-3))
+    stats = train_gspo(torch_policy, examples, GSPOConfig(one_at_a_time=True, learning_rate=1e-3, epochs=1))
     assert stats.steps == 4 and stats.extra["examples"] == 4
 
 
 def test_train_gspo_full_fine_tune_has_no_adapter(torch_policy):
     examples, _ = _examples(torch_policy, n=4)
-    stats = train_gspo(torch_policy, examples, GSPOConfig(lora=None, learning_rate=1e-4, batch_size=4))
+    stats = train_gspo(torch_policy, examples, GSPOConfig(lora=None, learning_rate=1e-4, batch_size=4, epochs=1))
     assert not torch_policy.has_adapter and stats.steps == 1
     assert torch_policy.num_parameters(trainable_only=True) == torch_policy.num_parameters()
 

@@ -104,7 +104,7 @@ def test_token_kl_is_the_exact_kl_over_the_vocabulary(tiny_model_dir, sampled):
 def test_full_fine_tune_in_bf16_keeps_its_updates(tiny_model_dir, sampled, tmp_path):
     """lr 1e-5, three AdamW steps: in plain bf16 most updates round away; fp32 master weights
     under bf16 autocast move the same weights as an fp32 run, in the same direction."""
-    config = GSPOConfig(objective="reward_weighted", learning_rate=1e-5, batch_size=3, lora=None,
+    config = GSPOConfig(objective="reward_weighted", learning_rate=1e-5, batch_size=3, lora=None, epochs=1,
                         temperature=SAMPLING.temperature)
     examples = _examples(sampled)
 

@@ -116,7 +116,7 @@ def test_gspo_batch_loss_matches_torch_before_any_step(tiny_model_dir, adapter):
     # pi_old = the base (adapter off), so the ratios are far from 1 and both clip branches occur.
     base = TorchBackend(tiny_model_dir, device="cpu")
     examples = gspo_examples(base)
-    config = GSPOConfig(objective="gspo", kl_beta=0.0, epsilon_low=0.05, epsilon_high=0.08, batch_size=6, lora=SMALL_LORA,
+    config = GSPOConfig(objective="gspo", kl_beta=0.0, epochs=1, epsilon_low=0.05, epsilon_high=0.08, batch_size=6, lora=SMALL_LORA,
                                    old_logprobs="stored")
     t_loss, m_loss = torch_gspo_batch_loss(torch_policy, examples, config), mlx_gspo_batch_loss(mlx_policy, examples, config)
     assert abs(t_loss - m_loss) < TOL
@@ -220,7 +220,7 @@ def test_gspo_ratio_is_exactly_one_first_and_bf16_full_fine_tune_keeps_its_updat
     assert stats.extra["behavior_logprob_gap_max"] < TOL
 
     bf16 = MLXBackend(tiny_model_dir, dtype="bfloat16")
-    full = GSPOConfig(objective="reward_weighted", batch_size=2, learning_rate=1e-5, lora=None, temperature=0.8)
+    full = GSPOConfig(objective="reward_weighted", batch_size=2, learning_rate=1e-5, lora=None, temperature=0.8, epochs=1)
     before = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(bf16.model.parameters())}
     assert bf16.train_gspo(examples, full).steps == 3
     assert bf16.dtype == mx.float32

@@ -1,4 +1,6 @@
-"""GSPO for the daily loop, written once for torch and mlx (settings: `gspo_config.GSPOConfig`).
+"""The daily loop's policy update, written once for torch and mlx (settings and the objectives'
+formulas: `gspo_config.GSPOConfig`): the token objective (span-scoped parts per token, the whole-note
+part through GSPO's sequence ratio), GSPO, or the reward-weighted log-likelihood.
 
 The trainer body is here: the batching plan (`batching.gspo_minibatches`), the adapter or master
 weights, the choice of pi_old and the statistics. The framework supplies only its log-prob function
@@ -14,7 +16,10 @@ with it and the largest per-sequence gap is reported (`behavior_logprob_gap_max`
 gradient is exactly that of `-A_i * mean_t log pi_theta` (objective "reward_weighted").
 
 The LoRA init draws from the framework's global generator, which the caller seeds
-(`backend.framework.seed`); `config.seed` shuffles the minibatches.
+(`backend.framework.seed`); `config.seed` shuffles the minibatches. pi_ref of the KL term is the
+base (the adapter switched off), evaluated in the same no-grad pass as pi_old. AdamW's moments come
+from the parent checkpoint when it saved them (`ModelBackend.optimizer_tensors`) and are handed back
+for the day's checkpoint.
 """
 
 from __future__ import annotations
