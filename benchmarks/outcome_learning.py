@@ -2,9 +2,11 @@
 `daily_rl` group in order, day by day, on tiny-local in three SYNTHETIC worlds (`flywheel make-world`,
 outcome_flywheel/daily_rl/worlds.py): `news` (the headline's company moves with its news), `inverted`
 (against it) and `null` (random walks). Same archive days, headlines, seeds and settings in every world;
-only the price file differs. The reward weighs the price signal in (`reward_weights`, default
-{"structure": 0.25, "judge_rank": 0.25, "price": 1.0}: the price carries the answer, the structure keeps
-the notes parseable, the judge's rank is near noise on tiny-local).
+only the price file differs. The settings are the project's defaults (what anyone running the assets
+gets: `RewardConfig`, `GSPOConfig`), unless `--reward-weights`, `--epochs` or `--config` say otherwise.
+`--train-seeds` repeats each world per training seed (FLYWHEEL_SEED: sampling, minibatch order, LoRA
+init) and prints each figure's mean and range over them; `--synthetic-days N` runs on a SYNTHETIC
+archive of N days made from the bundled one's event templates (`world_feeds.py`) instead.
 
 The first `--train-days` days train; the later days are held out: the policy is frozen (learning rate 0)
 and writes notes on headlines it never trained on. Printed per world, over the held-out days only, with
@@ -15,7 +17,7 @@ back-test. Then, `inverted` vs `news`: the share of held-out headlines on which 
 opposite sides (each policy's majority side among its notes' calls on the headline's company).
 
     python -m benchmarks.outcome_learning [--days 26] [--train-days 11] [--headlines 8] [--worlds news,inverted,null]
-        [--model tiny-local | smollm2-135m-instruct | a local folder]
+        [--train-seeds 0,1,2] [--synthetic-days 0] [--model tiny-local | smollm2-135m-instruct | a local folder]
 
 The last line is one JSON object.
 """
