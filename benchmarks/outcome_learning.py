@@ -168,12 +168,21 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
         sides = company_sides(warehouse, [day])
         row = dict(world=kind, date=day, phase=phase, seconds=round(time.perf_counter() - t0, 1),
                    policy_company_calls=int(sides["policy_company_calls"].sum()), notes=int(sides["policy_notes"].sum()),
-                   policy_side_with_news=_round(((sides["policy_side"] * sides["news"]) > 0).mean()))
+                   policy_side_with_news=_round(((sides["policy_side"] * sides["news"]) > 0).mean()),
+                   **training_row(warehouse, day))
         per_day.append(row)
         print(json.dumps(row), flush=True)
     held = held_out_summary(warehouse, days[train_days:])
     return dict(world=kind, train_seed=train_seed, planted_moves=manifest["planted_moves"], world_file=str(world_file), held_out=held,
                 per_day=per_day, wall_s=round(time.perf_counter() - started, 1))
+
+
+def training_row(warehouse, day: str) -> dict:
+    """The day's `policy_training` figures that show drift: the KL of D's policy to the base and the gate's verdict."""
+    if not warehouse.exists("policy_training", day):
+        return {}
+    row = warehouse.read("policy_training", day).iloc[0]
+    return dict(kl_to_base=_round(row["kl_to_base"]), gate=str(row["gate"]), gate_kl_to_parent=_round(row["gate_kl_to_parent"]))
 
 
 def opposite_share(a: pd.DataFrame, b: pd.DataFrame) -> dict:
