@@ -67,7 +67,7 @@ def test_a_note_without_a_call_line_is_judged_whole(tokenizer):
     text = "Markets were quiet today.\nNothing else to add."
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert call_token_mask(tokenizer, ids, text) is None
-    assert price_token_advantages(RewardConfig(weights={"price": 1.0}), len(ids), 0.7, None) == pytest.approx([0.7] * len(ids))
+    assert price_token_advantages(len(ids), 0.7, None) == pytest.approx([0.7] * len(ids))
 
 
 # -- per-token advantages ---------------------------------------------------------------------
@@ -75,7 +75,7 @@ def test_token_advantages_sum_share_times_advantage_over_the_parts_spans():
     reward = RewardConfig()  # shares: note 0.4, relevance 0.2, price 0.4
     mask = [False, True, True, False]
     assert judged_token_advantages(reward, 4, relevance_advantage=-1.0, call_mask=mask) == pytest.approx([0.0, -0.2, -0.2, 0.0])
-    assert price_token_advantages(reward, 4, 2.0, mask) == pytest.approx([0.0, 0.8, 0.8, 0.0])
+    assert price_token_advantages(4, reward.share("price") * 2.0, mask) == pytest.approx([0.0, 0.8, 0.8, 0.0])
     assert token_advantages(4, [(0.5, 1.0, None), (0.25, 2.0, mask)]) == pytest.approx([0.5, 1.0, 1.0, 0.5])
     assert token_advantages(3, []) == [0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="span mask of 2 tokens"):

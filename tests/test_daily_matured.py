@@ -43,7 +43,6 @@ def test_price_is_delayed_and_the_shares_are_the_documented_mixture():
     assert [config.share(p) for p in ("note", "relevance", "price")] == pytest.approx([0.4, 0.2, 0.4])
     assert sum(config.share(p) for p in ("note", "relevance", "price")) == pytest.approx(1.0)
     assert RewardConfig(weights={"price": 1.0}).share("price") == 1.0
-    assert not RewardConfig(weights={"price": 1.0}).has_note_signals()
     whole_note = RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5})
     assert whole_note.share("note") == 1.0 and whole_note.share("price") == 0.0
     with pytest.raises(ValueError, match="unknown reward part"):

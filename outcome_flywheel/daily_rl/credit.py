@@ -35,6 +35,7 @@ def judged_token_advantages(reward: RewardConfig, n_tokens: int, relevance_advan
     return token_advantages(n_tokens, [(reward.share("relevance"), relevance_advantage, call_mask)])
 
 
-def price_token_advantages(reward: RewardConfig, n_tokens: int, price_advantage: float, call_mask: Sequence[bool] | None) -> list[float]:
-    """The matured step's per-token advantages: share(price) * A_price on the call's line, 0 elsewhere."""
-    return token_advantages(n_tokens, [(reward.share("price"), price_advantage, call_mask)])
+def price_token_advantages(n_tokens: int, price_part: float, call_mask: Sequence[bool] | None) -> list[float]:
+    """The matured step's per-token advantages: the price part (share(price) * A_price, as the ledger
+    records it) on the call's line, 0 elsewhere; on every token when the note has no call line."""
+    return token_advantages(n_tokens, [(1.0, price_part, call_mask)])

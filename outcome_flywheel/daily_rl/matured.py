@@ -110,8 +110,7 @@ def matured_batch(
     `outcomes` (same rows, in order: `outcome_rows` of their calls). `advantage_scale`: the price part's
     share of the credit (`RewardConfig.share("price")`). With the policy's `tokenizer` the advantage
     sits on the call's line only (`credit.py`); without it, on every token."""
-    from outcome_flywheel.daily_rl.credit import call_token_mask
-    from outcome_flywheel.daily_rl.rewards import token_advantages
+    from outcome_flywheel.daily_rl.credit import call_token_mask, price_token_advantages
     from outcome_flywheel.models.gspo_config import GSPOExample
 
     batch = MaturedBatch()
@@ -147,7 +146,7 @@ def matured_batch(
                 span = call_token_mask(tokenizer, ids, r.response) if tokenizer is not None else None
                 batch.examples.append(GSPOExample(
                     prompt=json.loads(r.prompt), response_ids=ids, behavior_logprobs=[float(x) for x in r.behavior_logprobs],
-                    advantage=0.0, token_advantages=token_advantages(len(ids), [(1.0, float(adv), span)])))
+                    advantage=0.0, token_advantages=price_token_advantages(len(ids), float(adv), span)))
                 batch.example_keys.append((note_day, headline_id, int(r.rollout_index)))
     return batch
 

@@ -101,10 +101,6 @@ class RewardConfig:
         total = sum(weights.values())
         return weights[part] / total if total else 0.0
 
-    def has_note_signals(self) -> bool:
-        """Whether any whole-note signal is weighted (else the judged step trains relevance alone, or nothing)."""
-        return any(float(w) != 0.0 for k, w in self.weights.items() if SIGNAL_SPANS[k] == "note")
-
     def combine(self, signals: Mapping[str, float | None]) -> float:
         """The note reward R = clip(sum of weight * signal) over the weighted whole-note signals (each in
         [0, 1]; every dense one must be given; the call-line signals, `relevance` and `price`, are their
