@@ -113,6 +113,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "gate": ("string", "Evaluation gate: accepted (the update is checkpoint D), rejected (the parent's weights stay) or not_trained."),
         "gate_reason": ("string", "Why the gate decided so (loss, KL to the parent, probe structure against the parent)."),
         "gate_kl_to_parent": ("float", "Exact per-token KL(candidate || parent) on the trained rollouts, nats (NaN when not gated)."),
+        "gate_kl_to_base": ("float", "Exact per-token KL(candidate || base) on the trained rollouts, nats, when the gate's bound (gate_max_kl_to_base) is set; else NaN."),
         "gate_probe_structure": ("float", "Mean structure score of the candidate's greedy notes on the probe headlines."),
         "gate_probe_parent_structure": ("float", "The same for the parent."),
         "score_s": ("float", "Seconds: scoring."),

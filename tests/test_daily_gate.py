@@ -15,11 +15,17 @@ FULL_NOTE = "\n".join(f"{s}: x" for s in ("Trade Recommendation", "Rationale", "
 
 
 class FakePolicy:
-    def __init__(self, kl_per_token: float, note: str):
-        self.kl_per_token, self.note = kl_per_token, note
+    """KL `kl_per_token` to any reference it is given; `kl_to_base` with its adapter off (reference None)."""
+
+    def __init__(self, kl_per_token: float, note: str, kl_to_base: float | None = None):
+        self.kl_per_token, self.note, self.kl_base = kl_per_token, note, kl_to_base
+        self.has_adapter = kl_to_base is not None
         self.kl_reference = None
 
     def token_kl(self, prompts, responses, temperature=1.0, reference=None, **_):
+        if reference is None:
+            assert self.has_adapter, "the KL to the base of a policy without an adapter needs the base"
+            return [np.full(len(r), self.kl_base) for r in responses]
         self.kl_reference = reference
         return [np.full(len(r), self.kl_per_token) for r in responses]
 
@@ -39,8 +45,8 @@ def _stats(*losses):
     return stats
 
 
-def _gate(candidate, stats=None, config=GateConfig()):
-    parent = FakePolicy(0.0, FULL_NOTE)
+def _gate(candidate, stats=None, config=GateConfig(), parent=None):
+    parent = parent or FakePolicy(0.0, FULL_NOTE)
     return evaluate_update(candidate, parent, stats or _stats(0.1, 0.2), TRAINED_ON, HEADLINES, config), parent
 
 
@@ -70,13 +76,14 @@ def test_probe_regression_is_rejected_within_tolerance_accepted():
 
 
 def test_thresholds_are_validated():
-    for bad in (dict(max_kl_to_parent=0), dict(max_probe_regression=-0.1), dict(probe_headlines=0)):
+    for bad in (dict(max_kl_to_parent=0), dict(max_probe_regression=-0.1), dict(probe_headlines=0), dict(max_kl_to_base=0),
+                dict(max_kl_to_base=float("nan")), dict(max_kl_to_base=float("inf")), dict(max_kl_to_base="0.1")):
         with pytest.raises(ValueError):
             GateConfig(**bad)
 
 
 # How each rule names itself in the verdict's reason (what `policy_training.gate_reason` records).
-RULES = {"loss": "training loss", "kl": "KL to the parent", "probe": "probe regression"}
+RULES = {"loss": "training loss", "kl": "KL to the parent", "bound": "KL to the base", "probe": "probe regression"}
 HALF_NOTE = "\n".join(FULL_NOTE.splitlines()[:3])  # 3 of the 6 sections: structure 0.5
 
 
@@ -117,6 +124,36 @@ def test_an_accepted_update_says_every_rule_passed():
     assert result.reason == "loss finite; KL to the parent 0.01 <= 0.25; probe structure 1.000 vs the parent's 1.000 on 2 headlines"
 
 
+BOUND = GateConfig(max_kl_to_base=0.3)
+
+
+def test_the_bound_keeps_the_parent_when_a_day_would_move_the_policy_further_than_it_from_the_base():
+    parent = FakePolicy(0.0, FULL_NOTE, kl_to_base=0.2)
+    result, _ = _gate(FakePolicy(0.01, FULL_NOTE, kl_to_base=0.35), config=BOUND, parent=parent)
+    assert result.verdict == "rejected" and _rules_named(result.reason) == ["bound"], result.reason
+    assert "KL to the base 0.35 nats/token is over the bound 0.3 and the parent's 0.2" in result.reason
+    assert result.columns()["gate_kl_to_base"] == pytest.approx(0.35)
+    # within the bound: accepted, and the reason says the bound held
+    result, _ = _gate(FakePolicy(0.01, FULL_NOTE, kl_to_base=0.25), config=BOUND, parent=parent)
+    assert result.verdict == "accepted" and "KL to the base 0.25 within the bound 0.3" in result.reason
+    # a parent already past the bound (the bound was lowered): a day back toward the base is taken ...
+    far = FakePolicy(0.0, FULL_NOTE, kl_to_base=0.5)
+    assert _gate(FakePolicy(0.01, FULL_NOTE, kl_to_base=0.45), config=BOUND, parent=far)[0].verdict == "accepted"
+    # ... and one further away is not
+    assert _gate(FakePolicy(0.01, FULL_NOTE, kl_to_base=0.55), config=BOUND, parent=far)[0].verdict == "rejected"
+    # the first trained day: the parent is the base (no adapter), its KL to itself is 0
+    result, _ = _gate(FakePolicy(0.01, FULL_NOTE, kl_to_base=0.35), config=BOUND)
+    assert result.verdict == "rejected" and result.parent_kl_to_base == 0.0
+    # a broken candidate is said to be broken, not over the bound
+    result, _ = _gate(FakePolicy(0.01, FULL_NOTE, kl_to_base=float("nan")), config=BOUND, parent=parent)
+    assert result.reason.startswith("KL to the base is not a finite number (nan)"), result.reason
+
+
+def test_without_the_bound_the_kl_to_the_base_is_not_measured():
+    result, _ = _gate(FakePolicy(0.01, FULL_NOTE, kl_to_base=9.0))
+    assert result.verdict == "accepted" and np.isnan(result.kl_to_base) and "base" not in result.reason
+
+
 def _trained(model_backend, rollouts, learning_rate):
     """A candidate trained with GSPO from the base on `rollouts`, best notes of each group up, worst down."""
     advantages = np.tile(np.linspace(-1.5, 1.5, 4), len(rollouts) // 4)
@@ -148,3 +185,13 @@ def test_on_tiny_local_a_healthy_update_is_accepted_and_a_destructive_one_reject
     assert np.isfinite(stats.losses).all()  # the loss alone does not show it: the KL does
     assert destructive.verdict == "rejected" and _rules_named(destructive.reason) == ["kl"], destructive.reason
     assert destructive.kl_to_parent > config.max_kl_to_parent
+
+    # the bound on its own (the parent's budget out of the way): the same candidate is too far from the base
+    bounded = GateConfig(probe_headlines=2, probe_max_new_tokens=40, max_kl_to_parent=1e9, max_kl_to_base=config.max_kl_to_parent)
+    destructive = evaluate_update(candidate, parent, stats, rollouts, headlines, bounded)
+    assert destructive.verdict == "rejected" and _rules_named(destructive.reason) == ["bound"], destructive.reason
+    # the parent is the base: the KL to the base is the KL to the parent, measured with the adapter off
+    assert destructive.parent_kl_to_base == 0.0
+    # two fp32 forwards of the same weights (the base loaded vs the adapter switched off): per-token
+    # differences of ~1e-6 nats against a KL over 0.25, so 1e-3 relative is far outside rounding
+    assert destructive.kl_to_base == pytest.approx(destructive.kl_to_parent, rel=1e-3)

@@ -93,6 +93,7 @@ class DailyUpdateConfig(dg.Config):
     reward_clip_max: Optional[float] = mirrored(RewardConfig, "clip_max", optional=True)
     gate_enabled: Optional[bool] = mirrored(GateConfig, "enabled", optional=True)
     gate_max_kl_to_parent: Optional[float] = mirrored(GateConfig, "max_kl_to_parent", optional=True)
+    gate_max_kl_to_base: Optional[float] = mirrored(GateConfig, "max_kl_to_base", optional=True)
     gate_max_probe_regression: Optional[float] = mirrored(GateConfig, "max_probe_regression", optional=True)
     gate_probe_headlines: Optional[int] = mirrored(GateConfig, "probe_headlines", optional=True)
     price_scale_pct: Optional[float] = mirrored(PriceReward, "scale_pct", optional=True)
@@ -112,7 +113,7 @@ class DailyUpdateConfig(dg.Config):
             self, ("price_scale_pct", "price_no_trade", "price_unparseable")).items()})
         reward = RewardConfig(**{k.removeprefix("reward_"): v for k, v in set_fields(self, ("reward_weights", "reward_clip_min", "reward_clip_max")).items()})
         gate = GateConfig(**{k.removeprefix("gate_"): v for k, v in set_fields(
-            self, ("gate_enabled", "gate_max_kl_to_parent", "gate_max_probe_regression", "gate_probe_headlines")).items()})
+            self, ("gate_enabled", "gate_max_kl_to_parent", "gate_max_kl_to_base", "gate_max_probe_regression", "gate_probe_headlines")).items()})
         evolver = EvolverConfig(**{k.removeprefix("prompt_evolver_"): v for k, v in set_fields(self, (
             "prompt_evolver_enabled", "prompt_evolver_epsilon", "prompt_evolver_trials_per_variant", "prompt_evolver_heldout_samples")).items()})
         return DailyUpdateSettings(

@@ -269,7 +269,10 @@ def gate_update(models, candidate, parent, stats, trained_on, todays, config: Ga
         return candidate, GateResult("accepted", "gate disabled (run config gate_enabled=false)")
     parent_policy = load_policy(models, parent_dir, parent_info)
     try:
-        gate = evaluate_update(candidate, parent_policy, stats, trained_on, todays, config)
+        # a full fine-tune has no adapter to switch off: the bound needs the base model itself
+        base = models.load() if config.max_kl_to_base is not None and not candidate.has_adapter else None
+        gate = evaluate_update(candidate, parent_policy, stats, trained_on, todays, config, base)
+        del base
     except (FloatingPointError, RuntimeError, ValueError) as err:  # a broken candidate may not even run
         gate = GateResult("rejected", f"the candidate failed the probe: {type(err).__name__}: {err}")
     if gate.verdict == "rejected":

@@ -100,6 +100,7 @@ def checkpoint_metadata(result: DailyUpdateResult) -> dict:
         "objective": result.gspo.objective, "learning_rate": result.gspo.learning_rate,
         "gate": result.gate.verdict, "gate_reason": result.gate.reason,
         "gate_kl_to_parent": num(row["gate_kl_to_parent"], 6),
+        "gate_kl_to_base": num(row["gate_kl_to_base"], 6),
         "gate_probe_structure": num(row["gate_probe_structure"]),
         "gate_probe_parent_structure": num(row["gate_probe_parent_structure"]),
         **{k: num(v) if isinstance(v, float) else v for k, v in result.price_row.items() if k not in ("date", "clip_fraction")},
