@@ -104,7 +104,7 @@ def run(data_dir: str | None, days: int, headlines: int, people: bool) -> dict:
     extra = [d for d in sorted(warehouse.partitions("rollout_outcomes")) if d > last]
     started = time.perf_counter()
     for day in all_days + extra:
-        result = run_note_scorer_day(warehouse, models, FeedbackLog(data_dir=str(root)), day, ScorerSettings(), "America/New_York")
+        result = run_note_scorer_day(warehouse, models, FeedbackLog(data_dir=str(root)), day, ScorerSettings())
         print(json.dumps({"day": day, **result.events, "updates": result.updates, "seconds": result.seconds}))
     state = ScorerStore(root).load_latest()
     history = state.meta["history"]

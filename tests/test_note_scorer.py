@@ -2,7 +2,8 @@
 an atomic `latest`, starts afresh (and says why) when the feature size or rank changes, turns the
 judge's ranks, matured prices and people's ratings into events in a fixed order, runs as the
 `note_scorer` asset (re-running a day reproduces its state from D-1), joins the reward when weighted,
-and drives the service: notes best-first, one online step per rated feedback, under a lock."""
+and drives the service: notes best-first, one online step per rated feedback, under a lock; what people
+taught the live state is kept by the next day's state, each feedback once."""
 
 from __future__ import annotations
 
@@ -184,15 +185,16 @@ def tensors(state: ScorerState) -> dict:
 def test_asset_takes_the_days_events_in_order_and_reports_accuracy(scorer_world):
     root, _, metadata = scorer_world
     first, second = metadata[D1], metadata[D2]
-    assert first["fresh_start"].value == "no earlier state" and first["updates"].value == 0
+    # the thumbs-up on a note of D1 (written on D2) is taken on D1: its note exists by then
+    assert first["fresh_start"].value == "no earlier state" and first["updates"].value == 1 and first["events_people"].value == 1
     assert second["fresh_start"].value.startswith("no (carried on")
-    assert (second["events_judge"].value, second["events_price"].value, second["events_people"].value) == (2, 2, 1)
+    assert (second["events_judge"].value, second["events_price"].value, second["events_people"].value) == (2, 2, 0)
     assert second["updates"].value == 5 and second["features_written"].value == 6
     assert "| judge | 2 |" in second["held_out_accuracy"].value and "0.5" in second["held_out_accuracy"].value
     store = ScorerStore(root)
     assert store.days() == [D1, D2] and store.latest.resolve() == store.day_file(D2)
     history = store.load_latest().meta["history"]
-    assert [h["source"] for h in history] == ["judge", "judge", "price", "price", "people"]
+    assert [h["source"] for h in history] == ["people", "judge", "judge", "price", "price"]
     assert Warehouse(data_dir=str(root)).read(FEATURES_TABLE, D2)["features"].map(len).unique().tolist() == [128 + len(STRUCTURE_NAMES)]
     assert tier_summary(root).startswith("note scorer: 5 updates")
 
@@ -265,3 +267,34 @@ def test_service_shows_notes_best_first_and_steps_on_feedback(scorer_world):
     assert status["updates"] == updates + 5 and [r["source"] for r in status["held_out_accuracy"]] == ["judge", "price", "people"]
     nothing = client.post("/api/feedback", json={**body, "thumbs": None, "correction": "Sell it."}, headers=AUTH).json()
     assert nothing["note_scorer"] == {"updated": False, "reason": "the feedback has no thumbs or stars (a correction alone does not rank notes)"}
+
+
+def test_what_people_taught_the_live_state_is_kept_by_the_next_day_once(scorer_world):
+    """Feedback posted to the service steps the live state; the next day's state (from D-1's) takes
+    each of those feedbacks once, a re-run of that day reproduces it, and the day after takes none."""
+    root, resources, _ = scorer_world
+    store = ScorerStore(root)
+    client = test_client(make_state(root))
+    body = {"date": D2, "headline_id": HEADLINES[0], "reviewer": "cat"}
+    for i, thumbs in enumerate(("up", "down", "up")):
+        assert client.post("/api/feedback", json={**body, "rollout_index": i, "thumbs": thumbs}, headers=AUTH).json()["note_scorer"]["updated"]
+    live = store.load_latest()
+    rated = {r.feedback_id for r in FeedbackLog(data_dir=str(root)).read().feedback if r.thumbs or r.stars}
+    chain = store.load(store.day_file(D2)).applied_people
+    taught = rated - chain  # posted after D2 was materialised: in the live state only
+    assert len(taught) >= 3 and taught <= live.applied_people
+
+    D3, D4 = "2025-11-06", "2025-11-07"
+    day3 = materialize(resources, D3)
+    state = store.load_latest()
+    assert store.latest.resolve() == store.day_file(D3)  # latest moved to the day's state ...
+    assert rated <= state.applied_people  # ... which holds every feedback people gave
+    assert day3["events_people"].value == len(taught) and day3["events_judge"].value == day3["events_price"].value == 0
+    people = [h for h in state.meta["history"] if h["source"] == "people"]
+    assert len(people) == len(state.applied_people) == len(rated)  # each once
+    weights = tensors(state)
+    again = materialize(resources, D3)  # a re-run: from D2's state, the same feedback, the same weights
+    assert again["events_people"].value == len(taught)
+    assert all(torch.equal(weights[k], v) for k, v in tensors(store.load(store.day_file(D3))).items())
+    day4 = materialize(resources, D4)
+    assert day4["events_people"].value == 0 and store.load_latest().updates == state.updates

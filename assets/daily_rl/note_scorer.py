@@ -11,7 +11,6 @@ from outcome_flywheel.daily_rl.note_scorer_features import FEATURE_COLUMNS, FEAT
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models import ModelLoader
-from outcome_flywheel.settings import env
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.storage import Warehouse
 from resources.settings import mirrored, set_fields
@@ -66,7 +65,8 @@ def note_scorer(
     that predicts how good a note is. Starting from its state after D-1 it takes D's new signals in
     a fixed order, one Adam step each on a pairwise margin-ranking loss within the headline's group:
     the judge's ranks (rollout_scores(D)), the prices that matured on D (rollout_outcomes), people's
-    thumbs and stars written on D (the feedback log). Labels clipped to [0, 1] per event. Writes the
+    thumbs and stars on notes of D or earlier that the chain has not taken yet (the feedback log; the
+    service steps the live state on each as it is posted, and the next day keeps it: each feedback once). Labels clipped to [0, 1] per event. Writes the
     features of D's notes (`note_features`), the state under checkpoints/note_scorer/ (days/D.safetensors, a
     checkpoint every 50 updates, `latest`); the metadata gives the held-out (test-then-train)
     pairwise accuracy against each source with a 95% bootstrap interval, against a constant
@@ -77,7 +77,7 @@ def note_scorer(
         raise dg.Failure(str(err)) from err
     extras = {
         "warehouse": to_payload(warehouse), "models": to_payload(model_backend), "feedback_log": to_payload(feedback_log),
-        "settings": to_payload(settings), "timezone": env("FLYWHEEL_TIMEZONE"),
+        "settings": to_payload(settings),
         "universe": sorted(market_data.universe()) if market_data is not None else None,
     }
     yield from step_runner.run_step(context, "note_scorer", extras).get_results()

@@ -69,6 +69,7 @@ class Event:
     keys: list[tuple[str, str, int]]  # (note date, headline_id, rollout_index) per note
     labels: np.ndarray
     clipped: int = 0  # labels that were outside [0, 1]
+    event_id: str = ""  # people: the feedback's id (each is taken once: `ScorerState.applied_people`)
 
     def pairs(self) -> list[tuple[int, int, float]]:
         """(better, worse, label gap) over the group's notes whose labels differ."""
@@ -76,10 +77,10 @@ class Event:
         return [(i, j, float(y[i] - y[j])) for i in range(len(y)) for j in range(len(y)) if y[i] - y[j] > TIE]
 
 
-def clipped_event(source: str, day: str, group: str, keys: list, labels: Sequence[float]) -> Event:
+def clipped_event(source: str, day: str, group: str, keys: list, labels: Sequence[float], event_id: str = "") -> Event:
     raw = np.asarray(labels, dtype=np.float64)
     clipped = int(((raw < 0) | (raw > 1) | ~np.isfinite(raw)).sum())
-    return Event(source, day, group, keys, np.clip(np.nan_to_num(raw, nan=0.5), 0.0, 1.0), clipped)
+    return Event(source, day, group, keys, np.clip(np.nan_to_num(raw, nan=0.5), 0.0, 1.0), clipped, event_id)
 
 
 def _model(feature_dim: int, settings: ScorerSettings):
@@ -118,6 +119,11 @@ class ScorerState:
     @property
     def updates(self) -> int:
         return int(self.meta["updates"])
+
+    @property
+    def applied_people(self) -> set[str]:
+        """Ids of the feedback this state has taken (a state saved before they were kept: none)."""
+        return set(self.meta.get("applied_people", []))
 
     def parameters(self) -> int:
         return int(sum(p.numel() for p in self.model.parameters()))
@@ -294,10 +300,12 @@ def learn(state: ScorerState, events: Sequence[Event], features: dict, store: Sc
     counts = {"events": len(events), "updates": 0, "no_pairs": 0, "no_features": 0, "clipped_labels": 0}
     for event in events:
         vectors = [features.get(k) for k in event.keys]
-        if any(v is None for v in vectors):
+        if any(v is None for v in vectors):  # not taken: a later day, with the features, takes it
             counts["no_features"] += 1
             continue
         record = state.step(event, np.stack(vectors))
+        if event.event_id:  # taken, a step or no pair to learn from: never again
+            state.meta.setdefault("applied_people", []).append(event.event_id)
         if record is None:
             counts["no_pairs"] += 1
             continue

@@ -6,15 +6,20 @@ Day D's events, in this order:
 2. price: the policy's calls whose price matured with exit session D (`rollout_outcomes` of earlier
    days), one event per headline group, labels = the `price` signal (PriceReward: the logistic of
    vs_spy_pct; no-trade and unparseable notes their set values); groups by note day, headline_id;
-3. people: feedback written on D (created_at's day in FLYWHEEL_TIMEZONE), one event per feedback in
-   log order, labels = people's mean rating of each note of the headline so far (thumbs up 1 / down 0,
-   stars (s-1)/4), notes nobody rated at a neutral 0.5: a thumbs-up says "better than the others".
+3. people: every rated feedback on notes of day D or earlier that the state has not taken yet
+   (`ScorerState.applied_people`), one event per feedback in log order, labels = people's mean rating
+   of each note of the headline as of that feedback (thumbs up 1 / down 0, stars (s-1)/4), notes
+   nobody rated at a neutral 0.5: a thumbs-up says "better than the others".
+People's events are the only ones that arrive outside the day's partition: the service steps the
+live state on each feedback as it is posted, at any hour and on notes of any day (an archive day of
+2025, rated today). The day's state starts from D-1's (a re-run reproduces it) and takes each
+feedback the chain has not taken yet, so what people taught is in every later day's state, once.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 from zoneinfo import ZoneInfo
 
 import pandas as pd
@@ -85,15 +90,15 @@ def people_event(record: FeedbackRecord, feedback: Sequence[FeedbackRecord], ind
     indices = sorted(set(int(i) for i in indices) | set(ratings))
     keys = [(note_day, headline_id, i) for i in indices]
     labels = [sum(ratings[i]) / len(ratings[i]) if i in ratings else NEUTRAL for i in indices]
-    return clipped_event("people", day, f"{note_day}/{headline_id}", keys, labels)
+    return clipped_event("people", day, f"{note_day}/{headline_id}", keys, labels, event_id=record.feedback_id)
 
 
-def people_events(feedback: Sequence[FeedbackRecord], day: str, timezone: str,
-                  group_indices: Callable[[str, str], Iterable[int]]) -> list[Event]:
-    """One event per rated feedback written on `day`, in log order."""
+def people_events(feedback: Sequence[FeedbackRecord], day: str, group_indices: Callable[[str, str], Iterable[int]],
+                  applied: Collection[str] = ()) -> list[Event]:
+    """One event per rated feedback on notes of `day` or earlier not in `applied` (feedback ids), in log order."""
     events = []
     for record in feedback:
-        if local_day(record.created_at, timezone) != day:
+        if record.date.isoformat() > day or record.feedback_id in applied:
             continue
         event = people_event(record, feedback, list(group_indices(record.date.isoformat(), record.headline_id)), day)
         if event is not None:
@@ -101,7 +106,8 @@ def people_events(feedback: Sequence[FeedbackRecord], day: str, timezone: str,
     return events
 
 
-def day_events(scores: pd.DataFrame, outcomes: pd.DataFrame, feedback: Sequence[FeedbackRecord], day: str, timezone: str,
-               group_indices: Callable[[str, str], Iterable[int]], price: PriceReward | None = None) -> list[Event]:
-    """Every event of `day`, in the fixed order: judge, price, people."""
-    return judge_events(scores, day) + price_events(outcomes, day, price) + people_events(feedback, day, timezone, group_indices)
+def day_events(scores: pd.DataFrame, outcomes: pd.DataFrame, feedback: Sequence[FeedbackRecord], day: str,
+               group_indices: Callable[[str, str], Iterable[int]], applied_people: Collection[str] = (),
+               price: PriceReward | None = None) -> list[Event]:
+    """Every event of `day`, in the fixed order: judge, price, people (those not applied yet)."""
+    return judge_events(scores, day) + price_events(outcomes, day, price) + people_events(feedback, day, group_indices, applied_people)

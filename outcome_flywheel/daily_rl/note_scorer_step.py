@@ -3,7 +3,9 @@ in its own process through Dagster Pipes like the other training steps.
 
 Day D: the features of D's notes (`note_features(D)`), then D's events (note_scorer_events.py) applied
 in their fixed order, one Adam step each, on the state as of D-1 (`days/<D-1>.safetensors`, never `latest`:
-a re-run of D gives the same state). The state after D is `days/D.safetensors`; `latest` moves to it unless
+a re-run of D gives the same state, unless feedback was posted since). People's feedback that the
+service stepped the live state on is taken by the next day's state (each feedback once), so a
+materialised day never drops what people taught. The state after D is `days/D.safetensors`; `latest` moves to it unless
 a later day exists already (a re-run of an old day leaves the newest state served).
 """
 
@@ -89,7 +91,7 @@ class FeatureSource:
 
 
 def run_note_scorer_day(warehouse: Warehouse, models: ModelLoader, feedback_log: FeedbackLog, day: str,
-                        settings: ScorerSettings, timezone: str, universe=None, log=print) -> NoteScorerDay:
+                        settings: ScorerSettings, universe=None, log=print) -> NoteScorerDay:
     started = time.perf_counter()
     store = ScorerStore(resolve_path(warehouse.data_dir))
     hidden = HiddenStates(models.base_model_dir(), device="cpu")
@@ -100,12 +102,13 @@ def run_note_scorer_day(warehouse: Warehouse, models: ModelLoader, feedback_log:
         features._days[day] = feature_lookup(today)
     scores = warehouse.read("rollout_scores", day) if warehouse.exists("rollout_scores", day) else pd.DataFrame()
     outcomes = warehouse.read_all("rollout_outcomes")
-    events = day_events(scores, outcomes, feedback_log.read().feedback, day, timezone, features.group_indices)
-    vectors = features.for_keys([k for e in events for k in e.keys])
+    feedback = feedback_log.read().feedback
     with store.lock():
         state, reason = resume(store.state_before(day, previous_day(day)), hidden.spec.size, hidden.spec.key, settings)
         if reason:
             log(f"note_scorer {day}: starting afresh ({reason})")
+        events = day_events(scores, outcomes, feedback, day, features.group_indices, state.applied_people)
+        vectors = features.for_keys([k for e in events for k in e.keys])
         newest = not store.days() or day >= store.days()[-1]
         counts = learn(state, events, vectors, store, move_latest=newest)
         state.meta["last_day"] = day
@@ -158,7 +161,7 @@ def run(pipes) -> None:
     feedback_log = from_payload(FeedbackLog, extras["feedback_log"])
     settings = from_payload(ScorerSettings, extras["settings"])
     day = pipes.partition_key
-    result = run_note_scorer_day(warehouse, models, feedback_log, day, settings, extras["timezone"], extras.get("universe"), pipes.log.info)
+    result = run_note_scorer_day(warehouse, models, feedback_log, day, settings, extras.get("universe"), pipes.log.info)
     pipes.log.info(f"note_scorer {day}: {sum(result.events.values())} events, {result.updates} updates in all, {result.seconds} s")
     pipes.report_asset_materialization(asset_key="note_scorer", metadata=present(day_metadata(result)))
 
