@@ -150,6 +150,10 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
 
         driver.get(f"{base}/status")
         check("History: daily loop" in driver.page_source and "History: preference adapters" in driver.page_source, "the status page shows both loops")
+        # the charts a person sees: every figure decoded to an image with a size (a broken PNG has width 0)
+        widths = driver.execute_script("return Array.from(document.querySelectorAll('#daily-figures img')).map(i => i.complete ? i.naturalWidth : 0)")
+        check(bool(widths) and all(w > 0 for w in widths), f"the status page draws its {len(widths)} charts (image widths {widths})")
+        summary["status_charts"] = len(widths)
         screenshot(driver, shots / "status.png")
         # An alert() opened by markup would have failed the next driver command (UnexpectedAlertPresentException).
         summary.update(passed=True, seconds=round(time.perf_counter() - started, 1), screenshots=sorted(p.name for p in shots.glob("*.png")))

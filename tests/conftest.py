@@ -19,6 +19,22 @@ SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "production: the production shape on real servers (make up / make down, tests/test_production.py)")
+    config.addinivalue_line("markers", "slow: a real-model loop of minutes; `make test-slow` runs them, CI's second stage (.ci/run)")
+
+
+@pytest.fixture(autouse=True)
+def fixed_seeds():
+    """Every test starts from the same global random state, whatever ran before it: a test that
+    passes alone passes in the suite, in any order, on any machine."""
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    yield
 
 
 @pytest.fixture(scope="session")

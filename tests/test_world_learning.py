@@ -46,6 +46,7 @@ def _gap(policy, prompts, news, symbols, seeds) -> tuple[float, float, int]:
     return float(good - bad), se, len(longs[1]) + len(longs[-1])
 
 
+@pytest.mark.slow  # 190-300 s: the second CI stage (make test-slow)
 @pytest.mark.timeout(1500)
 def test_defaults_learn_the_news_world_through_the_assets(tmp_path, tiny_model_dir, monkeypatch):
     import torch
