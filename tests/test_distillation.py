@@ -181,3 +181,38 @@ def test_sft_loss_matches_its_mlx_mirror():
     theirs, _ = mlx_sft_loss(mx.array(logp), mx.array(mask))
     assert abs(float(ours) - float(theirs)) < 1e-6
     assert abs(float(ours) + logp[mask].mean()) < 1e-6  # the masked mean, nothing else
+
+
+def test_a_distilled_checkpoint_is_the_parent_of_the_next_day_and_a_rerun_reproduces_it(day):
+    """Tier 3 joins the daily chain: the next day trains from the distilled checkpoint, D's notes
+    (sampled by D's own checkpoint) off-policy through the truncated IS weight; the ledger and the
+    audit say so, and a re-run of the next day gives the same checkpoint."""
+    root, res = day
+    warehouse, models = res["warehouse"], res["model_backend"]
+    sampler = read_checkpoint(root / "checkpoints" / "policy" / DAY)["policy_version"]
+    rows = [dict(r, sample_id=r["sample_id"] + "c") for r in warehouse.read(SAMPLES_TABLE, DAY).to_dict("records")]
+    warehouse.write(SAMPLES_TABLE, samples_frame(rows), partition="2025-11-05")
+    accept = DistillConfig(sft=SFTConfig(learning_rate=5e-4, epochs=1, batch_size=4), gate=GateConfig(enabled=False),
+                           ab_headlines=2, ab_max_new_tokens=16)
+    distilled = run_distillation(warehouse, models, "chain", accept, log=lambda m: None)
+    assert distilled.checkpoint == f"{DAY}.distill-chain"
+
+    nxt = "2025-11-04"
+    config = {"ops": {"daily_update": {"config": {**SMALL["ops"]["daily_update"]["config"], "gate_enabled": False}}}}
+    assert dg.materialize([headlines, daily_update], partition_key=nxt, resources=res, run_config=config).success
+    info = read_checkpoint(root / "checkpoints" / "policy" / nxt)
+    assert info["parent_checkpoint"] == distilled.checkpoint and info["parent_version"] == distilled.policy_version
+    ledger = warehouse.read("reward_ledger", nxt)
+    judged = ledger[(ledger["step"] == "judged") & (ledger["status"] == "trained")]
+    assert len(judged) and set(judged["behavior_policy_version"]) == {sampler} and set(judged["policy_version"]) == {distilled.policy_version}
+    assert (judged["staleness_updates"] >= 1).all()  # a distillation (or two) between the sampler and the parent
+    trained = judged[judged["is_ratio"].notna()]
+    assert len(trained) and ((trained["is_ratio"] > 0) & (trained["is_ratio"] != 1.0)).all()  # pi_parent / pi_sampler, recomputed
+    audit = read_audit(warehouse)
+    row = audit[(audit["tier"] == "gspo_daily") & audit["inputs"].str.contains(nxt)].iloc[-1]
+    assert json.loads(row["inputs"])["parent_checkpoint"] == distilled.checkpoint and row["status"] == "succeeded"
+
+    # a re-run of the next day: the same parent, the same weights (the checkpoint's digest)
+    assert dg.materialize([daily_update], partition_key=nxt, resources=res, run_config=config).success
+    again = read_checkpoint(root / "checkpoints" / "policy" / nxt)
+    assert again["parent_checkpoint"] == distilled.checkpoint and again["policy_version"] == info["policy_version"]

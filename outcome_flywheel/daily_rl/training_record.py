@@ -4,6 +4,8 @@ Columns: docs/daily_rl.md, "Delayed rewards"."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import pandas as pd
 
@@ -18,9 +20,11 @@ PRICE_TRAINING_COLUMNS = [
 
 
 def judged_ledger(day: str, rollouts: pd.DataFrame, scores: pd.DataFrame, reward: RewardConfig,
-                  parent_version: str | None, is_ratios: dict) -> list[dict]:
+                  parent_version: str | None, is_ratios: dict, lineage: Sequence[str] = ()) -> list[dict]:
     """One `judged` ledger row per scored note of D-1: the immediate signals it was trained on
-    (weighted and present), or dropped with the judge's reason when its group was unusable."""
+    (weighted and present), or dropped with the judge's reason when its group was unusable.
+    `lineage`: the versions from the notes' sampler to the parent (a distilled parent: the
+    distillations in between are the notes' staleness)."""
     if scores.empty:
         return []
     weighted = [k for k, w in reward.weights.items() if float(w) != 0.0 and k not in DELAYED_SIGNALS]
@@ -34,10 +38,16 @@ def judged_ledger(day: str, rollouts: pd.DataFrame, scores: pd.DataFrame, reward
             date=day, note_date=r.prediction_date, headline_id=r.headline_id, rollout_index=int(r.rollout_index),
             step="judged", signals=",".join(present), status="trained" if r.usable else "dropped",
             reason=None if r.usable else (r.unusable_reason or "unusable group"), policy_version=parent_version,
-            behavior_policy_version=sampler.get((r.headline_id, int(r.rollout_index))), staleness_updates=0,
+            behavior_policy_version=sampler.get((r.headline_id, int(r.rollout_index))),
+            staleness_updates=_distance(lineage, sampler.get((r.headline_id, int(r.rollout_index)))),
             staleness_days=1, signal_value=float(r.reward), advantage=float(r.advantage), is_ratio=is_ratios.get(key, np.nan),
         ))
     return rows
+
+
+def _distance(lineage: Sequence[str], version) -> int:
+    """Policy updates from `version` to the end of `lineage` (0 for the parent itself or no lineage)."""
+    return len(lineage) - 1 - list(lineage).index(version) if version in lineage else 0
 
 
 def _missing(value) -> bool:

@@ -31,8 +31,8 @@ from outcome_flywheel.daily_rl.judge import Judge
 from outcome_flywheel.daily_rl.judging import stable_seed
 from outcome_flywheel.daily_rl.ledger import ledger_frame
 from outcome_flywheel.daily_rl.loop import (
-    ROLLOUT_SAMPLING, UnverifiedCheckpoint, check_behaviour_policy, generate_rollouts, kl_to_base, load_policy,
-    parent_checkpoint, previous_day, publish_checkpoint, quartiles, republish_parent, sampling_temperature,
+    ROLLOUT_SAMPLING, UnverifiedCheckpoint, behaviour_versions, check_behaviour_policy, generate_rollouts, kl_to_base, load_policy,
+    parent_checkpoint, previous_day, publish_checkpoint, quartiles, read_checkpoint, republish_parent, sampling_temperature,
     training_examples,
 )
 from outcome_flywheel.daily_rl.matured import MaturedBatch, MaturedConfig, collect_matured
@@ -149,17 +149,19 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
 
     # The parent is checked first: nothing is scored or written when it may not be trained from.
     ckpt_root = warehouse.path("checkpoints", "policy")
-    try:
-        parent = parent_checkpoint(ckpt_root, day)
+    try:  # a re-run keeps the parent the first run chose (a distillation of D-1 may have come since)
+        parent = parent_checkpoint(ckpt_root, day, pinned=(read_checkpoint(ckpt_root / day) or {}).get("parent_checkpoint"))
     except UnverifiedCheckpoint as err:
         raise DailyUpdateError(str(err)) from err
+    lineage = behaviour_versions(ckpt_root, parent)
 
     started = time.perf_counter()
     prev_rollouts = warehouse.read("rollouts", prediction_day)
-    try:  # pi_old must be the checkpoint this day trains: else the importance ratios mean nothing
-        check_behaviour_policy(prev_rollouts, parent[1]["policy_version"] if parent else None, prediction_day)
+    try:  # pi_old must be the checkpoint this day trains, or one it was distilled from (off-policy, with TIS)
+        check_behaviour_policy(prev_rollouts, parent[1]["policy_version"] if parent else None, prediction_day, lineage)
     except ValueError as err:
         raise DailyUpdateError(str(err)) from err
+    off_policy = bool(len(prev_rollouts)) and parent is not None and set(prev_rollouts["policy_version"]) != {parent[1]["policy_version"]}
     universe = market_data.universe() if market_data is not None else None
     prices_file = market_data.prices_file if market_data is not None and market_data.source == "file" else None
     scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts, settings.reward,
@@ -181,8 +183,9 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     examples = judged + matured.examples
     gspo = replace(
         settings.gspo, seed=stable_seed(seed, day, "shuffle") % (2**31), temperature=temperature if examples else 1.0,
-        # notes sampled days ago need pi_old = the parent recomputed, for the truncated IS weight
-        old_logprobs="recompute" if matured.examples else settings.gspo.old_logprobs,
+        # notes sampled days ago, or by the checkpoint a distilled parent came from, need pi_old = the
+        # parent recomputed, for the truncated IS weight
+        old_logprobs="recompute" if matured.examples or off_policy else settings.gspo.old_logprobs,
     )
     todays = warehouse.read("headlines", day)
     stats, gate = None, not_trained("nothing to train on" if parent_info else "first day: the base policy")
@@ -192,7 +195,7 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
         stats = policy.train_gspo(examples, gspo)
         policy, gate = gate_update(models, policy, parent, stats, trained_notes(warehouse, prev_rollouts, scores, matured), todays, settings.gate)
     is_ratios = dict(zip(judged_keys + matured.example_keys, stats.extra.get("is_ratio_by_example", []))) if stats else {}
-    ledger = ledger_frame(judged_ledger(day, prev_rollouts, scores, settings.reward, parent_version, is_ratios)
+    ledger = ledger_frame(judged_ledger(day, prev_rollouts, scores, settings.reward, parent_version, is_ratios, lineage)
                           + [{**row, "is_ratio": is_ratios.get((row["note_date"], row["headline_id"], row["rollout_index"]), np.nan)}
                              for row in matured.ledger])
     warehouse.write("reward_ledger", ledger, partition=day)
@@ -201,6 +204,7 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     info = {
         "date": day, "parent_date": parent_info["date"] if parent_info else None,
         "parent_version": parent_info["policy_version"] if parent_info else None,
+        "parent_checkpoint": parent_dir.name if parent_dir else None,  # a re-run of D trains from the same one
         "base_model": models.base_model, "backend": models.backend, "trained": stats is not None,
         "examples": len(examples), "objective": gspo.objective, "learning_rate": gspo.learning_rate,
         "outcome_headlines_date": outcome_day, "gate": gate.verdict, "gate_reason": gate.reason,

@@ -25,6 +25,7 @@ from outcome_flywheel.steps.codec import from_payload
 from outcome_flywheel.steps.entry import main
 from outcome_flywheel.steps.metadata import counts_table, mapping_table, md, num, path, present
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.training_audit import current
 
 # check -> the key it belongs to
 CHECK_ASSET = {
@@ -44,6 +45,10 @@ def run(pipes) -> None:
     pipes.log.info(f"daily_update {day}: {models.base_model} on {models.backend}/{models.device}, process {os.getpid()}")
     started = time.perf_counter()
     result = run_daily_update(warehouse, models, judge, day, settings, market_data)
+    entry = current()
+    if entry is not None:  # the audit row: what the day trained from (a distilled parent: its notes were off-policy)
+        entry.inputs.update(parent_checkpoint=result.checkpoint.get("parent_checkpoint"), parent_version=result.checkpoint.get("parent_version"),
+                            policy_version=result.checkpoint.get("policy_version"))
     pipes.log.info(f"daily_update {day}: gate {result.gate.verdict}, {len(result.rollouts)} rollouts, "
                    f"{time.perf_counter() - started:.1f} s in the step")
     pipes.report_asset_materialization(asset_key="rollout_scores", metadata=scores_metadata(result, judge, models, settings))
@@ -88,6 +93,7 @@ def checkpoint_metadata(result: DailyUpdateResult) -> dict:
     info, row = result.checkpoint, result.training_row
     return present({
         "policy_version": info["policy_version"], "kind": info["kind"], "parent_version": str(info["parent_version"]),
+        "parent_checkpoint": str(info.get("parent_checkpoint")),
         "path": path(result.checkpoint_dir), "trained": result.trained,
         "examples": row["examples"], "steps": row["steps"], "loss": num(row["loss"]),
         "mean_reward": num(row["mean_reward"]),
