@@ -11,7 +11,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 
 LOCK := requirements.lock
 
-.PHONY: setup setup-vllm demo demo-real test ui serve browser-test clean lock up down
+.PHONY: setup setup-vllm demo demo-real test ui serve browser-test clean clean-prod lock up down
 
 setup: $(STAMP) .dagster/dagster.yaml
 
@@ -102,5 +102,12 @@ browser-test: setup
 	@test -d $${FLYWHEEL_DATA_DIR:-data}/warehouse/rollouts || $(MAKE) demo
 	$(PY) -m scripts.browser_test --data-dir $${FLYWHEEL_DATA_DIR:-data}
 
+# data/, .dagster/ and .cache/, but never a PostgreSQL cluster (data/postgres: the production run history and
+# schedule state; it says what it keeps), and nothing while any piece of `make up` runs (`make down` first).
+# `make clean-prod`, only after `make down`: the production home (.dagster-prod, FLYWHEEL_PROD_HOME) and the
+# cluster it records; it prints each path removed. deploy/clean.py needs only python3: both work without .venv.
 clean:
-	rm -rf data .dagster .cache
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m deploy.clean
+
+clean-prod:
+	@$(if $(wildcard $(PY)),$(PY),$(PYTHON)) -m deploy.clean --prod

@@ -5,7 +5,8 @@
 The service first, then the webserver, the daemon and the code server (each with the processes it
 started: run workers and their steps), each only after checking that its pid still names the process
 `make up` started (start time and command line): TERM, a grace period, then KILL. PostgreSQL last,
-with `pg_ctl stop -m fast`. Nothing recorded: it says so.
+with `pg_ctl stop -m fast`, on the cluster and port `<home>/deploy.json` records (what runs, whatever
+the settings now say). Nothing recorded: it says so. It keeps deploy.json: `make clean-prod` reads it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 from deploy import processes
 from deploy.postgres import Cluster, find_binaries
-from deploy.settings import parser, resolve
+from deploy.settings import home_of, parser, recorded, resolve
 
 ORDER = ("service", "webserver", "daemon", "code_server")
 
@@ -43,7 +44,7 @@ def down(d) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser("make down", "Stop what `make up` started (by pid) and nothing else.").parse_args(argv)
-    deployment = resolve(args)
+    deployment = recorded(home_of(args)) or resolve(args)  # what `make up` started, not what the settings say now
     lines = down(deployment)
     if not lines:
         print(f"make down: nothing is up (no pid files under {deployment.home / 'pids'})")

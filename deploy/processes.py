@@ -92,6 +92,11 @@ def running(home: Path, name: str) -> ProcessRecord | None:
     return record if record and record.process() else None
 
 
+def live_records(home: Path) -> list[ProcessRecord]:
+    """The records of every pid file under `home` whose process is alive."""
+    return [record for path in sorted(pid_dir(home).glob("*.pid")) if (record := running(home, path.stem))]
+
+
 def start(home: Path, name: str, command: list[str], env: dict[str, str], cwd: Path) -> ProcessRecord:
     """Start `command` detached (its own session, output to `<home>/process-logs/<name>.log`) and record it."""
     log_path = log_dir(home) / f"{name}.log"

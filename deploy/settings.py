@@ -1,17 +1,23 @@
 """Where the production instance lives and which ports it uses.
 
-Each comes from a command-line option, else a variable, else what the last `make up` chose (kept in
-`<home>/deploy.json`, so `make up` twice and `make down` agree), else the default:
+Each comes from a command-line option, else a variable, else its default:
 
 | option | variable | default |
 | --- | --- | --- |
 | `--home` | `FLYWHEEL_PROD_HOME` | `.dagster-prod` (the production DAGSTER_HOME) |
 | `--data-dir` | `FLYWHEEL_DATA_DIR` | `data` |
-| `--pg-dir` | `FLYWHEEL_PG_DIR` | `<data dir>/postgres` |
-| `--pg-port` | `FLYWHEEL_PG_PORT` | a free port |
-| `--code-server-port` | `FLYWHEEL_CODE_SERVER_PORT` | a free port |
+| `--pg-dir` | `FLYWHEEL_PG_DIR` | `<data dir>/postgres`: follows the data dir asked for now |
+| `--pg-port` | `FLYWHEEL_PG_PORT` | the running deployment's, else a free port |
+| `--code-server-port` | `FLYWHEEL_CODE_SERVER_PORT` | the running deployment's, else a free port |
 | `--webserver-port` | `FLYWHEEL_WEBSERVER_PORT` | 3030 (`make ui` keeps 3000) |
 | `--api-port` | `FLYWHEEL_API_PORT` | 8765 |
+
+`<home>/deploy.json` records what a running deployment uses: `make up` writes it once the first piece
+(PostgreSQL) runs, so a `make up` that failed before leaves nothing behind that steers the next one.
+While a piece it recorded runs, its free ports are taken again (so `make up` twice agrees); it steers
+no other setting. `make down` stops what it records, `make clean-prod` removes the cluster it records. A
+`make up` whose settings differ from those of the deployment running on its home refuses, naming both
+values (`differences`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import secrets
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from deploy.processes import free_port
+from deploy import guard
+from deploy.processes import free_port, live_records
 from outcome_flywheel.settings import PROJECT_ROOT
 
 HOST = "127.0.0.1"  # every server of the production shape listens on loopback only
@@ -32,6 +39,14 @@ DEFS_MODULE = "pipelines.definitions"
 INSTANCE_TEMPLATE = Path(__file__).with_name("dagster.yaml")
 PG_USER = "dagster"
 PG_DB = "dagster"
+# Each setting a `make up` may be given: (its variable, its option).
+SETTINGS = {"data_dir": ("FLYWHEEL_DATA_DIR", "--data-dir"), "pg_dir": ("FLYWHEEL_PG_DIR", "--pg-dir"),
+            "pg_port": ("FLYWHEEL_PG_PORT", "--pg-port"), "code_server_port": ("FLYWHEEL_CODE_SERVER_PORT", "--code-server-port"),
+            "webserver_port": ("FLYWHEEL_WEBSERVER_PORT", "--webserver-port"), "api_port": ("FLYWHEEL_API_PORT", "--api-port")}
+
+
+class ConflictError(RuntimeError):
+    """A `make up` asked for settings other than those of the deployment running on its home."""
 
 
 @dataclass
@@ -46,7 +61,7 @@ class Deployment:
 
     @property
     def state_file(self) -> Path:
-        return self.home / "deploy.json"
+        return self.home / guard.STATE_FILE
 
     @property
     def secrets_file(self) -> Path:
@@ -87,28 +102,80 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def resolve(args: argparse.Namespace) -> Deployment:
-    """The deployment the options, the variables and the last `make up` describe."""
-    home = _absolute(args.home or os.environ.get("FLYWHEEL_PROD_HOME") or ".dagster-prod")
+def home_of(args: argparse.Namespace) -> Path:
+    return _absolute(args.home or os.environ.get("FLYWHEEL_PROD_HOME") or ".dagster-prod")
+
+
+def recorded(home: Path) -> Deployment | None:
+    """The deployment `<home>/deploy.json` records (the last one that started there), or None."""
+    saved = guard.recorded(home)
     try:
-        saved = json.loads((home / "deploy.json").read_text())
-    except (FileNotFoundError, ValueError):
-        saved = {}
+        return Deployment(home=home, data_dir=Path(saved["data_dir"]), pg_dir=Path(saved["pg_dir"]), pg_port=int(saved["pg_port"]),
+                          code_server_port=int(saved["code_server_port"]), webserver_port=int(saved["webserver_port"]),
+                          api_port=int(saved["api_port"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
-    def pick(option, variable: str, key: str, default):
-        value = option if option is not None else os.environ.get(variable) or saved.get(key)
-        return default() if value in (None, "") else value
 
-    data_dir = _absolute(pick(args.data_dir, "FLYWHEEL_DATA_DIR", "data_dir", lambda: "data"))
+def running_deployment(home: Path) -> Deployment | None:
+    """The recorded deployment while a process it started runs (its pid file names a live process)."""
+    return recorded(home) if live_records(home) else None
+
+
+def resolve(args: argparse.Namespace) -> Deployment:
+    """The deployment the options and the variables describe; what they leave out takes its default,
+    a free port the one of the deployment running on the home. A saved deploy.json steers nothing else."""
+    home = home_of(args)
+    running = running_deployment(home)
+
+    def given(option, key: str):
+        value = option if option is not None else os.environ.get(SETTINGS[key][0])
+        return None if value in (None, "") else value
+
+    def port(option, key: str, default: int | None = None) -> int:
+        """Given; else its default; else (no default: a free port) the running deployment's, or a new free one."""
+        value = given(option, key)
+        if value is not None:
+            return int(value)
+        if default is not None:
+            return default
+        return getattr(running, key) if running else free_port()
+
+    data_dir = _absolute(given(args.data_dir, "data_dir") or "data")
     return Deployment(
         home=home,
         data_dir=data_dir,
-        pg_dir=_absolute(pick(args.pg_dir, "FLYWHEEL_PG_DIR", "pg_dir", lambda: data_dir / "postgres")),
-        pg_port=int(pick(args.pg_port, "FLYWHEEL_PG_PORT", "pg_port", free_port)),
-        code_server_port=int(pick(args.code_server_port, "FLYWHEEL_CODE_SERVER_PORT", "code_server_port", free_port)),
-        webserver_port=int(pick(args.webserver_port, "FLYWHEEL_WEBSERVER_PORT", "webserver_port", lambda: 3030)),
-        api_port=int(pick(args.api_port, "FLYWHEEL_API_PORT", "api_port", lambda: 8765)),
+        pg_dir=_absolute(given(args.pg_dir, "pg_dir") or data_dir / "postgres"),
+        pg_port=port(args.pg_port, "pg_port"),
+        code_server_port=port(args.code_server_port, "code_server_port"),
+        webserver_port=port(args.webserver_port, "webserver_port", 3030),
+        api_port=port(args.api_port, "api_port", 8765),
     )
+
+
+def differences(wanted: Deployment, running: Deployment) -> list[str]:
+    """One line per setting `wanted` gives otherwise than the `running` deployment uses, both values named."""
+    lines = []
+    for key, (variable, option) in SETTINGS.items():
+        now, asked = getattr(running, key), getattr(wanted, key)
+        if str(now) != str(asked):
+            lines.append(f"{variable}: running on {now}, asked for {asked}; `make down` first, or set {variable} "
+                         f"(or {option}) to {now}")
+    return lines
+
+
+def check_running(wanted: Deployment) -> None:
+    """Raise ConflictError when a deployment runs on `wanted.home` with other settings (or with settings
+    no deploy.json records any more)."""
+    live = live_records(wanted.home)
+    running = recorded(wanted.home) if live else None
+    if live and running is None:
+        raise ConflictError(f"a deployment runs on {wanted.home} ({', '.join(r.name for r in live)}), but {wanted.state_file} "
+                            "does not record its settings: `make down` first")
+    lines = differences(wanted, running) if running else []
+    if lines:
+        raise ConflictError(f"the deployment running on {wanted.home} uses other settings than those asked for:\n"
+                            + "\n".join(f"  {line}" for line in lines))
 
 
 def read_env_file(path: Path) -> dict[str, str]:

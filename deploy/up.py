@@ -12,6 +12,10 @@
    (FLYWHEEL_DAGSTER_URL).
 All on the instance file deploy/dagster.yaml, copied into the production home. A piece already
 running (its pid file names a live process) is left as it is, so `make up` twice starts nothing twice.
+A deployment running on the home with other settings than those asked for is refused (both values
+named, deploy.settings.differences). `<home>/deploy.json` is written once PostgreSQL runs: a `make up`
+that failed before leaves nothing that steers the next one. `<home>/up.lock` is held throughout, so a
+second `make up` on the same home, `make clean` and `make clean-prod` see one still starting.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from deploy import processes
+from deploy import guard, processes
 from deploy.postgres import Cluster, PostgresError, ensure_installed
-from deploy.settings import DEFS_MODULE, HOST, INSTANCE_TEMPLATE, LOCATION_NAME, Deployment, instance_env, parser, resolve
+from deploy.settings import (DEFS_MODULE, HOST, INSTANCE_TEMPLATE, LOCATION_NAME, ConflictError, Deployment, check_running, home_of,
+                             instance_env, parser, resolve)
 from outcome_flywheel.settings import PROJECT_ROOT, validate_environment
 
 BIN = Path(sys.executable).parent  # the project's virtual environment: dagster, dagster-daemon, flywheel-serve
@@ -107,12 +112,13 @@ def start_postgres(d: Deployment, secrets: dict[str, str], timeout_s: float) -> 
             raise PostgresError(f"port {d.pg_port} on {HOST} is taken: set FLYWHEEL_PG_PORT (or --pg-port) to a free one")
         cluster.start()
         state = "started"
-    processes.wait_until(cluster.ready, timeout_s, "PostgreSQL (pg_isready)")
-    cluster.ensure_database(secrets["DAGSTER_PG_USER"], secrets["DAGSTER_PG_PASSWORD"], secrets["DAGSTER_PG_DB"])
     pid = cluster.postmaster_pid()
     if pid and not processes.running(d.home, "postgres"):
         record = processes.ProcessRecord.of("postgres", pid, str(cluster.log_file))
         processes.write_record(d.home, record)
+    d.save()  # a piece runs: from now on deploy.json records this deployment, for `make down` and the next `make up`
+    processes.wait_until(cluster.ready, timeout_s, "PostgreSQL (pg_isready)")
+    cluster.ensure_database(secrets["DAGSTER_PG_USER"], secrets["DAGSTER_PG_PASSWORD"], secrets["DAGSTER_PG_DB"])
     return state
 
 
@@ -127,14 +133,15 @@ def ensure_process(d: Deployment, name: str, command: list[str], env: dict[str, 
 
 
 def up(d: Deployment, daily_schedule: str = "auto", timeout_s: float = 600) -> dict[str, str]:
-    """Start what is not running; returns {piece: 'started' | 'already running'}."""
+    """Start what is not running; returns {piece: 'started' | 'already running'}. Raises ConflictError,
+    before anything, when a deployment runs on the home with other settings."""
+    check_running(d)
     validate_environment()
     started_at = time.monotonic()
     for name, port in (("code_server", d.code_server_port), ("webserver", d.webserver_port), ("service", d.api_port)):
         if not processes.running(d.home, name) and not processes.port_free(port):  # before starting anything
             raise processes.StartupError(f"{name}: port {port} on {HOST} is taken by another program; choose another with "
                                          f"{PORT_SETTINGS[name]}")
-    d.save()  # the choices `make down` and the next `make up` read
     write_instance_files(d)
     secrets = instance_env(d)
     env = process_env(d, secrets)
@@ -188,11 +195,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="turn the daily schedule on (auto: when FLYWHEEL_FEED_URLS is set; off: leave it as it is)")
     p.add_argument("--timeout", type=float, default=600, help="seconds to wait for each piece to be ready")
     args = p.parse_args(argv)
-    deployment = resolve(args)
     try:
-        states = up(deployment, args.daily_schedule, args.timeout)
+        with guard.up_lock(home_of(args)):
+            deployment = resolve(args)  # under the lock: what runs on the home does not change meanwhile
+            states = up(deployment, args.daily_schedule, args.timeout)
+    except (guard.Busy, ConflictError) as err:  # nothing was started
+        print(f"make up: {err}", file=sys.stderr)
+        return 1
     except (PostgresError, processes.StartupError, RuntimeError) as err:
-        started = any(processes.pid_dir(deployment.home).glob("*.pid"))
+        started = processes.live_records(home_of(args))
         print(f"make up: {err}" + ("\n(what did start is still running: `make down` stops it)" if started else ""), file=sys.stderr)
         return 1
     print(summary(deployment, states), flush=True)
