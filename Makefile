@@ -11,9 +11,18 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 
 LOCK := requirements.lock
 
-.PHONY: setup setup-vllm demo demo-real test ui serve browser-test clean clean-prod lock up down
+.PHONY: setup setup-vllm browser demo demo-real test test-slow ui serve browser-test clean clean-prod lock up down
 
-setup: $(STAMP) .dagster/dagster.yaml
+setup: $(STAMP) .dagster/dagster.yaml browser
+
+# Debian's chromium and chromium-driver for the browser test (tests/test_browser.py, `make browser-test`),
+# installed where apt-get is (as root, or with sudo); elsewhere (macOS) the browser test is skipped.
+APT_SUDO = $$( [ "$$(id -u)" = 0 ] || echo sudo )
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || ! command -v apt-get >/dev/null || { \
+	  $(APT_SUDO) apt-get install -y -q chromium chromium-driver >/dev/null || { \
+	    $(APT_SUDO) apt-get update -q >/dev/null && $(APT_SUDO) apt-get install -y -q chromium chromium-driver >/dev/null; } || \
+	  echo "setup: could not install chromium and chromium-driver with apt-get: tests/test_browser.py will fail until they are" >&2; }
 
 # torch first, chosen per machine, so the project's own `torch>=2.4` is already met and pip
 # never swaps in the registry's default build (several GB of CUDA wheels) on a CPU-only box.
@@ -71,8 +80,13 @@ demo-real: setup
 	mkdir -p .dagster-real && cp -n scripts/dagster.yaml .dagster-real/dagster.yaml
 	DAGSTER_HOME=$(CURDIR)/.dagster-real FLYWHEEL_DATA_DIR=$(CURDIR)/data-real $(PY) -m scripts.demo_real
 
+# The suite without the real-model loops of minutes (marked `slow`), then those: CI runs both (.ci/run).
+# The hash seed is fixed so that every machine iterates sets and dicts of strings in the same order.
 test: setup
-	$(PY) -m pytest
+	PYTHONHASHSEED=0 $(PY) -m pytest
+
+test-slow: setup
+	PYTHONHASHSEED=0 $(PY) -m pytest -m slow
 
 ui: setup
 	$(VENV)/bin/dagster dev -w workspace.yaml
@@ -96,9 +110,7 @@ serve: setup
 # The pages in headless Chromium (Debian's chromium + chromium-driver, installed here when missing)
 # on a copy of the demo's data (`make demo` runs first when there is none); screenshots to docs/screenshots/.
 browser-test: setup
-	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
-	  command -v apt-get >/dev/null || { echo "browser-test: install chromium and its chromedriver" >&2; exit 2; }; \
-	  $$( [ "$$(id -u)" = 0 ] || echo sudo ) apt-get install -y -q chromium chromium-driver; }
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { echo "browser-test: install chromium and its chromedriver" >&2; exit 2; }
 	@test -d $${FLYWHEEL_DATA_DIR:-data}/warehouse/rollouts || $(MAKE) demo
 	$(PY) -m scripts.browser_test --data-dir $${FLYWHEEL_DATA_DIR:-data}
 
