@@ -49,8 +49,14 @@ _VIEWS_MADE: set[tuple[str, str]] = set()
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temp file in the same folder and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    for attempt in range(3):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # a delete may remove the empty folder between the two calls (`LocalStore.delete`): make it again
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -92,6 +98,19 @@ class LocalStore(ArrowStore):
 
     def write_bytes(self, key: str, data: bytes) -> None:
         atomic_write_bytes(self.folder / key, data)
+
+    def delete(self, key: str) -> None:
+        """Remove the file, then its partition folder and its table folder once they are empty (a
+        folder holds nothing else: no empty `run=...` or `date=...` folders stay behind)."""
+        path = self.folder / key
+        path.unlink(missing_ok=True)
+        for folder in path.parents:
+            if self.folder not in folder.parents:  # up to the warehouse's own folder, never it
+                break
+            try:
+                folder.rmdir()  # only an empty one; a writer's temp file or another partition keeps it
+            except OSError:
+                break
 
 
 @dataclass

@@ -24,7 +24,16 @@ DEFAULT_WAIT_S = 3600.0
 
 
 class TrainerBusy(RuntimeError):
-    """Another trainer holds the lock and did not release it within the wait."""
+    """Another trainer holds the lock and did not release it within the wait. `report` says how the
+    attempt went: the seconds really waited, the holder waited for, a stale lock cleared meanwhile."""
+
+    def __init__(self, message: str, report: "LockReport | None" = None):
+        super().__init__(message)
+        self.report = report
+
+    @property
+    def waited_s(self) -> float:
+        return self.report.waited_s if self.report else 0.0
 
 
 @dataclass
@@ -104,6 +113,7 @@ class TrainerLock:
         report = LockReport(path=str(self.path))
         started = time.monotonic()
         unreadable_since = None
+        contended = False  # found the lock taken at least once: the time until now was spent waiting
         while True:
             holder = {"pid": os.getpid(), "host": socket.gethostname(), "tier": self.tier,
                       "started_at": datetime.now(timezone.utc).isoformat()}
@@ -113,6 +123,7 @@ class TrainerLock:
                 current = read_holder(self.path)
                 if current is None:
                     continue  # released between our two calls: try again at once
+                contended = True
                 if current == {}:  # being written; one that stays unreadable for 5 s is debris
                     unreadable_since = unreadable_since or time.monotonic()
                     if time.monotonic() - unreadable_since > 5:
@@ -125,15 +136,18 @@ class TrainerLock:
                     report.waited_for = current
                 waited = time.monotonic() - started
                 if waited >= self.wait_s:
+                    report.waited_s = waited  # the wait the message states, for the audit row too
+                    self.report = report
                     raise TrainerBusy(
                         f"another trainer holds {self.path}: PID {current.get('pid')} on {current.get('host')} "
                         f"({current.get('tier')}, since {current.get('started_at')}); waited {waited:.1f} s "
-                        f"(limit {self.wait_s:g} s, {WAIT_VARIABLE})")
+                        f"(limit {self.wait_s:g} s, {WAIT_VARIABLE})", report)
                 time.sleep(min(self.poll_s, max(0.01, self.wait_s - waited)))
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(holder))
-            report.waited_s = time.monotonic() - started if report.waited_for else 0.0
+            # Every wait counts, a lock being written or left unreadable too (not only one naming a holder).
+            report.waited_s = time.monotonic() - started if contended else 0.0
             report.holder = holder
             self.report = report
             self.log(report.describe())

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import pandas as pd
 
 from outcome_flywheel.storage import Warehouse
-from outcome_flywheel.trainer_lock import LOCK_FILE, TrainerBusy, TrainerLock
+from outcome_flywheel.trainer_lock import LOCK_FILE, LockReport, TrainerBusy, TrainerLock
 
 AUDIT_TABLE = "training_audit"
 AUDIT_COLUMNS = [
@@ -92,10 +92,12 @@ def audited_training(warehouse: Warehouse, tier: str, training_id: str, trigger:
         report = lock.acquire()
     except TrainerBusy as err:
         entry.status, entry.error = "refused", str(err)[:2000]
+        # The wait its error states (it was 0.0 here: the report of a refused attempt was never read).
+        if err.report is not None:
+            _lock_figures(entry, err.report)
         _finish(warehouse, entry, started)
         raise
-    entry.lock_waited_s = round(report.waited_s, 3)
-    entry.stale_lock_cleared = json.dumps(report.stale_cleared) if report.stale_cleared else ""
+    _lock_figures(entry, report)
     _current.append(entry)
     try:
         yield entry
@@ -109,6 +111,11 @@ def audited_training(warehouse: Warehouse, tier: str, training_id: str, trigger:
             _finish(warehouse, entry, started)
         finally:
             lock.release()
+
+
+def _lock_figures(entry: AuditEntry, report: LockReport) -> None:
+    entry.lock_waited_s = round(report.waited_s, 3)
+    entry.stale_lock_cleared = json.dumps(report.stale_cleared) if report.stale_cleared else ""
 
 
 def _finish(warehouse: Warehouse, entry: AuditEntry, started: float) -> None:

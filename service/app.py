@@ -6,13 +6,15 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from outcome_flywheel.models.serving import ModelServer
 from service import launching
 from service.api import decisions, feedback, openai_compat, preferences, rl
+from service.errors import is_openai_path, refusal
 from service.pages import routes as pages
 from service.security import WriteGuard
 from service.state import NoDagsterInstance, ServiceState
@@ -28,7 +30,9 @@ DESCRIPTION = """People in the loop of the outcome flywheel.
 
 Writes (every POST) need `Authorization: Bearer <FLYWHEEL_API_TOKEN>`; reads are open, except under
 `/v1`, where every request needs it (generation spends the machine's compute).
-Request bodies over 64 KB are refused (413). The review pages are at `/`.
+Request bodies over 64 KB are refused (413), and so is any JSON body with a lone UTF-16 surrogate in a
+string (422; 400 under `/v1`). Errors under `/v1` come in OpenAI's shape,
+`{"error": {"message", "type", "param", "code"}}`. The review pages are at `/`.
 """
 
 
@@ -59,21 +63,44 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
     # Outermost: a request naming another host (DNS rebinding onto loopback) is refused before anything else.
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=state.config.allowed_hosts)
 
+    # Every refusal below answers in the shape of its path's clients (`service.errors.refusal`):
+    # `{"detail": ...}` under /api and the pages, OpenAI's `{"error": {...}}` under /v1.
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
         # The reasons without the refused input: echoing it back could be megabytes, or nested past
         # what the JSON encoder can recurse through.
         errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))} for e in err.errors()]
-        return JSONResponse({"detail": errors}, status_code=422)
+        path = request.url.path
+        if is_openai_path(path):  # /v1 answers an invalid field with a 400 naming it, as OpenAI does
+            param = (".".join(str(p) for p in errors[0]["loc"][1:]) or None) if errors else None
+            return refusal(path, 400, errors, param=param)
+        return refusal(path, 422, errors)
 
     @app.exception_handler(RecursionError)
     async def too_deep(request: Request, err: RecursionError):
-        return JSONResponse({"detail": "the request nests objects or lists too deeply"}, status_code=422)
+        path = request.url.path
+        return refusal(path, 400 if is_openai_path(path) else 422, "the request nests objects or lists too deeply")
 
     @app.exception_handler(FileNotFoundError)
     async def missing_file(request: Request, err: FileNotFoundError):
         # A configured file that is not there (FLYWHEEL_AUDIT_LOG, the base model, an adapter folder):
         # the service cannot answer until it is fixed, and says which file.
-        return JSONResponse({"detail": str(err)}, status_code=503)
+        return refusal(request.url.path, 503, str(err))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        # FastAPI's own answer everywhere but /v1: there an unknown path or method (404, 405) and any
+        # HTTPException raised on the way answer in OpenAI's shape, so its clients show the reason.
+        path = request.url.path
+        if not is_openai_path(path):
+            return await http_exception_handler(request, err)
+        if err.status_code == 404 and err.detail == "Not Found":
+            message, code = (f"{request.method} {path} is not an endpoint of this server: it serves GET /v1/models, "
+                             "GET /v1/models/{model}, POST /v1/chat/completions"), "unknown_url"
+        elif err.status_code == 405:
+            message, code = f"{request.method} is not allowed on {path}", "method_not_allowed"
+        else:
+            message, code = err.detail, None
+        return refusal(path, err.status_code, message, code=code, headers=getattr(err, "headers", None))
 
     return app

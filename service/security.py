@@ -6,6 +6,9 @@
   refused once older than `session_ttl_s` (HttpOnly, SameSite=Strict, Secure when not on loopback).
   Each form also carries a CSRF field derived from that session, which the route checks (`require_csrf`).
 - A body over `max_body_bytes` gets a 413 before any handler sees it, whatever Content-Length says.
+- A JSON body with a lone UTF-16 surrogate in any string (`"\\ud800"`) gets a 422 naming the field
+  (a 400 under /v1) before any handler sees it: no model, tokenizer or log can take such a string.
+Refusals under /v1 come in OpenAI's error shape (`service.errors.refusal`).
 Reads (GET) are open: the service binds to loopback unless told otherwise.
 """
 
@@ -15,11 +18,12 @@ import secrets
 import time
 
 from fastapi import Form, HTTPException, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPBearer
 from starlette.requests import cookie_parser
 
 from service.config import ServiceConfig
+from service.errors import body_surrogate, refusal, surrogate_refusal
 
 SESSION_COOKIE = "flywheel_session"
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -85,15 +89,15 @@ class WriteGuard:
         path = scope["path"]
         if path.startswith(("/api/", "/v1/")):  # /v1: the OpenAI-compatible API (ServingGuard checked its token already)
             if not self.config.is_token(_bearer(headers)):
-                response = JSONResponse({"detail": "writes need Authorization: Bearer <FLYWHEEL_API_TOKEN>"}, status_code=401,
-                                        headers={"WWW-Authenticate": "Bearer"})
+                response = refusal(path, 401, "writes need Authorization: Bearer <FLYWHEEL_API_TOKEN>", code="invalid_api_key",
+                                   headers={"WWW-Authenticate": "Bearer"})
                 return await response(scope, receive, send)
         elif path not in OPEN_POSTS and not valid_session(self.config, cookie_parser(headers.get(b"cookie", b"").decode("latin-1")).get(SESSION_COOKIE)):
             response = PlainTextResponse("not signed in, or the session expired: open /login and paste the service's token", status_code=401)
             return await response(scope, receive, send)
         limit = self.config.max_body_bytes
         declared = headers.get(b"content-length")
-        too_big = JSONResponse({"detail": f"request body over {limit // 1024} KB ({limit} bytes): refused unread"}, status_code=413)
+        too_big = refusal(path, 413, f"request body over {limit // 1024} KB ({limit} bytes): refused unread", code="request_too_large")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await too_big(scope, receive, send)
         body, more = b"", True
@@ -105,6 +109,9 @@ class WriteGuard:
             more = message.get("more_body", False)
             if len(body) > limit:
                 return await too_big(scope, receive, send)
+        surrogate = body_surrogate(body)
+        if surrogate is not None:  # refused here, for every route and field: nothing downstream can take it
+            return await surrogate_refusal(path, *surrogate)(scope, receive, send)
         delivered = False
 
         async def replay():

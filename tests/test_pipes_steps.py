@@ -147,6 +147,8 @@ def test_a_killed_dpo_training_is_recorded_and_latest_stays(tmp_path, warehouse,
            "market_data": MarketData(data_dir=str(data_dir)), "step_runner": SUBPROCESS}
     assert dg.materialize([operator_decisions, decision_outcomes], resources=res, tags=RANGE).success
     assert dg.materialize([dpo_dataset], resources=res).success
+    pool = warehouse.read("dpo_dataset")
+    backups = warehouse.store.folder / "backups_dpo_dataset"
     cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}
     monkeypatch.setenv(CRASH_VARIABLE, "train")
     killed = dg.materialize([preference_adapter], resources=res, run_config=cfg, raise_on_error=False)
@@ -156,9 +158,15 @@ def test_a_killed_dpo_training_is_recorded_and_latest_stays(tmp_path, warehouse,
     assert not list(adapters.glob(".staging-*")) if adapters.exists() else True
     hist = warehouse.read_all(HISTORY_TABLE)
     assert hist["status"].tolist() == ["failed"] and "killed by SIGKILL" in hist["error"][0]
+    # The step was killed inside its pool backup: the asset wrote the pool back from the copy and
+    # removed it (it stayed for good before), folder and all.
+    assert "dpo_dataset restored from backups_dpo_dataset run=" in hist["error"][0]
+    assert warehouse.partitions("backups_dpo_dataset") == [] and not backups.exists()
+    assert warehouse.read("dpo_dataset").equals(pool)
     monkeypatch.delenv(CRASH_VARIABLE)
     again = dg.materialize([preference_adapter], resources=res, run_config=cfg)
     assert again.success and (adapters / "latest").is_symlink()
+    assert not backups.exists()  # a success leaves no copy and no empty run= folder
     hist = warehouse.read_all(HISTORY_TABLE).sort_values("started_at")
     assert hist["status"].tolist() == ["failed", "succeeded"] and hist["steps"].iloc[-1] >= 1
     check = again.get_asset_check_evaluations()[0]

@@ -256,3 +256,49 @@ def test_the_dagster_url_must_be_a_webserver_url(monkeypatch):
         monkeypatch.setenv("FLYWHEEL_DAGSTER_URL", bad)
         with pytest.raises(ValueError, match="FLYWHEEL_DAGSTER_URL"):
             ServiceConfig.from_env()
+
+
+LONE = "\ud800 hi"  # a lone UTF-16 surrogate: valid JSON (as the escape \ud800), not Unicode text
+SCORE = {"candidate": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}], "text": LONE}}
+SURROGATE_BODIES = [
+    ("/api/feedback", {**GOOD, "correction": LONE}, ["body", "correction"]),
+    ("/api/decisions", {**DECISION, "proposal": {**DECISION["proposal"], "text": LONE}}, ["body", "proposal", "text"]),
+    ("/api/decisions", {**DECISION, "context": {"regime": "risk-on", "notes": [1, {"why": LONE}]}}, ["body", "context", "notes", 1, "why"]),
+    ("/api/decisions", {**DECISION, "context": {LONE: 1}}, ["body", "context"]),  # a key: the path to its object
+    ("/api/preferences/style_score", SCORE, ["body", "candidate", "text"]),
+    ("/api/preferences/style_score", {**SCORE, "candidate": {**SCORE["candidate"], "text": None}, "prompt": LONE}, ["body", "prompt"]),
+]
+
+
+def _wire(body: dict, raw: bool) -> bytes:
+    """The body as a client sends it: JSON's ASCII escape (`json.dumps`), or the surrogate's own three
+    bytes (ED A0 80), which Python's `json.loads` on bytes also passes through (surrogatepass)."""
+    data = json.dumps(body).encode()
+    assert b"\\ud800" in data
+    return data.replace(b"\\ud800", b"\xed\xa0\x80") if raw else data
+
+
+@pytest.mark.parametrize("raw", [False, True], ids=["escaped", "raw-bytes"])
+@pytest.mark.parametrize("path,body,loc", SURROGATE_BODIES, ids=lambda v: ".".join(map(str, v)) if isinstance(v, list) else None)
+def test_a_lone_surrogate_in_any_text_is_a_422_naming_the_field_and_writes_nothing(world, path, body, loc, raw):
+    """`"\\ud800 hi"` reaches the server as a lone surrogate (a 500 from the encoder or the tokenizer
+    before): refused with the field and the reason, nothing written, no model work; anonymous, a 401."""
+    if "style_score" in path:
+        publish_adapter(world, "run-a", seed=1)  # an adapter in place: the score would run the tokenizer
+    client = test_client(make_state(world))
+    client.raise_server_exceptions = False  # a 500 is an answer to assert on, not an exception here
+    state = client.app.state.service
+    headers = {"Content-Type": "application/json"}
+    anonymous = client.post(path, content=_wire(body, raw), headers=headers)
+    assert anonymous.status_code == 401
+    response = client.post(path, content=_wire(body, raw), headers={**AUTH, **headers})
+    assert response.status_code == 422, response.text[:300]
+    [error] = response.json()["detail"]
+    assert error["loc"] == loc and error["type"] == "string_unicode"
+    assert "lone UTF-16 surrogate" in error["msg"] and "U+D800" in error["msg"] and " hi" not in error["msg"]  # the reason, not the input
+    assert not state.feedback_log.file.exists() and not state.audit_log.live_file.exists()
+    assert state.scorer.loads == 0
+    if not raw:  # the same body with a whole character (a surrogate pair) goes through: only non-text is refused
+        fixed = json.loads(json.dumps(body).replace("\\ud800", "\\ud83d\\ude00"))
+        done = client.post(path, json=fixed, headers=AUTH)
+        assert done.status_code in (200, 201), done.text[:300]

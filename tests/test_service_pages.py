@@ -181,3 +181,18 @@ def test_the_message_box_shows_only_the_services_own_words(client):
                                              "reviewer": "ana", "csrf": csrf}, follow_redirects=False)
     shown = client.get(refused.headers["location"])
     assert 'id="error"' in shown.text and "stars" in shown.text
+
+
+def test_a_lone_surrogate_typed_into_the_context_is_refused_with_the_reason(client, world):
+    """The context box takes JSON, where `\\ud800` is a valid escape of a lone surrogate (not text): the
+    score and the decision forms say so and neither runs the model nor writes the live log."""
+    publish_adapter(world, "run-a", seed=1)
+    csrf = signed_in(client)
+    context = '{"regime": "\\ud800 hi"}'
+    scored = client.post("/proposal", data={"orders": "buy MSFT 2%", "context": context, "csrf": csrf})
+    assert scored.status_code == 422 and "lone UTF-16 surrogate" in html.unescape(scored.text)
+    assert "the context['regime']" in html.unescape(scored.text)
+    decided = client.post("/proposal/decide", data={"orders": "buy MSFT 2%", "decision": "approve", "context": context, "csrf": csrf},
+                          follow_redirects=False)
+    assert decided.status_code == 303 and "error=" in decided.headers["location"] and "surrogate" in decided.headers["location"]
+    assert client.app.state.service.scorer.loads == 0 and not client.app.state.service.audit_log.live_file.exists()

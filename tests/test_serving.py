@@ -6,6 +6,7 @@ started before finishes on the old ones; a rejected day and an unverified re-run
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -22,6 +23,7 @@ from tests.service_fixtures import TOKEN, make_state, publish_adapter
 
 CAP = 400  # FLYWHEEL_SERVE_MAX_TOKENS of the test service: long enough for a request to still run during a swap
 MESSAGES = [{"role": "system", "content": "You write trading notes."}, {"role": "user", "content": "Write a trading note on: chips rally"}]
+LONE = "\ud800 hi"  # a lone UTF-16 surrogate: JSON can carry it (as the escape), Unicode text cannot
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +98,47 @@ def test_anonymous_and_wrong_tokens_get_401_on_reads_and_writes(live):
     ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}, 400, "stream"),
     ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
     ({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+    # A lone UTF-16 surrogate: valid JSON (the escape), not text; the tokenizer raised on it (a 500).
+    (json.dumps({"model": "policy", "messages": [{"role": "user", "content": LONE}]}), 400, "messages.0.content"),
+    (json.dumps({"model": "policy", "messages": [{"role": "user", "content": [{"type": "text", "text": LONE}]}]}), 400, "messages.0.content.0.text"),
+    (json.dumps({"model": "policy", "messages": MESSAGES, "user": {LONE: 1}}), 400, "user"),
+    ('{"model": "policy", "messages": ' + "[" * 5000 + "]" * 5000 + "}", 400, None),  # deeper than the parser's stack
+    ('{"model": "policy", "messages": [{"role": "user", "content": "' + "x" * 70_000 + '"}]}', 413, None),
 ])
 def test_garbage_gets_a_4xx_in_openais_shape(live, body, status, param):
     kwargs = {"content": body} if isinstance(body, str) else {"json": body}
     response = httpx.post(live["url"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60, **kwargs)
-    assert response.status_code == status
+    assert response.status_code == status, response.text[:300]
     error = response.json()["error"]
-    assert error["message"] and error["type"] and error["param"] == param
+    assert error["message"] and error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_the_openai_client_shows_the_reason_of_every_refusal(live):
+    """The client reads `error.message` (and `code`, `param`): with `{"detail": ...}` it showed only the
+    status code. A lone surrogate is sent as the bytes a client would put on the wire (this client
+    cannot encode one itself: it refuses with a UnicodeEncodeError before sending)."""
+    client = live["client"]
+    with pytest.raises(UnicodeEncodeError):
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": LONE}], max_tokens=4)
+    lone = {"model": "policy", "messages": [{"role": "user", "content": LONE}], "max_tokens": 4}
+    for wire in (json.dumps(lone).encode(), json.dumps(lone).encode().replace(b"\\ud800", b"\xed\xa0\x80")):
+        with pytest.raises(openai.BadRequestError, match="messages.0.content: .*lone UTF-16 surrogate") as bad:
+            client.post("/chat/completions", cast_to=object, body=wire)
+        assert bad.value.param == "messages.0.content" and bad.value.code == "invalid_unicode"
+    with pytest.raises(openai.APIStatusError, match="413 - request body over 64 KB") as big:
+        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 70_000}], max_tokens=4)
+    assert big.value.status_code == 413 and big.value.code == "request_too_large"
+    with pytest.raises(openai.NotFoundError, match="POST /v1/completions is not an endpoint of this server") as unknown:
+        client.completions.create(model="policy", prompt="hi", max_tokens=4)
+    assert unknown.value.code == "unknown_url"
+    with pytest.raises(openai.APIStatusError, match="405 - GET is not allowed on /v1/chat/completions"):
+        client.get("/chat/completions", cast_to=object)
+    with pytest.raises(openai.BadRequestError, match="nests objects or lists too deeply"):
+        client.post("/chat/completions", cast_to=object, body=('{"messages": ' + "[" * 5000 + "]" * 5000 + "}").encode())
+    # Anonymous, the same bodies get the 401, in the same shape, before anything reads them.
+    stranger = openai.OpenAI(base_url=f"{live['url']}/v1", api_key="not-the-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError, match="needs Authorization: Bearer"):
+        stranger.post("/chat/completions", cast_to=object, body=json.dumps(lone).encode())
 
 
 def test_the_token_cap(live):

@@ -17,6 +17,7 @@ from outcome_flywheel.models import LoraSettings, ModelLoader
 from outcome_flywheel.models.dpo_config import WeightedDPOConfig
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.preferences.adapter_step import SUMMARY_KEY
+from outcome_flywheel.preferences.pool import restore_pool
 from outcome_flywheel.storage import Warehouse
 from resources.settings import mirrored
 from resources.steps import StepRunnerResource
@@ -102,6 +103,16 @@ def preference_adapter(context: dg.AssetExecutionContext, config: PreferenceAdap
         history["error"] = f"{type(err).__name__}: {err}"[:2000]
         raise
     finally:
+        # A killed step leaves its copy of the pair pool (backups_dpo_dataset, run=<run>) unrestored:
+        # the pool is written back from it and the copy removed (`restore_pool`; docs/tiers.md, "Safety").
+        try:
+            note = (f"dpo_dataset restored from backups_dpo_dataset run={run}: the step ended without restoring it (killed?)"
+                    if restore_pool(warehouse, "dpo_dataset", run) else "")
+        except Exception as err:  # the history row is still written; the next training removes the copy
+            note = f"dpo_dataset not restored from backups_dpo_dataset run={run}: {type(err).__name__}: {err}"
+        if note:
+            context.log.warning(note)
+            history["error"] = f"{history['error']}; {note}"[:2000] if history["error"] else note
         history["wall_s"] = round(time.perf_counter() - t0, 3)
         history["finished_at"] = datetime.now(timezone.utc).isoformat()
         warehouse.write(HISTORY_TABLE, pd.DataFrame([history])[column_names(HISTORY_TABLE, history)], partition=run, key="run")

@@ -53,8 +53,9 @@ def run(pipes) -> None:
     try:
         backend = models.load()
         # The trainer seeds, then adds the LoRA adapter, so a re-run gives the same adapter; the pool
-        # is backed up first and restored if the training fails.
-        with pool_backup(warehouse, "dpo_dataset", run_id):
+        # is backed up first and restored if the training fails (if this process is killed, by the
+        # asset once it has ended: `restore_pool`).
+        with pool_backup(warehouse, "dpo_dataset", run_id, log=pipes.log.warning):
             stats = backend.train_weighted_dpo(pairs, cfg)
         staging.mkdir(parents=True)
         backend.save(staging)

@@ -5,7 +5,9 @@ base model with the latest preference adapter), hot-swapped as their `latest` po
 (`outcome_flywheel.models.serving.ModelServer`). Every /v1 request, reads included, needs
 `Authorization: Bearer <FLYWHEEL_API_TOKEN>` (the key an OpenAI client sends): serving spends the
 machine's compute. Errors come in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`,
-with a 4xx status for a request the server cannot take.
+with a 4xx status for a request the server cannot take: this module's own, and those the guards and
+the app answer before or around it (401, 413, a lone surrogate, an unknown path or method; see
+`service.errors`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from outcome_flywheel.models.serving import MODEL_IDS, ModelServer, ModelUnavailable
+from service.errors import openai_error
 from service.security import _bearer, bearer
 
 # Declared so the OpenAPI schema shows the lock on every /v1 route; ServingGuard enforces it.
@@ -28,11 +31,6 @@ VERSION_HEADER = "X-Flywheel-Model-Version"
 # Fields of OpenAI's request this server does not implement: refused rather than silently ignored.
 UNSUPPORTED = ("stream", "tools", "tool_choice", "functions", "stop", "logprobs", "top_logprobs", "response_format",
                "logit_bias", "presence_penalty", "frequency_penalty")
-
-
-def openai_error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status, headers=headers)
 
 
 class TextPart(BaseModel):
@@ -131,6 +129,8 @@ async def chat_completions(request: Request):
         body = await request.json()
     except ValueError:
         return openai_error(400, "the request body is not valid JSON")
+    except RecursionError:
+        return openai_error(400, "the request body nests objects or lists too deeply")
     if not isinstance(body, dict):
         return openai_error(400, f"the request body must be a JSON object, not a {type(body).__name__}")
     try:

@@ -6,6 +6,8 @@ import json
 import re
 from typing import Any
 
+from service.errors import lone_surrogate
+
 ORDER_LINE = re.compile(r"^\s*(buy|sell)\s+([A-Za-z][A-Za-z0-9.\-]{0,15})\s+([0-9]*\.?[0-9]+)\s*(%?)\s*$", re.IGNORECASE)
 
 
@@ -39,6 +41,10 @@ def parse_context(text: str) -> dict[str, Any]:
         raise FormError("the context nests objects or lists too deeply") from None
     if not isinstance(value, dict):
         raise FormError("the context must be a JSON object, like {\"regime\": \"risk-on\"}")
+    surrogate = lone_surrogate(value)  # `"\ud800"` typed as JSON: valid JSON, not text (as the API refuses it)
+    if surrogate is not None:
+        where, why = surrogate
+        raise FormError(f"the context{''.join(f'[{k!r}]' for k in where)}: {why}")
     return value
 
 
