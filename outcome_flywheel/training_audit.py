@@ -1,12 +1,27 @@
 """`training_audit`: one row per training of every tier (GSPO daily, weighted DPO, distillation),
 written through `Warehouse` (unpartitioned), appended idempotently by `training_id` (a re-run of
 the same training replaces its row). Columns: tier, trigger, inputs (JSON), gate verdict and reason,
-start, end, duration, status (succeeded / failed / refused), error, and how the single trainer
-lock went (seconds waited, a stale lock cleared).
+start, end, duration, status, error, and how the single trainer lock went (seconds waited, a stale
+lock cleared, as JSON with the reason it was judged stale).
+
+Statuses (`STATUSES`):
+- `running`: written once the lock is taken, before the training starts; it stays only while the
+  training runs, or after a process that could not write its end (SIGKILL: the out-of-memory killer,
+  a pod evicted), until the next training finds it;
+- `succeeded`, `failed` (the body raised; `error` says what);
+- `refused`: the lock was not free within the wait;
+- `crashed`: a row left `running` by a process that was killed, rewritten by the next training of
+  any tier once it holds the lock (no audited training can be running then: each holds the lock
+  while it runs). `error` says why (its lock judged stale: no heartbeat since ..., or its PID dead;
+  or it no longer held the lock) and when and by which training it was found; `finished_at` is
+  empty and `duration_s` NaN (the end is unknown).
+A killed process that was only stalled (frozen past its lease) and resumes writes its own end over
+`crashed` when it finishes (same `training_id`).
 
 `audited_training` is what the step entry (`steps/entry.py`) wraps every training step in: take
-the trainer lock (`trainer_lock.py`), run, write the row whatever happens. A step adds what only
-it knows (its gate's verdict, its inputs) to `current()` while it runs.
+the trainer lock (`trainer_lock.py`), mark the rows killed trainings left, write this one's
+`running` row, run, write the row's end whatever happens. A step adds what only it knows (its
+gate's verdict, its inputs) to `current()` while it runs.
 """
 
 from __future__ import annotations
@@ -29,6 +44,7 @@ AUDIT_COLUMNS = [
     "training_id", "tier", "trigger", "inputs", "gate_verdict", "gate_reason", "started_at", "finished_at",
     "duration_s", "status", "error", "lock_waited_s", "stale_lock_cleared", "pid",
 ]
+STATUSES = ("running", "succeeded", "failed", "refused", "crashed")  # see the module's note
 # step -> tier; the steps that train a policy (the note scorer's online steps are not: tier 1a takes
 # one Adam step per event on its own small model, beside any trainer, docs/tiers.md)
 TRAINING_STEPS = {"daily_update": "gspo_daily", "preference_adapter": "dpo", "distillation": "distillation"}
@@ -79,15 +95,48 @@ def read_audit(warehouse: Warehouse) -> pd.DataFrame:
     return warehouse.read(AUDIT_TABLE) if warehouse.exists(AUDIT_TABLE) else pd.DataFrame(columns=AUDIT_COLUMNS)
 
 
+def mark_crashed(warehouse: Warehouse, found_by: str, report: LockReport | None = None, log=None) -> list[str]:
+    """Rewrite as `crashed` every row still `running`: call it holding the trainer lock, before this
+    training's own row is written, so that each such row is a training killed before its end.
+    `report` (how this lock was taken) names the stale holder cleared, if it was one of them.
+    Returns their training ids; one table write."""
+    audit = read_audit(warehouse)
+    running = audit.index[audit["status"] == "running"] if len(audit) else []
+    if not len(running):
+        return []
+    found_at = datetime.now(timezone.utc).isoformat()
+    stale = (report.stale_cleared or {}) if report is not None else {}
+    audit = audit.copy()
+    audit["duration_s"] = audit["duration_s"].astype(float)
+    for i in running:
+        training_id = audit.at[i, "training_id"]
+        if stale.get("training_id") == training_id:
+            why = f"its trainer lock was judged stale and cleared: {report.stale_reason}"
+        else:
+            why = ("it no longer held the trainer lock (PID {}): the process was killed (SIGKILL or the out-of-memory "
+                   "killer), its pod evicted or its host lost".format(audit.at[i, "pid"]))
+        audit.at[i, "status"] = "crashed"
+        audit.at[i, "error"] = f"crashed without writing its end: {why}; found at {found_at} by {found_by}"[:2000]
+        audit.at[i, "finished_at"] = ""
+        audit.at[i, "duration_s"] = float("nan")
+    warehouse.write(AUDIT_TABLE, audit[AUDIT_COLUMNS])
+    ids = [str(audit.at[i, "training_id"]) for i in running]
+    if log:
+        log(f"training_audit: {', '.join(ids)} left `running` by a killed process, marked `crashed`")
+    return ids
+
+
 @contextmanager
 def audited_training(warehouse: Warehouse, tier: str, training_id: str, trigger: str = "", inputs: dict | None = None,
                      wait_s: float | None = None, log=None) -> Iterator[AuditEntry]:
     """Hold the single trainer lock while the body trains, and write its audit row however it ends
-    (refused: the lock was not free within the wait; failed: the body raised)."""
+    (refused: the lock was not free within the wait; failed: the body raised). Once the lock is
+    taken: rows killed trainings left `running` become `crashed` (`mark_crashed`), then this
+    training's row is written `running`, so a SIGKILL leaves it for the next training to find."""
     entry = AuditEntry(training_id=training_id, tier=tier, trigger=trigger or "manual", inputs=dict(inputs or {}),
                        started_at=datetime.now(timezone.utc).isoformat(), pid=os.getpid())
     started = time.perf_counter()
-    lock = TrainerLock(warehouse.path(*LOCK_FILE), tier=tier, wait_s=wait_s, log=log)
+    lock = TrainerLock(warehouse.path(*LOCK_FILE), tier=tier, wait_s=wait_s, log=log, training_id=training_id)
     try:
         report = lock.acquire()
     except TrainerBusy as err:
@@ -98,6 +147,12 @@ def audited_training(warehouse: Warehouse, tier: str, training_id: str, trigger:
         _finish(warehouse, entry, started)
         raise
     _lock_figures(entry, report)
+    try:
+        mark_crashed(warehouse, training_id, report, log)
+        record(warehouse, entry)  # `running`: what a process killed from now on leaves
+    except BaseException:
+        lock.release()
+        raise
     _current.append(entry)
     try:
         yield entry
@@ -108,6 +163,10 @@ def audited_training(warehouse: Warehouse, tier: str, training_id: str, trigger:
     finally:
         _current.remove(entry)
         try:
+            if lock.lost:  # stalled past its lease: another trainer may have run meanwhile
+                entry.error = f"{entry.error}; {lock.lost}"[:2000] if entry.error else lock.lost[:2000]
+                if log:
+                    log(lock.lost)
             _finish(warehouse, entry, started)
         finally:
             lock.release()
@@ -115,7 +174,8 @@ def audited_training(warehouse: Warehouse, tier: str, training_id: str, trigger:
 
 def _lock_figures(entry: AuditEntry, report: LockReport) -> None:
     entry.lock_waited_s = round(report.waited_s, 3)
-    entry.stale_lock_cleared = json.dumps(report.stale_cleared) if report.stale_cleared else ""
+    entry.stale_lock_cleared = (json.dumps({**report.stale_cleared, "reason": report.stale_reason}, default=str)
+                                if report.stale_cleared else "")
 
 
 def _finish(warehouse: Warehouse, entry: AuditEntry, started: float) -> None:
