@@ -45,6 +45,7 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_TEACHER_MODEL": "tiny-local-teacher",
     "FLYWHEEL_DISTILL_MIN_SAMPLES": "100",
     "FLYWHEEL_TRAINER_LOCK_WAIT_S": "3600",
+    "FLYWHEEL_TRAINER_LOCK_LEASE_S": "60",
     "FLYWHEEL_PROD_HOME": ".dagster-prod",
     "FLYWHEEL_WEBSERVER_PORT": "3030",
     "FLYWHEEL_DAILY_SCHEDULE": "auto",
@@ -181,6 +182,16 @@ def _non_negative_number(value: str) -> str | None:
     return None if number >= 0 and number == number and number != float("inf") else "out of range"
 
 
+def _lease(value: str) -> str | None:
+    problem = _non_negative_number(value)
+    return problem or (None if float(value) >= 0.1 else "out of range")
+
+
+def _gib(value: str) -> str | None:
+    problem = _non_negative_number(value)
+    return problem or (None if float(value) > 0 else "out of range")
+
+
 def _feed_urls(value: str) -> str | None:
     problems = [p for p in (feed_url_problem(u.strip()) for u in value.split(",") if u.strip()) if p]
     return "; ".join(problems) or None
@@ -241,6 +252,9 @@ RULES: dict[str, Rule] = {
     # the slower tiers (docs/tiers.md)
     "FLYWHEEL_DISTILL_MIN_SAMPLES": integer(1),
     "FLYWHEEL_TRAINER_LOCK_WAIT_S": integer(0),
+    "FLYWHEEL_TRAINER_LOCK_LEASE_S": Rule("a number of seconds >= 0.1, e.g. 60", _lease),
+    # training within a memory budget (models/memory.py); empty = what the accelerator has free
+    "FLYWHEEL_TRAIN_MEMORY_GIB": Rule("empty (the accelerator's free memory) or a number of GiB > 0, e.g. 16", _gib),
     # `make up` (deploy/, docs/deploy.md); FLYWHEEL_PG_PORT / FLYWHEEL_CODE_SERVER_PORT unset = a free port
     "FLYWHEEL_PG_PORT": integer(1, 65535),
     "FLYWHEEL_CODE_SERVER_PORT": integer(1, 65535),

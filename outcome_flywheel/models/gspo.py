@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from outcome_flywheel.models.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
-from outcome_flywheel.models.interface import ModelBackend, TrainStats
+from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
+from outcome_flywheel.models.memory import split_by_tokens, token_limit
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
@@ -56,6 +57,10 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
             [b.prompt_ids for b in batch], [b.response_ids for b in batch], config.temperature, shared_prefix=share
         )
 
+    # Within the memory budget: each minibatch in parts whose gradients add up to its own (memory.py)
+    limit = token_limit(backend)
+    parts_of = [split_by_tokens(batch, [len(b.prompt_ids) + len(b.response_ids) for b in batch], limit) for batch in batches]
+    micros = [part for parts in parts_of for part in parts]
     recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and not computes_in_float32(backend))
     eps_low, eps_high = config.clip_band()
     if config.objective != "token" and any(not per_sequence_advantage(b) for batch in batches for b in batch):
@@ -63,15 +68,15 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
                          "token advantages (price / relevance judge the call's line): use objective 'token'")
     # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base).
     with_reference = config.kl_beta > 0 and backend.has_adapter
-    old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(backend, batches, logprobs, recompute, with_reference)
+    old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(backend, micros, logprobs, recompute, with_reference)
     tis = config.tis_cap is not None and recompute  # with stored pi_old the IS ratio is 1 by construction
     behavior_by_batch = [
         fw.as_array(backend, padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch)))
-        for batch in batches] if tis else [None] * len(batches)
+        for batch in micros] if tis else [None] * len(micros)
     # Dr. GRPO's constant normaliser: every minibatch divides by its sequences x the update's longest response.
     longest = max((len(b.response_ids) for batch in batches for b in batch), default=1)
 
-    def loss(model, indexed_batch):
+    def loss(model, indexed_batch):  # a part of a minibatch: its loss as a whole minibatch's (scaled by the caller)
         index, batch = indexed_batch
         logp, mask = logprobs(batch)
         width = max(len(b.response_ids) for b in batch)
@@ -89,7 +94,8 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     if batches:
         optimizer = fw.adamw(backend.model, config.learning_rate)
         moments = resume_moments(backend, optimizer)
-        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=list(enumerate(batches)), max_grad_norm=config.max_grad_norm)
+        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=accumulated_steps(batches, parts_of),
+                         max_grad_norm=config.max_grad_norm)
         stats.extra["optimizer_moments"] = moments
         if fw.optimizer_state is not None:  # saved with the checkpoint: the next day continues from them
             backend.optimizer_tensors = fw.optimizer_state(optimizer, backend.model)
@@ -103,7 +109,25 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         # Per example (by its position in `examples`): exp(mean_t(log pi_old - log pi_behaviour)), before truncation.
         stats.extra["is_ratio_by_example"] = [is_ratios.get(i, float("nan")) for i in range(len(examples))]
     stats.extra.update(epoch_sizes(batches, config.epochs))
+    stats.extra.update(micro_batches=len(micros), token_limit=limit)
     return stats
+
+
+def accumulated_steps(batches: Sequence[Sequence[EncodedExample]], parts_of: Sequence[Sequence[Sequence[EncodedExample]]]) -> list:
+    """One optimiser step per minibatch: `(part index, part)` when it is whole, else its parts as an
+    `Accumulated` step, each scaled by its share of the minibatch's sequences. A part's loss is the
+    minibatch loss's form over its own sequences (means over sequences; the token sums over the
+    part's sequences x the update's longest response, Dr. GRPO's normaliser), so the scaled sum is
+    exactly the whole minibatch's loss, and its gradient the minibatch's."""
+    steps, index = [], 0
+    for batch, parts in zip(batches, parts_of):
+        if len(parts) == 1:
+            steps.append((index, parts[0]))
+        else:
+            steps.append(Accumulated(tuple((index + k, part) for k, part in enumerate(parts)),
+                                     tuple(len(part) / len(batch) for part in parts)))
+        index += len(parts)
+    return steps
 
 
 def resume_moments(backend: ModelBackend, optimizer: Any) -> str:

@@ -84,6 +84,39 @@ class TrainStats:
 
 
 @dataclass(frozen=True)
+class Accumulated:
+    """One optimiser step over a minibatch taken in parts (gradient accumulation, `memory.py`): the
+    step's loss and gradient are sum_k scales[k] * loss(part k), the minibatch's own when each part's
+    loss is scaled to its share (the trainers' job: sequences or tokens of the part over the minibatch's)."""
+
+    parts: tuple
+    scales: tuple
+
+
+def step_parts(batch: Any) -> tuple[tuple, tuple]:
+    """(parts, scales) of one optimiser step: an `Accumulated` batch's, or the batch whole."""
+    return (batch.parts, batch.scales) if isinstance(batch, Accumulated) else ((batch,), (1.0,))
+
+
+def merged_metrics(scaled: Sequence[tuple[float, Mapping[str, float]]]) -> dict[str, float]:
+    """The step's metrics from its parts': the scale-weighted mean (the scales add up to 1), the
+    least of `*_min` and the most of `*_max`."""
+    if len(scaled) == 1:
+        return {k: float(v) for k, v in scaled[0][1].items()}
+    merged: dict[str, float] = {}
+    for scale, metrics in scaled:
+        for name, value in metrics.items():
+            value = float(value)
+            if name.endswith("_min"):
+                merged[name] = min(merged.get(name, value), value)
+            elif name.endswith("_max"):
+                merged[name] = max(merged.get(name, value), value)
+            else:
+                merged[name] = merged.get(name, 0.0) + scale * value
+    return merged
+
+
+@dataclass(frozen=True)
 class Framework:
     """What a framework lends the shared trainers (`gspo.py`, `dpo.py`), one per framework
     (`torch/training.py`, `mlx/training.py`) and reached as `backend.framework`. The trainers'
@@ -97,7 +130,7 @@ class Framework:
     gspo_loss: Callable[..., tuple[Any, dict]]
     weighted_dpo_loss: Callable[..., tuple[Any, dict]]
     adamw: Callable[..., Any]  # (model, learning_rate) -> optimiser of the trainable parameters
-    train: Callable[..., "TrainStats"]  # (model, optimizer, *, loss, iterate_batches, max_grad_norm)
+    train: Callable[..., "TrainStats"]  # (model, optimizer, *, loss, iterate_batches, max_grad_norm); a batch may be `Accumulated`
     sft_loss: Callable[..., tuple[Any, dict]] | None = None  # (logp, mask) -> completion-only NLL (sft.py)
     # AdamW's moments kept across days beside the checkpoint (`ModelBackend.optimizer_tensors`):
     # (optimizer, model) -> {"<weight name as saved>.exp_avg" / ".exp_avg_sq": float32, "step": int64 []},
@@ -107,6 +140,8 @@ class Framework:
     # (optimizer, model, tensors) -> None: into a fresh `adamw(model, lr)` before its first step;
     # ValueError naming the mismatch when the parameters differ (the caller keeps fresh moments).
     load_optimizer_state: Callable[[Any, Any, Mapping[str, np.ndarray]], None] | None = None
+    # backend -> bytes the accelerator has free now, None where there is no such figure (the CPU)
+    free_memory: Callable[[Any], int | None] | None = None
 
 
 class ChatTokenizer:

@@ -12,9 +12,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
-from outcome_flywheel.models.interface import Framework, TrainStats
+from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
 from outcome_flywheel.models.lora_convert import PEFT_PREFIX
 from outcome_flywheel.models.mlx.losses import gspo_loss, sft_loss, weighted_dpo_loss
 from outcome_flywheel.models.optimizer_state import MOMENTS, check_state, flat_state
@@ -37,7 +37,8 @@ def train(
     max_grad_norm: float = 1.0,
 ) -> TrainStats:
     """One optimiser step per batch on the model's trainable parameters, gradients clipped to
-    `max_grad_norm` (norm recorded before clipping), the model in training mode meanwhile.
+    `max_grad_norm` (norm recorded before clipping), the model in training mode meanwhile. An
+    `Accumulated` batch is one step over its parts, their scaled gradients summed.
 
     `loss(model, batch)` returns the scalar loss and a dict of per-batch metrics; the metrics are
     collected into `TrainStats.extra[name]` as lists.
@@ -49,11 +50,19 @@ def train(
     model.train()
     try:
         for batch in iterate_batches:
-            (value, metrics), grads = loss_and_grad(model, batch)
+            grads, total, scaled = None, 0.0, []
+            for part, scale in zip(*step_parts(batch)):
+                (value, metrics), part_grads = loss_and_grad(model, part)
+                if scale != 1.0:
+                    part_grads = tree_map(lambda g: g * scale, part_grads)
+                grads = part_grads if grads is None else tree_map(mx.add, grads, part_grads)
+                mx.eval(grads, value, metrics)  # this part's graph is done with before the next is built
+                total += value.item() * scale
+                scaled.append((scale, {name: v.item() for name, v in metrics.items()}))
             grads, grad_norm = optim.clip_grad_norm(grads, max_grad_norm)
             optimizer.update(model, grads)
-            mx.eval(model.parameters(), optimizer.state, value, grad_norm, metrics)
-            stats.record(value.item(), grad_norm.item(), {name: v.item() for name, v in metrics.items()})
+            mx.eval(model.parameters(), optimizer.state, grad_norm)
+            stats.record(total, grad_norm.item(), merged_metrics(scaled))
     finally:
         model.train(was_training)
     stats.wall_s = time.perf_counter() - started
@@ -138,8 +147,17 @@ def seed(value: int) -> None:
     mx.random.seed(int(value))
 
 
+def free_memory(backend) -> int | None:
+    """Bytes of Metal's recommended working set not in use now; None without Metal (the CPU)."""
+    if not mx.metal.is_available():
+        return None
+    info = mx.metal.device_info()
+    active = mx.get_active_memory() if hasattr(mx, "get_active_memory") else mx.metal.get_active_memory()
+    return max(0, int(info["max_recommended_working_set_size"]) - int(active))
+
+
 FRAMEWORK = Framework(
     name="mlx", seed=seed, inference=inference, to_numpy=to_numpy, as_array=as_array,
     gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train, sft_loss=sft_loss,
-    optimizer_state=optimizer_state, load_optimizer_state=load_optimizer_state,
+    optimizer_state=optimizer_state, load_optimizer_state=load_optimizer_state, free_memory=free_memory,
 )

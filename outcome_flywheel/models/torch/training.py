@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import torch
 
-from outcome_flywheel.models.interface import Framework, TrainStats
+from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
 from outcome_flywheel.models.optimizer_state import MOMENTS, check_state, flat_state
 from outcome_flywheel.models.torch.losses import gspo_loss, sft_loss, weighted_dpo_loss
 
@@ -31,7 +31,8 @@ def train(
     max_grad_norm: float = 1.0,
 ) -> TrainStats:
     """One optimiser step per batch, gradients clipped to `max_grad_norm` (norm recorded before
-    clipping), the model in training mode meanwhile.
+    clipping), the model in training mode meanwhile. An `Accumulated` batch is one step over its
+    parts: each part's scaled loss is backpropagated in turn, its activations freed before the next.
 
     `loss(model, batch)` returns the scalar loss and a dict of per-batch metrics; the metrics are
     collected into `TrainStats.extra[name]` as lists.
@@ -43,12 +44,16 @@ def train(
     model.train()
     try:
         for batch in iterate_batches:
-            value, metrics = loss(model, batch)
             optimizer.zero_grad(set_to_none=True)
-            value.backward()
+            total, scaled = 0.0, []
+            for part, scale in zip(*step_parts(batch)):
+                value, metrics = loss(model, part)
+                (value if scale == 1.0 else value * scale).backward()  # gradients add up in .grad
+                total += value.item() * scale
+                scaled.append((scale, metrics))
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
-            stats.record(value.item(), float(grad_norm), metrics)
+            stats.record(total, float(grad_norm), merged_metrics(scaled))
     finally:
         model.train(was_training)
     stats.wall_s = time.perf_counter() - started
@@ -134,8 +139,17 @@ def seed(value: int) -> None:
     torch.manual_seed(int(value))
 
 
+def free_memory(backend) -> int | None:
+    """Bytes free on the backend's CUDA device (the driver's figure), None off CUDA."""
+    device = torch.device(backend.device)
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(free)
+
+
 FRAMEWORK = Framework(
     name="torch", seed=seed, inference=inference, to_numpy=to_numpy, as_array=as_array,
     gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train, sft_loss=sft_loss,
-    optimizer_state=optimizer_state, load_optimizer_state=load_optimizer_state,
+    optimizer_state=optimizer_state, load_optimizer_state=load_optimizer_state, free_memory=free_memory,
 )

@@ -1,0 +1,149 @@
+"""Training within a memory budget (`models/memory.py`): a minibatch taken in micro-batches whose
+scaled gradients add up (gradient accumulation) is the same update as the minibatch whole, for GSPO
+(the token objective with its whole-note part), weighted DPO and SFT, in torch and mlx: the same loss
+and the same gradient, within what fp32 rounding allows between two batch shapes of one forward.
+
+The bounds (tests/tolerances.py): the loss is a function of the response tokens' log-probs; with
+c_t its sensitivity to token t's log-prob at the first step (ratios 1, nothing clipped, the IS
+weight at most its cap), |loss_a - loss_b| <= sum_t c_t tol_t with tol_t the per-token log-prob
+bound of two fp32 evaluations, and ||grad_a - grad_b|| <= sum_t c_t gradient_bound scale_t. A
+wrong scale on a part (say n_part / n forgotten) moves the loss by a factor, far outside them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from outcome_flywheel.models import load_backend
+from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+from outcome_flywheel.models.memory import MEMORY_VARIABLE, bytes_per_token, split_by_tokens, token_limit
+from outcome_flywheel.models.segments import encode_segments, flatten_segments
+from outcome_flywheel.models.sft import encode_sft
+from outcome_flywheel.models.sft_config import SFTConfig, SFTExample
+from tests.mlx_fixtures import PROMPTS, RESPONSES
+from tests.tolerances import gradient_bound, logprob_gradient_scales, logprob_tolerances, longest
+
+ONE_SEQUENCE = "1e-6"  # GiB: below one token's activations, so every part holds one sequence
+ADVANTAGES = [1.3, -0.4, 0.6, -1.1, 0.9, -1.3]
+
+
+def gspo_case(backend):
+    prompts = [PROMPTS[i % 3] for i in range(6)]
+    responses = [backend.encode_response(RESPONSES[i % 3] + " and more" * i) for i in range(6)]
+    behaviour = backend.response_logprobs(prompts, responses)
+    examples = [GSPOExample(p, r, [float(x) for x in b], a, token_advantages=[0.5 * a] * len(r))
+                for p, r, b, a in zip(prompts, responses, behaviour, ADVANTAGES)]
+    config = GSPOConfig(batch_size=6, epochs=1, temperature=1.0)
+    # sensitivity of the loss to each token's log-prob: the token part A_t / (B x longest) and the
+    # whole-note part N_i / (B x len_i) (GSPO's sequence ratio), both times the IS weight's cap
+    b, top = len(examples), max(len(r) for r in responses)
+    weights = [config.tis_cap * (np.abs(e.token_advantages) / (b * top) + abs(e.advantage) / (b * len(e.response_ids))) for e in examples]
+    return prompts, responses, weights, lambda be: be.train_gspo(examples, config)
+
+
+def dpo_case(backend):
+    pairs = [PreferencePair(PROMPTS[i % 3], RESPONSES[i % 3], RESPONSES[(i + 1) % 3] + " now" * i, w)
+             for i, w in enumerate([1.0, 3.0, 0.3, 1.5])]
+    config = WeightedDPOConfig(epochs=1, batch_size=4)
+    mean_weight = np.mean([p.weight for p in pairs])
+    prompts, responses, weights = [], [], []
+    for p in pairs:  # each line of chosen and rejected is a response to the prompt (segments.py)
+        for text in (p.chosen, p.rejected):
+            rows, segments, _ = flatten_segments([p.prompt], [encode_segments(backend.encode_response, text, config.completion_unit)])
+            prompts += rows
+            responses += segments
+            # d loss / d log-prob of a token of the pair: beta w sigma(.) / (B x mean weight) <= beta w / (B x mean weight)
+            weights += [np.full(len(s), config.beta * p.weight / (len(pairs) * mean_weight)) for s in segments]
+    return prompts, responses, weights, lambda be: be.train_weighted_dpo(pairs, config)
+
+
+def sft_case(backend):
+    examples = [SFTExample(PROMPTS[i % 3], RESPONSES[i % 3] + " again" * i) for i in range(5)]
+    config = SFTConfig(epochs=1, batch_size=5)
+    contexts, completions = encode_sft(backend, examples, config.max_completion_tokens)
+    total = sum(len(c) for c in completions)  # the mean over the minibatch's completion tokens
+    return contexts, completions, [np.full(len(c), 1.0 / total) for c in completions], lambda be: be.train_sft(examples, config)
+
+
+CASES = {"gspo": gspo_case, "dpo": dpo_case, "sft": sft_case}
+
+
+def bounds(backend, prompts, responses, weights) -> tuple[float, float]:
+    tolerances = logprob_tolerances(backend, prompts, responses)
+    per_token, _ = logprob_gradient_scales(backend, prompts, responses)
+    rel = gradient_bound(backend, longest(backend, prompts, responses))
+    loss = sum(float(np.sum(w * t)) for w, t in zip(weights, tolerances))
+    grad = sum(float(np.sum(w * rel * s)) for w, s in zip(weights, per_token))
+    return loss, grad
+
+
+def torch_step(tiny_model_dir, make, monkeypatch, memory: str | None):
+    if memory is None:
+        monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(MEMORY_VARIABLE, memory)
+    backend = load_backend("torch", tiny_model_dir, device="cpu")
+    prompts, responses, weights, train = make(backend)
+    backend.framework.seed(1)  # the LoRA init (GSPO's caller seeds it; DPO and SFT seed their own)
+    stats = train(backend)
+    grads = {n: p.grad.detach().clone() for n, p in backend.model.named_parameters() if p.grad is not None}
+    return backend, stats, grads, (prompts, responses, weights)
+
+
+@pytest.mark.parametrize("trainer", sorted(CASES))
+def test_micro_batches_give_the_minibatch_update_in_torch(tiny_model_dir, monkeypatch, trainer):
+    _, whole, g_whole, _ = torch_step(tiny_model_dir, CASES[trainer], monkeypatch, None)
+    backend, parts, g_parts, case = torch_step(tiny_model_dir, CASES[trainer], monkeypatch, ONE_SEQUENCE)
+    assert whole.steps == parts.steps == 1 and whole.extra["micro_batches"] == 1
+    assert parts.extra["micro_batches"] == len(case[1]) // (2 if trainer == "dpo" else 1) or trainer == "dpo"
+    assert parts.extra["micro_batches"] > 1
+    monkeypatch.delenv(MEMORY_VARIABLE)
+    loss_bound, grad_bound = bounds(backend, *case)
+    assert abs(parts.losses[0] - whole.losses[0]) <= loss_bound, (parts.losses, whole.losses, loss_bound)
+    # the gradients before the step (clipped alike: the same norm), parameter by parameter
+    difference = np.sqrt(sum(float(((g_parts[k] - g_whole[k]).double() ** 2).sum()) for k in g_whole))
+    assert set(g_parts) == set(g_whole) and difference <= grad_bound, (difference, grad_bound)
+    assert abs(parts.grad_norms[0] - whole.grad_norms[0]) <= grad_bound
+    # and the bound is tight enough to see a part scaled wrongly: half the minibatch counted twice
+    assert abs(whole.losses[0]) * 0.5 > loss_bound or trainer == "gspo"  # GSPO's first loss is ~0 (advantages sum to ~0)
+
+
+@pytest.mark.parametrize("trainer", sorted(CASES))
+def test_micro_batches_give_the_minibatch_update_in_mlx(tiny_model_dir, monkeypatch, trainer):
+    pytest.importorskip("mlx.core")
+    reference = load_backend("torch", tiny_model_dir, device="cpu")
+    loss_bound, grad_bound = bounds(reference, *CASES[trainer](reference)[:3])
+    results = {}
+    for memory in (None, ONE_SEQUENCE):
+        if memory is None:
+            monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
+        else:
+            monkeypatch.setenv(MEMORY_VARIABLE, memory)
+        backend = load_backend("mlx", tiny_model_dir)
+        train = CASES[trainer](backend)[3]
+        backend.framework.seed(1)
+        results[memory] = train(backend)
+    whole, parts = results[None], results[ONE_SEQUENCE]
+    assert whole.extra["micro_batches"] == 1 and parts.extra["micro_batches"] > 1
+    assert abs(parts.losses[0] - whole.losses[0]) <= loss_bound
+    assert abs(parts.grad_norms[0] - whole.grad_norms[0]) <= grad_bound
+
+
+def test_the_budget_splits_by_padded_tokens_and_says_what_it_is(tiny_model_dir, monkeypatch):
+    assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 5], None) == [[1, 2, 3, 4]]
+    assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 5], 60) == [[1, 2], [3, 4]]  # 3 x 30 > 60, 2 x 30 fits
+    assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 5], 50) == [[1, 2], [3], [4]]  # 2 x 30 > 50
+    assert split_by_tokens([1, 2], [100, 100], 10) == [[1], [2]]  # a sequence over the limit goes alone
+    backend = load_backend("torch", tiny_model_dir, device="cpu")
+    monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
+    assert token_limit(backend) is None  # the CPU: no budget unless one is set
+    monkeypatch.setenv(MEMORY_VARIABLE, "1")
+    config = backend.model.config
+    per_token = config.num_hidden_layers * (10 * config.hidden_size + 4 * config.intermediate_size) * 4  # fp32
+    assert bytes_per_token(backend) == per_token and token_limit(backend) == 2**30 // per_token
+    for bad in ("0", "-1", "lots", "inf"):
+        monkeypatch.setenv(MEMORY_VARIABLE, bad)
+        with pytest.raises(ValueError, match=MEMORY_VARIABLE):
+            token_limit(backend)
