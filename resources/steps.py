@@ -14,12 +14,16 @@ The launcher (`python`, `accelerate`, `torchrun`) wraps the step's command in ev
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections import deque
-from typing import Any, Mapping, Optional
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Optional
 
 import dagster as dg
 from pydantic import Field
@@ -198,6 +202,45 @@ def check_fields(runner: StepRunnerResource) -> list[str]:
     return check_environment({name: str(getattr(runner, field)) for name, (field, _) in VARIABLES.items()}, run_time=True)
 
 
+class WholeLineFileMessageReader(dg.PipesFileMessageReader):
+    """Dagster's file message reader, handling a message only once its line is whole. Dagster's
+    tails the file with `readline`, which returns what is there at its end, so a message read
+    while the step is still writing it failed a step that had succeeded (JSONDecodeError:
+    Unterminated string; seen on day 41 of a 44-day world run, the step's checks then lost)."""
+
+    def _reader_thread(self, handler, is_resource_complete) -> None:
+        pending = ""
+        try:
+            with open(self._path, encoding="utf-8") as stream:
+                while True:
+                    chunk = stream.readline()
+                    if chunk:
+                        pending += chunk
+                        if pending.endswith("\n"):  # a whole line: one message
+                            message, pending = pending, ""
+                            handler.handle_message(json.loads(message))
+                    elif is_resource_complete.is_set():
+                        break  # the step has ended: nothing more comes
+                    else:
+                        time.sleep(0.01)
+            if pending.strip():  # a last line the step ended without a newline
+                handler.handle_message(json.loads(pending))
+        except Exception:
+            handler.report_pipes_framework_exception(f"{self.__class__.__name__} reader thread", sys.exc_info())
+            raise
+
+
+class WholeLineTempFileMessageReader(dg.PipesTempFileMessageReader):
+    """`PipesTempFileMessageReader` over `WholeLineFileMessageReader`."""
+
+    @contextmanager
+    def read_messages(self, handler) -> Iterator[dict]:
+        with tempfile.TemporaryDirectory() as folder:
+            reader = WholeLineFileMessageReader(os.path.join(folder, "messages"), include_stdio_in_messages=self._include_stdio_in_messages)
+            with reader.read_messages(handler) as params:
+                yield params
+
+
 class StepSubprocessClient(dg.PipesClient):
     """`PipesSubprocessClient` with the failure a person needs: the step's error, its exit status
     (a kill named as such) and the tail of its stderr, which is also forwarded as it is written."""
@@ -209,7 +252,7 @@ class StepSubprocessClient(dg.PipesClient):
             env: Optional[Mapping[str, str]] = None) -> dg.PipesClientCompletedInvocation:
         tail: deque[str] = deque(maxlen=self.tail_lines)
         with dg.open_pipes_session(context=context, extras=extras, context_injector=dg.PipesTempFileContextInjector(),
-                                   message_reader=dg.PipesTempFileMessageReader()) as session:
+                                   message_reader=WholeLineTempFileMessageReader()) as session:
             # The whole environment: the step sees the same FLYWHEEL_* settings (the warehouse URL),
             # AWS_* credentials and model caches as the run.
             step_env = {**STEP_ENV_DEFAULTS, **os.environ, **(env or {}), **session.get_bootstrap_env_vars()}
@@ -234,7 +277,7 @@ class StepSubprocessClient(dg.PipesClient):
 def _run_in_process(context, step: str, extras: Mapping[str, Any]) -> dg.PipesClientCompletedInvocation:
     error = None
     with dg.open_pipes_session(context=context, extras=dict(extras), context_injector=dg.PipesTempFileContextInjector(),
-                               message_reader=dg.PipesTempFileMessageReader()) as session:
+                               message_reader=WholeLineTempFileMessageReader()) as session:
         try:
             run_in_process(step, session.get_bootstrap_env_vars())
         except Exception as err:  # reported like a subprocess's failure, the traceback kept as the cause

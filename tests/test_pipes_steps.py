@@ -326,3 +326,41 @@ def test_exit_status_names_kills():
 def test_passthrough_env_keeps_settings_and_credentials_only():
     env = passthrough_env({"FLYWHEEL_DATA_DIR": "d", "AWS_REGION": "r", "HF_HOME": "h", "HOME": "x", "SECRET": "y"})
     assert env == {"AWS_REGION": "r", "FLYWHEEL_DATA_DIR": "d", "HF_HOME": "h"}
+
+
+def test_a_message_read_while_it_is_written_is_handled_once_it_is_whole():
+    """The step writes a message; the run's reader thread may read the file mid-line. Dagster's own
+    file reader then fails on the half line (a succeeded step lost its checks); ours waits for the
+    newline. Real thread and file: the line is written in two halves with a pause between."""
+    import json
+    import threading
+    import time
+
+    from resources.steps import WholeLineTempFileMessageReader
+
+    class Handler:
+        def __init__(self):
+            self.messages, self.errors = [], []
+
+        def handle_message(self, message):
+            self.messages.append(message)
+
+        def report_pipes_framework_exception(self, origin, exc_info):
+            self.errors.append((origin, exc_info[1]))
+
+    handler = Handler()
+    message = {"__dagster_pipes_version": "0.1", "method": "log", "params": {"message": "x" * 3000, "level": "INFO"}}
+    line = json.dumps(message) + "\n"
+    with WholeLineTempFileMessageReader().read_messages(handler) as params:
+        path = params["path"]
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line[:1737])
+            f.flush()
+            time.sleep(0.2)  # the reader polls every 10 ms: it reads the half line
+            f.write(line[1737:])
+            f.flush()
+        deadline = time.time() + 10
+        while not handler.messages and time.time() < deadline:
+            time.sleep(0.01)
+    assert handler.errors == [] and handler.messages == [message]
+    assert not any(t.name.startswith("Thread") and t.is_alive() and "reader" in str(t) for t in threading.enumerate())
