@@ -104,8 +104,19 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
     def release_inference_state(self) -> None:
         """Free the static KV cache and its graphs (20 GiB at a day's load on qwen3-0.6b): training
-        needs the memory, and a LoRA update brings new parameters that need new graphs anyway."""
+        needs the memory, and a LoRA update brings new parameters that need new graphs anyway. The
+        cached blocks go back to the driver too, so another process (a judge, a server) can use them."""
+        if self._graph_sampler is not None:
+            self._graph_sampler.close()
         self._graph_sampler = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __del__(self):
+        try:
+            self.release_inference_state()
+        except Exception:  # interpreter shutdown: nothing left to give back
+            pass
 
     @contextlib.contextmanager
     def _sampling_context(self):

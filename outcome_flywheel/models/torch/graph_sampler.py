@@ -25,6 +25,7 @@ Off CUDA the same step runs eagerly (`use_graphs=False`): that is how the CPU te
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -98,8 +99,13 @@ class EngineStats:
 class GraphSampler:
     """One per loaded model (`TorchBackend.graph_sampler`)."""
 
+    # Buffers the captured graphs read and write (made in `_ensure_capacity`), dropped by `close`.
+    BUFFERS = ("key_bias", "tokens", "positions", "write_at", "step", "logits", "uniforms", "done", "out_tokens", "out_logps", "out_alive")
+
     def __init__(self, backend, use_graphs: bool | None = None):
-        self.backend = backend
+        # A weak reference: the backend holds its sampler, so a strong one back would make a cycle,
+        # and a dropped backend's cache and graphs would wait for the garbage collector.
+        self._backend = weakref.ref(backend)
         self.device = backend.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         self.stats = EngineStats()
@@ -108,6 +114,33 @@ class GraphSampler:
         self._pool = None
         self._weights_key: tuple | None = None
         self._rule_ids: dict[SamplingRule, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def backend(self):
+        backend = self._backend()
+        if backend is None:
+            raise RuntimeError("the model this sampler decoded for has been dropped")
+        return backend
+
+    def close(self) -> None:
+        """Give back the static cache, every captured graph (`CUDAGraph.reset` frees what its
+        private pool holds) and the buffers they read; the sampler can be used again after."""
+        for graph in self._graphs.values():
+            if hasattr(graph, "reset"):
+                graph.reset()
+        self._graphs.clear()
+        self._cache = None
+        self._pool = None
+        self._weights_key = None
+        self._rule_ids.clear()
+        for name in self.BUFFERS:
+            self.__dict__.pop(name, None)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: nothing left to give back
+            pass
 
     # -- when it applies --------------------------------------------------------------------
     def unusable_reason(self, rows: int, width: int, max_new_tokens: int) -> str:
