@@ -51,6 +51,15 @@ def _peak_gib(device) -> float | None:
     return round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.type == "cuda" else None
 
 
+def _allocated_gib(device) -> float | None:
+    """What live tensors hold now (after a drop: what the dropped object failed to give back)."""
+    if device.type != "cuda":
+        return None
+    gc.collect()
+    torch.cuda.synchronize()
+    return round(torch.cuda.memory_allocated() / 2**30, 3)
+
+
 def copy_bandwidth_gbs(device, gib: float = 2.0) -> float | None:
     """Device-to-device copy, bytes read + written per second (the roofline's bandwidth)."""
     if device.type != "cuda":
@@ -184,7 +193,10 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) 
         out[f"gspo_{name}_steps"] = stats.steps
         out[f"gspo_{name}_peak_gib"] = _peak_gib(device)
         out[f"gspo_{name}_finite"] = bool(np.isfinite(stats.losses).all())
+        out[f"gspo_{name}_micro_batches"] = stats.extra.get("micro_batches")
+        out[f"gspo_{name}_token_limit"] = stats.extra.get("token_limit")  # the memory budget's (models/memory.py)
         del policy
+        out[f"allocated_after_gspo_{name}_dropped_gib"] = _allocated_gib(device)
     texts = [t for g in texts for t in g]
     pairs = [PreferencePair(prompts[i % len(prompts)], texts[(2 * i) % len(texts)], texts[(2 * i + 1) % len(texts)], float(rng.uniform(0.3, 1.5)))
              for i in range(pairs_wanted)]
@@ -194,7 +206,10 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) 
     started = time.perf_counter()
     stats = policy.train_weighted_dpo(pairs, WeightedDPOConfig(epochs=1, completion_unit="sequence"))
     _sync(device)
-    out.update(dpo_pairs=len(pairs), dpo_s=round(time.perf_counter() - started, 2), dpo_steps=stats.steps, dpo_peak_gib=_peak_gib(device))
+    out.update(dpo_pairs=len(pairs), dpo_s=round(time.perf_counter() - started, 2), dpo_steps=stats.steps, dpo_peak_gib=_peak_gib(device),
+               dpo_micro_batches=stats.extra.get("micro_batches"), dpo_token_limit=stats.extra.get("token_limit"))
+    del policy
+    out["allocated_after_dpo_dropped_gib"] = _allocated_gib(device)
     return out
 
 
@@ -269,6 +284,7 @@ def main(argv=None) -> dict:
         started = time.perf_counter()
         model_dir = benchmark_model(Path(tmp) / args.shape, args.shape)
         result["build_s"] = round(time.perf_counter() - started, 1)
+        result["allocated_start_gib"] = _allocated_gib(device)
         backend = TorchBackend(model_dir, device=str(device))
         prompts = headline_prompts(backend, args.headlines, args.prompt_tokens)
         prompt_lengths = [len(backend.prompt_ids(p)) for p in prompts]
@@ -317,7 +333,9 @@ def main(argv=None) -> dict:
         if not smoke:
             result["sampler_vs_vllm_anchor"] = round(own["tokens_per_s"] / VLLM_ANCHOR_TOKENS_S, 3)
         del backend
-        gc.collect()  # the static cache and graphs go with the backend before training measures its peak
+        # the static cache and graphs go with the backend before training measures its peak: each
+        # part is measured in a clean state, and what a dropped backend kept is reported
+        result["allocated_after_sampler_dropped_gib"] = _allocated_gib(device)
         if "training" not in skip:
             result.update(time_training(model_dir, device, prompts, groups, texts, args.dpo_pairs))
             print(f"GSPO on {result['gspo_rollouts']} rollouts: LoRA {result['gspo_lora_s']} s (peak {result['gspo_lora_peak_gib']} GiB), "
@@ -329,6 +347,8 @@ def main(argv=None) -> dict:
                 stats = judge_backend.graph_sampler.stats
                 result["judge_static_calls"], result["judge_eager_calls"] = stats.calls, dict(stats.fallbacks)
             print(f"judge on {result['judge_groups']} groups of {args.rollouts}: {result['judge_s']} s")
+            del judge_backend
+            result["allocated_after_judge_dropped_gib"] = _allocated_gib(device)
         if "gspo_lora_s" in result:
             # the day's GPU work end to end: sampling (capture included), the judge, the GSPO LoRA update
             result["gspo_day_s"] = round(own["seconds"] + own.get("capture_and_warmup_s", 0) + result.get("judge_s", 0) + result["gspo_lora_s"], 2)
