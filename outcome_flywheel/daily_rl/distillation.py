@@ -11,10 +11,9 @@ reloaded from disk and verified, and only then does `latest` move to it. Rejecte
 published. Either way the samples count as used, and `distillation_runs` gets a row with an A/B
 of the candidate against its parent (greedy notes' structure, paired over headlines, `ab_stats`).
 
-What the daily loop does next: a dated daily update keeps training its own chain (checkpoint D-1 ->
-D, `loop.parent_checkpoint` reads dated folders only), because D's rollouts were sampled by D's own
-checkpoint and GSPO's pi_old must be that policy. The distilled checkpoint is what `latest` serves
-(the service, exports) until the next daily update moves `latest` on. docs/tiers.md, "Distillation".
+What the daily loop does next: the next day's update trains from the distilled checkpoint
+(`loop.parent_checkpoint` takes the newest verified distillation of D-1), D's notes off-policy
+through the truncated IS weight, since D's own checkpoint sampled them. docs/tiers.md, "Distillation".
 """
 
 from __future__ import annotations
