@@ -250,7 +250,8 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
                   f"held-out headlines ({opposite['share_where_both_take_a_side']} of the {opposite['both_take_a_side']} where both take a side)")
     over_seeds = {kind: seed_spread([r[kind] for r in runs]) for kind in worlds}
     for kind, spread in over_seeds.items():
-        print(f"{kind} over training seeds {list(train_seeds)}: " + "; ".join(f"{k} mean {v['mean']} [{v['min']}, {v['max']}]" for k, v in spread.items()))
+        print(f"{kind} over training seeds {list(train_seeds)}: " + "; ".join(f"{k} mean {v['mean']} [{v['min']}, {v['max']}]" if isinstance(v, dict) else f"{k} {v}"
+                                                                for k, v in spread.items()))
     opposite = dict(share=_spread([o["share"] for o in opposites]), per_seed=opposites) if opposites else None
     if opposite:
         print(f"inverted vs news, opposite sides over training seeds: mean {opposite['share']['mean']} [{opposite['share']['min']}, {opposite['share']['max']}]")
