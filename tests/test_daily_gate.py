@@ -45,7 +45,10 @@ def _stats(*losses):
     return stats
 
 
-def _gate(candidate, stats=None, config=GateConfig(), parent=None):
+NO_BOUND = GateConfig(max_kl_to_base=None)  # the fakes below without an adapter: the bound has its own tests
+
+
+def _gate(candidate, stats=None, config=NO_BOUND, parent=None):
     parent = parent or FakePolicy(0.0, FULL_NOTE)
     return evaluate_update(candidate, parent, stats or _stats(0.1, 0.2), TRAINED_ON, HEADLINES, config), parent
 
@@ -65,14 +68,14 @@ def test_non_finite_loss_is_rejected():
 def test_kl_over_budget_is_rejected():
     result, _ = _gate(FakePolicy(0.3, FULL_NOTE))
     assert result.verdict == "rejected" and "over the budget 0.25" in result.reason
-    assert _gate(FakePolicy(0.3, FULL_NOTE), config=GateConfig(max_kl_to_parent=0.5))[0].verdict == "accepted"
+    assert _gate(FakePolicy(0.3, FULL_NOTE), config=GateConfig(max_kl_to_parent=0.5, max_kl_to_base=None))[0].verdict == "accepted"
 
 
 def test_probe_regression_is_rejected_within_tolerance_accepted():
     half = "\n".join(FULL_NOTE.splitlines()[:3])  # 3 of the 6 sections
     result, _ = _gate(FakePolicy(0.0, half))
     assert result.verdict == "rejected" and "probe regression: structure 0.500 vs the parent's 1.000 on 2 headlines" in result.reason
-    assert _gate(FakePolicy(0.0, half), config=GateConfig(max_probe_regression=0.5))[0].verdict == "accepted"
+    assert _gate(FakePolicy(0.0, half), config=GateConfig(max_probe_regression=0.5, max_kl_to_base=None))[0].verdict == "accepted"
 
 
 def test_thresholds_are_validated():
@@ -125,6 +128,10 @@ def test_an_accepted_update_says_every_rule_passed():
 
 
 BOUND = GateConfig(max_kl_to_base=0.3)
+
+
+def test_the_bound_is_on_by_default():
+    assert GateConfig().max_kl_to_base == 0.2
 
 
 def test_the_bound_keeps_the_parent_when_a_day_would_move_the_policy_further_than_it_from_the_base():
