@@ -7,6 +7,7 @@ import pandas as pd
 from outcome_flywheel.daily_rl.verify import behavior_logprob_gap
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
+from tests.tolerances import logprob_tolerances
 
 
 def test_gap_is_zero_for_the_sampling_policy_and_large_for_other_weights(torch_policy, model_backend):
@@ -18,14 +19,19 @@ def test_gap_is_zero_for_the_sampling_policy_and_large_for_other_weights(torch_p
         "behavior_logprobs": [s.logprobs for s in samples],
         "temperature": [SamplingConfig().temperature] * 4,  # stored at the sampling temperature
     })
-    assert behavior_logprob_gap(torch_policy, rollouts) < 1e-4
+    # The gap is the largest per-rollout mean |stored - teacher forced|: the sampler's cached decode
+    # and teacher forcing are two fp32 computations, so it is within the largest per-rollout mean of
+    # the tokens' rounding bounds (tests/tolerances.py; ~1e-3, was a flat 1e-4).
+    bounds = logprob_tolerances(torch_policy, [prompt] * 4, [s.token_ids for s in samples], temperature=SamplingConfig().temperature)
+    bound = max(float(b.mean()) for b in bounds)
+    assert behavior_logprob_gap(torch_policy, rollouts) <= bound
 
     other = model_backend.load()
     other.add_lora(LoraSettings(r=4, alpha=8))
     for name, p in other.model.named_parameters():
         if "lora_B" in name:
             p.data.fill_(0.05)  # different weights than the ones that sampled
-    assert behavior_logprob_gap(other, rollouts) > 1e-2
+    assert behavior_logprob_gap(other, rollouts) > max(1e-2, bound)
 
 
 def test_a_checkpoint_counts_only_once_its_checks_pass(torch_policy, tmp_path):

@@ -104,6 +104,7 @@ def test_matured_batch_trains_matured_waits_on_pending_drops_no_data_and_stale()
     values = [1 / (1 + math.exp(-2)), 1 / (1 + math.exp(2)), 0.45]
     assert h1.loc[[0, 1, 2], "signal_value"].tolist() == pytest.approx(values)
     adv = (np.array(values) - np.mean(values)) / (np.std(values) + 1e-4) * 0.5  # scaled by the price weight share
+    # the same float64 formula (or its fp32 copy, 2^-24 relative): far within 1e-6
     assert h1.loc[[0, 1, 2], "advantage"].tolist() == pytest.approx(adv.tolist(), rel=1e-6)
     h3 = by_group["h3"]  # sampled by 11-05's weights: 5 updates since > 3
     assert (h3["status"] == "dropped").all() and h3["reason"].str.startswith("stale: 5 policy updates").all()

@@ -48,6 +48,7 @@ def test_mixed_reward_is_half_and_half_in_unit_interval():
 def test_group_advantages_normalise_within_the_group():
     rewards = [0.1, 0.4, 0.7, 1.0]
     adv = group_advantages(rewards)
+    # float64: the mean cancels to ~1e-16; the std is std / (std + 1e-4) = 1 - 3e-4 here (the eps)
     assert adv.mean() == pytest.approx(0.0, abs=1e-9)
     assert adv.std() == pytest.approx(1.0, rel=1e-3)
     assert np.all(np.diff(adv) > 0)  # order kept, sign: better than the group mean -> positive

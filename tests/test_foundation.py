@@ -18,6 +18,7 @@ from outcome_flywheel.models.prompts import NOTE_SECTIONS, trading_note_messages
 from outcome_flywheel.models.tiny_local import TinyLocalConfig, build_tiny_local, weights_sha256
 from outcome_flywheel.models.torch.backend import TorchBackend
 from outcome_flywheel.storage import Warehouse
+from tests.tolerances import assert_logprobs_close, logprob_tolerances
 
 PROMPTS = [
     trading_note_messages("Nvidia beats quarterly estimates on strong data center demand", "Revenue rose 12%."),
@@ -107,8 +108,11 @@ def test_batched_sampling_logprobs_match_teacher_forcing(torch_policy):
     forced = torch_policy.response_logprobs([p for p, _ in flat], [s.token_ids for _, s in flat], temperature=cfg.temperature)
     for (_, s), lp in zip(flat, forced):
         assert len(s.token_ids) == len(s.logprobs) == len(lp) > 0
-        np.testing.assert_allclose(np.array(s.logprobs), lp, atol=1e-4)
         assert all(x <= 0 for x in s.logprobs)
+    # the batched sampler's cached decode and teacher forcing, two fp32 computations: per token
+    # within the rounding bound of tests/tolerances.py (was atol=1e-4)
+    bounds = logprob_tolerances(torch_policy, [p for p, _ in flat], [s.token_ids for _, s in flat], temperature=cfg.temperature)
+    assert_logprobs_close([np.array(s.logprobs) for _, s in flat], forced, bounds)
     # Samples within a group differ (sampling, not n copies of one sequence).
     assert len({tuple(s.token_ids) for s in groups[0]}) > 1
 
@@ -143,6 +147,9 @@ def test_lora_adapter_round_trip(torch_policy, tmp_path, model_backend):
     torch_policy.save(tmp_path / "adapter")
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     reloaded = model_backend.load(adapter_path=tmp_path / "adapter")
+    # A round trip, not two implementations: safetensors keeps the fp32 weights exactly and the
+    # same kernels run on the same layout, so the bits match; 1e-5 is slack far below the
+    # adapter's own effect (> 1e-3 above), so an adapter lost on the way fails.
     np.testing.assert_allclose(reloaded.response_logprobs(PROMPTS[:1], [response])[0], adapted, atol=1e-5)
 
 
@@ -151,6 +158,7 @@ def test_full_weights_round_trip(torch_policy, tmp_path):
     assert list((tmp_path / "full").glob("*.safetensors")) and not list((tmp_path / "full").glob("*.bin"))
     reloaded = TorchBackend(tmp_path / "full", device="cpu")
     response = torch_policy.encode_response("Buy AAPL.")
+    # a round trip of exact fp32 weights through the same kernels: the same bits; 1e-6 is slack
     np.testing.assert_allclose(
         reloaded.response_logprobs(PROMPTS[:1], [response])[0],
         torch_policy.response_logprobs(PROMPTS[:1], [response])[0],

@@ -14,6 +14,7 @@ from outcome_flywheel.daily_rl.judging import JudgeGroup, answer_after_thinking,
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.qwen3_shapes import build_model
+from tests.tolerances import assert_logprobs_close, logprob_tolerances
 
 NOTE = trading_note_messages("Chevron beats estimates on record output", "Shares rose 3% after hours.")
 CLOSED_EMPTY_THINK = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -68,8 +69,10 @@ def test_notes_never_hold_a_think_block_even_from_a_model_that_wants_to_think(to
         # teacher forcing reproduces the recorded log-probs
         flat = [s for group in notes for s in group]
         forced = torch_qwen3.response_logprobs([NOTE] * len(flat), [s.token_ids for s in flat], temperature=0.8)
-        for sample, logp in zip(flat, forced):
-            assert np.allclose(sample.logprobs, logp, atol=1e-4)
+        # per token within the rounding bound of the sampler's and teacher forcing's fp32
+        # computations (tests/tolerances.py, the hooked head's logits included; was atol=1e-4)
+        bounds = logprob_tolerances(torch_qwen3, [NOTE] * len(flat), [s.token_ids for s in flat], temperature=0.8)
+        assert_logprobs_close([np.asarray(s.logprobs) for s in flat], forced, bounds)
     finally:
         handle.remove()
 

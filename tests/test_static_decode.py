@@ -18,6 +18,7 @@ from outcome_flywheel.models.qwen3_shapes import build_model, qwen3_tokenizer
 from outcome_flywheel.models.sampling import keep_thresholds, logprob_tolerance
 from outcome_flywheel.models.torch.graph_sampler import batch_bucket, device_keep_thresholds, length_bucket
 from outcome_flywheel.models.torch.static_cache import unsupported_reason
+from tests.tolerances import logprob_tolerances, worst_ratio
 
 PROMPTS = [trading_note_messages("Chevron beats estimates", "Output hit a record."),
            trading_note_messages("Chip stocks fall on export curbs", ""),
@@ -68,12 +69,18 @@ def _backends(model_dir, device, lora: bool = False):
     return pair
 
 
-def _assert_same(eager_groups, static_groups) -> None:
+def _assert_same(eager_groups, static_groups, backend, config) -> None:
+    """The same tokens, and pi_old per token within the rounding bound of two fp32 computations
+    (eager and static decode steps; tests/tolerances.py, at `backend`'s logits; was a flat 1e-4)."""
     for eager, static in zip(eager_groups, static_groups):
         for a, b in zip(eager, static):
             assert a.token_ids == b.token_ids
             assert a.finished == b.finished
-            assert np.max(np.abs(np.subtract(a.logprobs, b.logprobs)), initial=0.0) < 1e-4
+    prompts = [PROMPTS[i] for i, group in enumerate(eager_groups) for _ in group]
+    ids = [s.token_ids for group in eager_groups for s in group]
+    bounds = logprob_tolerances(backend, prompts, ids, temperature=config.temperature or 1.0)
+    got = [np.asarray(s.logprobs) for group in static_groups for s in group]
+    assert worst_ratio(got, [np.asarray(s.logprobs) for group in eager_groups for s in group], bounds) <= 1.0
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -81,7 +88,7 @@ def _assert_same(eager_groups, static_groups) -> None:
 def test_static_sampler_writes_the_eager_samplers_tokens_in_fp32(qwen3_dir, device, rule):
     eager, static = _backends(qwen3_dir, device)
     config = RULES[rule]
-    _assert_same(eager.sample(PROMPTS, 4, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 4, config, seeds=[1, 2, 3]))
+    _assert_same(eager.sample(PROMPTS, 4, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 4, config, seeds=[1, 2, 3]), eager, config)
     assert static.graph_sampler.stats.calls == 1 and eager.graph_sampler is None
 
 
@@ -90,7 +97,7 @@ def test_static_sampler_matches_on_llama_blocks_and_under_lora(qwen3_dir, llama_
     config = RULES["top-k+top-p"]
     for model_dir, lora in ((llama_dir, False), (qwen3_dir, True)):
         eager, static = _backends(model_dir, device, lora=lora)
-        _assert_same(eager.sample(PROMPTS, 3, config, seeds=[4, 5, 6]), static.sample(PROMPTS, 3, config, seeds=[4, 5, 6]))
+        _assert_same(eager.sample(PROMPTS, 3, config, seeds=[4, 5, 6]), static.sample(PROMPTS, 3, config, seeds=[4, 5, 6]), eager, config)
         assert static.graph_sampler.stats.calls == 1
 
 
@@ -105,9 +112,9 @@ def test_static_sampler_sees_weights_trained_in_place_and_a_new_adapter(qwen3_di
         with torch.no_grad():
             for p in backend.model.parameters():
                 p.mul_(1.05)
-    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]))
+    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), eager, config)
     eager, static = _backends(qwen3_dir, device, lora=True)  # fresh adapters in both
-    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]))
+    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), eager, config)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -181,5 +188,5 @@ def test_training_frees_the_static_cache_and_the_trained_policy_samples_as_the_e
         torch.manual_seed(11)  # the same LoRA initialisation in both
         backend.train_gspo(examples, GSPOConfig(temperature=0.8, learning_rate=1e-2, batch_size=4, lora=LoraSettings(r=4, alpha=8)))
     assert static._graph_sampler is None  # released for training
-    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]))
+    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), eager, config)
     assert static.graph_sampler.stats.calls == 1

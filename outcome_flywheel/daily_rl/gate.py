@@ -52,7 +52,7 @@ class GateConfig:
         "Trust region around the base: a candidate whose exact per-token KL(candidate || base) on the trained rollouts is over "
         "this budget, and above the parent's, is rejected (the parent stays). None = no bound. 0.2: in a 56-day `news` world "
         "on tiny-local the policy reached ~0.2 nats by ~250 groups, with the sides learned, and degraded past it without "
-        "the bound (held-out side with the news 0.58 of headline-days) but held with it (0.80; docs/daily_rl.md, \"Credit\")."
+        "the bound (held-out side with the news 0.59 of headline-days) but held with it (0.80; docs/daily_rl.md, \"Credit\")."
     )})
     probe_headlines: int = field(default=8, metadata={"help": "Headlines of day D in the probe (the first N by headline_id)."})
     probe_max_new_tokens: int = field(default=160, metadata={"help": "Token budget of each greedy probe note."})
