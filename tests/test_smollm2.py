@@ -144,6 +144,7 @@ def test_pi_old_equals_teacher_forcing_within_the_fp32_tolerance(smol_torch, smo
     assert abs(stats.extra["ratio_mean"][0] - 1.0) <= ratio_tol and np.isfinite(stats.losses).all()
 
 
+@pytest.mark.slow  # 100 s here: the second CI stage (make test-slow)
 def test_torch_and_mlx_agree_on_ids_and_logprobs(smollm2_dir, smol_torch, torch_samples):
     pytest.importorskip("mlx.core", reason="mlx is not importable here (the `mlx` extra)")
     from outcome_flywheel.models.mlx.backend import MLXBackend
@@ -215,6 +216,7 @@ def _daily_resources(root, backend: str, judge_model: str = ""):
     )
 
 
+@pytest.mark.slow  # 300 s here: the second CI stage (make test-slow)
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
 def test_daily_loop_two_days_on_smollm2(smol_data_dir, offline, backend):
     """sampling, judging (tiny-local as judge: see docs/models.md), structure, calls, GSPO with LoRA, gate, A/B."""
@@ -253,6 +255,7 @@ def test_daily_loop_two_days_on_smollm2(smol_data_dir, offline, backend):
     assert {"structure_score", "headline_company_share"} <= set(wh.read("policy_eval", DAY2)["metric"])
 
 
+@pytest.mark.slow  # 64 s here (torch): the second CI stage (make test-slow)
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
 def test_flywheel_on_smollm2(smol_data_dir, offline, backend, tmp_path):
     """operator decisions -> outcomes -> dpo_dataset -> preference_adapter (weighted DPO, LoRA) -> holdout_eval
