@@ -74,21 +74,24 @@ def test_a_friday_trains_on_price_on_tuesday_once(week):
 
 
 def _ratio_bound(week, judged) -> float:
-    """exp(mean_t(pi_old - behaviour)) for notes the parent sampled itself: pi_old recomputed by the
-    training forward, the behaviour log-probs stored by the sampler, two fp32 computations whose
-    tokens lie within their rounding bounds (tests/tolerances.py): the ratio within expm1 of the
-    largest per-note mean bound of 1, on the parent's (Monday's checkpoint's) logits."""
+    """exp(mean_t(pi_old - behaviour)) for notes the training parent sampled itself: pi_old
+    recomputed by the training forward, the behaviour log-probs stored by the sampler, two fp32
+    computations whose tokens lie within their rounding bounds (tests/tolerances.py): the ratio
+    within expm1 of the largest per-note mean bound of 1, on the parent's own logits."""
     import json
 
     from outcome_flywheel.daily_rl.loop import load_policy, read_checkpoint
     from outcome_flywheel.models import ModelLoader
 
     wh = week["wh"]
-    folder = wh.path("checkpoints", "policy", MON)
+    version = judged["policy_version"].iloc[0]
+    folders = [f for f in sorted(wh.path("checkpoints", "policy").iterdir()) if (read_checkpoint(f) or {}).get("policy_version") == version]
     models = ModelLoader(data_dir=wh.data_dir, base_model="tiny-local", backend="torch", device="cpu")
-    parent = load_policy(models, folder, read_checkpoint(folder))
-    rollouts = wh.read("rollouts", TUE).set_index(["headline_id", "rollout_index"])
-    notes = rollouts.loc[list(zip(judged["headline_id"], judged["rollout_index"]))]
+    parent = load_policy(models, folders[0], read_checkpoint(folders[0]))
+    days = sorted({str(d)[:10] for d in judged["note_date"]})
+    notes = pd.concat([wh.read("rollouts", day).assign(note_date=day) for day in days])
+    notes = notes.assign(rollout_index=notes["rollout_index"].astype(int)).set_index(["note_date", "headline_id", "rollout_index"])
+    notes = notes.loc[[(str(d)[:10], str(h), int(i)) for d, h, i in zip(judged["note_date"], judged["headline_id"], judged["rollout_index"])]]
     bounds = logprob_tolerances(parent, [json.loads(p) for p in notes["prompt"]], [list(r) for r in notes["response_ids"]],
                                 temperature=float(notes["temperature"].iloc[0]))
     return max(float(np.expm1(b.mean())) for b in bounds if len(b))
