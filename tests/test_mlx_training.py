@@ -219,7 +219,10 @@ def test_weighted_dpo_batch_loss_matches_torch_before_any_step(tiny_model_dir, a
     t_loss, m_loss = torch_dpo_batch_loss(torch_policy, pairs, 0.1), mlx_dpo_batch_loss(mlx_policy, pairs, 0.1)
     # Derived from the per-token bounds (was a flat 1e-4 for the loss, rel=1e-3 for the norm).
     loss_tol, grad_tol = dpo_tolerances(torch_policy, pairs, 0.1)
-    assert abs(t_loss - np.log(2)) > 1e-3 + loss_tol  # the adapter moved the policy off the reference
+    # the adapter (random each run) moved the policy off the reference: some pair's margin lies
+    # beyond its rounding bound (the loss itself may land near log 2 by chance)
+    margins, bounds = dpo_margin_bounds(torch_policy, pairs)
+    assert (np.abs(margins) > bounds).any()
     assert abs(t_loss - m_loss) <= loss_tol
     config = WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA, beta=0.1)
     t_stats = torch_policy.train_weighted_dpo(pairs, config)
