@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from outcome_flywheel.models.batching import batch_plan
-from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
-from outcome_flywheel.models.memory import split_by_tokens, token_limit
+from outcome_flywheel.models.interface import ModelBackend, TrainStats
+from outcome_flywheel.models.memory import accumulated_steps, part_count, token_limit
 from outcome_flywheel.models.segments import encode_segments
 
 if TYPE_CHECKING:
@@ -58,13 +58,10 @@ def train_weighted_dpo(backend: ModelBackend, pairs: Sequence["PreferencePair"],
     # n_part / n, so the parts add up to the minibatch's loss.
     limit = token_limit(backend)
     cost = [2 * (len(prompt_ids[i]) + max(sum(map(len, chosen_ids[i])), sum(map(len, rejected_ids[i])))) for i in range(len(pairs))]
-    steps = []
-    for idx in plan:
-        parts = split_by_tokens(idx, [cost[i] for i in idx], limit)
-        steps.append(idx if len(parts) == 1 else Accumulated(tuple(parts), tuple(len(p) / len(idx) for p in parts)))
+    steps = accumulated_steps(plan, cost.__getitem__, lambda i: 1.0, limit)
     optimizer = fw.adamw(backend.model, config.learning_rate)
     stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
-    stats.extra.update(micro_batches=sum(len(s.parts) if isinstance(s, Accumulated) else 1 for s in steps), token_limit=limit)
+    stats.extra.update(micro_batches=part_count(steps), token_limit=limit)
     stats.extra["config"] = config.as_dict()
     stats.extra["n_pairs"] = len(pairs)
     return stats

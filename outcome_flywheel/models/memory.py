@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 MEMORY_VARIABLE = "FLYWHEEL_TRAIN_MEMORY_GIB"
 FREE_SHARE = 0.8  # of the free memory: the allocator's fragmentation and the optimiser's first step need room
@@ -76,3 +76,23 @@ def split_by_tokens(items: Sequence[Any], lengths: Sequence[int], limit: int | N
     if part:
         parts.append(part)
     return parts
+
+
+def accumulated_steps(plan: Sequence[Sequence[int]], cost: Callable[[int], int], share: Callable[[int], float],
+                      limit: int | None) -> list:
+    """One optimiser step per minibatch of item indices: the minibatch whole, or its parts within
+    `limit` tokens (`cost(i)`: item i's padded tokens) as an `Accumulated` step, each part scaled by
+    its items' `share` over the minibatch's (pairs for DPO, completion tokens for SFT)."""
+    from outcome_flywheel.models.interface import Accumulated
+
+    steps = []
+    for idx in plan:
+        parts = split_by_tokens(idx, [cost(i) for i in idx], limit)
+        total = sum(share(i) for i in idx)
+        steps.append(idx if len(parts) == 1 else Accumulated(tuple(parts), tuple(sum(share(i) for i in p) / total for p in parts)))
+    return steps
+
+
+def part_count(steps: Sequence[Any]) -> int:
+    """Forward passes the steps take (an `Accumulated` step: one per part)."""
+    return sum(len(s.parts) if hasattr(s, "parts") else 1 for s in steps)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from outcome_flywheel.models.batching import batch_plan
-from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
-from outcome_flywheel.models.memory import split_by_tokens, token_limit
+from outcome_flywheel.models.interface import ModelBackend, TrainStats
+from outcome_flywheel.models.memory import accumulated_steps, part_count, token_limit
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.sft_config import SFTConfig, SFTExample
@@ -56,14 +56,10 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
     # Within the memory budget (memory.py): a part's loss is the mean over its own completion tokens,
     # scaled by its share of the minibatch's, so the parts add up to the minibatch's token mean.
     limit = token_limit(backend)
-    steps = []
-    for idx in plan:
-        parts = split_by_tokens(idx, [len(contexts[i]) + len(completions[i]) for i in idx], limit)
-        tokens = sum(len(completions[i]) for i in idx)
-        steps.append(idx if len(parts) == 1 else Accumulated(tuple(parts), tuple(sum(len(completions[i]) for i in p) / tokens for p in parts)))
+    steps = accumulated_steps(plan, lambda i: len(contexts[i]) + len(completions[i]), lambda i: len(completions[i]), limit)
     optimizer = fw.adamw(backend.model, config.learning_rate)
     stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
-    stats.extra.update(micro_batches=sum(len(s.parts) if isinstance(s, Accumulated) else 1 for s in steps), token_limit=limit)
+    stats.extra.update(micro_batches=part_count(steps), token_limit=limit)
     stats.extra["config"] = config.as_dict()
     stats.extra["n_examples"] = len(examples)
     stats.extra["completion_tokens"] = sum(len(c) for c in completions)
