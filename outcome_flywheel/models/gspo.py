@@ -94,7 +94,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     if batches:
         optimizer = fw.adamw(backend.model, config.learning_rate)
         moments = resume_moments(backend, optimizer)
-        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=accumulated_steps(batches, parts_of),
+        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=indexed_steps(batches, parts_of),
                          max_grad_norm=config.max_grad_norm)
         stats.extra["optimizer_moments"] = moments
         if fw.optimizer_state is not None:  # saved with the checkpoint: the next day continues from them
@@ -113,7 +113,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     return stats
 
 
-def accumulated_steps(batches: Sequence[Sequence[EncodedExample]], parts_of: Sequence[Sequence[Sequence[EncodedExample]]]) -> list:
+def indexed_steps(batches: Sequence[Sequence[EncodedExample]], parts_of: Sequence[Sequence[Sequence[EncodedExample]]]) -> list:
     """One optimiser step per minibatch: `(part index, part)` when it is whole, else its parts as an
     `Accumulated` step, each scaled by its share of the minibatch's sequences. A part's loss is the
     minibatch loss's form over its own sequences (means over sequences; the token sums over the
