@@ -255,8 +255,9 @@ def test_service_shows_notes_best_first_and_steps_on_feedback(scorer_world):
     answer = client.post("/api/feedback", json=body, headers=AUTH).json()["note_scorer"]
     assert answer["updated"] and answer["updates"] == updates + 1
     assert store.latest.resolve() == store.root / "live.safetensors"
-    # four requests at once: the lock makes every step land on the state the one before wrote
-    threads = [threading.Thread(target=client.post, args=("/api/feedback",), kwargs={"json": {**body, "rollout_index": i % 3, "thumbs": "down"}, "headers": AUTH})
+    # four requests at once: the lock makes every step land on the state the one before wrote. They rate
+    # notes 0 and 1 down, so whatever order they are stored in, note 2 (up) ranks above and each one steps
+    threads = [threading.Thread(target=client.post, args=("/api/feedback",), kwargs={"json": {**body, "rollout_index": i % 2, "thumbs": "down"}, "headers": AUTH})
                for i in range(4)]
     for t in threads:
         t.start()
