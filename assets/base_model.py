@@ -8,10 +8,11 @@ import dagster as dg
 from pydantic import Field
 
 from assets.catalog import MODEL_KINDS, OWNERS
-from outcome_flywheel.models import BACKENDS, ModelLoader
+from outcome_flywheel.models.loader import BACKENDS
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.prompts import trading_note_messages
-from outcome_flywheel.models.smollm2 import ensure_smollm2
-from outcome_flywheel.models.tiny_local import TinyLocalConfig, ensure_tiny_local
+from outcome_flywheel.models.provision.smollm2 import ensure_smollm2
+from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, ensure_tiny_local
 
 PROBE = trading_note_messages("Apple beats estimates", "Revenue rose 8%.")
 

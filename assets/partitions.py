@@ -17,7 +17,7 @@ from datetime import date, timedelta
 
 import dagster as dg
 
-from outcome_flywheel.daily_rl.feed_source import DEFAULT_ARCHIVE
+from outcome_flywheel.daily_rl.feeds.source import DEFAULT_ARCHIVE
 from outcome_flywheel.settings import env, resolve_path
 
 # The bundled data's first days: sample_data/feeds_archive/2025-11-03/ and the first decision of

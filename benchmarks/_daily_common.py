@@ -11,7 +11,7 @@ from outcome_flywheel.settings import PROJECT_ROOT
 
 def tiny_local_data_dir(data_dir: str | None = None) -> Path:
     """A data dir holding tiny-local (built once into .cache/, as the tests do) at models/tiny-local."""
-    from outcome_flywheel.models.tiny_local import cached_tiny_local
+    from outcome_flywheel.models.provision.tiny_local import cached_tiny_local
 
     cached = cached_tiny_local()
     root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="flywheel-bench-")) / "data"
@@ -24,10 +24,10 @@ def tiny_local_data_dir(data_dir: str | None = None) -> Path:
 
 
 def resources(root: Path, max_headlines: int) -> dict:
-    from outcome_flywheel.daily_rl.feed_source import FeedSource
-    from outcome_flywheel.daily_rl.judge import Judge
+    from outcome_flywheel.daily_rl.feeds.source import FeedSource
+    from outcome_flywheel.daily_rl.judge.llm_judge import Judge
     from outcome_flywheel.market_data import MarketData
-    from outcome_flywheel.models import ModelLoader
+    from outcome_flywheel.models.loader import ModelLoader
     from outcome_flywheel.storage import Warehouse
     from resources.steps import StepRunnerResource
 

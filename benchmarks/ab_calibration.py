@@ -26,9 +26,9 @@ import time
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.ab_stats import BETTER, NOT_ENOUGH, WORSE
-from outcome_flywheel.daily_rl.backtest import EDGE_LABELS, run_backtest
-from outcome_flywheel.daily_rl.evaluation import evaluate_day
+from outcome_flywheel.daily_rl.evaluation.ab_stats import BETTER, NOT_ENOUGH, WORSE
+from outcome_flywheel.daily_rl.evaluation.backtest import EDGE_LABELS, run_backtest
+from outcome_flywheel.daily_rl.evaluation.ab import evaluate_day
 from outcome_flywheel.market_data import BUNDLED_PRICES
 
 DAYS = (3, 5, 10, 20, 40, 60)

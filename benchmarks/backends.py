@@ -29,10 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-from outcome_flywheel.models import ModelLoader, load_backend
+from outcome_flywheel.models.loader import ModelLoader, load_backend
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from benchmarks.generation import HEADLINES, base_model_path
 from outcome_flywheel.models.prompts import judge_messages, trading_note_messages
+from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 STAGES = ("sampling", "judge", "gspo", "dpo")
 
@@ -63,8 +65,8 @@ def make_data(path: Path, args) -> dict:
 
 def time_backend(name: str, path: Path, data: dict, args) -> dict:
     """Per-stage seconds of one backend ('torch' or 'mlx') on `data`."""
-    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
-    from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
 
     device = args.torch_device if name == "torch" else "auto"
     lora = LoraSettings(r=8, alpha=16)
@@ -88,7 +90,7 @@ def time_backend(name: str, path: Path, data: dict, args) -> dict:
     policy = load_backend(name, path, device=device)
     examples = [GSPOExample(**e) for e in data["examples"]]
     config = GSPOConfig(batch_size=16, epochs=1, lora=lora, temperature=cfg.temperature)
-    stats = policy.train_gspo(examples, config)
+    stats = train_gspo(policy, examples, config)
     out["gspo"] = stats.wall_s
     out["gspo_steps"] = stats.steps
     out["gspo_first_loss"] = stats.losses[0]
@@ -97,7 +99,7 @@ def time_backend(name: str, path: Path, data: dict, args) -> dict:
     pairs = [PreferencePair(**p) for p in data["pairs"]]
     dpo_config = WeightedDPOConfig(batch_size=8, epochs=1, lora=lora, learning_rate=2e-3)
     started = time.perf_counter()  # includes the reference pass over all pairs
-    stats = policy.train_weighted_dpo(pairs, dpo_config)
+    stats = train_weighted_dpo(policy, pairs, dpo_config)
     out["dpo"] = time.perf_counter() - started
     out["dpo_steps"] = stats.steps
     out["dpo_first_loss"] = stats.losses[0]

@@ -61,7 +61,7 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
     r_first = warehouse.read("rollout_scores", first_scored)["reward"].to_numpy()
     r_last = warehouse.read("rollout_scores", last_scored)["reward"].to_numpy()
     t_reward = scipy_stats.ttest_ind(r_last, r_first, equal_var=False)
-    from outcome_flywheel.daily_rl.loop import position_bias
+    from outcome_flywheel.daily_rl.reward.rollout_scores import position_bias
 
     bias = position_bias(warehouse.read_all("rollout_scores"))  # the judge's, over every scored day
     ab = {r.metric: dict(policy=_round(r.policy), base=_round(r.base), difference=_round(r.difference), ci=[_round(r.ci_low), _round(r.ci_high)],

@@ -37,9 +37,10 @@ from outcome_flywheel.preferences.weighting import build_pairs
 from outcome_flywheel.preferences.windows import compute_outcome
 from outcome_flywheel.trading_sessions import PriceTable
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
-from outcome_flywheel.models.tiny_local import cached_tiny_local
-from outcome_flywheel.models.dpo_config import WeightedDPOConfig
+from outcome_flywheel.models.provision.tiny_local import cached_tiny_local
+from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
 from outcome_flywheel.preferences.synthetic import CONSISTENT, OPERATORS, write
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 # Issue 8's starting point, kept to show what changed (its prompt held every context key and the note).
 BASELINE = {"learning_rate": 5e-5, "beta": 0.1, "epochs": 3, "completion_unit": "sequence"}
@@ -77,7 +78,7 @@ def run_operator(model_dir: Path, log_path: Path, config: WeightedDPOConfig, con
     pairs, _ = build_pairs(decisions, outcomes, context_keys=context_keys)
     backend = TorchBackend(model_dir, device="cpu")
     t0 = time.perf_counter()
-    stats = backend.train_weighted_dpo(training_pairs(pairs), config)
+    stats = train_weighted_dpo(backend, training_pairs(pairs), config)
     train_s = time.perf_counter() - t0
     if baseline:
         scored = _mean_token_margin_scores(backend, pairs)

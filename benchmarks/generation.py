@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
-from outcome_flywheel.models.qwen3_shapes import SHAPES, benchmark_model
-from outcome_flywheel.models.tiny_local import TinyLocalConfig, ensure_tiny_local
+from outcome_flywheel.models.provision.qwen3_shapes import SHAPES, benchmark_model
+from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, ensure_tiny_local
 
 HEADLINES = [
     ("Nvidia beats quarterly estimates on strong data center demand", "Revenue rose 12% as data center sales beat forecasts."),

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 VLLM_ANCHOR_TOKENS_S = 12_000
 
@@ -79,7 +81,7 @@ def copy_bandwidth_gbs(device, gib: float = 2.0) -> float | None:
 def decode_roofline_s(shape: str, rows: int, prompt_lengths: list[int], new_tokens: int, bandwidth_gbs: float) -> float:
     """Seconds a decode of `new_tokens` steps needs at least: per step, the weights plus every
     row's KV cache so far, read once at `bandwidth_gbs`."""
-    from outcome_flywheel.models.qwen3_shapes import kv_bytes_per_token, parameter_bytes
+    from outcome_flywheel.models.provision.qwen3_shapes import kv_bytes_per_token, parameter_bytes
 
     weights, per_token = parameter_bytes(shape), kv_bytes_per_token(shape)
     context = sum(prompt_lengths) * rows // len(prompt_lengths)
@@ -91,7 +93,7 @@ def headline_prompts(backend, count: int, target_tokens: int) -> list[list[dict]
     """`count` note prompts from the bundled headlines (tiny-local's corpus), each summary extended
     with others until the prompt is about `target_tokens` long."""
     from outcome_flywheel.models.prompts import trading_note_messages
-    from outcome_flywheel.models.tiny_local import load_corpus
+    from outcome_flywheel.models.provision.tiny_local import load_corpus
 
     items = load_corpus()
     prompts = []
@@ -170,9 +172,9 @@ def note_texts(backend, groups) -> list[list[str]]:
 
 
 def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) -> dict:
-    from outcome_flywheel.daily_rl.rewards import group_advantages
-    from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
-    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.daily_rl.reward.signals import group_advantages
+    from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     rng = np.random.default_rng(0)
@@ -187,7 +189,7 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) 
         config = GSPOConfig(lora=lora, temperature=0.8, learning_rate=1e-4 if lora else 1e-5)
         _sync(device)
         started = time.perf_counter()
-        stats = policy.train_gspo(examples, config)
+        stats = train_gspo(policy, examples, config)
         _sync(device)
         out[f"gspo_{name}_s"] = round(time.perf_counter() - started, 2)
         out[f"gspo_{name}_steps"] = stats.steps
@@ -204,7 +206,7 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) 
     _peak_reset(device)
     _sync(device)
     started = time.perf_counter()
-    stats = policy.train_weighted_dpo(pairs, WeightedDPOConfig(epochs=1, completion_unit="sequence"))
+    stats = train_weighted_dpo(policy, pairs, WeightedDPOConfig(epochs=1, completion_unit="sequence"))
     _sync(device)
     out.update(dpo_pairs=len(pairs), dpo_s=round(time.perf_counter() - started, 2), dpo_steps=stats.steps, dpo_peak_gib=_peak_gib(device),
                dpo_micro_batches=stats.extra.get("micro_batches"), dpo_token_limit=stats.extra.get("token_limit"))
@@ -214,8 +216,8 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) 
 
 
 def time_judge(backend, prompts, texts) -> dict:
-    from outcome_flywheel.daily_rl.judge import Judge
-    from outcome_flywheel.daily_rl.judging import JudgeGroup
+    from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+    from outcome_flywheel.daily_rl.judge.ranking import JudgeGroup
 
     judge = Judge()
     jgroups = [JudgeGroup(p[-1]["content"].splitlines()[0], ["Shares moved 2% the next day"], g[:8], seed=i)
@@ -262,7 +264,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--skip", default="", help="comma list of parts to skip: eager,hf_generate,vllm,training,judge")
     args = parser.parse_args(argv)
 
-    from outcome_flywheel.models.qwen3_shapes import benchmark_model
+    from outcome_flywheel.models.provision.qwen3_shapes import benchmark_model
     from outcome_flywheel.models.torch.backend import TorchBackend
     from outcome_flywheel.models.torch.vllm_sampling import vllm_unavailable_reason
 

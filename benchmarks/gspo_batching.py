@@ -21,11 +21,12 @@ from benchmarks._daily_common import tiny_local_data_dir
 
 
 def run(headlines: int = 8, rollouts: int = 8, batch_size: int = 16, max_new_tokens: int = 64, repeats: int = 2) -> dict:
-    from outcome_flywheel.daily_rl.rewards import group_advantages
-    from outcome_flywheel.daily_rl.structure import structure_score
-    from outcome_flywheel.models import ModelLoader, SamplingConfig
-    from outcome_flywheel.models.gspo import train_gspo
-    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.daily_rl.reward.signals import group_advantages
+    from outcome_flywheel.daily_rl.notes.structure import structure_score
+    from outcome_flywheel.models.loader import ModelLoader
+    from outcome_flywheel.models.interface import SamplingConfig
+    from outcome_flywheel.models.train.gspo import train_gspo
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.prompts import trading_note_messages
     from scripts.make_tiny_local_corpus import make_notes
 

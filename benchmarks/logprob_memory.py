@@ -161,7 +161,7 @@ def main(argv=None) -> dict:
         print(json.dumps(step(model_dir, variant, args)))
         return {}
 
-    from outcome_flywheel.models.qwen3_shapes import build_model
+    from outcome_flywheel.models.provision.qwen3_shapes import build_model
 
     results: dict = {
         "benchmark": "logprob_memory", "machine": f"{platform.machine()} {platform.node()}", "shape": "wide-vocab-toy",

@@ -38,7 +38,7 @@ def run_days(root: Path, days: int, headlines: int) -> None:
 
 def structure_baseline(warehouse, history: list[dict]) -> dict:
     """Pairwise accuracy of ranking by the structure score alone on the same events (ties 0.5)."""
-    from outcome_flywheel.daily_rl.note_scorer_events import judge_events, price_events
+    from outcome_flywheel.daily_rl.note_scorer.events import judge_events, price_events
 
     structure: dict = {}
     for day in sorted(warehouse.partitions("rollouts")):
@@ -86,10 +86,12 @@ def simulate_people(root: Path, warehouse, seed: int = 0) -> int:
 
 
 def run(data_dir: str | None, days: int, headlines: int, people: bool) -> dict:
-    from outcome_flywheel.daily_rl.note_scorer import SOURCES, ScorerSettings, ScorerStore, accuracy_summary, by_day, label
-    from outcome_flywheel.daily_rl.note_scorer_step import run_note_scorer_day
+    from outcome_flywheel.daily_rl.note_scorer.model import (
+        SOURCES, ScorerSettings, ScorerStore, accuracy_summary, by_day, label,
+    )
+    from outcome_flywheel.daily_rl.note_scorer.step import run_note_scorer_day
     from outcome_flywheel.feedback.log import FeedbackLog
-    from outcome_flywheel.models import ModelLoader
+    from outcome_flywheel.models.loader import ModelLoader
     from outcome_flywheel.storage import Warehouse
 
     root = tiny_local_data_dir(data_dir)

@@ -51,8 +51,8 @@ def company_sides(warehouse, days: list[str]) -> pd.DataFrame:
     """Per (date, headline_id) of `days`: the headline's news (+1 / -1 / 0) and, per source (policy, base),
     the majority side (+1 long, -1 short, 0 none or tied) of its notes' calls on the headline's company,
     with the number of such calls and of notes."""
-    from outcome_flywheel.daily_rl.news import news_direction
-    from outcome_flywheel.daily_rl.relevance import headline_symbols
+    from outcome_flywheel.daily_rl.worlds.news import news_direction
+    from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
 
     outcomes = _read_days(warehouse, "rollout_outcomes", days)
     heads = _read_days(warehouse, "headlines", days)[["date", "headline_id", "title", "summary"]]
@@ -72,7 +72,7 @@ def company_sides(warehouse, days: list[str]) -> pd.DataFrame:
 
 def long_share_by_news(sides: pd.DataFrame, warehouse, days: list[str], source: str) -> dict:
     """Among `source`'s calls on the headline's company: the share that are long, on good and on bad news."""
-    from outcome_flywheel.daily_rl.relevance import headline_symbols
+    from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
 
     outcomes = _read_days(warehouse, "rollout_outcomes", days)
     calls = outcomes[(outcomes["source"] == source) & (outcomes["parse_status"] == "ok") & outcomes["side"].isin(list(SIDE_SIGN))]
@@ -90,8 +90,8 @@ def long_share_by_news(sides: pd.DataFrame, warehouse, days: list[str], source: 
 
 def held_out_summary(warehouse, held: list[str]) -> dict:
     """The held-out days' A/B (evaluate_day over those days only), the back-test of their books, and sides."""
-    from outcome_flywheel.daily_rl.backtest import run_backtest
-    from outcome_flywheel.daily_rl.evaluation import PREFERENCE_COLUMNS, evaluate_day
+    from outcome_flywheel.daily_rl.evaluation.backtest import run_backtest
+    from outcome_flywheel.daily_rl.evaluation.ab import PREFERENCE_COLUMNS, evaluate_day
 
     rollouts, baseline = _read_days(warehouse, "rollouts", held), _read_days(warehouse, "baseline_rollouts", held)
     preferences = _read_days(warehouse, "policy_preferences", held)
@@ -112,7 +112,7 @@ def model_data_dir(data_dir: Path, model: str) -> Path:
     """A data dir holding tiny-local and, for `smollm2-135m-instruct`, its folder (built once into .cache/)."""
     data = tiny_local_data_dir(str(data_dir))
     if model == "smollm2-135m-instruct":
-        from outcome_flywheel.models.smollm2 import cached_smollm2
+        from outcome_flywheel.models.provision.smollm2 import cached_smollm2
 
         link = data / "models" / model
         if not link.exists():
@@ -125,13 +125,13 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
               model: str = "tiny-local", extra_config: dict | None = None, train_seed: int = 0, archive: Path | None = None) -> dict:
     import dagster as dg
 
-    from outcome_flywheel.daily_rl.feed_source import FeedSource
+    from outcome_flywheel.daily_rl.feeds.source import FeedSource
 
-    from outcome_flywheel.daily_rl.rewards import RewardConfig
+    from outcome_flywheel.daily_rl.reward.signals import RewardConfig
 
-    from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world, write_world
+    from outcome_flywheel.daily_rl.worlds.prices import WorldConfig, make_world, write_world
     from outcome_flywheel.market_data import MarketData
-    from outcome_flywheel.models import ModelLoader
+    from outcome_flywheel.models.loader import ModelLoader
     from pipelines.daily_rl import DAILY_RL_ASSETS
 
     folder = root / (kind if train_seed == 0 else f"{kind}-train-seed-{train_seed}")
@@ -216,7 +216,7 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
         noise_pct: float = 1.0, weights: dict | None = None, learning_rate: float = 2e-3, max_new_tokens: int = 128,
         out_dir: str | None = None, epochs: int | None = None, model: str = "tiny-local", extra_config: dict | None = None,
         train_seeds: tuple[int, ...] = (0, 1, 2), synthetic_days: int = 0) -> dict:
-    from outcome_flywheel.daily_rl.rewards import RewardConfig
+    from outcome_flywheel.daily_rl.reward.signals import RewardConfig
 
     if not 0 < train_days < days:
         raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
@@ -224,7 +224,7 @@ def run(worlds=WORLDS, days: int = 26, train_days: int = 11, headlines: int = 8,
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="flywheel-worlds-"))
     archive = None
     if synthetic_days:  # SYNTHETIC headlines from the archive's event templates, seeded by the world's seed
-        from outcome_flywheel.daily_rl.world_feeds import archive_day_list, write_synthetic_archive
+        from outcome_flywheel.daily_rl.worlds.synthetic_feeds import archive_day_list, write_synthetic_archive
 
         archive = root / "synthetic_feeds"
         write_synthetic_archive(archive, days=synthetic_days, per_day=max(headlines, 8), seed=seed)

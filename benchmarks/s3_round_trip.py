@@ -28,7 +28,7 @@ import pandas as pd
 
 def rollouts_day(headlines: int = 30, notes: int = 8, tokens: int = 512, seed: int = 0) -> pd.DataFrame:
     """A day of `rollouts` with the loop's columns: headline texts, prompts, notes, token ids, logprobs."""
-    from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS
+    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS
 
     rng = np.random.default_rng(seed)
     words = np.array("the company said shares rose fell after guidance revenue quarter margin demand outlook cut raised".split())

@@ -28,9 +28,9 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
-from outcome_flywheel.daily_rl.calls import parse_call
-from outcome_flywheel.daily_rl.news import news_direction
-from outcome_flywheel.daily_rl.relevance import KNOWN_SYMBOLS, headline_symbols
+from outcome_flywheel.daily_rl.notes.calls import parse_call
+from outcome_flywheel.daily_rl.worlds.news import news_direction
+from outcome_flywheel.daily_rl.notes.relevance import KNOWN_SYMBOLS, headline_symbols
 from outcome_flywheel.settings import PROJECT_ROOT
 
 ARCHIVE = PROJECT_ROOT / "sample_data" / "feeds_archive"
@@ -63,8 +63,8 @@ def call_stats(notes: pd.DataFrame) -> dict:
 
 def archive_headlines(archive: Path = ARCHIVE, tz: str = "America/New_York") -> pd.DataFrame:
     """Every distinct headline (by title) of the archive: the rows the daily loop would read, all days."""
-    from outcome_flywheel.daily_rl.feed_source import FeedSource
-    from outcome_flywheel.daily_rl.feeds import build_headlines
+    from outcome_flywheel.daily_rl.feeds.source import FeedSource
+    from outcome_flywheel.daily_rl.feeds.headlines import build_headlines
 
     source = FeedSource(archive_dir=str(archive))
     frames = []
@@ -77,9 +77,9 @@ def archive_headlines(archive: Path = ARCHIVE, tz: str = "America/New_York") -> 
 
 def sample_notes(model_dir: Path, headlines: pd.DataFrame, samples: int, seed: int = 0) -> pd.DataFrame:
     """`samples` notes per headline from the model in `model_dir`, sampled as the daily loop's rollouts."""
-    from outcome_flywheel.daily_rl.loop import ROLLOUT_SAMPLING, generation_seed
-    from outcome_flywheel.daily_rl.update import TINY_LOCAL_MAX_NEW_TOKENS
-    from outcome_flywheel.models import load_backend
+    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING, generation_seed
+    from outcome_flywheel.daily_rl.day import TINY_LOCAL_MAX_NEW_TOKENS
+    from outcome_flywheel.models.loader import load_backend
     from outcome_flywheel.models.prompts import trading_note_messages
 
     policy = load_backend("torch", model_dir, device="cpu")
@@ -107,7 +107,7 @@ def main() -> None:
     parser.add_argument("--model-dir", default=None, help="a tiny-local folder (default: the cached build)")
     args = parser.parse_args()
 
-    from outcome_flywheel.models.tiny_local import cached_tiny_local, load_corpus, read_build_info
+    from outcome_flywheel.models.provision.tiny_local import cached_tiny_local, load_corpus, read_build_info
 
     model_dir = Path(args.model_dir) if args.model_dir else cached_tiny_local()
     headlines = archive_headlines()

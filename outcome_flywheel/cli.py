@@ -257,7 +257,8 @@ def _finite(value: str) -> float:
 
 
 def cmd_make_world(args: argparse.Namespace) -> int:
-    from outcome_flywheel.daily_rl import world_feeds, worlds
+    from outcome_flywheel.daily_rl.worlds import prices as worlds
+    from outcome_flywheel.daily_rl.worlds import synthetic_feeds as world_feeds
     from outcome_flywheel.settings import env
 
     require_settings(("FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_TIMEZONE"))
@@ -298,8 +299,8 @@ def cmd_check_settings(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from outcome_flywheel.models import ModelLoader
-    from outcome_flywheel.models.export import ExportError, export
+    from outcome_flywheel.models.loader import ModelLoader
+    from outcome_flywheel.models.serve.export import ExportError, export
     require_settings(STYLE_VARIABLES)  # the model loader's variables
     try:
         print(export(args.source, args.out, ModelLoader.from_env(), args.gguf, args.gguf_type)[1])

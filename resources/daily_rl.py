@@ -1,7 +1,7 @@
 """Resources of the daily loop: where the day's feeds come from, and the judge."""
 
-from outcome_flywheel.daily_rl.feed_source import DEFAULT_ARCHIVE, FeedSource
-from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.daily_rl.feeds.source import DEFAULT_ARCHIVE, FeedSource
+from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from resources.settings import DataclassResource, env_int_or_default, env_or_default, mirrored
 
 

@@ -1,6 +1,6 @@
 """The model resource: which base model, framework and device the assets load (`ModelLoader`)."""
 
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from resources.settings import DataclassResource, env_int_or_default, env_or_default, mirrored
 
 

@@ -25,10 +25,10 @@ from scripts import QUIET_CONSOLE
 
 
 TIERS = (
-    ("note_scorer", "outcome_flywheel.daily_rl.note_scorer"),
-    ("prompt_evolver", "outcome_flywheel.daily_rl.prompt_evolver"),
-    ("distillation", "outcome_flywheel.daily_rl.distillation"),
-    ("serving", "outcome_flywheel.models.serving"),
+    ("note_scorer", "outcome_flywheel.daily_rl.note_scorer.model"),
+    ("prompt_evolver", "outcome_flywheel.daily_rl.policy.prompt_evolver"),
+    ("distillation", "outcome_flywheel.daily_rl.distillation.train"),
+    ("serving", "outcome_flywheel.models.serve.serving"),
 )
 
 

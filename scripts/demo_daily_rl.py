@@ -14,7 +14,7 @@ import json
 
 import dagster as dg
 
-from outcome_flywheel.daily_rl.report import prices_note
+from outcome_flywheel.daily_rl.report.summary import prices_note
 from outcome_flywheel.market_data import BUNDLED_PRICES
 from outcome_flywheel.settings import SAMPLE_DATA, env, resolve_path
 from outcome_flywheel.storage import Warehouse

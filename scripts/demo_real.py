@@ -37,7 +37,7 @@ def _day_figures(warehouse, day: str) -> dict:
                train_s=round(float(t["train_wall_s"]), 1), gate_load_publish_s=round(float(t["train_s"]) - float(t["train_wall_s"]), 1),
                kl_s=round(float(t["kl_s"]), 1), examples=int(t["examples"]), gate=str(t["gate"]))
     if warehouse.exists("rollout_outcomes", day):
-        from outcome_flywheel.daily_rl.relevance import headline_symbols
+        from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
 
         notes = warehouse.read("rollout_outcomes", day)
         heads = warehouse.read("headlines", day).set_index("headline_id")
@@ -112,20 +112,20 @@ def main() -> None:
 def _ensure_judge_model() -> None:
     """A named local judge is provisioned where the loader looks for it, like the base model: tiny-local
     from its per-machine build under .cache/ (linked in, as the tests and benchmarks do), SmolLM2 built."""
-    from outcome_flywheel.models import ModelLoader
+    from outcome_flywheel.models.loader import ModelLoader
 
     judge = os.environ.get("FLYWHEEL_JUDGE_MODEL", "")
     loader = ModelLoader.from_env()
     target = loader.local_model_dir().parent / judge if judge else None
     if judge == "tiny-local" and not (target / "config.json").exists():
-        from outcome_flywheel.models.tiny_local import TinyLocalConfig, cached_tiny_local
+        from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, cached_tiny_local
 
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.is_symlink():  # a link to a build that is gone (`make clean` empties .cache/)
             target.unlink()
         os.symlink(cached_tiny_local(TinyLocalConfig(seed=loader.seed), log=lambda _: None), target)
     elif judge == "smollm2-135m-instruct":
-        from outcome_flywheel.models.smollm2 import ensure_smollm2
+        from outcome_flywheel.models.provision.smollm2 import ensure_smollm2
 
         ensure_smollm2(target, log=lambda _: None)
 

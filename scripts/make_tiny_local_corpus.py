@@ -24,7 +24,7 @@ import random
 from datetime import date, timedelta
 from pathlib import Path
 
-from outcome_flywheel.daily_rl.news import news_direction
+from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.models.prompts import NOTE_SECTIONS
 
 OUT = Path(__file__).resolve().parent.parent / "sample_data" / "tiny_local" / "notes.jsonl"

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from outcome_flywheel.models.serving import ModelServer
+from outcome_flywheel.models.serve.serving import ModelServer
 from service import launching
 from service.api import decisions, feedback, openai_compat, preferences, rl
 from service.errors import is_openai_path, refusal

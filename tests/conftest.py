@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from outcome_flywheel.models import ModelLoader
-from outcome_flywheel.models.tiny_local import cached_tiny_local
+from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.models.provision.tiny_local import cached_tiny_local
 from outcome_flywheel.settings import PROJECT_ROOT
 from outcome_flywheel.storage import Warehouse
 

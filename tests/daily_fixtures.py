@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from outcome_flywheel.daily_rl.feed_source import FeedSource
-from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.daily_rl.feeds.source import FeedSource
+from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse
 from resources.steps import StepRunnerResource
 

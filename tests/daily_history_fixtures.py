@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.ab_stats import comparisons_frame, paired_comparison, session_comparison, win_rate_comparison
-from outcome_flywheel.daily_rl.evaluation import sessions_of
-from outcome_flywheel.daily_rl.report import SUMMARY_COLUMNS
+from outcome_flywheel.daily_rl.evaluation.ab_stats import (
+    comparisons_frame, paired_comparison, session_comparison, win_rate_comparison,
+)
+from outcome_flywheel.daily_rl.evaluation.ab import sessions_of
+from outcome_flywheel.daily_rl.report.summary import SUMMARY_COLUMNS
 from outcome_flywheel.storage import Warehouse
 
 DAYS = [f"2025-11-{d:02d}" for d in range(3, 11)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from outcome_flywheel.feedback.log import FeedbackLog
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import LoraSettings
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
 from outcome_flywheel.preferences.scorer import StyleScorer

@@ -7,8 +7,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from outcome_flywheel.daily_rl.loop import mark_verified, publish_checkpoint, read_checkpoint, republish_parent
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.daily_rl.policy.checkpoints import (
+    mark_verified, publish_checkpoint, read_checkpoint, republish_parent,
+)
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import LoraSettings
 from tests.mlx_fixtures import perturb_torch_lora
 

@@ -8,19 +8,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from outcome_flywheel.daily_rl.ab_stats import (
-    LABELS,
-    MIN_PAIRS,
-    MIN_SESSIONS,
-    Comparison,
-    comparisons_frame,
-    label_for,
-    paired_comparison,
-    per_headline_pairs,
-    session_comparison,
-    session_differences,
-    session_mean_interval,
-    win_rate_comparison,
+from outcome_flywheel.daily_rl.evaluation.ab_stats import (
+    LABELS, MIN_PAIRS, MIN_SESSIONS, Comparison, comparisons_frame, label_for, paired_comparison, per_headline_pairs, session_comparison, session_differences, session_mean_interval, win_rate_comparison,
 )
 
 

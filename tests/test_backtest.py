@@ -7,14 +7,8 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from outcome_flywheel.daily_rl.backtest import (
-    BOOK_COLUMNS,
-    DAILY_COLUMNS,
-    daily_books,
-    edge_label,
-    max_drawdown_pct,
-    run_backtest,
-    sharpe,
+from outcome_flywheel.daily_rl.evaluation.backtest import (
+    BOOK_COLUMNS, DAILY_COLUMNS, daily_books, edge_label, max_drawdown_pct, run_backtest, sharpe,
 )
 
 DATES = {  # date -> (entry_date, exit_date), horizon 1: each exit is the next entry

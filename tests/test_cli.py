@@ -17,6 +17,7 @@ import torch
 
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG
 from outcome_flywheel.settings import PROJECT_ROOT
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 PREFERRED = [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]  # a liked sector, a small size
 DISPREFERRED = [{"symbol": s, "side": "buy", "weight": 0.10} for s in ("JPM", "GS", "BAC")]  # a sector turned down
@@ -126,7 +127,7 @@ def test_make_audit_log_writes_a_file(tmp_path):
 
 
 def test_make_world_writes_a_price_file_the_loop_reads(tmp_path):
-    from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world, price_csv
+    from outcome_flywheel.daily_rl.worlds.prices import WorldConfig, make_world, price_csv
     from outcome_flywheel.market_data import MarketData
 
     out = tmp_path / "worlds" / "inverted.csv"
@@ -157,8 +158,8 @@ def trained_data_dir(tmp_path_factory, tiny_model_dir) -> Path:
     """A data dir holding tiny-local and a preference adapter trained on the bundled sample (3 epochs:
     the default 8 separate more, at 4x the time), published as the adapter asset does."""
     from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
-    from outcome_flywheel.models import ModelLoader
-    from outcome_flywheel.models.dpo_config import WeightedDPOConfig
+    from outcome_flywheel.models.loader import ModelLoader
+    from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
     from outcome_flywheel.preferences.audit_log import load_orders, parse_file, records_frame
     from outcome_flywheel.preferences.scoring import training_pairs
     from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO
@@ -182,7 +183,7 @@ def trained_data_dir(tmp_path_factory, tiny_model_dir) -> Path:
     torch.set_num_threads(1)
     try:
         backend = ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu").load()
-        backend.train_weighted_dpo(training_pairs(pairs), config)
+        train_weighted_dpo(backend, training_pairs(pairs), config)
     finally:
         torch.set_num_threads(threads)
     run_dir = root.joinpath(*ADAPTERS_DIR, "test-run")

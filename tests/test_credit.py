@@ -9,10 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.calls import call_spans, parse_call
-from outcome_flywheel.daily_rl.credit import call_token_mask, judged_token_advantages, price_token_advantages
-from outcome_flywheel.daily_rl.rewards import RewardConfig, token_advantages
+from outcome_flywheel.daily_rl.notes.calls import call_spans, parse_call
+from outcome_flywheel.daily_rl.reward.credit import call_token_mask, judged_token_advantages, price_token_advantages
+from outcome_flywheel.daily_rl.reward.signals import RewardConfig, token_advantages
 from outcome_flywheel.models.spans import span_token_mask, token_char_ends
+from outcome_flywheel.models.train.gspo import train_gspo
 
 NOTE = ("Trade Recommendation: Buy Meta.\nRationale: The headline matters for Meta because demand is strong.\n"
         "Risk Factors: Rates may stay higher.\nTimeframe: 1-2 weeks.\nPosition Size: 1% of the portfolio.\n"
@@ -83,7 +84,7 @@ def test_token_advantages_sum_share_times_advantage_over_the_parts_spans():
 
 
 def test_training_examples_put_relevance_on_the_call_line_only(tokenizer):
-    from outcome_flywheel.daily_rl.loop import training_examples
+    from outcome_flywheel.daily_rl.reward.examples import training_examples
 
     notes = [NOTE, NOTE.replace("Buy Meta", "Sell Apple")]
     rows = []
@@ -220,8 +221,8 @@ def test_a_uniform_advantage_at_ratio_one_is_the_reward_weighted_gradient():
 
 
 def test_sequence_objectives_refuse_span_scoped_advantages(tiny_model_dir):
-    from outcome_flywheel.models import ModelLoader
-    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.loader import ModelLoader
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.interface import LoraSettings
 
     policy = ModelLoader(data_dir=str(tiny_model_dir.parent), base_model=str(tiny_model_dir), backend="torch", device="cpu").load()
@@ -229,7 +230,7 @@ def test_sequence_objectives_refuse_span_scoped_advantages(tiny_model_dir):
     example = GSPOExample(prompt=[{"role": "user", "content": "x"}], response_ids=ids, behavior_logprobs=[-1.0] * len(ids),
                           advantage=0.0, token_advantages=[0.5] + [0.0] * (len(ids) - 1))
     with pytest.raises(ValueError, match="use objective 'token'"):
-        policy.train_gspo([example], GSPOConfig(objective="gspo", lora=LoraSettings(r=2, alpha=4)))
+        train_gspo(policy, [example], GSPOConfig(objective="gspo", lora=LoraSettings(r=2, alpha=4)))
     for bad in (dict(kl_beta=-0.1), dict(epsilon_low=1.5), dict(objective="sequence")):
         with pytest.raises(ValueError):
             GSPOConfig(**bad)

@@ -10,10 +10,11 @@ import torch
 
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
-from outcome_flywheel.models.qwen3_shapes import build_model
+from outcome_flywheel.models.provision.qwen3_shapes import build_model
 from outcome_flywheel.models.sampling import logprob_tolerance
 from outcome_flywheel.models.torch import logprobs as tlp
 from tests.tolerances import logprob_bound
+from outcome_flywheel.models.train.gspo import train_gspo
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -76,7 +77,7 @@ def test_sampler_logprobs_match_teacher_forcing_in_bf16(qwen3_cuda_dir):
 
 
 def test_graphs_are_captured_once_per_model_load_and_replayed_after_training(qwen3_cuda_dir):
-    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     backend = TorchBackend(qwen3_cuda_dir, device="cuda")
@@ -88,7 +89,7 @@ def test_graphs_are_captured_once_per_model_load_and_replayed_after_training(qwe
     assert backend.graph_sampler.stats.captures == captured  # same shape: replayed, not captured again
     examples = [GSPOExample(PROMPTS[i], s.token_ids, s.logprobs, float(k - 1.5)) for i, g in enumerate(first) for k, s in enumerate(g)]
     engine = backend.graph_sampler
-    backend.train_gspo(examples, GSPOConfig(temperature=0.8, learning_rate=1e-2, batch_size=4))  # LoRA: new parameters
+    train_gspo(backend, examples, GSPOConfig(temperature=0.8, learning_rate=1e-2, batch_size=4))  # LoRA: new parameters
     assert backend._graph_sampler is None  # training freed the static cache and its graphs
     trained = [s for g in backend.sample(PROMPTS, 4, config, seeds=[1, 2]) for s in g]
     forced = backend.response_logprobs([PROMPTS[i // 4] for i in range(8)], [s.token_ids for s in trained], temperature=0.8)
@@ -97,13 +98,13 @@ def test_graphs_are_captured_once_per_model_load_and_replayed_after_training(qwe
 
 
 def test_gspo_lora_step_on_cuda_is_finite(qwen3_cuda_dir):
-    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     backend = TorchBackend(qwen3_cuda_dir, device="cuda")
     groups = backend.sample(PROMPTS, 4, SamplingConfig(temperature=0.8, max_new_tokens=32), seeds=[3, 4])
     examples = [GSPOExample(PROMPTS[i], s.token_ids, s.logprobs, float(k - 1.5)) for i, g in enumerate(groups) for k, s in enumerate(g)]
-    stats = backend.train_gspo(examples, GSPOConfig(temperature=0.8, learning_rate=1e-3, batch_size=4, epochs=1))
+    stats = train_gspo(backend, examples, GSPOConfig(temperature=0.8, learning_rate=1e-3, batch_size=4, epochs=1))
     assert stats.steps == 2 and np.isfinite(stats.losses).all()
 
 

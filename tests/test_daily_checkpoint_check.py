@@ -4,7 +4,7 @@ import json
 
 import pandas as pd
 
-from outcome_flywheel.daily_rl.verify import behavior_logprob_gap
+from outcome_flywheel.daily_rl.policy.verify import behavior_logprob_gap
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
 from tests.tolerances import logprob_tolerances
@@ -37,7 +37,9 @@ def test_gap_is_zero_for_the_sampling_policy_and_large_for_other_weights(torch_p
 def test_a_checkpoint_counts_only_once_its_checks_pass(torch_policy, tmp_path):
     import pytest
 
-    from outcome_flywheel.daily_rl.loop import UnverifiedCheckpoint, mark_verified, parent_checkpoint, publish_checkpoint
+    from outcome_flywheel.daily_rl.policy.checkpoints import (
+        UnverifiedCheckpoint, mark_verified, parent_checkpoint, publish_checkpoint,
+    )
 
     root = tmp_path / "policy"
     publish_checkpoint(torch_policy, root, "2025-11-03", {"date": "2025-11-03"}, is_base=True)

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from assets.daily_rl.daily_update import daily_update
-from outcome_flywheel.daily_rl.evaluation import evaluate_day, judge_preferences
-from outcome_flywheel.daily_rl.judging import GroupJudgement
+from outcome_flywheel.daily_rl.evaluation.ab import evaluate_day, judge_preferences
+from outcome_flywheel.daily_rl.judge.ranking import GroupJudgement
 from assets.daily_rl.outcomes import rollout_outcomes
 from outcome_flywheel.market_data import BUNDLED_PRICES
 from pipelines.daily_rl import DAILY_RL_ASSETS, daily_rl_outcomes_schedule
@@ -293,7 +293,7 @@ def _share(policy: pd.DataFrame, base: pd.DataFrame) -> pd.Series:
 def test_the_share_of_calls_on_the_headlines_company_has_an_interval_that_agrees_with_its_label():
     """Policy: 3 of 4 notes per headline buy the headline's company; base: 1 in 8 (the others buy Exxon or make no call).
     The headline that names no company drops out (n = 8 headlines, not 9 and not 32 notes)."""
-    from outcome_flywheel.daily_rl.ab_stats import label_for
+    from outcome_flywheel.daily_rl.evaluation.ab_stats import label_for
 
     policy = _company_notes(lambda i, k: k < 3)
     base = _company_notes(lambda i, k: True if (k == 0 and i % 2 == 0) else (None if k == 1 else False))

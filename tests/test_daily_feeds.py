@@ -10,8 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.feeds import FEED_LEVEL_REASONS, RawFeed, build_headlines, parse_feed, sha256_bytes
-from outcome_flywheel.daily_rl.feed_source import FeedSource
+from outcome_flywheel.daily_rl.feeds.headlines import (
+    FEED_LEVEL_REASONS, RawFeed, build_headlines, parse_feed, sha256_bytes,
+)
+from outcome_flywheel.daily_rl.feeds.source import FeedSource
 from outcome_flywheel.settings import SAMPLE_DATA
 from tests.conftest import shared_data
 

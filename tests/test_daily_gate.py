@@ -6,10 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.gate import GateConfig, evaluate_update
-from outcome_flywheel.daily_rl.loop import generate_rollouts
-from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+from outcome_flywheel.daily_rl.policy.gate import GateConfig, evaluate_update
+from outcome_flywheel.daily_rl.policy.rollouts import generate_rollouts
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.interface import TrainStats
+from outcome_flywheel.models.train.gspo import train_gspo
 
 FULL_NOTE = "\n".join(f"{s}: x" for s in ("Trade Recommendation", "Rationale", "Risk Factors", "Timeframe", "Position Size", "Stop Loss"))
 
@@ -168,7 +169,7 @@ def _trained(model_backend, rollouts, learning_rate):
                 for r, a in zip(rollouts.itertuples(), advantages)]
     candidate = model_backend.load()
     candidate.framework.seed(1)
-    stats = candidate.train_gspo(examples, GSPOConfig(learning_rate=learning_rate, batch_size=4, temperature=0.8, epochs=1))
+    stats = train_gspo(candidate, examples, GSPOConfig(learning_rate=learning_rate, batch_size=4, temperature=0.8, epochs=1))
     return candidate, stats
 
 

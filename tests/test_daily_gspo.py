@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from outcome_flywheel.models.gspo import train_gspo
-from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.torch.losses import gspo_loss
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages

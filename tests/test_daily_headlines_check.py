@@ -4,10 +4,10 @@ import dagster as dg
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from outcome_flywheel.daily_rl.feed_source import FeedSource
-from outcome_flywheel.daily_rl.judge import Judge
+from outcome_flywheel.daily_rl.feeds.source import FeedSource
+from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.settings import SAMPLE_DATA
 from outcome_flywheel.storage import Warehouse
 from resources.daily_rl import FeedsResource

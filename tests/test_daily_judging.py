@@ -2,11 +2,10 @@
 
 import pytest
 
-from outcome_flywheel.daily_rl.judging import (
-    NEVER_ANSWERED, NO_OUTCOME_HEADLINES, JudgeGroup, extract_letter, is_permutation, judge_groups, picks_to_ranks,
-    rank_groups, rank_rewards, repair_ranks, select_outcome_headlines,
+from outcome_flywheel.daily_rl.judge.ranking import (
+    NEVER_ANSWERED, NO_OUTCOME_HEADLINES, JudgeGroup, extract_letter, is_permutation, judge_groups, picks_to_ranks, rank_groups, rank_rewards, repair_ranks, select_outcome_headlines,
 )
-from outcome_flywheel.daily_rl.rewards import rank_reward
+from outcome_flywheel.daily_rl.reward.signals import rank_reward
 
 
 @pytest.mark.parametrize(

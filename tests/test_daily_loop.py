@@ -9,8 +9,8 @@ import pytest
 
 from assets.daily_rl.daily_update import KEYS, daily_update
 from assets.daily_rl.headlines import headlines
-from outcome_flywheel.daily_rl.judge import Judge
-from outcome_flywheel.daily_rl.judging import is_permutation
+from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.judge.ranking import is_permutation
 from pipelines.daily_rl import DAILY_RL_ASSETS
 from tests.daily_fixtures import daily_resources, linked_data_dir
 
@@ -172,7 +172,7 @@ def test_definitions_shape_and_schedule():
 
 
 def test_judge_is_the_frozen_base_never_the_policy(model_backend):
-    from outcome_flywheel.daily_rl.judging import JudgeGroup
+    from outcome_flywheel.daily_rl.judge.ranking import JudgeGroup
 
     judge = Judge()
     backend = judge.load(model_backend)

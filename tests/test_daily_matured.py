@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.ledger import ledger_frame, settled_notes
-from outcome_flywheel.daily_rl.matured import (
+from outcome_flywheel.daily_rl.reward.ledger import ledger_frame, settled_notes
+from outcome_flywheel.daily_rl.reward.matured import (
     MaturedConfig, knowledge_cutoff, longest_wait_days, matured_batch, staleness_updates,
 )
-from outcome_flywheel.daily_rl.outcomes import call_window
-from outcome_flywheel.daily_rl.rewards import PriceReward, RewardConfig
+from outcome_flywheel.daily_rl.notes.outcomes import call_window
+from outcome_flywheel.daily_rl.reward.signals import PriceReward, RewardConfig
 
 
 def test_price_transform_and_the_documented_values():
@@ -126,9 +126,9 @@ def test_matured_batch_drops_notes_sampled_at_another_temperature():
 
 def test_the_catalog_describes_the_ledger_and_price_training_columns_in_order():
     from assets.catalog import COLUMNS
-    from outcome_flywheel.daily_rl.ledger import LEDGER_COLUMNS
-    from outcome_flywheel.daily_rl.loop import SCORE_COLUMNS
-    from outcome_flywheel.daily_rl.training_record import PRICE_TRAINING_COLUMNS
+    from outcome_flywheel.daily_rl.reward.ledger import LEDGER_COLUMNS
+    from outcome_flywheel.daily_rl.reward.rollout_scores import SCORE_COLUMNS
+    from outcome_flywheel.daily_rl.reward.training_record import PRICE_TRAINING_COLUMNS
 
     assert list(COLUMNS["reward_ledger"]) == LEDGER_COLUMNS
     assert list(COLUMNS["price_training"]) == PRICE_TRAINING_COLUMNS

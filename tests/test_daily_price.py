@@ -80,8 +80,8 @@ def _ratio_bound(week, judged) -> float:
     within expm1 of the largest per-note mean bound of 1, on the parent's own logits."""
     import json
 
-    from outcome_flywheel.daily_rl.loop import load_policy, read_checkpoint
-    from outcome_flywheel.models import ModelLoader
+    from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, read_checkpoint
+    from outcome_flywheel.models.loader import ModelLoader
 
     wh = week["wh"]
     version = judged["policy_version"].iloc[0]

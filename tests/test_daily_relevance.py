@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.relevance import (
+from outcome_flywheel.daily_rl.notes.relevance import (
     call_relevance, headline_symbols, relevance_column, share_on_headline_company,
 )
 

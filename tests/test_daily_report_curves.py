@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from assets.daily_rl.daily_report import daily_report
-from outcome_flywheel.daily_rl.charts import hit_rate_figure, off_policy_figure, price_reward_figure
-from outcome_flywheel.daily_rl.report import hit_rate_by_day, over_days, prices_note
+from outcome_flywheel.daily_rl.report.charts import hit_rate_figure, off_policy_figure, price_reward_figure
+from outcome_flywheel.daily_rl.report.summary import hit_rate_by_day, over_days, prices_note
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
 from outcome_flywheel.storage import Warehouse
 from tests.daily_history_fixtures import DAYS, PENDING_DAYS, PRICE_DAYS, write_history

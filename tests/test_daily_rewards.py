@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from outcome_flywheel.daily_rl.rewards import RewardConfig, group_advantages, mixed_reward, rank_reward
-from outcome_flywheel.daily_rl.structure import sections_present, structure_score
+from outcome_flywheel.daily_rl.reward.signals import RewardConfig, group_advantages, mixed_reward, rank_reward
+from outcome_flywheel.daily_rl.notes.structure import sections_present, structure_score
 from outcome_flywheel.models.prompts import NOTE_SECTIONS
 
 FULL = "\n".join(f"{name}: something" for name in NOTE_SECTIONS)
@@ -57,7 +57,7 @@ def test_group_advantages_normalise_within_the_group():
 
 
 def test_reward_config_weighs_named_signals_and_clips():
-    from outcome_flywheel.daily_rl.rewards import RewardConfig
+    from outcome_flywheel.daily_rl.reward.signals import RewardConfig
 
     assert RewardConfig().combine({"structure": 1.0, "judge_rank": 0.0}) == pytest.approx(0.5)
     only_structure = RewardConfig(weights={"structure": 1.0}, clip_max=0.8)
@@ -89,8 +89,8 @@ def test_the_human_signal_joins_only_where_people_rated_the_note():
 def test_score_table_takes_the_human_signal_of_rated_notes():
     import pandas as pd
 
-    from outcome_flywheel.daily_rl.judging import GroupJudgement, JudgeGroup
-    from outcome_flywheel.daily_rl.loop import ScoringInput, score_table
+    from outcome_flywheel.daily_rl.judge.ranking import GroupJudgement, JudgeGroup
+    from outcome_flywheel.daily_rl.reward.rollout_scores import ScoringInput, score_table
 
     frame = pd.DataFrame({"rollout_index": [0, 1], "structure_score": [1.0, 1.0]})
     inputs = ScoringInput(groups=[JudgeGroup("Oil rises", ["Oil up 2%"], ["a", "b"], seed=1)], keys=["h1"], frames=[frame])

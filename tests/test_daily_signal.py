@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from outcome_flywheel.daily_rl.loop import ROLLOUT_SAMPLING
-from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.interface import LoraSettings
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.torch.backend import TorchBackend
 from tests.mlx_fixtures import perturb_torch_lora
 from tests.tolerances import assert_logprobs_close, kl_tolerances, logprob_tolerances, worst_ratio
+from outcome_flywheel.models.train.gspo import train_gspo
 
 PROMPTS = [trading_note_messages("Nvidia beats estimates", "Revenue rose."), trading_note_messages("Boeing cuts outlook")]
 SAMPLING = replace(ROLLOUT_SAMPLING, max_new_tokens=40)
@@ -59,7 +60,7 @@ def test_stored_logprobs_are_teacher_forcing_at_the_sampling_temperature(base, s
 
 def test_gspo_ratio_is_exactly_one_before_the_first_step(tiny_model_dir, sampled):
     config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=SAMPLING.temperature)
-    stats = TorchBackend(tiny_model_dir, device="cpu").train_gspo(_examples(sampled), config)
+    stats = train_gspo(TorchBackend(tiny_model_dir, device="cpu"), _examples(sampled), config)
     assert stats.extra["old_logprobs"] == "recomputed"
     assert stats.extra["ratio_min"][0] == stats.extra["ratio_max"][0] == 1.0
     assert stats.extra["clip_fraction"][0] == 0.0
@@ -69,7 +70,7 @@ def test_gspo_ratio_is_exactly_one_before_the_first_step(tiny_model_dir, sampled
         TorchBackend(tiny_model_dir, device="cpu"), prompts, [s.token_ids for s in samples], temperature=SAMPLING.temperature))
     assert stats.extra["behavior_logprob_gap_max"] <= bound
     # Trained at temperature 1, the stored values would not be the behaviour policy.
-    wrong = TorchBackend(tiny_model_dir, device="cpu").train_gspo(_examples(sampled), replace(config, temperature=1.0))
+    wrong = train_gspo(TorchBackend(tiny_model_dir, device="cpu"), _examples(sampled), replace(config, temperature=1.0))
     assert wrong.extra["behavior_logprob_gap_max"] > max(1e-3, bound)
 
 
@@ -124,7 +125,7 @@ def test_full_fine_tune_in_bf16_keeps_its_updates(tiny_model_dir, sampled, tmp_p
 
     def deltas(backend: TorchBackend) -> dict[str, torch.Tensor]:
         before = {n: p.detach().float().clone() for n, p in backend.model.named_parameters()}
-        stats = backend.train_gspo(examples, config)
+        stats = train_gspo(backend, examples, config)
         assert stats.steps == 3
         return {n: p.detach().float() - before[n] for n, p in backend.model.named_parameters()}
 

@@ -12,19 +12,24 @@ import torch
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from outcome_flywheel.daily_rl.distill_samples import PHASES, SAMPLES_TABLE, samples_frame, split_reasoning, teacher_samples, trace_samples
-from outcome_flywheel.daily_rl.distillation import DistillConfig, DistillationError, run_distillation, teacher_dir, tier_summary
-from outcome_flywheel.daily_rl.gate import GateConfig
-from outcome_flywheel.daily_rl.loop import read_checkpoint
-from outcome_flywheel.models import load_backend
-from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.daily_rl.distillation.samples import (
+    PHASES, SAMPLES_TABLE, samples_frame, split_reasoning, teacher_samples, trace_samples,
+)
+from outcome_flywheel.daily_rl.distillation.train import (
+    DistillConfig, DistillationError, run_distillation, teacher_dir, tier_summary,
+)
+from outcome_flywheel.daily_rl.policy.gate import GateConfig
+from outcome_flywheel.daily_rl.policy.checkpoints import read_checkpoint
+from outcome_flywheel.models.loader import load_backend
+from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
 from outcome_flywheel.models.prompts import trading_note_messages
-from outcome_flywheel.models.sft import encode_sft, sft_batch_loss
-from outcome_flywheel.models.sft_config import SFTConfig, SFTExample
-from outcome_flywheel.models.tiny_local import TinyLocalConfig, cached_tiny_local
+from outcome_flywheel.models.train.sft import encode_sft, sft_batch_loss
+from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
+from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, cached_tiny_local
 from outcome_flywheel.training_audit import audited_training, read_audit
 from pipelines.daily_rl import distillation_sensor
 from tests.daily_fixtures import daily_resources, linked_data_dir
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 DAY = "2025-11-03"
 SMALL = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 4, "max_new_tokens": 40, "batch_size": 8}}}}
@@ -158,7 +163,7 @@ def test_audit_rows_for_a_gspo_day_a_dpo_run_and_a_distillation_run(day):
     backend = models.load()
     pairs = [PreferencePair(trading_note_messages("Apple beats", ""), "Buy AAPL", "Sell AAPL") for _ in range(4)]
     with audited_training(warehouse, "dpo", "dpo:test", "test", {"pairs": len(pairs)}):
-        backend.train_weighted_dpo(pairs, WeightedDPOConfig(epochs=1, batch_size=4))
+        train_weighted_dpo(backend, pairs, WeightedDPOConfig(epochs=1, batch_size=4))
     audit = read_audit(warehouse)
     gspo = audit[audit["tier"] == "gspo_daily"]
     # The GSPO day was audited by the step entry (daily_update through the step runner).

@@ -7,9 +7,10 @@ import json
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.loop import CHECKPOINT_FILE, behaviour_versions, check_behaviour_policy, parent_checkpoint
-from outcome_flywheel.daily_rl.training_record import judged_ledger
-from outcome_flywheel.daily_rl.rewards import RewardConfig
+from outcome_flywheel.daily_rl.policy.checkpoints import CHECKPOINT_FILE, behaviour_versions, parent_checkpoint
+from outcome_flywheel.daily_rl.policy.rollouts import check_behaviour_policy
+from outcome_flywheel.daily_rl.reward.training_record import judged_ledger
+from outcome_flywheel.daily_rl.reward.signals import RewardConfig
 
 D1, D2 = "2025-11-03", "2025-11-04"
 

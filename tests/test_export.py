@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from outcome_flywheel.cli import main
-from outcome_flywheel.daily_rl.loop import publish_checkpoint
-from outcome_flywheel.models.export import EXPORT_FILE, find_converter
-from outcome_flywheel.models.serving import ModelServer
+from outcome_flywheel.daily_rl.policy.checkpoints import publish_checkpoint
+from outcome_flywheel.models.serve.export import EXPORT_FILE, find_converter
+from outcome_flywheel.models.serve.serving import ModelServer
 from tests.serving_fixtures import PolicyPublisher, loader, tiny_root
 from tests.service_fixtures import publish_adapter
 
@@ -155,7 +155,7 @@ def test_gguf_logits_equal_the_served_models(tmp_path, monkeypatch, capsys):
     import gguf
     from transformers import AutoModelForCausalLM
 
-    from outcome_flywheel.models.smollm2 import cached_smollm2
+    from outcome_flywheel.models.provision.smollm2 import cached_smollm2
 
     root = tmp_path / "data"
     (root / "models").mkdir(parents=True)

@@ -13,8 +13,8 @@ from tests.tolerances import dpo_loss_tolerance, gamma, logprob_tolerances, marg
 from outcome_flywheel.preferences.scoring import score_candidates
 from outcome_flywheel.preferences.weighting import HOLD_TEXT
 from outcome_flywheel.models.segments import completion_segments, encode_segments, flatten_segments
-from outcome_flywheel.models.dpo import train_weighted_dpo
-from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
+from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
 from outcome_flywheel.models.torch.losses import weighted_dpo_loss
 
 

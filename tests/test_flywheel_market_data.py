@@ -294,7 +294,7 @@ def test_yfinance_outcome_computed_mid_session_then_after_the_close(tmp_path, mo
     price the exit at that session's close, not at the morning's price."""
     import yfinance
 
-    from outcome_flywheel.daily_rl.outcomes import call_outcome, price_range
+    from outcome_flywheel.daily_rl.notes.outcomes import call_outcome, price_range
 
     md = MarketData(source="yfinance", data_dir=str(tmp_path))
     start, end = price_range(["2025-06-06"], 1)  # a Friday's call: entry Monday 06-09, exit Tuesday 06-10

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from assets.base_model import base_model
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import NOTE_SECTIONS, trading_note_messages
-from outcome_flywheel.models.tiny_local import TinyLocalConfig, build_tiny_local, weights_sha256
+from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, build_tiny_local, weights_sha256
 from outcome_flywheel.models.torch.backend import TorchBackend
 from outcome_flywheel.storage import Warehouse
 from tests.tolerances import assert_logprobs_close, logprob_tolerances

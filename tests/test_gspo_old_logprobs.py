@@ -4,10 +4,11 @@ within their fp32 rounding bound (tests/tolerances.py)."""
 import numpy as np
 import torch
 
-from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
 from tests.tolerances import logprob_tolerances
+from outcome_flywheel.models.train.gspo import train_gspo
 
 PROMPTS = [trading_note_messages("Nvidia beats estimates", "Revenue rose."), trading_note_messages("Boeing cuts outlook")]
 
@@ -29,10 +30,10 @@ def test_stored_logprobs_in_fp32_start_near_ratio_one_and_recompute_exactly_at_o
     # within expm1(mean_t bound) of 1 (~1e-3; was 1e-5); stored at T = 1 it would be ~0.1 off
     bounds = logprob_tolerances(torch_policy, [e.prompt for e in examples], [e.response_ids for e in examples], temperature=0.8)
     config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8, old_logprobs="stored")
-    stats = torch_policy.train_gspo(examples, config)
+    stats = train_gspo(torch_policy, examples, config)
     assert stats.extra["old_logprobs"] == "stored"
     assert abs(stats.extra["ratio_mean"][0] - 1.0) <= max(float(np.expm1(b.mean())) for b in bounds)
-    default = TorchBackend(tiny_model_dir, device="cpu").train_gspo(examples, GSPOConfig(
+    default = train_gspo(TorchBackend(tiny_model_dir, device="cpu"), examples, GSPOConfig(
         batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8))
     assert default.extra["old_logprobs"] == "recomputed" and default.extra["ratio_mean"][0] == 1.0
 
@@ -42,7 +43,7 @@ def test_bf16_recomputes_pi_old_so_clipping_is_not_active_before_any_step(torch_
     torch_policy.model.to(torch.bfloat16)
     torch_policy.dtype = torch.bfloat16
     config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8)
-    stats = torch_policy.train_gspo(examples, config)
+    stats = train_gspo(torch_policy, examples, config)
     assert stats.extra["old_logprobs"] == "recomputed"
     # bf16 rounds every weight and activation by up to 2^-8 relative (~0.05 nat on logits of ~10):
     # its log-probs sit far more than 1e-4 from the stored fp32 values

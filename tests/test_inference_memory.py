@@ -15,7 +15,7 @@ import torch
 
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
-from outcome_flywheel.models.serving import ModelServer
+from outcome_flywheel.models.serve.serving import ModelServer
 from outcome_flywheel.models.torch.backend import TorchBackend
 from tests.serving_fixtures import PolicyPublisher, loader, tiny_root
 
@@ -84,7 +84,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the
 
 @pytest.fixture(scope="module")
 def cuda_model_dir(tmp_path_factory):
-    from outcome_flywheel.models.qwen3_shapes import build_model
+    from outcome_flywheel.models.provision.qwen3_shapes import build_model
 
     return build_model(tmp_path_factory.mktemp("leak") / "model", "qwen3-tiny", dtype="bfloat16", device="cuda", seed=2)
 
@@ -113,7 +113,7 @@ def test_release_on_cuda_frees_the_cache_and_the_graphs(cuda_model_dir):
 
 @cuda
 def test_five_hot_swaps_keep_cuda_memory_flat(tmp_path, cuda_model_dir):
-    from outcome_flywheel.models import ModelLoader
+    from outcome_flywheel.models.loader import ModelLoader
 
     root = tmp_path / "data"
     (root / "models").mkdir(parents=True)

@@ -1,7 +1,7 @@
 """Look-ahead: notes written by a policy trained on headlines dated after the notes' day are flagged, and
 policy_eval and backtest leave their days out unless told to include them.
 
-The rule (outcome_flywheel.daily_rl.look_ahead): a version has seen the latest outcome-headline date of
+The rule (outcome_flywheel.daily_rl.evaluation.look_ahead): a version has seen the latest outcome-headline date of
 the weight-changing updates in its lineage; the notes of day N are look-ahead when their version has
 seen a date after N, or when the lineage cannot be traced.
 """
@@ -9,13 +9,8 @@ seen a date after N, or when the lineage cannot be traced.
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.look_ahead import (
-    LOOK_AHEAD_COLUMNS,
-    LookAheadInputs,
-    headlines_seen,
-    look_ahead_days,
-    look_ahead_flags,
-    without_days,
+from outcome_flywheel.daily_rl.evaluation.look_ahead import (
+    LOOK_AHEAD_COLUMNS, LookAheadInputs, headlines_seen, look_ahead_days, look_ahead_flags, without_days,
 )
 
 D1, D2, D3, D4, D5 = "2025-11-03", "2025-11-04", "2025-11-05", "2025-11-06", "2025-11-07"

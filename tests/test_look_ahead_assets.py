@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from assets.daily_rl.backtest import backtest
-from outcome_flywheel.daily_rl.outcomes import call_window
+from outcome_flywheel.daily_rl.notes.outcomes import call_window
 from outcome_flywheel.storage import Warehouse
 
 DAYS = ["2025-11-03", "2025-11-04", "2025-11-05", "2025-11-06"]  # Mon..Thu: entries Tue..Fri, one book each

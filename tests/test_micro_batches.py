@@ -15,15 +15,18 @@ import numpy as np
 import pytest
 import torch
 
-from outcome_flywheel.models import load_backend
-from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
-from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
-from outcome_flywheel.models.memory import MEMORY_VARIABLE, bytes_per_token, split_by_tokens, token_limit
+from outcome_flywheel.models.loader import load_backend
+from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
+from outcome_flywheel.models.train.memory import MEMORY_VARIABLE, bytes_per_token, split_by_tokens, token_limit
 from outcome_flywheel.models.segments import encode_segments, flatten_segments
-from outcome_flywheel.models.sft import encode_sft
-from outcome_flywheel.models.sft_config import SFTConfig, SFTExample
+from outcome_flywheel.models.train.sft import encode_sft
+from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
 from tests.mlx_fixtures import PROMPTS, RESPONSES
 from tests.tolerances import gradient_bound, logprob_gradient_scales, logprob_tolerances, longest
+from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.sft import train_sft
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 ONE_SEQUENCE = "1e-6"  # GiB: below one token's activations, so every part holds one sequence
 ADVANTAGES = [1.3, -0.4, 0.6, -1.1, 0.9, -1.3]
@@ -40,7 +43,7 @@ def gspo_case(backend):
     # whole-note part N_i / (B x len_i) (GSPO's sequence ratio), both times the IS weight's cap
     b, top = len(examples), max(len(r) for r in responses)
     weights = [config.tis_cap * (np.abs(e.token_advantages) / (b * top) + abs(e.advantage) / (b * len(e.response_ids))) for e in examples]
-    return prompts, responses, weights, lambda be: be.train_gspo(examples, config)
+    return prompts, responses, weights, lambda be: train_gspo(be, examples, config)
 
 
 def dpo_case(backend):
@@ -56,7 +59,7 @@ def dpo_case(backend):
             responses += segments
             # d loss / d log-prob of a token of the pair: beta w sigma(.) / (B x mean weight) <= beta w / (B x mean weight)
             weights += [np.full(len(s), config.beta * p.weight / (len(pairs) * mean_weight)) for s in segments]
-    return prompts, responses, weights, lambda be: be.train_weighted_dpo(pairs, config)
+    return prompts, responses, weights, lambda be: train_weighted_dpo(be, pairs, config)
 
 
 def sft_case(backend):
@@ -64,7 +67,7 @@ def sft_case(backend):
     config = SFTConfig(epochs=1, batch_size=5)
     contexts, completions = encode_sft(backend, examples, config.max_completion_tokens)
     total = sum(len(c) for c in completions)  # the mean over the minibatch's completion tokens
-    return contexts, completions, [np.full(len(c), 1.0 / total) for c in completions], lambda be: be.train_sft(examples, config)
+    return contexts, completions, [np.full(len(c), 1.0 / total) for c in completions], lambda be: train_sft(be, examples, config)
 
 
 CASES = {"gspo": gspo_case, "dpo": dpo_case, "sft": sft_case}

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from outcome_flywheel.models import lora_convert
+from outcome_flywheel.models.mlx import lora_convert
 from tests.mlx_fixtures import (
     PROMPTS, RESPONSES, SMALL_LORA, max_abs_diff, mlx_adapter_dir, perturb_torch_lora, require_mlx,
 )

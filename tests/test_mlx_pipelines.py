@@ -34,8 +34,8 @@ def mlx_backend_resource(data_dir, monkeypatch) -> ModelBackendResource:
 def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_backend_resource):
     from assets.daily_rl.daily_update import daily_update
     from assets.daily_rl.headlines import headlines
-    from outcome_flywheel.daily_rl.feed_source import FeedSource
-    from outcome_flywheel.daily_rl.judge import Judge
+    from outcome_flywheel.daily_rl.feeds.source import FeedSource
+    from outcome_flywheel.daily_rl.judge.llm_judge import Judge
     from outcome_flywheel.market_data import MarketData
 
     resources = {

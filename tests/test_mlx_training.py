@@ -21,13 +21,15 @@ import mlx.core as mx  # noqa: E402
 import torch  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig  # noqa: E402
-from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample  # noqa: E402
+from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.mlx import losses as mlx_losses  # noqa: E402
 from outcome_flywheel.models.mlx.backend import MLXBackend  # noqa: E402
 from outcome_flywheel.models.torch import losses as torch_losses  # noqa: E402
 from outcome_flywheel.models.segments import encode_segments, flatten_segments  # noqa: E402
 from outcome_flywheel.models.torch.backend import TorchBackend  # noqa: E402
+from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 EXTRA_RESPONSES = [
     "Trade Recommendation: Hold.\nRationale: the move is priced in.",
@@ -54,7 +56,7 @@ def gspo_examples(backend, behaviour=None):
 
 
 def torch_gspo_sampling():
-    from outcome_flywheel.daily_rl.loop import ROLLOUT_SAMPLING
+    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
     from dataclasses import replace
 
     return replace(ROLLOUT_SAMPLING, max_new_tokens=32)
@@ -202,8 +204,8 @@ def test_gspo_batch_loss_matches_torch_before_any_step(tiny_model_dir, adapter):
     loss_tol, grad_tol, ambiguous = gspo_tolerances(torch_policy, examples, config)
     assert abs(t_loss - m_loss) <= loss_tol
     # The trainers' first recorded loss is the same quantity, and so is the gradient norm.
-    t_stats = torch_policy.train_gspo(examples, config)
-    m_stats = mlx_policy.train_gspo(examples, config)
+    t_stats = train_gspo(torch_policy, examples, config)
+    m_stats = train_gspo(mlx_policy, examples, config)
     assert t_stats.steps == m_stats.steps == 1
     assert abs(t_stats.losses[0] - t_loss) <= loss_tol and abs(m_stats.losses[0] - m_loss) <= loss_tol
     assert abs(m_stats.grad_norms[0] - t_stats.grad_norms[0]) <= grad_tol  # | ||a|| - ||b|| | <= ||a - b||
@@ -225,8 +227,8 @@ def test_weighted_dpo_batch_loss_matches_torch_before_any_step(tiny_model_dir, a
     assert (np.abs(margins) > bounds).any()
     assert abs(t_loss - m_loss) <= loss_tol
     config = WeightedDPOConfig(learning_rate=2e-3, batch_size=4, epochs=1, lora=SMALL_LORA, beta=0.1)
-    t_stats = torch_policy.train_weighted_dpo(pairs, config)
-    m_stats = mlx_policy.train_weighted_dpo(pairs, config)
+    t_stats = train_weighted_dpo(torch_policy, pairs, config)
+    m_stats = train_weighted_dpo(mlx_policy, pairs, config)
     assert abs(t_stats.losses[0] - t_loss) <= loss_tol and abs(m_stats.losses[0] - m_loss) <= loss_tol
     assert abs(m_stats.grad_norms[0] - t_stats.grad_norms[0]) <= grad_tol  # | ||a|| - ||b|| | <= ||a - b||
     # ~1.3% of the norm: each margin's bound (~0.1 nat over ~40 tokens, adapter on and off) moves its
@@ -243,7 +245,7 @@ def test_one_gspo_step_lowers_the_batch_loss_in_both(tiny_model_dir, objective):
     for policy in (TorchBackend(tiny_model_dir, device="cpu"), MLXBackend(tiny_model_dir)):
         examples = gspo_examples(policy)
         batch_loss = torch_gspo_batch_loss if policy.name == "torch" else mlx_gspo_batch_loss
-        stats = policy.train_gspo(examples, config)  # adds the LoRA adapter, then one step
+        stats = train_gspo(policy, examples, config)  # adds the LoRA adapter, then one step
         assert stats.steps == 1 and policy.has_adapter
         if objective == "gspo":  # every ratio is exactly 1 before the step: loss = -mean(A)
             # in fp32: A rounded to fp32, summed over 6 and divided, gamma(6 + 2) of mean|A| (was 1e-4)
@@ -262,7 +264,7 @@ def test_one_weighted_dpo_step_lowers_the_batch_loss_in_both(tiny_model_dir):
     results = {}
     for policy in (TorchBackend(tiny_model_dir, device="cpu"), MLXBackend(tiny_model_dir)):
         batch_loss = torch_dpo_batch_loss if policy.name == "torch" else mlx_dpo_batch_loss
-        stats = policy.train_weighted_dpo(pairs, config)
+        stats = train_weighted_dpo(policy, pairs, config)
         assert stats.steps == 1
         assert abs(stats.losses[0] - np.log(2)) <= loss_tol  # fresh adapter = reference
         after = batch_loss(policy, pairs, config.beta)
@@ -277,12 +279,12 @@ def test_trainers_refuse_bad_input(tiny_model_dir):
     policy = MLXBackend(tiny_model_dir)
     config = WeightedDPOConfig(lora=SMALL_LORA)
     with pytest.raises(ValueError):
-        policy.train_weighted_dpo([], config)
+        train_weighted_dpo(policy, [], config)
     with pytest.raises(ValueError):
-        policy.train_weighted_dpo([PreferencePair(PROMPTS[0], "a", "b", 0.0)], config)
+        train_weighted_dpo(policy, [PreferencePair(PROMPTS[0], "a", "b", 0.0)], config)
     bad = GSPOExample(PROMPTS[0], [1, 2, 3], [-1.0], 1.0)
     with pytest.raises(ValueError):
-        policy.train_gspo([bad], GSPOConfig(lora=SMALL_LORA))
+        train_gspo(policy, [bad], GSPOConfig(lora=SMALL_LORA))
 
 
 def test_gspo_trainers_follow_one_batching_plan_over_several_steps(tiny_model_dir):
@@ -292,7 +294,7 @@ def test_gspo_trainers_follow_one_batching_plan_over_several_steps(tiny_model_di
     torch_policy, mlx_policy = TorchBackend(tiny_model_dir, device="cpu"), MLXBackend(tiny_model_dir)
     examples = gspo_examples(torch_policy)
     config = GSPOConfig(objective="reward_weighted", learning_rate=1e-3, batch_size=2, epochs=2, lora=None, seed=5)
-    t_stats, m_stats = torch_policy.train_gspo(examples, config), mlx_policy.train_gspo(examples, config)
+    t_stats, m_stats = train_gspo(torch_policy, examples, config), train_gspo(mlx_policy, examples, config)
     assert t_stats.steps == m_stats.steps == 6
     # Not rounding bounds: AdamW divides each gradient by its own running size, so a gradient entry
     # at rounding level takes a full lr step either way and the two trajectories drift apart by
@@ -322,14 +324,14 @@ def test_gspo_ratio_is_exactly_one_first_and_bf16_full_fine_tune_keeps_its_updat
     prompts, ids = [e.prompt for e in examples], [e.response_ids for e in examples]
     tolerances = logprob_tolerances(TorchBackend(tiny_model_dir, device="cpu"), prompts, ids, temperature=0.8)
     assert_logprobs_close([np.array(e.behavior_logprobs) for e in examples], policy.response_logprobs(prompts, ids, temperature=0.8), tolerances)
-    stats = policy.train_gspo(examples, config)
+    stats = train_gspo(policy, examples, config)
     assert stats.extra["ratio_min"][0] == stats.extra["ratio_max"][0] == 1.0
     assert stats.extra["behavior_logprob_gap_max"] <= max(float(t.max()) for t in tolerances)
 
     bf16 = MLXBackend(tiny_model_dir, dtype="bfloat16")
     full = GSPOConfig(objective="reward_weighted", batch_size=2, learning_rate=1e-5, lora=None, temperature=0.8, epochs=1)
     before = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(bf16.model.parameters())}
-    assert bf16.train_gspo(examples, full).steps == 3
+    assert train_gspo(bf16, examples, full).steps == 3
     assert bf16.dtype == mx.float32
     after = {k: np.array(v) for k, v in tree_flatten(bf16.model.parameters())}
     changed = np.mean(np.concatenate([(after[k] != before[k]).ravel() for k in before if "layers" in k]))

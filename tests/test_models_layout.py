@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from outcome_flywheel.models.batching import batch_plan
-from outcome_flywheel.models.dpo_config import PreferencePair, WeightedDPOConfig
-from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+from outcome_flywheel.models.train.batching import batch_plan
+from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
 MODELS = Path(__file__).resolve().parents[1] / "outcome_flywheel" / "models"
 LIGHT = [
-    "outcome_flywheel.models", "outcome_flywheel.models.interface", "outcome_flywheel.models.gspo_config",
-    "outcome_flywheel.models.dpo_config", "outcome_flywheel.models.batching", "outcome_flywheel.models.gspo",
-    "outcome_flywheel.models.dpo", "outcome_flywheel.models.sampling", "outcome_flywheel.models.segments",
+    "outcome_flywheel.models", "outcome_flywheel.models.interface", "outcome_flywheel.models.train.gspo_config",
+    "outcome_flywheel.models.train.dpo_config", "outcome_flywheel.models.train.batching", "outcome_flywheel.models.train.gspo",
+    "outcome_flywheel.models.train.dpo", "outcome_flywheel.models.sampling", "outcome_flywheel.models.segments",
 ]
 # Per mirrored file, what both frameworks define with the same parameters.
 MIRRORED = {

@@ -15,16 +15,16 @@ import pandas as pd
 import pytest
 import torch
 
-from outcome_flywheel.daily_rl.note_scorer import (
+from outcome_flywheel.daily_rl.note_scorer.model import (
     ScorerSettings, ScorerState, ScorerStore, accuracy_summary, clipped_event, learn, resume, tier_summary,
 )
-from outcome_flywheel.daily_rl.note_scorer_events import judge_events, people_event, price_events
-from outcome_flywheel.daily_rl.note_scorer_features import FEATURES_TABLE, STRUCTURE_NAMES, structure_features
-from outcome_flywheel.daily_rl.rewards import PriceReward, RewardConfig
+from outcome_flywheel.daily_rl.note_scorer.events import judge_events, people_event, price_events
+from outcome_flywheel.daily_rl.note_scorer.features import FEATURES_TABLE, STRUCTURE_NAMES, structure_features
+from outcome_flywheel.daily_rl.reward.signals import PriceReward, RewardConfig
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.feedback.records import FeedbackRecord
 from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse
 from resources.steps import StepRunnerResource
 from tests.service_fixtures import AUTH, HEADLINES, make_state, make_world, test_client, write_notes
@@ -223,7 +223,7 @@ def test_a_new_rank_starts_afresh_in_the_asset(scorer_world):
 
 
 def test_scorer_reward_signal_is_off_by_default_and_sparse(scorer_world):
-    from outcome_flywheel.daily_rl.scoring import scorer_signals
+    from outcome_flywheel.daily_rl.note_scorer.signal import scorer_signals
 
     root, _, _ = scorer_world
     signals = scorer_signals(Warehouse(data_dir=str(root)), D2)
@@ -244,7 +244,7 @@ def test_service_shows_notes_best_first_and_steps_on_feedback(scorer_world):
     assert "best-first by the online note scorer" in page
     store = ScorerStore(root)
     scorer = store.load_latest()
-    features = {k: v for k, v in __import__("outcome_flywheel.daily_rl.note_scorer_features", fromlist=["x"]).feature_lookup(
+    features = {k: v for k, v in __import__("outcome_flywheel.daily_rl.note_scorer.features", fromlist=["x"]).feature_lookup(
         Warehouse(data_dir=str(root)).read(FEATURES_TABLE, D2)).items() if k[1] == HEADLINES[1]}
     best = max(features, key=lambda k: float(scorer.scores(features[k][None])[0]))
     section = page[page.index(f'id="h-{HEADLINES[1]}"'):]

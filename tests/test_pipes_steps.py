@@ -177,7 +177,7 @@ def test_a_killed_dpo_training_is_recorded_and_latest_stays(tmp_path, warehouse,
 
 
 def test_launcher_command_lines():
-    module = "outcome_flywheel.daily_rl.update_step"
+    module = "outcome_flywheel.daily_rl.day_step"
     assert StepLaunch(python="/py").command("daily_update") == ["/py", "-m", module]
     assert StepLaunch(launcher="accelerate", processes=4, python="/py").command("daily_update") == [
         "/py", "-m", "accelerate.commands.launch", "--num_machines", "1", "--num_processes", "4",
@@ -256,7 +256,7 @@ def test_the_k8s_pod_carries_image_command_gpu_env_and_the_data_volume():
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "registry.example/flywheel:1.0"
     assert container["command"] == ["python", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                                    "--nproc_per_node", "2", "-m", "outcome_flywheel.daily_rl.update_step"]
+                                    "--nproc_per_node", "2", "-m", "outcome_flywheel.daily_rl.day_step"]
     assert container["resources"]["limits"] == {GPU_RESOURCE: "2", "cpu": "8", "memory": "32Gi"}
     assert container["resources"]["requests"] == {"cpu": "8", "memory": "32Gi"}
     assert pod["spec"]["restart_policy"] == "Never"
@@ -284,7 +284,7 @@ def test_k8s_credentials_from_a_secret_and_no_gpu():
     assert "AWS_SECRET_ACCESS_KEY" not in env and env["FLYWHEEL_SEED"] == "3"
     assert container["env_from"][0]["secret_ref"]["name"] == "flywheel-s3"
     assert container.get("resources") is None and not pod["spec"].get("tolerations") and not pod["spec"].get("volumes")
-    assert container["command"] == ["python", "-m", "outcome_flywheel.daily_rl.update_step"]
+    assert container["command"] == ["python", "-m", "outcome_flywheel.daily_rl.day_step"]
 
 
 # -- settings ----------------------------------------------------------------------------------
@@ -306,8 +306,8 @@ def test_the_runner_comes_from_the_environment_and_bad_values_are_named():
 
 
 def test_payloads_round_trip_and_refuse_what_cannot_travel():
-    from outcome_flywheel.daily_rl.update import DailyUpdateSettings
-    from outcome_flywheel.models.gspo_config import GSPOConfig
+    from outcome_flywheel.daily_rl.day import DailyUpdateSettings
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig
 
     settings = DailyUpdateSettings(rollouts_per_headline=3, gspo=GSPOConfig(lora=None, tis_cap=None))
     assert from_payload(DailyUpdateSettings, json.loads(json.dumps(to_payload(settings)))) == settings

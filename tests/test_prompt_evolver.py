@@ -12,9 +12,11 @@ import pytest
 from assets.daily_rl.baseline import baseline_rollouts
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from outcome_flywheel.daily_rl.loop import training_examples
-from outcome_flywheel.daily_rl.prompt_evolver import EvolverConfig, PromptEvolver, interval, tier_summary, variant_table
-from outcome_flywheel.daily_rl.prompt_mutations import (
+from outcome_flywheel.daily_rl.reward.examples import training_examples
+from outcome_flywheel.daily_rl.policy.prompt_evolver import (
+    EvolverConfig, PromptEvolver, interval, tier_summary, variant_table,
+)
+from outcome_flywheel.daily_rl.policy.prompt_variants import (
     BASE_SPEC, IMPLIED_RULES, MUTATIONS, PromptSpec, acceptable_rewrite, mutate,
 )
 from outcome_flywheel.models.prompts import NOTE_SECTIONS, SYSTEM_PROMPT, trading_note_messages
@@ -73,9 +75,9 @@ def test_condition_rephrasing_round_trips_and_llm_rewrites_are_checked():
 
 def test_a_real_llm_writes_rules_tiny_local_does_not(smollm2_dir, model_backend):
     """SmolLM2-135M-Instruct (offline, a real instruct LLM) rewrites a rule; tiny-local gets no writer."""
-    from outcome_flywheel.daily_rl.judge import Judge
-    from outcome_flywheel.daily_rl.prompt_evolver import prompt_writer
-    from outcome_flywheel.daily_rl.prompt_mutations import LLMWriter
+    from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+    from outcome_flywheel.daily_rl.policy.prompt_evolver import prompt_writer
+    from outcome_flywheel.daily_rl.policy.prompt_variants import LLMWriter
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     assert prompt_writer(model_backend, Judge()) is None  # tiny-local cannot write prompts
@@ -204,7 +206,8 @@ def test_gspo_trains_on_the_prompt_the_note_was_sampled_under(evolved, tmp_path_
         variant = state[state["version"] != "base"]
     system = variant["system_prompt"].iloc[0]
     assert system != SYSTEM_PROMPT
-    from outcome_flywheel.daily_rl.loop import generate_rollouts, load_policy, read_checkpoint
+    from outcome_flywheel.daily_rl.policy.rollouts import generate_rollouts
+    from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, read_checkpoint
     ckpt = root / "checkpoints" / "policy" / DAYS[1]
     policy = load_policy(res["model_backend"], ckpt, read_checkpoint(ckpt))
     todays = wh.read("headlines", DAYS[1]).head(2)

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from outcome_flywheel.daily_rl.judge_budget import CUT_MARK, cut_notes, fair_shares, prompt_budget
-from outcome_flywheel.daily_rl.judging import JudgeGroup, answer_after_thinking, extract_letter, judge_groups
+from outcome_flywheel.daily_rl.judge.prompt_budget import CUT_MARK, cut_notes, fair_shares, prompt_budget
+from outcome_flywheel.daily_rl.judge.ranking import JudgeGroup, answer_after_thinking, extract_letter, judge_groups
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
-from outcome_flywheel.models.qwen3_shapes import build_model
+from outcome_flywheel.models.provision.qwen3_shapes import build_model
 from tests.tolerances import assert_logprobs_close, logprob_tolerances
 
 NOTE = trading_note_messages("Chevron beats estimates on record output", "Shares rose 3% after hours.")

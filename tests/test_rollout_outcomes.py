@@ -10,14 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.outcomes import (
-    OUTCOME_COLUMNS,
-    OUTCOME_STATUSES,
-    call_outcome,
-    call_window,
-    outcome_rows,
-    pending_days_ready,
-    price_range,
+from outcome_flywheel.daily_rl.notes.outcomes import (
+    OUTCOME_COLUMNS, OUTCOME_STATUSES, call_outcome, call_window, outcome_rows, pending_days_ready, price_range,
 )
 from outcome_flywheel.trading_sessions import PriceTable
 

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.pairs import build_rollout_pairs, pair_exports
+from outcome_flywheel.daily_rl.reward.pairs import build_rollout_pairs, pair_exports
 
 PROMPT = json.dumps([{"role": "user", "content": "Headline: Apple beats estimates"}])
 

@@ -18,7 +18,7 @@ from assets.preferences.dataset import dpo_dataset
 from assets.preferences.decisions import operator_decisions
 from assets.preferences.outcomes import decision_outcomes
 from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
 from outcome_flywheel.storage import Warehouse
 from pipelines.daily_rl import DAILY_RL_ASSETS

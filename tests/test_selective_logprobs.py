@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from outcome_flywheel.models.qwen3_shapes import QWEN3_VOCAB, build_model
+from outcome_flywheel.models.provision.qwen3_shapes import QWEN3_VOCAB, build_model
 from outcome_flywheel.models.torch import logprobs as tlp
 from tests.tolerances import (
     forward_depth, gamma, gradient_bound, kl_bound, kl_tolerances, logprob_bound_from_logits, logprob_gradient_scales,

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from outcome_flywheel.daily_rl import status as daily_status
+from outcome_flywheel.daily_rl.report import status as daily_status
 from outcome_flywheel.storage import Warehouse
 from service.pages.routes import cell
 from tests.daily_history_fixtures import DAYS, PENDING_DAYS, history_tables, write_history

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from outcome_flywheel.models.serving import tier_summary
+from outcome_flywheel.models.serve.serving import tier_summary
 from outcome_flywheel.storage import atomic_symlink
 from service.config import ServiceConfig
 from service.main import start_in_thread

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.sampling import logprob_tolerance
 from outcome_flywheel.settings import PROJECT_ROOT
 from tests.tolerances import assert_logprobs_close, logprob_tolerances
+from outcome_flywheel.models.train.gspo import train_gspo
 
 NAME = "smollm2-135m-instruct"
 PROMPTS = [
@@ -58,7 +59,7 @@ def offline():
 @pytest.fixture(scope="module")
 def smollm2_dir(offline):
     """The converted folder, built once per machine (fingerprint: wheel, GGUF sha256, transformers)."""
-    from outcome_flywheel.models.smollm2 import cached_smollm2
+    from outcome_flywheel.models.provision.smollm2 import cached_smollm2
 
     (PROJECT_ROOT / ".cache").mkdir(exist_ok=True)
     with open(PROJECT_ROOT / ".cache" / f".{NAME}.lock", "w") as lock:
@@ -86,8 +87,8 @@ def smol_data_dir(tmp_path, monkeypatch, smollm2_dir, tiny_model_dir):
 
 # -- the conversion --------------------------------------------------------------------------------
 def test_conversion_logits_equal_the_gguf_models_exactly(smollm2_dir, smol_torch):
-    from outcome_flywheel.models.smollm2 import load_gguf
-    from outcome_flywheel.models.tiny_local import read_build_info
+    from outcome_flywheel.models.provision.smollm2 import load_gguf
+    from outcome_flywheel.models.provision.tiny_local import read_build_info
 
     info = read_build_info(smollm2_dir)
     assert info["name"] == NAME and info["parameters"] == 134_515_008 and info["vocab_size"] == 49_152
@@ -123,7 +124,7 @@ def torch_samples(smol_torch):
 
 
 def test_pi_old_equals_teacher_forcing_within_the_fp32_tolerance(smol_torch, smollm2_dir, torch_samples):
-    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     prompts = [PROMPTS[i // 2] for i in range(len(torch_samples))]
@@ -138,7 +139,7 @@ def test_pi_old_equals_teacher_forcing_within_the_fp32_tolerance(smol_torch, smo
     examples = [GSPOExample(prompt=p, response_ids=s.token_ids, behavior_logprobs=s.logprobs, advantage=(-1.0) ** i)
                 for i, (p, s) in enumerate(zip(prompts, torch_samples))]
     config = GSPOConfig(batch_size=4, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8, old_logprobs="stored")
-    stats = TorchBackend(smollm2_dir, device="cpu").train_gspo(examples, config)
+    stats = train_gspo(TorchBackend(smollm2_dir, device="cpu"), examples, config)
     # s_i = exp(mean_t(logp - stored)): within expm1 of its tokens' mean bound of 1 (was 1e-5)
     ratio_tol = max(float(np.expm1(t.mean())) for t in tolerances)
     assert abs(stats.extra["ratio_mean"][0] - 1.0) <= ratio_tol and np.isfinite(stats.losses).all()
@@ -200,8 +201,8 @@ def _require_fast_mlx() -> None:
 
 
 def _daily_resources(root, backend: str, judge_model: str = ""):
-    from outcome_flywheel.daily_rl.feed_source import FeedSource
-    from outcome_flywheel.daily_rl.judge import Judge
+    from outcome_flywheel.daily_rl.feeds.source import FeedSource
+    from outcome_flywheel.daily_rl.judge.llm_judge import Judge
     from outcome_flywheel.market_data import MarketData
     from outcome_flywheel.storage import Warehouse
     from resources.steps import StepRunnerResource

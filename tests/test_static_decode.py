@@ -14,11 +14,12 @@ import torch
 
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
-from outcome_flywheel.models.qwen3_shapes import build_model, qwen3_tokenizer
+from outcome_flywheel.models.provision.qwen3_shapes import build_model, qwen3_tokenizer
 from outcome_flywheel.models.sampling import keep_thresholds, logprob_tolerance
 from outcome_flywheel.models.torch.graph_sampler import batch_bucket, device_keep_thresholds, length_bucket
 from outcome_flywheel.models.torch.static_cache import unsupported_reason
 from tests.tolerances import logprob_tolerances, worst_ratio
+from outcome_flywheel.models.train.gspo import train_gspo
 
 PROMPTS = [trading_note_messages("Chevron beats estimates", "Output hit a record."),
            trading_note_messages("Chip stocks fall on export curbs", ""),
@@ -178,7 +179,7 @@ def test_models_the_static_step_cannot_run_keep_the_eager_sampler():
 
 
 def test_training_frees_the_static_cache_and_the_trained_policy_samples_as_the_eager_one(qwen3_dir):
-    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
     eager, static = _backends(qwen3_dir, "cpu")
     config = RULES["top-k+top-p"]
@@ -186,7 +187,7 @@ def test_training_frees_the_static_cache_and_the_trained_policy_samples_as_the_e
     examples = [GSPOExample(PROMPTS[i], s.token_ids, s.logprobs, float(k - 1.5)) for i, g in enumerate(groups) for k, s in enumerate(g)]
     for backend in (eager, static):
         torch.manual_seed(11)  # the same LoRA initialisation in both
-        backend.train_gspo(examples, GSPOConfig(temperature=0.8, learning_rate=1e-2, batch_size=4, lora=LoraSettings(r=4, alpha=8)))
+        train_gspo(backend, examples, GSPOConfig(temperature=0.8, learning_rate=1e-2, batch_size=4, lora=LoraSettings(r=4, alpha=8)))
     assert static._graph_sampler is None  # released for training
     _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), eager, config)
     assert static.graph_sampler.stats.calls == 1

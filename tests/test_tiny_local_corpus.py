@@ -8,10 +8,10 @@ import pandas as pd
 import pytest
 
 from benchmarks.tiny_local_calls import archive_headlines, call_stats, sample_notes
-from outcome_flywheel.daily_rl.calls import parse_call
-from outcome_flywheel.daily_rl.news import news_direction
-from outcome_flywheel.daily_rl.relevance import KNOWN_SYMBOLS, headline_symbols
-from outcome_flywheel.models.tiny_local import CORPUS, load_corpus
+from outcome_flywheel.daily_rl.notes.calls import parse_call
+from outcome_flywheel.daily_rl.worlds.news import news_direction
+from outcome_flywheel.daily_rl.notes.relevance import KNOWN_SYMBOLS, headline_symbols
+from outcome_flywheel.models.provision.tiny_local import CORPUS, load_corpus
 from scripts.make_tiny_local_corpus import make_notes
 
 

@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from outcome_flywheel.models import ModelLoader, load_backend
+from outcome_flywheel.models.loader import ModelLoader, load_backend
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.sampling import row_seed
 from outcome_flywheel.models.torch import vllm_sampling as vs
 from outcome_flywheel.settings import settings_problems
+from outcome_flywheel.models.train.gspo import train_gspo
 
 
 def test_vllm_sampler_without_cuda_or_vllm_says_what_it_needs(tiny_model_dir):
@@ -69,7 +70,7 @@ def test_vllm_outputs_become_token_ids_and_logprobs():
 
 
 def test_the_files_holding_the_policy_are_tracked(tiny_model_dir, tmp_path):
-    from outcome_flywheel.models.gspo_config import GSPOConfig, GSPOExample
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     policy = TorchBackend(tiny_model_dir, device="cpu")
@@ -81,5 +82,5 @@ def test_the_files_holding_the_policy_are_tracked(tiny_model_dir, tmp_path):
     prompt = [{"role": "user", "content": "Oil rises"}]
     sample = policy.sample([prompt], 2, SamplingConfig(max_new_tokens=6), seeds=[0])[0]
     torch.manual_seed(0)
-    policy.train_gspo([GSPOExample(prompt, s.token_ids, s.logprobs, a) for s, a in zip(sample, (1.0, -1.0))], GSPOConfig(temperature=0.8))
+    train_gspo(policy, [GSPOExample(prompt, s.token_ids, s.logprobs, a) for s, a in zip(sample, (1.0, -1.0))], GSPOConfig(temperature=0.8))
     assert policy.weights_on_disk is None  # trained in memory: vLLM cannot serve it, the project's sampler does

@@ -12,16 +12,15 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.feed_source import FeedSource
-from outcome_flywheel.daily_rl.feeds import build_headlines
-from outcome_flywheel.daily_rl.news import news_direction
-from outcome_flywheel.daily_rl.outcomes import call_window
-from outcome_flywheel.daily_rl.relevance import headline_symbols
-from outcome_flywheel.daily_rl.world_feeds import (
-    MANIFEST_NAME, SLOT, archive_templates, plan_headlines, read_archive_manifest, split_days, synthetic_days,
-    write_synthetic_archive,
+from outcome_flywheel.daily_rl.feeds.source import FeedSource
+from outcome_flywheel.daily_rl.feeds.headlines import build_headlines
+from outcome_flywheel.daily_rl.worlds.news import news_direction
+from outcome_flywheel.daily_rl.notes.outcomes import call_window
+from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
+from outcome_flywheel.daily_rl.worlds.synthetic_feeds import (
+    MANIFEST_NAME, SLOT, archive_templates, plan_headlines, read_archive_manifest, split_days, synthetic_days, write_synthetic_archive,
 )
-from outcome_flywheel.daily_rl.worlds import WorldConfig, make_world
+from outcome_flywheel.daily_rl.worlds.prices import WorldConfig, make_world
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 from outcome_flywheel.settings import PROJECT_ROOT
 

@@ -18,9 +18,10 @@ import pytest
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from outcome_flywheel.daily_rl.calls import parse_call
-from outcome_flywheel.daily_rl.loop import ROLLOUT_SAMPLING, load_policy, parent_checkpoint
-from outcome_flywheel.daily_rl.worlds import WorldConfig, archive_events, make_world, write_world
+from outcome_flywheel.daily_rl.notes.calls import parse_call
+from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
+from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, parent_checkpoint
+from outcome_flywheel.daily_rl.worlds.prices import WorldConfig, archive_events, make_world, write_world
 from outcome_flywheel.models.prompts import note_messages
 from tests.daily_fixtures import daily_resources, linked_data_dir
 
@@ -90,7 +91,7 @@ def test_defaults_learn_the_news_world_through_the_assets(tmp_path, tiny_model_d
 
 def _price_credit_sits_on_the_call_line(root, res, day: str) -> None:
     """The matured notes trained on `day` had their price advantage on the call line's tokens only."""
-    from outcome_flywheel.daily_rl.credit import call_token_mask
+    from outcome_flywheel.daily_rl.reward.credit import call_token_mask
 
     ledger = res["warehouse"].read("reward_ledger", day)
     trained = ledger[(ledger["step"] == "matured") & (ledger["status"] == "trained")]

@@ -12,11 +12,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from outcome_flywheel.daily_rl.news import news_direction
-from outcome_flywheel.daily_rl.outcomes import call_outcome, call_window
-from outcome_flywheel.daily_rl.worlds import (
-    WORLD_KINDS, WorldConfig, archive_events, judge_outcome_titles, make_world, manifest_path, planted_moves, price_csv,
-    world_outcome_titles, write_world,
+from outcome_flywheel.daily_rl.worlds.news import news_direction
+from outcome_flywheel.daily_rl.notes.outcomes import call_outcome, call_window
+from outcome_flywheel.daily_rl.worlds.prices import (
+    WORLD_KINDS, WorldConfig, archive_events, judge_outcome_titles, make_world, manifest_path, planted_moves, price_csv, world_outcome_titles, write_world,
 )
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData, read_price_file
 from scripts.make_tiny_local_corpus import NEGATIVE, POSITIVE
@@ -223,7 +222,7 @@ def test_benchmark_counts_opposite_sides_per_headline():
 def small_worlds(tmp_path_factory) -> dict:
     """A SYNTHETIC archive over Labor Day 2025 (12 days x 8) and its three worlds without noise, so every
     move is a planted one: {"archive": folder, kind: world file}."""
-    from outcome_flywheel.daily_rl.world_feeds import write_synthetic_archive
+    from outcome_flywheel.daily_rl.worlds.synthetic_feeds import write_synthetic_archive
 
     folder = tmp_path_factory.mktemp("judge_worlds")
     out = {"archive": folder / "feeds"}
@@ -236,8 +235,8 @@ def small_worlds(tmp_path_factory) -> dict:
 
 
 def day_headlines(archive, day: str) -> pd.DataFrame:
-    from outcome_flywheel.daily_rl.feed_source import FeedSource
-    from outcome_flywheel.daily_rl.feeds import build_headlines
+    from outcome_flywheel.daily_rl.feeds.source import FeedSource
+    from outcome_flywheel.daily_rl.feeds.headlines import build_headlines
 
     return build_headlines(FeedSource(archive_dir=str(archive)).fetch(day), day, "America/New_York", 99)[0]
 
@@ -261,8 +260,8 @@ def test_a_real_price_file_keeps_the_archives_headlines(small_worlds):
 
 
 def test_follow_ups_state_the_worlds_move_with_the_rules_sign_once_the_window_closed(small_worlds):
-    from outcome_flywheel.daily_rl.relevance import headline_symbols
-    from outcome_flywheel.daily_rl.world_feeds import company_mention
+    from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
+    from outcome_flywheel.daily_rl.worlds.synthetic_feeds import company_mention
 
     expected = {"news": ("rose", "fell"), "inverted": ("fell", "rose"), "null": ("were flat", "were flat")}
     checked = 0
@@ -306,9 +305,9 @@ def test_follow_ups_never_read_a_close_after_the_judges_morning(small_worlds, tm
 
 
 def test_the_judges_selection_puts_the_headlines_own_follow_up_first(small_worlds):
-    from outcome_flywheel.daily_rl.judge import Judge
-    from outcome_flywheel.daily_rl.relevance import headline_symbols
-    from outcome_flywheel.daily_rl.world_feeds import company_mention
+    from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+    from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
+    from outcome_flywheel.daily_rl.worlds.synthetic_feeds import company_mention
 
     judge = Judge()
     for day in archive_days_of(small_worlds["archive"])[:4]:

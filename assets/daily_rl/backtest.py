@@ -9,10 +9,10 @@ import pandas as pd
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.daily_rl.policy_eval import LookAheadConfig
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.backtest import DAILY_COLUMNS, run_backtest
-from outcome_flywheel.daily_rl.look_ahead import look_ahead_days, without_days
-from outcome_flywheel.daily_rl.outcomes import call_window
-from outcome_flywheel.daily_rl.charts import equity_figure
+from outcome_flywheel.daily_rl.evaluation.backtest import DAILY_COLUMNS, run_backtest
+from outcome_flywheel.daily_rl.evaluation.look_ahead import look_ahead_days, without_days
+from outcome_flywheel.daily_rl.notes.outcomes import call_window
+from outcome_flywheel.daily_rl.report.charts import equity_figure
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 SUMMARY_TABLE = "backtest_summary"
@@ -39,7 +39,7 @@ def backtest(context: dg.AssetExecutionContext, config: LookAheadConfig, warehou
     one row per book, stored under its entry session (every book up to D is rewritten, so a weekend's
     days fill Monday's book in turn and nothing is duplicated); `backtest_summary` the figures up to D.
     Days whose policy notes are look-ahead (trained on headlines after the notes' day; rule in
-    outcome_flywheel.daily_rl.look_ahead) are left out, both books, unless run config
+    outcome_flywheel.daily_rl.evaluation.look_ahead) are left out, both books, unless run config
     `include_look_ahead` (then their books are flagged `look_ahead`); a book left with no day is removed."""
     day = context.partition_key
     outcomes = warehouse.read_all("rollout_outcomes")

@@ -4,9 +4,9 @@ import dagster as dg
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.evaluation import baseline_rollouts as sample_baseline, matching_problems
-from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.daily_rl.evaluation.ab import baseline_rollouts as sample_baseline, matching_problems
+from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse
 
 

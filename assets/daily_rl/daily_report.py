@@ -9,9 +9,13 @@ import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.outcomes import call_window
-from outcome_flywheel.daily_rl.charts import FIGURES, ab_figure, equity_figure, hit_rate_figure, off_policy_figure, price_reward_figure
-from outcome_flywheel.daily_rl.report import OVER_DAYS_COLUMNS, SUMMARY_COLUMNS, day_summary, hit_rate_by_day, over_days, prices_note
+from outcome_flywheel.daily_rl.notes.outcomes import call_window
+from outcome_flywheel.daily_rl.report.charts import (
+    FIGURES, ab_figure, equity_figure, hit_rate_figure, off_policy_figure, price_reward_figure,
+)
+from outcome_flywheel.daily_rl.report.summary import (
+    OVER_DAYS_COLUMNS, SUMMARY_COLUMNS, day_summary, hit_rate_by_day, over_days, prices_note,
+)
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
 from outcome_flywheel.settings import resolve_path
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes

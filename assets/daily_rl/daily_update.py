@@ -4,7 +4,7 @@ The loop is a cycle (policy -> rollouts -> scores -> policy). Dagster accepts a 
 asset depending on its own earlier partition, so all three keys live in one multi-asset and each
 depends on the day's `headlines` and on its own previous partition (docs/daily_rl.md, "Why one
 multi-asset": other shapes break asset backfills or run days out of order). The work itself is
-`outcome_flywheel.daily_rl.update.run_daily_update` (score, train, generate, verify), run by the
+`outcome_flywheel.daily_rl.day.run_daily_update` (score, train, generate, verify), run by the
 step process `outcome_flywheel.steps.daily_update` where the `step_runner` resource says
 (docs/pipes.md); its metadata and checks come back through Dagster Pipes.
 """
@@ -16,16 +16,18 @@ from pydantic import Field
 
 from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, column_names, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.gate import GateConfig
-from outcome_flywheel.daily_rl.judge import Judge
-from outcome_flywheel.daily_rl.loop import ROLLOUT_COLUMNS, SCORE_COLUMNS
-from outcome_flywheel.daily_rl.matured import longest_wait_days
-from outcome_flywheel.daily_rl.prompt_evolver import VARIANT_COLUMNS, EvolverConfig
-from outcome_flywheel.daily_rl.rewards import REWARD_SIGNALS, PriceReward, RewardConfig
-from outcome_flywheel.daily_rl.update import DailyUpdateSettings
-from outcome_flywheel.models import LoraSettings, ModelLoader
+from outcome_flywheel.daily_rl.policy.gate import GateConfig
+from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS
+from outcome_flywheel.daily_rl.reward.rollout_scores import SCORE_COLUMNS
+from outcome_flywheel.daily_rl.reward.matured import longest_wait_days
+from outcome_flywheel.daily_rl.policy.prompt_evolver import VARIANT_COLUMNS, EvolverConfig
+from outcome_flywheel.daily_rl.reward.signals import REWARD_SIGNALS, PriceReward, RewardConfig
+from outcome_flywheel.daily_rl.day import DailyUpdateSettings
+from outcome_flywheel.models.interface import LoraSettings
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.models.gspo_config import GSPOConfig
+from outcome_flywheel.models.train.gspo_config import GSPOConfig
 from outcome_flywheel.settings import env
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.storage import Warehouse

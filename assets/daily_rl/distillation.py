@@ -1,6 +1,6 @@
 """Tier 3, distillation (docs/tiers.md): `distill_samples` (a teacher's traces and people's verified
 corrections of day D) and `distilled_policy` (one gated SFT run over the unused samples), both run
-by the `distillation` step (`outcome_flywheel.daily_rl.distill_step`) through the step runner."""
+by the `distillation` step (`outcome_flywheel.daily_rl.distillation.step`) through the step runner."""
 
 from datetime import datetime, timezone
 from typing import Optional
@@ -10,10 +10,10 @@ from pydantic import Field
 
 from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.distill_samples import SAMPLE_COLUMNS, SAMPLES_TABLE
-from outcome_flywheel.daily_rl.distillation import DEFAULT_MIN_SAMPLES, DistillConfig, teacher_name
-from outcome_flywheel.models import ModelLoader
-from outcome_flywheel.models.sft_config import SFTConfig
+from outcome_flywheel.daily_rl.distillation.samples import SAMPLE_COLUMNS, SAMPLES_TABLE
+from outcome_flywheel.daily_rl.distillation.train import DEFAULT_MIN_SAMPLES, DistillConfig, teacher_name
+from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.models.train.sft_config import SFTConfig
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.storage import Warehouse
 from resources.steps import StepRunnerResource

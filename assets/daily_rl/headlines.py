@@ -4,8 +4,10 @@ import dagster as dg
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.feeds import FEED_LEVEL_REASONS, HEADLINE_COLUMNS, build_headlines, feed_failures
-from outcome_flywheel.daily_rl.feed_source import FeedSource
+from outcome_flywheel.daily_rl.feeds.headlines import (
+    FEED_LEVEL_REASONS, HEADLINE_COLUMNS, build_headlines, feed_failures,
+)
+from outcome_flywheel.daily_rl.feeds.source import FeedSource
 from outcome_flywheel.storage import Warehouse
 
 

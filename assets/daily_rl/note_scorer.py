@@ -6,11 +6,11 @@ import dagster as dg
 
 from assets.catalog import COLUMNS, OWNERS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.note_scorer import ScorerSettings
-from outcome_flywheel.daily_rl.note_scorer_features import FEATURE_COLUMNS, FEATURES_TABLE
+from outcome_flywheel.daily_rl.note_scorer.model import ScorerSettings
+from outcome_flywheel.daily_rl.note_scorer.features import FEATURE_COLUMNS, FEATURES_TABLE
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.storage import Warehouse
 from resources.settings import mirrored, set_fields

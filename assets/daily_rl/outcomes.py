@@ -9,9 +9,9 @@ from pydantic import Field
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.calls import CALL_COLUMNS, calls_frame
-from outcome_flywheel.daily_rl.look_ahead import LOOK_AHEAD_COLUMNS, look_ahead_flags
-from outcome_flywheel.daily_rl.outcomes import BENCHMARK, OUTCOME_COLUMNS, outcome_rows, price_range
+from outcome_flywheel.daily_rl.notes.calls import CALL_COLUMNS, calls_frame
+from outcome_flywheel.daily_rl.evaluation.look_ahead import LOOK_AHEAD_COLUMNS, look_ahead_flags
+from outcome_flywheel.daily_rl.notes.outcomes import BENCHMARK, OUTCOME_COLUMNS, outcome_rows, price_range
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
@@ -81,7 +81,7 @@ def rollout_outcomes(
     FLYWHEEL_OUTCOME_COST_BPS (10 bps round trip). Status matured / pending (re-run by
     `daily_rl_outcomes_schedule` once the exit session has closed, or once the price data reaches the
     exit) / no_data (reason) / no_call. `look_ahead` flags the policy's notes when its checkpoint was
-    trained on headlines dated after D (an override re-run; rule in outcome_flywheel.daily_rl.look_ahead):
+    trained on headlines dated after D (an override re-run; rule in outcome_flywheel.daily_rl.evaluation.look_ahead):
     policy_eval and backtest leave those days out unless their run config includes them."""
     day = context.partition_key
     horizon, cost = config.resolved()

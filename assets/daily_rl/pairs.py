@@ -7,7 +7,9 @@ from pydantic import Field
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.pairs import DEFAULT_MIN_REWARD_GAP, PAIR_COLUMNS, build_rollout_pairs, pair_exports
+from outcome_flywheel.daily_rl.reward.pairs import (
+    DEFAULT_MIN_REWARD_GAP, PAIR_COLUMNS, build_rollout_pairs, pair_exports,
+)
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 PREVIOUS_DAY = dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)

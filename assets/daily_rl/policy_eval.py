@@ -6,11 +6,11 @@ from pydantic import Field
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.ab_stats import COLUMNS as COMPARISON_COLUMNS
-from outcome_flywheel.daily_rl.evaluation import PREFERENCE_COLUMNS, evaluate_day, judge_preferences
-from outcome_flywheel.daily_rl.judge import Judge
-from outcome_flywheel.daily_rl.look_ahead import LookAheadInputs, look_ahead_days
-from outcome_flywheel.models import ModelLoader
+from outcome_flywheel.daily_rl.evaluation.ab_stats import COLUMNS as COMPARISON_COLUMNS
+from outcome_flywheel.daily_rl.evaluation.ab import PREFERENCE_COLUMNS, evaluate_day, judge_preferences
+from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.evaluation.look_ahead import LookAheadInputs, look_ahead_days
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse
 
 POLICY_EVAL_COLUMNS = ["date", "status"] + COMPARISON_COLUMNS + ["policy_version", "look_ahead", "look_ahead_days"]
@@ -21,7 +21,7 @@ class LookAheadConfig(dg.Config):
 
     include_look_ahead: bool = Field(default=False, description=(
         "Keep notes whose policy was trained on headlines dated after the notes' day (override re-runs; "
-        "outcome_flywheel.daily_rl.look_ahead). Default false: those days are left out of the A/B and the back-test."))
+        "outcome_flywheel.daily_rl.evaluation.look_ahead). Default false: those days are left out of the A/B and the back-test."))
 
 
 @dg.asset(
@@ -45,7 +45,7 @@ def policy_eval(context: dg.AssetExecutionContext, config: LookAheadConfig, ware
     D's calls on the headline's company (`headline_company_share`, relevance.py; paired t-test over the
     headlines that name a known company, as for the structure score). Re-run with
     `rollout_outcomes` when pending calls mature. Look-ahead notes (a policy trained on headlines dated
-    after its notes' day, rule in outcome_flywheel.daily_rl.look_ahead) are left out, both sides of their
+    after its notes' day, rule in outcome_flywheel.daily_rl.evaluation.look_ahead) are left out, both sides of their
     day, unless run config `include_look_ahead`; each row says so (`look_ahead`, `look_ahead_days`)."""
     day = context.partition_key
     rollouts, baseline = warehouse.read("rollouts", day), warehouse.read("baseline_rollouts", day)

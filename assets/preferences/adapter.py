@@ -13,8 +13,9 @@ from pydantic import Field
 from assets.catalog import MODEL_KINDS, OWNERS, column_names, table_metadata
 from outcome_flywheel.preferences.status import ADAPTERS_DIR
 from outcome_flywheel.preferences.weighting import dataset_fingerprint
-from outcome_flywheel.models import LoraSettings, ModelLoader
-from outcome_flywheel.models.dpo_config import WeightedDPOConfig
+from outcome_flywheel.models.interface import LoraSettings
+from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.preferences.adapter_step import SUMMARY_KEY
 from outcome_flywheel.preferences.pool import restore_pool

@@ -362,31 +362,14 @@ class ModelBackend(ABC):
     def use_master_weights(self) -> None:
         """Full fine-tuning: keep every weight in fp32 so small updates are not rounded away."""
 
-    def train_gspo(self, examples, config) -> TrainStats:
-        """GSPO on `gspo_config.GSPOExample`s with a `gspo_config.GSPOConfig`: `gspo.train_gspo`."""
-        from outcome_flywheel.models.gspo import train_gspo
-
+    def prepare_for_training(self, keep_moments: bool) -> None:
+        """Before a trainer's steps (`train/`: GSPO, DPO, SFT): the weights on disk stop describing this
+        model, sampling's memory is freed, and saved optimiser moments are dropped unless the trainer
+        resumes them (GSPO's moments do not describe DPO's or SFT's steps)."""
         self.weights_on_disk = None
+        if not keep_moments:
+            self.optimizer_tensors = None
         self.release_inference_state()
-        return train_gspo(self, examples, config)
-
-    def train_weighted_dpo(self, pairs, config) -> TrainStats:
-        """Outcome-weighted DPO on `dpo_config.PreferencePair`s: `dpo.train_weighted_dpo`."""
-        from outcome_flywheel.models.dpo import train_weighted_dpo
-
-        self.weights_on_disk = None
-        self.optimizer_tensors = None  # GSPO's moments do not describe DPO's steps
-        self.release_inference_state()
-        return train_weighted_dpo(self, pairs, config)
-
-    def train_sft(self, examples, config) -> TrainStats:
-        """Completion-only LoRA SFT on `sft_config.SFTExample`s with an `sft_config.SFTConfig`: `sft.train_sft`."""
-        from outcome_flywheel.models.sft import train_sft
-
-        self.weights_on_disk = None
-        self.optimizer_tensors = None  # GSPO's moments do not describe SFT's steps
-        self.release_inference_state()
-        return train_sft(self, examples, config)
 
     def release_inference_state(self) -> None:
         """Free what sampling keeps between calls that training needs the memory of (torch on

@@ -20,8 +20,8 @@ import uuid
 
 import pandas as pd
 
-from outcome_flywheel.models import ModelLoader
-from outcome_flywheel.models.dpo_config import WeightedDPOConfig
+from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
 from outcome_flywheel.preferences.pool import pool_backup
 from outcome_flywheel.preferences.scoring import training_pairs
 from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO, prompt_context_keys
@@ -30,6 +30,7 @@ from outcome_flywheel.steps.codec import from_payload
 from outcome_flywheel.steps.entry import main
 from outcome_flywheel.steps.metadata import md, path
 from outcome_flywheel.storage import Warehouse, atomic_symlink, publish_dir
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 SUMMARY_KEY = "training"  # custom message {SUMMARY_KEY: {...}}: the figures of the history row
 
@@ -56,7 +57,7 @@ def run(pipes) -> None:
         # is backed up first and restored if the training fails (if this process is killed, by the
         # asset once it has ended: `restore_pool`).
         with pool_backup(warehouse, "dpo_dataset", run_id, log=pipes.log.warning):
-            stats = backend.train_weighted_dpo(pairs, cfg)
+            stats = train_weighted_dpo(backend, pairs, cfg)
         staging.mkdir(parents=True)
         backend.save(staging)
         info = {

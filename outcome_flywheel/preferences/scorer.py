@@ -39,7 +39,7 @@ class StyleScorer:
     @property
     def loader(self):
         if self._loader is None:
-            from outcome_flywheel.models import ModelLoader
+            from outcome_flywheel.models.loader import ModelLoader
 
             self._loader = ModelLoader.from_env()
         return self._loader

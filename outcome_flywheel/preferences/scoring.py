@@ -35,7 +35,7 @@ from outcome_flywheel.models.segments import encode_segments, flatten_segments
 def scoring_settings(adapter_dir: Path | None = None) -> tuple[str, float]:
     """(completion unit, beta) the adapter in `adapter_dir` was trained with; the trainer's defaults
     when there is no record. An adapter recorded without a unit predates line scoring: `sequence`."""
-    from outcome_flywheel.models.dpo_config import WeightedDPOConfig
+    from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
 
     defaults = WeightedDPOConfig()
     info_path = Path(adapter_dir) / TRAIN_INFO if adapter_dir else None
@@ -70,7 +70,7 @@ def score_candidates(
 
 def training_pairs(pairs: pd.DataFrame):
     """`PreferencePair`s of the training split with their exact weights (swaps already applied)."""
-    from outcome_flywheel.models.dpo_config import PreferencePair
+    from outcome_flywheel.models.train.dpo_config import PreferencePair
 
     train = pairs[pairs["split"] == "train"].sort_values("decision_id")
     return [

@@ -14,11 +14,11 @@ launcher's ranks; checks a launcher without loading a model).
 """
 
 STEP_MODULES = {
-    "daily_update": "outcome_flywheel.daily_rl.update_step",
+    "daily_update": "outcome_flywheel.daily_rl.day_step",
     "preference_adapter": "outcome_flywheel.preferences.adapter_step",
     "probe": "outcome_flywheel.steps.probe",
-    "note_scorer": "outcome_flywheel.daily_rl.note_scorer_step",
-    "distillation": "outcome_flywheel.daily_rl.distill_step",
+    "note_scorer": "outcome_flywheel.daily_rl.note_scorer.step",
+    "distillation": "outcome_flywheel.daily_rl.distillation.step",
 }
 
 

@@ -136,7 +136,7 @@ def install_crash_hook(point: str) -> None:
         return
     if point not in CRASH_POINTS:
         raise StepError(f"{CRASH_VARIABLE}={point!r}: one of {', '.join(CRASH_POINTS)}")
-    from outcome_flywheel.models import dpo, gspo
+    from outcome_flywheel.models.train import dpo, gspo
 
     def killed(*_args, **_kwargs):
         for pipes in _open:

@@ -2,7 +2,7 @@
 
 Model ids: `policy` (the latest accepted policy checkpoint of the daily loop) and `preference` (the
 base model with the latest preference adapter), hot-swapped as their `latest` pointers move
-(`outcome_flywheel.models.serving.ModelServer`). Every /v1 request, reads included, needs
+(`outcome_flywheel.models.serve.serving.ModelServer`). Every /v1 request, reads included, needs
 `Authorization: Bearer <FLYWHEEL_API_TOKEN>` (the key an OpenAI client sends): serving spends the
 machine's compute. Errors come in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`,
 with a 4xx status for a request the server cannot take: this module's own, and those the guards and
@@ -21,7 +21,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from outcome_flywheel.models.serving import MODEL_IDS, ModelServer, ModelUnavailable
+from outcome_flywheel.models.serve.serving import MODEL_IDS, ModelServer, ModelUnavailable
 from service.errors import openai_error
 from service.security import _bearer, bearer
 

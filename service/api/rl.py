@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from outcome_flywheel.daily_rl.status import daily_history, daily_status
+from outcome_flywheel.daily_rl.report.status import daily_history, daily_status
 from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import feedback_metrics, feedback_table
 from service import launching

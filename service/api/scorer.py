@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from outcome_flywheel.daily_rl.note_scorer import SOURCES, ScorerStore, accuracy_summary, label, learn
-from outcome_flywheel.daily_rl.note_scorer_events import local_day, people_event
-from outcome_flywheel.daily_rl.note_scorer_features import FEATURES_TABLE, feature_lookup
+from outcome_flywheel.daily_rl.note_scorer.model import SOURCES, ScorerStore, accuracy_summary, label, learn
+from outcome_flywheel.daily_rl.note_scorer.events import local_day, people_event
+from outcome_flywheel.daily_rl.note_scorer.features import FEATURES_TABLE, feature_lookup
 from outcome_flywheel.feedback.records import FeedbackRecord
 from outcome_flywheel.settings import env, resolve_path
 

@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import ValidationError
 
-from outcome_flywheel.daily_rl.status import daily_figures
+from outcome_flywheel.daily_rl.report.status import daily_figures
 from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import feedback_table
 from outcome_flywheel.feedback.records import FeedbackIn, VerificationIn

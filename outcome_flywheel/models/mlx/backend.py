@@ -25,7 +25,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from outcome_flywheel.models import lora_convert
+from outcome_flywheel.models.mlx import lora_convert
 from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
 from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
 from outcome_flywheel.models.mlx.sampling import sample_batch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from outcome_flywheel.models.gspo_config import OBJECTIVES
+from outcome_flywheel.models.train.gspo_config import OBJECTIVES
 
 
 def gspo_loss(

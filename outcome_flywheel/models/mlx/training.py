@@ -15,9 +15,9 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
-from outcome_flywheel.models.lora_convert import PEFT_PREFIX
+from outcome_flywheel.models.mlx.lora_convert import PEFT_PREFIX
 from outcome_flywheel.models.mlx.losses import gspo_loss, sft_loss, weighted_dpo_loss
-from outcome_flywheel.models.optimizer_state import MOMENTS, check_state, flat_state
+from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
 
 LossFn = Callable[[nn.Module, Any], tuple[mx.array, dict[str, mx.array]]]
 MLX_MOMENTS = ("m", "v")  # mlx's names for MOMENTS ("exp_avg", "exp_avg_sq")

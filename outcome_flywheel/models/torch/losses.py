@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from outcome_flywheel.models.gspo_config import OBJECTIVES
+from outcome_flywheel.models.train.gspo_config import OBJECTIVES
 
 
 def gspo_loss(

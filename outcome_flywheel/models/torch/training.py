@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
-from outcome_flywheel.models.optimizer_state import MOMENTS, check_state, flat_state
+from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
 from outcome_flywheel.models.torch.losses import gspo_loss, sft_loss, weighted_dpo_loss
 
 LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]]

@@ -1,0 +1,126 @@
+"""The three steps of one daily partition as plain functions (no Dagster): score yesterday's
+rollouts, train the policy on them, generate today's rollouts; plus the dated checkpoints.
+
+Checkpoint folder `$FLYWHEEL_DATA_DIR/checkpoints/policy/D/` holds `checkpoint.json` and:
+- kind "base": nothing else; the policy of that day is the frozen base model (the first
+  partition, and any day before the first training step);
+- kind "lora": a PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`);
+- kind "full": a full Hugging Face model folder (full fine-tune, `lora=None`).
+`policy_version` = "D@<sha256 of the weight files, 12 hex>" ("D@base" for the base), stamped on
+every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from outcome_flywheel.daily_rl.notes.structure import structure_score
+from outcome_flywheel.daily_rl.partitions import stable_seed
+from outcome_flywheel.models.interface import SamplingConfig
+from outcome_flywheel.models.prompts import (
+    BASE_PROMPT_VERSION,
+    SYSTEM_PROMPT,
+    note_messages,
+)
+
+if TYPE_CHECKING:
+    from outcome_flywheel.models.interface import ModelBackend
+
+
+
+ROLLOUT_COLUMNS = [
+    "date", "headline_id", "rollout_index", "title", "summary", "prompt", "response", "response_ids", "n_tokens",
+    "finished", "structure_score", "behavior_logprobs", "temperature", "policy_version", "seed", "max_new_tokens",
+    "prompt_version",
+]
+
+
+# How rollouts are sampled. `behavior_logprobs` are log-softmax(logits / temperature) of the
+# sampled tokens (before top-k / top-p), and GSPO trains at the same temperature.
+ROLLOUT_SAMPLING = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50)
+
+
+# -- generate --------------------------------------------------------------------------------
+def generation_seed(seed: int, day: str, headline_id: str) -> int:
+    return stable_seed(seed, day, headline_id) % (2**31 - 1)
+
+
+def generate_rollouts(
+    policy: "ModelBackend", headlines: pd.DataFrame, day: str, seed: int, n: int, max_new_tokens: int,
+    policy_version: str, prompt_versions: Sequence[str] | None = None, system_prompts: Mapping[str, str] | None = None,
+) -> pd.DataFrame:
+    """`n` notes per headline, sampled as `ROLLOUT_SAMPLING` (temperature 0.8, top_p 0.95, top_k 50);
+    headline i under the system prompt `system_prompts[prompt_versions[i]]` (default: the base prompt)."""
+    if headlines.empty:
+        return pd.DataFrame(columns=ROLLOUT_COLUMNS)
+    versions = list(prompt_versions) if prompt_versions is not None else [BASE_PROMPT_VERSION] * len(headlines)
+    systems = {BASE_PROMPT_VERSION: SYSTEM_PROMPT, **(system_prompts or {})}
+    prompts = [note_messages(t, s, systems[v]) for t, s, v in zip(headlines["title"], headlines["summary"], versions)]
+    seeds = [generation_seed(seed, day, h) for h in headlines["headline_id"]]
+    return sample_rollouts(policy, headlines, prompts, seeds, day, n, max_new_tokens, policy_version, versions)
+
+
+def sample_rollouts(
+    policy: "ModelBackend", headlines: pd.DataFrame, prompts: list, seeds: list[int], day: str, n: int,
+    max_new_tokens: int, policy_version: str, prompt_versions: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Rollout rows: `n` samples of each prompt with its group seed (`headlines` gives id, title, summary);
+    `prompt_versions[i]`: the prompt evolver's variant prompt i was written with (default: the base prompt)."""
+    versions = list(prompt_versions) if prompt_versions is not None else [BASE_PROMPT_VERSION] * len(prompts)
+    config = replace(ROLLOUT_SAMPLING, max_new_tokens=max_new_tokens)
+    samples = policy.sample(prompts, n, config, seeds)
+    rows = []
+    for (_, h), prompt, group_seed, group, version in zip(headlines.iterrows(), prompts, seeds, samples, versions):
+        for k, s in enumerate(group):
+            rows.append(dict(
+                date=day, headline_id=h["headline_id"], rollout_index=k, title=h["title"], summary=h["summary"],
+                prompt=json.dumps(prompt), response=s.text, response_ids=[int(t) for t in s.token_ids],
+                n_tokens=len(s.token_ids), finished=bool(s.finished), structure_score=structure_score(s.text),
+                behavior_logprobs=[float(x) for x in s.logprobs], temperature=config.temperature,
+                policy_version=policy_version, seed=int(group_seed), max_new_tokens=max_new_tokens, prompt_version=version,
+            ))
+    return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
+
+
+# -- train -----------------------------------------------------------------------------------
+def sampling_temperature(rollouts: pd.DataFrame) -> float:
+    """The one temperature the rollouts were sampled (and their behaviour log-probs stored) at."""
+    if "temperature" not in rollouts.columns:
+        raise ValueError("these rollouts do not record their sampling temperature (written by an older version): re-run their day")
+    values = sorted(set(float(t) for t in rollouts["temperature"]))
+    if len(values) != 1:
+        raise ValueError(f"rollouts sampled at several temperatures {values}: one GSPO update needs one")
+    return values[0]
+
+
+def check_behaviour_policy(rollouts: pd.DataFrame, parent_version: str | None, prediction_day: str,
+                           allowed: Sequence[str] = ()) -> None:
+    """GSPO's pi_old is the policy that generated the rollouts, and training starts from the parent
+    checkpoint: they must be the same, or the importance ratio means nothing. `allowed`: the other
+    versions a distilled parent descends from (`behaviour_versions`), trained off-policy."""
+    if rollouts.empty:
+        return
+    versions = sorted(set(rollouts["policy_version"]))
+    if len(versions) != 1 or versions[0] not in {parent_version, *allowed}:
+        raise ValueError(
+            f"the rollouts of {prediction_day} were generated by {versions}, but the checkpoint they would train is "
+            f"{parent_version}: re-run {prediction_day} (daily_update) so its rollouts come from its own checkpoint"
+        )
+
+
+def kl_to_base(policy: "ModelBackend", rollouts: pd.DataFrame, base: "ModelBackend | None" = None) -> float:
+    """Mean exact KL(policy || base) per token, over the vocabulary, at every position of the
+    sampled responses, both at the rollouts' sampling temperature (the distributions GSPO trains).
+    `base` None = the policy with its adapter off."""
+    if rollouts.empty:
+        return 0.0
+    prompts = [json.loads(p) for p in rollouts["prompt"]]
+    responses = [list(r) for r in rollouts["response_ids"]]
+    per_token = policy.token_kl(prompts, responses, temperature=sampling_temperature(rollouts), reference=base)
+    tokens = sum(len(k) for k in per_token)
+    return float(sum(float(np.sum(k)) for k in per_token) / tokens) if tokens else 0.0

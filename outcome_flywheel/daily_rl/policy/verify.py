@@ -1,0 +1,76 @@
+"""The last step of a day: verify. The checkpoint on disk loads, writes text and gives the stored
+behaviour log-probs back; ranks are permutations and rewards in range. Only then is it marked
+verified (the next day may train from it, `latest` moves)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from outcome_flywheel.daily_rl.judge.ranking import is_permutation
+from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, mark_verified, read_checkpoint
+from outcome_flywheel.daily_rl.policy.rollouts import sampling_temperature
+from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.models.sampling import logprob_tolerance as logprob_tolerance_for
+from outcome_flywheel.storage import Warehouse
+
+
+def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
+    """Largest per-rollout mean |stored behaviour log-prob - log-prob under `policy`| (teacher forced
+    at the sampling temperature, as they were stored)."""
+    prompts = [json.loads(p) for p in rollouts["prompt"]]
+    responses = [list(r) for r in rollouts["response_ids"]]
+    forced = policy.response_logprobs(prompts, responses, temperature=sampling_temperature(rollouts))
+    gaps = [float(np.mean(np.abs(np.asarray(b, dtype=np.float64) - f))) for b, f in zip(rollouts["behavior_logprobs"], forced) if len(f)]
+    return max(gaps, default=0.0)
+
+
+def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.DataFrame, rollouts: pd.DataFrame) -> dict[str, dict]:
+    """The four checks of `daily_update`, each {passed, metadata}; marks the checkpoint verified when all pass."""
+    ckpt_root = warehouse.path("checkpoints", "policy")
+    ranks_ok = all(is_permutation(list(g["rank"])) for _, g in scores.groupby("headline_id")) if len(scores) else True
+    rewards_ok = rewards_in_range(scores)
+    on_disk = read_checkpoint(ckpt_root / day) or {}
+    own_version = bool(len(rollouts) == 0 or (rollouts["policy_version"] == on_disk.get("policy_version")).all())
+    reloaded = load_policy(models, ckpt_root / day, on_disk)
+    probe = reloaded.greedy([trading_note_messages("Apple beats quarterly estimates", "")], max_new_tokens=12)[0]
+    # The weights on disk, not just the label: they must give the stored behaviour log-probs back.
+    logprob_gap = behavior_logprob_gap(reloaded, rollouts.head(8)) if len(rollouts) else 0.0
+    logprob_tolerance = logprob_tolerance_for(getattr(reloaded, "dtype", "float32"))
+    del reloaded
+    checks = {
+        "ranks_are_permutations": {"passed": bool(ranks_ok), "metadata": {}},
+        "rewards_in_range": {"passed": rewards_ok, "metadata": describe_rewards(scores)},
+        "loads_and_generates": {"passed": bool(probe.strip()), "metadata": {"sample": probe[:200]}},
+        "generated_by_own_checkpoint": {
+            "passed": bool(own_version and logprob_gap <= logprob_tolerance),
+            "metadata": {"checkpoint_version": str(on_disk.get("policy_version")), "version_matches": own_version,
+                         "max_mean_abs_logprob_gap": float(logprob_gap), "tolerance": logprob_tolerance},
+        },
+    }
+    if all(c["passed"] for c in checks.values()):
+        mark_verified(ckpt_root, day)  # only now may the next day train from it, and `latest` move
+    return checks
+
+
+def rewards_in_range(scores: pd.DataFrame) -> bool:
+    """Every signal in [0, 1] and every reward inside the clip range its row records."""
+    if not len(scores):
+        return True
+    signals = scores[["structure_score", "outcome_reward"]]
+    clip = np.array([json.loads(c) for c in scores["reward_clip"]], dtype=np.float64)
+    reward = scores["reward"].to_numpy(dtype=np.float64)
+    return bool(((signals >= 0) & (signals <= 1)).all().all() and ((reward >= clip[:, 0]) & (reward <= clip[:, 1])).all())
+
+
+def describe_rewards(scores: pd.DataFrame) -> dict:
+    if not len(scores):
+        return {}
+    rewards = scores["reward"]
+    return {
+        "n": int(len(rewards)), "avg": round(float(rewards.mean()), 4), "min": round(float(rewards.min()), 4),
+        "max": round(float(rewards.max()), 4), "negatives": int((rewards < 0).sum()),
+    }

@@ -1,0 +1,175 @@
+"""`rollout_scores(D)`: D-1's notes scored. The judge ranks each headline's notes against the outcome
+day's headlines (or a synthetic world's follow-ups); with the structure score, people's ratings
+(`human`), whether the call is on the headline's company (`relevance`) and, when weighted, the online
+note scorer's score, that makes each note's immediate reward and its group advantage (`score_table`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from outcome_flywheel.daily_rl.judge.ranking import (
+    GroupJudgement,
+    JudgeGroup,
+    is_permutation,
+    rank_rewards,
+)
+from outcome_flywheel.daily_rl.partitions import DailyUpdateError, stable_seed
+from outcome_flywheel.daily_rl.reward.signals import (
+    RewardConfig,
+    group_advantages,
+    rank_reward,
+)
+
+from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.notes.calls import calls_frame
+from outcome_flywheel.daily_rl.notes.relevance import relevance_column
+from outcome_flywheel.daily_rl.worlds.prices import judge_outcome_titles
+from outcome_flywheel.feedback.curation import note_ratings
+from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.storage import Warehouse
+
+SCORE_COLUMNS = [
+    "date", "prediction_date", "outcome_headlines_date", "headline_id", "rollout_index", "rank", "judge_placed",
+    "outcome_reward", "structure_score", "reward", "advantage", "usable", "unusable_reason", "judge_retries",
+    "judge_fallback", "judge_rounds_answered", "judge_first_position", "judge_presentation", "judge_answers",
+    "outcome_headlines_shown", "reward_weights", "reward_clip", "judge_note_tokens", "judge_shown_tokens",
+    "judge_truncated", "human_signal", "relevance_signal", "relevance_advantage",
+]
+
+
+@dataclass
+class ScoringInput:
+    groups: list[JudgeGroup]
+    keys: list[str]  # headline_id per group
+    frames: list[pd.DataFrame]  # the group's rollouts, in rollout_index order
+
+
+def judge_inputs(rollouts: pd.DataFrame, outcome_titles: Sequence[str], select_outcomes, seed: int, day: str) -> ScoringInput:
+    """One judge group per headline of the previous day's rollouts."""
+    groups, keys, frames = [], [], []
+    for headline_id, frame in rollouts.groupby("headline_id", sort=True):
+        frame = frame.sort_values("rollout_index")
+        title = frame["title"].iloc[0]
+        groups.append(JudgeGroup(title, select_outcomes(title, list(outcome_titles)), list(frame["response"]),
+                                 stable_seed(seed, day, headline_id, "judge")))
+        keys.append(headline_id)
+        frames.append(frame)
+    return ScoringInput(groups, keys, frames)
+
+
+def score_table(
+    inputs: ScoringInput, judgements: Sequence[GroupJudgement], day: str, prediction_date: str, outcome_date: str,
+    reward: RewardConfig | None = None, human: Mapping[tuple[str, int], float] | None = None,
+    relevance: Mapping[tuple[str, int], float | None] | None = None, scorer: Mapping[tuple[str, int], float] | None = None,
+) -> pd.DataFrame:
+    """rollout_scores rows: rank -> rank reward, the configured weighted sum of the whole-note signals
+    (default 0.5 structure + 0.5 rank reward, clipped to [0, 1]) and its group advantage (`advantage`),
+    the `relevance` part's own group advantage (`relevance_advantage`, 0 where it is not weighted or the
+    headline names no company); every row records the weights and clip it was made with.
+
+    Notes the judge never placed (it failed a round) share one rank reward (`rank_rewards`).
+    Unusable groups (the judge never answered, or there was nothing to judge against) keep their
+    rows with advantage 0 and the reason. `human`: (headline_id, rollout_index) -> the note's human
+    signal in [0, 1], for the notes people rated (the `human` reward signal); `relevance`: the same key
+    -> the `relevance` signal, None where the headline names no known company; `scorer`: the same key
+    -> the online note scorer's signal, where it is weighted and known.
+    """
+    reward_config = reward or RewardConfig()
+    human = human or {}
+    relevance = relevance or {}
+    scorer = scorer or {}
+    recorded = reward_config.describe()
+    rows = []
+    for group, key, frame, judgement in zip(inputs.groups, inputs.keys, inputs.frames, judgements):
+        if not is_permutation(judgement.ranks):  # rank_groups guarantees it; never train on anything else
+            raise AssertionError(f"ranks of {key} are not a permutation: {judgement.ranks}")
+        n = len(judgement.ranks)
+        structure = [float(s) for s in frame["structure_score"]]
+        outcome = rank_rewards(judgement, rank_reward)
+        people = [human.get((key, int(i))) for i in frame["rollout_index"]]
+        on_topic = [relevance.get((key, int(i))) for i in frame["rollout_index"]]
+        rated = [scorer.get((key, int(i))) for i in frame["rollout_index"]]
+        rewards = [reward_config.combine({"structure": s, "judge_rank": o, "human": h, "relevance": r, "scorer": c})
+                   for s, o, h, r, c in zip(structure, outcome, people, on_topic, rated)]
+        advantage = group_advantages(rewards) if judgement.usable else np.zeros(n)
+        # `relevance` is its own part (it judges the call's line): normalised within the group where defined.
+        defined = [r for r in on_topic if r is not None]
+        relevance_adv = np.zeros(n)
+        if judgement.usable and float(reward_config.weights.get("relevance", 0.0)) and len(defined) == n:
+            relevance_adv = group_advantages([float(r) for r in on_topic])
+        placed = set(judgement.picks)
+        for k, rollout_index in enumerate(frame["rollout_index"]):
+            rows.append(dict(
+                date=day, prediction_date=prediction_date, outcome_headlines_date=outcome_date, headline_id=key,
+                rollout_index=int(rollout_index), rank=int(judgement.ranks[k]), judge_placed=k in placed,
+                outcome_reward=outcome[k], structure_score=structure[k], reward=rewards[k], advantage=float(advantage[k]),
+                usable=bool(judgement.usable), unusable_reason=judgement.unusable_reason,
+                judge_retries=int(judgement.retries), judge_fallback=bool(judgement.fallback),
+                judge_rounds_answered=int(judgement.rounds_answered), judge_first_position=judgement.first_position(k),
+                judge_presentation=json.dumps(judgement.shown), judge_answers=json.dumps(judgement.answers),
+                outcome_headlines_shown=json.dumps(group.outcome_headlines), **recorded,
+                judge_note_tokens=int(judgement.note_tokens[k]) if judgement.note_tokens else 0,
+                judge_shown_tokens=int(judgement.shown_tokens[k]) if judgement.shown_tokens else 0,
+                judge_truncated=judgement.truncated(k), human_signal=people[k], relevance_signal=on_topic[k],
+                relevance_advantage=float(relevance_adv[k]),
+            ))
+    return pd.DataFrame(rows, columns=SCORE_COLUMNS)
+
+
+def position_bias(scores: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Mean judge rank (1 = best) by the letter a note was first shown under, and by rollout
+    index, over judged groups: a flat profile is no bias; ~(N+1)/2 everywhere is no preference."""
+    judged = scores[scores["judge_rounds_answered"] > 0] if len(scores) else scores
+    if judged.empty:
+        return {"by_shown_position": {}, "by_rollout_index": {}}
+    by_position = judged[judged["judge_first_position"] >= 0].groupby("judge_first_position")["rank"].mean()
+    by_index = judged.groupby("rollout_index")["rank"].mean()
+    return {
+        "by_shown_position": {chr(ord("A") + int(p)): round(float(v), 3) for p, v in by_position.items()},
+        "by_rollout_index": {str(int(i)): round(float(v), 3) for i, v in by_index.items()},
+    }
+
+
+def score_previous_rollouts(
+    warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, prediction_day: str, outcome_day: str,
+    prev_rollouts: pd.DataFrame, reward: RewardConfig | None = None, universe: set[str] | None = None,
+    prices_file: str | None = None, scorer: Mapping[tuple[str, int], float] | None = None,
+) -> pd.DataFrame:
+    """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines, or,
+    when `prices_file` is a synthetic world's, against the world's own follow-ups of the headlines'
+    companies (`worlds.judge_outcome_titles`): the archive's real moves say nothing about a world.
+    `scorer`: the online note scorer's signal of D-1's notes (`note_scorer.signal.scorer_signals`), when weighted."""
+    if prev_rollouts.empty:
+        return pd.DataFrame(columns=SCORE_COLUMNS)
+    if not warehouse.exists("headlines", outcome_day):
+        raise DailyUpdateError(f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first")
+    outcome_titles = judge_outcome_titles(prices_file, prev_rollouts, prediction_day) if prices_file else None
+    if outcome_titles is None:
+        outcome_titles = list(warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
+    judge_backend = judge.load(models)
+    inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
+    judgements = judge.rank(judge_backend, inputs.groups)
+    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human_signals(warehouse, prediction_day),
+                       relevance_signals(prev_rollouts, universe), scorer)
+
+
+def relevance_signals(rollouts: pd.DataFrame, universe: set[str] | None) -> dict[tuple[str, int], float | None]:
+    """(headline_id, rollout_index) -> the `relevance` signal (None where the headline names no known company)."""
+    calls = calls_frame(rollouts[["headline_id", "rollout_index", "title", "summary", "response"]], universe)
+    values = relevance_column(calls)
+    return {(str(h), int(i)): (None if v != v else float(v)) for h, i, v in zip(calls["headline_id"], calls["rollout_index"], values)}
+
+
+def human_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, int], float]:
+    """(headline_id, rollout_index) -> mean human score of the notes people rated, from
+    note_feedback(D-1) as it stands when D is scored (no declared dependency: note_feedback reads
+    rollouts, so a declared one would close a cycle; re-run D to take later feedback in)."""
+    if not warehouse.exists("note_feedback", prediction_day):
+        return {}
+    ratings = note_ratings(warehouse.read("note_feedback", prediction_day))
+    return {(str(h), int(i)): float(v) for h, i, v in zip(ratings["headline_id"], ratings["rollout_index"], ratings["rating"])}

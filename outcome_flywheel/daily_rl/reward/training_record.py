@@ -1,0 +1,81 @@
+"""What a day's update trained on, as rows: the judged step's ledger rows and the day's
+`price_training` row (the delayed step: price reward, staleness, importance ratios, clip fraction).
+Columns: docs/daily_rl.md, "Delayed rewards"."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from outcome_flywheel.daily_rl.reward.signals import DELAYED_SIGNALS, RewardConfig
+
+PRICE_TRAINING_COLUMNS = [
+    "date", "price_groups_trained", "price_groups_dropped", "price_notes_trained", "price_notes_waiting",
+    "price_notes_no_data", "mean_price_reward", "staleness_min", "staleness_mean", "staleness_max", "is_ratio_mean",
+    "is_ratio_p05", "is_ratio_p50", "is_ratio_p95", "is_ratio_max", "is_truncated_fraction", "clip_fraction",
+    "tis_cap", "max_staleness",
+]
+
+
+def judged_ledger(day: str, rollouts: pd.DataFrame, scores: pd.DataFrame, reward: RewardConfig,
+                  parent_version: str | None, is_ratios: dict, lineage: Sequence[str] = ()) -> list[dict]:
+    """One `judged` ledger row per scored note of D-1: the immediate signals it was trained on
+    (weighted and present), or dropped with the judge's reason when its group was unusable.
+    `lineage`: the versions from the notes' sampler to the parent (a distilled parent: the
+    distillations in between are the notes' staleness)."""
+    if scores.empty:
+        return []
+    weighted = [k for k, w in reward.weights.items() if float(w) != 0.0 and k not in DELAYED_SIGNALS]
+    sampler = dict(zip(zip(rollouts["headline_id"], rollouts["rollout_index"].astype(int)), rollouts["policy_version"]))
+    rows = []
+    for r in scores.itertuples():
+        present = [s for s in weighted if not (s == "human" and _missing(r.human_signal))
+                   and not (s == "relevance" and _missing(r.relevance_signal))]
+        key = (str(r.prediction_date), str(r.headline_id), int(r.rollout_index))
+        rows.append(dict(
+            date=day, note_date=r.prediction_date, headline_id=r.headline_id, rollout_index=int(r.rollout_index),
+            step="judged", signals=",".join(present), status="trained" if r.usable else "dropped",
+            reason=None if r.usable else (r.unusable_reason or "unusable group"), policy_version=parent_version,
+            behavior_policy_version=sampler.get((r.headline_id, int(r.rollout_index))),
+            staleness_updates=_distance(lineage, sampler.get((r.headline_id, int(r.rollout_index)))),
+            staleness_days=1, signal_value=float(r.reward), advantage=float(r.advantage), is_ratio=is_ratios.get(key, np.nan),
+        ))
+    return rows
+
+
+def _distance(lineage: Sequence[str], version) -> int:
+    """Policy updates from `version` to the end of `lineage` (0 for the parent itself or no lineage)."""
+    return len(lineage) - 1 - list(lineage).index(version) if version in lineage else 0
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
+def price_training_row(day: str, ledger: pd.DataFrame, matured, stats, gspo, max_staleness: int | None) -> dict:
+    """The day's delayed-step record: groups and notes trained / dropped / waiting, the mean price
+    reward, staleness of the trained groups, the distribution of the sequence IS ratio over the price
+    examples (before truncation) and its truncated share, and the update's GSPO clip fraction."""
+    price = ledger[ledger["step"] == "matured"]
+    trained = price[price["status"] == "trained"]
+    groups = price.groupby(["note_date", "headline_id"])["status"].agg(lambda s: (s == "trained").any()).astype(bool)
+    stale = trained.groupby(["note_date", "headline_id"])["staleness_updates"].first()
+    ratios = trained["is_ratio"].dropna().to_numpy(dtype=float)
+    nan = float("nan")
+    q = np.percentile(ratios, [5, 50, 95]) if len(ratios) else [nan] * 3
+    cap = gspo.tis_cap if gspo.tis_cap is not None else nan
+    return dict(
+        date=day, price_groups_trained=int(groups.sum()), price_groups_dropped=int((~groups).sum()),
+        price_notes_trained=int(len(trained)), price_notes_waiting=int(matured.waiting_notes),
+        price_notes_no_data=int(matured.no_data_notes),
+        mean_price_reward=float(trained["signal_value"].mean()) if len(trained) else nan,
+        staleness_min=float(stale.min()) if len(stale) else nan, staleness_mean=float(stale.mean()) if len(stale) else nan,
+        staleness_max=float(stale.max()) if len(stale) else nan,
+        is_ratio_mean=float(ratios.mean()) if len(ratios) else nan, is_ratio_p05=float(q[0]), is_ratio_p50=float(q[1]),
+        is_ratio_p95=float(q[2]), is_ratio_max=float(ratios.max()) if len(ratios) else nan,
+        is_truncated_fraction=float((ratios > cap).mean()) if len(ratios) else nan,
+        clip_fraction=float(np.mean(stats.extra.get("clip_fraction", [nan]))) if stats else nan,
+        tis_cap=float(cap), max_staleness=float(max_staleness) if max_staleness is not None else nan,
+    )

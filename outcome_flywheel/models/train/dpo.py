@@ -1,0 +1,82 @@
+"""Outcome-weighted DPO with LoRA, written once for torch and mlx (settings and pairs:
+`dpo_config.WeightedDPOConfig`, `dpo_config.PreferencePair`).
+
+The trainer body is here: the seeded LoRA init, the completions' segments, the reference
+log-probs (the base, adapter off, once before any update), the batching plan (`batching.batch_plan`
+over single pairs) and the dataset's mean weight that every minibatch is normalised by. The
+framework supplies only its log-prob function (`backend.sequence_logps`), its loss
+(`weighted_dpo_loss` in `torch/losses.py` / `mlx/losses.py`) and its loop (`train` in
+`torch/training.py` / `mlx/training.py`), through `backend.framework`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from outcome_flywheel.models.train.batching import batch_plan
+from outcome_flywheel.models.interface import ModelBackend, TrainStats
+from outcome_flywheel.models.train.memory import accumulated_steps, part_count, token_limit
+from outcome_flywheel.models.segments import encode_segments
+
+if TYPE_CHECKING:
+    from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
+
+REFERENCE_BATCH = 32  # pairs per no-grad reference pass
+
+
+def train_weighted_dpo(backend: ModelBackend, pairs: Sequence["PreferencePair"], config: "WeightedDPOConfig") -> TrainStats:
+    """LoRA weighted DPO on `backend`; adds a fresh adapter if it has none."""
+    backend.prepare_for_training(keep_moments=False)
+    if not pairs:
+        raise ValueError("no preference pairs to train on")
+    if any(p.weight <= 0 for p in pairs):
+        raise ValueError("pair weights must be positive (swap chosen/rejected for a negative outcome weight)")
+    fw = backend.framework
+    fw.seed(int(config.seed))  # the LoRA init draws from the framework's generator
+    backend.add_lora(config.lora)
+    prompt_ids = [backend.prompt_ids(p.prompt) for p in pairs]
+    chosen_ids = [encode_segments(backend.encode_response, p.chosen, config.completion_unit) for p in pairs]
+    rejected_ids = [encode_segments(backend.encode_response, p.rejected, config.completion_unit) for p in pairs]
+    weights = np.array([float(p.weight) for p in pairs], dtype=np.float32)
+    mean_weight = float(weights.mean())
+    ref_chosen, ref_rejected = reference_logps(backend, prompt_ids, chosen_ids, rejected_ids)
+
+    def loss(model, idx: list[int]):
+        p = [prompt_ids[i] for i in idx]
+        # Chosen and rejected in one forward pass.
+        logps = backend.sequence_logps(p + p, [chosen_ids[i] for i in idx] + [rejected_ids[i] for i in idx])
+        n = len(idx)
+        return fw.weighted_dpo_loss(
+            logps[:n], logps[n:], fw.as_array(backend, ref_chosen[idx]), fw.as_array(backend, ref_rejected[idx]),
+            fw.as_array(backend, weights[idx]), config.beta, mean_weight,
+        )
+
+    plan = batch_plan(range(len(pairs)), config.batch_size, config.epochs, config.seed, group_by_prompt=False)
+    # Within the memory budget (memory.py): a pair's forward holds its prompt with the chosen and with
+    # the rejected completion; a part's loss is over its own pairs (n_part x mean weight), scaled by
+    # n_part / n, so the parts add up to the minibatch's loss.
+    limit = token_limit(backend)
+    cost = [2 * (len(prompt_ids[i]) + max(sum(map(len, chosen_ids[i])), sum(map(len, rejected_ids[i])))) for i in range(len(pairs))]
+    steps = accumulated_steps(plan, cost.__getitem__, lambda i: 1.0, limit)
+    optimizer = fw.adamw(backend.model, config.learning_rate)
+    stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
+    stats.extra.update(micro_batches=part_count(steps), token_limit=limit)
+    stats.extra["config"] = config.as_dict()
+    stats.extra["n_pairs"] = len(pairs)
+    return stats
+
+
+def reference_logps(backend: ModelBackend, prompt_ids, chosen_ids, rejected_ids) -> tuple[np.ndarray, np.ndarray]:
+    """`[N]` float32 log ref(chosen | prompt) and log ref(rejected | prompt): the base (adapter off),
+    no gradients, `REFERENCE_BATCH` pairs at a time (chosen and rejected in separate passes)."""
+    fw = backend.framework
+    ref_chosen = np.empty(len(prompt_ids), dtype=np.float32)
+    ref_rejected = np.empty(len(prompt_ids), dtype=np.float32)
+    with fw.inference(backend), backend.adapter_disabled():
+        for start in range(0, len(prompt_ids), REFERENCE_BATCH):
+            sl = slice(start, start + REFERENCE_BATCH)
+            ref_chosen[sl] = fw.to_numpy(backend.sequence_logps(prompt_ids[sl], chosen_ids[sl]))
+            ref_rejected[sl] = fw.to_numpy(backend.sequence_logps(prompt_ids[sl], rejected_ids[sl]))
+    return ref_chosen, ref_rejected

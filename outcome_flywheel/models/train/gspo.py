@@ -1,0 +1,193 @@
+"""The daily loop's policy update, written once for torch and mlx (settings and the objectives'
+formulas: `gspo_config.GSPOConfig`): the token objective (span-scoped parts per token, the whole-note
+part through GSPO's sequence ratio), GSPO, or the reward-weighted log-likelihood.
+
+The trainer body is here: the batching plan (`batching.gspo_minibatches`), the adapter or master
+weights, the choice of pi_old and the statistics. The framework supplies only its log-prob function
+(`backend.batch_logprobs`, at the rollouts' sampling temperature), its loss (`gspo_loss` in
+`torch/losses.py` / `mlx/losses.py`) and its loop (`train` in `torch/training.py` /
+`mlx/training.py`), through `backend.framework`.
+
+pi_old is the behaviour policy: the checkpoint that generated the rollouts (the caller checks their
+`policy_version`), unchanged since. By default (`old_logprobs="recompute"`) it is evaluated by one
+no-grad pass of the training forward before the first update, so s_i = 1 exactly at the first
+step; the log-probs stored at generation (`GSPOExample.behavior_logprobs`, at the same T) must agree
+with it and the largest per-sequence gap is reported (`behavior_logprob_gap_max`). At s_i = 1 the
+gradient is exactly that of `-A_i * mean_t log pi_theta` (objective "reward_weighted").
+
+The LoRA init draws from the framework's global generator, which the caller seeds
+(`backend.framework.seed`); `config.seed` shuffles the minibatches. pi_ref of the KL term is the
+base (the adapter switched off), evaluated in the same no-grad pass as pi_old. AdamW's moments come
+from the parent checkpoint when it saved them (`ModelBackend.optimizer_tensors`) and are handed back
+for the day's checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
+from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
+from outcome_flywheel.models.train.memory import split_by_tokens, token_limit
+
+if TYPE_CHECKING:
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
+
+LogprobFn = Callable[[Sequence[EncodedExample]], tuple[Any, Any]]
+
+
+def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config: "GSPOConfig") -> TrainStats:
+    """`config.epochs` passes over `examples` in padded minibatches, one AdamW step each.
+
+    Adds a fresh LoRA adapter when `config.lora` is set and the policy has none (the first trained
+    day); with `lora=None` every weight trains, in fp32 (`use_master_weights`).
+    """
+    backend.prepare_for_training(keep_moments=True)
+    fw = backend.framework
+    batches = gspo_minibatches(examples, config, backend.prompt_ids)  # validates before any change
+    if config.lora is not None and not backend.has_adapter:
+        backend.add_lora(config.lora)
+    elif config.lora is None and not backend.has_adapter:
+        backend.use_master_weights()  # fp32 weights: small steps are not rounded away
+    share = shares_prefix(config)
+
+    def logprobs(batch: Sequence[EncodedExample]):
+        return backend.batch_logprobs(
+            [b.prompt_ids for b in batch], [b.response_ids for b in batch], config.temperature, shared_prefix=share
+        )
+
+    # Within the memory budget: each minibatch in parts whose gradients add up to its own (memory.py)
+    limit = token_limit(backend)
+    parts_of = [split_by_tokens(batch, [len(b.prompt_ids) + len(b.response_ids) for b in batch], limit) for batch in batches]
+    micros = [part for parts in parts_of for part in parts]
+    recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and not computes_in_float32(backend))
+    eps_low, eps_high = config.clip_band()
+    if config.objective != "token" and any(not per_sequence_advantage(b) for batch in batches for b in batch):
+        raise ValueError(f"objective {config.objective!r} takes one advantage per note, but some examples have span-scoped "
+                         "token advantages (price / relevance judge the call's line): use objective 'token'")
+    # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base).
+    with_reference = config.kl_beta > 0 and backend.has_adapter
+    old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(backend, micros, logprobs, recompute, with_reference)
+    tis = config.tis_cap is not None and recompute  # with stored pi_old the IS ratio is 1 by construction
+    behavior_by_batch = [
+        fw.as_array(backend, padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch)))
+        for batch in micros] if tis else [None] * len(micros)
+    # Dr. GRPO's constant normaliser: every minibatch divides by its sequences x the update's longest response.
+    longest = max((len(b.response_ids) for batch in batches for b in batch), default=1)
+
+    def loss(model, indexed_batch):  # a part of a minibatch: its loss as a whole minibatch's (scaled by the caller)
+        index, batch = indexed_batch
+        logp, mask = logprobs(batch)
+        width = max(len(b.response_ids) for b in batch)
+        sequence = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
+        if config.objective == "token":  # span-scoped parts per token, the whole-note part per sequence
+            return fw.gspo_loss(logp, old_by_batch[index], mask, fw.as_array(backend, padded([b.advantages_row() for b in batch], width)),
+                                eps_low, eps_high, "token", behavior_by_batch[index], config.tis_cap if tis else None,
+                                ref_by_batch[index], config.kl_beta if with_reference else 0.0, float(len(batch) * longest),
+                                sequence, (config.sequence_epsilon_low, config.sequence_epsilon_high))
+        return fw.gspo_loss(logp, old_by_batch[index], mask, sequence, eps_low, eps_high, config.objective,
+                            behavior_by_batch[index], config.tis_cap if tis else None, ref_by_batch[index],
+                            config.kl_beta if with_reference else 0.0)
+
+    stats = TrainStats()
+    if batches:
+        optimizer = fw.adamw(backend.model, config.learning_rate)
+        moments = resume_moments(backend, optimizer)
+        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=indexed_steps(batches, parts_of),
+                         max_grad_norm=config.max_grad_norm)
+        stats.extra["optimizer_moments"] = moments
+        if fw.optimizer_state is not None:  # saved with the checkpoint: the next day continues from them
+            backend.optimizer_tensors = fw.optimizer_state(optimizer, backend.model)
+    stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
+    stats.extra["kl_reference"] = "base (adapter off)" if with_reference else (
+        "none: kl_beta = 0" if not config.kl_beta else "none: a full fine-tune holds no base model in memory")
+    if behavior_gaps:
+        # How far the sampler's stored log-probs sit from the training forward (per-sequence mean).
+        stats.extra["behavior_logprob_gap_max"] = float(max(behavior_gaps))
+    if is_ratios:
+        # Per example (by its position in `examples`): exp(mean_t(log pi_old - log pi_behaviour)), before truncation.
+        stats.extra["is_ratio_by_example"] = [is_ratios.get(i, float("nan")) for i in range(len(examples))]
+    stats.extra.update(epoch_sizes(batches, config.epochs))
+    stats.extra.update(micro_batches=len(micros), token_limit=limit)
+    return stats
+
+
+def indexed_steps(batches: Sequence[Sequence[EncodedExample]], parts_of: Sequence[Sequence[Sequence[EncodedExample]]]) -> list:
+    """One optimiser step per minibatch: `(part index, part)` when it is whole, else its parts as an
+    `Accumulated` step, each scaled by its share of the minibatch's sequences. A part's loss is the
+    minibatch loss's form over its own sequences (means over sequences; the token sums over the
+    part's sequences x the update's longest response, Dr. GRPO's normaliser), so the scaled sum is
+    exactly the whole minibatch's loss, and its gradient the minibatch's."""
+    steps, index = [], 0
+    for batch, parts in zip(batches, parts_of):
+        if len(parts) == 1:
+            steps.append((index, parts[0]))
+        else:
+            steps.append(Accumulated(tuple((index + k, part) for k, part in enumerate(parts)),
+                                     tuple(len(part) / len(batch) for part in parts)))
+        index += len(parts)
+    return steps
+
+
+def resume_moments(backend: ModelBackend, optimizer: Any) -> str:
+    """Load the parent checkpoint's AdamW moments into the fresh optimizer (else its first step is
+    lr * sign(g) on every weight); what happened, for the record."""
+    fw = backend.framework
+    tensors = backend.optimizer_tensors
+    if tensors is None or fw.load_optimizer_state is None:
+        return "fresh: the parent has none"
+    try:
+        fw.load_optimizer_state(optimizer, backend.model, tensors)
+    except ValueError as err:  # another LoRA rank or target modules: the old moments do not apply
+        return f"fresh: {err}"
+    return f"resumed after {int(np.asarray(tensors['step']).reshape(()))} steps"
+
+
+def per_sequence_advantage(example: EncodedExample) -> bool:
+    """Whether the example has only a whole-note advantage (what `gspo` can train): no span-scoped part."""
+    return example.token_advantages is None or not any(example.token_advantages)
+
+
+def old_logprobs(
+    backend: ModelBackend, batches: Sequence[Sequence[EncodedExample]], logprobs: LogprobFn, recompute: bool,
+    reference: bool = False,
+) -> tuple[list[Any], list[float], dict[int, float], list[Any]]:
+    """pi_old of every minibatch, as the framework's arrays, the per-sequence mean gaps between
+    the stored behaviour log-probs and the recomputed ones, each example's sequence IS ratio
+    exp(mean_t(recomputed - stored)) by its index (both empty when not recomputed), and with
+    `reference` pi_ref's log-probs (the adapter switched off; else None per minibatch).
+
+    Recomputed: one no-grad pass of the training forward, before any update (the policy has not
+    moved yet, so this is pi_old); stored: the behaviour log-probs saved at generation."""
+    fw = backend.framework
+    old_by_batch: list[Any] = []
+    ref_by_batch: list[Any] = []
+    gaps: list[float] = []
+    ratios: dict[int, float] = {}
+    with fw.inference(backend):
+        for batch in batches:
+            if reference:
+                with backend.adapter_disabled():
+                    ref, _ = logprobs(batch)
+                ref_by_batch.append(fw.as_array(backend, fw.to_numpy(ref).astype(np.float32)))
+            else:
+                ref_by_batch.append(None)
+            stored = padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch))
+            if not recompute:
+                old_by_batch.append(fw.as_array(backend, stored))
+                continue
+            old, mask = logprobs(batch)
+            old, mask = fw.to_numpy(old).astype(np.float32), fw.to_numpy(mask)
+            lengths = np.maximum(mask.sum(-1), 1)
+            signed = ((old - stored) * mask).sum(-1) / lengths
+            gaps += [float(g) for g in np.abs(signed)]
+            ratios.update({b.index: float(np.exp(g)) for b, g in zip(batch, signed)})
+            old_by_batch.append(fw.as_array(backend, old))
+    return old_by_batch, gaps, ratios, ref_by_batch
+
+
+def computes_in_float32(backend: ModelBackend) -> bool:
+    """Whether the policy's forward runs in fp32 (`torch.float32`, `mlx.core.float32`)."""
+    return str(backend.dtype).rsplit(".", 1)[-1] == "float32"
