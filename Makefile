@@ -11,7 +11,7 @@ HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 
 LOCK := requirements.lock
 
-.PHONY: setup setup-vllm browser demo demo-real test test-slow ui serve browser-test clean clean-prod lock up down
+.PHONY: setup setup-vllm browser demo demo-real lint test test-slow ui serve browser-test clean clean-prod lock up down
 
 setup: $(STAMP) .dagster/dagster.yaml browser
 
@@ -79,6 +79,12 @@ demo: setup
 demo-real: setup
 	mkdir -p .dagster-real && cp -n scripts/dagster.yaml .dagster-real/dagster.yaml
 	DAGSTER_HOME=$(CURDIR)/.dagster-real FLYWHEEL_DATA_DIR=$(CURDIR)/data-real $(PY) -m scripts.demo_real
+
+# Ruff, pinned in $(LOCK): the linter and the formatter (120 characters, pyproject.toml) must leave
+# nothing to say. `ruff check --fix . && ruff format .` makes it so.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # The suite without the real-model loops of minutes (marked `slow`), then those: CI runs both (.ci/run).
 # The hash seed is fixed so that every machine iterates sets and dicts of strings in the same order.

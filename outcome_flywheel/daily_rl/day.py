@@ -1,14 +1,23 @@
-"""The three steps of one daily partition as plain functions (no Dagster): score yesterday's
-rollouts, train the policy on them, generate today's rollouts; plus the dated checkpoints.
+"""One day of the daily loop, end to end: the recipe that calls each stage once.
 
-Checkpoint folder `$FLYWHEEL_DATA_DIR/checkpoints/policy/D/` holds `checkpoint.json` and:
-- kind "base": nothing else; the policy of that day is the frozen base model (the first
-  partition, and any day before the first training step);
-- kind "lora": a PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`);
-- kind "full": a full Hugging Face model folder (full fine-tune, `lora=None`).
-`policy_version` = "D@<sha256 of the weight files, 12 hex>" ("D@base" for the base), stamped on
-every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder.
-"""
+`run_daily_update` is what the `daily_update` step (`day_step.py`) runs; it reads and writes the
+warehouse and the dated checkpoints and returns everything the asset reports (`DailyUpdateResult`).
+In order:
+
+1. score    rollouts(D-1) ranked by the judge against headlines(D) (or of the override day H):
+            `reward/rollout_scores.py`, with the note scorer's signal (`note_scorer/signal.py`)
+1b. matured earlier days' notes whose price outcome is known by D, not yet trained on price
+            (`reward/matured.py`; what trained is written to the `reward_ledger`, `reward/ledger.py`)
+2. train    checkpoint(D-1) + GSPO (`models/train/gspo.py`) on the usable scores of D and the matured
+            notes -> a candidate, which the evaluation gate (`policy/gate.py`) accepts as checkpoint(D)
+            or rejects
+2b. prompts the prompt evolver (`policy/prompt_evolver.py`) counts D's scores as trials of the variants
+            D-1's notes were written under, maybe writes and tests a new variant, picks one per headline
+3. generate 8 notes per headline of D from checkpoint(D), each headline under its variant
+            (`policy/rollouts.py`)
+4. verify   the checkpoint on disk loads, writes text and gives the stored behaviour log-probs back
+            (`policy/verify.py`); only then is it marked verified (the next day may train from it,
+            `latest` moves)"""
 
 from __future__ import annotations
 

@@ -136,7 +136,7 @@ def install_crash_hook(point: str) -> None:
         return
     if point not in CRASH_POINTS:
         raise StepError(f"{CRASH_VARIABLE}={point!r}: one of {', '.join(CRASH_POINTS)}")
-    from outcome_flywheel.models.train import dpo, gspo
+    from outcome_flywheel.models.interface import ModelBackend
 
     def killed(*_args, **_kwargs):
         for pipes in _open:
@@ -144,6 +144,5 @@ def install_crash_hook(point: str) -> None:
         print(f"{CRASH_VARIABLE}={point}: training started; SIGKILL", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    # The backends import the trainers when they train (interface.py), so the module attributes are what they call.
-    gspo.train_gspo = killed
-    dpo.train_weighted_dpo = killed
+    # Every trainer (models/train/: GSPO, DPO, SFT) prepares its backend first: that is where training starts.
+    ModelBackend.prepare_for_training = killed

@@ -1,5 +1,4 @@
-"""The three steps of one daily partition as plain functions (no Dagster): score yesterday's
-rollouts, train the policy on them, generate today's rollouts; plus the dated checkpoints.
+"""The policy's dated checkpoints: where they live, how a day finds its parent, publishing and verifying.
 
 Checkpoint folder `$FLYWHEEL_DATA_DIR/checkpoints/policy/D/` holds `checkpoint.json` and:
 - kind "base": nothing else; the policy of that day is the frozen base model (the first
@@ -7,8 +6,7 @@ Checkpoint folder `$FLYWHEEL_DATA_DIR/checkpoints/policy/D/` holds `checkpoint.j
 - kind "lora": a PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`);
 - kind "full": a full Hugging Face model folder (full fine-tune, `lora=None`).
 `policy_version` = "D@<sha256 of the weight files, 12 hex>" ("D@base" for the base), stamped on
-every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder.
-"""
+every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder."""
 
 from __future__ import annotations
 

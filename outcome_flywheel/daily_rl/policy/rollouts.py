@@ -1,14 +1,6 @@
-"""The three steps of one daily partition as plain functions (no Dagster): score yesterday's
-rollouts, train the policy on them, generate today's rollouts; plus the dated checkpoints.
-
-Checkpoint folder `$FLYWHEEL_DATA_DIR/checkpoints/policy/D/` holds `checkpoint.json` and:
-- kind "base": nothing else; the policy of that day is the frozen base model (the first
-  partition, and any day before the first training step);
-- kind "lora": a PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`);
-- kind "full": a full Hugging Face model folder (full fine-tune, `lora=None`).
-`policy_version` = "D@<sha256 of the weight files, 12 hex>" ("D@base" for the base), stamped on
-every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder.
-"""
+"""The policy's notes of a day (`rollouts`): sampled from the day's checkpoint with the behaviour
+log-probs GSPO uses as pi_old, the sampling temperature they were drawn at, the check that they
+came from the policy being trained, and the policy's KL to the base on them."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""The three steps of one daily partition as plain functions (no Dagster): score yesterday's
-rollouts, train the policy on them, generate today's rollouts; plus the dated checkpoints.
-
-Checkpoint folder `$FLYWHEEL_DATA_DIR/checkpoints/policy/D/` holds `checkpoint.json` and:
-- kind "base": nothing else; the policy of that day is the frozen base model (the first
-  partition, and any day before the first training step);
-- kind "lora": a PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`);
-- kind "full": a full Hugging Face model folder (full fine-tune, `lora=None`).
-`policy_version` = "D@<sha256 of the weight files, 12 hex>" ("D@base" for the base), stamped on
-every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder.
-"""
+"""GSPO training examples from D-1's scored notes: each usable note's sampled tokens, behaviour
+log-probs and per-token advantages (the whole-note part and the call-line parts, `credit`)."""
 
 from __future__ import annotations
 
