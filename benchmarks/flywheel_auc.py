@@ -32,7 +32,7 @@ import pandas as pd
 
 from outcome_flywheel.preferences.audit_log import load_orders, parse_file, records_frame
 from outcome_flywheel.preferences.metrics import LABEL_NONE, USEFUL, auc_report, sigmoid
-from outcome_flywheel.preferences.scoring import score_holdout, training_pairs
+from outcome_flywheel.preferences.style_match import score_holdout, training_pairs
 from outcome_flywheel.preferences.weighting import build_pairs
 from outcome_flywheel.preferences.windows import compute_outcome
 from outcome_flywheel.trading_sessions import PriceTable

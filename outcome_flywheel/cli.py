@@ -88,9 +88,9 @@ def style_score(
 
     margin_logp = the adapter's DPO implicit reward of the rendered plan minus that of holding;
     style_match_score = sigmoid(beta * margin): P(operator prefers the plan to holding)
-    (outcome_flywheel/preferences/scoring.py). `available` is false when no adapter exists yet; a
+    (outcome_flywheel/preferences/style_match.py). `available` is false when no adapter exists yet; a
     given `adapter_path` that does not exist raises FileNotFoundError."""
-    from outcome_flywheel.preferences.scorer import StyleScorer
+    from outcome_flywheel.preferences.style_scorer import StyleScorer
     from outcome_flywheel.storage import Warehouse
 
     return StyleScorer(warehouse or Warehouse.from_env(), model_backend).score(orders, context, text, adapter_path)

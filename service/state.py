@@ -14,7 +14,7 @@ import dagster as dg
 
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
-from outcome_flywheel.preferences.scorer import StyleScorer
+from outcome_flywheel.preferences.style_scorer import StyleScorer
 from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
 from service.config import ServiceConfig

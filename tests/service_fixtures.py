@@ -15,7 +15,7 @@ from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import LoraSettings
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
-from outcome_flywheel.preferences.scorer import StyleScorer
+from outcome_flywheel.preferences.style_scorer import StyleScorer
 from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO
 from outcome_flywheel.storage import Warehouse, atomic_symlink
 from service.config import ServiceConfig

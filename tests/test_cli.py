@@ -161,7 +161,7 @@ def trained_data_dir(tmp_path_factory, tiny_model_dir) -> Path:
     from outcome_flywheel.models.loader import ModelLoader
     from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
     from outcome_flywheel.preferences.audit_log import load_orders, parse_file, records_frame
-    from outcome_flywheel.preferences.scoring import training_pairs
+    from outcome_flywheel.preferences.style_match import training_pairs
     from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO
     from outcome_flywheel.preferences.weighting import build_pairs
     from outcome_flywheel.preferences.windows import compute_outcome

@@ -164,7 +164,7 @@ def test_tables_built_in_the_assets_layer_have_the_columns_described():
     from outcome_flywheel.daily_rl.reward.rollout_scores import SCORE_COLUMNS
     from outcome_flywheel.daily_rl.day import training_summary
     from outcome_flywheel.preferences.metrics import drift_level
-    from outcome_flywheel.preferences.scoring import score_holdout
+    from outcome_flywheel.preferences.style_match import score_holdout
     from outcome_flywheel.preferences.weighting import PAIR_COLUMNS
 
     info = {"policy_version": "2025-11-03@base", "kind": "base", "parent_version": None}

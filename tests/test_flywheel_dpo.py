@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from tests.flywheel_fixtures import one_thread  # noqa: F401
 from tests.tolerances import dpo_loss_tolerance, gamma, logprob_tolerances, margin_tolerances
-from outcome_flywheel.preferences.scoring import score_candidates
+from outcome_flywheel.preferences.style_match import score_candidates
 from outcome_flywheel.preferences.weighting import HOLD_TEXT
 from outcome_flywheel.models.segments import completion_segments, encode_segments, flatten_segments
 from outcome_flywheel.models.train.dpo import train_weighted_dpo

@@ -87,7 +87,7 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     from assets.preferences.decisions import operator_decisions
     from assets.preferences.evaluation import holdout_eval, style_drift
     from assets.preferences.outcomes import decision_outcomes
-    from outcome_flywheel.preferences.scoring import score_candidates, scoring_settings
+    from outcome_flywheel.preferences.style_match import score_candidates, scoring_settings
     from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
     from outcome_flywheel.market_data import MarketData
 

@@ -151,7 +151,7 @@ def assert_logprobs_close(got: Sequence, want: Sequence, tolerances: Sequence) -
 
 
 def margin_tolerances(backend, prompts: Sequence, candidates: Sequence[str], unit: str, implementations: int = 2) -> np.ndarray:
-    """Tolerance of each `score_candidates` margin (outcome_flywheel/preferences/scoring.py):
+    """Tolerance of each `score_candidates` margin (outcome_flywheel/preferences/style_match.py):
     margin = [sum log pi - sum log ref](candidate) - [sum log pi - sum log ref](hold), four sums
     of per-token log-probs over the candidate's and the hold text's segments, so its bound is the
     sum of those tokens' bounds, adapter on and off: relative to the summed magnitudes. (The scorer

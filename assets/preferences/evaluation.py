@@ -7,7 +7,7 @@ import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, column_names, table_metadata
 from outcome_flywheel.preferences.metrics import auc_report, drift_level, rejected_winners
-from outcome_flywheel.preferences.scoring import score_holdout, scoring_settings
+from outcome_flywheel.preferences.style_match import score_holdout, scoring_settings
 from outcome_flywheel.preferences.status import latest_adapter_dir
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse

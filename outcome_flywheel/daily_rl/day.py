@@ -81,6 +81,7 @@ from outcome_flywheel.daily_rl.reward.matured import (
     collect_matured,
 )
 from outcome_flywheel.daily_rl.note_scorer.signal import scorer_signals
+from outcome_flywheel.daily_rl.worlds.prices import judge_outcome_titles
 from outcome_flywheel.daily_rl.reward.rollout_scores import score_previous_rollouts
 from outcome_flywheel.daily_rl.reward.signals import (
     SIGNAL_SPANS,
@@ -228,8 +229,9 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     universe = market_data.universe() if market_data is not None else None
     prices_file = market_data.prices_file if market_data is not None and market_data.source == "file" else None
     scorer = scorer_signals(warehouse, prediction_day) if float(settings.reward.weights.get("scorer", 0.0)) else None
+    world_titles = judge_outcome_titles(prices_file, prev_rollouts, prediction_day) if prices_file else None
     scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts, settings.reward,
-                                     universe, prices_file, scorer)
+                                     universe, world_titles, scorer)
     warehouse.write("rollout_scores", scores, partition=day)
     timings["score_s"] = time.perf_counter() - started
     evolver = PromptEvolver.load(warehouse, day, settings.prompt_evolver, seed)

@@ -23,7 +23,7 @@ import pandas as pd
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
 from outcome_flywheel.preferences.pool import pool_backup
-from outcome_flywheel.preferences.scoring import training_pairs
+from outcome_flywheel.preferences.style_match import training_pairs
 from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO, prompt_context_keys
 from outcome_flywheel.preferences.weighting import dataset_fingerprint
 from outcome_flywheel.steps.codec import from_payload

@@ -28,7 +28,6 @@ from outcome_flywheel.daily_rl.reward.signals import (
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.daily_rl.notes.calls import calls_frame
 from outcome_flywheel.daily_rl.notes.relevance import relevance_column
-from outcome_flywheel.daily_rl.worlds.prices import judge_outcome_titles
 from outcome_flywheel.feedback.curation import note_ratings
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse
@@ -138,17 +137,17 @@ def position_bias(scores: pd.DataFrame) -> dict[str, dict[str, float]]:
 def score_previous_rollouts(
     warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, prediction_day: str, outcome_day: str,
     prev_rollouts: pd.DataFrame, reward: RewardConfig | None = None, universe: set[str] | None = None,
-    prices_file: str | None = None, scorer: Mapping[tuple[str, int], float] | None = None,
+    world_titles: Sequence[str] | None = None, scorer: Mapping[tuple[str, int], float] | None = None,
 ) -> pd.DataFrame:
     """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines, or,
-    when `prices_file` is a synthetic world's, against the world's own follow-ups of the headlines'
-    companies (`worlds.judge_outcome_titles`): the archive's real moves say nothing about a world.
+    in a synthetic world, against `world_titles`, the world's own follow-ups of the headlines' companies
+    (`worlds.prices.judge_outcome_titles`): the archive's real moves say nothing about a world.
     `scorer`: the online note scorer's signal of D-1's notes (`note_scorer.signal.scorer_signals`), when weighted."""
     if prev_rollouts.empty:
         return pd.DataFrame(columns=SCORE_COLUMNS)
     if not warehouse.exists("headlines", outcome_day):
         raise DailyUpdateError(f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first")
-    outcome_titles = judge_outcome_titles(prices_file, prev_rollouts, prediction_day) if prices_file else None
+    outcome_titles = world_titles
     if outcome_titles is None:
         outcome_titles = list(warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
     judge_backend = judge.load(models)

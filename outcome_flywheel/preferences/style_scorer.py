@@ -3,7 +3,7 @@ kept in memory between calls (the service's `/api/preferences/style_score`, `fly
 
 The adapter is reloaded when `adapters/preference/latest` moves (or the adapter's weights change on
 disk); otherwise a call only renders the plan and runs the four teacher-forced passes of
-`scoring.score_candidates`.
+`style_match.score_candidates`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 from outcome_flywheel.preferences.audit_log import Order
 from outcome_flywheel.preferences.metrics import style_comment
-from outcome_flywheel.preferences.scoring import score_candidates, scoring_settings
+from outcome_flywheel.preferences.style_match import score_candidates, scoring_settings
 from outcome_flywheel.preferences.status import adapter_context_keys, latest_adapter_dir
 from outcome_flywheel.preferences.weighting import render_plan, render_prompt
 
