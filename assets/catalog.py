@@ -2,7 +2,8 @@
 
 Every table asset writes Parquet files with a DuckDB view of the same name (`warehouse.duckdb`);
 `table_metadata(table, columns)` gives its `dagster/column_schema` (a column per name of the
-method's column constant, in that order, typed and described here) and `dagster/table_name`.
+method's column constant, in that order, typed and described here or, for most daily_rl tables,
+beside the constant in the module that writes the table) and `dagster/table_name`.
 `tests/test_defs.py` checks that every column of every table has a description here.
 """
 
@@ -15,6 +16,11 @@ import dagster as dg
 from assets.daily_rl.catalog import EVALUATION_COLUMNS, PROMPT_EVOLVER_COLUMNS
 from assets.daily_rl.distill_catalog import DISTILLATION_COLUMNS
 from assets.feedback.catalog import FEEDBACK_TABLE_COLUMNS
+from outcome_flywheel.daily_rl.feeds.headlines import HEADLINE_COLUMN_SCHEMA
+from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMN_SCHEMA
+from outcome_flywheel.daily_rl.report.summary import SUMMARY_COLUMN_SCHEMA
+from outcome_flywheel.daily_rl.reward.rollout_scores import SCORE_COLUMN_SCHEMA
+from outcome_flywheel.steps.metadata import DeclaredCheck
 
 OWNERS = ["team:ml"]
 TABLE_KINDS = {"parquet", "duckdb"}  # a table: Parquet files per partition + one DuckDB view over them
@@ -23,65 +29,10 @@ UNDESCRIBED = "(no description)"
 
 # table -> column -> (type, description)
 COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
-    "headlines": {
-        "date": ("string", "Partition day D (YYYY-MM-DD, FLYWHEEL_TIMEZONE)."),
-        "headline_id": ("string", "Stable id of the headline: hash of the day and its normalised title."),
-        "title": ("string", "Headline text, HTML stripped."),
-        "summary": ("string", "Feed summary/description, HTML stripped, at most 500 characters."),
-        "source": ("string", "The feed's title (or its file name)."),
-        "link": ("string", "The entry's link, empty when the feed gave none."),
-        "published_at": ("timestamp", "Publication time, UTC (naive)."),
-        "feed_file": ("string", "Feed file the entry came from (archive file or the saved live download)."),
-    },
-    "rollouts": {
-        "date": ("string", "Partition day D: the headlines' day and the checkpoint that wrote the notes."),
-        "headline_id": ("string", "The headline the note is about (headlines.headline_id)."),
-        "rollout_index": ("int", "0..N-1: which of the headline's N samples."),
-        "title": ("string", "Headline text given in the prompt."),
-        "summary": ("string", "Headline summary given in the prompt."),
-        "prompt": ("string", "Chat messages of the prompt, JSON."),
-        "response": ("string", "The sampled trading note."),
-        "response_ids": ("list<int>", "Token ids of the sampled note."),
-        "n_tokens": ("int", "Number of sampled tokens."),
-        "finished": ("bool", "The note ended on its own (EOS) rather than at max_new_tokens."),
-        "structure_score": ("float", "Share of the 6 required sections present (Trade Recommendation ... Stop Loss), in [0, 1]."),
-        "behavior_logprobs": ("list<float>", "Per-token log-probs under the sampling policy at the sampling temperature (GSPO's pi_old)."),
-        "temperature": ("float", "Sampling temperature (0.8)."),
-        "policy_version": ("string", "Checkpoint that sampled the note: D@<weights sha256, 12 hex> or D@base."),
-        "seed": ("int", "Sampling seed of the headline's group."),
-        "max_new_tokens": ("int", "Token budget each note was sampled with."),
-        "prompt_version": ("string", "The prompt evolver's variant of the system prompt the note was sampled under (base = SYSTEM_PROMPT)."),
-    },
-    "rollout_scores": {
-        "date": ("string", "Partition day D (the day whose headlines are the outcome)."),
-        "prediction_date": ("string", "Day of the scored rollouts (D-1)."),
-        "outcome_headlines_date": ("string", "Day whose headlines the judge compared against (D, or the override day)."),
-        "headline_id": ("string", "The headline of the scored group (rollouts.headline_id of D-1)."),
-        "rollout_index": ("int", "Which note of the group (rollouts.rollout_index)."),
-        "rank": ("int", "Judge rank, 1 = best; the group's ranks are a permutation of 1..N."),
-        "judge_placed": ("bool", "The judge picked this note in some round (unplaced notes share one reward)."),
-        "outcome_reward": ("float", "Rank reward 1 - (rank-1)/(N-1), in [0, 1]."),
-        "structure_score": ("float", "Structure score of the note, in [0, 1]."),
-        "reward": ("float", "Weighted sum of the signals (reward_weights), clipped to reward_clip; default 0.5 * structure_score + 0.5 * outcome_reward in [0, 1]."),
-        "advantage": ("float", "Reward normalised within the headline's group (0 for unusable groups)."),
-        "usable": ("bool", "The group is trained on (the judge answered and there were outcome headlines)."),
-        "unusable_reason": ("string", "Why the group is not trained on; empty when usable."),
-        "judge_retries": ("int", "Greedy retries asking for exactly one letter."),
-        "judge_fallback": ("bool", "The judge gave no usable letter in some round (ranks were padded)."),
-        "judge_rounds_answered": ("int", "Selection rounds the judge answered."),
-        "judge_first_position": ("int", "Position the note was shown at in the first round (0 = A), -1 if never shown."),
-        "judge_presentation": ("string", "Per round, the notes in the order shown (A, B, ...), JSON."),
-        "judge_answers": ("string", "The judge's raw answer per round, JSON."),
-        "outcome_headlines_shown": ("string", "Outcome headlines shown to the judge, JSON."),
-        "reward_weights": ("string", "Weight of each named signal the reward was made with (structure, judge_rank), JSON."),
-        "reward_clip": ("string", "[min, max] the reward was clipped to, JSON."),
-        "judge_note_tokens": ("int", "The note's length in tokens, whitespace collapsed (0 when the judge was not asked)."),
-        "judge_shown_tokens": ("int", "Tokens of the note the judge saw: its fair share of the judge's prompt budget."),
-        "judge_truncated": ("bool", "The note was cut to fit the judge's prompt budget."),
-        "human_signal": ("float", "People's thumbs/stars on the note in [0, 1] (note_feedback of the notes' day, mean), when it has any: the `human` reward signal."),
-        "relevance_signal": ("float", "1 if the call is on a company the headline names, 0 if not; empty when the headline names no known company: the `relevance` signal."),
-        "relevance_advantage": ("float", "The `relevance` part's group-normalised advantage (trained on the call's line, times its share); 0 where relevance is not weighted or the headline names no company."),
-    },
+    # each *_COLUMN_SCHEMA: described beside the columns, in the module that writes the table
+    "headlines": HEADLINE_COLUMN_SCHEMA,
+    "rollouts": ROLLOUT_COLUMN_SCHEMA,
+    "rollout_scores": SCORE_COLUMN_SCHEMA,
     "policy_training": {
         "date": ("string", "Partition day D."),
         "policy_version": ("string", "Checkpoint D: D@<weights sha256, 12 hex> or D@base."),
@@ -121,31 +72,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "generate_s": ("float", "Seconds: generating D's rollouts."),
         "kl_s": ("float", "Seconds: the KL to the base."),
     },
-    "daily_report": {
-        "date": ("string", "Partition day D."),
-        "headlines": ("int", "Headlines of D."),
-        "rollouts": ("int", "Rollouts generated for D."),
-        "mean_structure": ("float", "Mean structure score of D's rollouts."),
-        "finished_share": ("float", "Share of D's notes that ended on their own (not at the length cap)."),
-        "scored": ("int", "Rollouts of D-1 scored on D."),
-        "usable_share": ("float", "Share of scored rollouts in groups the judge answered (pass-through)."),
-        "reward_n": ("int", "Usable scored rollouts."),
-        "reward_avg": ("float", "Mean reward of the usable scored rollouts."),
-        "reward_min": ("float", "Lowest reward."),
-        "reward_max": ("float", "Highest reward."),
-        "reward_negatives": ("int", "Rewards below 0 (should stay 0)."),
-        "negative_advantages": ("int", "Usable rollouts with a negative advantage (pushed down by training)."),
-        "trained": ("bool", "GSPO ran on D."),
-        "steps": ("int", "Optimiser steps."),
-        "loss": ("float", "Mean GSPO loss."),
-        "kl_to_base": ("float", "Per-token KL to the base model, nats."),
-        "grad_norm_median": ("float", "Median gradient norm."),
-        "grad_norm_iqr": ("float", "Interquartile range of the gradient norms."),
-        "clip_fraction": ("float", "Share of clipped GSPO ratios."),
-        "policy_version": ("string", "Checkpoint of D."),
-        "gate": ("string", "Evaluation gate of D's update: accepted, rejected (the parent's weights stay) or not_trained."),
-        "gate_reason": ("string", "Why the gate decided so."),
-    },
+    "daily_report": SUMMARY_COLUMN_SCHEMA,
     "operator_decisions": {
         "decision_id": ("string", "The audit log's decision id (a repeated id keeps its last line)."),
         "decision_date": ("string", "Date of the decision in FLYWHEEL_TIMEZONE: the partition."),
@@ -254,6 +181,11 @@ COLUMNS.update(PROMPT_EVOLVER_COLUMNS)
 COLUMNS.update(EVALUATION_COLUMNS)
 COLUMNS.update(FEEDBACK_TABLE_COLUMNS)
 COLUMNS.update(DISTILLATION_COLUMNS)
+
+
+def check_specs(declared: Iterable[DeclaredCheck]) -> list[dg.AssetCheckSpec]:
+    """The asset check specs of checks a step declares (`outcome_flywheel.steps.metadata.DeclaredCheck`)."""
+    return [dg.AssetCheckSpec(c.name, asset=c.asset, blocking=c.blocking, description=c.description) for c in declared]
 
 
 def column_schema(table: str, columns: Iterable[str] | None = None) -> dg.TableSchema:

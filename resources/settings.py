@@ -7,16 +7,22 @@ so every default and help text has one home: the dataclass in `outcome_flywheel`
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import os
-from typing import Any, ClassVar, Generic, Mapping, TypeVar
+import types
+import typing
+from typing import Any, ClassVar, Generic, Mapping, Optional, TypeVar
 
 import dagster as dg
 from pydantic import Field
 
 from outcome_flywheel.settings import DEFAULTS, RULES, SECRETS, SettingsError
 
-__all__ = ["DataclassResource", "env_int_or_default", "env_or_default", "mirrored"]
+__all__ = [
+    "DataclassResource", "env_int_or_default", "env_or_default", "mirrored", "nested_dataclass", "run_config_fields",
+    "run_config_overrides",
+]
 
 PlainT = TypeVar("PlainT")
 
@@ -98,3 +104,91 @@ def mirrored(cls: type, name: str, optional: bool = False, **extra) -> Any:
 def set_fields(config: Any, names: list[str] | tuple[str, ...]) -> dict:
     """The fields of a run config that were given (not None), for `dataclasses.replace`."""
     return {n: getattr(config, n) for n in names if getattr(config, n) is not None}
+
+
+# -- a flat run config over nested dataclasses ------------------------------------------------------
+# A run config is flat (one launchpad field per setting), the settings it overrides nested
+# (DailyUpdateSettings.gspo.learning_rate). The method declares run-config field -> dotted path
+# (e.g. outcome_flywheel.daily_rl.day.RUN_CONFIG_PATHS); the config's fields and the settings it
+# builds are derived from that table and the dataclasses' fields (type, default, help).
+
+
+def _field_type(cls: type, name: str) -> Any:
+    """The resolved annotation of dataclass `cls`'s field `name` (the modules use postponed annotations)."""
+    dataclass_field(cls, name)
+    return typing.get_type_hints(cls)[name]
+
+
+def _without_none(hint: Any) -> Any:
+    """`X` of `X | None` (a field whose None means "decided later"); `hint` itself otherwise."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        kept = [a for a in typing.get_args(hint) if a is not type(None)]
+        return kept[0] if len(kept) == 1 else typing.Union[tuple(kept)]
+    return hint
+
+
+def path_field(cls: type, path: str) -> tuple[type, str]:
+    """(the dataclass that owns the last part of dotted `path` below `cls`, that field's name)."""
+    *sections, leaf = path.split(".")
+    owner = cls
+    for section in sections:
+        owner = _without_none(_field_type(owner, section))
+    dataclass_field(owner, leaf)
+    return owner, leaf
+
+
+def _config_type(hint: Any) -> Any:
+    """The run-config type of a dataclass field's annotation: optional (left out = the default), and a
+    read-only `Mapping` as the `dict` Dagster's config knows."""
+    base = _without_none(hint)
+    if typing.get_origin(base) is collections.abc.Mapping:
+        base = dict[typing.get_args(base)]
+    return Optional[base]
+
+
+def run_config_fields(cls: type, paths: Mapping[str, str | None], own: Mapping[str, tuple[Any, Any]] | None = None,
+                      descriptions: Mapping[str, str] | None = None) -> dict[str, tuple[Any, Any]]:
+    """The (type, pydantic Field) of each field of a flat run config over dataclass `cls`, in `paths`' order.
+
+    A field of `cls` itself keeps its default (None there means "decided when the run starts", which its
+    help says); a field of a nested section defaults to None and its description names the section's
+    default (`mirrored(optional=True)`). `own`: the fields whose path is None, declared by the caller;
+    `descriptions`: a description instead of the dataclass's help, for fields that carry none."""
+    own, descriptions = own or {}, descriptions or {}
+    if {name for name, path in paths.items() if path is None} != set(own):
+        raise ValueError("run_config_fields: `own` must declare exactly the fields whose path is None")
+    fields = {}
+    for name, path in paths.items():
+        if path is None:
+            fields[name] = own[name]
+            continue
+        owner, leaf = path_field(cls, path)
+        hint = _config_type(_field_type(owner, leaf))
+        if name in descriptions:
+            fields[name] = (hint, Field(default=None, description=descriptions[name]))
+        else:
+            fields[name] = (hint, mirrored(owner, leaf, optional="." in path))
+    return fields
+
+
+def run_config_overrides(config: Any, paths: Mapping[str, str | None]) -> dict[str, Any]:
+    """dotted path -> value of each run-config field that was given (not None) and maps onto a path."""
+    return {path: getattr(config, name) for name, path in paths.items()
+            if path is not None and getattr(config, name) is not None}
+
+
+def nested_dataclass(cls: type, overrides: Mapping[str, Any]) -> Any:
+    """An instance of dataclass `cls` with each dotted path of `overrides` set and every other field at its
+    default; a nested section is built from its own paths, unless `overrides` sets the section whole."""
+    own: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    for path, value in overrides.items():
+        head, _, rest = path.partition(".")
+        if rest:
+            sections.setdefault(head, {})[rest] = value
+        else:
+            own[head] = value
+    for head, section in sections.items():
+        if head not in own:  # set whole (gspo.lora = None for a full fine-tune): its fields do not apply
+            own[head] = nested_dataclass(_without_none(_field_type(cls, head)), section)
+    return cls(**own)

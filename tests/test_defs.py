@@ -282,3 +282,60 @@ def test_backfill_script_selects_the_whole_daily_rl_group(graph):
 
     group = {k.to_user_string() for k in graph.get_all_asset_keys() if graph.get(k).group_name == "daily_rl"}
     assert set(ASSETS) == group
+
+
+def test_daily_update_checks_are_the_ones_declared_beside_their_code(graph):
+    """Each check of `daily_update` is declared once (policy/verify.py): the asset's check specs and the
+    step's check -> asset mapping are both read from that declaration."""
+    from outcome_flywheel.daily_rl.day_step import CHECK_ASSET
+    from outcome_flywheel.daily_rl.policy.verify import DAILY_UPDATE_CHECKS, UPDATE_ACCEPTED_BY_GATE
+
+    specs = graph.get(dg.AssetKey("rollouts")).assets_def.check_specs
+    assert {(s.asset_key.to_user_string(), s.name, s.blocking, s.description) for s in specs} == {
+        (c.asset, c.name, c.blocking, c.description) for c in DAILY_UPDATE_CHECKS}
+    assert CHECK_ASSET == {c.name: c.asset for c in DAILY_UPDATE_CHECKS}
+    assert [c.name for c in DAILY_UPDATE_CHECKS if not c.blocking] == [UPDATE_ACCEPTED_BY_GATE.name]
+
+
+def _other_value(value, annotation):
+    """A value of the run-config field's type that differs from `value` (its settings default)."""
+    kind = next(a for a in getattr(annotation, "__args__", (annotation,)) if a is not type(None))
+    if kind is bool:
+        return not value
+    if kind is int:
+        return (value or 0) + 3
+    if kind is float:
+        return (value or 0.0) + 0.125
+    if kind is str:
+        return {"token": "gspo", "gspo": "token"}.get(value, "2024-01-02")
+    return {"structure": 1.0}  # dict[str, float]: the reward weights
+
+
+def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derived_from():
+    """The run config is derived from `RUN_CONFIG_PATHS` and the dataclass fields; a field given in the run
+    reaches the `DailyUpdateSettings` field its path names and is described by that field's help (or, where
+    the dataclass has none, by the asset's `RUN_CONFIG_DESCRIPTIONS`)."""
+    import dataclasses
+    import functools
+
+    from assets.daily_rl.daily_update import RUN_CONFIG_DESCRIPTIONS, DailyUpdateConfig
+    from outcome_flywheel.daily_rl.day import RUN_CONFIG_PATHS, DailyUpdateSettings
+    from resources.settings import path_field
+
+    def at(settings, path):
+        return functools.reduce(getattr, path.split("."), settings)
+
+    assert list(DailyUpdateConfig.model_fields) == list(RUN_CONFIG_PATHS)
+    defaults = DailyUpdateConfig().settings()
+    assert defaults == DailyUpdateSettings()
+    for name, path in RUN_CONFIG_PATHS.items():
+        if path is None:
+            continue
+        owner, leaf = path_field(DailyUpdateSettings, path)
+        help_text = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(owner)}[leaf]
+        description = DailyUpdateConfig.model_fields[name].description
+        assert description == RUN_CONFIG_DESCRIPTIONS[name] if name in RUN_CONFIG_DESCRIPTIONS else (
+            help_text and help_text in description), name
+        value = _other_value(at(defaults, path), DailyUpdateConfig.model_fields[name].annotation)
+        assert at(DailyUpdateConfig(**{name: value}).settings(), path) == value, name
+    assert DailyUpdateConfig(full_fine_tune=True, lora_r=4).settings().gspo.lora is None

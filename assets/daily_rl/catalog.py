@@ -1,6 +1,13 @@
-"""Column descriptions of the daily loop's evaluation tables (merged into `assets.catalog.COLUMNS`)."""
+"""Column descriptions of the daily loop's evaluation tables (merged into `assets.catalog.COLUMNS`); most are
+described beside their columns in the module that writes the table and only gathered here."""
 
 from __future__ import annotations
+
+from outcome_flywheel.daily_rl.evaluation.ab import PREFERENCE_COLUMN_SCHEMA
+from outcome_flywheel.daily_rl.policy.prompt_evolver import EXPERIENCE_COLUMN_SCHEMA, VARIANT_COLUMN_SCHEMA
+from outcome_flywheel.daily_rl.reward.ledger import LEDGER_COLUMN_SCHEMA
+from outcome_flywheel.daily_rl.reward.pairs import PAIR_COLUMN_SCHEMA
+from outcome_flywheel.daily_rl.reward.training_record import PRICE_TRAINING_COLUMN_SCHEMA
 
 _NOTE = {
     "date": ("string", "Partition day D: the headlines' day."),
@@ -60,62 +67,15 @@ _COMPARISON = {
     "look_ahead_days": ("string", "Those notes' days and why, after 'left out:' or 'included:'; empty when none."),
 }
 
-_LEDGER = {
-    "date": ("string", "Training day D: the run of daily_update that trained (or dropped) the note."),
-    "note_date": ("string", "The note's day (its rollouts partition)."),
-    "headline_id": ("string", "The note's headline."),
-    "rollout_index": ("int", "Which of the headline's notes."),
-    "step": ("string", "judged (immediate signals, the day after the note) or matured (price, when its outcome is known)."),
-    "signals": ("string", "Comma-separated reward signals this row trained the note on."),
-    "status": ("string", "trained or dropped; either way the note is settled for this step."),
-    "reason": ("string", "Why it was dropped (stale: N policy updates > limit; no_data: ...; the judge's unusable reason)."),
-    "policy_version": ("string", "D's parent: the policy the update started from (the one trained against)."),
-    "behavior_policy_version": ("string", "The checkpoint that sampled the note (its behaviour log-probs)."),
-    "staleness_updates": ("int", "Policy updates (weight changes) between the note's sampler and D's parent."),
-    "staleness_days": ("int", "Days between the note's day and D."),
-    "signal_value": ("float", "The price signal in [0, 1] (matured) or the immediate reward (judged)."),
-    "advantage": ("float", "The group-normalised advantage trained on (price part scaled by its weight share)."),
-    "is_ratio": ("float", "exp(mean_t(log pi_parent - log pi_behaviour)), before truncation; NaN when no gradient."),
-}
 
-_PRICE_TRAINING = {
-    "date": ("string", "Training day D."),
-    "price_groups_trained": ("int", "Headline groups trained on price at D."),
-    "price_groups_dropped": ("int", "Groups dropped at D (stale, or only no_data notes)."),
-    "price_notes_trained": ("int", "Notes trained on price at D."),
-    "price_notes_waiting": ("int", "Notes in groups still pending at D (they wait)."),
-    "price_notes_no_data": ("int", "Notes dropped for no_data (never trained on price)."),
-    "mean_price_reward": ("float", "Mean price signal of the notes trained on price at D."),
-    "staleness_min": ("float", "Least policy updates since sampling over the trained groups."),
-    "staleness_mean": ("float", "Mean of it over the trained groups."),
-    "staleness_max": ("float", "Most of it over the trained groups."),
-    "is_ratio_mean": ("float", "Mean sequence IS ratio pi_parent / pi_behaviour of the price examples (before truncation)."),
-    "is_ratio_p05": ("float", "Its 5th percentile."),
-    "is_ratio_p50": ("float", "Its median."),
-    "is_ratio_p95": ("float", "Its 95th percentile."),
-    "is_ratio_max": ("float", "Its largest value."),
-    "is_truncated_fraction": ("float", "Share of price examples whose IS ratio was above tis_cap (truncated)."),
-    "clip_fraction": ("float", "GSPO clip fraction of D's whole update (judged and matured examples)."),
-    "tis_cap": ("float", "The truncation cap C of the IS weight."),
-    "max_staleness": ("float", "The staleness limit in policy updates."),
-}
 
 EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
-    "reward_ledger": _LEDGER,
-    "price_training": _PRICE_TRAINING,
+    # each *_COLUMN_SCHEMA: described beside the columns, in the module that writes the table
+    "reward_ledger": LEDGER_COLUMN_SCHEMA,
+    "price_training": PRICE_TRAINING_COLUMN_SCHEMA,
     "rollout_outcomes": {**_NOTE, **_CALL, **_OUTCOME},
     "policy_eval": _COMPARISON,
-    "policy_preferences": {
-        "date": ("string", "Partition day D."),
-        "headline_id": ("string", "The headline judged."),
-        "rollout_index": ("int", "The matched pair shown (drawn with a seeded generator)."),
-        "policy_shown_first": ("bool", "The policy's note was shown as A (the order is seeded random)."),
-        "winner": ("string", "policy, base, tie (the notes read the same; not asked) or none (not answered)."),
-        "reason": ("string", "Why there is no winner."),
-        "judge_answers": ("string", "The judge's raw answers, JSON."),
-        "context_shown": ("string", "D's related headlines shown as context, JSON."),
-        "policy_version": ("string", "Checkpoint D's version."),
-    },
+    "policy_preferences": PREFERENCE_COLUMN_SCHEMA,
     "backtest": {
         "date": ("string", "The book's entry session (every prediction day whose calls enter at its close joins it); the file's key."),
         "entry_date": ("string", "Session whose close the book enters at."),
@@ -134,62 +94,11 @@ EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "spy_equity": ("float", "Compounded equity of SPY."),
         "look_ahead": ("bool", "The book holds look-ahead notes (only with run config include_look_ahead; by default their days are left out)."),
     },
-    "rollout_pairs": {
-        "pair_id": ("string", "Stable id: hash of the day, headline and the two rollout indices."),
-        "date": ("string", "Partition day D (the scoring day)."),
-        "prediction_date": ("string", "Day of the notes (D-1)."),
-        "headline_id": ("string", "The judged group."),
-        "prompt": ("string", "Chat messages of the prompt, JSON."),
-        "chosen": ("string", "The group's best note."),
-        "rejected": ("string", "The group's worst note."),
-        "chosen_rollout_index": ("int", "rollout_index of the chosen note."),
-        "rejected_rollout_index": ("int", "rollout_index of the rejected note."),
-        "chosen_reward": ("float", "Reward of the chosen note."),
-        "rejected_reward": ("float", "Reward of the rejected note."),
-        "reward_gap": ("float", "chosen_reward - rejected_reward (at least the minimum gap)."),
-        "chosen_structure": ("float", "Structure score of the chosen note."),
-        "rejected_structure": ("float", "Structure score of the rejected note."),
-        "chosen_rank": ("int", "Judge rank of the chosen note."),
-        "rejected_rank": ("int", "Judge rank of the rejected note."),
-        "seed": ("int", "Sampling seed of the group."),
-        "policy_version": ("string", "Checkpoint that wrote the notes."),
-        "reward_weights": ("string", "Reward weights the scores were made with, JSON."),
-    },
+    "rollout_pairs": PAIR_COLUMN_SCHEMA,
 }
 
 # The prompt evolver's state (outcome_flywheel/daily_rl/prompt_evolver.py): written by daily_update for day D.
 PROMPT_EVOLVER_COLUMNS = {
-    "prompt_evolver": {
-        "date": ("string", "Partition day D: the state after D's scores and D's assignments."),
-        "version": ("string", "The variant: base (SYSTEM_PROMPT) or v<n>-<sha256 of the prompt, 8 hex>."),
-        "parent": ("string", "The variant it was written from (the best when it was written)."),
-        "mutation": ("string", "state_rules, reorder_rules, rephrase_rule, tighten_wording, add_example, rephrase_condition; empty for base."),
-        "writer": ("string", "rules, or llm:<model> when the judge model (a real LLM) wrote it."),
-        "system_prompt": ("string", "The system message of the variant."),
-        "spec": ("string", "The variant as JSON: role, rules, example."),
-        "created_date": ("string", "Day the variant was written."),
-        "created_at_trial": ("int", "Scored trials when it was written (one every trials_per_variant)."),
-        "status": ("string", "live (an arm of the bandit), rejected (worse than the best on the held-out set) or retired (more than max_live)."),
-        "pulls": ("int", "Scored trials: headlines whose group was sampled under it and scored usable."),
-        "pending": ("int", "Headlines of D given this variant, scored on D+1."),
-        "reward_sum": ("float", "Sum of its trials' rewards (group mean reward)."),
-        "reward_sq_sum": ("float", "Sum of their squares (for the interval)."),
-        "reward_mean": ("float", "Mean trial reward."),
-        "ci_low": ("float", "95% t-interval of the mean, low (two or more pulls)."),
-        "ci_high": ("float", "95% t-interval of the mean, high."),
-        "is_best": ("bool", "The best live variant (highest mean with at least min_pulls_for_best pulls; else base)."),
-        "heldout_n": ("int", "Held-out headlines it was tested on before adoption (0 for base)."),
-        "heldout_reward": ("float", "Its mean reward on them (structure part, rank reward at its group mean 0.5)."),
-        "heldout_best_reward": ("float", "The best's mean reward on the same headlines and seeds."),
-        "heldout_diff": ("float", "heldout_reward - heldout_best_reward: adopted when >= -tolerance."),
-    },
-    "prompt_experiences": {
-        "date": ("string", "Day the group was scored."),
-        "prediction_date": ("string", "Day the group was sampled."),
-        "headline_id": ("string", "The headline."),
-        "title": ("string", "Headline text."),
-        "summary": ("string", "Headline summary."),
-        "prompt_version": ("string", "The variant it was sampled under."),
-        "reward": ("float", "The group's mean reward (the trial's reward)."),
-    },
+    "prompt_evolver": VARIANT_COLUMN_SCHEMA,
+    "prompt_experiences": EXPERIENCE_COLUMN_SCHEMA,
 }

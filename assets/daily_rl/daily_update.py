@@ -9,29 +9,27 @@ step process `outcome_flywheel.steps.daily_update` where the `step_runner` resou
 (docs/pipes.md); its metadata and checks come back through Dagster Pipes.
 """
 
-from typing import Optional
-
 import dagster as dg
+import pydantic
 from pydantic import Field
 
-from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, column_names, table_metadata
+from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, check_specs, column_names, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.policy.gate import GateConfig
+from outcome_flywheel.daily_rl.day import RUN_CONFIG_PATHS, DailyUpdateSettings
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.policy.prompt_evolver import VARIANT_COLUMNS
 from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS
-from outcome_flywheel.daily_rl.reward.rollout_scores import SCORE_COLUMNS
+from outcome_flywheel.daily_rl.policy.verify import DAILY_UPDATE_CHECKS
 from outcome_flywheel.daily_rl.reward.matured import longest_wait_days
-from outcome_flywheel.daily_rl.policy.prompt_evolver import VARIANT_COLUMNS, EvolverConfig
-from outcome_flywheel.daily_rl.reward.signals import REWARD_SIGNALS, PriceReward, RewardConfig
-from outcome_flywheel.daily_rl.day import DailyUpdateSettings
+from outcome_flywheel.daily_rl.reward.rollout_scores import SCORE_COLUMNS
+from outcome_flywheel.daily_rl.reward.signals import REWARD_SIGNALS, RewardConfig
+from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.interface import LoraSettings
 from outcome_flywheel.models.loader import ModelLoader
-from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.models.train.gspo_config import GSPOConfig
 from outcome_flywheel.settings import env
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.storage import Warehouse
-from resources.settings import field_default, mirrored, set_fields
+from resources.settings import field_default, nested_dataclass, run_config_fields, run_config_overrides
 from resources.steps import StepRunnerResource
 
 KEYS = ("rollout_scores", "policy_checkpoint", "rollouts", "prompt_evolver")
@@ -71,61 +69,37 @@ _TABLES = {
 }
 
 
-class DailyUpdateConfig(dg.Config):
-    """Run config of `daily_update`; a field left out falls back to `DailyUpdateSettings` / `GSPOConfig`."""
-
-    outcome_headlines_date: Optional[str] = mirrored(DailyUpdateSettings, "outcome_headlines_date")
-    rollouts_per_headline: Optional[int] = mirrored(DailyUpdateSettings, "rollouts_per_headline")
-    max_new_tokens: Optional[int] = mirrored(DailyUpdateSettings, "max_new_tokens")
-    objective: Optional[str] = mirrored(GSPOConfig, "objective", optional=True)
-    learning_rate: Optional[float] = mirrored(GSPOConfig, "learning_rate", optional=True)
-    batch_size: Optional[int] = mirrored(GSPOConfig, "batch_size", optional=True)
-    epochs: Optional[int] = mirrored(GSPOConfig, "epochs", optional=True)
-    kl_beta: Optional[float] = mirrored(GSPOConfig, "kl_beta", optional=True)
-    epsilon_low: Optional[float] = mirrored(GSPOConfig, "epsilon_low", optional=True)
-    epsilon_high: Optional[float] = mirrored(GSPOConfig, "epsilon_high", optional=True)
-    full_fine_tune: bool = Field(default=False, description="Train every weight instead of a LoRA adapter.")
-    lora_r: Optional[int] = Field(default=None, description=f"LoRA rank. Default: {field_default(LoraSettings, 'r')} (LoraSettings).")
-    lora_alpha: Optional[int] = Field(default=None, description=f"LoRA alpha (scale = alpha / r). Default: {field_default(LoraSettings, 'alpha')} (LoraSettings).")
-    reward_weights: Optional[dict[str, float]] = Field(default=None, description=(
-        f"Weight of each named reward signal ({', '.join(f'{k}: {v}' for k, v in REWARD_SIGNALS.items())}). "
-        f"Default: {dict(RewardConfig().weights)} (RewardConfig); recorded in rollout_scores."
-    ))
-    reward_clip_min: Optional[float] = mirrored(RewardConfig, "clip_min", optional=True)
-    reward_clip_max: Optional[float] = mirrored(RewardConfig, "clip_max", optional=True)
-    gate_enabled: Optional[bool] = mirrored(GateConfig, "enabled", optional=True)
-    gate_max_kl_to_parent: Optional[float] = mirrored(GateConfig, "max_kl_to_parent", optional=True)
-    gate_max_kl_to_base: Optional[float] = mirrored(GateConfig, "max_kl_to_base", optional=True)
-    gate_max_probe_regression: Optional[float] = mirrored(GateConfig, "max_probe_regression", optional=True)
-    gate_probe_headlines: Optional[int] = mirrored(GateConfig, "probe_headlines", optional=True)
-    price_scale_pct: Optional[float] = mirrored(PriceReward, "scale_pct", optional=True)
-    price_no_trade: Optional[float] = mirrored(PriceReward, "no_trade", optional=True)
-    price_unparseable: Optional[float] = mirrored(PriceReward, "unparseable", optional=True)
-    price_max_staleness: Optional[int] = mirrored(DailyUpdateSettings, "max_staleness")
-    tis_cap: Optional[float] = mirrored(GSPOConfig, "tis_cap", optional=True)
-    prompt_evolver_enabled: Optional[bool] = mirrored(EvolverConfig, "enabled", optional=True)
-    prompt_evolver_epsilon: Optional[float] = mirrored(EvolverConfig, "epsilon", optional=True)
-    prompt_evolver_trials_per_variant: Optional[int] = mirrored(EvolverConfig, "trials_per_variant", optional=True)
-    prompt_evolver_heldout_samples: Optional[int] = mirrored(EvolverConfig, "heldout_samples", optional=True)
+class _DailyUpdateConfigBase(dg.Config):
+    """What `DailyUpdateConfig` does with its fields (declared below, from `RUN_CONFIG_PATHS`)."""
 
     def settings(self) -> DailyUpdateSettings:
-        lora = None if self.full_fine_tune else LoraSettings(**{k: v for k, v in (("r", self.lora_r), ("alpha", self.lora_alpha)) if v is not None})
-        gspo = GSPOConfig(**set_fields(self, ("objective", "learning_rate", "batch_size", "epochs", "tis_cap", "kl_beta", "epsilon_low", "epsilon_high")), lora=lora)
-        price = PriceReward(**{k.removeprefix("price_"): v for k, v in set_fields(
-            self, ("price_scale_pct", "price_no_trade", "price_unparseable")).items()})
-        reward = RewardConfig(**{k.removeprefix("reward_"): v for k, v in set_fields(self, ("reward_weights", "reward_clip_min", "reward_clip_max")).items()})
-        gate = GateConfig(**{k.removeprefix("gate_"): v for k, v in set_fields(
-            self, ("gate_enabled", "gate_max_kl_to_parent", "gate_max_kl_to_base", "gate_max_probe_regression", "gate_probe_headlines")).items()})
-        evolver = EvolverConfig(**{k.removeprefix("prompt_evolver_"): v for k, v in set_fields(self, (
-            "prompt_evolver_enabled", "prompt_evolver_epsilon", "prompt_evolver_trials_per_variant", "prompt_evolver_heldout_samples")).items()})
-        return DailyUpdateSettings(
-            **set_fields(self, ("outcome_headlines_date", "rollouts_per_headline", "max_new_tokens")), gspo=gspo, reward=reward, gate=gate,
-            price=price, max_staleness=self.price_max_staleness, prompt_evolver=evolver,
-        )
+        """The day's settings: each field given overrides its `DailyUpdateSettings` field; the rest keep
+        their defaults."""
+        overrides = run_config_overrides(self, RUN_CONFIG_PATHS)
+        if self.full_fine_tune:  # no LoRA adapter: its rank and alpha do not apply
+            overrides = {k: v for k, v in overrides.items() if not k.startswith("gspo.lora.")} | {"gspo.lora": None}
+        return nested_dataclass(DailyUpdateSettings, overrides)
 
 
-def _check(key: str, name: str, description: str) -> dg.AssetCheckSpec:
-    return dg.AssetCheckSpec(name, asset=key, blocking=True, description=description)
+# LoraSettings (outcome_flywheel/models/) carries no help, and reward_weights names each signal.
+RUN_CONFIG_DESCRIPTIONS = {
+    "lora_r": f"LoRA rank. Default: {field_default(LoraSettings, 'r')} (LoraSettings).",
+    "lora_alpha": f"LoRA alpha (scale = alpha / r). Default: {field_default(LoraSettings, 'alpha')} (LoraSettings).",
+    "reward_weights": (
+        f"Weight of each named reward signal ({', '.join(f'{k}: {v}' for k, v in REWARD_SIGNALS.items())}). "
+        f"Default: {dict(RewardConfig().weights)} (RewardConfig); recorded in rollout_scores."
+    ),
+}
+# Run config of `daily_update`: its fields derived from `RUN_CONFIG_PATHS` and the dataclass fields they override.
+DailyUpdateConfig = pydantic.create_model(
+    "DailyUpdateConfig", __base__=_DailyUpdateConfigBase, __module__=__name__,
+    __doc__="Run config of `daily_update`; a field left out falls back to `DailyUpdateSettings` / `GSPOConfig`.",
+    **run_config_fields(
+        DailyUpdateSettings, RUN_CONFIG_PATHS, descriptions=RUN_CONFIG_DESCRIPTIONS,
+        own={"full_fine_tune": (
+            bool, Field(default=False, description="Train every weight instead of a LoRA adapter."))},
+    ),
+)
 
 
 @dg.multi_asset(
@@ -143,17 +117,7 @@ def _check(key: str, name: str, description: str) -> dg.AssetCheckSpec:
     partitions_def=daily_rl_partitions,
     can_subset=False,
     pool="accelerator",
-    check_specs=[
-        _check("rollout_scores", "ranks_are_permutations", "Each headline's ranks are a permutation of 1..N."),
-        _check("rollout_scores", "rewards_in_range", "Every structure score and rank reward is in [0, 1], every reward inside its recorded clip range."),
-        _check("policy_checkpoint", "loads_and_generates", "The saved checkpoint loads from disk and writes text."),
-        _check("rollouts", "generated_by_own_checkpoint", "Every rollout of D carries checkpoint D's policy_version."),
-        dg.AssetCheckSpec(
-            "update_accepted_by_gate", asset="policy_checkpoint", blocking=False,
-            description="The evaluation gate accepted D's update (a WARN when it rejected it: the parent's weights stay D's "
-                        "checkpoint and the day goes on; policy_training.gate_reason says why).",
-        ),
-    ],
+    check_specs=check_specs(DAILY_UPDATE_CHECKS),  # declared beside the code that computes them
 )
 def daily_update(
     context: dg.AssetExecutionContext,

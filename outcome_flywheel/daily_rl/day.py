@@ -151,6 +151,45 @@ class DailyUpdateSettings:
         return n, self.max_new_tokens or int(env("FLYWHEEL_MAX_NEW_TOKENS", default_tokens))
 
 
+# The `daily_update` run config, flat: run-config field -> the `DailyUpdateSettings` field it overrides, as a
+# dotted path into a nested section. The asset derives each field's type, default and help from that dataclass
+# field, and the settings of a run from the fields given (resources/settings.py); a new setting a run may
+# override is its dataclass field and one line here. None: the asset's own field (a full fine-tune sets
+# gspo.lora to None, not a value of a LoRA field).
+RUN_CONFIG_PATHS: dict[str, str | None] = {
+    "outcome_headlines_date": "outcome_headlines_date",
+    "rollouts_per_headline": "rollouts_per_headline",
+    "max_new_tokens": "max_new_tokens",
+    "objective": "gspo.objective",
+    "learning_rate": "gspo.learning_rate",
+    "batch_size": "gspo.batch_size",
+    "epochs": "gspo.epochs",
+    "kl_beta": "gspo.kl_beta",
+    "epsilon_low": "gspo.epsilon_low",
+    "epsilon_high": "gspo.epsilon_high",
+    "full_fine_tune": None,
+    "lora_r": "gspo.lora.r",
+    "lora_alpha": "gspo.lora.alpha",
+    "reward_weights": "reward.weights",
+    "reward_clip_min": "reward.clip_min",
+    "reward_clip_max": "reward.clip_max",
+    "gate_enabled": "gate.enabled",
+    "gate_max_kl_to_parent": "gate.max_kl_to_parent",
+    "gate_max_kl_to_base": "gate.max_kl_to_base",
+    "gate_max_probe_regression": "gate.max_probe_regression",
+    "gate_probe_headlines": "gate.probe_headlines",
+    "price_scale_pct": "price.scale_pct",
+    "price_no_trade": "price.no_trade",
+    "price_unparseable": "price.unparseable",
+    "price_max_staleness": "max_staleness",
+    "tis_cap": "gspo.tis_cap",
+    "prompt_evolver_enabled": "prompt_evolver.enabled",
+    "prompt_evolver_epsilon": "prompt_evolver.epsilon",
+    "prompt_evolver_trials_per_variant": "prompt_evolver.trials_per_variant",
+    "prompt_evolver_heldout_samples": "prompt_evolver.heldout_samples",
+}
+
+
 @dataclass
 class DailyUpdateResult:
     """Everything one day's update wrote and measured, for the asset's metadata and checks."""

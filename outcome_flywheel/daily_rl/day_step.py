@@ -15,10 +15,11 @@ import time
 
 import pandas as pd
 
-from outcome_flywheel.daily_rl.judge.llm_judge import Judge
-from outcome_flywheel.daily_rl.reward.rollout_scores import position_bias
-from outcome_flywheel.daily_rl.policy.prompt_evolver import variant_table
 from outcome_flywheel.daily_rl.day import DailyUpdateResult, DailyUpdateSettings, run_daily_update
+from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.policy.prompt_evolver import variant_table
+from outcome_flywheel.daily_rl.policy.verify import DAILY_UPDATE_CHECKS, UPDATE_ACCEPTED_BY_GATE, gate_check
+from outcome_flywheel.daily_rl.reward.rollout_scores import position_bias
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.steps.codec import from_payload
@@ -27,11 +28,8 @@ from outcome_flywheel.steps.metadata import counts_table, mapping_table, md, num
 from outcome_flywheel.storage import Warehouse
 from outcome_flywheel.training_audit import current
 
-# check -> the key it belongs to
-CHECK_ASSET = {
-    "ranks_are_permutations": "rollout_scores", "rewards_in_range": "rollout_scores",
-    "loads_and_generates": "policy_checkpoint", "generated_by_own_checkpoint": "rollouts",
-}
+# check -> the key it belongs to (the checks are declared in verify.py)
+CHECK_ASSET = {check.name: check.asset for check in DAILY_UPDATE_CHECKS}
 
 
 def run(pipes) -> None:
@@ -58,9 +56,9 @@ def run(pipes) -> None:
     for name, check in result.checks.items():
         pipes.report_asset_check(check_name=name, asset_key=CHECK_ASSET[name], passed=bool(check["passed"]),
                                  metadata=present(check["metadata"]) or None)
-    gate = result.gate
-    pipes.report_asset_check(check_name="update_accepted_by_gate", asset_key="policy_checkpoint", passed=gate.verdict != "rejected",
-                             severity="WARN", metadata={"gate": gate.verdict, "reason": gate.reason})
+    gate = gate_check(result.gate)  # not blocking: a rejected update is a warning, the day goes on
+    pipes.report_asset_check(check_name=UPDATE_ACCEPTED_BY_GATE.name, asset_key=UPDATE_ACCEPTED_BY_GATE.asset,
+                             passed=gate["passed"], severity="WARN", metadata=gate["metadata"])
 
 
 def scores_metadata(result: DailyUpdateResult, judge: Judge, models: ModelLoader, settings: DailyUpdateSettings) -> dict:

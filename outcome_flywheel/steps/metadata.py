@@ -1,11 +1,24 @@
 """Metadata values as Dagster Pipes sends them: typed where the UI renders them (markdown, a path),
-plain JSON numbers and strings otherwise; NaN and None left out, numpy scalars made plain."""
+plain JSON numbers and strings otherwise; NaN and None left out, numpy scalars made plain. Also the
+declaration of a check a step reports (`DeclaredCheck`), from which its asset declares the check spec."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+
+
+@dataclass(frozen=True)
+class DeclaredCheck:
+    """An asset check a step reports, declared once beside the code that computes it: the asset
+    declares its `AssetCheckSpec` from it and the step reports its result under it."""
+
+    name: str
+    asset: str  # the asset key it checks, as a plain string
+    description: str
+    blocking: bool = True  # a failed blocking check stops the downstream assets; else a warning
 
 
 def md(text: str) -> dict:

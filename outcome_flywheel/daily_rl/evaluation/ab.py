@@ -36,10 +36,20 @@ from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS, ROLLOUT_S
 from outcome_flywheel.daily_rl.notes.relevance import relevance_column
 from outcome_flywheel.models.prompts import with_base_system
 
-PREFERENCE_COLUMNS = [
-    "date", "headline_id", "rollout_index", "policy_shown_first", "winner", "reason", "judge_answers", "context_shown",
-    "policy_version",
-]
+# The `policy_preferences` table's stored columns, in order: column -> (type, description) as the Dagster catalog
+# shows them (assets/catalog.py reads them from here).
+PREFERENCE_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
+    "date": ("string", "Partition day D."),
+    "headline_id": ("string", "The headline judged."),
+    "rollout_index": ("int", "The matched pair shown (drawn with a seeded generator)."),
+    "policy_shown_first": ("bool", "The policy's note was shown as A (the order is seeded random)."),
+    "winner": ("string", "policy, base, tie (the notes read the same; not asked) or none (not answered)."),
+    "reason": ("string", "Why there is no winner."),
+    "judge_answers": ("string", "The judge's raw answers, JSON."),
+    "context_shown": ("string", "D's related headlines shown as context, JSON."),
+    "policy_version": ("string", "Checkpoint D's version."),
+}
+PREFERENCE_COLUMNS = list(PREFERENCE_COLUMN_SCHEMA)
 MATCH_KEYS = ["headline_id", "rollout_index"]
 # What must be equal between a note and its baseline twin for the pair to be matched.
 MATCHED_FIELDS = ["prompt", "seed", "temperature", "max_new_tokens"]

@@ -20,7 +20,19 @@ from zoneinfo import ZoneInfo
 import feedparser
 import pandas as pd
 
-HEADLINE_COLUMNS = ["date", "headline_id", "title", "summary", "source", "link", "published_at", "feed_file"]
+# The `headlines` table's stored columns, in order: column -> (type, description) as the Dagster catalog
+# shows them (assets/catalog.py reads them from here).
+HEADLINE_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
+    "date": ("string", "Partition day D (YYYY-MM-DD, FLYWHEEL_TIMEZONE)."),
+    "headline_id": ("string", "Stable id of the headline: hash of the day and its normalised title."),
+    "title": ("string", "Headline text, HTML stripped."),
+    "summary": ("string", "Feed summary/description, HTML stripped, at most 500 characters."),
+    "source": ("string", "The feed's title (or its file name)."),
+    "link": ("string", "The entry's link, empty when the feed gave none."),
+    "published_at": ("timestamp", "Publication time, UTC (naive)."),
+    "feed_file": ("string", "Feed file the entry came from (archive file or the saved live download)."),
+}
+HEADLINE_COLUMNS = list(HEADLINE_COLUMN_SCHEMA)
 QUARANTINE_COLUMNS = ["date", "feed_file", "source", "entry_index", "title", "published", "reason", "detail"]
 SOURCE_COLUMNS = ["date", "feed_file", "source", "feed_format", "sha256", "bytes", "status", "bozo", "bozo_exception", "entries", "kept", "quarantined"]
 # Quarantine reasons that stand for a whole feed rather than one of its entries.

@@ -25,11 +25,34 @@ if TYPE_CHECKING:
 
 
 
-ROLLOUT_COLUMNS = [
-    "date", "headline_id", "rollout_index", "title", "summary", "prompt", "response", "response_ids", "n_tokens",
-    "finished", "structure_score", "behavior_logprobs", "temperature", "policy_version", "seed", "max_new_tokens",
-    "prompt_version",
-]
+# The `rollouts` table's stored columns, in order: column -> (type, description) as the Dagster catalog
+# shows them (assets/catalog.py reads them from here).
+ROLLOUT_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
+    "date": ("string", "Partition day D: the headlines' day and the checkpoint that wrote the notes."),
+    "headline_id": ("string", "The headline the note is about (headlines.headline_id)."),
+    "rollout_index": ("int", "0..N-1: which of the headline's N samples."),
+    "title": ("string", "Headline text given in the prompt."),
+    "summary": ("string", "Headline summary given in the prompt."),
+    "prompt": ("string", "Chat messages of the prompt, JSON."),
+    "response": ("string", "The sampled trading note."),
+    "response_ids": ("list<int>", "Token ids of the sampled note."),
+    "n_tokens": ("int", "Number of sampled tokens."),
+    "finished": ("bool", "The note ended on its own (EOS) rather than at max_new_tokens."),
+    "structure_score": ("float", (
+        "Share of the 6 required sections present (Trade Recommendation ... Stop Loss), in [0, 1]."
+    )),
+    "behavior_logprobs": ("list<float>", (
+        "Per-token log-probs under the sampling policy at the sampling temperature (GSPO's pi_old)."
+    )),
+    "temperature": ("float", "Sampling temperature (0.8)."),
+    "policy_version": ("string", "Checkpoint that sampled the note: D@<weights sha256, 12 hex> or D@base."),
+    "seed": ("int", "Sampling seed of the headline's group."),
+    "max_new_tokens": ("int", "Token budget each note was sampled with."),
+    "prompt_version": ("string", (
+        "The prompt evolver's variant of the system prompt the note was sampled under (base = SYSTEM_PROMPT)."
+    )),
+}
+ROLLOUT_COLUMNS = list(ROLLOUT_COLUMN_SCHEMA)
 
 
 # How rollouts are sampled. `behavior_logprobs` are log-softmax(logits / temperature) of the

@@ -1,6 +1,7 @@
 """The last step of a day: verify. The checkpoint on disk loads, writes text and gives the stored
 behaviour log-probs back; ranks are permutations and rewards in range. Only then is it marked
-verified (the next day may train from it, `latest` moves)."""
+verified (the next day may train from it, `latest` moves). Every check of `daily_update` is declared
+here (`DAILY_UPDATE_CHECKS`), the gate's too: the asset's check specs and the step's reports read them."""
 
 from __future__ import annotations
 
@@ -11,11 +12,34 @@ import pandas as pd
 
 from outcome_flywheel.daily_rl.judge.ranking import is_permutation
 from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, mark_verified, read_checkpoint
+from outcome_flywheel.daily_rl.policy.gate import GateResult
 from outcome_flywheel.daily_rl.policy.rollouts import sampling_temperature
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.sampling import logprob_tolerance as logprob_tolerance_for
+from outcome_flywheel.steps.metadata import DeclaredCheck
 from outcome_flywheel.storage import Warehouse
+
+# The checks of `daily_update`, computed below: `verify_day` the blocking ones, `gate_check` the gate's.
+# The asset declares its check specs from these and the step reports each under its asset.
+RANKS_ARE_PERMUTATIONS = DeclaredCheck(
+    "ranks_are_permutations", "rollout_scores", "Each headline's ranks are a permutation of 1..N.")
+REWARDS_IN_RANGE = DeclaredCheck(
+    "rewards_in_range", "rollout_scores",
+    "Every structure score and rank reward is in [0, 1], every reward inside its recorded clip range.")
+LOADS_AND_GENERATES = DeclaredCheck(
+    "loads_and_generates", "policy_checkpoint", "The saved checkpoint loads from disk and writes text.")
+GENERATED_BY_OWN_CHECKPOINT = DeclaredCheck(
+    "generated_by_own_checkpoint", "rollouts", "Every rollout of D carries checkpoint D's policy_version.")
+UPDATE_ACCEPTED_BY_GATE = DeclaredCheck(
+    "update_accepted_by_gate", "policy_checkpoint",
+    "The evaluation gate accepted D's update (a WARN when it rejected it: the parent's weights stay D's "
+    "checkpoint and the day goes on; policy_training.gate_reason says why).",
+    blocking=False,
+)
+DAILY_UPDATE_CHECKS = (
+    RANKS_ARE_PERMUTATIONS, REWARDS_IN_RANGE, LOADS_AND_GENERATES, GENERATED_BY_OWN_CHECKPOINT, UPDATE_ACCEPTED_BY_GATE,
+)
 
 
 def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
@@ -29,7 +53,7 @@ def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
 
 
 def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.DataFrame, rollouts: pd.DataFrame) -> dict[str, dict]:
-    """The four checks of `daily_update`, each {passed, metadata}; marks the checkpoint verified when all pass."""
+    """The blocking checks of `daily_update`, each {passed, metadata}; marks the checkpoint verified when all pass."""
     ckpt_root = warehouse.path("checkpoints", "policy")
     ranks_ok = all(is_permutation(list(g["rank"])) for _, g in scores.groupby("headline_id")) if len(scores) else True
     rewards_ok = rewards_in_range(scores)
@@ -42,10 +66,10 @@ def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.D
     logprob_tolerance = logprob_tolerance_for(getattr(reloaded, "dtype", "float32"))
     del reloaded
     checks = {
-        "ranks_are_permutations": {"passed": bool(ranks_ok), "metadata": {}},
-        "rewards_in_range": {"passed": rewards_ok, "metadata": describe_rewards(scores)},
-        "loads_and_generates": {"passed": bool(probe.strip()), "metadata": {"sample": probe[:200]}},
-        "generated_by_own_checkpoint": {
+        RANKS_ARE_PERMUTATIONS.name: {"passed": bool(ranks_ok), "metadata": {}},
+        REWARDS_IN_RANGE.name: {"passed": rewards_ok, "metadata": describe_rewards(scores)},
+        LOADS_AND_GENERATES.name: {"passed": bool(probe.strip()), "metadata": {"sample": probe[:200]}},
+        GENERATED_BY_OWN_CHECKPOINT.name: {
             "passed": bool(own_version and logprob_gap <= logprob_tolerance),
             "metadata": {"checkpoint_version": str(on_disk.get("policy_version")), "version_matches": own_version,
                          "max_mean_abs_logprob_gap": float(logprob_gap), "tolerance": logprob_tolerance},
@@ -54,6 +78,11 @@ def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.D
     if all(c["passed"] for c in checks.values()):
         mark_verified(ckpt_root, day)  # only now may the next day train from it, and `latest` move
     return checks
+
+
+def gate_check(gate: GateResult) -> dict:
+    """`update_accepted_by_gate` as {passed, metadata}: failed only when the gate rejected the update."""
+    return {"passed": gate.verdict != "rejected", "metadata": {"gate": gate.verdict, "reason": gate.reason}}
 
 
 def rewards_in_range(scores: pd.DataFrame) -> bool:

@@ -8,11 +8,34 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-SUMMARY_COLUMNS = [
-    "date", "headlines", "rollouts", "mean_structure", "finished_share", "scored", "usable_share", "reward_n", "reward_avg",
-    "reward_min", "reward_max", "reward_negatives", "negative_advantages", "trained", "steps", "loss", "kl_to_base",
-    "grad_norm_median", "grad_norm_iqr", "clip_fraction", "policy_version", "gate", "gate_reason",
-]
+# The `daily_report` table's stored columns, in order: column -> (type, description) as the Dagster catalog
+# shows them (assets/catalog.py reads them from here).
+SUMMARY_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
+    "date": ("string", "Partition day D."),
+    "headlines": ("int", "Headlines of D."),
+    "rollouts": ("int", "Rollouts generated for D."),
+    "mean_structure": ("float", "Mean structure score of D's rollouts."),
+    "finished_share": ("float", "Share of D's notes that ended on their own (not at the length cap)."),
+    "scored": ("int", "Rollouts of D-1 scored on D."),
+    "usable_share": ("float", "Share of scored rollouts in groups the judge answered (pass-through)."),
+    "reward_n": ("int", "Usable scored rollouts."),
+    "reward_avg": ("float", "Mean reward of the usable scored rollouts."),
+    "reward_min": ("float", "Lowest reward."),
+    "reward_max": ("float", "Highest reward."),
+    "reward_negatives": ("int", "Rewards below 0 (should stay 0)."),
+    "negative_advantages": ("int", "Usable rollouts with a negative advantage (pushed down by training)."),
+    "trained": ("bool", "GSPO ran on D."),
+    "steps": ("int", "Optimiser steps."),
+    "loss": ("float", "Mean GSPO loss."),
+    "kl_to_base": ("float", "Per-token KL to the base model, nats."),
+    "grad_norm_median": ("float", "Median gradient norm."),
+    "grad_norm_iqr": ("float", "Interquartile range of the gradient norms."),
+    "clip_fraction": ("float", "Share of clipped GSPO ratios."),
+    "policy_version": ("string", "Checkpoint of D."),
+    "gate": ("string", "Evaluation gate of D's update: accepted, rejected (the parent's weights stay) or not_trained."),
+    "gate_reason": ("string", "Why the gate decided so."),
+}
+SUMMARY_COLUMNS = list(SUMMARY_COLUMN_SCHEMA)
 
 
 def day_summary(day: str, headlines: pd.DataFrame, rollouts: pd.DataFrame, scores: pd.DataFrame, training: pd.DataFrame) -> dict:

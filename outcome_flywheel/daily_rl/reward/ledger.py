@@ -11,10 +11,30 @@ from __future__ import annotations
 
 import pandas as pd
 
-LEDGER_COLUMNS = [
-    "date", "note_date", "headline_id", "rollout_index", "step", "signals", "status", "reason", "policy_version",
-    "behavior_policy_version", "staleness_updates", "staleness_days", "signal_value", "advantage", "is_ratio",
-]
+# The `reward_ledger` table's stored columns, in order: column -> (type, description) as the Dagster catalog
+# shows them (assets/catalog.py reads them from here).
+LEDGER_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
+    "date": ("string", "Training day D: the run of daily_update that trained (or dropped) the note."),
+    "note_date": ("string", "The note's day (its rollouts partition)."),
+    "headline_id": ("string", "The note's headline."),
+    "rollout_index": ("int", "Which of the headline's notes."),
+    "step": ("string", (
+        "judged (immediate signals, the day after the note) or matured (price, when its outcome is known)."
+    )),
+    "signals": ("string", "Comma-separated reward signals this row trained the note on."),
+    "status": ("string", "trained or dropped; either way the note is settled for this step."),
+    "reason": ("string", (
+        "Why it was dropped (stale: N policy updates > limit; no_data: ...; the judge's unusable reason)."
+    )),
+    "policy_version": ("string", "D's parent: the policy the update started from (the one trained against)."),
+    "behavior_policy_version": ("string", "The checkpoint that sampled the note (its behaviour log-probs)."),
+    "staleness_updates": ("int", "Policy updates (weight changes) between the note's sampler and D's parent."),
+    "staleness_days": ("int", "Days between the note's day and D."),
+    "signal_value": ("float", "The price signal in [0, 1] (matured) or the immediate reward (judged)."),
+    "advantage": ("float", "The group-normalised advantage trained on (price part scaled by its weight share)."),
+    "is_ratio": ("float", "exp(mean_t(log pi_parent - log pi_behaviour)), before truncation; NaN when no gradient."),
+}
+LEDGER_COLUMNS = list(LEDGER_COLUMN_SCHEMA)
 STEPS = ("judged", "matured")
 NOTE_KEY = ["note_date", "headline_id", "rollout_index"]
 

@@ -24,11 +24,30 @@ DEFAULT_MIN_REWARD_GAP = 0.3
 # Rewards are weighted sums of signals in [0, 1], so the float error of a gap is ~1e-16; 1e-9 is far
 # above that and far below any difference a judge can make (a rank step is 1/7 for 8 notes).
 REWARD_GAP_TOLERANCE = 1e-9
-PAIR_COLUMNS = [
-    "pair_id", "date", "prediction_date", "headline_id", "prompt", "chosen", "rejected", "chosen_rollout_index",
-    "rejected_rollout_index", "chosen_reward", "rejected_reward", "reward_gap", "chosen_structure", "rejected_structure",
-    "chosen_rank", "rejected_rank", "seed", "policy_version", "reward_weights",
-]
+# The `rollout_pairs` table's stored columns, in order: column -> (type, description) as the Dagster catalog
+# shows them (assets/catalog.py reads them from here).
+PAIR_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
+    "pair_id": ("string", "Stable id: hash of the day, headline and the two rollout indices."),
+    "date": ("string", "Partition day D (the scoring day)."),
+    "prediction_date": ("string", "Day of the notes (D-1)."),
+    "headline_id": ("string", "The judged group."),
+    "prompt": ("string", "Chat messages of the prompt, JSON."),
+    "chosen": ("string", "The group's best note."),
+    "rejected": ("string", "The group's worst note."),
+    "chosen_rollout_index": ("int", "rollout_index of the chosen note."),
+    "rejected_rollout_index": ("int", "rollout_index of the rejected note."),
+    "chosen_reward": ("float", "Reward of the chosen note."),
+    "rejected_reward": ("float", "Reward of the rejected note."),
+    "reward_gap": ("float", "chosen_reward - rejected_reward (at least the minimum gap)."),
+    "chosen_structure": ("float", "Structure score of the chosen note."),
+    "rejected_structure": ("float", "Structure score of the rejected note."),
+    "chosen_rank": ("int", "Judge rank of the chosen note."),
+    "rejected_rank": ("int", "Judge rank of the rejected note."),
+    "seed": ("int", "Sampling seed of the group."),
+    "policy_version": ("string", "Checkpoint that wrote the notes."),
+    "reward_weights": ("string", "Reward weights the scores were made with, JSON."),
+}
+PAIR_COLUMNS = list(PAIR_COLUMN_SCHEMA)
 NO_CONTRAST_COLUMNS = ["date", "prediction_date", "headline_id", "notes", "reward_gap", "reason"]
 
 

@@ -32,13 +32,51 @@ from outcome_flywheel.feedback.curation import note_ratings
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse
 
-SCORE_COLUMNS = [
-    "date", "prediction_date", "outcome_headlines_date", "headline_id", "rollout_index", "rank", "judge_placed",
-    "outcome_reward", "structure_score", "reward", "advantage", "usable", "unusable_reason", "judge_retries",
-    "judge_fallback", "judge_rounds_answered", "judge_first_position", "judge_presentation", "judge_answers",
-    "outcome_headlines_shown", "reward_weights", "reward_clip", "judge_note_tokens", "judge_shown_tokens",
-    "judge_truncated", "human_signal", "relevance_signal", "relevance_advantage",
-]
+# The `rollout_scores` table's stored columns, in order: column -> (type, description) as the Dagster catalog
+# shows them (assets/catalog.py reads them from here).
+SCORE_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
+    "date": ("string", "Partition day D (the day whose headlines are the outcome)."),
+    "prediction_date": ("string", "Day of the scored rollouts (D-1)."),
+    "outcome_headlines_date": ("string", "Day whose headlines the judge compared against (D, or the override day)."),
+    "headline_id": ("string", "The headline of the scored group (rollouts.headline_id of D-1)."),
+    "rollout_index": ("int", "Which note of the group (rollouts.rollout_index)."),
+    "rank": ("int", "Judge rank, 1 = best; the group's ranks are a permutation of 1..N."),
+    "judge_placed": ("bool", "The judge picked this note in some round (unplaced notes share one reward)."),
+    "outcome_reward": ("float", "Rank reward 1 - (rank-1)/(N-1), in [0, 1]."),
+    "structure_score": ("float", "Structure score of the note, in [0, 1]."),
+    "reward": ("float", (
+        "Weighted sum of the signals (reward_weights), clipped to reward_clip; default 0.5 * structure_score + 0.5 * "
+        "outcome_reward in [0, 1]."
+    )),
+    "advantage": ("float", "Reward normalised within the headline's group (0 for unusable groups)."),
+    "usable": ("bool", "The group is trained on (the judge answered and there were outcome headlines)."),
+    "unusable_reason": ("string", "Why the group is not trained on; empty when usable."),
+    "judge_retries": ("int", "Greedy retries asking for exactly one letter."),
+    "judge_fallback": ("bool", "The judge gave no usable letter in some round (ranks were padded)."),
+    "judge_rounds_answered": ("int", "Selection rounds the judge answered."),
+    "judge_first_position": ("int", "Position the note was shown at in the first round (0 = A), -1 if never shown."),
+    "judge_presentation": ("string", "Per round, the notes in the order shown (A, B, ...), JSON."),
+    "judge_answers": ("string", "The judge's raw answer per round, JSON."),
+    "outcome_headlines_shown": ("string", "Outcome headlines shown to the judge, JSON."),
+    "reward_weights": ("string", "Weight of each named signal the reward was made with (structure, judge_rank), JSON."),
+    "reward_clip": ("string", "[min, max] the reward was clipped to, JSON."),
+    "judge_note_tokens": ("int", "The note's length in tokens, whitespace collapsed (0 when the judge was not asked)."),
+    "judge_shown_tokens": ("int", "Tokens of the note the judge saw: its fair share of the judge's prompt budget."),
+    "judge_truncated": ("bool", "The note was cut to fit the judge's prompt budget."),
+    "human_signal": ("float", (
+        "People's thumbs/stars on the note in [0, 1] (note_feedback of the notes' day, mean), when it has any: the "
+        "`human` reward signal."
+    )),
+    "relevance_signal": ("float", (
+        "1 if the call is on a company the headline names, 0 if not; empty when the headline names no known company: "
+        "the `relevance` signal."
+    )),
+    "relevance_advantage": ("float", (
+        "The `relevance` part's group-normalised advantage (trained on the call's line, times its share); 0 where "
+        "relevance is not weighted or the headline names no company."
+    )),
+}
+SCORE_COLUMNS = list(SCORE_COLUMN_SCHEMA)
 
 
 @dataclass

@@ -11,12 +11,32 @@ import pandas as pd
 
 from outcome_flywheel.daily_rl.reward.signals import DELAYED_SIGNALS, RewardConfig
 
-PRICE_TRAINING_COLUMNS = [
-    "date", "price_groups_trained", "price_groups_dropped", "price_notes_trained", "price_notes_waiting",
-    "price_notes_no_data", "mean_price_reward", "staleness_min", "staleness_mean", "staleness_max", "is_ratio_mean",
-    "is_ratio_p05", "is_ratio_p50", "is_ratio_p95", "is_ratio_max", "is_truncated_fraction", "clip_fraction",
-    "tis_cap", "max_staleness",
-]
+# The `price_training` table's stored columns, in order: column -> (type, description) as the Dagster catalog
+# shows them (assets/catalog.py reads them from here).
+PRICE_TRAINING_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
+    "date": ("string", "Training day D."),
+    "price_groups_trained": ("int", "Headline groups trained on price at D."),
+    "price_groups_dropped": ("int", "Groups dropped at D (stale, or only no_data notes)."),
+    "price_notes_trained": ("int", "Notes trained on price at D."),
+    "price_notes_waiting": ("int", "Notes in groups still pending at D (they wait)."),
+    "price_notes_no_data": ("int", "Notes dropped for no_data (never trained on price)."),
+    "mean_price_reward": ("float", "Mean price signal of the notes trained on price at D."),
+    "staleness_min": ("float", "Least policy updates since sampling over the trained groups."),
+    "staleness_mean": ("float", "Mean of it over the trained groups."),
+    "staleness_max": ("float", "Most of it over the trained groups."),
+    "is_ratio_mean": ("float", (
+        "Mean sequence IS ratio pi_parent / pi_behaviour of the price examples (before truncation)."
+    )),
+    "is_ratio_p05": ("float", "Its 5th percentile."),
+    "is_ratio_p50": ("float", "Its median."),
+    "is_ratio_p95": ("float", "Its 95th percentile."),
+    "is_ratio_max": ("float", "Its largest value."),
+    "is_truncated_fraction": ("float", "Share of price examples whose IS ratio was above tis_cap (truncated)."),
+    "clip_fraction": ("float", "GSPO clip fraction of D's whole update (judged and matured examples)."),
+    "tis_cap": ("float", "The truncation cap C of the IS weight."),
+    "max_staleness": ("float", "The staleness limit in policy updates."),
+}
+PRICE_TRAINING_COLUMNS = list(PRICE_TRAINING_COLUMN_SCHEMA)
 
 
 def judged_ledger(day: str, rollouts: pd.DataFrame, scores: pd.DataFrame, reward: RewardConfig,
