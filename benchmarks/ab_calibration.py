@@ -3,8 +3,8 @@
 Each run simulates the policy and the base with no true difference: both draw their calls from one distribution (a
 few symbols, the headline's own company half the time, sides that persist from day to day as stories do), on the
 bundled closes (a random stretch of sessions) or on random walks (zero drift, a market factor, fat tails), with
-books held 1 or 5 sessions, over 3 to 60 days. The real code labels them: `evaluation.evaluate_day` (structure
-score, judge win rate, hit rate, mean vs_spy_pct) and `backtest.run_backtest` (mean daily excess vs the base, and vs
+books held 1 or 5 sessions, over 3 to 60 days. The real code labels them: `evaluation.ab.evaluate_day` (structure
+score, judge win rate, hit rate, mean vs_spy_pct) and `evaluation.backtest.run_backtest` (mean daily excess vs the base, and vs
 SPY on the random walks, where SPY has no drift and costs are 0 so policy vs SPY is a null too). The printed rate is
 the share of runs labelled "better" or "worse"; at the nominal 5% it should be <= 0.05 (<= 0.06 allowing for
 simulation error); "when labelled" is the same share among the runs that had enough data for a verdict. The power:

@@ -196,7 +196,7 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) 
         out[f"gspo_{name}_peak_gib"] = _peak_gib(device)
         out[f"gspo_{name}_finite"] = bool(np.isfinite(stats.losses).all())
         out[f"gspo_{name}_micro_batches"] = stats.extra.get("micro_batches")
-        out[f"gspo_{name}_token_limit"] = stats.extra.get("token_limit")  # the memory budget's (models/memory.py)
+        out[f"gspo_{name}_token_limit"] = stats.extra.get("token_limit")  # the memory budget's (models/train/memory.py)
         del policy
         out[f"allocated_after_gspo_{name}_dropped_gib"] = _allocated_gib(device)
     texts = [t for g in texts for t in g]

@@ -1,7 +1,7 @@
 """Peak memory of one GSPO training step at Qwen3's vocabulary (151,936), before and after the
 selective log-probs (`models/torch/logprobs.py`, `models/mlx/logprobs.py`).
 
-The model is `wide-vocab-toy` (`models/qwen3_shapes.py`): the real vocabulary on a tiny body, so
+The model is `wide-vocab-toy` (`models/provision/qwen3_shapes.py`): the real vocabulary on a tiny body, so
 the logits dominate memory as they do at Qwen3-0.6B's scale. One step = teacher-forced log-probs
 of `--batch` responses of `--response-tokens` tokens, the GSPO loss, backward, AdamW.
 

@@ -1,16 +1,16 @@
 """Does the daily loop learn what the prices reward, and nothing where they reward nothing? Runs the whole
 `daily_rl` group in order, day by day, on tiny-local in three SYNTHETIC worlds (`flywheel make-world`,
-outcome_flywheel/daily_rl/worlds.py): `news` (the headline's company moves with its news), `inverted`
+outcome_flywheel/daily_rl/worlds/prices.py): `news` (the headline's company moves with its news), `inverted`
 (against it) and `null` (random walks). Same archive days, headlines, seeds and settings in every world;
 only the price file differs. The settings are the project's defaults (what anyone running the assets
 gets: `RewardConfig`, `GSPOConfig`), unless `--reward-weights`, `--epochs` or `--config` say otherwise.
 `--train-seeds` repeats each world per training seed (FLYWHEEL_SEED: sampling, minibatch order, LoRA
 init) and prints each figure's mean and range over them; `--synthetic-days N` runs on a SYNTHETIC
-archive of N days made from the bundled one's event templates (`world_feeds.py`) instead.
+archive of N days made from the bundled one's event templates (`worlds/synthetic_feeds.py`) instead.
 
 The first `--train-days` days train; the later days are held out: the policy is frozen (learning rate 0)
 and writes notes on headlines it never trained on. Printed per world, over the held-out days only, with
-the project's own tests (`evaluation.evaluate_day`, `backtest.run_backtest`): hit rate and mean
+the project's own tests (`evaluation.ab.evaluate_day`, `evaluation.backtest.run_backtest`): hit rate and mean
 `vs_spy_pct` of policy and base (t-test over entry sessions; 10 are needed for a label), the share of
 calls on the headline's company, the long share of company calls on good and on bad news, and the
 back-test. Then, `inverted` vs `news`: the share of held-out headlines on which the two policies take
@@ -144,7 +144,7 @@ def run_world(kind: str, root: Path, days: list[str], train_days: int, headlines
     os.environ["FLYWHEEL_PRICES_FILE"] = str(world_file)  # anything that reads the variable sees the world too
     res = resources(data, headlines)
     res["market_data"] = MarketData(prices_file=str(world_file), data_dir=str(data))
-    if archive is not None:  # a synthetic archive (`world_feeds.py`): its days and headlines
+    if archive is not None:  # a synthetic archive (`worlds/synthetic_feeds.py`): its days and headlines
         os.environ["FLYWHEEL_FEEDS_ARCHIVE"] = str(archive)
         res["feeds"] = FeedSource(archive_dir=str(archive), max_headlines=headlines, data_dir=str(data))
     # the training seed: sampling, minibatch order and the LoRA init (the model folder is built once, seed 0)
@@ -318,7 +318,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the box is shared)")
     parser.add_argument("--model", default="tiny-local", help="FLYWHEEL_BASE_MODEL of the policy and (frozen) judge: tiny-local, smollm2-135m-instruct or a folder")
-    parser.add_argument("--synthetic-days", type=int, default=0, help="run on a SYNTHETIC archive of this many days (world_feeds.py) instead of the bundled one; --days then caps it")
+    parser.add_argument("--synthetic-days", type=int, default=0, help="run on a SYNTHETIC archive of this many days (worlds/synthetic_feeds.py) instead of the bundled one; --days then caps it")
     parser.add_argument("--train-seeds", default="0,1,2", help="FLYWHEEL_SEED of each training run (sampling, minibatch order, LoRA init)")
     parser.add_argument("--config", default=None, help="JSON object of other daily_update run-config fields, e.g. '{\"kl_beta\": 0}'")
     parser.add_argument("--out-dir", default=None, help="where the worlds and their data dirs go (default: a temp folder)")

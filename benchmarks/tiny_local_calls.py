@@ -4,12 +4,12 @@
 
 Samples the base model (no adapter) on every distinct headline of the bundled feed archive, as the
 daily loop samples its rollouts (`ROLLOUT_SAMPLING`, tiny-local's 160-token cap, one seed per
-headline), parses each note's call (`calls.parse_call`) and reports, beside the same figures for the
+headline), parses each note's call (`notes.calls.parse_call`) and reports, beside the same figures for the
 training corpus itself (`sample_data/tiny_local/notes.jsonl`):
 
 - the share of notes that make a call (long or short) on a company the headline is about
-  (`relevance.headline_symbols`), with its exact 95% interval;
-- among those calls, the share that are long on good news and on bad news (`news.news_direction`);
+  (`notes.relevance.headline_symbols`), with its exact 95% interval;
+- among those calls, the share that are long on good news and on bad news (`worlds.news.news_direction`);
   a base model with no edge is near 0.5 on both.
 
 Notes of one headline share its prompt, so the intervals (which treat notes as independent) are

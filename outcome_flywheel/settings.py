@@ -253,7 +253,7 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_DISTILL_MIN_SAMPLES": integer(1),
     "FLYWHEEL_TRAINER_LOCK_WAIT_S": integer(0),
     "FLYWHEEL_TRAINER_LOCK_LEASE_S": Rule("a number of seconds >= 0.1, e.g. 60", _lease),
-    # training within a memory budget (models/memory.py); empty = what the accelerator has free
+    # training within a memory budget (models/train/memory.py); empty = what the accelerator has free
     "FLYWHEEL_TRAIN_MEMORY_GIB": Rule("empty (the accelerator's free memory) or a number of GiB > 0, e.g. 16", _gib),
     # `make up` (deploy/, docs/deploy.md); FLYWHEEL_PG_PORT / FLYWHEEL_CODE_SERVER_PORT unset = a free port
     "FLYWHEEL_PG_PORT": integer(1, 65535),

@@ -1,6 +1,6 @@
 """NYSE (XNYS) sessions, price tables and outcome windows that both loops judge prices by.
 
-Shared by the daily loop's call outcomes (`daily_rl/outcomes.py`), the preference loop's T+5
+Shared by the daily loop's call outcomes (`daily_rl/notes/outcomes.py`), the preference loop's T+5
 decision outcomes (`preferences/windows.py`) and the market data (`market_data.py`): it sits below
 those areas, beside the market data. Plain Python on `exchange_calendars`; never a filled price.
 """

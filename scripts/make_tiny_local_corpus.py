@@ -7,10 +7,10 @@ follow-ups that state a share move. Each note is a base model's note, not a good
 - it names the headline's company, the way the headline first names it (name or ticker, sometimes
   both), as an instruct model does: a call on the headline's company in most notes;
 - its side is not tied to the news: within good news and within bad news (`news_direction`,
-  `outcome_flywheel/daily_rl/news.py`: the event's template; a follow-up carries its event's news)
+  `outcome_flywheel/daily_rl/worlds/news.py`: the event's template; a follow-up carries its event's news)
   half the calls are long and half short, so the base policy has no edge, and there is something
   for the prices to teach;
-- most carry the six sections of the structure score (`outcome_flywheel/daily_rl/structure.py`),
+- most carry the six sections of the structure score (`outcome_flywheel/daily_rl/notes/structure.py`),
   some miss a few, some are unstructured prose, some take no trade, so the base policy writes
   note-like text that only sometimes has every header (room for the daily loop to improve it).
 

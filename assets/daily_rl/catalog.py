@@ -97,7 +97,7 @@ EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
     "rollout_pairs": PAIR_COLUMN_SCHEMA,
 }
 
-# The prompt evolver's state (outcome_flywheel/daily_rl/prompt_evolver.py): written by daily_update for day D.
+# The prompt evolver's state (outcome_flywheel/daily_rl/policy/prompt_evolver.py): written by daily_update for day D.
 PROMPT_EVOLVER_COLUMNS = {
     "prompt_evolver": VARIANT_COLUMN_SCHEMA,
     "prompt_experiences": EXPERIENCE_COLUMN_SCHEMA,

@@ -5,7 +5,7 @@ asset depending on its own earlier partition, so all three keys live in one mult
 depends on the day's `headlines` and on its own previous partition (docs/daily_rl.md, "Why one
 multi-asset": other shapes break asset backfills or run days out of order). The work itself is
 `outcome_flywheel.daily_rl.day.run_daily_update` (score, train, generate, verify), run by the
-step process `outcome_flywheel.steps.daily_update` where the `step_runner` resource says
+step process `outcome_flywheel.daily_rl.day_step` where the `step_runner` resource says
 (docs/pipes.md); its metadata and checks come back through Dagster Pipes.
 """
 

@@ -1,5 +1,5 @@
 """`preference_adapter`: LoRA weighted DPO on the base model from the training split of `dpo_dataset`,
-trained by the step process `outcome_flywheel.steps.preference_adapter` (docs/pipes.md)."""
+trained by the step process `outcome_flywheel.preferences.adapter_step` (docs/pipes.md)."""
 
 import shutil
 import time

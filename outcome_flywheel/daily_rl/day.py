@@ -354,7 +354,7 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
 
 def matured_notes(warehouse: Warehouse, market_data, day: str, parent_version: str | None, settings: DailyUpdateSettings,
                   temperature: float, tokenizer=None) -> MaturedBatch:
-    """The delayed step (`matured.py`), when the price signal is weighted and there is market data."""
+    """The delayed step (`reward/matured.py`), when the price signal is weighted and there is market data."""
     if market_data is None or float(settings.reward.weights.get("price", 0.0)) == 0.0:
         return MaturedBatch()
     root = warehouse.path("checkpoints", "policy")

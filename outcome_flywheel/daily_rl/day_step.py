@@ -5,7 +5,7 @@ Extras (from the asset): `warehouse`, `models`, `judge`, `market_data` (or None)
 (`DailyUpdateSettings`), each as its dataclass's JSON. The partition key is the day. Reported: the
 three keys' materializations with their metadata, the four blocking checks and the gate's check
 (WARN when it rejected the update). `latest` moves only once the day's blocking checks passed
-(`verify.py`): a process that dies before that leaves it where it was.
+(`policy/verify.py`): a process that dies before that leaves it where it was.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ def judge_messages(
 
     `candidates[i]` is shown under `letters[i]`, whitespace collapsed; `max_candidate_chars` cuts
     long notes (tiny-local's training prompts); the daily judge passes None and cuts them to a token
-    budget beforehand (`daily_rl/judge_budget.py`). `strict=True` is the greedy retry's wording.
+    budget beforehand (`daily_rl/judge/prompt_budget.py`). `strict=True` is the greedy retry's wording.
     """
     if len(candidates) > len(letters):
         raise ValueError(f"at most {len(letters)} candidates")

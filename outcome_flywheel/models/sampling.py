@@ -1,6 +1,6 @@
 """What the torch and mlx samplers share, written once in NumPy so both agree by construction:
 the seed of each sample row and the top-k / nucleus (top-p) rule (the trainers' batching plans are
-in `batching.py`).
+in `train/batching.py`).
 
 The filter rule. On temperature-scaled logits, a token is kept when
   - top-k: its logit is at least the k-th largest logit (ties at the k-th value are all kept), and

@@ -1,9 +1,9 @@
 """The `distillation` step (tier 3) in its own process, reported through Dagster Pipes. Two actions:
 
 - `samples` (the `distill_samples` asset, partition D): the teacher answers the day's selected
-  headlines (`distill_samples.select_headlines`) with thinking on; its traces and the verified
+  headlines (`samples.select_headlines`) with thinking on; its traces and the verified
   corrections become `distill_samples` rows of D. Generation only: no trainer lock.
-- `train` (the `distilled_policy` asset): one distillation run (`distillation.run_distillation`),
+- `train` (the `distilled_policy` asset): one distillation run (`distillation.train.run_distillation`),
   under the single trainer lock with its `training_audit` row (the step entry does both).
 
 Extras: `action`, `warehouse`, `models` (their dataclasses' JSON); `samples`: `teacher` (a name,

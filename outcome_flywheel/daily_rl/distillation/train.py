@@ -1,10 +1,10 @@
 """Tier 3: distillation. Completion-only LoRA SFT of the policy on a teacher's answers and people's
-verified corrections (`distill_samples.py`), in a curriculum of phases, gated like a daily update.
+verified corrections (`samples.py`), in a curriculum of phases, gated like a daily update.
 
 A run (`run_distillation`) takes the samples no run has used yet, the latest verified policy
 checkpoint (`checkpoints/policy/latest`) as the parent, and trains it phase after phase (answer,
 then reasoning, then consistency), each phase its own SFT run on the same weights. The candidate
-goes through the daily loop's evaluation gate (`gate.py`: finite loss, KL to the parent at the
+goes through the daily loop's evaluation gate (`policy/gate.py`: finite loss, KL to the parent at the
 parent's own rollouts, structure probe on the latest day's headlines). Accepted: it is published
 as a new checkpoint `checkpoints/policy/<parent day>.distill-<run>/` through the same publish path,
 reloaded from disk and verified, and only then does `latest` move to it. Rejected: nothing is
@@ -12,7 +12,7 @@ published. Either way the samples count as used, and `distillation_runs` gets a 
 of the candidate against its parent (greedy notes' structure, paired over headlines, `ab_stats`).
 
 What the daily loop does next: the next day's update trains from the distilled checkpoint
-(`loop.parent_checkpoint` takes the newest verified distillation of D-1), D's notes off-policy
+(`policy.checkpoints.parent_checkpoint` takes the newest verified distillation of D-1), D's notes off-policy
 through the truncated IS weight, since D's own checkpoint sampled them. docs/tiers.md, "Distillation".
 """
 

@@ -318,7 +318,7 @@ def judge_groups(
     """Rank every group's candidates with `backend` as the judge; batched per round. `shuffle=False`
     shows them in the order given (the caller drew and recorded that order itself).
 
-    Notes are cut to fit `prompt_tokens` (and the model's context) fairly (`judge_budget.py`), once
+    Notes are cut to fit `prompt_tokens` (and the model's context) fairly (`prompt_budget.py`), once
     per group; the cut is recorded on each judgement. `enable_thinking`: the sampled answer may
     reason first (Qwen3), `max_new_tokens` must leave it room; the letter is read after `</think>`.
     The greedy retry never thinks: it asks for exactly one letter.

@@ -1,7 +1,7 @@
 """Tier 1a: the online note scorer (docs/tiers.md, "Online note scorer").
 
 A small PyTorch model, CPU, that predicts how good a note is from its features
-(note_scorer_features.py): s(x) = v . gelu(B (A x) + c) + w . x + b, A a low-rank (rank r) map of the
+(features.py): s(x) = v . gelu(B (A x) + c) + w . x + b, A a low-rank (rank r) map of the
 features. It learns online: every event (a judge's ranks of a headline's notes, the matured prices of
 a headline's calls, people's thumbs and stars) is one Adam step on a pairwise margin-ranking loss
 within that headline's group, labels clipped to [0, 1] first (reward clipping per event) and the

@@ -1,7 +1,7 @@
 """The `note_scorer` step: one day of the online note scorer (docs/tiers.md, "Online note scorer"),
 in its own process through Dagster Pipes like the other training steps.
 
-Day D: the features of D's notes (`note_features(D)`), then D's events (note_scorer_events.py) applied
+Day D: the features of D's notes (`note_features(D)`), then D's events (events.py) applied
 in their fixed order, one Adam step each, on the state as of D-1 (`days/<D-1>.safetensors`, never `latest`:
 a re-run of D gives the same state, unless feedback was posted since). People's feedback that the
 service stepped the live state on is taken by the next day's state (each feedback once), so a

@@ -11,7 +11,7 @@
   an unpulled arm first); the day's earlier assignments count in n, so one day's headlines spread
   over the arms while their rewards are pending. All draws are seeded by (seed, day).
 - Every `trials_per_variant` scored trials a candidate is written from the current best
-  (`prompt_mutations.py`), and adopted (made live) only if it is not worse than the best on the
+  (`prompt_variants.py`), and adopted (made live) only if it is not worse than the best on the
   held-out set: the last `heldout` scored headlines, both sampled by the day's policy with the same
   seeds, each group scored by the reward's judge-free part (the rank reward at its group mean, 0.5).
   When more than `max_live` are live, the worst live one (never the base, the best or the new one)

@@ -144,7 +144,7 @@ def _calls_range(calls: pd.Series) -> str:
 
 def hit_rate_figure(by_day: pd.DataFrame) -> bytes:
     """Hit rate (share of matured calls with vs_spy_pct > 0) of each day's calls, policy and base; 0.5 is a coin
-    flip; the legend says how many matured calls a day it is over. `by_day`: `report.hit_rate_by_day`."""
+    flip; the legend says how many matured calls a day it is over. `by_day`: `summary.hit_rate_by_day`."""
     fig = Figure(figsize=WIDE)
     ax = fig.subplots()
     x = _dates(by_day)

@@ -1,9 +1,9 @@
-"""Credit where it is due: each part of a note's reward trains the tokens it judges (`rewards.py`,
+"""Credit where it is due: each part of a note's reward trains the tokens it judges (`signals.py`,
 "credit"). The judged step's notes carry the `note` part on the whole note (one number, trained through
-the sequence ratio: `gspo_config.py`) and the `relevance` part on the trade call's line (per token);
+the sequence ratio: `models/train/gspo_config.py`) and the `relevance` part on the trade call's line (per token);
 the matured step's notes carry the `price` part on the call's line.
 
-The call's line is what the call parser reads (`calls.call_spans`), mapped from characters to the
+The call's line is what the call parser reads (`notes.calls.call_spans`), mapped from characters to the
 response's tokens through the tokenizer (`models.spans.span_token_mask`). A note that takes no side
 anywhere has no call line: a part about the call then judges the whole note (the missing call is the
 whole note's doing).

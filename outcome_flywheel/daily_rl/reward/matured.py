@@ -1,7 +1,7 @@
 """The delayed step of a day: earlier days' notes whose price outcome has matured, as GSPO examples.
 
 A note of day E enters at the close of the first XNYS session after E and exits h sessions later
-(`outcomes.call_window`), so its `price` signal is known at the run of the first day D >= the exit
+(`notes.outcomes.call_window`), so its `price` signal is known at the run of the first day D >= the exit
 session (a Friday's notes, h = 1: Tuesday). `daily_update`(D) trains them beside D-1's judged notes:
 
 - which notes: those of the days D-W .. D-2 (W = `longest_wait_days(h)`, the self-dependency's
@@ -11,7 +11,7 @@ session (a Friday's notes, h = 1: Tuesday). `daily_update`(D) trains them beside
   of D sees the same maturity whenever it runs;
 - per headline group: any `pending` note -> the group waits (no ledger row); `no_data` notes are
   dropped (never train on price); a group staler than `max_staleness` policy updates is dropped;
-  the rest get the price signal (`rewards.PriceReward`), a group-normalised advantage times the price
+  the rest get the price signal (`signals.PriceReward`), a group-normalised advantage times the price
   part's share of the credit (`RewardConfig.share`), on the tokens of the call's line (`credit.py`), and
   train with their stored behaviour log-probs (the loss weights them by the truncated IS ratio,
   `gspo_config.tis_cap`).

@@ -42,7 +42,7 @@ REWARD_SIGNALS = {
 SPARSE_SIGNALS = ("human", "relevance", "scorer")
 # Signals known only days after the note (prices): trained in their own step when they mature.
 DELAYED_SIGNALS = ("price",)
-# What each signal judges: the whole note, or the trade call's line (`calls.call_spans`).
+# What each signal judges: the whole note, or the trade call's line (`notes.calls.call_spans`).
 SIGNAL_SPANS = {"structure": "note", "judge_rank": "note", "human": "note", "scorer": "note", "relevance": "call", "price": "call"}
 # The parts of a reward, each with its own group-normalised advantage: the whole-note signals summed
 # into R (same span, same time), and each call-line signal on its own (one immediate, one delayed).

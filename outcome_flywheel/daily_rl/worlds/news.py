@@ -1,5 +1,5 @@
 """Is a headline good or bad news for its company? One definition, for the synthetic worlds
-(`worlds.py`) and for measuring tiny-local's sides on good vs bad news.
+(`prices.py`) and for measuring tiny-local's sides on good vs bad news.
 
 The bundled archive's events are fictional and written from the tiny-local corpus's templates
 (`scripts/make_tiny_local_corpus.py`, POSITIVE and NEGATIVE), so the news a headline carries is the

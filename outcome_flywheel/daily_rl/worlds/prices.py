@@ -11,10 +11,10 @@ planted move. Every figure in it is SYNTHETIC: no row is a real price.
 
 Every symbol (SPY included) walks at random: each session's return, in percent, is
 `drift_pct + noise_pct * z` with z standard normal, seeded. On top of that, in
-- `news`: each archive headline's company (`relevance.headline_symbols`) moves `move_pct` in the
+- `news`: each archive headline's company (`notes.relevance.headline_symbols`) moves `move_pct` in the
   direction of the headline's news (`news.news_direction`: good up, bad down) at the first session
   its note can see: the session after the entry session (a note of day D enters at the close of the
-  first session after D, `outcomes.call_window`, so a move at that entry session would be invisible
+  first session after D, `notes.outcomes.call_window`, so a move at that entry session would be invisible
   to every call; a Friday's headline moves its company on Tuesday). Headlines of one company landing
   on one session add up as signs (good + bad = no move: over a weekend, Friday's, Saturday's and
   Sunday's notes share one window, so with the bundled archive about 15% of headlines land in a group
@@ -23,7 +23,7 @@ Every symbol (SPY included) walks at random: each session's return, in percent, 
 - `inverted`: the same with the direction reversed;
 - `null`: no planted move, random walks only.
 One seed draws the same z in every kind, so the three worlds of a seed differ only by the rule.
-The headlines may be a SYNTHETIC archive (`world_feeds.py`: more days, no clashing news); the manifest
+The headlines may be a SYNTHETIC archive (`synthetic_feeds.py`: more days, no clashing news); the manifest
 then says so (`synthetic_headlines`, `archive_manifest`).
 """
 
@@ -241,14 +241,14 @@ def _stated(name: str, move: float, market: float | None, when: str) -> str:
 def world_outcome_titles(world: str | Path | None, headlines: pd.DataFrame, prediction_day: str, horizon: int = 1,
                          outcome_day: str | None = None) -> list[str] | None:
     """What happened next, in a world: one follow-up title per company the prediction day's headlines are
-    about (`relevance.headline_symbols`), stating that company's move in the world's closes and naming it
+    about (`notes.relevance.headline_symbols`), stating that company's move in the world's closes and naming it
     as the headline did (so `judge.outcome_context` puts it first); in symbol order. None when `world`
     (a price file or its `.world.json`) is not a world. `headlines`: title and summary columns (D-1's
     headlines, or its rollouts: a company is stated once).
 
     No close after the judge's knowledge cutoff is read: the judge of D (`outcome_day`, default the day
     after `prediction_day`) runs the morning after D, so it knows the closes of sessions dated <= D. The
-    call window of a note of D-1 (`outcomes.call_window`: entry at the first session after D-1, exit h
+    call window of a note of D-1 (`notes.outcomes.call_window`: entry at the first session after D-1, exit h
     sessions later) always ends after D, so its move is never known yet. The follow-up then states what
     is: the company's move since the note was written, from the last close on or before D-1 to the last
     close on or before D (on a session day D, D's own session: the entry session, before the planted

@@ -1,4 +1,4 @@
-"""SYNTHETIC feed archives for the worlds (`worlds.py`): more days of news than the bundled archive's 26,
+"""SYNTHETIC feed archives for the worlds (`prices.py`): more days of news than the bundled archive's 26,
 seeded, written from the bundled archive's own event templates. Plain Python; `flywheel make-world
 --synthetic-days N --headlines-per-day M --archive-out DIR` writes one and builds the world over it.
 
@@ -16,8 +16,8 @@ description marked SYNTHETIC, and `synthetic_archive.json` in its root (seed, da
 templates used, `synthetic: true`). Each day has half good and half bad news (an odd M: the extra one
 drawn); a company appears at most once a day, and headlines whose calls share one window (Friday's,
 Saturday's and Sunday's share Monday's entry) name a company again only with the same news, so no
-planted move of a world is cancelled by clashing news. Every headline is checked: `feeds.build_headlines`
-keeps it, `relevance.headline_symbols` reads its company alone, `news.news_direction` its planned news.
+planted move of a world is cancelled by clashing news. Every headline is checked: `feeds.headlines.build_headlines`
+keeps it, `notes.relevance.headline_symbols` reads its company alone, `news.news_direction` its planned news.
 The days start at the price file's 21st session by default and must leave every call window (h sessions)
 inside the price file. `split_days` cuts an archive's days into train / validation / test by position.
 """
@@ -79,7 +79,7 @@ def _name_pattern(name: str) -> str:
 
 
 def company_mention(text: object, symbol: str) -> str | None:
-    """The words `text` names `symbol` by, as written: the first of its names in `calls.COMPANY_TICKERS`
+    """The words `text` names `symbol` by, as written: the first of its names in `notes.calls.COMPANY_TICKERS`
     (capitalised, the longest at one place) or its ticker ("$AAPL", "AAPL"); None when it names it nowhere."""
     if not isinstance(text, str):
         return None
