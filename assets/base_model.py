@@ -1,6 +1,5 @@
 """The `base_model` asset: the frozen starting policy both loops build on."""
 
-
 import time
 from dataclasses import replace
 
@@ -8,8 +7,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.catalog import MODEL_KINDS, OWNERS
-from outcome_flywheel.models.loader import BACKENDS
-from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.models.loader import BACKENDS, ModelLoader
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.provision.smollm2 import ensure_smollm2
 from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, ensure_tiny_local
@@ -34,11 +32,17 @@ def _provision(model_backend: ModelLoader, rebuild: bool, log) -> tuple[dict, di
     else:
         info, built = ensure_smollm2(out_dir, rebuild, log)
     metadata = dict(
-        reused_existing_build=not built, parameters=info["parameters"], vocab_size=info["vocab_size"],
-        build_seconds=round(float(info["build_seconds"]), 2), weights_sha256=info["weights_sha256"], fingerprint=info["fingerprint"],
+        reused_existing_build=not built,
+        parameters=info["parameters"],
+        vocab_size=info["vocab_size"],
+        build_seconds=round(float(info["build_seconds"]), 2),
+        weights_sha256=info["weights_sha256"],
+        fingerprint=info["fingerprint"],
     )
     if "source" in info:
-        metadata["source"] = f"{info['source']['distribution']} {info['source']['version']}: {info['source']['gguf_file']}"
+        metadata["source"] = (
+            f"{info['source']['distribution']} {info['source']['version']}: {info['source']['gguf_file']}"
+        )
     return info, metadata
 
 
@@ -60,7 +64,7 @@ def _renders_note_prompt(tokenizer) -> tuple[bool, dict]:
     prompt = tokenizer.apply_chat_template(PROBE, add_generation_prompt=True, tokenize=False)
     turns = tokenizer.apply_chat_template(PROBE, add_generation_prompt=False, tokenize=False)
     passed = all(m["content"] in turns for m in PROBE) and prompt.startswith(turns) and len(prompt) > len(turns)
-    return passed, {"has_template": True, "generation_prompt": prompt[len(turns):], "rendered_tail": prompt[-160:]}
+    return passed, {"has_template": True, "generation_prompt": prompt[len(turns) :], "rendered_tail": prompt[-160:]}
 
 
 @dg.asset(
@@ -70,20 +74,27 @@ def _renders_note_prompt(tokenizer) -> tuple[bool, dict]:
     owners=OWNERS,
     check_specs=[
         dg.AssetCheckSpec(
-            "loads_and_generates", asset="base_model", blocking=True,
+            "loads_and_generates",
+            asset="base_model",
+            blocking=True,
             description="The model folder loads with FLYWHEEL_BACKEND and writes text for a trading-note prompt (greedy, 24 tokens).",
         ),
         dg.AssetCheckSpec(
-            "chat_template", asset="base_model", blocking=True,
+            "chat_template",
+            asset="base_model",
+            blocking=True,
             description="The tokenizer has a chat template, and it renders the note prompt (system and user turns) with a generation prompt.",
         ),
         dg.AssetCheckSpec(
-            "loads_in_both_backends", asset="base_model",
+            "loads_in_both_backends",
+            asset="base_model",
             description="The backend besides FLYWHEEL_BACKEND (torch or mlx) also loads the folder and writes text (greedy, 8 tokens).",
         ),
     ],
 )
-def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, model_backend: dg.ResourceParam[ModelLoader]):
+def base_model(
+    context: dg.AssetExecutionContext, config: BaseModelConfig, model_backend: dg.ResourceParam[ModelLoader]
+):
     """Resolves FLYWHEEL_BASE_MODEL to a model folder. `tiny-local` is built here from bundled
     text (BPE tokenizer, small Qwen3, short training on example notes), deterministically
     from FLYWHEEL_SEED; `smollm2-135m-instruct` is dequantised here from the GGUF inside the
@@ -99,7 +110,9 @@ def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, model
         path = model_backend.base_model_dir(download=True)
 
     backend = model_backend.load(model_path=path)
-    sample = backend.greedy([[{"role": "user", "content": "Headline: Apple beats estimates. Write a trading note."}]], max_new_tokens=24)[0]
+    sample = backend.greedy(
+        [[{"role": "user", "content": "Headline: Apple beats estimates. Write a trading note."}]], max_new_tokens=24
+    )[0]
     tokenizer = getattr(backend, "tokenizer", None)
     renders, template_meta = _renders_note_prompt(tokenizer)
     metadata.update(
@@ -115,7 +128,5 @@ def base_model(context: dg.AssetExecutionContext, config: BaseModelConfig, model
     yield dg.AssetCheckResult(
         check_name="loads_and_generates", passed=bool(sample.strip()), metadata={"sample": sample[:200]}
     )
-    yield dg.AssetCheckResult(
-        check_name="chat_template", passed=renders, metadata=template_meta
-    )
+    yield dg.AssetCheckResult(check_name="chat_template", passed=renders, metadata=template_meta)
     yield dg.AssetCheckResult(check_name="loads_in_both_backends", passed=both, metadata=other_meta)

@@ -46,13 +46,28 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "kl_to_base": ("float", "Exact per-token KL(policy || base) on the day's own rollouts, nats."),
         "grad_norm_median": ("float", "Median gradient norm over the steps."),
         "grad_norm_iqr": ("float", "Interquartile range of the gradient norms."),
-        "clip_fraction": ("float", "Share of ratios whose clipped term was the active one: tokens with an advantage (objective token), sequences (gspo)."),
-        "kl_penalty": ("float", "Mean k3 estimate of KL(policy || base) per token over the update's steps (the loss's KL term, before beta)."),
+        "clip_fraction": (
+            "float",
+            "Share of ratios whose clipped term was the active one: tokens with an advantage (objective token), sequences (gspo).",
+        ),
+        "kl_penalty": (
+            "float",
+            "Mean k3 estimate of KL(policy || base) per token over the update's steps (the loss's KL term, before beta).",
+        ),
         "kl_reference": ("string", "What the KL term was taken against: the base (adapter off), or none and why."),
-        "optimizer_moments": ("string", "Whether AdamW's moments were resumed from the parent checkpoint (and after how many steps) or started fresh, and why."),
-        "behavior_logprob_gap_max": ("float", "Largest |stored behaviour log-prob - recomputed pi_old| (~1e-6 in fp32)."),
+        "optimizer_moments": (
+            "string",
+            "Whether AdamW's moments were resumed from the parent checkpoint (and after how many steps) or started fresh, and why.",
+        ),
+        "behavior_logprob_gap_max": (
+            "float",
+            "Largest |stored behaviour log-prob - recomputed pi_old| (~1e-6 in fp32).",
+        ),
         "train_wall_s": ("float", "Seconds spent in the trainer."),
-        "objective": ("string", "token (token-level clipped surrogate, signal-scoped advantages), gspo or reward_weighted."),
+        "objective": (
+            "string",
+            "token (token-level clipped surrogate, signal-scoped advantages), gspo or reward_weighted.",
+        ),
         "learning_rate": ("float", "Optimiser learning rate."),
         "headlines": ("int", "Headlines of D."),
         "rollouts": ("int", "Rollouts generated for D."),
@@ -61,11 +76,26 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "scored": ("int", "Rollouts of D-1 scored."),
         "usable": ("int", "Scored rollouts in usable groups."),
         "outcome_headlines_date": ("string", "Day whose headlines scored D-1's rollouts."),
-        "gate": ("string", "Evaluation gate: accepted (the update is checkpoint D), rejected (the parent's weights stay) or not_trained."),
-        "gate_reason": ("string", "Why the gate decided so (loss, KL to the parent, probe structure against the parent)."),
-        "gate_kl_to_parent": ("float", "Exact per-token KL(candidate || parent) on the trained rollouts, nats (NaN when not gated)."),
-        "gate_kl_to_base": ("float", "Exact per-token KL(candidate || base) on the trained rollouts, nats, when the gate's bound (gate_max_kl_to_base) is set; else NaN."),
-        "gate_probe_structure": ("float", "Mean structure score of the candidate's greedy notes on the probe headlines."),
+        "gate": (
+            "string",
+            "Evaluation gate: accepted (the update is checkpoint D), rejected (the parent's weights stay) or not_trained.",
+        ),
+        "gate_reason": (
+            "string",
+            "Why the gate decided so (loss, KL to the parent, probe structure against the parent).",
+        ),
+        "gate_kl_to_parent": (
+            "float",
+            "Exact per-token KL(candidate || parent) on the trained rollouts, nats (NaN when not gated).",
+        ),
+        "gate_kl_to_base": (
+            "float",
+            "Exact per-token KL(candidate || base) on the trained rollouts, nats, when the gate's bound (gate_max_kl_to_base) is set; else NaN.",
+        ),
+        "gate_probe_structure": (
+            "float",
+            "Mean structure score of the candidate's greedy notes on the probe headlines.",
+        ),
         "gate_probe_parent_structure": ("float", "The same for the parent."),
         "score_s": ("float", "Seconds: scoring."),
         "train_s": ("float", "Seconds: training and saving the checkpoint."),
@@ -101,7 +131,10 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "exit_close_utc": ("string", "When the exit session closes, UTC."),
         "return_pct": ("float", "Mean over the orders of side x return entry -> exit, percent (buy +1, sell -1)."),
         "spy_return_pct": ("float", "SPY's return over the same window, percent."),
-        "vs_spy_pct": ("float", "Mean over the orders of side x (return - SPY's return), percentage points: > 0 = the proposal beat SPY."),
+        "vs_spy_pct": (
+            "float",
+            "Mean over the orders of side x (return - SPY's return), percentage points: > 0 = the proposal beat SPY.",
+        ),
         "window_days": ("int", "Sessions between entry and exit (5)."),
         "computed_at": ("string", "When the outcome was computed, UTC."),
     },
@@ -156,7 +189,10 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "verdict": ("string", "positive / negative when matured, else none."),
         "vs_spy_pct": ("float", "The proposal's T+5 return vs SPY, percentage points."),
         "proposal_plan": ("string", "The proposal rendered as text: what is scored."),
-        "margin_logp": ("float", "DPO implicit reward of the proposal minus that of holding (log-probs, adapter vs base)."),
+        "margin_logp": (
+            "float",
+            "DPO implicit reward of the proposal minus that of holding (log-probs, adapter vs base).",
+        ),
         "style_match_score": ("float", "sigmoid(beta * margin_logp), in [0, 1]."),
         "evaluated_at": ("string", "When it was scored, UTC."),
     },
@@ -175,7 +211,10 @@ COLUMNS["baseline_rollouts"] = {
     "date": ("string", "Partition day D: the same day, headlines and prompts as rollouts(D)."),
     "policy_version": ("string", "base:<model>: the frozen base model."),
     "behavior_logprobs": ("list<float>", "Per-token log-probs under the base model at the sampling temperature."),
-    "prompt_version": ("string", "Always base: the baseline keeps the base system prompt whatever variant the policy had."),
+    "prompt_version": (
+        "string",
+        "Always base: the baseline keeps the base system prompt whatever variant the policy had.",
+    ),
 }
 COLUMNS.update(PROMPT_EVOLVER_COLUMNS)
 COLUMNS.update(EVALUATION_COLUMNS)
@@ -192,10 +231,16 @@ def column_schema(table: str, columns: Iterable[str] | None = None) -> dg.TableS
     """The table's columns, in the order of `columns` (the method's constant) or of `COLUMNS`."""
     described = COLUMNS.get(table, {})
     names = list(columns) if columns is not None else list(described)
-    return dg.TableSchema(columns=[
-        dg.TableColumn(name, described.get(name, ("", ""))[0] or "unknown", description=described.get(name, ("", UNDESCRIBED))[1])
-        for name in names
-    ])
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(
+                name,
+                described.get(name, ("", ""))[0] or "unknown",
+                description=described.get(name, ("", UNDESCRIBED))[1],
+            )
+            for name in names
+        ]
+    )
 
 
 def table_metadata(table: str, columns: Iterable[str] | Mapping[str, str] | None = None) -> dict:

@@ -47,14 +47,11 @@ def archive_end_date(start: str) -> str | None:
 _daily_rl_start = start_date("FLYWHEEL_DAILY_RL_START_DATE", DAILY_RL_FIRST_DAY)
 
 daily_rl_partitions = dg.DailyPartitionsDefinition(
-    start_date=_daily_rl_start,
-    end_date=archive_end_date(_daily_rl_start),
-    timezone=env("FLYWHEEL_TIMEZONE"),
+    start_date=_daily_rl_start, end_date=archive_end_date(_daily_rl_start), timezone=env("FLYWHEEL_TIMEZONE")
 )
 """Daily loop: one partition per news day (headlines of D, rollouts of D, scores of D-1's rollouts)."""
 
 preference_partitions = dg.DailyPartitionsDefinition(
-    start_date=start_date("FLYWHEEL_PREFERENCES_START_DATE", PREFERENCES_FIRST_DAY),
-    timezone=env("FLYWHEEL_TIMEZONE"),
+    start_date=start_date("FLYWHEEL_PREFERENCES_START_DATE", PREFERENCES_FIRST_DAY), timezone=env("FLYWHEEL_TIMEZONE")
 )
 """Preference flywheel: one partition per decision date of the operator audit log."""

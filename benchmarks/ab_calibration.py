@@ -26,9 +26,9 @@ import time
 import numpy as np
 import pandas as pd
 
+from outcome_flywheel.daily_rl.evaluation.ab import evaluate_day
 from outcome_flywheel.daily_rl.evaluation.ab_stats import BETTER, NOT_ENOUGH, WORSE
 from outcome_flywheel.daily_rl.evaluation.backtest import EDGE_LABELS, run_backtest
-from outcome_flywheel.daily_rl.evaluation.ab import evaluate_day
 from outcome_flywheel.market_data import BUNDLED_PRICES
 
 DAYS = (3, 5, 10, 20, 40, 60)
@@ -105,17 +105,31 @@ def simulate(rng: np.random.Generator, closes: pd.DataFrame, days: int, horizon:
         for source in callers:
             for h, notes in enumerate(calls[source]):
                 for k, (symbol, side) in enumerate(notes):
-                    row = dict(date=entry, source=source, headline_id=f"h{h}", rollout_index=k, symbol=symbol,
-                               side={1: "long", -1: "short"}.get(side, "none"), entry_date=entry, exit_date=exit_,
-                               horizon_sessions=horizon, status="matured" if symbol else "no_call")
+                    row = dict(
+                        date=entry,
+                        source=source,
+                        headline_id=f"h{h}",
+                        rollout_index=k,
+                        symbol=symbol,
+                        side={1: "long", -1: "short"}.get(side, "none"),
+                        entry_date=entry,
+                        exit_date=exit_,
+                        horizon_sessions=horizon,
+                        status="matured" if symbol else "no_call",
+                    )
                     if symbol:
                         r = float(move[symbol])
-                        row.update(symbol_return_pct=r, spy_return_pct=float(move["SPY"]),
-                                   vs_spy_pct=side * (r - float(move["SPY"])) - cost_bps / 100.0)
+                        row.update(
+                            symbol_return_pct=r,
+                            spy_return_pct=float(move["SPY"]),
+                            vs_spy_pct=side * (r - float(move["SPY"])) - cost_bps / 100.0,
+                        )
                     rows.append(row)
     outcomes = pd.DataFrame(rows)
     day = closes.index[start + days - 1]
-    notes = pd.DataFrame([dict(date=day, headline_id=f"h{h}", rollout_index=k) for h in range(HEADLINES) for k in range(NOTES)])
+    notes = pd.DataFrame(
+        [dict(date=day, headline_id=f"h{h}", rollout_index=k) for h in range(HEADLINES) for k in range(NOTES)]
+    )
     level = np.repeat(rng.uniform(0.3, 0.9, HEADLINES), NOTES)  # a headline's prompt sets both sides' level
     score = lambda: np.clip(np.round(level + rng.normal(0, 0.15, level.size), 1), 0, 1)  # noqa: E731
     rollouts, baseline = notes.assign(structure_score=score()), notes.assign(structure_score=score())
@@ -165,8 +179,9 @@ def power(runs: int, seed: int, edge: float, days: int = 40) -> pd.DataFrame:
 
 def _rates(frame: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     g = frame.assign(decided=frame["label"].isin(DECIDED), labelled=~frame["label"].isin(ENOUGH_WORDS))
-    out = g.groupby(by).agg(runs=("label", "size"), labelled=("labelled", "sum"), rate=("decided", "mean"),
-                            decided=("decided", "sum"))
+    out = g.groupby(by).agg(
+        runs=("label", "size"), labelled=("labelled", "sum"), rate=("decided", "mean"), decided=("decided", "sum")
+    )
     out["when_labelled"] = out["decided"] / out["labelled"].where(out["labelled"] > 0)
     return out.drop(columns="decided")
 
@@ -182,7 +197,9 @@ def main() -> None:
     null = calibrate(args.runs, args.seed)
     t1 = time.perf_counter()
     pd.set_option("display.width", 200)
-    print(f"Null: {args.runs} runs in {t1 - t0:.0f} s (rate = share labelled better/worse; labelled = runs with a verdict)")
+    print(
+        f"Null: {args.runs} runs in {t1 - t0:.0f} s (rate = share labelled better/worse; labelled = runs with a verdict)"
+    )
     print(_rates(null, ["metric"]).round(3).to_string())
     print("\nBy days (rate per metric, sources and horizons pooled):")
     print(_rates(null, ["metric", "days"])["rate"].unstack("days").round(3).to_string())
@@ -192,8 +209,10 @@ def main() -> None:
         pw = power(args.power_runs, args.seed, args.edge)
         found = pw.assign(found=pw["label"].isin({BETTER, EDGE_LABELS[0]}))
         table = found.groupby(["metric", "source", "horizon"])["found"].mean().unstack(["source", "horizon"])
-        print(f"\nPower: planted edge {args.edge} pp per session, 40 days, {args.power_runs} runs "
-              f"({time.perf_counter() - t1:.0f} s): share labelled better")
+        print(
+            f"\nPower: planted edge {args.edge} pp per session, 40 days, {args.power_runs} runs "
+            f"({time.perf_counter() - t1:.0f} s): share labelled better"
+        )
         print(table.round(3).to_string())
         print("(5-session books over 40 days are 8 non-overlapping windows: below the 10 an interval needs)")
     overall = _rates(null, ["metric"])["rate"]

@@ -29,15 +29,14 @@ from pathlib import Path
 
 import numpy as np
 
-from outcome_flywheel.models.loader import ModelLoader, load_backend
-from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from benchmarks.generation import HEADLINES, base_model_path
+from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
+from outcome_flywheel.models.loader import ModelLoader, load_backend
 from outcome_flywheel.models.prompts import judge_messages, trading_note_messages
-from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
+from outcome_flywheel.models.train.gspo import train_gspo
 
 STAGES = ("sampling", "judge", "gspo", "dpo")
-
 
 
 def make_data(path: Path, args) -> dict:
@@ -54,10 +53,24 @@ def make_data(path: Path, args) -> dict:
         adv = (rewards - rewards.mean()) / (rewards.std() + 1e-6)
         for s, a in zip(group, adv):
             if s.token_ids:
-                examples.append({"prompt": prompt, "response_ids": s.token_ids, "behavior_logprobs": s.logprobs, "advantage": float(a)})
+                examples.append(
+                    {
+                        "prompt": prompt,
+                        "response_ids": s.token_ids,
+                        "behavior_logprobs": s.logprobs,
+                        "advantage": float(a),
+                    }
+                )
         ranked = [group[k].text for k in np.argsort(-rewards)]
         for k in range(0, len(ranked) - 1, 2):  # best vs next, third vs fourth, ...
-            pairs.append({"prompt": prompt, "chosen": ranked[k], "rejected": ranked[k + 1], "weight": float(rng.choice([1.0, 3.0, 0.3, 1.5]))})
+            pairs.append(
+                {
+                    "prompt": prompt,
+                    "chosen": ranked[k],
+                    "rejected": ranked[k + 1],
+                    "weight": float(rng.choice([1.0, 3.0, 0.3, 1.5])),
+                }
+            )
         nxt = [h[0] for h in headlines[i + 1 : i + 4]] or [headlines[0][0]]
         judge_prompts.append(judge_messages(headlines[i][0], nxt, [s.text for s in group][:8]))
     return {"prompts": prompts, "judge_prompts": judge_prompts, "examples": examples, "pairs": pairs}
@@ -65,8 +78,8 @@ def make_data(path: Path, args) -> dict:
 
 def time_backend(name: str, path: Path, data: dict, args) -> dict:
     """Per-stage seconds of one backend ('torch' or 'mlx') on `data`."""
-    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
     device = args.torch_device if name == "torch" else "auto"
     lora = LoraSettings(r=8, alpha=16)
@@ -114,8 +127,21 @@ def _subprocess_mlx(path: Path, data: dict, args, openblas: str) -> dict:
         env = dict(os.environ, LD_PRELOAD=openblas)
         if args.openblas_libs:
             env["LD_LIBRARY_PATH"] = args.openblas_libs + os.pathsep + env.get("LD_LIBRARY_PATH", "")
-        cmd = [sys.executable, "-m", "benchmarks.backends", "--child", str(data_file), str(out_file), str(path),
-               "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens), "--torch-device", args.torch_device]
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.backends",
+            "--child",
+            str(data_file),
+            str(out_file),
+            str(path),
+            "--samples",
+            str(args.samples),
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--torch-device",
+            args.torch_device,
+        ]
         subprocess.run(cmd, env=env, check=True)
         return json.loads(out_file.read_text())
 
@@ -127,8 +153,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--backends", default="torch,mlx")
     parser.add_argument("--torch-device", default="auto", help="torch device (auto: cuda, then mps, then cpu)")
-    parser.add_argument("--openblas", default=os.environ.get("FLYWHEEL_MLX_OPENBLAS"), help="libopenblas.so to preload for an extra mlx run")
-    parser.add_argument("--openblas-libs", default=None, help="extra LD_LIBRARY_PATH for that run (e.g. where libgfortran.so.5 is)")
+    parser.add_argument(
+        "--openblas",
+        default=os.environ.get("FLYWHEEL_MLX_OPENBLAS"),
+        help="libopenblas.so to preload for an extra mlx run",
+    )
+    parser.add_argument(
+        "--openblas-libs", default=None, help="extra LD_LIBRARY_PATH for that run (e.g. where libgfortran.so.5 is)"
+    )
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
@@ -150,10 +182,16 @@ def main(argv: list[str] | None = None) -> dict:
         results["mlx+openblas"] = _subprocess_mlx(path, data, args, args.openblas)
 
     names = list(results)
-    print(f"\nmodel {resource.base_model}, {len(data['prompts'])} prompts x {args.samples} samples, "
-          f"max_new_tokens {args.max_new_tokens}, {len(data['examples'])} GSPO examples, {len(data['pairs'])} DPO pairs, "
-          f"{platform.machine()} {os.cpu_count()} cores")
-    print(f"{'stage':<10}" + "".join(f"{n:>16}" for n in names) + ("   mlx/torch" if {"torch", "mlx"} <= set(names) else ""))
+    print(
+        f"\nmodel {resource.base_model}, {len(data['prompts'])} prompts x {args.samples} samples, "
+        f"max_new_tokens {args.max_new_tokens}, {len(data['examples'])} GSPO examples, {len(data['pairs'])} DPO pairs, "
+        f"{platform.machine()} {os.cpu_count()} cores"
+    )
+    print(
+        f"{'stage':<10}"
+        + "".join(f"{n:>16}" for n in names)
+        + ("   mlx/torch" if {"torch", "mlx"} <= set(names) else "")
+    )
     for stage in STAGES:
         row = f"{stage:<10}" + "".join(f"{results[n][stage]:>15.2f}s" for n in names)
         if {"torch", "mlx"} <= set(names):
@@ -161,8 +199,10 @@ def main(argv: list[str] | None = None) -> dict:
         print(row)
     if {"torch", "mlx"} <= set(names):
         agree = sum(a == b for a, b in zip(results["torch"]["judge_answers"], results["mlx"]["judge_answers"]))
-        print(f"judge answers identical in {agree}/{len(data['judge_prompts'])} prompts; "
-              f"first GSPO loss torch {results['torch']['gspo_first_loss']:.6f} mlx {results['mlx']['gspo_first_loss']:.6f}")
+        print(
+            f"judge answers identical in {agree}/{len(data['judge_prompts'])} prompts; "
+            f"first GSPO loss torch {results['torch']['gspo_first_loss']:.6f} mlx {results['mlx']['gspo_first_loss']:.6f}"
+        )
     summary = {
         "benchmark": "backends",
         "model": resource.base_model,

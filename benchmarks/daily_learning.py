@@ -20,8 +20,14 @@ from scipy import stats as scipy_stats
 from benchmarks._daily_common import archive_days, resources, tiny_local_data_dir
 
 
-def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_rate: float = 2e-3,
-        max_new_tokens: int = 128, data_dir: str | None = None) -> dict:
+def run(
+    days: int = 8,
+    headlines: int = 16,
+    objective: str = "gspo",
+    learning_rate: float = 2e-3,
+    max_new_tokens: int = 128,
+    data_dir: str | None = None,
+) -> dict:
     import dagster as dg
 
     from pipelines.daily_rl import DAILY_RL_ASSETS
@@ -29,8 +35,13 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
     root = tiny_local_data_dir(data_dir)
     res = resources(root, headlines)
     warehouse = res["warehouse"]
-    config = {"ops": {"daily_update": {"config": {
-        "objective": objective, "learning_rate": learning_rate, "max_new_tokens": max_new_tokens}}}}
+    config = {
+        "ops": {
+            "daily_update": {
+                "config": {"objective": objective, "learning_rate": learning_rate, "max_new_tokens": max_new_tokens}
+            }
+        }
+    }
     per_day = []
     started = time.perf_counter()
     for day in archive_days(days):
@@ -41,13 +52,17 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
         scores = warehouse.read("rollout_scores", day)
         training = warehouse.read("policy_training", day).iloc[0]
         row = dict(
-            date=day, rollouts=len(rollouts), mean_structure=round(float(rollouts["structure_score"].mean()), 4),
+            date=day,
+            rollouts=len(rollouts),
+            mean_structure=round(float(rollouts["structure_score"].mean()), 4),
             full_structure_share=round(float((rollouts["structure_score"] == 1.0).mean()), 4),
             finished_share=round(float(rollouts["finished"].mean()), 4),
             mean_reward=round(float(scores["reward"].mean()), 4) if len(scores) else None,
             usable_share=round(float(scores["usable"].mean()), 4) if len(scores) else None,
-            steps=int(training["steps"]), loss=round(float(training["loss"]), 5) if training["trained"] else None,
-            kl=round(float(training["kl_to_base"]), 5), clip_fraction=round(float(training["clip_fraction"]), 3) if training["trained"] else None,
+            steps=int(training["steps"]),
+            loss=round(float(training["loss"]), 5) if training["trained"] else None,
+            kl=round(float(training["kl_to_base"]), 5),
+            clip_fraction=round(float(training["clip_fraction"]), 3) if training["trained"] else None,
             gate=str(training["gate"]),
             seconds=round(time.perf_counter() - t0, 1),
         )
@@ -64,35 +79,66 @@ def run(days: int = 8, headlines: int = 16, objective: str = "gspo", learning_ra
     from outcome_flywheel.daily_rl.reward.rollout_scores import position_bias
 
     bias = position_bias(warehouse.read_all("rollout_scores"))  # the judge's, over every scored day
-    ab = {r.metric: dict(policy=_round(r.policy), base=_round(r.base), difference=_round(r.difference), ci=[_round(r.ci_low), _round(r.ci_high)],
-                         n=int(r.n), label=r.label, test=r.test, status=r.status)
-          for r in warehouse.read("policy_eval", last_day).itertuples(index=False)}
+    ab = {
+        r.metric: dict(
+            policy=_round(r.policy),
+            base=_round(r.base),
+            difference=_round(r.difference),
+            ci=[_round(r.ci_low), _round(r.ci_high)],
+            n=int(r.n),
+            label=r.label,
+            test=r.test,
+            status=r.status,
+        )
+        for r in warehouse.read("policy_eval", last_day).itertuples(index=False)
+    }
     bt = warehouse.read("backtest_summary", last_day).iloc[0].to_dict()
     backtest = {k: (_round(v) if isinstance(v, float) else v) for k, v in bt.items() if k != "bootstrap_method"}
     summary = dict(
-        benchmark="daily_learning", days=len(per_day), headlines_per_day=headlines, objective=objective,
-        learning_rate=learning_rate, first_day=first_day, last_day=last_day,
-        structure_first_mean=round(float(first.mean()), 4), structure_last_mean=round(float(last.mean()), 4),
-        structure_welch_t=round(float(t_struct.statistic), 3), structure_p=float(t_struct.pvalue),
-        reward_first_mean=round(float(r_first.mean()), 4), reward_last_mean=round(float(r_last.mean()), 4),
-        reward_welch_t=round(float(t_reward.statistic), 3), reward_p=float(t_reward.pvalue),
+        benchmark="daily_learning",
+        days=len(per_day),
+        headlines_per_day=headlines,
+        objective=objective,
+        learning_rate=learning_rate,
+        first_day=first_day,
+        last_day=last_day,
+        structure_first_mean=round(float(first.mean()), 4),
+        structure_last_mean=round(float(last.mean()), 4),
+        structure_welch_t=round(float(t_struct.statistic), 3),
+        structure_p=float(t_struct.pvalue),
+        reward_first_mean=round(float(r_first.mean()), 4),
+        reward_last_mean=round(float(r_last.mean()), 4),
+        reward_welch_t=round(float(t_reward.statistic), 3),
+        reward_p=float(t_reward.pvalue),
         learned=bool(last.mean() > first.mean() and t_struct.pvalue < 0.05),
         judge_mean_rank_by_shown_position=bias["by_shown_position"],
         judge_mean_rank_by_rollout_index=bias["by_rollout_index"],
-        ab_last_day=ab, backtest=backtest,
-        final_kl=per_day[-1]["kl"], final_finished_share=per_day[-1]["finished_share"], wall_s=round(time.perf_counter() - started, 1), data_dir=str(root),
+        ab_last_day=ab,
+        backtest=backtest,
+        final_kl=per_day[-1]["kl"],
+        final_finished_share=per_day[-1]["finished_share"],
+        wall_s=round(time.perf_counter() - started, 1),
+        data_dir=str(root),
     )
-    print(f"structure score: first day {summary['structure_first_mean']} -> last day {summary['structure_last_mean']}, "
-          f"Welch t={summary['structure_welch_t']}, p={summary['structure_p']:.3g}")
-    print(f"reward (scored days {first_scored} -> {last_scored}): {summary['reward_first_mean']} -> "
-          f"{summary['reward_last_mean']}, Welch t={summary['reward_welch_t']}, p={summary['reward_p']:.3g}")
+    print(
+        f"structure score: first day {summary['structure_first_mean']} -> last day {summary['structure_last_mean']}, "
+        f"Welch t={summary['structure_welch_t']}, p={summary['structure_p']:.3g}"
+    )
+    print(
+        f"reward (scored days {first_scored} -> {last_scored}): {summary['reward_first_mean']} -> "
+        f"{summary['reward_last_mean']}, Welch t={summary['reward_welch_t']}, p={summary['reward_p']:.3g}"
+    )
     for metric, row in ab.items():
-        print(f"A/B {last_day} {metric}: policy {row['policy']} vs base {row['base']}, 95% interval {row['ci']} (n={row['n']}): "
-              f"{row['label']} [{row['test']}; {row['status']}]")
-    print(f"back-test over {backtest['days']} matured days: policy {backtest['policy_total_return_pct']}% vs base "
-          f"{backtest['base_total_return_pct']}% vs SPY {backtest['spy_total_return_pct']}%; mean daily excess over the base "
-          f"{backtest['mean_excess_vs_base_pct']} pp [{backtest['excess_vs_base_ci_low']}, {backtest['excess_vs_base_ci_high']}]: "
-          f"{backtest['label_vs_base']}; vs SPY: {backtest['label_vs_spy']}")
+        print(
+            f"A/B {last_day} {metric}: policy {row['policy']} vs base {row['base']}, 95% interval {row['ci']} (n={row['n']}): "
+            f"{row['label']} [{row['test']}; {row['status']}]"
+        )
+    print(
+        f"back-test over {backtest['days']} matured days: policy {backtest['policy_total_return_pct']}% vs base "
+        f"{backtest['base_total_return_pct']}% vs SPY {backtest['spy_total_return_pct']}%; mean daily excess over the base "
+        f"{backtest['mean_excess_vs_base_pct']} pp [{backtest['excess_vs_base_ci_low']}, {backtest['excess_vs_base_ci_high']}]: "
+        f"{backtest['label_vs_base']}; vs SPY: {backtest['label_vs_spy']}"
+    )
     return summary
 
 

@@ -30,17 +30,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
+from outcome_flywheel.models.provision.tiny_local import cached_tiny_local
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
+from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
 from outcome_flywheel.preferences.audit_log import load_orders, parse_file, records_frame
 from outcome_flywheel.preferences.metrics import LABEL_NONE, USEFUL, auc_report, sigmoid
 from outcome_flywheel.preferences.style_match import score_holdout, training_pairs
+from outcome_flywheel.preferences.synthetic import CONSISTENT, OPERATORS, write
 from outcome_flywheel.preferences.weighting import build_pairs
 from outcome_flywheel.preferences.windows import compute_outcome
 from outcome_flywheel.trading_sessions import PriceTable
-from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
-from outcome_flywheel.models.provision.tiny_local import cached_tiny_local
-from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
-from outcome_flywheel.preferences.synthetic import CONSISTENT, OPERATORS, write
-from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 # Issue 8's starting point, kept to show what changed (its prompt held every context key and the note).
 BASELINE = {"learning_rate": 5e-5, "beta": 0.1, "epochs": 3, "completion_unit": "sequence"}
@@ -70,7 +70,13 @@ def _mean_token_margin_scores(backend, pairs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def run_operator(model_dir: Path, log_path: Path, config: WeightedDPOConfig, context_keys: tuple[str, ...] = (), baseline: bool = False) -> dict:
+def run_operator(
+    model_dir: Path,
+    log_path: Path,
+    config: WeightedDPOConfig,
+    context_keys: tuple[str, ...] = (),
+    baseline: bool = False,
+) -> dict:
     """Train on the log's training split, score its holdout; the AUC report and counts."""
     from outcome_flywheel.models.torch.backend import TorchBackend
 
@@ -88,21 +94,31 @@ def run_operator(model_dir: Path, log_path: Path, config: WeightedDPOConfig, con
     per_epoch = max(1, stats.steps // config.epochs)
     return {
         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in report.as_dict().items()},
-        "n_decisions": int(len(decisions)), "n_train_pairs": int((pairs["split"] == "train").sum()),
+        "n_decisions": int(len(decisions)),
+        "n_train_pairs": int((pairs["split"] == "train").sum()),
         "swapped_share": round(float(pairs.loc[pairs["split"] == "train", "swapped"].mean()), 3),
-        "loss_first": round(stats.losses[0], 4), "loss_last_epoch": round(float(np.mean(stats.losses[-per_epoch:])), 4),
+        "loss_first": round(stats.losses[0], 4),
+        "loss_last_epoch": round(float(np.mean(stats.losses[-per_epoch:])), 4),
         "train_s": round(train_s, 1),
     }
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--operators", default=",".join(OPERATORS), help="comma-separated, from: " + ", ".join(OPERATORS))
+    parser.add_argument(
+        "--operators", default=",".join(OPERATORS), help="comma-separated, from: " + ", ".join(OPERATORS)
+    )
     parser.add_argument("--n", type=int, default=240, help="decisions per operator")
     parser.add_argument("--data-seeds", default="7", help="comma-separated audit-log seeds (7 = the bundled sample's)")
     parser.add_argument("--seed", type=int, default=0, help="training seed")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 avoids oversubscription on a busy 2-core box)")
-    parser.add_argument("--context-keys", default="", help="decision-context keys in the prompt, as FLYWHEEL_PREFERENCE_CONTEXT (default none; * = all and the note)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (1 avoids oversubscription on a busy 2-core box)"
+    )
+    parser.add_argument(
+        "--context-keys",
+        default="",
+        help="decision-context keys in the prompt, as FLYWHEEL_PREFERENCE_CONTEXT (default none; * = all and the note)",
+    )
     parser.add_argument("--baseline", action="store_true", help="also run the settings before issue 8")
     args = parser.parse_args(argv)
     import torch
@@ -129,20 +145,26 @@ def main(argv: list[str] | None = None) -> dict:
                     r = run_operator(model_dir, log, config, context_keys, baseline=name == "baseline")
                     r.update(operator=operator, data_seed=data_seed, settings=name)
                     rows.append(r)
-                    print(f"{operator:7s} seed {data_seed:3d} {name:9s} AUC {r['auc']:.3f} [{r['auc_low']:.3f}, {r['auc_high']:.3f}] "
-                          f"n={r['n_holdout']:3d} -> {r['label']}  (train {r['train_s']}s)", flush=True)
+                    print(
+                        f"{operator:7s} seed {data_seed:3d} {name:9s} AUC {r['auc']:.3f} [{r['auc_low']:.3f}, {r['auc_high']:.3f}] "
+                        f"n={r['n_holdout']:3d} -> {r['label']}  (train {r['train_s']}s)",
+                        flush=True,
+                    )
 
     print()
     print("| operator | data seed | settings | holdout n | AUC | 95% interval | label |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['operator']} | {r['data_seed']} | {r['settings']} | {r['n_holdout']} | {r['auc']:.3f} | [{r['auc_low']:.3f}, {r['auc_high']:.3f}] | {r['label']} |")
+        print(
+            f"| {r['operator']} | {r['data_seed']} | {r['settings']} | {r['n_holdout']} | {r['auc']:.3f} | [{r['auc_low']:.3f}, {r['auc_high']:.3f}] | {r['label']} |"
+        )
     ours = [r for r in rows if r["settings"] == "defaults"]
     consistent = [r for r in ours if r["operator"] in CONSISTENT]
     random_rows = [r for r in ours if r["operator"] not in CONSISTENT]
     result = {
         "machine_note": "tiny-local on CPU; AUCs do not depend on the machine, train_s does",
-        "config": WeightedDPOConfig(seed=args.seed).as_dict(), "context_keys": list(keys),
+        "config": WeightedDPOConfig(seed=args.seed).as_dict(),
+        "context_keys": list(keys),
         "rows": rows,
         "min_consistent_auc": min((r["auc"] for r in consistent), default=None),
         "every_consistent_at_least_0_65": bool(consistent) and all(r["auc"] >= USEFUL for r in consistent),

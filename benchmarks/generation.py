@@ -22,14 +22,17 @@ from pathlib import Path
 
 import torch
 
-from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import SamplingConfig
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.provision.qwen3_shapes import SHAPES, benchmark_model
 from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, ensure_tiny_local
 
 HEADLINES = [
-    ("Nvidia beats quarterly estimates on strong data center demand", "Revenue rose 12% as data center sales beat forecasts."),
+    (
+        "Nvidia beats quarterly estimates on strong data center demand",
+        "Revenue rose 12% as data center sales beat forecasts.",
+    ),
     ("Exxon Mobil cuts outlook, shares slide after hours", "The company blamed weaker energy orders."),
     ("Apple announces $40 billion share buyback", "The board approved a larger repurchase program."),
     ("Boeing faces antitrust probe over defense practices", "Officials opened a formal investigation."),
@@ -53,8 +56,12 @@ def main() -> dict:
     parser.add_argument("--prompts", type=int, default=30)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--shape", choices=sorted(SHAPES), help="a random-weight model of this shape instead of FLYWHEEL_BASE_MODEL "
-                        "(qwen3-0.6b: Qwen3-0.6B's exact configuration, bf16 on CUDA); for speed figures only")
+    parser.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        help="a random-weight model of this shape instead of FLYWHEEL_BASE_MODEL "
+        "(qwen3-0.6b: Qwen3-0.6B's exact configuration, bf16 on CUDA); for speed figures only",
+    )
     args = parser.parse_args()
 
     resource = ModelLoader.from_env()

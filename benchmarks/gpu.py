@@ -32,8 +32,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from outcome_flywheel.models.train.gspo import train_gspo
+
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
+from outcome_flywheel.models.train.gspo import train_gspo
 
 VLLM_ANCHOR_TOKENS_S = 12_000
 
@@ -113,7 +114,14 @@ def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
     from outcome_flywheel.models.interface import SamplingConfig
     from outcome_flywheel.models.torch.graph_sampler import sampling_rule
 
-    config = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=new_tokens, prompts_per_batch=len(prompts), ignore_eos=True)
+    config = SamplingConfig(
+        temperature=0.8,
+        top_p=0.95,
+        top_k=50,
+        max_new_tokens=new_tokens,
+        prompts_per_batch=len(prompts),
+        ignore_eos=True,
+    )
     device = backend.device
     if sampler == "hf_generate":
         return _time_hf_generate(backend, prompts, n, config)
@@ -128,8 +136,11 @@ def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
         started = time.perf_counter()
         engine.prepare(len(prompts) * n, width, new_tokens, sampling_rule(backend, config, backend.vocab_size))
         _sync(device)
-        out.update(capture_and_warmup_s=round(time.perf_counter() - started, 2), graphs=engine.stats.captures,
-                   static_cache_gib=round(engine.stats.cache_bytes / 2**30, 2))
+        out.update(
+            capture_and_warmup_s=round(time.perf_counter() - started, 2),
+            graphs=engine.stats.captures,
+            static_cache_gib=round(engine.stats.cache_bytes / 2**30, 2),
+        )
         captured = engine.stats.captures
     _sync(device)
     started = time.perf_counter()
@@ -140,7 +151,13 @@ def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
         out.update(captures_in_timed_call=engine.stats.captures - captured, fallbacks=dict(engine.stats.fallbacks))
     backend.sampler, backend.static_decode = "torch", device.type == "cuda"
     tokens = sum(len(s.token_ids) for g in groups for s in g)
-    return {"seconds": round(seconds, 2), "output_tokens": tokens, "tokens_per_s": round(tokens / seconds, 1), **out, "groups": groups}
+    return {
+        "seconds": round(seconds, 2),
+        "output_tokens": tokens,
+        "tokens_per_s": round(tokens / seconds, 1),
+        **out,
+        "groups": groups,
+    }
 
 
 def _time_hf_generate(backend, prompts, n, config) -> dict:
@@ -148,14 +165,27 @@ def _time_hf_generate(backend, prompts, n, config) -> dict:
 
     ids = [backend.prompt_ids(p) for p in prompts]
     input_ids, attention, _ = left_padded(ids, backend.tokenizer.pad_token_id, backend.device)
-    kwargs = dict(do_sample=True, temperature=config.temperature, top_k=config.top_k, top_p=config.top_p,
-                  num_return_sequences=n, pad_token_id=backend.tokenizer.pad_token_id)
+    kwargs = dict(
+        do_sample=True,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        num_return_sequences=n,
+        pad_token_id=backend.tokenizer.pad_token_id,
+    )
     with torch.inference_mode():
-        backend.model.generate(input_ids=input_ids[:2], attention_mask=attention[:2], max_new_tokens=8, min_new_tokens=8, **kwargs)
+        backend.model.generate(
+            input_ids=input_ids[:2], attention_mask=attention[:2], max_new_tokens=8, min_new_tokens=8, **kwargs
+        )
         _sync(backend.device)
         started = time.perf_counter()
-        out = backend.model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=config.max_new_tokens,
-                                     min_new_tokens=config.max_new_tokens, **kwargs)
+        out = backend.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=config.max_new_tokens,
+            min_new_tokens=config.max_new_tokens,
+            **kwargs,
+        )
         _sync(backend.device)
     seconds = time.perf_counter() - started
     tokens = int(out.shape[0] * (out.shape[1] - input_ids.shape[1]))
@@ -168,14 +198,16 @@ def note_texts(backend, groups) -> list[list[str]]:
     each id is folded into the tokenizer's range first. The judge and DPO then see notes of the
     sampled length, as with a real model."""
     size = len(backend.tokenizer)
-    return [[backend.decode([5 + t % (size - 7) for t in s.token_ids]) for s in g] for g in groups]  # no special or think ids
+    return [
+        [backend.decode([5 + t % (size - 7) for t in s.token_ids]) for s in g] for g in groups
+    ]  # no special or think ids
 
 
 def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) -> dict:
     from outcome_flywheel.daily_rl.reward.signals import group_advantages
+    from outcome_flywheel.models.torch.backend import TorchBackend
     from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
     from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
-    from outcome_flywheel.models.torch.backend import TorchBackend
 
     rng = np.random.default_rng(0)
     examples = []
@@ -200,16 +232,29 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) 
         del policy
         out[f"allocated_after_gspo_{name}_dropped_gib"] = _allocated_gib(device)
     texts = [t for g in texts for t in g]
-    pairs = [PreferencePair(prompts[i % len(prompts)], texts[(2 * i) % len(texts)], texts[(2 * i + 1) % len(texts)], float(rng.uniform(0.3, 1.5)))
-             for i in range(pairs_wanted)]
+    pairs = [
+        PreferencePair(
+            prompts[i % len(prompts)],
+            texts[(2 * i) % len(texts)],
+            texts[(2 * i + 1) % len(texts)],
+            float(rng.uniform(0.3, 1.5)),
+        )
+        for i in range(pairs_wanted)
+    ]
     policy = TorchBackend(model_dir, device=str(device))
     _peak_reset(device)
     _sync(device)
     started = time.perf_counter()
     stats = train_weighted_dpo(policy, pairs, WeightedDPOConfig(epochs=1, completion_unit="sequence"))
     _sync(device)
-    out.update(dpo_pairs=len(pairs), dpo_s=round(time.perf_counter() - started, 2), dpo_steps=stats.steps, dpo_peak_gib=_peak_gib(device),
-               dpo_micro_batches=stats.extra.get("micro_batches"), dpo_token_limit=stats.extra.get("token_limit"))
+    out.update(
+        dpo_pairs=len(pairs),
+        dpo_s=round(time.perf_counter() - started, 2),
+        dpo_steps=stats.steps,
+        dpo_peak_gib=_peak_gib(device),
+        dpo_micro_batches=stats.extra.get("micro_batches"),
+        dpo_token_limit=stats.extra.get("token_limit"),
+    )
     del policy
     out["allocated_after_dpo_dropped_gib"] = _allocated_gib(device)
     return out
@@ -220,15 +265,20 @@ def time_judge(backend, prompts, texts) -> dict:
     from outcome_flywheel.daily_rl.judge.ranking import JudgeGroup
 
     judge = Judge()
-    jgroups = [JudgeGroup(p[-1]["content"].splitlines()[0], ["Shares moved 2% the next day"], g[:8], seed=i)
-               for i, (p, g) in enumerate(zip(prompts, texts))]
+    jgroups = [
+        JudgeGroup(p[-1]["content"].splitlines()[0], ["Shares moved 2% the next day"], g[:8], seed=i)
+        for i, (p, g) in enumerate(zip(prompts, texts))
+    ]
     _sync(backend.device)
     started = time.perf_counter()
     judged = judge.rank(backend, jgroups)
     _sync(backend.device)
-    return {"judge_groups": len(jgroups), "judge_s": round(time.perf_counter() - started, 2),
-            "judge_notes_truncated": int(sum(sum(j.truncated(k) for k in range(len(j.ranks))) for j in judged)),
-            "judge_max_prompt_tokens": max(j.prompt_tokens for j in judged)}
+    return {
+        "judge_groups": len(jgroups),
+        "judge_s": round(time.perf_counter() - started, 2),
+        "judge_notes_truncated": int(sum(sum(j.truncated(k) for k in range(len(j.ranks))) for j in judged)),
+        "judge_max_prompt_tokens": max(j.prompt_tokens for j in judged),
+    }
 
 
 def profile_samplers(backend, prompts, n, steps) -> dict:
@@ -260,7 +310,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--dpo-pairs", type=int, default=200)
-    parser.add_argument("--profile-steps", type=int, default=0, help="profile this many decode steps of each sampler (torch.profiler) and stop")
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="profile this many decode steps of each sampler (torch.profiler) and stop",
+    )
     parser.add_argument("--skip", default="", help="comma list of parts to skip: eager,hf_generate,vllm,training,judge")
     args = parser.parse_args(argv)
 
@@ -271,15 +326,31 @@ def main(argv=None) -> dict:
     cuda = torch.cuda.is_available()
     smoke = args.smoke or not cuda
     if smoke:
-        args.shape, args.headlines, args.rollouts, args.prompt_tokens, args.new_tokens, args.dpo_pairs = "qwen3-tiny", 2, 2, 40, 16, 4
-        print("SMOKE RUN" + ("" if cuda else " (no CUDA here)") + ": qwen3-tiny, 2 headlines x 2 rollouts, 16 new tokens. "
-              "It checks the code paths; its figures say nothing about a GPU.")
+        args.shape, args.headlines, args.rollouts, args.prompt_tokens, args.new_tokens, args.dpo_pairs = (
+            "qwen3-tiny",
+            2,
+            2,
+            40,
+            16,
+            4,
+        )
+        print(
+            "SMOKE RUN"
+            + ("" if cuda else " (no CUDA here)")
+            + ": qwen3-tiny, 2 headlines x 2 rollouts, 16 new tokens. "
+            "It checks the code paths; its figures say nothing about a GPU."
+        )
     device = torch.device("cuda" if cuda else "cpu")
     skip = set(filter(None, args.skip.split(",")))
     result: dict = {
-        "benchmark": "gpu", "smoke": smoke, "machine": platform.node(),
+        "benchmark": "gpu",
+        "smoke": smoke,
+        "machine": platform.node(),
         "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
-        "torch": torch.__version__, "shape": args.shape, "headlines": args.headlines, "rollouts": args.rollouts,
+        "torch": torch.__version__,
+        "shape": args.shape,
+        "headlines": args.headlines,
+        "rollouts": args.rollouts,
         "new_tokens": args.new_tokens,
     }
     with tempfile.TemporaryDirectory() as tmp:
@@ -298,8 +369,10 @@ def main(argv=None) -> dict:
         groups = own.pop("groups")
         texts = note_texts(backend, groups)
         result["sampler"] = own
-        print(f"project sampler (static cache + CUDA graphs on CUDA): {own['tokens_per_s']} output tokens/s "
-              f"({own['output_tokens']} tokens in {own['seconds']} s; capture and warm-up {own.get('capture_and_warmup_s')} s, once per model load)")
+        print(
+            f"project sampler (static cache + CUDA graphs on CUDA): {own['tokens_per_s']} output tokens/s "
+            f"({own['output_tokens']} tokens in {own['seconds']} s; capture and warm-up {own.get('capture_and_warmup_s')} s, once per model load)"
+        )
         if "eager" not in skip and cuda:
             eager = time_generation(backend, prompts, args.rollouts, args.new_tokens, "torch-eager")
             eager_groups = eager.pop("groups")
@@ -307,17 +380,29 @@ def main(argv=None) -> dict:
             result["static_vs_eager"] = round(own["tokens_per_s"] / eager["tokens_per_s"], 2)
             # bf16: the two take different attention kernels, so tokens agree only until a near-tie flips one
             same = [a.token_ids == b.token_ids for g, h in zip(groups, eager_groups) for a, b in zip(g, h)]
-            first_tokens = [a.token_ids[0] == b.token_ids[0] for g, h in zip(groups, eager_groups) for a, b in zip(g, h)]
+            first_tokens = [
+                a.token_ids[0] == b.token_ids[0] for g, h in zip(groups, eager_groups) for a, b in zip(g, h)
+            ]
             result["bf16_rows_identical_to_eager"] = round(float(np.mean(same)), 3)
             result["bf16_first_token_identical"] = round(float(np.mean(first_tokens)), 3)
-            print(f"eager sampler: {eager['tokens_per_s']} output tokens/s; static/eager = {result['static_vs_eager']}x")
+            print(
+                f"eager sampler: {eager['tokens_per_s']} output tokens/s; static/eager = {result['static_vs_eager']}x"
+            )
         bandwidth = copy_bandwidth_gbs(device)
         if bandwidth:
-            ideal = decode_roofline_s(args.shape, args.headlines * args.rollouts, prompt_lengths, args.new_tokens, bandwidth)
-            result.update(copy_bandwidth_gbs=bandwidth, roofline_s=round(ideal, 2), sampler_roofline_fraction=round(ideal / own["seconds"], 3))
+            ideal = decode_roofline_s(
+                args.shape, args.headlines * args.rollouts, prompt_lengths, args.new_tokens, bandwidth
+            )
+            result.update(
+                copy_bandwidth_gbs=bandwidth,
+                roofline_s=round(ideal, 2),
+                sampler_roofline_fraction=round(ideal / own["seconds"], 3),
+            )
             if "eager_sampler" in result:
                 result["eager_roofline_fraction"] = round(ideal / result["eager_sampler"]["seconds"], 3)
-            print(f"decode roofline at {bandwidth} GB/s: {ideal:.2f} s; the sampler reaches {ideal / own['seconds']:.1%} of it")
+            print(
+                f"decode roofline at {bandwidth} GB/s: {ideal:.2f} s; the sampler reaches {ideal / own['seconds']:.1%} of it"
+            )
         if "hf_generate" not in skip:
             hf = time_generation(backend, prompts, args.rollouts, args.new_tokens, "hf_generate")
             result["hf_generate"] = hf
@@ -340,8 +425,10 @@ def main(argv=None) -> dict:
         result["allocated_after_sampler_dropped_gib"] = _allocated_gib(device)
         if "training" not in skip:
             result.update(time_training(model_dir, device, prompts, groups, texts, args.dpo_pairs))
-            print(f"GSPO on {result['gspo_rollouts']} rollouts: LoRA {result['gspo_lora_s']} s (peak {result['gspo_lora_peak_gib']} GiB), "
-                  f"full {result['gspo_full_s']} s (peak {result['gspo_full_peak_gib']} GiB); DPO on {result['dpo_pairs']} pairs: {result['dpo_s']} s")
+            print(
+                f"GSPO on {result['gspo_rollouts']} rollouts: LoRA {result['gspo_lora_s']} s (peak {result['gspo_lora_peak_gib']} GiB), "
+                f"full {result['gspo_full_s']} s (peak {result['gspo_full_peak_gib']} GiB); DPO on {result['dpo_pairs']} pairs: {result['dpo_s']} s"
+            )
         if "judge" not in skip:
             judge_backend = TorchBackend(model_dir, device=str(device))
             result.update(time_judge(judge_backend, prompts, texts))
@@ -353,7 +440,10 @@ def main(argv=None) -> dict:
             result["allocated_after_judge_dropped_gib"] = _allocated_gib(device)
         if "gspo_lora_s" in result:
             # the day's GPU work end to end: sampling (capture included), the judge, the GSPO LoRA update
-            result["gspo_day_s"] = round(own["seconds"] + own.get("capture_and_warmup_s", 0) + result.get("judge_s", 0) + result["gspo_lora_s"], 2)
+            result["gspo_day_s"] = round(
+                own["seconds"] + own.get("capture_and_warmup_s", 0) + result.get("judge_s", 0) + result["gspo_lora_s"],
+                2,
+            )
             print(f"GSPO day end to end (sampling with capture, judge, LoRA update): {result['gspo_day_s']} s")
     print(json.dumps(result))
     return result

@@ -54,7 +54,9 @@ def _torch_plain_logprobs(backend, prompt_ids, response_ids, temperature):
     input_ids, attention = backend._right_padded(prompt_ids, response_ids)
     width, resp_len = input_ids.shape[1], max(len(r) for r in response_ids)
     keep = width - min(len(p) for p in prompt_ids) + 1
-    logits = backend.model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits.float() / temperature
+    logits = (
+        backend.model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits.float() / temperature
+    )
     offset = width - keep
     gather_pos = torch.zeros((len(response_ids), resp_len), dtype=torch.long)
     targets = torch.zeros((len(response_ids), resp_len), dtype=torch.long)
@@ -99,8 +101,13 @@ def _torch_step(model_dir: str, variant: str, args) -> dict:
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"step_mib": round(peak - before, 1), "baseline_mib": round(before, 1), "seconds": round(time.perf_counter() - started, 2),
-            "mean_logp": round(float((logp * mask).sum() / mask.sum()), 6), "device": str(backend.device)}
+    return {
+        "step_mib": round(peak - before, 1),
+        "baseline_mib": round(before, 1),
+        "seconds": round(time.perf_counter() - started, 2),
+        "mean_logp": round(float((logp * mask).sum() / mask.sum()), 6),
+        "device": str(backend.device),
+    }
 
 
 def _mlx_plain_logprobs(backend, prompt_ids, response_ids, temperature):
@@ -142,12 +149,19 @@ def _mlx_step(model_dir: str, variant: str, args) -> dict:
     opt.update(backend.model, grads)
     mx.eval(backend.model.parameters(), opt.state, loss, mean_logp)
     peak = mx.get_peak_memory() / 2**20
-    return {"step_mib": round(peak - before, 1), "baseline_mib": round(before, 1), "seconds": round(time.perf_counter() - started, 2),
-            "mean_logp": round(float(mean_logp), 6), "device": str(mx.default_device())}
+    return {
+        "step_mib": round(peak - before, 1),
+        "baseline_mib": round(before, 1),
+        "seconds": round(time.perf_counter() - started, 2),
+        "mean_logp": round(float(mean_logp), 6),
+        "device": str(mx.default_device()),
+    }
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--response-tokens", type=int, default=512)
@@ -164,8 +178,13 @@ def main(argv=None) -> dict:
     from outcome_flywheel.models.provision.qwen3_shapes import build_model
 
     results: dict = {
-        "benchmark": "logprob_memory", "machine": f"{platform.machine()} {platform.node()}", "shape": "wide-vocab-toy",
-        "vocab": 151_936, "batch": args.batch, "response_tokens": args.response_tokens, "prompt_tokens": args.prompt_tokens,
+        "benchmark": "logprob_memory",
+        "machine": f"{platform.machine()} {platform.node()}",
+        "shape": "wide-vocab-toy",
+        "vocab": 151_936,
+        "batch": args.batch,
+        "response_tokens": args.response_tokens,
+        "prompt_tokens": args.prompt_tokens,
     }
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(build_model(Path(tmp) / "model", "wide-vocab-toy", seed=0))
@@ -177,9 +196,21 @@ def main(argv=None) -> dict:
                     print("mlx: not installed, skipped")
                     continue
             for variant in VARIANTS:
-                cmd = [sys.executable, "-m", "benchmarks.logprob_memory", "--run", f"{framework}:{variant}:{model_dir}",
-                       "--batch", str(args.batch), "--prompt-tokens", str(args.prompt_tokens),
-                       "--response-tokens", str(args.response_tokens), "--device", args.device]
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.logprob_memory",
+                    "--run",
+                    f"{framework}:{variant}:{model_dir}",
+                    "--batch",
+                    str(args.batch),
+                    "--prompt-tokens",
+                    str(args.prompt_tokens),
+                    "--response-tokens",
+                    str(args.response_tokens),
+                    "--device",
+                    args.device,
+                ]
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 if done.returncode != 0:
                     line = (done.stderr.strip().splitlines() or ["failed"])[-1]
@@ -188,8 +219,10 @@ def main(argv=None) -> dict:
                     continue
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 results[f"{framework}_{variant}"] = result
-                print(f"{framework:5s} {variant:9s} step peak {result['step_mib']:9.1f} MiB over {result['baseline_mib']:.0f} MiB "
-                      f"({result['device']}), {result['seconds']} s, mean logp {result['mean_logp']}")
+                print(
+                    f"{framework:5s} {variant:9s} step peak {result['step_mib']:9.1f} MiB over {result['baseline_mib']:.0f} MiB "
+                    f"({result['device']}), {result['seconds']} s, mean logp {result['mean_logp']}"
+                )
             plain, selective = results.get(f"{framework}_plain", {}), results.get(f"{framework}_selective", {})
             if "step_mib" in plain and "step_mib" in selective:
                 results[f"{framework}_reduction"] = round(plain["step_mib"] / max(selective["step_mib"], 1e-9), 2)

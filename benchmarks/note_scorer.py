@@ -43,13 +43,19 @@ def structure_baseline(warehouse, history: list[dict]) -> dict:
     structure: dict = {}
     for day in sorted(warehouse.partitions("rollouts")):
         r = warehouse.read("rollouts", day)
-        structure.update({(day, h, int(i)): float(s) for h, i, s in zip(r["headline_id"], r["rollout_index"], r["structure_score"])})
+        structure.update(
+            {(day, h, int(i)): float(s) for h, i, s in zip(r["headline_id"], r["rollout_index"], r["structure_score"])}
+        )
     out = {}
     outcomes = warehouse.read_all("rollout_outcomes")
     for source in ("judge", "price"):
         values = []
         for day in sorted({h["day"] for h in history if h["source"] == source}):
-            events = judge_events(warehouse.read("rollout_scores", day), day) if source == "judge" else price_events(outcomes, day)
+            events = (
+                judge_events(warehouse.read("rollout_scores", day), day)
+                if source == "judge"
+                else price_events(outcomes, day)
+            )
             for e in events:
                 pairs = e.pairs()
                 if pairs:
@@ -79,15 +85,28 @@ def simulate_people(root: Path, warehouse, seed: int = 0) -> int:
                 continue
             better, worse = (ra, rb) if ra["structure_score"] > rb["structure_score"] else (rb, ra)
             for row, thumbs in ((better, "up"), (worse, "down")):
-                log.append(FeedbackRecord(date=day, headline_id=headline_id, rollout_index=int(row["rollout_index"]), thumbs=thumbs,
-                                          reviewer="simulated", created_at=written))
+                log.append(
+                    FeedbackRecord(
+                        date=day,
+                        headline_id=headline_id,
+                        rollout_index=int(row["rollout_index"]),
+                        thumbs=thumbs,
+                        reviewer="simulated",
+                        created_at=written,
+                    )
+                )
                 n += 1
     return n
 
 
 def run(data_dir: str | None, days: int, headlines: int, people: bool) -> dict:
     from outcome_flywheel.daily_rl.note_scorer.model import (
-        SOURCES, ScorerSettings, ScorerStore, accuracy_summary, by_day, label,
+        SOURCES,
+        ScorerSettings,
+        ScorerStore,
+        accuracy_summary,
+        by_day,
+        label,
     )
     from outcome_flywheel.daily_rl.note_scorer.step import run_note_scorer_day
     from outcome_flywheel.feedback.log import FeedbackLog
@@ -117,23 +136,41 @@ def run(data_dir: str | None, days: int, headlines: int, people: bool) -> dict:
     for s in overall.values():
         ci = f"[{s['ci_low']:.3f}, {s['ci_high']:.3f}]" if s["ci_low"] is not None else "-"
         acc = f"{s['accuracy']:.3f}" if s["accuracy"] is not None else "-"
-        print(f"  {s['source']:6s} events {s['events']:4d} pairs {s['pairs']:5d} accuracy {acc} {ci} p={s['p_value']} {s['label']}")
+        print(
+            f"  {s['source']:6s} events {s['events']:4d} pairs {s['pairs']:5d} accuracy {acc} {ci} p={s['p_value']} {s['label']}"
+        )
     over_time = by_day(history)
     for row in over_time:
         print(f"  {row['day']} {row['source']:6s} {row['events']:3d} events  accuracy {row['accuracy']:.3f}")
     baseline = structure_baseline(warehouse, history)
     print(f"  structure score alone on the same events: {baseline}")
-    return dict(benchmark="note_scorer", machine=f"{platform.machine()}, {os.cpu_count()} CPU cores", days=len(all_days), updates=state.updates, parameters=state.parameters(),
-                feature_dim=state.feature_dim, simulated_people_ratings=simulated, held_out=overall, structure_alone=baseline,
-                over_time=over_time, seconds=round(time.perf_counter() - started, 1))
+    return dict(
+        benchmark="note_scorer",
+        machine=f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        days=len(all_days),
+        updates=state.updates,
+        parameters=state.parameters(),
+        feature_dim=state.feature_dim,
+        simulated_people_ratings=simulated,
+        held_out=overall,
+        structure_alone=baseline,
+        over_time=over_time,
+        seconds=round(time.perf_counter() - started, 1),
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", default=None, help="a data dir with the daily loop's days (else a fresh one, runs them)")
+    parser.add_argument(
+        "--data-dir", default=None, help="a data dir with the daily loop's days (else a fresh one, runs them)"
+    )
     parser.add_argument("--days", type=int, default=8)
     parser.add_argument("--headlines", type=int, default=10)
-    parser.add_argument("--simulate-people", action="store_true", help="rate notes by structure (labelled simulated) when the log is empty")
+    parser.add_argument(
+        "--simulate-people",
+        action="store_true",
+        help="rate notes by structure (labelled simulated) when the log is empty",
+    )
     args = parser.parse_args()
     print(json.dumps(run(args.data_dir, args.days, args.headlines, args.simulate_people)))
 

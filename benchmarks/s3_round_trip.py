@@ -31,18 +31,35 @@ def rollouts_day(headlines: int = 30, notes: int = 8, tokens: int = 512, seed: i
     from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS
 
     rng = np.random.default_rng(seed)
-    words = np.array("the company said shares rose fell after guidance revenue quarter margin demand outlook cut raised".split())
+    words = np.array(
+        "the company said shares rose fell after guidance revenue quarter margin demand outlook cut raised".split()
+    )
     rows = []
     for h in range(headlines):
         title = " ".join(rng.choice(words, 12))
         summary = " ".join(rng.choice(words, 60))
         for i in range(notes):
             n = int(rng.integers(tokens // 2, tokens))
-            rows.append({"date": "2025-11-04", "headline_id": f"h{h:04d}", "rollout_index": i, "title": title, "summary": summary,
-                         "prompt": f"Headline: {title}\n{summary}\nWrite a trading note.", "response": " ".join(rng.choice(words, n)),
-                         "response_ids": rng.integers(0, 50_000, n).tolist(), "n_tokens": n, "finished": bool(rng.random() < 0.9),
-                         "structure_score": float(rng.random()), "behavior_logprobs": (-rng.exponential(1.0, n)).tolist(),
-                         "temperature": 1.0, "policy_version": "2025-11-03-abc123", "seed": h * notes + i, "max_new_tokens": tokens})
+            rows.append(
+                {
+                    "date": "2025-11-04",
+                    "headline_id": f"h{h:04d}",
+                    "rollout_index": i,
+                    "title": title,
+                    "summary": summary,
+                    "prompt": f"Headline: {title}\n{summary}\nWrite a trading note.",
+                    "response": " ".join(rng.choice(words, n)),
+                    "response_ids": rng.integers(0, 50_000, n).tolist(),
+                    "n_tokens": n,
+                    "finished": bool(rng.random() < 0.9),
+                    "structure_score": float(rng.random()),
+                    "behavior_logprobs": (-rng.exponential(1.0, n)).tolist(),
+                    "temperature": 1.0,
+                    "policy_version": "2025-11-03-abc123",
+                    "seed": h * notes + i,
+                    "max_new_tokens": tokens,
+                }
+            )
     return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
 
 
@@ -69,8 +86,13 @@ def measure(warehouse, tables: dict[str, pd.DataFrame], repeats: int) -> dict:
         query_ms = _median_ms(lambda: warehouse.query(f"SELECT count(*) AS n FROM {name}"), repeats)
         assert len(warehouse.read(name, "2025-11-04")) == len(frame)
         stored = warehouse.stat(name, "2025-11-04")
-        out[name] = {"rows": len(frame), "parquet_mb": round(stored.size / 2**20, 2), "write_ms": write_ms,
-                     "read_ms": read_ms, "duckdb_count_ms": query_ms}
+        out[name] = {
+            "rows": len(frame),
+            "parquet_mb": round(stored.size / 2**20, 2),
+            "write_ms": write_ms,
+            "read_ms": read_ms,
+            "duckdb_count_ms": query_ms,
+        }
     return out
 
 
@@ -80,7 +102,11 @@ def many_partitions(warehouse, repeats: int, days: int = 60) -> dict:
     rng = np.random.default_rng(0)
     started = time.perf_counter()
     for d in dates:
-        warehouse.write("decisions", pd.DataFrame({"decision_id": [f"{d}-{i}" for i in range(20)], "weight": rng.random(20)}), partition=d)
+        warehouse.write(
+            "decisions",
+            pd.DataFrame({"decision_id": [f"{d}-{i}" for i in range(20)], "weight": rng.random(20)}),
+            partition=d,
+        )
     write_ms = (time.perf_counter() - started) * 1000
     read_ms = _median_ms(lambda: warehouse.read_all("decisions"), repeats)
     assert len(warehouse.read_all("decisions")) == 20 * days
@@ -99,11 +125,20 @@ def run(repeats: int = 5) -> dict:
         with s3_server(Path(tmp) / "seaweedfs") as server:
             env = server.env("bench")
             os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
-            remote = Warehouse(data_dir=str(Path(tmp) / "s3"), warehouse_url=env["FLYWHEEL_WAREHOUSE_URL"], s3_endpoint=env["FLYWHEEL_S3_ENDPOINT"])
+            remote = Warehouse(
+                data_dir=str(Path(tmp) / "s3"),
+                warehouse_url=env["FLYWHEEL_WAREHOUSE_URL"],
+                s3_endpoint=env["FLYWHEEL_S3_ENDPOINT"],
+            )
             result["seaweedfs"] = measure(remote, tables, repeats)
             result["seaweedfs"]["decisions_60_days"] = many_partitions(remote, repeats)
-    return {"benchmark": "s3_round_trip", "repeats": repeats, "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
-            "server": "SeaweedFS (weed server -s3) on 127.0.0.1, same machine", **result}
+    return {
+        "benchmark": "s3_round_trip",
+        "repeats": repeats,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores",
+        "server": "SeaweedFS (weed server -s3) on 127.0.0.1, same machine",
+        **result,
+    }
 
 
 def main() -> None:
@@ -114,10 +149,14 @@ def main() -> None:
     for store in ("local", "seaweedfs"):
         for name, row in result[store].items():
             if "partitions" in row:
-                print(f"{store:10s} {name}: write {row['write_all_ms']:.0f} ms (one by one), read_all {row['read_all_ms']:.1f} ms")
+                print(
+                    f"{store:10s} {name}: write {row['write_all_ms']:.0f} ms (one by one), read_all {row['read_all_ms']:.1f} ms"
+                )
                 continue
-            print(f"{store:10s} {name:9s} {row['parquet_mb']:6.2f} MB  write {row['write_ms']:8.1f} ms  read {row['read_ms']:8.1f} ms  "
-                  f"duckdb count {row['duckdb_count_ms']:7.1f} ms")
+            print(
+                f"{store:10s} {name:9s} {row['parquet_mb']:6.2f} MB  write {row['write_ms']:8.1f} ms  read {row['read_ms']:8.1f} ms  "
+                f"duckdb count {row['duckdb_count_ms']:7.1f} ms"
+            )
     print(json.dumps(result))
 
 

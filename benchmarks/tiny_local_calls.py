@@ -29,8 +29,8 @@ import pandas as pd
 from scipy import stats
 
 from outcome_flywheel.daily_rl.notes.calls import parse_call
-from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.daily_rl.notes.relevance import KNOWN_SYMBOLS, headline_symbols
+from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.settings import PROJECT_ROOT
 
 ARCHIVE = PROJECT_ROOT / "sample_data" / "feeds_archive"
@@ -57,14 +57,18 @@ def call_stats(notes: pd.DataFrame) -> dict:
         if tally is not None:
             tally[0] += call.side == "long"
             tally[1] += 1
-    return {"notes": len(notes), "on_company": _share(on, len(notes)),
-            "long_on_good": _share(*long_good), "long_on_bad": _share(*long_bad)}
+    return {
+        "notes": len(notes),
+        "on_company": _share(on, len(notes)),
+        "long_on_good": _share(*long_good),
+        "long_on_bad": _share(*long_bad),
+    }
 
 
 def archive_headlines(archive: Path = ARCHIVE, tz: str = "America/New_York") -> pd.DataFrame:
     """Every distinct headline (by title) of the archive: the rows the daily loop would read, all days."""
-    from outcome_flywheel.daily_rl.feeds.source import FeedSource
     from outcome_flywheel.daily_rl.feeds.headlines import build_headlines
+    from outcome_flywheel.daily_rl.feeds.source import FeedSource
 
     source = FeedSource(archive_dir=str(archive))
     frames = []
@@ -77,8 +81,8 @@ def archive_headlines(archive: Path = ARCHIVE, tz: str = "America/New_York") -> 
 
 def sample_notes(model_dir: Path, headlines: pd.DataFrame, samples: int, seed: int = 0) -> pd.DataFrame:
     """`samples` notes per headline from the model in `model_dir`, sampled as the daily loop's rollouts."""
-    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING, generation_seed
     from outcome_flywheel.daily_rl.day import TINY_LOCAL_MAX_NEW_TOKENS
+    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING, generation_seed
     from outcome_flywheel.models.loader import load_backend
     from outcome_flywheel.models.prompts import trading_note_messages
 
@@ -87,17 +91,24 @@ def sample_notes(model_dir: Path, headlines: pd.DataFrame, samples: int, seed: i
     seeds = [generation_seed(seed, d, h) for d, h in zip(headlines["date"], headlines["headline_id"])]
     config = replace(ROLLOUT_SAMPLING, max_new_tokens=TINY_LOCAL_MAX_NEW_TOKENS)
     groups = policy.sample(prompts, samples, config, seeds)
-    rows = [dict(title=t, summary=s, note=x.text) for t, s, group in zip(headlines["title"], headlines["summary"], groups)
-            for x in group]
+    rows = [
+        dict(title=t, summary=s, note=x.text)
+        for t, s, group in zip(headlines["title"], headlines["summary"], groups)
+        for x in group
+    ]
     return pd.DataFrame(rows, columns=["title", "summary", "note"])
 
 
 def _line(name: str, figures: dict) -> str:
     def fmt(s: dict) -> str:
-        return "n/a" if s["n"] == 0 else f"{s['share']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}] ({s['k']}/{s['n']})"
+        return (
+            "n/a" if s["n"] == 0 else f"{s['share']:.2f} [{s['ci95'][0]:.2f}, {s['ci95'][1]:.2f}] ({s['k']}/{s['n']})"
+        )
 
-    return (f"{name:<8} notes {figures['notes']:>5}  on the headline's company {fmt(figures['on_company'])}  "
-            f"long on good news {fmt(figures['long_on_good'])}  long on bad news {fmt(figures['long_on_bad'])}")
+    return (
+        f"{name:<8} notes {figures['notes']:>5}  on the headline's company {fmt(figures['on_company'])}  "
+        f"long on good news {fmt(figures['long_on_good'])}  long on bad news {fmt(figures['long_on_bad'])}"
+    )
 
 
 def main() -> None:
@@ -117,12 +128,24 @@ def main() -> None:
     started = time.perf_counter()
     base = call_stats(sample_notes(model_dir, headlines, args.samples))
     seconds = round(time.perf_counter() - started, 1)
-    print(f"tiny-local {read_build_info(model_dir)['fingerprint']}: {len(headlines)} archive headlines x {args.samples} notes "
-          f"({seconds} s, {platform.machine()})")
+    print(
+        f"tiny-local {read_build_info(model_dir)['fingerprint']}: {len(headlines)} archive headlines x {args.samples} notes "
+        f"({seconds} s, {platform.machine()})"
+    )
     print(_line("corpus", corpus))
     print(_line("base", base))
-    print(json.dumps({"model_dir": str(model_dir), "headlines": len(headlines), "samples": args.samples,
-                      "seconds": seconds, "corpus": corpus, "base": base}))
+    print(
+        json.dumps(
+            {
+                "model_dir": str(model_dir),
+                "headlines": len(headlines),
+                "samples": args.samples,
+                "seconds": seconds,
+                "corpus": corpus,
+                "base": base,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -104,8 +104,11 @@ def clean(project: Path, home: str | None = None) -> tuple[int, list[str]]:
         else:
             _remove(path)
             lines.append(f"removed {path}")
-    lines += [f"kept {cluster}: a PostgreSQL cluster (a production instance's run history and schedule state); "
-              "`make down`, then `make clean-prod` removes it" for cluster in kept]
+    lines += [
+        f"kept {cluster}: a PostgreSQL cluster (a production instance's run history and schedule state); "
+        "`make down`, then `make clean-prod` removes it"
+        for cluster in kept
+    ]
     return 0, lines or ["nothing to remove"]
 
 
@@ -145,15 +148,24 @@ def clean_prod(project: Path, home: str | None = None) -> tuple[int, list[str]]:
 
 
 def refusal(command: str, busy: list[str]) -> list[str]:
-    return ([f"refused: a production deployment is running (`make up`), {command} would remove what it uses:"]
-            + [f"  {line}" for line in busy]
-            + ["Stop it first with `make down` (with FLYWHEEL_PROD_HOME set as for its `make up`), or wait for `make up` to finish."])
+    return (
+        [f"refused: a production deployment is running (`make up`), {command} would remove what it uses:"]
+        + [f"  {line}" for line in busy]
+        + [
+            "Stop it first with `make down` (with FLYWHEEL_PROD_HOME set as for its `make up`), or wait for `make up` to finish."
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="make clean", description="Remove data/, .dagster/ and .cache/ but a PostgreSQL cluster "
-                                "(--prod: the production home and its cluster), never while `make up` runs.")
-    p.add_argument("--prod", action="store_true", help="`make clean-prod`: the production home and its PostgreSQL cluster")
+    p = argparse.ArgumentParser(
+        prog="make clean",
+        description="Remove data/, .dagster/ and .cache/ but a PostgreSQL cluster "
+        "(--prod: the production home and its cluster), never while `make up` runs.",
+    )
+    p.add_argument(
+        "--prod", action="store_true", help="`make clean-prod`: the production home and its PostgreSQL cluster"
+    )
     p.add_argument("--home", help="the production DAGSTER_HOME (FLYWHEEL_PROD_HOME; default .dagster-prod)")
     p.add_argument("--project", default=str(PROJECT_ROOT), help="the project root (default: this checkout)")
     args = p.parse_args(argv)
@@ -164,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         print(f"{command}: {err}", file=sys.stderr)
         return 1
-    print("\n".join(f"{command}: {line}" if not line.startswith("  ") else line for line in lines),
-          file=sys.stderr if status else sys.stdout, flush=True)
+    print(
+        "\n".join(f"{command}: {line}" if not line.startswith("  ") else line for line in lines),
+        file=sys.stderr if status else sys.stdout,
+        flush=True,
+    )
     return status
 
 

@@ -37,7 +37,9 @@ def down(d) -> list[str]:
             if alive:  # pg_ctl could not stop it (or is gone): the recorded pid, as for the others
                 lines.append(processes.stop(d.home, "postgres"))
             else:
-                lines.append(f"postgres: stopped pid {record.pid} with pg_ctl ({output.splitlines()[-1] if output else 'stopped'})")
+                lines.append(
+                    f"postgres: stopped pid {record.pid} with pg_ctl ({output.splitlines()[-1] if output else 'stopped'})"
+                )
         processes.remove_record(d.home, "postgres")
     return lines
 

@@ -45,7 +45,9 @@ def up_lock(home: Path):
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            raise Busy(f"another `make up` is running on {home} (pid {f.read().strip() or '?'}); wait for it to finish") from None
+            raise Busy(
+                f"another `make up` is running on {home} (pid {f.read().strip() or '?'}); wait for it to finish"
+            ) from None
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()}\n")

@@ -31,9 +31,15 @@ def server_user_problem() -> str | None:
     try:
         pwd.getpwnam(SERVER_OS_USER)
     except KeyError:
-        return (f"running as root, PostgreSQL needs the `{SERVER_OS_USER}` system user (initdb refuses root); Debian's "
-                "postgresql package creates it: install the package, or run `make up` as a normal user")
-    return None if shutil.which("runuser") else "running as root, PostgreSQL is started through `runuser`, which is missing"
+        return (
+            f"running as root, PostgreSQL needs the `{SERVER_OS_USER}` system user (initdb refuses root); Debian's "
+            "postgresql package creates it: install the package, or run `make up` as a normal user"
+        )
+    return (
+        None
+        if shutil.which("runuser")
+        else "running as root, PostgreSQL is started through `runuser`, which is missing"
+    )
 
 
 def find_binaries() -> Path | None:
@@ -41,7 +47,12 @@ def find_binaries() -> Path | None:
     found = shutil.which("initdb")
     if found and shutil.which("pg_ctl"):
         return Path(os.path.realpath(found)).parent
-    candidates = [p for pattern in SEARCH for p in Path("/").glob(pattern.lstrip("/")) if (p / "initdb").exists() and (p / "pg_ctl").exists()]
+    candidates = [
+        p
+        for pattern in SEARCH
+        for p in Path("/").glob(pattern.lstrip("/"))
+        if (p / "initdb").exists() and (p / "pg_ctl").exists()
+    ]
 
     def version(p: Path) -> tuple:
         return tuple(int(x) if x.isdigit() else 0 for x in p.parent.name.split("."))
@@ -55,8 +66,10 @@ def ensure_installed() -> Path:
     if found:
         return found
     if not shutil.which("apt-get"):
-        raise PostgresError("PostgreSQL is not installed and this machine has no apt-get: install PostgreSQL (15 or later; "
-                            "initdb and pg_ctl on PATH), then run `make up` again")
+        raise PostgresError(
+            "PostgreSQL is not installed and this machine has no apt-get: install PostgreSQL (15 or later; "
+            "initdb and pg_ctl on PATH), then run `make up` again"
+        )
     sudo = [] if os.geteuid() == 0 else ["sudo"]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     print("PostgreSQL not found: installing Debian's postgresql package", flush=True)
@@ -65,7 +78,9 @@ def ensure_installed() -> Path:
         subprocess.run(sudo + ["apt-get", "install", "-y", "-q", "postgresql"], env=env, check=True)
     found = find_binaries()
     if not found:
-        raise PostgresError("apt-get installed postgresql but no initdb/pg_ctl was found under /usr/lib/postgresql/*/bin")
+        raise PostgresError(
+            "apt-get installed postgresql but no initdb/pg_ctl was found under /usr/lib/postgresql/*/bin"
+        )
     return found
 
 
@@ -103,19 +118,40 @@ class Cluster:
         self.data_dir.chmod(0o700)
         if self.as_root:
             shutil.chown(self.data_dir, SERVER_OS_USER, SERVER_OS_USER)
-            if subprocess.run(["runuser", "-u", SERVER_OS_USER, "--", "test", "-w", str(self.data_dir)]).returncode != 0:
-                raise PostgresError(f"PostgreSQL runs as the `{SERVER_OS_USER}` user here (initdb refuses root) and cannot reach "
-                                    f"{self.data_dir}: make its parent folders traversable (chmod o+x) or set FLYWHEEL_PG_DIR "
-                                    "to a folder it can reach")
-        result = subprocess.run(self._server_command("initdb", "-D", str(self.data_dir), f"--username={SUPERUSER}", "--auth-local=trust",
-                                                     "--auth-host=scram-sha-256", "--encoding=UTF8", "--locale=C"),
-                                capture_output=True, text=True)
+            if (
+                subprocess.run(["runuser", "-u", SERVER_OS_USER, "--", "test", "-w", str(self.data_dir)]).returncode
+                != 0
+            ):
+                raise PostgresError(
+                    f"PostgreSQL runs as the `{SERVER_OS_USER}` user here (initdb refuses root) and cannot reach "
+                    f"{self.data_dir}: make its parent folders traversable (chmod o+x) or set FLYWHEEL_PG_DIR "
+                    "to a folder it can reach"
+                )
+        result = subprocess.run(
+            self._server_command(
+                "initdb",
+                "-D",
+                str(self.data_dir),
+                f"--username={SUPERUSER}",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--encoding=UTF8",
+                "--locale=C",
+            ),
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             raise PostgresError(f"initdb failed in {self.data_dir}:\n{result.stdout}{result.stderr}")
 
     def running(self) -> bool:
-        return self.initialised and subprocess.run(self._server_command("pg_ctl", "-D", str(self.data_dir), "status"),
-                                                   capture_output=True).returncode == 0
+        return (
+            self.initialised
+            and subprocess.run(
+                self._server_command("pg_ctl", "-D", str(self.data_dir), "status"), capture_output=True
+            ).returncode
+            == 0
+        )
 
     def postmaster_pid(self) -> int | None:
         try:
@@ -125,22 +161,49 @@ class Cluster:
 
     def start(self, timeout_s: int = 120) -> None:
         # Loopback only, the socket inside the cluster's folder (0700): nothing else on the machine reaches it.
-        options = (f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories='{self.data_dir}' "
-                   "-c unix_socket_permissions=0700")
-        result = subprocess.run(self._server_command("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-w",
-                                                     "-t", str(timeout_s), "-o", options, "start"), capture_output=True, text=True)
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c port={self.port} -c unix_socket_directories='{self.data_dir}' "
+            "-c unix_socket_permissions=0700"
+        )
+        result = subprocess.run(
+            self._server_command(
+                "pg_ctl",
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.log_file),
+                "-w",
+                "-t",
+                str(timeout_s),
+                "-o",
+                options,
+                "start",
+            ),
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
             tail = self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
             raise PostgresError(f"pg_ctl start failed (port {self.port}):\n{result.stdout}{result.stderr}\n{tail}")
 
     def stop(self, timeout_s: int = 60) -> str:
-        result = subprocess.run(self._server_command("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", str(timeout_s), "stop"),
-                                capture_output=True, text=True)
+        result = subprocess.run(
+            self._server_command("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "-t", str(timeout_s), "stop"),
+            capture_output=True,
+            text=True,
+        )
         return (result.stdout + result.stderr).strip()
 
     def ready(self) -> bool:
         pg_isready = self.bin_dir / "pg_isready"
-        command = [str(pg_isready) if pg_isready.exists() else "pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-q"]
+        command = [
+            str(pg_isready) if pg_isready.exists() else "pg_isready",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-q",
+        ]
         return subprocess.run(command).returncode == 0
 
     def ensure_database(self, user: str, password: str, db_name: str) -> None:

@@ -48,8 +48,11 @@ class ProcessRecord:
         """The live process this record names, or None (gone, a zombie, or the pid now names another process)."""
         try:
             process = psutil.Process(self.pid)
-            same = (abs(process.create_time() - self.create_time) < START_TIME_TOLERANCE_S and bool(self.cmdline)
-                    and process.cmdline()[:3] == self.cmdline[:3])
+            same = (
+                abs(process.create_time() - self.create_time) < START_TIME_TOLERANCE_S
+                and bool(self.cmdline)
+                and process.cmdline()[:3] == self.cmdline[:3]
+            )
             return process if same and process.status() != psutil.STATUS_ZOMBIE else None
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             return None
@@ -102,8 +105,15 @@ def start(home: Path, name: str, command: list[str], env: dict[str, str], cwd: P
     log_path = log_dir(home) / f"{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        process = subprocess.Popen(command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     record = ProcessRecord.of(name, process.pid, str(log_path))
     write_record(home, record)
     return record
@@ -115,7 +125,11 @@ def _group(leader: psutil.Process) -> list[psutil.Process]:
     members = {p.pid: p for p in leader.children(recursive=True)}
     for process in psutil.process_iter(["create_time"]):
         try:
-            if process.pid != leader.pid and os.getpgid(process.pid) == leader.pid and process.info["create_time"] >= leader.create_time():
+            if (
+                process.pid != leader.pid
+                and os.getpgid(process.pid) == leader.pid
+                and process.info["create_time"] >= leader.create_time()
+            ):
                 members.setdefault(process.pid, process)
         except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
             continue
@@ -160,7 +174,9 @@ def free_port() -> int:
 
 def port_free(port: int) -> bool:
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: a closed socket's TIME_WAIT is no owner
+        s.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as the servers bind: a closed socket's TIME_WAIT is no owner
         try:
             s.bind(("127.0.0.1", port))
             return True

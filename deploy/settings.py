@@ -40,9 +40,14 @@ INSTANCE_TEMPLATE = Path(__file__).with_name("dagster.yaml")
 PG_USER = "dagster"
 PG_DB = "dagster"
 # Each setting a `make up` may be given: (its variable, its option).
-SETTINGS = {"data_dir": ("FLYWHEEL_DATA_DIR", "--data-dir"), "pg_dir": ("FLYWHEEL_PG_DIR", "--pg-dir"),
-            "pg_port": ("FLYWHEEL_PG_PORT", "--pg-port"), "code_server_port": ("FLYWHEEL_CODE_SERVER_PORT", "--code-server-port"),
-            "webserver_port": ("FLYWHEEL_WEBSERVER_PORT", "--webserver-port"), "api_port": ("FLYWHEEL_API_PORT", "--api-port")}
+SETTINGS = {
+    "data_dir": ("FLYWHEEL_DATA_DIR", "--data-dir"),
+    "pg_dir": ("FLYWHEEL_PG_DIR", "--pg-dir"),
+    "pg_port": ("FLYWHEEL_PG_PORT", "--pg-port"),
+    "code_server_port": ("FLYWHEEL_CODE_SERVER_PORT", "--code-server-port"),
+    "webserver_port": ("FLYWHEEL_WEBSERVER_PORT", "--webserver-port"),
+    "api_port": ("FLYWHEEL_API_PORT", "--api-port"),
+}
 
 
 class ConflictError(RuntimeError):
@@ -82,7 +87,9 @@ class Deployment:
     def save(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}, indent=1) + "\n")
+        tmp.write_text(
+            json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()}, indent=1) + "\n"
+        )
         tmp.replace(self.state_file)
 
 
@@ -96,8 +103,12 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--home", help="the production DAGSTER_HOME (FLYWHEEL_PROD_HOME; default .dagster-prod)")
     p.add_argument("--data-dir", help="FLYWHEEL_DATA_DIR (default data)")
     p.add_argument("--pg-dir", help="the PostgreSQL cluster's folder (FLYWHEEL_PG_DIR; default <data dir>/postgres)")
-    for name, var in (("pg-port", "FLYWHEEL_PG_PORT"), ("code-server-port", "FLYWHEEL_CODE_SERVER_PORT"),
-                      ("webserver-port", "FLYWHEEL_WEBSERVER_PORT"), ("api-port", "FLYWHEEL_API_PORT")):
+    for name, var in (
+        ("pg-port", "FLYWHEEL_PG_PORT"),
+        ("code-server-port", "FLYWHEEL_CODE_SERVER_PORT"),
+        ("webserver-port", "FLYWHEEL_WEBSERVER_PORT"),
+        ("api-port", "FLYWHEEL_API_PORT"),
+    ):
         p.add_argument(f"--{name}", type=int, help=f"{var}")
     return p
 
@@ -110,9 +121,15 @@ def recorded(home: Path) -> Deployment | None:
     """The deployment `<home>/deploy.json` records (the last one that started there), or None."""
     saved = guard.recorded(home)
     try:
-        return Deployment(home=home, data_dir=Path(saved["data_dir"]), pg_dir=Path(saved["pg_dir"]), pg_port=int(saved["pg_port"]),
-                          code_server_port=int(saved["code_server_port"]), webserver_port=int(saved["webserver_port"]),
-                          api_port=int(saved["api_port"]))
+        return Deployment(
+            home=home,
+            data_dir=Path(saved["data_dir"]),
+            pg_dir=Path(saved["pg_dir"]),
+            pg_port=int(saved["pg_port"]),
+            code_server_port=int(saved["code_server_port"]),
+            webserver_port=int(saved["webserver_port"]),
+            api_port=int(saved["api_port"]),
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -159,8 +176,10 @@ def differences(wanted: Deployment, running: Deployment) -> list[str]:
     for key, (variable, option) in SETTINGS.items():
         now, asked = getattr(running, key), getattr(wanted, key)
         if str(now) != str(asked):
-            lines.append(f"{variable}: running on {now}, asked for {asked}; `make down` first, or set {variable} "
-                         f"(or {option}) to {now}")
+            lines.append(
+                f"{variable}: running on {now}, asked for {asked}; `make down` first, or set {variable} "
+                f"(or {option}) to {now}"
+            )
     return lines
 
 
@@ -170,12 +189,16 @@ def check_running(wanted: Deployment) -> None:
     live = live_records(wanted.home)
     running = recorded(wanted.home) if live else None
     if live and running is None:
-        raise ConflictError(f"a deployment runs on {wanted.home} ({', '.join(r.name for r in live)}), but {wanted.state_file} "
-                            "does not record its settings: `make down` first")
+        raise ConflictError(
+            f"a deployment runs on {wanted.home} ({', '.join(r.name for r in live)}), but {wanted.state_file} "
+            "does not record its settings: `make down` first"
+        )
     lines = differences(wanted, running) if running else []
     if lines:
-        raise ConflictError(f"the deployment running on {wanted.home} uses other settings than those asked for:\n"
-                            + "\n".join(f"  {line}" for line in lines))
+        raise ConflictError(
+            f"the deployment running on {wanted.home} uses other settings than those asked for:\n"
+            + "\n".join(f"  {line}" for line in lines)
+        )
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -191,7 +214,10 @@ def instance_env(deployment: Deployment) -> dict[str, str]:
     set), made once and kept in `<home>/instance.env` (mode 0600)."""
     saved = read_env_file(deployment.secrets_file)
     values = {
-        "DAGSTER_PG_USER": PG_USER, "DAGSTER_PG_DB": PG_DB, "DAGSTER_PG_HOST": HOST, "DAGSTER_PG_PORT": str(deployment.pg_port),
+        "DAGSTER_PG_USER": PG_USER,
+        "DAGSTER_PG_DB": PG_DB,
+        "DAGSTER_PG_HOST": HOST,
+        "DAGSTER_PG_PORT": str(deployment.pg_port),
         "DAGSTER_PG_PASSWORD": saved.get("DAGSTER_PG_PASSWORD") or secrets.token_urlsafe(24),
     }
     if not os.environ.get("FLYWHEEL_API_TOKEN"):

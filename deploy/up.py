@@ -30,21 +30,38 @@ from pathlib import Path
 
 from deploy import guard, processes
 from deploy.postgres import Cluster, PostgresError, ensure_installed
-from deploy.settings import (DEFS_MODULE, HOST, INSTANCE_TEMPLATE, LOCATION_NAME, ConflictError, Deployment, check_running, home_of,
-                             instance_env, parser, resolve)
+from deploy.settings import (
+    DEFS_MODULE,
+    HOST,
+    INSTANCE_TEMPLATE,
+    LOCATION_NAME,
+    ConflictError,
+    Deployment,
+    check_running,
+    home_of,
+    instance_env,
+    parser,
+    resolve,
+)
 from outcome_flywheel.settings import PROJECT_ROOT, validate_environment
 
 BIN = Path(sys.executable).parent  # the project's virtual environment: dagster, dagster-daemon, flywheel-serve
 POOLS = ("duckdb", "accelerator")
 DAILY_SCHEDULE = "daily_rl_job_schedule"
-PORT_SETTINGS = {"code_server": "FLYWHEEL_CODE_SERVER_PORT (--code-server-port)", "webserver": "FLYWHEEL_WEBSERVER_PORT (--webserver-port)",
-                 "service": "FLYWHEEL_API_PORT (--api-port)"}
+PORT_SETTINGS = {
+    "code_server": "FLYWHEEL_CODE_SERVER_PORT (--code-server-port)",
+    "webserver": "FLYWHEEL_WEBSERVER_PORT (--webserver-port)",
+    "service": "FLYWHEEL_API_PORT (--api-port)",
+}
 REPOSITORY_NAME = "__repository__"  # the one repository of a `Definitions` object
 
 
 def graphql(url: str, query: str, variables: dict | None = None, timeout: float = 10) -> dict:
-    request = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/graphql",
+        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         body = json.loads(response.read())
     if body.get("errors"):
@@ -74,7 +91,9 @@ def location_loaded(url: str) -> bool:
     entries = graphql(url, LOCATION_QUERY)["workspaceOrError"]["locationEntries"]
     entry = next(e for e in entries if e["name"] == LOCATION_NAME)
     if entry["locationOrLoadError"] and entry["locationOrLoadError"]["__typename"] == "PythonError":
-        raise processes.StartupError(f"the code location did not load: {entry['locationOrLoadError']['message'][:2000]}")
+        raise processes.StartupError(
+            f"the code location did not load: {entry['locationOrLoadError']['message'][:2000]}"
+        )
     return entry["loadStatus"] == "LOADED" and entry["locationOrLoadError"]["__typename"] == "RepositoryLocation"
 
 
@@ -87,17 +106,29 @@ def daemons_healthy(url: str) -> bool:
 def write_instance_files(d: Deployment) -> None:
     """The shipped instance file, and a workspace naming the code server (both replaced atomically)."""
     d.home.mkdir(parents=True, exist_ok=True)
-    for path, text in ((d.home / "dagster.yaml", INSTANCE_TEMPLATE.read_text()),
-                       (d.workspace_file, f"# Written by `make up`: the code server it starts.\nload_from:\n  - grpc_server:\n"
-                                          f"      host: {HOST}\n      port: {d.code_server_port}\n      location_name: {LOCATION_NAME}\n")):
+    for path, text in (
+        (d.home / "dagster.yaml", INSTANCE_TEMPLATE.read_text()),
+        (
+            d.workspace_file,
+            f"# Written by `make up`: the code server it starts.\nload_from:\n  - grpc_server:\n"
+            f"      host: {HOST}\n      port: {d.code_server_port}\n      location_name: {LOCATION_NAME}\n",
+        ),
+    ):
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(path)
 
 
 def process_env(d: Deployment, secrets: dict[str, str]) -> dict[str, str]:
-    env = {**os.environ, **secrets, "DAGSTER_HOME": str(d.home), "FLYWHEEL_DATA_DIR": str(d.data_dir),
-           "FLYWHEEL_API_HOST": HOST, "FLYWHEEL_API_PORT": str(d.api_port), "FLYWHEEL_DAGSTER_URL": d.webserver_url}
+    env = {
+        **os.environ,
+        **secrets,
+        "DAGSTER_HOME": str(d.home),
+        "FLYWHEEL_DATA_DIR": str(d.data_dir),
+        "FLYWHEEL_API_HOST": HOST,
+        "FLYWHEEL_API_PORT": str(d.api_port),
+        "FLYWHEEL_DAGSTER_URL": d.webserver_url,
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
     return env
 
@@ -109,7 +140,9 @@ def start_postgres(d: Deployment, secrets: dict[str, str], timeout_s: float) -> 
         state = "already running"
     else:
         if not processes.port_free(d.pg_port):
-            raise PostgresError(f"port {d.pg_port} on {HOST} is taken: set FLYWHEEL_PG_PORT (or --pg-port) to a free one")
+            raise PostgresError(
+                f"port {d.pg_port} on {HOST} is taken: set FLYWHEEL_PG_PORT (or --pg-port) to a free one"
+            )
         cluster.start()
         state = "started"
     pid = cluster.postmaster_pid()
@@ -122,13 +155,17 @@ def start_postgres(d: Deployment, secrets: dict[str, str], timeout_s: float) -> 
     return state
 
 
-def ensure_process(d: Deployment, name: str, command: list[str], env: dict[str, str], port: int | None) -> tuple[processes.ProcessRecord, str]:
+def ensure_process(
+    d: Deployment, name: str, command: list[str], env: dict[str, str], port: int | None
+) -> tuple[processes.ProcessRecord, str]:
     record = processes.running(d.home, name)
     if record:
         return record, "already running"
     if port is not None and not processes.port_free(port):
-        raise processes.StartupError(f"{name}: port {port} on {HOST} is taken by another program; choose another with "
-                                     f"{PORT_SETTINGS.get(name, 'its option')}")
+        raise processes.StartupError(
+            f"{name}: port {port} on {HOST} is taken by another program; choose another with "
+            f"{PORT_SETTINGS.get(name, 'its option')}"
+        )
     return processes.start(d.home, name, command, env, PROJECT_ROOT), "started"
 
 
@@ -140,59 +177,110 @@ def up(d: Deployment, daily_schedule: str = "auto", timeout_s: float = 600) -> d
     started_at = time.monotonic()
     for name, port in (("code_server", d.code_server_port), ("webserver", d.webserver_port), ("service", d.api_port)):
         if not processes.running(d.home, name) and not processes.port_free(port):  # before starting anything
-            raise processes.StartupError(f"{name}: port {port} on {HOST} is taken by another program; choose another with "
-                                         f"{PORT_SETTINGS[name]}")
+            raise processes.StartupError(
+                f"{name}: port {port} on {HOST} is taken by another program; choose another with {PORT_SETTINGS[name]}"
+            )
     write_instance_files(d)
     secrets = instance_env(d)
     env = process_env(d, secrets)
     states = {"postgres": start_postgres(d, secrets, timeout_s)}
     workspace = ["-w", str(d.workspace_file)]
     code_server, states["code_server"] = ensure_process(
-        d, "code_server", [str(BIN / "dagster"), "code-server", "start", "-m", DEFS_MODULE, "-d", str(PROJECT_ROOT), "-h", HOST,
-                           "-p", str(d.code_server_port), "--location-name", LOCATION_NAME], env, d.code_server_port)
+        d,
+        "code_server",
+        [
+            str(BIN / "dagster"),
+            "code-server",
+            "start",
+            "-m",
+            DEFS_MODULE,
+            "-d",
+            str(PROJECT_ROOT),
+            "-h",
+            HOST,
+            "-p",
+            str(d.code_server_port),
+            "--location-name",
+            LOCATION_NAME,
+        ],
+        env,
+        d.code_server_port,
+    )
     # The daemon and the webserver load the workspace as they start: the code server answers first.
-    processes.wait_until(lambda: code_server_healthy(d), timeout_s, "the code server", interval_s=2, process=code_server)
+    processes.wait_until(
+        lambda: code_server_healthy(d), timeout_s, "the code server", interval_s=2, process=code_server
+    )
     daemon, states["daemon"] = ensure_process(d, "daemon", [str(BIN / "dagster-daemon"), "run", *workspace], env, None)
     webserver, states["webserver"] = ensure_process(
-        d, "webserver", [str(BIN / "dagster-webserver"), "-h", HOST, "-p", str(d.webserver_port), *workspace], env, d.webserver_port)
+        d,
+        "webserver",
+        [str(BIN / "dagster-webserver"), "-h", HOST, "-p", str(d.webserver_port), *workspace],
+        env,
+        d.webserver_port,
+    )
     url = d.webserver_url
     processes.wait_until(lambda: http_ok(f"{url}/server_info"), timeout_s, "dagster-webserver", process=webserver)
-    processes.wait_until(lambda: location_loaded(url), timeout_s, "the code location (code server)", interval_s=2, process=code_server)
+    processes.wait_until(
+        lambda: location_loaded(url), timeout_s, "the code location (code server)", interval_s=2, process=code_server
+    )
     for pool in POOLS:  # as `make setup` does for the embedded instance: explicit, whatever default_limit says
         graphql(url, SET_POOL, {"key": pool, "limit": 1})
-    processes.wait_until(lambda: daemons_healthy(url), timeout_s, "dagster-daemon (heartbeats)", interval_s=2, process=daemon)
+    processes.wait_until(
+        lambda: daemons_healthy(url), timeout_s, "dagster-daemon (heartbeats)", interval_s=2, process=daemon
+    )
     if daily_schedule == "on" or (daily_schedule == "auto" and os.environ.get("FLYWHEEL_FEED_URLS")):
-        selector = {"repositoryLocationName": LOCATION_NAME, "repositoryName": REPOSITORY_NAME, "scheduleName": DAILY_SCHEDULE}
+        selector = {
+            "repositoryLocationName": LOCATION_NAME,
+            "repositoryName": REPOSITORY_NAME,
+            "scheduleName": DAILY_SCHEDULE,
+        }
         result = graphql(url, START_SCHEDULE, {"selector": selector})["startSchedule"]
         if result["__typename"] == "PythonError" and "already running" not in result.get("message", ""):
             raise processes.StartupError(f"could not start {DAILY_SCHEDULE}: {result['message']}")
         states[DAILY_SCHEDULE] = "on"
-    service, states["service"] = ensure_process(d, "service", [str(BIN / "flywheel-serve"), "--host", HOST, "--port", str(d.api_port)],
-                                                env, d.api_port)
-    processes.wait_until(lambda: http_ok(f"{d.service_url}/openapi.json"), timeout_s, "the review service", process=service)
+    service, states["service"] = ensure_process(
+        d, "service", [str(BIN / "flywheel-serve"), "--host", HOST, "--port", str(d.api_port)], env, d.api_port
+    )
+    processes.wait_until(
+        lambda: http_ok(f"{d.service_url}/openapi.json"), timeout_s, "the review service", process=service
+    )
     states["seconds"] = f"{time.monotonic() - started_at:.1f}"
     return states
 
 
 def summary(d: Deployment, states: dict[str, str]) -> str:
-    token = "FLYWHEEL_API_TOKEN (as set)" if os.environ.get("FLYWHEEL_API_TOKEN") else instance_env(d).get("FLYWHEEL_API_TOKEN", "")
-    pids = {name: (processes.read_record(d.home, name) or processes.ProcessRecord(name, 0, 0.0, [])).pid
-            for name in ("postgres", "code_server", "daemon", "webserver", "service")}
+    token = (
+        "FLYWHEEL_API_TOKEN (as set)"
+        if os.environ.get("FLYWHEEL_API_TOKEN")
+        else instance_env(d).get("FLYWHEEL_API_TOKEN", "")
+    )
+    pids = {
+        name: (processes.read_record(d.home, name) or processes.ProcessRecord(name, 0, 0.0, [])).pid
+        for name in ("postgres", "code_server", "daemon", "webserver", "service")
+    }
     lines = [f"production instance up in {states['seconds']} s (DAGSTER_HOME={d.home})"]
     lines += [f"  {name:<12} pid {pids[name]:<8} {states.get(name, '')}" for name in pids]
-    lines += [f"  PostgreSQL   {HOST}:{d.pg_port}  data {d.pg_dir}",
-              f"  Dagster UI   {d.webserver_url}",
-              f"  service      {d.service_url}  (sign in at {d.service_url}/login)",
-              f"  token        {token}",
-              f"  daily schedule {states.get(DAILY_SCHEDULE, 'as the instance has it (off by default; docs/deploy.md)')}",
-              f"  logs         {processes.log_dir(d.home)}; stop everything with `make down`"]
+    lines += [
+        f"  PostgreSQL   {HOST}:{d.pg_port}  data {d.pg_dir}",
+        f"  Dagster UI   {d.webserver_url}",
+        f"  service      {d.service_url}  (sign in at {d.service_url}/login)",
+        f"  token        {token}",
+        f"  daily schedule {states.get(DAILY_SCHEDULE, 'as the instance has it (off by default; docs/deploy.md)')}",
+        f"  logs         {processes.log_dir(d.home)}; stop everything with `make down`",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = parser("make up", "Start PostgreSQL, the code server, dagster-daemon, dagster-webserver and the review service.")
-    p.add_argument("--daily-schedule", choices=("on", "off", "auto"), default=os.environ.get("FLYWHEEL_DAILY_SCHEDULE") or "auto",
-                   help="turn the daily schedule on (auto: when FLYWHEEL_FEED_URLS is set; off: leave it as it is)")
+    p = parser(
+        "make up", "Start PostgreSQL, the code server, dagster-daemon, dagster-webserver and the review service."
+    )
+    p.add_argument(
+        "--daily-schedule",
+        choices=("on", "off", "auto"),
+        default=os.environ.get("FLYWHEEL_DAILY_SCHEDULE") or "auto",
+        help="turn the daily schedule on (auto: when FLYWHEEL_FEED_URLS is set; off: leave it as it is)",
+    )
     p.add_argument("--timeout", type=float, default=600, help="seconds to wait for each piece to be ready")
     args = p.parse_args(argv)
     try:
@@ -204,7 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (PostgresError, processes.StartupError, RuntimeError) as err:
         started = processes.live_records(home_of(args))
-        print(f"make up: {err}" + ("\n(what did start is still running: `make down` stops it)" if started else ""), file=sys.stderr)
+        print(
+            f"make up: {err}" + ("\n(what did start is still running: `make down` stops it)" if started else ""),
+            file=sys.stderr,
+        )
         return 1
     print(summary(deployment, states), flush=True)
     return 0

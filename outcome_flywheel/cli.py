@@ -36,11 +36,28 @@ from outcome_flywheel.settings import DEFAULTS, FREE_FORM, RULES, SECRETS, Setti
 
 PROG = "flywheel"
 # Loggers of the libraries a command may load; kept at ERROR unless --verbose.
-LIBRARY_LOGGERS = ("transformers", "huggingface_hub", "peft", "torch", "accelerate", "tokenizers", "safetensors", "urllib3", "filelock")
+LIBRARY_LOGGERS = (
+    "transformers",
+    "huggingface_hub",
+    "peft",
+    "torch",
+    "accelerate",
+    "tokenizers",
+    "safetensors",
+    "urllib3",
+    "filelock",
+)
 KNOWN_VARIABLES = frozenset(DEFAULTS) | frozenset(RULES) | frozenset(FREE_FORM)
 # The variables each command reads (validated before it runs; `check-settings` validates them all).
 STATUS_VARIABLES = ("FLYWHEEL_DATA_DIR", "FLYWHEEL_MIN_NEW_PAIRS", "FLYWHEEL_PREFERENCE_CONTEXT")
-STYLE_VARIABLES = ("FLYWHEEL_DATA_DIR", "FLYWHEEL_BASE_MODEL", "FLYWHEEL_BACKEND", "FLYWHEEL_DEVICE", "FLYWHEEL_SEED", "FLYWHEEL_PREFERENCE_CONTEXT")
+STYLE_VARIABLES = (
+    "FLYWHEEL_DATA_DIR",
+    "FLYWHEEL_BASE_MODEL",
+    "FLYWHEEL_BACKEND",
+    "FLYWHEEL_DEVICE",
+    "FLYWHEEL_SEED",
+    "FLYWHEEL_PREFERENCE_CONTEXT",
+)
 
 
 class CliError(Exception):
@@ -150,13 +167,17 @@ def parse_orders(value: str) -> list[dict[str, Any]]:
 
     orders = _parse_json(value, "--orders")
     if not isinstance(orders, list):
-        raise UsageError(f"--orders must be a JSON list of {{symbol, side, weight}} objects, not a {type(orders).__name__}")
+        raise UsageError(
+            f"--orders must be a JSON list of {{symbol, side, weight}} objects, not a {type(orders).__name__}"
+        )
     if not orders:
         raise UsageError("--orders holds no orders: a proposal needs at least one order to score against holding")
     valid = []
     for i, order in enumerate(orders, start=1):
         if not isinstance(order, dict):
-            raise UsageError(f"--orders item {i} is not an object like {{\"symbol\": \"MSFT\", \"side\": \"buy\", \"weight\": 0.02}}")
+            raise UsageError(
+                f'--orders item {i} is not an object like {{"symbol": "MSFT", "side": "buy", "weight": 0.02}}'
+            )
         try:
             valid.append(Order.model_validate(order).model_dump(mode="json"))
         except ValidationError as err:
@@ -215,7 +236,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     require_settings(STATUS_VARIABLES)
     warehouse = Warehouse.from_env()
     if not warehouse.root.is_dir():
-        raise CliError(f"data dir {warehouse.root} does not exist (FLYWHEEL_DATA_DIR; the demo or the Dagster assets create it)")
+        raise CliError(
+            f"data dir {warehouse.root} does not exist (FLYWHEEL_DATA_DIR; the demo or the Dagster assets create it)"
+        )
     print(json.dumps(flywheel_status(warehouse, args.min_new_pairs), indent=2, default=str))
     return 0
 
@@ -262,17 +285,33 @@ def cmd_make_world(args: argparse.Namespace) -> int:
     from outcome_flywheel.settings import env
 
     require_settings(("FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_TIMEZONE"))
-    archive, tz = args.archive or os.environ.get("FLYWHEEL_FEEDS_ARCHIVE") or world_feeds.DEFAULT_ARCHIVE, env("FLYWHEEL_TIMEZONE")
+    archive, tz = (
+        args.archive or os.environ.get("FLYWHEEL_FEEDS_ARCHIVE") or world_feeds.DEFAULT_ARCHIVE,
+        env("FLYWHEEL_TIMEZONE"),
+    )
     try:
         out = worlds.check_world_path(Path(args.out).expanduser())
         if (args.synthetic_days is None) != (args.archive_out is None):
-            raise ValueError("give --synthetic-days and --archive-out together (a SYNTHETIC archive of N days, written to DIR)")
-        config = worlds.WorldConfig(kind=args.kind, seed=args.seed, move_pct=args.move_pct, noise_pct=args.noise_pct, drift_pct=args.drift_pct)
+            raise ValueError(
+                "give --synthetic-days and --archive-out together (a SYNTHETIC archive of N days, written to DIR)"
+            )
+        config = worlds.WorldConfig(
+            kind=args.kind, seed=args.seed, move_pct=args.move_pct, noise_pct=args.noise_pct, drift_pct=args.drift_pct
+        )
         if args.synthetic_days is not None:  # from the event templates of --archive
-            feeds = world_feeds.write_synthetic_archive(args.archive_out, args.synthetic_days, args.headlines_per_day, args.seed,
-                                                        template_archive=archive, prices_file=args.template, tz=tz)
+            feeds = world_feeds.write_synthetic_archive(
+                args.archive_out,
+                args.synthetic_days,
+                args.headlines_per_day,
+                args.seed,
+                template_archive=archive,
+                prices_file=args.template,
+                tz=tz,
+            )
             archive = args.archive_out
-            print(f"wrote {archive} (SYNTHETIC feeds, {feeds['headlines']} headlines): use it with FLYWHEEL_FEEDS_ARCHIVE={archive}")
+            print(
+                f"wrote {archive} (SYNTHETIC feeds, {feeds['headlines']} headlines): use it with FLYWHEEL_FEEDS_ARCHIVE={archive}"
+            )
     except ValueError as err:
         raise UsageError(str(err)) from None
     prices, manifest = worlds.make_world(config, archive, args.template, tz, args.max_headlines)
@@ -280,8 +319,10 @@ def cmd_make_world(args: argparse.Namespace) -> int:
         manifest = worlds.write_world(out, prices, manifest)
     except OSError as err:
         raise CliError(f"cannot write {out}: {_one_line(err.strerror or err)}") from None
-    print(f"wrote {out} (SYNTHETIC {config.kind} world, seed {config.seed}: {manifest['rows']} closes {manifest['first_date']}.."
-          f"{manifest['last_date']}, {manifest['planted_moves']} planted moves) and {worlds.manifest_path(out)}; FLYWHEEL_PRICES_FILE={out}")
+    print(
+        f"wrote {out} (SYNTHETIC {config.kind} world, seed {config.seed}: {manifest['rows']} closes {manifest['first_date']}.."
+        f"{manifest['last_date']}, {manifest['planted_moves']} planted moves) and {worlds.manifest_path(out)}; FLYWHEEL_PRICES_FILE={out}"
+    )
     return 0
 
 
@@ -292,7 +333,9 @@ def cmd_check_settings(args: argparse.Namespace) -> int:
             _error(problem)
         return 2
     set_here = sorted(n for n in KNOWN_VARIABLES if os.environ.get(n))
-    print(f"settings ok: {len(set_here)} FLYWHEEL_* variable{'s' if len(set_here) != 1 else ''} set, the rest at their defaults")
+    print(
+        f"settings ok: {len(set_here)} FLYWHEEL_* variable{'s' if len(set_here) != 1 else ''} set, the rest at their defaults"
+    )
     for name in set_here:
         print(f"  {name}={'<hidden>' if name in SECRETS else os.environ[name]}")
     return 0
@@ -301,6 +344,7 @@ def cmd_check_settings(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from outcome_flywheel.models.loader import ModelLoader
     from outcome_flywheel.models.serve.export import ExportError, export
+
     require_settings(STYLE_VARIABLES)  # the model loader's variables
     try:
         print(export(args.source, args.out, ModelLoader.from_env(), args.gguf, args.gguf_type)[1])
@@ -312,68 +356,144 @@ def cmd_export(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from outcome_flywheel.preferences.synthetic import OPERATORS
 
-    parser = _Parser(prog=PROG, description="Command-line tools of the outcome flywheel (Dagster-free).",
-                     epilog="Each command reads the FLYWHEEL_* variables (README: Configuration).")
-    parser.add_argument("-v", "--verbose", action="store_true", help="keep library warnings and progress bars; tracebacks on unexpected errors")
+    parser = _Parser(
+        prog=PROG,
+        description="Command-line tools of the outcome flywheel (Dagster-free).",
+        epilog="Each command reads the FLYWHEEL_* variables (README: Configuration).",
+    )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="keep library warnings and progress bars; tracebacks on unexpected errors",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
 
-    p = sub.add_parser("status", help="training status of the preference flywheel (JSON)",
-                       description="n_preferences, n_dpo_pairs, n_holdout, new pairs since the last adapter, ready_to_train "
-                                   "with the blocking reasons, the last holdout evaluation and drift, from FLYWHEEL_DATA_DIR.")
+    p = sub.add_parser(
+        "status",
+        help="training status of the preference flywheel (JSON)",
+        description="n_preferences, n_dpo_pairs, n_holdout, new pairs since the last adapter, ready_to_train "
+        "with the blocking reasons, the last holdout evaluation and drift, from FLYWHEEL_DATA_DIR.",
+    )
     p.add_argument("--min-new-pairs", type=_positive_int, default=None, help="default FLYWHEEL_MIN_NEW_PAIRS (10)")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("style-score", help="style-match score of a proposal against the latest preference adapter (JSON)",
-                       description="Prints {available, style_match_score, margin_logp, comment, adapter_path}: "
-                                   "score = sigmoid(beta * margin), margin = the adapter's DPO implicit reward of the plan "
-                                   "minus that of holding. available is false before the first adapter.")
-    p.add_argument("--orders", required=True, help='JSON list of {"symbol", "side": buy|sell, "weight": 0.05 = 5%%}, or @file.json')
-    p.add_argument("--context", default="{}", help="JSON object (or @file.json): the decision context; its keys count only "
-                                                   "if the adapter was trained with them (FLYWHEEL_PREFERENCE_CONTEXT)")
+    p = sub.add_parser(
+        "style-score",
+        help="style-match score of a proposal against the latest preference adapter (JSON)",
+        description="Prints {available, style_match_score, margin_logp, comment, adapter_path}: "
+        "score = sigmoid(beta * margin), margin = the adapter's DPO implicit reward of the plan "
+        "minus that of holding. available is false before the first adapter.",
+    )
+    p.add_argument(
+        "--orders", required=True, help='JSON list of {"symbol", "side": buy|sell, "weight": 0.05 = 5%%}, or @file.json'
+    )
+    p.add_argument(
+        "--context",
+        default="{}",
+        help="JSON object (or @file.json): the decision context; its keys count only "
+        "if the adapter was trained with them (FLYWHEEL_PREFERENCE_CONTEXT)",
+    )
     p.add_argument("--text", default=None, help="the proposal's optional note")
-    p.add_argument("--adapter", default=None, help="adapter folder (default: $FLYWHEEL_DATA_DIR/adapters/preference/latest)")
+    p.add_argument(
+        "--adapter", default=None, help="adapter folder (default: $FLYWHEEL_DATA_DIR/adapters/preference/latest)"
+    )
     p.set_defaults(func=cmd_style_score)
 
-    p = sub.add_parser("make-audit-log", help="a synthetic operator's audit log (JSONL)",
-                       description="Decisions of a synthetic operator on rebalance proposals, with the log's edge cases "
-                                   "(outcome_flywheel/preferences/synthetic.py). The bundled sample is "
-                                   "--operator sector --n 200 --seed 7 --out sample_data/audit_log.jsonl.")
+    p = sub.add_parser(
+        "make-audit-log",
+        help="a synthetic operator's audit log (JSONL)",
+        description="Decisions of a synthetic operator on rebalance proposals, with the log's edge cases "
+        "(outcome_flywheel/preferences/synthetic.py). The bundled sample is "
+        "--operator sector --n 200 --seed 7 --out sample_data/audit_log.jsonl.",
+    )
     p.add_argument("--operator", choices=sorted(OPERATORS), default="sector")
     p.add_argument("--n", type=_audit_log_size, default=200, help="decisions (default 200)")
     p.add_argument("--seed", type=int, default=7, help="random seed (default 7)")
     p.add_argument("--out", default="-", help="file to write (default -: stdout)")
     p.set_defaults(func=cmd_make_audit_log)
 
-    p = sub.add_parser("make-world", help="a SYNTHETIC price file where the answer is known (news, inverted, null)",
-                       description="Closes over the template price file's dates and symbols, each a seeded random walk; in `news` each "
-                                   "headline's company moves --move-pct with its news the session after its note's entry, in `inverted` against "
-                                   "it, in `null` never. Writes PATH and PATH.world.json; --synthetic-days first writes a SYNTHETIC archive to "
-                                   "--archive-out and builds the world over it (docs/daily_rl.md, Worlds).")
+    p = sub.add_parser(
+        "make-world",
+        help="a SYNTHETIC price file where the answer is known (news, inverted, null)",
+        description="Closes over the template price file's dates and symbols, each a seeded random walk; in `news` each "
+        "headline's company moves --move-pct with its news the session after its note's entry, in `inverted` against "
+        "it, in `null` never. Writes PATH and PATH.world.json; --synthetic-days first writes a SYNTHETIC archive to "
+        "--archive-out and builds the world over it (docs/daily_rl.md, Worlds).",
+    )
     p.add_argument("--kind", choices=("news", "inverted", "null"), required=True, help="the rule")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0): the walks (the same in every kind), the synthetic archive")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed (default 0): the walks (the same in every kind), the synthetic archive",
+    )
     p.add_argument("--move-pct", type=_finite, default=2.0, help="size of a planted move, %% of the close (default 2)")
-    p.add_argument("--noise-pct", type=_finite, default=1.0, help="daily standard deviation of every return, %% (default 1)")
+    p.add_argument(
+        "--noise-pct", type=_finite, default=1.0, help="daily standard deviation of every return, %% (default 1)"
+    )
     p.add_argument("--drift-pct", type=_finite, default=0.0, help="mean daily return of every symbol, %% (default 0)")
-    p.add_argument("--archive", default=None, help="feed archive (default FLYWHEEL_FEEDS_ARCHIVE); with --synthetic-days, the templates'")
-    p.add_argument("--max-headlines", type=_positive_int, default=None, help="plant moves for each day's first N headlines (as the loop reads)")
-    p.add_argument("--template", default="sample_data/prices/daily_close.csv", help="price file of the dates, symbols, first closes")
-    p.add_argument("--synthetic-days", type=_positive_int, default=None, help="write a SYNTHETIC archive of N days to --archive-out")
-    p.add_argument("--headlines-per-day", type=_positive_int, default=16, help="the SYNTHETIC archive's headlines a day (default 16)")
-    p.add_argument("--archive-out", default=None, help="the SYNTHETIC archive's folder (DIR/YYYY-MM-DD/*.xml, DIR/synthetic_archive.json)")
+    p.add_argument(
+        "--archive",
+        default=None,
+        help="feed archive (default FLYWHEEL_FEEDS_ARCHIVE); with --synthetic-days, the templates'",
+    )
+    p.add_argument(
+        "--max-headlines",
+        type=_positive_int,
+        default=None,
+        help="plant moves for each day's first N headlines (as the loop reads)",
+    )
+    p.add_argument(
+        "--template",
+        default="sample_data/prices/daily_close.csv",
+        help="price file of the dates, symbols, first closes",
+    )
+    p.add_argument(
+        "--synthetic-days",
+        type=_positive_int,
+        default=None,
+        help="write a SYNTHETIC archive of N days to --archive-out",
+    )
+    p.add_argument(
+        "--headlines-per-day",
+        type=_positive_int,
+        default=16,
+        help="the SYNTHETIC archive's headlines a day (default 16)",
+    )
+    p.add_argument(
+        "--archive-out",
+        default=None,
+        help="the SYNTHETIC archive's folder (DIR/YYYY-MM-DD/*.xml, DIR/synthetic_archive.json)",
+    )
     p.add_argument("--out", required=True, help="the .csv file to write")
     p.set_defaults(func=cmd_make_world)
 
-    p = sub.add_parser("check-settings", help="validate the FLYWHEEL_* environment variables",
-                       description="One line per variable that breaks its rule (and per FLYWHEEL_* name the project "
-                                   "does not read); exit 2 when any, 0 when all are usable.")
+    p = sub.add_parser(
+        "check-settings",
+        help="validate the FLYWHEEL_* environment variables",
+        description="One line per variable that breaks its rule (and per FLYWHEEL_* name the project "
+        "does not read); exit 2 when any, 0 when all are usable.",
+    )
     p.set_defaults(func=cmd_check_settings)
 
-    p = sub.add_parser("export", help="a policy checkpoint or preference adapter as a standalone Hugging Face folder, and GGUF")
-    p.add_argument("source", help="policy | preference (the latest, as /v1 serves them) | a checkpoint, adapter or model folder")
-    p.add_argument("out", help="the folder to write: safetensors with the LoRA merged (PEFT), then OUT/model.gguf via llama.cpp (docs/serving.md)")
-    p.add_argument("--gguf", choices=("auto", "always", "never"), default="auto", help="auto: when the converter is installed")
-    p.add_argument("--gguf-type", choices=("f32", "f16", "bf16", "q8_0"), default="f16", help="GGUF weights (default f16)")
+    p = sub.add_parser(
+        "export", help="a policy checkpoint or preference adapter as a standalone Hugging Face folder, and GGUF"
+    )
+    p.add_argument(
+        "source", help="policy | preference (the latest, as /v1 serves them) | a checkpoint, adapter or model folder"
+    )
+    p.add_argument(
+        "out",
+        help="the folder to write: safetensors with the LoRA merged (PEFT), then OUT/model.gguf via llama.cpp (docs/serving.md)",
+    )
+    p.add_argument(
+        "--gguf", choices=("auto", "always", "never"), default="auto", help="auto: when the converter is installed"
+    )
+    p.add_argument(
+        "--gguf-type", choices=("f32", "f16", "bf16", "q8_0"), default="f16", help="GGUF weights (default f16)"
+    )
     p.set_defaults(func=cmd_export)
     return parser
 

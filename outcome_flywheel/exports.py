@@ -22,12 +22,19 @@ def trl_row(prompt: list[dict[str, str]], chosen: str, rejected: str) -> dict[st
 
 def nemo_rl_row(prompt: list[dict[str, str]], chosen: str, rejected: str) -> dict[str, Any]:
     """NeMo-RL PreferenceDataset: lower rank is preferred."""
-    return {"context": prompt, "completions": [{"rank": 0, "completion": _assistant(chosen)}, {"rank": 1, "completion": _assistant(rejected)}]}
+    return {
+        "context": prompt,
+        "completions": [{"rank": 0, "completion": _assistant(chosen)}, {"rank": 1, "completion": _assistant(rejected)}],
+    }
 
 
 def openai_row(prompt: list[dict[str, str]], chosen: str, rejected: str) -> dict[str, Any]:
     """Together / OpenAI preference fine-tuning format."""
-    return {"input": {"messages": prompt}, "preferred_output": _assistant(chosen), "non_preferred_output": _assistant(rejected)}
+    return {
+        "input": {"messages": prompt},
+        "preferred_output": _assistant(chosen),
+        "non_preferred_output": _assistant(rejected),
+    }
 
 
 EXPORT_FORMATS = {"trl": trl_row, "nemo_rl": nemo_rl_row, "openai": openai_row}

@@ -78,8 +78,13 @@ def yfinance_long(raw: pd.DataFrame, symbols: Sequence[str]) -> pd.DataFrame:
 
 
 def fetch_yfinance(
-    symbols: list[str], start: str, end: str, retries: int = 4, backoff_s: float = 2.0,
-    download: Callable | None = None, sleep: Callable[[float], None] = time.sleep,
+    symbols: list[str],
+    start: str,
+    end: str,
+    retries: int = 4,
+    backoff_s: float = 2.0,
+    download: Callable | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> pd.DataFrame:
     """One batched download of all `symbols` over [start, end], retried with exponential backoff."""
     if download is None:
@@ -91,8 +96,13 @@ def fetch_yfinance(
     for attempt in range(retries):
         try:
             raw = download(
-                symbols, start=start, end=end_exclusive, auto_adjust=True, progress=False,
-                group_by="column", threads=False,
+                symbols,
+                start=start,
+                end=end_exclusive,
+                auto_adjust=True,
+                progress=False,
+                group_by="column",
+                threads=False,
             )
             if raw is not None and not raw.empty:
                 return yfinance_long(raw, symbols)
@@ -101,7 +111,9 @@ def fetch_yfinance(
             last_error = err
         if attempt < retries - 1:
             sleep(backoff_s * 2**attempt)
-    raise RuntimeError(f"yfinance download of {len(symbols)} symbols {start}..{end} failed after {retries} tries: {last_error}")
+    raise RuntimeError(
+        f"yfinance download of {len(symbols)} symbols {start}..{end} failed after {retries} tries: {last_error}"
+    )
 
 
 class PriceCache:
@@ -124,7 +136,9 @@ class PriceCache:
         """Per symbol: {start, end, downloaded_at}. An entry in the earlier `[start, end]` form (rows
         possibly from several downloads) has downloaded_at None: that symbol is downloaded again whole."""
         raw = json.loads(self.coverage_path.read_text()) if self.coverage_path.exists() else {}
-        return {s: v if isinstance(v, dict) else {"start": v[0], "end": v[1], "downloaded_at": None} for s, v in raw.items()}
+        return {
+            s: v if isinstance(v, dict) else {"start": v[0], "end": v[1], "downloaded_at": None} for s, v in raw.items()
+        }
 
     def _prices(self) -> pd.DataFrame:
         df = pd.read_parquet(self.prices_path) if self.prices_path.exists() else pd.DataFrame(columns=CACHE_COLUMNS)
@@ -133,7 +147,8 @@ class PriceCache:
     def missing(self, symbols: Sequence[str], start: str, end: str) -> list[str]:
         cov = self.coverage()
         return sorted(
-            s for s in set(symbols)
+            s
+            for s in set(symbols)
             if s not in cov or cov[s]["downloaded_at"] is None or cov[s]["start"] > start or cov[s]["end"] < end
         )
 
@@ -145,7 +160,9 @@ class PriceCache:
         end = prices["symbol"].map(lambda s: cov[s]["end"] if s in cov else "")
         return prices[prices["date"] <= end][["date", "symbol", "close"]].reset_index(drop=True)
 
-    def get(self, symbols: Sequence[str], start: str, end: str, fetch: FetchFn, now: Clock = None) -> tuple[pd.DataFrame, int]:
+    def get(
+        self, symbols: Sequence[str], start: str, end: str, fetch: FetchFn, now: Clock = None
+    ) -> tuple[pd.DataFrame, int]:
         """(closes `date, symbol, close` for symbols over [start, end], number of downloads made: 0 or 1)."""
         now = utc_now(now)
         # The range ends at its last session closed by `now` (a weekend or holiday end would never
@@ -195,8 +212,12 @@ class MarketData:
     """Daily adjusted closes: an offline file (default: the bundled real prices) or yfinance."""
 
     source: str = field(default="file", metadata={"help": "FLYWHEEL_MARKET_DATA: file | yfinance."})
-    prices_file: str = field(default=str(BUNDLED_PRICES), metadata={"help": "FLYWHEEL_PRICES_FILE: CSV or Parquet with date, symbol, close."})
-    data_dir: str = field(default="./data", metadata={"help": "FLYWHEEL_DATA_DIR; the yfinance cache lives in market_data/ under it."})
+    prices_file: str = field(
+        default=str(BUNDLED_PRICES), metadata={"help": "FLYWHEEL_PRICES_FILE: CSV or Parquet with date, symbol, close."}
+    )
+    data_dir: str = field(
+        default="./data", metadata={"help": "FLYWHEEL_DATA_DIR; the yfinance cache lives in market_data/ under it."}
+    )
     retries: int = field(default=4, metadata={"help": "yfinance download attempts."})
     backoff_seconds: float = field(default=2.0, metadata={"help": "First retry wait; doubles each attempt."})
 
@@ -204,7 +225,11 @@ class MarketData:
         return PriceCache(resolve_path(self.data_dir) / "market_data")
 
     def describe(self) -> str:
-        return f"yfinance (cache {self.cache().folder})" if self.source == "yfinance" else f"file {resolve_path(self.prices_file)}"
+        return (
+            f"yfinance (cache {self.cache().folder})"
+            if self.source == "yfinance"
+            else f"file {resolve_path(self.prices_file)}"
+        )
 
     def universe(self) -> set[str] | None:
         """The symbols there are prices for: the file's symbols; None for yfinance (any ticker may

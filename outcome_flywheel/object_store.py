@@ -60,7 +60,7 @@ def split_s3_url(url: str) -> tuple[str, str]:
     problem = warehouse_url_problem(url)
     if problem or not is_s3_url(url):
         raise ValueError(f"FLYWHEEL_WAREHOUSE_URL={url!r}: {problem or 'not an s3:// URL'}")
-    bucket, _, prefix = url[len(S3_PREFIX):].partition("/")
+    bucket, _, prefix = url[len(S3_PREFIX) :].partition("/")
     return bucket, prefix.strip("/")
 
 
@@ -146,8 +146,10 @@ class ArrowStore:
         return sorted((self._stored(i) for i in infos if i.type == pafs.FileType.File), key=lambda f: f.key)
 
     def _stored(self, info: pafs.FileInfo) -> StoredFile:
-        key = info.path[len(self.root) + 1:] if self.root else info.path
-        return StoredFile(key=key, location=self.location(key), size=int(info.size or 0), mtime_ns=int(info.mtime_ns or 0))
+        key = info.path[len(self.root) + 1 :] if self.root else info.path
+        return StoredFile(
+            key=key, location=self.location(key), size=int(info.size or 0), mtime_ns=int(info.mtime_ns or 0)
+        )
 
     # -- DuckDB ------------------------------------------------------------------------------
     def register(self, con: duckdb.DuckDBPyConnection) -> None:

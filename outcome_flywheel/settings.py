@@ -150,7 +150,7 @@ def warehouse_url_problem(url: str) -> str | None:
         return None  # a folder
     if scheme.group(1).lower() != "s3":
         return f"scheme {scheme.group(1)!r} is not supported (only s3://, or a folder path)"
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     if not _BUCKET.fullmatch(bucket):
         return f"{bucket!r} is not an S3 bucket name"
     if any(c in prefix for c in "?#*[]") or "//" in prefix.strip("/"):
@@ -211,7 +211,8 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_PREFERENCES_START_DATE": Rule("a date YYYY-MM-DD, e.g. 2025-06-03", _date),
     "FLYWHEEL_TIMEZONE": Rule("an IANA time zone name, e.g. America/New_York, Europe/London or UTC", _timezone),
     "FLYWHEEL_FEED_URLS": Rule(
-        "comma-separated http:// or https:// URLs (local feed files go in FLYWHEEL_FEEDS_ARCHIVE/YYYY-MM-DD/)", _feed_urls
+        "comma-separated http:// or https:// URLs (local feed files go in FLYWHEEL_FEEDS_ARCHIVE/YYYY-MM-DD/)",
+        _feed_urls,
     ),
     "FLYWHEEL_MAX_HEADLINES": integer(1),
     "FLYWHEEL_MIN_HEADLINES": integer(0),  # 0 turns the minimum_headlines check off
@@ -233,10 +234,12 @@ RULES: dict[str, Rule] = {
         lambda v: None if len(v) >= 16 and not any(c.isspace() for c in v) else "too short or has spaces",
     ),
     "FLYWHEEL_WAREHOUSE_URL": Rule(
-        "empty (<FLYWHEEL_DATA_DIR>/warehouse), a folder path, or s3://bucket/prefix, e.g. s3://flywheel/warehouse", warehouse_url_problem
+        "empty (<FLYWHEEL_DATA_DIR>/warehouse), a folder path, or s3://bucket/prefix, e.g. s3://flywheel/warehouse",
+        warehouse_url_problem,
     ),
     "FLYWHEEL_S3_ENDPOINT": Rule(
-        "empty (AWS) or the http(s)://host[:port] of an S3-compatible server, e.g. http://127.0.0.1:8333", s3_endpoint_problem
+        "empty (AWS) or the http(s)://host[:port] of an S3-compatible server, e.g. http://127.0.0.1:8333",
+        s3_endpoint_problem,
     ),
     # where the training steps run (resources/steps.py, docs/pipes.md)
     "FLYWHEEL_STEP_RUNNER": one_of("subprocess", "in_process", "k8s"),
@@ -262,18 +265,36 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_DAILY_SCHEDULE": one_of("auto", "on", "off"),
     "FLYWHEEL_PREFERENCE_CONTEXT": Rule(
         "comma-separated decision-context keys (letters, digits, _), `note` for the proposal's note, `*` for all, e.g. regime,note",
-        lambda v: None if all(re.fullmatch(r"\*|[A-Za-z0-9_]+", k.strip()) for k in v.split(",")) else "not a list of key names",
+        lambda v: (
+            None
+            if all(re.fullmatch(r"\*|[A-Za-z0-9_]+", k.strip()) for k in v.split(","))
+            else "not a list of key names"
+        ),
     ),
 }
 # Paths and model names: no closed set; they are checked where they are used (with their name).
 FREE_FORM = (
-    "FLYWHEEL_DATA_DIR", "FLYWHEEL_BASE_MODEL", "FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_JUDGE_MODEL",
-    "FLYWHEEL_AUDIT_LOG", "FLYWHEEL_PRICES_FILE", "FLYWHEEL_FEEDBACK_LOG", "FLYWHEEL_LIVE_AUDIT_LOG",
+    "FLYWHEEL_DATA_DIR",
+    "FLYWHEEL_BASE_MODEL",
+    "FLYWHEEL_FEEDS_ARCHIVE",
+    "FLYWHEEL_JUDGE_MODEL",
+    "FLYWHEEL_AUDIT_LOG",
+    "FLYWHEEL_PRICES_FILE",
+    "FLYWHEEL_FEEDBACK_LOG",
+    "FLYWHEEL_LIVE_AUDIT_LOG",
     # the step pod's image, namespace, sizes, volume and Secret: Kubernetes checks them when the pod is made
-    "FLYWHEEL_K8S_IMAGE", "FLYWHEEL_K8S_NAMESPACE", "FLYWHEEL_K8S_CPU", "FLYWHEEL_K8S_MEMORY", "FLYWHEEL_K8S_DATA_PVC",
-    "FLYWHEEL_K8S_DATA_MOUNT", "FLYWHEEL_K8S_ENV_SECRET",
+    "FLYWHEEL_K8S_IMAGE",
+    "FLYWHEEL_K8S_NAMESPACE",
+    "FLYWHEEL_K8S_CPU",
+    "FLYWHEEL_K8S_MEMORY",
+    "FLYWHEEL_K8S_DATA_PVC",
+    "FLYWHEEL_K8S_DATA_MOUNT",
+    "FLYWHEEL_K8S_ENV_SECRET",
     # the distillation teacher (a hub id or folder; never the policy), llama.cpp for GGUF exports, make up's folders
-    "FLYWHEEL_TEACHER_MODEL", "FLYWHEEL_LLAMA_CPP_DIR", "FLYWHEEL_PROD_HOME", "FLYWHEEL_PG_DIR",
+    "FLYWHEEL_TEACHER_MODEL",
+    "FLYWHEEL_LLAMA_CPP_DIR",
+    "FLYWHEEL_PROD_HOME",
+    "FLYWHEEL_PG_DIR",
 )
 # Secrets: checked by their rule, never printed (`flywheel check-settings` masks them).
 SECRETS = ("FLYWHEEL_API_TOKEN",)

@@ -118,13 +118,33 @@ class Warehouse:
     """Parquet files per table and partition (a folder, by default `$FLYWHEEL_DATA_DIR/warehouse`, or
     an S3 bucket), DuckDB views over them; checkpoints, adapters and models under the data dir."""
 
-    data_dir: str = field(default="./data", metadata={"help": "Root of all project data (FLYWHEEL_DATA_DIR): warehouse.duckdb, models, checkpoints, adapters, exports, reports; a local or mounted folder."})
-    warehouse_url: str = field(default="", metadata={"help": "Where the Parquet tables live (FLYWHEEL_WAREHOUSE_URL): empty = <data_dir>/warehouse, a folder path, or s3://bucket/prefix."})
-    s3_endpoint: str = field(default="", metadata={"help": "http(s)://host[:port] of an S3-compatible server for an s3:// warehouse (FLYWHEEL_S3_ENDPOINT); empty = AWS. Credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, region AWS_REGION (default us-east-1)."})
-    lock_wait_s: float = field(default=30.0, metadata={"help": "How long to wait for another process's lock on warehouse.duckdb."})
+    data_dir: str = field(
+        default="./data",
+        metadata={
+            "help": "Root of all project data (FLYWHEEL_DATA_DIR): warehouse.duckdb, models, checkpoints, adapters, exports, reports; a local or mounted folder."
+        },
+    )
+    warehouse_url: str = field(
+        default="",
+        metadata={
+            "help": "Where the Parquet tables live (FLYWHEEL_WAREHOUSE_URL): empty = <data_dir>/warehouse, a folder path, or s3://bucket/prefix."
+        },
+    )
+    s3_endpoint: str = field(
+        default="",
+        metadata={
+            "help": "http(s)://host[:port] of an S3-compatible server for an s3:// warehouse (FLYWHEEL_S3_ENDPOINT); empty = AWS. Credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, region AWS_REGION (default us-east-1)."
+        },
+    )
+    lock_wait_s: float = field(
+        default=30.0, metadata={"help": "How long to wait for another process's lock on warehouse.duckdb."}
+    )
 
     def __post_init__(self) -> None:
-        for name, problem in (("warehouse_url", warehouse_url_problem(self.warehouse_url)), ("s3_endpoint", s3_endpoint_problem(self.s3_endpoint))):
+        for name, problem in (
+            ("warehouse_url", warehouse_url_problem(self.warehouse_url)),
+            ("s3_endpoint", s3_endpoint_problem(self.s3_endpoint)),
+        ):
             if problem:
                 raise ValueError(f"Warehouse {name}={getattr(self, name)!r}: {problem}")
         self._store: ArrowStore | None = None  # made on first use: loading the definitions never reaches S3
@@ -133,13 +153,20 @@ class Warehouse:
     def from_env(cls) -> "Warehouse":
         """The warehouse of FLYWHEEL_DATA_DIR, FLYWHEEL_WAREHOUSE_URL and FLYWHEEL_S3_ENDPOINT (command-line
         tools and subprocesses; the Dagster resource reads the same variables)."""
-        return cls(data_dir=env("FLYWHEEL_DATA_DIR"), warehouse_url=env("FLYWHEEL_WAREHOUSE_URL", ""), s3_endpoint=env("FLYWHEEL_S3_ENDPOINT", ""))
+        return cls(
+            data_dir=env("FLYWHEEL_DATA_DIR"),
+            warehouse_url=env("FLYWHEEL_WAREHOUSE_URL", ""),
+            s3_endpoint=env("FLYWHEEL_S3_ENDPOINT", ""),
+        )
 
     def environment(self) -> dict[str, str]:
         """The variables that make `Warehouse.from_env()` in another process this warehouse (a Pipes
         subprocess, a worker); AWS credentials are the environment's own and are inherited as they are."""
-        return {"FLYWHEEL_DATA_DIR": str(self.root), "FLYWHEEL_WAREHOUSE_URL": self.url if self.on_s3 else str(self.store.folder),
-                "FLYWHEEL_S3_ENDPOINT": self.s3_endpoint}
+        return {
+            "FLYWHEEL_DATA_DIR": str(self.root),
+            "FLYWHEEL_WAREHOUSE_URL": self.url if self.on_s3 else str(self.store.folder),
+            "FLYWHEEL_S3_ENDPOINT": self.s3_endpoint,
+        }
 
     # -- where things are ----------------------------------------------------------------
     @property
@@ -158,7 +185,9 @@ class Warehouse:
             if self.on_s3:
                 self._store = S3Store(self.warehouse_url, self.s3_endpoint)
             else:
-                self._store = LocalStore(resolve_path(self.warehouse_url) if self.warehouse_url else self.root / "warehouse")
+                self._store = LocalStore(
+                    resolve_path(self.warehouse_url) if self.warehouse_url else self.root / "warehouse"
+                )
         return self._store
 
     @property
@@ -189,7 +218,9 @@ class Warehouse:
     def partition_file(self, table: str, partition: str | None = None, key: str = "date") -> Path:
         """The partition's file in a local warehouse (`location` / `stat` work for both kinds)."""
         if self.on_s3:
-            raise ValueError(f"the warehouse is on object storage ({self.url}): no local file for {table}; use location() or stat()")
+            raise ValueError(
+                f"the warehouse is on object storage ({self.url}): no local file for {table}; use location() or stat()"
+            )
         return Path(self.location(table, partition, key))
 
     # -- writes --------------------------------------------------------------------------
@@ -200,7 +231,9 @@ class Warehouse:
         pq.write_table(arrow, sink)
         return self._publish(table, partition, key, sink.getvalue())
 
-    def write_batches(self, table: str, frames: Iterable[pd.DataFrame], partition: str | None = None, key: str = "date") -> Path | str:
+    def write_batches(
+        self, table: str, frames: Iterable[pd.DataFrame], partition: str | None = None, key: str = "date"
+    ) -> Path | str:
         """Replace a partition with rows that come in batches (one Parquet row group each, same columns),
         published only once the last batch is in: a producer that fails midway leaves the old partition."""
         sink, writer = pa.BufferOutputStream(), None
@@ -209,7 +242,9 @@ class Warehouse:
             writer = writer or pq.ParquetWriter(sink, batch.schema)
             writer.write_table(batch)
         if writer is None:
-            raise ValueError(f"no batches for {table} {partition or ''}: write an empty frame with write() to empty a partition")
+            raise ValueError(
+                f"no batches for {table} {partition or ''}: write an empty frame with write() to empty a partition"
+            )
         writer.close()
         return self._publish(table, partition, key, sink.getvalue())
 
@@ -222,7 +257,9 @@ class Warehouse:
             except duckdb.IOException as err:
                 # The Parquet file is the data and is written; the view globs every partition, so
                 # it exists already or the next write makes it. Never fail a long step over it.
-                logging.getLogger(__name__).warning("view %s not refreshed (%s is locked): %s", table, self.duckdb_path, err)
+                logging.getLogger(__name__).warning(
+                    "view %s not refreshed (%s is locked): %s", table, self.duckdb_path, err
+                )
         return self.store.location(name) if self.on_s3 else Path(self.store.location(name))
 
     def delete(self, table: str, partition: str | None = None, key: str = "date") -> None:
@@ -244,7 +281,11 @@ class Warehouse:
 
     def read_all(self, table: str) -> pd.DataFrame:
         """Every partition of a table, in partition order."""
-        frames = [t.to_pandas() for t in self.store.map(self.store.read_table, (f.key for f in self.files(table))) if t is not None]
+        frames = [
+            t.to_pandas()
+            for t in self.store.map(self.store.read_table, (f.key for f in self.files(table)))
+            if t is not None
+        ]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def count_rows(self, table: str) -> int:
@@ -273,7 +314,13 @@ class Warehouse:
 
     def tables(self) -> list[str]:
         """Tables with at least one partition file (one listing of the whole warehouse)."""
-        return sorted({f.key.split("/")[0] for f in self.store.list() if _is_partition_file(f.key) and _TABLE_NAME.match(f.key.split("/")[0])})
+        return sorted(
+            {
+                f.key.split("/")[0]
+                for f in self.store.list()
+                if _is_partition_file(f.key) and _TABLE_NAME.match(f.key.split("/")[0])
+            }
+        )
 
     # -- DuckDB views --------------------------------------------------------------------
     def _view_select(self, table: str) -> str:

@@ -86,7 +86,7 @@ class PriceTable:
 
 
 def window_outcome(
-    make_window: Callable[[], Window], symbols: Iterable[str], prices: PriceTable, now: pd.Timestamp,
+    make_window: Callable[[], Window], symbols: Iterable[str], prices: PriceTable, now: pd.Timestamp
 ) -> tuple[Window | None, dict[str, tuple[float, float]], str | None, str | None]:
     """(window, closes, status, reason) of one outcome, in the order both loops judge it: a window the
     calendar cannot make is no_data; an exit not closed by `now` is pending, whatever the data; then
@@ -105,11 +105,15 @@ def window_outcome(
 def not_closed_yet(w: Window, now: pd.Timestamp) -> str | None:
     """Why the outcome is pending while the exit session has not closed by `now` (UTC); None once it has."""
     if w.exit_close_utc > now:
-        return f"exit session {w.exit_date} closes at {w.exit_close_utc.isoformat()}, not yet closed at {now.isoformat()}"
+        return (
+            f"exit session {w.exit_date} closes at {w.exit_close_utc.isoformat()}, not yet closed at {now.isoformat()}"
+        )
     return None
 
 
-def window_closes(symbols: Iterable[str], w: Window, prices: PriceTable) -> tuple[dict[str, tuple[float, float]], str | None, str | None]:
+def window_closes(
+    symbols: Iterable[str], w: Window, prices: PriceTable
+) -> tuple[dict[str, tuple[float, float]], str | None, str | None]:
     """(entry and exit close by symbol, status, reason). Status None: every close is known; "no_data": a
     symbol has no prices at all, none before the entry, or a close missing inside its data; "pending":
     the data does not reach the exit session yet. Never a filled or nearby price."""
@@ -131,7 +135,9 @@ def window_closes(symbols: Iterable[str], w: Window, prices: PriceTable) -> tupl
         entry, exit_ = prices.close.get((w.entry_date, s)), prices.close.get((w.exit_date, s))
         missing = [d for d, c in ((w.entry_date, entry), (w.exit_date, exit_)) if c is None]
         if missing:
-            gaps.append(f"{s} has no close on {' and '.join(missing)} (inside its data {prices.first_date[s]}..{prices.last_date[s]})")
+            gaps.append(
+                f"{s} has no close on {' and '.join(missing)} (inside its data {prices.first_date[s]}..{prices.last_date[s]})"
+            )
             continue
         closes[s] = (entry, exit_)
     if gaps:

@@ -85,10 +85,18 @@ class LockReport:
             if h.get("pid") is None:
                 parts.append(f"stale lock cleared: {self.stale_reason}")
             else:
-                who = f"dead PID {h.get('pid')}" if self.stale_reason.startswith("PID") else f"PID {h.get('pid')} on {h.get('host')}"
-                parts.append(f"stale lock of {who} ({h.get('tier')}, since {h.get('started_at')}) cleared: {self.stale_reason}")
+                who = (
+                    f"dead PID {h.get('pid')}"
+                    if self.stale_reason.startswith("PID")
+                    else f"PID {h.get('pid')} on {h.get('host')}"
+                )
+                parts.append(
+                    f"stale lock of {who} ({h.get('tier')}, since {h.get('started_at')}) cleared: {self.stale_reason}"
+                )
         if self.waited_for:
-            parts.append(f"after waiting {self.waited_s:.1f} s for PID {self.waited_for.get('pid')} ({self.waited_for.get('tier')})")
+            parts.append(
+                f"after waiting {self.waited_s:.1f} s for PID {self.waited_for.get('pid')} ({self.waited_for.get('tier')})"
+            )
         return "; ".join(parts)
 
 
@@ -165,14 +173,18 @@ def stale_reason(holder: dict, now: datetime | None = None) -> str:
         if expires is None:  # a lease nobody can read holds nothing
             return f"its lease_expires_at {holder.get('lease_expires_at')!r} is unreadable"
         if now > expires:
-            return (f"no heartbeat since {holder.get('heartbeat_at')} (lease of {holder.get('lease_s')} s expired at "
-                    f"{holder.get('lease_expires_at')}): the process was killed (SIGKILL or the out-of-memory killer), "
-                    "its pod evicted or its host lost")
+            return (
+                f"no heartbeat since {holder.get('heartbeat_at')} (lease of {holder.get('lease_s')} s expired at "
+                f"{holder.get('lease_expires_at')}): the process was killed (SIGKILL or the out-of-memory killer), "
+                "its pod evicted or its host lost"
+            )
         return ""
     started = _utc(holder.get("started_at"))
     if started is not None and now > started + timedelta(seconds=LEGACY_HOLD_S):
-        return (f"a lock without a lease (written by an older version) started at {holder.get('started_at')}, "
-                f"over {LEGACY_HOLD_S / 3600:g} h ago")
+        return (
+            f"a lock without a lease (written by an older version) started at {holder.get('started_at')}, "
+            f"over {LEGACY_HOLD_S / 3600:g} h ago"
+        )
     return ""
 
 
@@ -185,8 +197,16 @@ class TrainerLock:
     """`with TrainerLock(path, tier="dpo") as report:` holds the single trainer lock meanwhile, its
     lease renewed by a heartbeat thread until it is released."""
 
-    def __init__(self, path: Path, tier: str, wait_s: float | None = None, poll_s: float = 0.5, log=None,
-                 lease_s: float | None = None, training_id: str = ""):
+    def __init__(
+        self,
+        path: Path,
+        tier: str,
+        wait_s: float | None = None,
+        poll_s: float = 0.5,
+        log=None,
+        lease_s: float | None = None,
+        training_id: str = "",
+    ):
         self.path = Path(path)
         self.tier = tier
         self.wait_s = default_wait_s() if wait_s is None else float(wait_s)
@@ -210,8 +230,12 @@ class TrainerLock:
         """`holder` with a fresh lease, and the lease's end (time.time())."""
         now = time.time()
         expires = now + self.lease_s
-        return {**holder, "heartbeat_at": datetime.fromtimestamp(now, timezone.utc).isoformat(), "lease_s": self.lease_s,
-                "lease_expires_at": datetime.fromtimestamp(expires, timezone.utc).isoformat()}, expires
+        return {
+            **holder,
+            "heartbeat_at": datetime.fromtimestamp(now, timezone.utc).isoformat(),
+            "lease_s": self.lease_s,
+            "lease_expires_at": datetime.fromtimestamp(expires, timezone.utc).isoformat(),
+        }, expires
 
     def _create(self, holder: dict) -> bool:
         """O_CREAT|O_EXCL the lock with `holder`; False when it exists."""
@@ -233,9 +257,16 @@ class TrainerLock:
         contended = False  # found the lock taken at least once: the time until now was spent waiting
         self.token = uuid.uuid4().hex
         while True:
-            holder, expires = self._stamp({"pid": os.getpid(), "host": this_host(), "tier": self.tier,
-                                  "started_at": datetime.now(timezone.utc).isoformat(), "token": self.token,
-                                  **({"training_id": self.training_id} if self.training_id else {})})
+            holder, expires = self._stamp(
+                {
+                    "pid": os.getpid(),
+                    "host": this_host(),
+                    "tier": self.tier,
+                    "started_at": datetime.now(timezone.utc).isoformat(),
+                    "token": self.token,
+                    **({"training_id": self.training_id} if self.training_id else {}),
+                }
+            )
             if not self._create(holder):
                 current = read_holder(self.path)
                 if current is None:
@@ -255,11 +286,17 @@ class TrainerLock:
                 if waited >= self.wait_s:
                     report.waited_s = waited  # the wait the message states, for the audit row too
                     self.report = report
-                    lease = f", lease to {current.get('lease_expires_at')}" if current.get("lease_expires_at") else ", no lease"
+                    lease = (
+                        f", lease to {current.get('lease_expires_at')}"
+                        if current.get("lease_expires_at")
+                        else ", no lease"
+                    )
                     raise TrainerBusy(
                         f"another trainer holds {self.path}: PID {current.get('pid')} on {current.get('host')} "
                         f"({current.get('tier')}, since {current.get('started_at')}{lease if current else ''}); "
-                        f"waited {waited:.1f} s (limit {self.wait_s:g} s, {WAIT_VARIABLE})", report)
+                        f"waited {waited:.1f} s (limit {self.wait_s:g} s, {WAIT_VARIABLE})",
+                        report,
+                    )
                 time.sleep(min(self.poll_s, max(0.01, self.wait_s - waited)))
                 continue
             # Every wait counts, a lock being written or left unreadable too (not only one naming a holder).
@@ -302,7 +339,9 @@ class TrainerLock:
 
     def _start_heartbeat(self) -> None:
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(self._stop,), name=f"trainer-lock-heartbeat-{self.tier}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._beat, args=(self._stop,), name=f"trainer-lock-heartbeat-{self.tier}", daemon=True
+        )
         self._thread.start()
 
     def _beat(self, stop: threading.Event) -> None:
@@ -323,7 +362,9 @@ class TrainerLock:
             if current == {}:
                 return True  # unreadable this once (a transient read error): the next beat tries again
             if current is None or current.get("token") != self.token:
-                self._lose(f"the lock file {'is gone' if current is None else 'names another holder: ' + json.dumps(current)}")
+                self._lose(
+                    f"the lock file {'is gone' if current is None else 'names another holder: ' + json.dumps(current)}"
+                )
                 return False
             late = time.time() >= self._expires
             holder, expires = self._stamp(self.holder)
@@ -343,8 +384,11 @@ class TrainerLock:
                 self._lose("the heartbeat stalled past the lease and another trainer took the lock")
                 return False
             self.holder, self._expires = holder, expires
-            print(f"trainer lock {self.path}: heartbeat late (lease was to {current.get('lease_expires_at')}); lock taken again",
-                  file=sys.stderr, flush=True)
+            print(
+                f"trainer lock {self.path}: heartbeat late (lease was to {current.get('lease_expires_at')}); lock taken again",
+                file=sys.stderr,
+                flush=True,
+            )
             return True
 
     def _lose(self, why: str) -> None:

@@ -41,8 +41,20 @@ from outcome_flywheel.trainer_lock import LOCK_FILE, LockReport, TrainerBusy, Tr
 
 AUDIT_TABLE = "training_audit"
 AUDIT_COLUMNS = [
-    "training_id", "tier", "trigger", "inputs", "gate_verdict", "gate_reason", "started_at", "finished_at",
-    "duration_s", "status", "error", "lock_waited_s", "stale_lock_cleared", "pid",
+    "training_id",
+    "tier",
+    "trigger",
+    "inputs",
+    "gate_verdict",
+    "gate_reason",
+    "started_at",
+    "finished_at",
+    "duration_s",
+    "status",
+    "error",
+    "lock_waited_s",
+    "stale_lock_cleared",
+    "pid",
 ]
 STATUSES = ("running", "succeeded", "failed", "refused", "crashed")  # see the module's note
 # step -> tier; the steps that train a policy (the note scorer's online steps are not: tier 1a takes
@@ -113,8 +125,10 @@ def mark_crashed(warehouse: Warehouse, found_by: str, report: LockReport | None 
         if stale.get("training_id") == training_id:
             why = f"its trainer lock was judged stale and cleared: {report.stale_reason}"
         else:
-            why = ("it no longer held the trainer lock (PID {}): the process was killed (SIGKILL or the out-of-memory "
-                   "killer), its pod evicted or its host lost".format(audit.at[i, "pid"]))
+            why = (
+                "it no longer held the trainer lock (PID {}): the process was killed (SIGKILL or the out-of-memory "
+                "killer), its pod evicted or its host lost".format(audit.at[i, "pid"])
+            )
         audit.at[i, "status"] = "crashed"
         audit.at[i, "error"] = f"crashed without writing its end: {why}; found at {found_at} by {found_by}"[:2000]
         audit.at[i, "finished_at"] = ""
@@ -127,14 +141,27 @@ def mark_crashed(warehouse: Warehouse, found_by: str, report: LockReport | None 
 
 
 @contextmanager
-def audited_training(warehouse: Warehouse, tier: str, training_id: str, trigger: str = "", inputs: dict | None = None,
-                     wait_s: float | None = None, log=None) -> Iterator[AuditEntry]:
+def audited_training(
+    warehouse: Warehouse,
+    tier: str,
+    training_id: str,
+    trigger: str = "",
+    inputs: dict | None = None,
+    wait_s: float | None = None,
+    log=None,
+) -> Iterator[AuditEntry]:
     """Hold the single trainer lock while the body trains, and write its audit row however it ends
     (refused: the lock was not free within the wait; failed: the body raised). Once the lock is
     taken: rows killed trainings left `running` become `crashed` (`mark_crashed`), then this
     training's row is written `running`, so a SIGKILL leaves it for the next training to find."""
-    entry = AuditEntry(training_id=training_id, tier=tier, trigger=trigger or "manual", inputs=dict(inputs or {}),
-                       started_at=datetime.now(timezone.utc).isoformat(), pid=os.getpid())
+    entry = AuditEntry(
+        training_id=training_id,
+        tier=tier,
+        trigger=trigger or "manual",
+        inputs=dict(inputs or {}),
+        started_at=datetime.now(timezone.utc).isoformat(),
+        pid=os.getpid(),
+    )
     started = time.perf_counter()
     lock = TrainerLock(warehouse.path(*LOCK_FILE), tier=tier, wait_s=wait_s, log=log, training_id=training_id)
     try:
@@ -174,8 +201,9 @@ def audited_training(warehouse: Warehouse, tier: str, training_id: str, trigger:
 
 def _lock_figures(entry: AuditEntry, report: LockReport) -> None:
     entry.lock_waited_s = round(report.waited_s, 3)
-    entry.stale_lock_cleared = (json.dumps({**report.stale_cleared, "reason": report.stale_reason}, default=str)
-                                if report.stale_cleared else "")
+    entry.stale_lock_cleared = (
+        json.dumps({**report.stale_cleared, "reason": report.stale_reason}, default=str) if report.stale_cleared else ""
+    )
 
 
 def _finish(warehouse: Warehouse, entry: AuditEntry, started: float) -> None:
@@ -187,7 +215,11 @@ def _finish(warehouse: Warehouse, entry: AuditEntry, started: float) -> None:
 def step_audit_inputs(step: str, extras: dict, partition: str | None) -> dict:
     """What a training step trains on, from what its asset sent (`extras`)."""
     models = extras.get("models") or {}
-    inputs: dict[str, Any] = {"partition": partition, "base_model": models.get("base_model"), "backend": models.get("backend")}
+    inputs: dict[str, Any] = {
+        "partition": partition,
+        "base_model": models.get("base_model"),
+        "backend": models.get("backend"),
+    }
     for key in ("run", "dataset_fingerprint", "trigger", "samples"):
         if key in extras:
             inputs[key] = extras[key]
@@ -199,5 +231,9 @@ def daily_gate_from_warehouse(warehouse: Warehouse, day: str) -> tuple[str, str,
     if not day or not warehouse.exists("policy_training", day):
         return "none", "", {}
     row = warehouse.read("policy_training", day).iloc[-1]
-    figures = {k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in ("examples", "steps", "policy_version") if k in row}
+    figures = {
+        k: (row[k].item() if hasattr(row[k], "item") else row[k])
+        for k in ("examples", "steps", "policy_version")
+        if k in row
+    }
     return str(row.get("gate", "none")), str(row.get("gate_reason", "")), figures

@@ -25,7 +25,16 @@ from outcome_flywheel.daily_rl.notes.outcomes import pending_days_ready
 from outcome_flywheel.storage import Warehouse
 from resources.daily_rl import FeedsResource, JudgeResource
 
-DAILY_RL_ASSETS = [headlines, daily_update, rollout_pairs, baseline_rollouts, rollout_outcomes, policy_eval, backtest, daily_report]
+DAILY_RL_ASSETS = [
+    headlines,
+    daily_update,
+    rollout_pairs,
+    baseline_rollouts,
+    rollout_outcomes,
+    policy_eval,
+    backtest,
+    daily_report,
+]
 
 daily_rl_job = dg.define_asset_job(
     "daily_rl_job",
@@ -57,8 +66,15 @@ def daily_rl_outcomes_schedule(context: dg.ScheduleEvaluationContext, warehouse:
     ready = [d for d in pending_days_ready(warehouse.read_all("rollout_outcomes"), now) if d in keys]
     if not ready:
         return dg.SkipReason("no pending call outcome can mature yet")
-    return [dg.RunRequest(run_key=f"pending-{d}-{now:%Y-%m-%d}", partition_key=d, tags={"flywheel/reason": "pending call outcomes may mature"})
-            for d in ready]
+    return [
+        dg.RunRequest(
+            run_key=f"pending-{d}-{now:%Y-%m-%d}",
+            partition_key=d,
+            tags={"flywheel/reason": "pending call outcomes may mature"},
+        )
+        for d in ready
+    ]
+
 
 # 06:00 in FLYWHEEL_TIMEZONE (the partitions' timezone), for the day that has just ended.
 daily_rl_schedule = dg.build_schedule_from_partitioned_job(
@@ -76,24 +92,33 @@ daily_rl_schedule = dg.build_schedule_from_partitioned_job(
 
 # Tier 3 (docs/tiers.md, "Distillation"): a day's teacher samples, and a gated SFT run once enough are new.
 distill_samples_job = dg.define_asset_job(
-    "distill_samples_job", selection=dg.AssetSelection.assets(distill_samples), partitions_def=daily_rl_partitions,
+    "distill_samples_job",
+    selection=dg.AssetSelection.assets(distill_samples),
+    partitions_def=daily_rl_partitions,
     description="The teacher answers a day's sampled headlines; with the day's verified corrections, distill_samples(D).",
 )
 distillation_job = dg.define_asset_job(
-    "distillation_job", selection=dg.AssetSelection.assets(distilled_policy),
+    "distillation_job",
+    selection=dg.AssetSelection.assets(distilled_policy),
     description="One distillation run: SFT in phases on the unused samples, the daily gate, a verified checkpoint, `latest` moved if accepted.",
 )
 
 
-@dg.sensor(job=distillation_job, minimum_interval_seconds=300, default_status=dg.DefaultSensorStatus.STOPPED,
-           description="Starts distillation_job when at least FLYWHEEL_DISTILL_MIN_SAMPLES (default 100) distillation samples "
-                       "no run has used exist.")
+@dg.sensor(
+    job=distillation_job,
+    minimum_interval_seconds=300,
+    default_status=dg.DefaultSensorStatus.STOPPED,
+    description="Starts distillation_job when at least FLYWHEEL_DISTILL_MIN_SAMPLES (default 100) distillation samples "
+    "no run has used exist.",
+)
 def distillation_sensor(context: dg.SensorEvaluationContext, warehouse: dg.ResourceParam[Warehouse]):
     ready, count, need = ready_to_distill(warehouse)
     if not ready:
         return dg.SkipReason(f"{count} new distillation samples, fewer than {need}")
-    return dg.RunRequest(run_key=f"distill-{count}-{warehouse.partitions('distill_samples')[-1]}",
-                         tags={"flywheel/reason": f"{count} new distillation samples (>= {need})"})
+    return dg.RunRequest(
+        run_key=f"distill-{count}-{warehouse.partitions('distill_samples')[-1]}",
+        tags={"flywheel/reason": f"{count} new distillation samples (>= {need})"},
+    )
 
 
 def daily_rl_resources() -> dict:
@@ -101,7 +126,9 @@ def daily_rl_resources() -> dict:
 
 
 defs = dg.Definitions(
-    assets=dg.with_source_code_references([*DAILY_RL_ASSETS, note_scorer, distill_samples, distilled_policy]),  # tiers: docs/tiers.md
+    assets=dg.with_source_code_references(
+        [*DAILY_RL_ASSETS, note_scorer, distill_samples, distilled_policy]
+    ),  # tiers: docs/tiers.md
     jobs=[daily_rl_job, daily_rl_outcomes_job, distill_samples_job, distillation_job],
     sensors=[distillation_sensor],
     schedules=[daily_rl_schedule, daily_rl_outcomes_schedule],

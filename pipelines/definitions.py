@@ -37,10 +37,11 @@ base_model_job = dg.define_asset_job(
 )
 
 
-
 def _core_defs() -> dg.Definitions:
     # A function, not a module attribute: `dagster dev` refuses a module with two Definitions objects.
-    return dg.Definitions(assets=dg.with_source_code_references([base_model]), jobs=[base_model_job], resources=core_resources())
+    return dg.Definitions(
+        assets=dg.with_source_code_references([base_model]), jobs=[base_model_job], resources=core_resources()
+    )
 
 
 defs = dg.Definitions.merge(_core_defs(), *_area_defs())

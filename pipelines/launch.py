@@ -57,7 +57,12 @@ LAUNCH_TAG = "flywheel/launch"  # the id of the RunSpec the run executes (known 
 CREATOR_TAG = "flywheel/created_by"  # "<pid>:<start time>" of the process that ran `run_job`
 WORKER_TAG = "flywheel/worker"  # "<pid>:<start time>" of the worker process that executes it
 PARENT_RUN_TAG = "dagster/parent_run_id"  # a re-execution copies tags but runs elsewhere
-LIVE_STATUSES = (dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+LIVE_STATUSES = (
+    dg.DagsterRunStatus.NOT_STARTED,
+    dg.DagsterRunStatus.QUEUED,
+    dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+)
 QUEUE_LOCK = "flywheel_launch_queue.lock"
 QUEUE_DIR = "flywheel_launch_queue"
 
@@ -85,7 +90,7 @@ def code_location_name() -> str:
     entries = (yaml.safe_load(WORKSPACE_FILE.read_text()) or {}).get("load_from") or []
     if len(entries) != 1:
         raise ValueError(f"{WORKSPACE_FILE} must name exactly one code location, found {len(entries)}")
-    (kind, target), = entries[0].items()
+    ((kind, target),) = entries[0].items()
     return target.get("location_name") or target.get("module_name") or kind
 
 
@@ -101,8 +106,9 @@ def job_named(job_name: str) -> dg.JobDefinition:
 
 
 def reconstructable_job(job_name: str):
-    return dg.build_reconstructable_job(LAUNCH_MODULE, "job_named", reconstructable_args=(job_name,),
-                                        reconstructor_working_directory=str(PROJECT_ROOT))
+    return dg.build_reconstructable_job(
+        LAUNCH_MODULE, "job_named", reconstructable_args=(job_name,), reconstructor_working_directory=str(PROJECT_ROOT)
+    )
 
 
 @dataclass(frozen=True)
@@ -132,16 +138,30 @@ class RunSpec:
         return cls(**{**data, "partition_range": tuple(span) if span else None})
 
 
-def execute_spec(spec: RunSpec, instance: dg.DagsterInstance, executor_tag: str, raise_on_error: bool = False) -> dg.JobExecutionResult:
+def execute_spec(
+    spec: RunSpec, instance: dg.DagsterInstance, executor_tag: str, raise_on_error: bool = False
+) -> dg.JobExecutionResult:
     """Execute `spec` here with `dg.execute_job`, tagged with this process as its executor."""
     tags = {**spec.run_tags(), REPOSITORY_TAG: repository_label(), executor_tag: process_identity(os.getpid())}
-    return dg.execute_job(reconstructable_job(spec.job), instance=instance, run_config=dict(spec.run_config), tags=tags,
-                          raise_on_error=raise_on_error)
+    return dg.execute_job(
+        reconstructable_job(spec.job),
+        instance=instance,
+        run_config=dict(spec.run_config),
+        tags=tags,
+        raise_on_error=raise_on_error,
+    )
 
 
-def run_job(job_name: str, instance: dg.DagsterInstance, *, raise_on_error: bool = True, partition_key: str | None = None,
-            partition_range: tuple[str, str] | None = None, run_config: Mapping[str, object] | None = None,
-            tags: Mapping[str, str] | None = None) -> dg.JobExecutionResult:
+def run_job(
+    job_name: str,
+    instance: dg.DagsterInstance,
+    *,
+    raise_on_error: bool = True,
+    partition_key: str | None = None,
+    partition_range: tuple[str, str] | None = None,
+    run_config: Mapping[str, object] | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> dg.JobExecutionResult:
     """Execute `job_name` of `pipelines.definitions.defs` here, recorded in `instance` (one
     partition, a (first, last) range, or unpartitioned)."""
     spec = RunSpec(job_name, partition_key, partition_range, dict(run_config or {}), dict(tags or {}))
@@ -173,7 +193,9 @@ def reconcile_dead_runs(instance: dg.DagsterInstance) -> list[str]:
         if identity is None or process_alive(identity):
             continue
         who = "worker" if WORKER_TAG in run.tags else "process that ran it"
-        instance.report_run_failed(run, f"the {who} ({identity.split(':')[0]}) is gone: failed by reconciliation, its pool slots freed")
+        instance.report_run_failed(
+            run, f"the {who} ({identity.split(':')[0]}) is gone: failed by reconciliation, its pool slots freed"
+        )
         failed.append(run.run_id)
     # What Dagster's run monitoring does for the daemon's runs (`free_slots_after_run_end_seconds`).
     if failed and instance.event_log_storage.supports_global_concurrency_limits:
@@ -246,8 +268,15 @@ def enqueue(specs: list[RunSpec], log_path: Path, instance: dg.DagsterInstance) 
         os.fsync(fd)
         os.replace(partial, path)
         with open(log_path, "ab") as log:
-            return subprocess.Popen([sys.executable, "-m", LAUNCH_MODULE, str(path), str(fd)], cwd=PROJECT_ROOT, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, pass_fds=(fd,))
+            return subprocess.Popen(
+                [sys.executable, "-m", LAUNCH_MODULE, str(path), str(fd)],
+                cwd=PROJECT_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=(fd,),
+            )
     except BaseException:
         path.unlink(missing_ok=True)
         partial.unlink(missing_ok=True)

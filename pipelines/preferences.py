@@ -16,7 +16,13 @@ from assets.preferences.evaluation import holdout_eval, style_drift
 from assets.preferences.outcomes import decision_outcomes, pending_partitions_ready, unmaterialized_decision_dates
 from outcome_flywheel.preferences.audit_log import records_frame
 from outcome_flywheel.preferences.audit_log_file import AuditLog
-from outcome_flywheel.preferences.status import current_pairs, latest_adapter_dir, min_new_pairs, new_pairs_since, trained_state
+from outcome_flywheel.preferences.status import (
+    current_pairs,
+    latest_adapter_dir,
+    min_new_pairs,
+    new_pairs_since,
+    trained_state,
+)
 from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
 from resources.preferences import AuditLogResource
@@ -51,7 +57,9 @@ def train_cooldown_s() -> int:
     default_status=dg.DefaultScheduleStatus.RUNNING,
     description="Re-materialises decision partitions whose pending outcomes can now mature, and new decision dates of the audit log.",
 )
-def flywheel_outcomes_schedule(context: dg.ScheduleEvaluationContext, warehouse: dg.ResourceParam[Warehouse], audit_log: dg.ResourceParam[AuditLog]):
+def flywheel_outcomes_schedule(
+    context: dg.ScheduleEvaluationContext, warehouse: dg.ResourceParam[Warehouse], audit_log: dg.ResourceParam[AuditLog]
+):
     now = context.scheduled_execution_time or datetime.now(timezone.utc)
     outcomes = warehouse.read_all("decision_outcomes")
     ready = pending_partitions_ready(outcomes, now)
@@ -62,8 +70,20 @@ def flywheel_outcomes_schedule(context: dg.ScheduleEvaluationContext, warehouse:
         log_dates = set()
     new_dates = unmaterialized_decision_dates(log_dates, set(warehouse.partitions("operator_decisions")), keys)
     tick = f"{now:%Y-%m-%d}"
-    requests = [dg.RunRequest(run_key=f"pending-{k}-{tick}", partition_key=k, tags={"flywheel/reason": "pending outcome may mature"}) for k in ready if k in keys]
-    requests += [dg.RunRequest(run_key=f"new-{k}-{tick}", partition_key=k, tags={"flywheel/reason": "new decisions in the audit log"}) for k in new_dates if k not in ready]
+    requests = [
+        dg.RunRequest(
+            run_key=f"pending-{k}-{tick}", partition_key=k, tags={"flywheel/reason": "pending outcome may mature"}
+        )
+        for k in ready
+        if k in keys
+    ]
+    requests += [
+        dg.RunRequest(
+            run_key=f"new-{k}-{tick}", partition_key=k, tags={"flywheel/reason": "new decisions in the audit log"}
+        )
+        for k in new_dates
+        if k not in ready
+    ]
     if not requests:
         return dg.SkipReason("no pending outcome can mature yet and no new decision date in the audit log")
     return requests
@@ -75,8 +95,9 @@ def last_training_finished(warehouse) -> pd.Timestamp | None:
     return pd.to_datetime(hist["finished_at"], utc=True).max() if len(hist) else None
 
 
-def training_decision(warehouse, now: datetime, in_progress: int, min_new: int, cooldown_s: int,
-                      pairs: pd.DataFrame | None = None) -> tuple[bool, str, str]:
+def training_decision(
+    warehouse, now: datetime, in_progress: int, min_new: int, cooldown_s: int, pairs: pd.DataFrame | None = None
+) -> tuple[bool, str, str]:
     """(start?, reason, run key) for the training sensor; plain so tests can call it (`pairs`:
     `current_pairs(warehouse)` when the caller has it already)."""
     if in_progress:
@@ -103,9 +124,19 @@ def training_decision(warehouse, now: datetime, in_progress: int, min_new: int, 
 )
 def flywheel_training_sensor(context: dg.SensorEvaluationContext, warehouse: dg.ResourceParam[Warehouse]):
     in_progress = context.instance.get_runs_count(
-        dg.RunsFilter(job_name="flywheel_training", statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED])
+        dg.RunsFilter(
+            job_name="flywheel_training",
+            statuses=[
+                dg.DagsterRunStatus.QUEUED,
+                dg.DagsterRunStatus.NOT_STARTED,
+                dg.DagsterRunStatus.STARTING,
+                dg.DagsterRunStatus.STARTED,
+            ],
+        )
     )
-    start, reason, run_key = training_decision(warehouse, datetime.now(timezone.utc), in_progress, min_new_pairs(), train_cooldown_s())
+    start, reason, run_key = training_decision(
+        warehouse, datetime.now(timezone.utc), in_progress, min_new_pairs(), train_cooldown_s()
+    )
     if not start:
         return dg.SkipReason(reason)
     return dg.RunRequest(run_key=run_key, tags={"flywheel/reason": reason})

@@ -10,6 +10,8 @@ def core_resources() -> dict:
     """The warehouse, the models, the market data (the flywheel's T+5 outcomes and the daily
     loop's call outcomes read the same prices) and where the training steps run (docs/pipes.md)."""
     return {
-        "warehouse": WarehouseResource.from_env(), "model_backend": ModelBackendResource.from_env(),
-        "market_data": MarketDataResource.from_env(), "step_runner": StepRunnerResource.from_env(),
+        "warehouse": WarehouseResource.from_env(),
+        "model_backend": ModelBackendResource.from_env(),
+        "market_data": MarketDataResource.from_env(),
+        "step_runner": StepRunnerResource.from_env(),
     }

@@ -8,7 +8,12 @@ class ModelBackendResource(DataclassResource[ModelLoader]):
     """Which base model, which framework, which device; hands the assets a `ModelLoader`."""
 
     plain = ModelLoader
-    variables = {"backend": "FLYWHEEL_BACKEND", "sampler": "FLYWHEEL_SAMPLER", "device": "FLYWHEEL_DEVICE", "seed": "FLYWHEEL_SEED"}
+    variables = {
+        "backend": "FLYWHEEL_BACKEND",
+        "sampler": "FLYWHEEL_SAMPLER",
+        "device": "FLYWHEEL_DEVICE",
+        "seed": "FLYWHEEL_SEED",
+    }
     base_model: str = mirrored(ModelLoader, "base_model")
     backend: str = mirrored(ModelLoader, "backend")
     device: str = mirrored(ModelLoader, "device")
@@ -20,7 +25,8 @@ class ModelBackendResource(DataclassResource[ModelLoader]):
     def from_env(cls) -> "ModelBackendResource":
         return cls(
             base_model=env_or_default("FLYWHEEL_BASE_MODEL"),
-            backend=env_or_default("FLYWHEEL_BACKEND"), sampler=env_or_default("FLYWHEEL_SAMPLER"),
+            backend=env_or_default("FLYWHEEL_BACKEND"),
+            sampler=env_or_default("FLYWHEEL_SAMPLER"),
             device=env_or_default("FLYWHEEL_DEVICE"),
             seed=env_int_or_default("FLYWHEEL_SEED"),
             data_dir=env_or_default("FLYWHEEL_DATA_DIR"),

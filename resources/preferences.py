@@ -15,5 +15,8 @@ class AuditLogResource(DataclassResource[AuditLog]):
 
     @classmethod
     def from_env(cls) -> "AuditLogResource":
-        return cls(path=env_or_default("FLYWHEEL_AUDIT_LOG", str(BUNDLED_AUDIT_LOG)),
-                   live_path=env_or_default("FLYWHEEL_LIVE_AUDIT_LOG", ""), data_dir=env_or_default("FLYWHEEL_DATA_DIR"))
+        return cls(
+            path=env_or_default("FLYWHEEL_AUDIT_LOG", str(BUNDLED_AUDIT_LOG)),
+            live_path=env_or_default("FLYWHEEL_LIVE_AUDIT_LOG", ""),
+            data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
+        )

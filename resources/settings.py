@@ -20,7 +20,12 @@ from pydantic import Field
 from outcome_flywheel.settings import DEFAULTS, RULES, SECRETS, SettingsError
 
 __all__ = [
-    "DataclassResource", "env_int_or_default", "env_or_default", "mirrored", "nested_dataclass", "run_config_fields",
+    "DataclassResource",
+    "env_int_or_default",
+    "env_or_default",
+    "mirrored",
+    "nested_dataclass",
+    "run_config_fields",
     "run_config_overrides",
 ]
 
@@ -97,7 +102,9 @@ def mirrored(cls: type, name: str, optional: bool = False, **extra) -> Any:
     f = dataclass_field(cls, name)
     help_text = f.metadata.get("help", "")
     if optional:
-        return Field(default=None, description=f"{help_text} Default: {field_default(cls, name)!r} ({cls.__name__}).", **extra)
+        return Field(
+            default=None, description=f"{help_text} Default: {field_default(cls, name)!r} ({cls.__name__}).", **extra
+        )
     return Field(default=field_default(cls, name), description=help_text, **extra)
 
 
@@ -146,8 +153,12 @@ def _config_type(hint: Any) -> Any:
     return Optional[base]
 
 
-def run_config_fields(cls: type, paths: Mapping[str, str | None], own: Mapping[str, tuple[Any, Any]] | None = None,
-                      descriptions: Mapping[str, str] | None = None) -> dict[str, tuple[Any, Any]]:
+def run_config_fields(
+    cls: type,
+    paths: Mapping[str, str | None],
+    own: Mapping[str, tuple[Any, Any]] | None = None,
+    descriptions: Mapping[str, str] | None = None,
+) -> dict[str, tuple[Any, Any]]:
     """The (type, pydantic Field) of each field of a flat run config over dataclass `cls`, in `paths`' order.
 
     A field of `cls` itself keeps its default (None there means "decided when the run starts", which its
@@ -173,8 +184,11 @@ def run_config_fields(cls: type, paths: Mapping[str, str | None], own: Mapping[s
 
 def run_config_overrides(config: Any, paths: Mapping[str, str | None]) -> dict[str, Any]:
     """dotted path -> value of each run-config field that was given (not None) and maps onto a path."""
-    return {path: getattr(config, name) for name, path in paths.items()
-            if path is not None and getattr(config, name) is not None}
+    return {
+        path: getattr(config, name)
+        for name, path in paths.items()
+        if path is not None and getattr(config, name) is not None
+    }
 
 
 def nested_dataclass(cls: type, overrides: Mapping[str, Any]) -> Any:

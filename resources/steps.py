@@ -37,11 +37,19 @@ GPU_RESOURCE = "nvidia.com/gpu"
 DATA_VOLUME = "flywheel-data"
 # variable -> (field, default: the settings module's, else empty); an empty variable counts as unset
 VARIABLES = {
-    name: (field, DEFAULTS.get(name, "")) for name, field in (
-        ("FLYWHEEL_STEP_RUNNER", "runner"), ("FLYWHEEL_STEP_LAUNCHER", "launcher"), ("FLYWHEEL_STEP_PROCESSES", "processes"),
-        ("FLYWHEEL_K8S_IMAGE", "k8s_image"), ("FLYWHEEL_K8S_NAMESPACE", "k8s_namespace"), ("FLYWHEEL_K8S_GPUS", "k8s_gpus"),
-        ("FLYWHEEL_K8S_CPU", "k8s_cpu"), ("FLYWHEEL_K8S_MEMORY", "k8s_memory"), ("FLYWHEEL_K8S_DATA_PVC", "k8s_data_pvc"),
-        ("FLYWHEEL_K8S_DATA_MOUNT", "k8s_data_mount"), ("FLYWHEEL_K8S_ENV_SECRET", "k8s_env_secret"),
+    name: (field, DEFAULTS.get(name, ""))
+    for name, field in (
+        ("FLYWHEEL_STEP_RUNNER", "runner"),
+        ("FLYWHEEL_STEP_LAUNCHER", "launcher"),
+        ("FLYWHEEL_STEP_PROCESSES", "processes"),
+        ("FLYWHEEL_K8S_IMAGE", "k8s_image"),
+        ("FLYWHEEL_K8S_NAMESPACE", "k8s_namespace"),
+        ("FLYWHEEL_K8S_GPUS", "k8s_gpus"),
+        ("FLYWHEEL_K8S_CPU", "k8s_cpu"),
+        ("FLYWHEEL_K8S_MEMORY", "k8s_memory"),
+        ("FLYWHEEL_K8S_DATA_PVC", "k8s_data_pvc"),
+        ("FLYWHEEL_K8S_DATA_MOUNT", "k8s_data_mount"),
+        ("FLYWHEEL_K8S_ENV_SECRET", "k8s_env_secret"),
     )
 }
 INTEGERS = ("FLYWHEEL_STEP_PROCESSES", "FLYWHEEL_K8S_GPUS")
@@ -53,20 +61,39 @@ class StepRunnerResource(dg.ConfigurableResource):
     """Where heavy steps run (FLYWHEEL_STEP_RUNNER): a local subprocess (default), the run's own process, or a
     Kubernetes pod; and how they start (FLYWHEEL_STEP_LAUNCHER: python, accelerate, torchrun)."""
 
-    runner: str = Field(default="subprocess", description="subprocess (default: this machine, its own process) | in_process "
-                                                           "(the run's process: debugging) | k8s (a pod through PipesK8sClient).")
-    launcher: str = Field(default="python", description="python (one process) | accelerate (`accelerate launch`) | torchrun.")
-    processes: int = Field(default=1, description="Processes the launcher starts (accelerate, torchrun); rank 0 reports to Dagster.")
-    k8s_image: str = Field(default="", description="k8s: the image holding the project and its environment (required for k8s).")
-    k8s_namespace: str = Field(default="", description="k8s: the namespace of the step pods; empty = the current one, else `default`.")
+    runner: str = Field(
+        default="subprocess",
+        description="subprocess (default: this machine, its own process) | in_process "
+        "(the run's process: debugging) | k8s (a pod through PipesK8sClient).",
+    )
+    launcher: str = Field(
+        default="python", description="python (one process) | accelerate (`accelerate launch`) | torchrun."
+    )
+    processes: int = Field(
+        default=1, description="Processes the launcher starts (accelerate, torchrun); rank 0 reports to Dagster."
+    )
+    k8s_image: str = Field(
+        default="", description="k8s: the image holding the project and its environment (required for k8s)."
+    )
+    k8s_namespace: str = Field(
+        default="", description="k8s: the namespace of the step pods; empty = the current one, else `default`."
+    )
     k8s_gpus: int = Field(default=1, description=f"k8s: GPUs requested per pod (`{GPU_RESOURCE}` limit); 0 = none.")
     k8s_cpu: str = Field(default="", description="k8s: CPU request and limit of the pod (e.g. `8`); empty = none.")
-    k8s_memory: str = Field(default="", description="k8s: memory request and limit of the pod (e.g. `32Gi`); empty = none.")
-    k8s_data_pvc: str = Field(default="", description="k8s: a PersistentVolumeClaim with the data dir (models, checkpoints, "
-                                                      "adapters), mounted at k8s_data_mount; the pod's FLYWHEEL_DATA_DIR.")
+    k8s_memory: str = Field(
+        default="", description="k8s: memory request and limit of the pod (e.g. `32Gi`); empty = none."
+    )
+    k8s_data_pvc: str = Field(
+        default="",
+        description="k8s: a PersistentVolumeClaim with the data dir (models, checkpoints, "
+        "adapters), mounted at k8s_data_mount; the pod's FLYWHEEL_DATA_DIR.",
+    )
     k8s_data_mount: str = Field(default="/data", description="k8s: where the data volume is mounted in the pod.")
-    k8s_env_secret: str = Field(default="", description="k8s: a Secret whose keys become the pod's environment (AWS_* credentials); "
-                                                        "when set, AWS_* variables are not copied into the pod spec.")
+    k8s_env_secret: str = Field(
+        default="",
+        description="k8s: a Secret whose keys become the pod's environment (AWS_* credentials); "
+        "when set, AWS_* variables are not copied into the pod spec.",
+    )
     k8s_python: str = Field(default="python", description="k8s: the interpreter in the image that runs the step.")
     stderr_tail_lines: int = Field(default=40, description="Lines of a failed step's stderr shown in the failure.")
 
@@ -95,7 +122,9 @@ class StepRunnerResource(dg.ConfigurableResource):
         """The step's argv where it runs: this interpreter locally, `k8s_python` in a pod."""
         return self.launch(self.k8s_python if self.runner == "k8s" else None).command(step)
 
-    def run_step(self, context: dg.AssetExecutionContext, step: str, extras: Mapping[str, Any]) -> dg.PipesClientCompletedInvocation:
+    def run_step(
+        self, context: dg.AssetExecutionContext, step: str, extras: Mapping[str, Any]
+    ) -> dg.PipesClientCompletedInvocation:
         """Run `step` with `extras`, wherever this resource says; its reports are the invocation's results.
         Raises `dg.Failure` with the step's error (and its stderr tail) when it fails."""
         problems = check_fields(self)
@@ -139,24 +168,39 @@ class StepRunnerResource(dg.ConfigurableResource):
         if self.k8s_gpus:  # GPU nodes are commonly tainted so that only GPU pods land there
             spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
         return {
-            "image": self.k8s_image, "command": self.command(step), "namespace": self.k8s_namespace or None,
-            "env": env, "base_pod_meta": {"labels": {"app.kubernetes.io/part-of": "outcome-flywheel", "flywheel/step": step}},
+            "image": self.k8s_image,
+            "command": self.command(step),
+            "namespace": self.k8s_namespace or None,
+            "env": env,
+            "base_pod_meta": {"labels": {"app.kubernetes.io/part-of": "outcome-flywheel", "flywheel/step": step}},
             "base_pod_spec": spec,
         }
 
-    def k8s_pod(self, context: dg.AssetExecutionContext, step: str, extras: Mapping[str, Any],
-                environ: Mapping[str, str] | None = None):
+    def k8s_pod(
+        self,
+        context: dg.AssetExecutionContext,
+        step: str,
+        extras: Mapping[str, Any],
+        environ: Mapping[str, str] | None = None,
+    ):
         """The pod (`kubernetes.client.V1Pod`) `run_step` would create for `step`, built the way
         `PipesK8sClient.run` builds it (Pipes bootstrap env included), without a cluster."""
         from dagster_k8s.pipes import PipesK8sPodLogsMessageReader, build_pod_body, get_pod_name
 
         args = self.k8s_arguments(step, environ)
-        with dg.open_pipes_session(context=context, extras=k8s_extras(extras, self), context_injector=dg.PipesEnvContextInjector(),
-                                   message_reader=PipesK8sPodLogsMessageReader()) as session:
+        with dg.open_pipes_session(
+            context=context,
+            extras=k8s_extras(extras, self),
+            context_injector=dg.PipesEnvContextInjector(),
+            message_reader=PipesK8sPodLogsMessageReader(),
+        ) as session:
             return build_pod_body(
-                pod_name=get_pod_name(context.run_id, context.op.name), image=args["image"], command=args["command"],
+                pod_name=get_pod_name(context.run_id, context.op.name),
+                image=args["image"],
+                command=args["command"],
                 env_vars={**session.get_bootstrap_env_vars(), **args["env"]},
-                base_pod_meta=args["base_pod_meta"], base_pod_spec=args["base_pod_spec"],
+                base_pod_meta=args["base_pod_meta"],
+                base_pod_spec=args["base_pod_spec"],
             )
 
 
@@ -171,7 +215,7 @@ def k8s_extras(extras: Mapping[str, Any], runner: StepRunnerResource) -> dict:
         if key == "data_dir" and runner.k8s_data_pvc:
             return runner.k8s_data_mount
         if isinstance(value, str) and value.startswith(root):
-            return value[len(root):]
+            return value[len(root) :]
         return value
 
     return move(dict(extras))
@@ -191,15 +235,23 @@ def check_environment(environ: Mapping[str, str], run_time: bool = False) -> lis
         return problems
     if values["FLYWHEEL_STEP_RUNNER"] == "k8s" and not values["FLYWHEEL_K8S_IMAGE"]:
         problems.append("FLYWHEEL_K8S_IMAGE is unset: the k8s step runner needs the image that holds the project")
-    if run_time and values["FLYWHEEL_STEP_LAUNCHER"] in ("", "python") and values["FLYWHEEL_STEP_PROCESSES"] not in ("", "1"):
-        problems.append(f"FLYWHEEL_STEP_PROCESSES={values['FLYWHEEL_STEP_PROCESSES']}: the python launcher starts one process; "
-                        "set FLYWHEEL_STEP_LAUNCHER=accelerate or torchrun")
+    if (
+        run_time
+        and values["FLYWHEEL_STEP_LAUNCHER"] in ("", "python")
+        and values["FLYWHEEL_STEP_PROCESSES"] not in ("", "1")
+    ):
+        problems.append(
+            f"FLYWHEEL_STEP_PROCESSES={values['FLYWHEEL_STEP_PROCESSES']}: the python launcher starts one process; "
+            "set FLYWHEEL_STEP_LAUNCHER=accelerate or torchrun"
+        )
     return problems
 
 
 def check_fields(runner: StepRunnerResource) -> list[str]:
     """The same rules on the resolved fields (run config may set them), when a step starts."""
-    return check_environment({name: str(getattr(runner, field)) for name, (field, _) in VARIABLES.items()}, run_time=True)
+    return check_environment(
+        {name: str(getattr(runner, field)) for name, (field, _) in VARIABLES.items()}, run_time=True
+    )
 
 
 class WholeLineFileMessageReader(dg.PipesFileMessageReader):
@@ -236,7 +288,9 @@ class WholeLineTempFileMessageReader(dg.PipesTempFileMessageReader):
     @contextmanager
     def read_messages(self, handler) -> Iterator[dict]:
         with tempfile.TemporaryDirectory() as folder:
-            reader = WholeLineFileMessageReader(os.path.join(folder, "messages"), include_stdio_in_messages=self._include_stdio_in_messages)
+            reader = WholeLineFileMessageReader(
+                os.path.join(folder, "messages"), include_stdio_in_messages=self._include_stdio_in_messages
+            )
             with reader.read_messages(handler) as params:
                 yield params
 
@@ -248,15 +302,28 @@ class StepSubprocessClient(dg.PipesClient):
     def __init__(self, step: str, tail_lines: int = 40):
         self.step, self.tail_lines = step, tail_lines
 
-    def run(self, *, context, extras=None, command: list[str], cwd: Optional[str] = None,
-            env: Optional[Mapping[str, str]] = None) -> dg.PipesClientCompletedInvocation:
+    def run(
+        self,
+        *,
+        context,
+        extras=None,
+        command: list[str],
+        cwd: Optional[str] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> dg.PipesClientCompletedInvocation:
         tail: deque[str] = deque(maxlen=self.tail_lines)
-        with dg.open_pipes_session(context=context, extras=extras, context_injector=dg.PipesTempFileContextInjector(),
-                                   message_reader=WholeLineTempFileMessageReader()) as session:
+        with dg.open_pipes_session(
+            context=context,
+            extras=extras,
+            context_injector=dg.PipesTempFileContextInjector(),
+            message_reader=WholeLineTempFileMessageReader(),
+        ) as session:
             # The whole environment: the step sees the same FLYWHEEL_* settings (the warehouse URL),
             # AWS_* credentials and model caches as the run.
             step_env = {**STEP_ENV_DEFAULTS, **os.environ, **(env or {}), **session.get_bootstrap_env_vars()}
-            process = subprocess.Popen(command, cwd=cwd, env=step_env, stderr=subprocess.PIPE, text=True, errors="replace")
+            process = subprocess.Popen(
+                command, cwd=cwd, env=step_env, stderr=subprocess.PIPE, text=True, errors="replace"
+            )
             try:
                 for line in process.stderr:
                     sys.stderr.write(line)
@@ -276,8 +343,12 @@ class StepSubprocessClient(dg.PipesClient):
 
 def _run_in_process(context, step: str, extras: Mapping[str, Any]) -> dg.PipesClientCompletedInvocation:
     error = None
-    with dg.open_pipes_session(context=context, extras=dict(extras), context_injector=dg.PipesTempFileContextInjector(),
-                               message_reader=WholeLineTempFileMessageReader()) as session:
+    with dg.open_pipes_session(
+        context=context,
+        extras=dict(extras),
+        context_injector=dg.PipesTempFileContextInjector(),
+        message_reader=WholeLineTempFileMessageReader(),
+    ) as session:
         try:
             run_in_process(step, session.get_bootstrap_env_vars())
         except Exception as err:  # reported like a subprocess's failure, the traceback kept as the cause

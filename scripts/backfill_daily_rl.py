@@ -19,8 +19,18 @@ from dagster_graphql.client.query import LAUNCH_PARTITION_BACKFILL_MUTATION
 
 # The whole daily_rl group: the loop, then its evaluation (pairs, baseline, outcomes, A/B, back-test), then the report.
 ASSETS = (
-    "headlines", "rollout_scores", "policy_checkpoint", "rollouts", "prompt_evolver", "rollout_pairs", "baseline_rollouts", "rollout_outcomes",
-    "policy_eval", "backtest", "daily_report", "note_scorer",
+    "headlines",
+    "rollout_scores",
+    "policy_checkpoint",
+    "rollouts",
+    "prompt_evolver",
+    "rollout_pairs",
+    "baseline_rollouts",
+    "rollout_outcomes",
+    "policy_eval",
+    "backtest",
+    "daily_report",
+    "note_scorer",
 )
 
 
@@ -31,8 +41,13 @@ def day_range(first: str, last: str) -> list[str]:
     return [(start + timedelta(days=i)).isoformat() for i in range((end - start).days + 1)]
 
 
-def launch(first: str, last: str, url: str = "http://localhost:3000", run_config: dict | None = None,
-           assets: tuple[str, ...] = ASSETS) -> dict:
+def launch(
+    first: str,
+    last: str,
+    url: str = "http://localhost:3000",
+    run_config: dict | None = None,
+    assets: tuple[str, ...] = ASSETS,
+) -> dict:
     params = {
         "partitionNames": day_range(first, last),
         "assetSelection": [{"path": [name]} for name in assets],
@@ -41,7 +56,9 @@ def launch(first: str, last: str, url: str = "http://localhost:3000", run_config
     if run_config:
         params["runConfigData"] = run_config
     body = json.dumps({"query": LAUNCH_PARTITION_BACKFILL_MUTATION, "variables": {"backfillParams": params}}).encode()
-    request = urllib.request.Request(url.rstrip("/") + "/graphql", data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        url.rstrip("/") + "/graphql", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=60) as response:
         answer = json.loads(response.read())
     result = (answer.get("data") or {}).get("launchPartitionBackfill") or answer

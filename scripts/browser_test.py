@@ -38,8 +38,14 @@ def make_driver():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,900",
-                "--disable-features=AutofillServerCommunication", "--force-device-scale-factor=1"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,900",
+        "--disable-features=AutofillServerCommunication",
+        "--force-device-scale-factor=1",
+    ):
         options.add_argument(arg)
     # The explicit driver path: Selenium Manager never runs (it would try to download a driver).
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -47,8 +53,14 @@ def make_driver():
 
 def screenshot(driver, path: Path, max_height: int = 4000) -> None:
     width, height = driver.execute_script("const e = document.documentElement; return [e.scrollWidth, e.scrollHeight]")
-    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
-                                                             "clip": {"x": 0, "y": 0, "width": width, "height": min(height, max_height), "scale": 1}})
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {"x": 0, "y": 0, "width": width, "height": min(height, max_height), "scale": 1},
+        },
+    )
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
@@ -65,16 +77,35 @@ def api_round(base: str, token: str) -> dict:
     auth = {"Authorization": f"Bearer {token}"}
     codes = {}
     with httpx.Client(base_url=base, timeout=120) as http:
-        for path in ("/api/preferences/stats", "/api/preferences/dataset?limit=20", "/api/preferences/training_status",
-                     "/api/feedback?status=unverified", "/api/rl/status", "/api/rl/history", "/openapi.json"):
+        for path in (
+            "/api/preferences/stats",
+            "/api/preferences/dataset?limit=20",
+            "/api/preferences/training_status",
+            "/api/feedback?status=unverified",
+            "/api/rl/status",
+            "/api/rl/history",
+            "/openapi.json",
+        ):
             codes[f"GET {path}"] = http.get(path).status_code
-        decision = {"decision_id": "browser-test-1", "ts": "2025-06-12T11:00:00-04:00", "decision": "approve",
-                    "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]}}
+        decision = {
+            "decision_id": "browser-test-1",
+            "ts": "2025-06-12T11:00:00-04:00",
+            "decision": "approve",
+            "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]},
+        }
         codes["POST /api/decisions"] = http.post("/api/decisions", json=decision, headers=auth).status_code
         codes["POST /api/decisions (again)"] = http.post("/api/decisions", json=decision, headers=auth).status_code
-        codes["POST /api/preferences/style_score"] = http.post("/api/preferences/style_score", headers=auth, json={
-            "candidate": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]}, "prompt": {"regime": "risk-on"}}).status_code
-        codes["POST /api/preferences/train?dry_run=true"] = http.post("/api/preferences/train?dry_run=true", headers=auth).status_code
+        codes["POST /api/preferences/style_score"] = http.post(
+            "/api/preferences/style_score",
+            headers=auth,
+            json={
+                "candidate": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]},
+                "prompt": {"regime": "risk-on"},
+            },
+        ).status_code
+        codes["POST /api/preferences/train?dry_run=true"] = http.post(
+            "/api/preferences/train?dry_run=true", headers=auth
+        ).status_code
         codes["POST /api/preferences/extract"] = http.post("/api/preferences/extract", headers=auth).status_code
     return codes
 
@@ -99,8 +130,10 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
         driver.find_element(By.ID, "token").send_keys(token)
         driver.find_element(By.ID, "sign-in").click()
         WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.CSS_SELECTOR, "form.feedback-form"))
-        check("Notes of" in driver.find_element(By.TAG_NAME, "h1").text and "token" not in driver.current_url,
-              "signed in by pasting the token (no token in the address); the notes page shows forms")
+        check(
+            "Notes of" in driver.find_element(By.TAG_NAME, "h1").text and "token" not in driver.current_url,
+            "signed in by pasting the token (no token in the address); the notes page shows forms",
+        )
         screenshot(driver, shots / "notes.png", max_height=1800)  # the first headlines: the page is long
         card = driver.find_elements(By.CSS_SELECTOR, ".note-card")[0]
         card_id = card.get_attribute("id")
@@ -120,11 +153,17 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
         form.find_element(By.NAME, "curator").send_keys("cu")
         form.find_element(By.CSS_SELECTOR, "button[value=approve]").click()
         WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.ID, "flash"))
-        check("approve" in driver.find_element(By.ID, "flash").text and driver.find_elements(By.ID, "queue-empty"), "the curator approved it; the queue is empty")
+        check(
+            "approve" in driver.find_element(By.ID, "flash").text and driver.find_elements(By.ID, "queue-empty"),
+            "the curator approved it; the queue is empty",
+        )
 
         driver.find_element(By.ID, "materialize").click()
         WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.ID, "flash"))
-        check("launched" in driver.find_element(By.ID, "flash").text, "note_feedback and feedback_pairs launched from the page")
+        check(
+            "launched" in driver.find_element(By.ID, "flash").text,
+            "note_feedback and feedback_pairs launched from the page",
+        )
         deadline = time.time() + materialize_timeout
         while time.time() < deadline:
             driver.get(f"{base}/curation")
@@ -132,8 +171,15 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
             if len(rows) > 1:
                 break
             time.sleep(3)
-        cells = driver.find_elements(By.CSS_SELECTOR, "#pairs tr")[1].find_elements(By.TAG_NAME, "td") if len(rows) > 1 else []
-        check(bool(cells) and cells[1].text == "correction" and cells[3].text == CORRECTION, "the verified correction is a feedback pair on the page")
+        cells = (
+            driver.find_elements(By.CSS_SELECTOR, "#pairs tr")[1].find_elements(By.TAG_NAME, "td")
+            if len(rows) > 1
+            else []
+        )
+        check(
+            bool(cells) and cells[1].text == "correction" and cells[3].text == CORRECTION,
+            "the verified correction is a feedback pair on the page",
+        )
         screenshot(driver, shots / "curation-pairs.png")
 
         driver.get(f"{base}/proposal")
@@ -142,21 +188,39 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
         driver.find_element(By.ID, "score").click()
         panel = WebDriverWait(driver, 120).until(lambda d: d.find_elements(By.ID, "style-panel"))[0]
         score = driver.find_element(By.ID, "style-score").text
-        check(score.endswith("%") and "learning signal" in driver.find_element(By.ID, "learning-signal").text,
-              f"the proposal page shows the style panel ({score}, {panel.get_attribute('class')})")
-        summary["style_panel"] = {"score": score, "band": panel.get_attribute("class"), "signal": driver.find_element(By.ID, "learning-signal").text,
-                                  "rejected_winners_warning": bool(driver.find_elements(By.ID, "rejected-winners"))}
+        check(
+            score.endswith("%") and "learning signal" in driver.find_element(By.ID, "learning-signal").text,
+            f"the proposal page shows the style panel ({score}, {panel.get_attribute('class')})",
+        )
+        summary["style_panel"] = {
+            "score": score,
+            "band": panel.get_attribute("class"),
+            "signal": driver.find_element(By.ID, "learning-signal").text,
+            "rejected_winners_warning": bool(driver.find_elements(By.ID, "rejected-winners")),
+        }
         screenshot(driver, shots / "proposal.png")
 
         driver.get(f"{base}/status")
-        check("History: daily loop" in driver.page_source and "History: preference adapters" in driver.page_source, "the status page shows both loops")
+        check(
+            "History: daily loop" in driver.page_source and "History: preference adapters" in driver.page_source,
+            "the status page shows both loops",
+        )
         # the charts a person sees: every figure decoded to an image with a size (a broken PNG has width 0)
-        widths = driver.execute_script("return Array.from(document.querySelectorAll('#daily-figures img')).map(i => i.complete ? i.naturalWidth : 0)")
-        check(bool(widths) and all(w > 0 for w in widths), f"the status page draws its {len(widths)} charts (image widths {widths})")
+        widths = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#daily-figures img')).map(i => i.complete ? i.naturalWidth : 0)"
+        )
+        check(
+            bool(widths) and all(w > 0 for w in widths),
+            f"the status page draws its {len(widths)} charts (image widths {widths})",
+        )
         summary["status_charts"] = len(widths)
         screenshot(driver, shots / "status.png")
         # An alert() opened by markup would have failed the next driver command (UnexpectedAlertPresentException).
-        summary.update(passed=True, seconds=round(time.perf_counter() - started, 1), screenshots=sorted(p.name for p in shots.glob("*.png")))
+        summary.update(
+            passed=True,
+            seconds=round(time.perf_counter() - started, 1),
+            screenshots=sorted(p.name for p in shots.glob("*.png")),
+        )
     finally:
         driver.quit()
         server.should_exit = True
@@ -172,7 +236,9 @@ def main() -> int:
     args = parser.parse_args()
     for tool in (CHROMIUM, CHROMEDRIVER):
         if not Path(tool).exists():
-            raise SystemExit(f"{tool} is missing: apt-get install chromium chromium-driver (or `make browser-test`, which does)")
+            raise SystemExit(
+                f"{tool} is missing: apt-get install chromium chromium-driver (or `make browser-test`, which does)"
+            )
     source = Path(args.data_dir).resolve()
     if not (source / "warehouse" / "rollouts").is_dir():
         raise SystemExit(f"{source} holds no demo data: run `make demo` first")
@@ -180,12 +246,19 @@ def main() -> int:
     shots.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="flywheel-browser-"))
     data = work / "data"
-    shutil.copytree(source, data, symlinks=True, ignore=shutil.ignore_patterns("warehouse.duckdb*", "feedback", "decisions", "service"))
+    shutil.copytree(
+        source,
+        data,
+        symlinks=True,
+        ignore=shutil.ignore_patterns("warehouse.duckdb*", "feedback", "decisions", "service"),
+    )
     home = work / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     token = "browser-test-" + os.urandom(12).hex()
-    os.environ.update(FLYWHEEL_DATA_DIR=str(data), DAGSTER_HOME=str(home), FLYWHEEL_API_TOKEN=token, FLYWHEEL_TRAIN_COOLDOWN_S="0")
+    os.environ.update(
+        FLYWHEEL_DATA_DIR=str(data), DAGSTER_HOME=str(home), FLYWHEEL_API_TOKEN=token, FLYWHEEL_TRAIN_COOLDOWN_S="0"
+    )
 
     from service.state import ServiceState
 

@@ -23,7 +23,6 @@ from outcome_flywheel.settings import env, resolve_path
 from pipelines.launch import IN_PROCESS, run_job
 from scripts import QUIET_CONSOLE
 
-
 TIERS = (
     ("note_scorer", "outcome_flywheel.daily_rl.note_scorer.model"),
     ("prompt_evolver", "outcome_flywheel.daily_rl.policy.prompt_evolver"),
@@ -66,7 +65,10 @@ def main() -> None:
     if not os.environ.get("DAGSTER_HOME"):
         raise SystemExit("set DAGSTER_HOME (the Makefile sets it to .dagster/): `make demo`")
     instance = dg.DagsterInstance.get()
-    summary: dict = {"dagster_home": os.environ["DAGSTER_HOME"], "data_dir": str(resolve_path(env("FLYWHEEL_DATA_DIR")))}
+    summary: dict = {
+        "dagster_home": os.environ["DAGSTER_HOME"],
+        "data_dir": str(resolve_path(env("FLYWHEEL_DATA_DIR"))),
+    }
 
     started = time.perf_counter()
     result = run_job("base_model_job", instance, run_config={**QUIET_CONSOLE, **IN_PROCESS})
@@ -91,7 +93,9 @@ def main() -> None:
         print(f"{name} finished in {time.perf_counter() - started:.0f} s", flush=True)
 
     # The learners beside the daily update (docs/tiers.md) and the served policy (docs/serving.md), one line each.
-    summary["tiers"] = {name: importlib.import_module(module).tier_summary(summary["data_dir"]) for name, module in TIERS}
+    summary["tiers"] = {
+        name: importlib.import_module(module).tier_summary(summary["data_dir"]) for name, module in TIERS
+    }
 
     print("\n== summary ==")
     print(json.dumps(summary, indent=2, default=str))

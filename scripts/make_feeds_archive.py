@@ -129,8 +129,9 @@ def _event_phrase(title: str, company: str) -> str:
     return title if title.startswith(company) else title[0].lower() + title[1:]
 
 
-def _follow_ups(rng: random.Random, day: date, previous: list[Event], n: int,
-                closes: dict[str, dict[date, float]]) -> list[Event]:
+def _follow_ups(
+    rng: random.Random, day: date, previous: list[Event], n: int, closes: dict[str, dict[date, float]]
+) -> list[Event]:
     out = []
     taken: set[str] = set()
     for ev in rng.sample(previous, min(n, len(previous))):
@@ -143,8 +144,14 @@ def _follow_ups(rng: random.Random, day: date, previous: list[Event], n: int,
         origin = ev.origin or ev.title
         move = real_move(closes[ev.ticker], day)
         templates = FOLLOW_UP_SESSION if move.on_day else FOLLOW_UP_NO_SESSION
-        fill = dict(ticker=ev.ticker, co=ev.company, event=_event_phrase(ev.title, ev.company), weekday=f"{day:%A}",
-                    session=move.session.isoformat(), **_wording(move))
+        fill = dict(
+            ticker=ev.ticker,
+            co=ev.company,
+            event=_event_phrase(ev.title, ev.company),
+            weekday=f"{day:%A}",
+            session=move.session.isoformat(),
+            **_wording(move),
+        )
         # "a day after" a follow-up would name an older event; and two follow-ups of one ticker
         # (yesterday's event and yesterday's follow-up) take different wordings, so that the same
         # real move does not turn them into duplicates.
@@ -170,7 +177,7 @@ def _rss(title: str, slug: str, items: list[dict]) -> str:
             "<item>"
             f"<title>{escape(it['title'])}</title>"
             f"<link>https://example.com/{slug}/{it['id']}</link>"
-            f"<guid isPermaLink=\"false\">{slug}-{it['id']}</guid>"
+            f'<guid isPermaLink="false">{slug}-{it["id"]}</guid>'
             f"<description>{escape(it['summary'])}</description>"
             + (f"<pubDate>{escape(it['date'])}</pubDate>" if it["date"] is not None else "")
             + "</item>"
@@ -193,7 +200,11 @@ def _atom(title: str, slug: str, items: list[dict], updated: str) -> str:
             f"<id>urn:example:{slug}:{it['id']}</id>"
             f'<link href="https://example.com/{slug}/{it["id"]}"/>'
             f"<summary>{escape(it['summary'])}</summary>"
-            + (f"<published>{escape(it['date'])}</published><updated>{escape(it['date'])}</updated>" if it["date"] is not None else "")
+            + (
+                f"<published>{escape(it['date'])}</published><updated>{escape(it['date'])}</updated>"
+                if it["date"] is not None
+                else ""
+            )
             + "</entry>"
         )
     parts.append("</feed>")
@@ -225,31 +236,70 @@ def build(out: Path = OUT, first_day: date = FIRST_DAY, days: int = DAYS, seed: 
         items: dict[str, list[dict]] = {slug: [] for slug, _, _ in feeds}
         for i, ev in enumerate(todays):
             slug, _, kind = feeds[i % len(feeds)]
-            items[slug].append(dict(id=f"{day:%Y%m%d}-{i}", title=ev.title, summary=ev.summary, date=_format_date(ev.published, kind)))
+            items[slug].append(
+                dict(id=f"{day:%Y%m%d}-{i}", title=ev.title, summary=ev.summary, date=_format_date(ev.published, kind))
+            )
         # cross-feed duplicates (a wire story picked up by another feed, with different spacing/case)
         for ev in rng.sample(todays, 2):
             slug, _, kind = feeds[rng.randrange(len(feeds))]
-            items[slug].append(dict(id=f"{day:%Y%m%d}-dup-{ev.ticker}", title="  " + ev.title.upper() + " ", summary=ev.summary,
-                                    date=_format_date(ev.published + timedelta(minutes=7), kind)))
+            items[slug].append(
+                dict(
+                    id=f"{day:%Y%m%d}-dup-{ev.ticker}",
+                    title="  " + ev.title.upper() + " ",
+                    summary=ev.summary,
+                    date=_format_date(ev.published + timedelta(minutes=7), kind),
+                )
+            )
         # yesterday's items repeated late in the feed
         for ev in previous[:2]:
             slug, _, kind = feeds[rng.randrange(len(feeds))]
-            items[slug].append(dict(id=f"{day:%Y%m%d}-old-{ev.ticker}", title=ev.title, summary=ev.summary, date=_format_date(ev.published, kind)))
+            items[slug].append(
+                dict(
+                    id=f"{day:%Y%m%d}-old-{ev.ticker}",
+                    title=ev.title,
+                    summary=ev.summary,
+                    date=_format_date(ev.published, kind),
+                )
+            )
         # broken entries: no title, no date, absurd date, unparseable date (not every day)
         if offset % 2 == 0:
             slug, _, kind = feeds[0]
-            items[slug].append(dict(id=f"{day:%Y%m%d}-notitle", title="", summary="An entry with no title.", date=_format_date(todays[0].published, kind)))
+            items[slug].append(
+                dict(
+                    id=f"{day:%Y%m%d}-notitle",
+                    title="",
+                    summary="An entry with no title.",
+                    date=_format_date(todays[0].published, kind),
+                )
+            )
         if offset % 3 == 0:
             slug, _, kind = feeds[-1]
-            items[slug].append(dict(id=f"{day:%Y%m%d}-absurd", title=f"{todays[1].company} sets date for investor day",
-                                    summary="The date on this entry is nonsense.",
-                                    date="Thu, 01 Jan 2099 00:00:00 GMT" if kind == "rss" else "2099-01-01T00:00:00Z"))
-            items[slug].append(dict(id=f"{day:%Y%m%d}-nodate", title=f"{todays[2].company} to present at industry conference",
-                                    summary="This entry has no date.", date=None))
+            items[slug].append(
+                dict(
+                    id=f"{day:%Y%m%d}-absurd",
+                    title=f"{todays[1].company} sets date for investor day",
+                    summary="The date on this entry is nonsense.",
+                    date="Thu, 01 Jan 2099 00:00:00 GMT" if kind == "rss" else "2099-01-01T00:00:00Z",
+                )
+            )
+            items[slug].append(
+                dict(
+                    id=f"{day:%Y%m%d}-nodate",
+                    title=f"{todays[2].company} to present at industry conference",
+                    summary="This entry has no date.",
+                    date=None,
+                )
+            )
         if offset % 4 == 1:
             slug, _, kind = feeds[1]
-            items[slug].append(dict(id=f"{day:%Y%m%d}-baddate", title=f"{todays[3].company} names new board member",
-                                    summary="The date string is garbage.", date="sometime last week"))
+            items[slug].append(
+                dict(
+                    id=f"{day:%Y%m%d}-baddate",
+                    title=f"{todays[3].company} names new board member",
+                    summary="The date string is garbage.",
+                    date="sometime last week",
+                )
+            )
         folder = out / day.isoformat()
         folder.mkdir(parents=True, exist_ok=True)
         updated = datetime(day.year, day.month, day.day, 21, 0, tzinfo=TZ).isoformat()
@@ -274,12 +324,12 @@ def build(out: Path = OUT, first_day: date = FIRST_DAY, days: int = DAYS, seed: 
         "is the real close-to-close move of that symbol from the bundled prices (`sample_data/prices/daily_close.csv`),\n"
         "rounded to one decimal:\n\n"
         "- On an XNYS session day D, a follow-up states the move from the previous session's close to D's close:\n"
-        "  \"AAPL shares rise 1.3% after the news\", \"Apple shares gain a day after ...\" (gain/slide: the sign of that\n"
-        "  move), \"... shares close flat ...\" when the move rounds to 0.0%. \"Analysts lift/cut/hold\" follows the sign too.\n"
+        '  "AAPL shares rise 1.3% after the news", "Apple shares gain a day after ..." (gain/slide: the sign of that\n'
+        '  move), "... shares close flat ..." when the move rounds to 0.0%. "Analysts lift/cut/hold" follows the sign too.\n'
         "- On a day with no session (weekends; Thanksgiving, 2025-11-27), no move is claimed for that day: the\n"
         "  follow-up says the market is closed and states the last session's real move with that session named:\n"
-        "  \"Markets closed Saturday; AAPL shares last rose 1.3% in the 2025-11-21 session\".\n\n"
-        "(The fresh headline template \"... cuts outlook, shares slide after hours\" is part of the fictional events; it\n"
+        '  "Markets closed Saturday; AAPL shares last rose 1.3% in the 2025-11-21 session".\n\n'
+        '(The fresh headline template "... cuts outlook, shares slide after hours" is part of the fictional events; it\n'
         "is not a close-to-close statement and follow-ups do not repeat it.) `tests/test_feeds_archive.py` checks\n"
         "every readable move statement against the prices.\n\n"
         "Some files and entries are broken on purpose (truncated XML, an HTML error page, entries without title or\n"

@@ -49,10 +49,17 @@ def main(argv: list[str] | None = None) -> Path:
     TARGET.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(TARGET, index=False, float_format="%.6f")
     sha = hashlib.sha256(TARGET.read_bytes()).hexdigest()
-    (TARGET.parent / "PROVENANCE.md").write_text(PROVENANCE.format(
-        rows=len(df), n_symbols=df["symbol"].nunique(), first=df["date"].min(), last=df["date"].max(),
-        sessions=df["date"].nunique(), sha=sha, symbols=" ".join(sorted(df["symbol"].unique())),
-    ))
+    (TARGET.parent / "PROVENANCE.md").write_text(
+        PROVENANCE.format(
+            rows=len(df),
+            n_symbols=df["symbol"].nunique(),
+            first=df["date"].min(),
+            last=df["date"].max(),
+            sessions=df["date"].nunique(),
+            sha=sha,
+            symbols=" ".join(sorted(df["symbol"].unique())),
+        )
+    )
     print(f"wrote {TARGET} ({len(df)} rows, {df['symbol'].nunique()} symbols, {df['date'].min()}..{df['date'].max()})")
     return TARGET
 

@@ -30,13 +30,40 @@ from outcome_flywheel.models.prompts import NOTE_SECTIONS
 OUT = Path(__file__).resolve().parent.parent / "sample_data" / "tiny_local" / "notes.jsonl"
 
 COMPANIES = {
-    "AAPL": "Apple", "MSFT": "Microsoft", "NVDA": "Nvidia", "AMZN": "Amazon", "GOOGL": "Alphabet",
-    "META": "Meta", "JPM": "JPMorgan", "XOM": "Exxon Mobil", "LLY": "Eli Lilly", "UNH": "UnitedHealth",
-    "WMT": "Walmart", "JNJ": "Johnson & Johnson", "PG": "Procter & Gamble", "HD": "Home Depot",
-    "COST": "Costco", "MRK": "Merck", "CVX": "Chevron", "BAC": "Bank of America", "KO": "Coca-Cola",
-    "NFLX": "Netflix", "CRM": "Salesforce", "ORCL": "Oracle", "INTC": "Intel", "QCOM": "Qualcomm",
-    "GS": "Goldman Sachs", "PFE": "Pfizer", "DIS": "Disney", "BA": "Boeing", "CAT": "Caterpillar",
-    "NKE": "Nike", "MCD": "McDonald's", "GE": "GE Aerospace", "LMT": "Lockheed Martin", "UPS": "UPS",
+    "AAPL": "Apple",
+    "MSFT": "Microsoft",
+    "NVDA": "Nvidia",
+    "AMZN": "Amazon",
+    "GOOGL": "Alphabet",
+    "META": "Meta",
+    "JPM": "JPMorgan",
+    "XOM": "Exxon Mobil",
+    "LLY": "Eli Lilly",
+    "UNH": "UnitedHealth",
+    "WMT": "Walmart",
+    "JNJ": "Johnson & Johnson",
+    "PG": "Procter & Gamble",
+    "HD": "Home Depot",
+    "COST": "Costco",
+    "MRK": "Merck",
+    "CVX": "Chevron",
+    "BAC": "Bank of America",
+    "KO": "Coca-Cola",
+    "NFLX": "Netflix",
+    "CRM": "Salesforce",
+    "ORCL": "Oracle",
+    "INTC": "Intel",
+    "QCOM": "Qualcomm",
+    "GS": "Goldman Sachs",
+    "PFE": "Pfizer",
+    "DIS": "Disney",
+    "BA": "Boeing",
+    "CAT": "Caterpillar",
+    "NKE": "Nike",
+    "MCD": "McDonald's",
+    "GE": "GE Aerospace",
+    "LMT": "Lockheed Martin",
+    "UPS": "UPS",
 }
 
 # Fresh events; the feed archive is written from these too (keep them as they are, or rebuild it).
@@ -54,7 +81,18 @@ NEGATIVE = [
     ("{co} recalls products in {seg} line", "The recall covers units sold over two years."),
     ("{co} chief financial officer steps down", "The exit comes ahead of a key {seg} launch."),
 ]
-SEGMENTS = ["cloud", "data center", "consumer", "advertising", "pharma", "energy", "retail", "services", "defense", "payments"]
+SEGMENTS = [
+    "cloud",
+    "data center",
+    "consumer",
+    "advertising",
+    "pharma",
+    "energy",
+    "retail",
+    "services",
+    "defense",
+    "payments",
+]
 # Follow-ups, worded as the archive's (its moves are real; these are invented). {move}: "rise 1.3%" ...
 FOLLOW_UPS = (
     "{ticker} shares {move} after the news",
@@ -63,8 +101,14 @@ FOLLOW_UPS = (
     "Markets closed {weekday}; {ticker} shares last {moved} in the {session} session",
 )
 RISKS = [
-    "guidance could disappoint", "valuation is stretched", "rates may stay higher", "the sector is crowded",
-    "regulators may push back", "demand could fade", "margins are under pressure", "the macro backdrop is weak",
+    "guidance could disappoint",
+    "valuation is stretched",
+    "rates may stay higher",
+    "the sector is crowded",
+    "regulators may push back",
+    "demand could fade",
+    "margins are under pressure",
+    "the macro backdrop is weak",
 ]
 # Reasons by (side, news): a long on bad news and a short on good news are argued too.
 REASONS = {  # news: +1 good, -1 bad, 0 neither (`news_direction`)
@@ -75,8 +119,10 @@ REASONS = {  # news: +1 good, -1 bad, 0 neither (`news_direction`)
     ("short", -1): ["estimates are too high", "the news hurts near-term earnings", "sentiment is turning"],
     ("short", 0): ["the multiple can compress", "positioning is crowded"],
 }
-CALLS = {"long": ("Buy {m}.", "Buy {m} shares.", "Buy {m} on this news."),
-         "short": ("Sell {m}.", "Sell {m} shares.", "Sell {m} on this news.")}
+CALLS = {
+    "long": ("Buy {m}.", "Buy {m} shares.", "Buy {m} on this news."),
+    "short": ("Sell {m}.", "Sell {m} shares.", "Sell {m} on this news."),
+}
 
 
 def _headline(rng: random.Random, ticker: str, co: str) -> tuple[str, str]:
@@ -98,8 +144,14 @@ def _headline(rng: random.Random, ticker: str, co: str) -> tuple[str, str]:
     else:
         words = dict(move=f"fall {size}", word="slide", moved=f"fell {size}", analysts="cut")
     session = date(2025, 1, 6) + timedelta(days=rng.randrange(300))
-    title = rng.choice(FOLLOW_UPS).format(ticker=ticker, co=co, event=event, weekday=rng.choice(["Saturday", "Sunday"]),
-                                          session=session.isoformat(), **words)
+    title = rng.choice(FOLLOW_UPS).format(
+        ticker=ticker,
+        co=co,
+        event=event,
+        weekday=rng.choice(["Saturday", "Sunday"]),
+        session=session.isoformat(),
+        **words,
+    )
     return title, f"Follow-up: {event}."
 
 
@@ -132,8 +184,10 @@ def _prose(rng: random.Random, m: str, side: str, news: int) -> str:
     if side == "none":
         return f"We are watching {m} after this news. {rng.choice(RISKS).capitalize()}. We would wait for the open before acting."
     view, verb = ("constructive", "buy") if side == "long" else ("cautious", "sell")
-    return (f"We are {view} on {m} and would {verb} after this news. {rng.choice(REASONS[(side, news)]).capitalize()}, "
-            f"but {rng.choice(RISKS)}.")
+    return (
+        f"We are {view} on {m} and would {verb} after this news. {rng.choice(REASONS[(side, news)]).capitalize()}, "
+        f"but {rng.choice(RISKS)}."
+    )
 
 
 def _balanced_sides(rng: random.Random, n: int) -> list[str]:
@@ -163,7 +217,9 @@ def make_notes(n: int = 640, seed: int = 7) -> list[dict]:
         if u < 0.45:  # full six-section note
             note = _note(rng, m, side, news, list(NOTE_SECTIONS))
         elif u < 0.85:  # some sections missing; the recommendation mostly kept
-            keep = [s for s in NOTE_SECTIONS if rng.random() < (0.9 if s == NOTE_SECTIONS[0] else 0.5)] or [NOTE_SECTIONS[0]]
+            keep = [s for s in NOTE_SECTIONS if rng.random() < (0.9 if s == NOTE_SECTIONS[0] else 0.5)] or [
+                NOTE_SECTIONS[0]
+            ]
             note = _note(rng, m, side, news, keep)
         else:  # unstructured prose
             note = _prose(rng, m, side, news)

@@ -50,8 +50,14 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
 
     # No Swagger UI or ReDoc: both load scripts from a CDN into the page where operators would paste
     # the token. The schema stays at /openapi.json for any client or viewer a person trusts.
-    app = FastAPI(title="outcome-flywheel", version="0.1.0", description=DESCRIPTION, docs_url=None, redoc_url=None,
-                  lifespan=lifespan)
+    app = FastAPI(
+        title="outcome-flywheel",
+        version="0.1.0",
+        description=DESCRIPTION,
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
     app.state.service = state
     # The models are loaded on the first /v1 request, not here: the review pages start without them.
     app.state.serving = ModelServer(state.scorer.loader, state.warehouse.root, max_tokens=state.config.serve_max_tokens)
@@ -59,7 +65,9 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
         app.include_router(module.router)
     app.include_router(pages.router)
     app.add_middleware(WriteGuard, config=state.config)
-    app.add_middleware(openai_compat.ServingGuard, config=state.config)  # outside WriteGuard: /v1 reads need the token too
+    app.add_middleware(
+        openai_compat.ServingGuard, config=state.config
+    )  # outside WriteGuard: /v1 reads need the token too
     # Outermost: a request naming another host (DNS rebinding onto loopback) is refused before anything else.
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=state.config.allowed_hosts)
 
@@ -69,7 +77,10 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
     async def invalid(request: Request, err: RequestValidationError):
         # The reasons without the refused input: echoing it back could be megabytes, or nested past
         # what the JSON encoder can recurse through.
-        errors = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))} for e in err.errors()]
+        errors = [
+            {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in err.errors()
+        ]
         path = request.url.path
         if is_openai_path(path):  # /v1 answers an invalid field with a 400 naming it, as OpenAI does
             param = (".".join(str(p) for p in errors[0]["loc"][1:]) or None) if errors else None
@@ -95,8 +106,13 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
         if not is_openai_path(path):
             return await http_exception_handler(request, err)
         if err.status_code == 404 and err.detail == "Not Found":
-            message, code = (f"{request.method} {path} is not an endpoint of this server: it serves GET /v1/models, "
-                             "GET /v1/models/{model}, POST /v1/chat/completions"), "unknown_url"
+            message, code = (
+                (
+                    f"{request.method} {path} is not an endpoint of this server: it serves GET /v1/models, "
+                    "GET /v1/models/{model}, POST /v1/chat/completions"
+                ),
+                "unknown_url",
+            )
         elif err.status_code == 405:
             message, code = f"{request.method} is not allowed on {path}", "method_not_allowed"
         else:

@@ -31,8 +31,10 @@ def check_dagster_url(url: str) -> str:
     except ValueError as err:
         raise ValueError(f"{DAGSTER_URL_VARIABLE}={url!r}: {err}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or parts.username:
-        raise ValueError(f"{DAGSTER_URL_VARIABLE}={url!r}: expected the Dagster webserver's http(s) URL, "
-                         "such as http://127.0.0.1:3000 (no query, fragment or credentials)")
+        raise ValueError(
+            f"{DAGSTER_URL_VARIABLE}={url!r}: expected the Dagster webserver's http(s) URL, "
+            "such as http://127.0.0.1:3000 (no query, fragment or credentials)"
+        )
     return url
 
 
@@ -42,29 +44,55 @@ def serve_max_tokens_from_env() -> int:
     if not value:
         return SERVE_MAX_TOKENS
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{SERVE_MAX_TOKENS_VARIABLE}={value!r}: expected a positive whole number of tokens, such as 512")
+        raise ValueError(
+            f"{SERVE_MAX_TOKENS_VARIABLE}={value!r}: expected a positive whole number of tokens, such as 512"
+        )
     return int(value)
 
 
 @dataclass
 class ServiceConfig:
-    host: str = field(default="127.0.0.1", metadata={"help": "FLYWHEEL_API_HOST: the address to bind; loopback unless told otherwise."})
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "FLYWHEEL_API_HOST: the address to bind; loopback unless told otherwise."},
+    )
     port: int = field(default=8765, metadata={"help": "FLYWHEEL_API_PORT."})
-    token: str = field(default="", metadata={"help": "FLYWHEEL_API_TOKEN: the bearer token writes need; empty = one made at start and printed."})
-    token_generated: bool = field(default=False, metadata={"help": "True when the token was made at start (printed once)."})
+    token: str = field(
+        default="",
+        metadata={"help": "FLYWHEEL_API_TOKEN: the bearer token writes need; empty = one made at start and printed."},
+    )
+    token_generated: bool = field(
+        default=False, metadata={"help": "True when the token was made at start (printed once)."}
+    )
     max_body_bytes: int = field(default=MAX_BODY_BYTES, metadata={"help": "Larger request bodies get a 413, unread."})
     session_ttl_s: int = field(default=SESSION_TTL_S, metadata={"help": "How long a page's sign-in lasts."})
-    dagster_url: str = field(default="", metadata={"help": "FLYWHEEL_DAGSTER_URL: the Dagster webserver runs are submitted to "
-                                                          "(GraphQL; its daemon launches them); empty = the service's own worker process "
-                                                          "executes them on $DAGSTER_HOME's instance."})
-    serve_max_tokens: int = field(default=SERVE_MAX_TOKENS, metadata={"help": "FLYWHEEL_SERVE_MAX_TOKENS: the most tokens one "
-                                                                                "/v1/chat/completions reply may generate (max_tokens above it: 400)."})
+    dagster_url: str = field(
+        default="",
+        metadata={
+            "help": "FLYWHEEL_DAGSTER_URL: the Dagster webserver runs are submitted to "
+            "(GraphQL; its daemon launches them); empty = the service's own worker process "
+            "executes them on $DAGSTER_HOME's instance."
+        },
+    )
+    serve_max_tokens: int = field(
+        default=SERVE_MAX_TOKENS,
+        metadata={
+            "help": "FLYWHEEL_SERVE_MAX_TOKENS: the most tokens one "
+            "/v1/chat/completions reply may generate (max_tokens above it: 400)."
+        },
+    )
 
     def __post_init__(self):
         if self.dagster_url:
             self.dagster_url = check_dagster_url(self.dagster_url)
-        if isinstance(self.serve_max_tokens, bool) or not isinstance(self.serve_max_tokens, int) or self.serve_max_tokens < 1:
-            raise ValueError(f"{SERVE_MAX_TOKENS_VARIABLE}={self.serve_max_tokens!r}: expected a positive whole number of tokens, such as 512")
+        if (
+            isinstance(self.serve_max_tokens, bool)
+            or not isinstance(self.serve_max_tokens, int)
+            or self.serve_max_tokens < 1
+        ):
+            raise ValueError(
+                f"{SERVE_MAX_TOKENS_VARIABLE}={self.serve_max_tokens!r}: expected a positive whole number of tokens, such as 512"
+            )
         if not self.token:
             # Like notebook servers: a fresh random token per start, printed with the page's URL.
             self.token = secrets.token_urlsafe(24)
@@ -72,8 +100,13 @@ class ServiceConfig:
 
     @classmethod
     def from_env(cls) -> "ServiceConfig":
-        return cls(host=env("FLYWHEEL_API_HOST"), port=int(env("FLYWHEEL_API_PORT")), token=env("FLYWHEEL_API_TOKEN", ""),
-                   dagster_url=os.environ.get(DAGSTER_URL_VARIABLE, ""), serve_max_tokens=serve_max_tokens_from_env())
+        return cls(
+            host=env("FLYWHEEL_API_HOST"),
+            port=int(env("FLYWHEEL_API_PORT")),
+            token=env("FLYWHEEL_API_TOKEN", ""),
+            dagster_url=os.environ.get(DAGSTER_URL_VARIABLE, ""),
+            serve_max_tokens=serve_max_tokens_from_env(),
+        )
 
     def derived(self, purpose: str) -> str:
         """A value derived from the token (a session's signature, its CSRF field, a message's
@@ -82,7 +115,9 @@ class ServiceConfig:
 
     def matches(self, candidate: str | None, purpose: str) -> bool:
         """`candidate` is `derived(purpose)`, compared in constant time."""
-        return bool(candidate) and hmac.compare_digest(candidate.encode("utf-8", "replace"), self.derived(purpose).encode())
+        return bool(candidate) and hmac.compare_digest(
+            candidate.encode("utf-8", "replace"), self.derived(purpose).encode()
+        )
 
     def is_token(self, candidate: str | None) -> bool:
         return bool(candidate) and hmac.compare_digest(candidate.encode("utf-8", "replace"), self.token.encode())

@@ -25,10 +25,18 @@ def is_openai_path(path: str) -> bool:
     return path == OPENAI_PREFIX or path.startswith(OPENAI_PREFIX + "/")
 
 
-def openai_error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None) -> JSONResponse:
+def openai_error(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict | None = None,
+) -> JSONResponse:
     """An error in OpenAI's shape (what its clients parse into their exceptions' message, param and code)."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status, headers=headers)
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status, headers=headers
+    )
 
 
 def detail_text(detail: Any) -> str:
@@ -36,15 +44,24 @@ def detail_text(detail: Any) -> str:
     if isinstance(detail, str):
         return detail
     if isinstance(detail, list):
-        return "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg')}" if isinstance(e, dict) else str(e)
-                         for e in detail)
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ())) or 'body'}: {e.get('msg')}" if isinstance(e, dict) else str(e)
+            for e in detail
+        )
     if isinstance(detail, dict) and "message" in detail:
         return str(detail["message"])
     return json.dumps(detail, default=str)
 
 
-def refusal(path: str, status: int, detail: Any, *, param: str | None = None, code: str | None = None,
-            headers: dict | None = None) -> JSONResponse:
+def refusal(
+    path: str,
+    status: int,
+    detail: Any,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict | None = None,
+) -> JSONResponse:
     """The answer to a request refused with `status`, in the shape its path's clients read."""
     if is_openai_path(path):
         kind = "server_error" if status >= 500 else "invalid_request_error"
@@ -87,8 +104,10 @@ def lone_surrogate(value: Any) -> tuple[tuple[Any, ...], str] | None:
 def surrogate_message(text: str, at: int, key: bool = False) -> str:
     """Why: the code point and where it is, never the refused text itself."""
     what = "a key of this object" if key else "the string"
-    return (f"{what} holds a lone UTF-16 surrogate (U+{ord(text[at]):04X} at character {at}), which is not Unicode text: "
-            "send the character whole (a surrogate pair in JSON's \\u escapes) or leave it out")
+    return (
+        f"{what} holds a lone UTF-16 surrogate (U+{ord(text[at]):04X} at character {at}), which is not Unicode text: "
+        "send the character whole (a surrogate pair in JSON's \\u escapes) or leave it out"
+    )
 
 
 def body_surrogate(body: bytes) -> tuple[tuple[Any, ...], str] | None:

@@ -34,8 +34,19 @@ from outcome_flywheel.preferences.audit_log import records_frame
 from outcome_flywheel.preferences.changes import changed_dates, contiguous_ranges
 from outcome_flywheel.preferences.status import current_pairs, min_new_pairs, training_status
 from outcome_flywheel.settings import env
-from pipelines.launch import (IN_PROCESS, LAUNCH_TAG, LIVE_STATUSES, PARTITION_TAG, RANGE_END, RANGE_START, RunSpec, enqueue,
-                              live_runs, queued_launches, reconcile_dead_runs)
+from pipelines.launch import (
+    IN_PROCESS,
+    LAUNCH_TAG,
+    LIVE_STATUSES,
+    PARTITION_TAG,
+    RANGE_END,
+    RANGE_START,
+    RunSpec,
+    enqueue,
+    live_runs,
+    queued_launches,
+    reconcile_dead_runs,
+)
 from pipelines.preferences import last_training_finished, train_cooldown_s, training_decision
 from service.state import DagsterUnavailable, NoDagsterInstance, ServiceState
 
@@ -50,14 +61,29 @@ DONE_OR_LIVE = LIVE + (dg.DagsterRunStatus.SUCCESS,)
 DECISIONS_JOB = "flywheel_decisions"
 TRAINING_JOB = "flywheel_training"
 # What a note_feedback row holds that the log decides (its human score follows from thumbs and stars).
-FEEDBACK_DIGEST = ("feedback_id", "decision_date", "headline_id", "rollout_index", "thumbs", "stars", "correction", "reviewer",
-                   "status", "verified_correction", "curator", "verified_at")
+FEEDBACK_DIGEST = (
+    "feedback_id",
+    "decision_date",
+    "headline_id",
+    "rollout_index",
+    "thumbs",
+    "stars",
+    "correction",
+    "reviewer",
+    "status",
+    "verified_correction",
+    "curator",
+    "verified_at",
+)
 
 
 def run_summary(run: dg.DagsterRun) -> dict[str, Any]:
     tags = run.tags
     return {
-        "run_id": run.run_id, "launch_id": tags.get(LAUNCH_TAG), "job": run.job_name, "status": run.status.value,
+        "run_id": run.run_id,
+        "launch_id": tags.get(LAUNCH_TAG),
+        "job": run.job_name,
+        "status": run.status.value,
         "partition": tags.get(PARTITION_TAG),
         "partition_range": [tags[RANGE_START], tags[RANGE_END]] if RANGE_START in tags else None,
     }
@@ -65,8 +91,14 @@ def run_summary(run: dg.DagsterRun) -> dict[str, Any]:
 
 def queued_summary(spec: RunSpec) -> dict[str, Any]:
     """A run a worker will make (no run id yet): queued in the service's worker queue."""
-    return {"run_id": None, "launch_id": spec.launch_id, "job": spec.job, "status": dg.DagsterRunStatus.QUEUED.value,
-            "partition": spec.partition_key, "partition_range": list(spec.partition_range) if spec.partition_range else None}
+    return {
+        "run_id": None,
+        "launch_id": spec.launch_id,
+        "job": spec.job,
+        "status": dg.DagsterRunStatus.QUEUED.value,
+        "partition": spec.partition_key,
+        "partition_range": list(spec.partition_range) if spec.partition_range else None,
+    }
 
 
 def _digest(payload: Any) -> str:
@@ -81,9 +113,15 @@ def _runs(instance: dg.DagsterInstance, statuses, **filters) -> list[dg.DagsterR
 
 def _queued_specs(instance: dg.DagsterInstance, job: str | None = None, digest: str | None = None) -> list[RunSpec]:
     """Specs live workers hold that have no run yet (embedded mode; none with a webserver)."""
-    specs = [s for launch in queued_launches(instance) for s in launch
-             if (job is None or s.job == job) and (digest is None or s.tags.get(REQUEST_TAG) == digest)]
-    return [s for s in specs if not instance.get_run_records(filters=dg.RunsFilter(tags={LAUNCH_TAG: s.launch_id}), limit=1)]
+    specs = [
+        s
+        for launch in queued_launches(instance)
+        for s in launch
+        if (job is None or s.job == job) and (digest is None or s.tags.get(REQUEST_TAG) == digest)
+    ]
+    return [
+        s for s in specs if not instance.get_run_records(filters=dg.RunsFilter(tags={LAUNCH_TAG: s.launch_id}), limit=1)
+    ]
 
 
 def _existing(instance: dg.DagsterInstance, digest: str) -> list[dict[str, Any]]:
@@ -93,12 +131,16 @@ def _existing(instance: dg.DagsterInstance, digest: str) -> list[dict[str, Any]]
 
 def in_progress(instance: dg.DagsterInstance, job: str) -> list[dict[str, Any]]:
     """The live runs of `job` and the ones queued for a worker, oldest first."""
-    return [run_summary(r) for r in live_runs(instance, job_name=job)] + [queued_summary(s) for s in _queued_specs(instance, job=job)]
+    return [run_summary(r) for r in live_runs(instance, job_name=job)] + [
+        queued_summary(s) for s in _queued_specs(instance, job=job)
+    ]
 
 
 def reconcile(state: ServiceState) -> list[str]:
     """Fail the runs whose worker is gone and free their pool slots (the run ids failed)."""
-    state.workers[:] = [w for w in state.workers if w.poll() is None]  # reap the finished ones (a dead child is a zombie until then)
+    state.workers[:] = [
+        w for w in state.workers if w.poll() is None
+    ]  # reap the finished ones (a dead child is a zombie until then)
     return reconcile_dead_runs(state.instance())
 
 
@@ -117,8 +159,12 @@ def covered_partitions(instance: dg.DagsterInstance, job: str) -> dict[str, dict
     return covered
 
 
-def _uncovered(instance: dg.DagsterInstance, specs: list[tuple[str, tuple[str, str] | None]], skipped: dict[str, str],
-               covering: dict[str, dict[str, Any]]):
+def _uncovered(
+    instance: dg.DagsterInstance,
+    specs: list[tuple[str, tuple[str, str] | None]],
+    skipped: dict[str, str],
+    covering: dict[str, dict[str, Any]],
+):
     """`specs` without the partitions queued or live runs of the same job already cover (recorded in
     `skipped` by run id, or launch id while queued, and their runs in `covering`)."""
     out = []
@@ -148,8 +194,13 @@ def run_spec(job: str, block: tuple[str, str] | None, tags: dict[str, str]) -> R
 
 def graphql_client(url: str) -> DagsterGraphQLClient:
     parts = urlsplit(url)
-    return DagsterGraphQLClient(parts.hostname, port_number=parts.port, use_https=parts.scheme == "https",
-                                path_prefix=parts.path.rstrip("/"), timeout=60)
+    return DagsterGraphQLClient(
+        parts.hostname,
+        port_number=parts.port,
+        use_https=parts.scheme == "https",
+        path_prefix=parts.path.rstrip("/"),
+        timeout=60,
+    )
 
 
 def submit(url: str, specs: list[RunSpec], instance: dg.DagsterInstance) -> list[dict[str, Any]]:
@@ -161,17 +212,27 @@ def submit(url: str, specs: list[RunSpec], instance: dg.DagsterInstance) -> list
             run_id = client.submit_job_execution(spec.job, run_config=dict(spec.run_config), tags=spec.run_tags())
         except DagsterGraphQLClientError as err:
             done = f" ({len(runs)} of {len(specs)} runs were submitted)" if runs else ""
-            raise DagsterUnavailable(f"the Dagster webserver at {url} did not take the {spec.job} run: {err}{done}") from None
+            raise DagsterUnavailable(
+                f"the Dagster webserver at {url} did not take the {spec.job} run: {err}{done}"
+            ) from None
         run = instance.get_run_by_id(run_id)
         if run is None:  # idempotency reads this instance: without the run, every request would submit again
-            raise DagsterUnavailable(f"the Dagster webserver at {url} queued run {run_id}, but DAGSTER_HOME's instance does not hold it: "
-                                     "point DAGSTER_HOME at the instance (dagster.yaml) that webserver uses")
+            raise DagsterUnavailable(
+                f"the Dagster webserver at {url} queued run {run_id}, but DAGSTER_HOME's instance does not hold it: "
+                "point DAGSTER_HOME at the instance (dagster.yaml) that webserver uses"
+            )
         runs.append(run_summary(run))
     return runs
 
 
-def _launch(state: ServiceState, job: str | list[tuple[str, tuple[str, str] | None]], ranges: list[tuple[str, str] | None] | None,
-            digest: str, reason: str, skipped: dict[str, str] | None = None) -> tuple[bool, list[dict[str, Any]]]:
+def _launch(
+    state: ServiceState,
+    job: str | list[tuple[str, tuple[str, str] | None]],
+    ranges: list[tuple[str, str] | None] | None,
+    digest: str,
+    reason: str,
+    skipped: dict[str, str] | None = None,
+) -> tuple[bool, list[dict[str, Any]]]:
     """(launched, run summaries): the runs of an earlier identical request, or new runs (submitted
     to FLYWHEEL_DAGSTER_URL, else queued for one worker that executes them in order). `job` with
     `ranges` (partition spans, None = unpartitioned), or a list of (job, span) when the runs belong
@@ -204,26 +265,56 @@ def extraction_plan(state: ServiceState, now: datetime | None = None) -> dict[st
     now = now or datetime.now(timezone.utc)
     frame = records_frame(state.audit_log.parse(), env("FLYWHEEL_TIMEZONE"))
     warehouse = state.warehouse
-    changed = changed_dates(frame, lambda d: warehouse.read("operator_decisions", d), warehouse.partitions("operator_decisions"))
+    changed = changed_dates(
+        frame, lambda d: warehouse.read("operator_decisions", d), warehouse.partitions("operator_decisions")
+    )
     keys = set(preference_partitions.get_partition_keys(current_time=now))
     ready = [d for d in pending_partitions_ready(warehouse.read_all("decision_outcomes"), now) if d in keys]
     first = preference_partitions.start.strftime("%Y-%m-%d")
-    waiting = {d: ("before the first preference partition " + first if d < first else
-                   "no partition yet: a day's partition opens when the day ends (FLYWHEEL_TIMEZONE); "
-                   "the flywheel_outcomes_schedule or a later extract picks it up")
-               for d in changed if d not in keys}
+    waiting = {
+        d: (
+            "before the first preference partition " + first
+            if d < first
+            else "no partition yet: a day's partition opens when the day ends (FLYWHEEL_TIMEZONE); "
+            "the flywheel_outcomes_schedule or a later extract picks it up"
+        )
+        for d in changed
+        if d not in keys
+    }
     launchable = sorted(set(changed) & keys)
-    return {"changed_dates": launchable, "pending_outcomes_ready": ready, "waiting": waiting, "dates": sorted(set(launchable) | set(ready)),
-            "digest": _digest({"changed": {d: changed[d] for d in launchable}, "ready": ready, "day": now.date().isoformat() if ready else None})}
+    return {
+        "changed_dates": launchable,
+        "pending_outcomes_ready": ready,
+        "waiting": waiting,
+        "dates": sorted(set(launchable) | set(ready)),
+        "digest": _digest(
+            {
+                "changed": {d: changed[d] for d in launchable},
+                "ready": ready,
+                "day": now.date().isoformat() if ready else None,
+            }
+        ),
+    }
 
 
 def extract(state: ServiceState, now: datetime | None = None) -> dict[str, Any]:
     plan = extraction_plan(state, now)
     if not plan["dates"]:
-        return {**plan, "launched": False, "runs": [], "message": "nothing changed: every decision partition matches the audit log"}
+        return {
+            **plan,
+            "launched": False,
+            "runs": [],
+            "message": "nothing changed: every decision partition matches the audit log",
+        }
     skipped: dict[str, str] = {}
-    launched, runs = _launch(state, DECISIONS_JOB, list(contiguous_ranges(plan["dates"])), plan["digest"],
-                             f"service: {len(plan['dates'])} decision date(s) changed or have outcomes to mature", skipped)
+    launched, runs = _launch(
+        state,
+        DECISIONS_JOB,
+        list(contiguous_ranges(plan["dates"])),
+        plan["digest"],
+        f"service: {len(plan['dates'])} decision date(s) changed or have outcomes to mature",
+        skipped,
+    )
     message = "launched" if launched else "already launched for these changes"
     if launched and skipped:
         message += f" ({len(skipped)} date(s) left to the live runs that cover them)"
@@ -242,15 +333,24 @@ def training_plan(state: ServiceState, now: datetime | None = None) -> dict[str,
         trainings = len(in_progress(instance, TRAINING_JOB))
     except NoDagsterInstance as err:  # status still answers; launching will say why not
         trainings, status["instance_error"] = 0, str(err)
-    start, reason, run_key = training_decision(state.warehouse, now, trainings, min_new_pairs(), train_cooldown_s(), pairs)
+    start, reason, run_key = training_decision(
+        state.warehouse, now, trainings, min_new_pairs(), train_cooldown_s(), pairs
+    )
     reasons = list(status["blocking_reasons"])
     if not start and "new pairs since the last adapter" not in reason:  # that one training_status already gave
         reasons.append(reason)
     last = last_training_finished(state.warehouse)
     remaining = max(0.0, train_cooldown_s() - (pd.Timestamp(now) - last).total_seconds()) if last is not None else 0.0
-    return {**status, "ready_to_train": start and status["ready_to_train"], "blocking_reasons": reasons,
-            "training_in_progress": trainings, "cooldown_s": train_cooldown_s(), "cooldown_remaining_s": round(remaining),
-            "last_training_finished_at": None if last is None else last.isoformat(), "run_key": run_key or None}
+    return {
+        **status,
+        "ready_to_train": start and status["ready_to_train"],
+        "blocking_reasons": reasons,
+        "training_in_progress": trainings,
+        "cooldown_s": train_cooldown_s(),
+        "cooldown_remaining_s": round(remaining),
+        "last_training_finished_at": None if last is None else last.isoformat(),
+        "run_key": run_key or None,
+    }
 
 
 def train(state: ServiceState, dry_run: bool = True, now: datetime | None = None) -> tuple[bool, dict[str, Any]]:
@@ -259,7 +359,15 @@ def train(state: ServiceState, dry_run: bool = True, now: datetime | None = None
     plan = training_plan(state, now)
     if dry_run or not plan["ready_to_train"]:
         return plan["ready_to_train"] or dry_run, {**plan, "dry_run": dry_run, "launched": False, "runs": []}
-    launched, runs = _launch(state, TRAINING_JOB, [None], plan["run_key"], "service: " + ", ".join(plan["blocking_reasons"]) if plan["blocking_reasons"] else "service: training requested")
+    launched, runs = _launch(
+        state,
+        TRAINING_JOB,
+        [None],
+        plan["run_key"],
+        "service: " + ", ".join(plan["blocking_reasons"])
+        if plan["blocking_reasons"]
+        else "service: training requested",
+    )
     return True, {**plan, "dry_run": False, "launched": launched, "runs": runs}
 
 
@@ -272,26 +380,53 @@ def feedback_plan(state: ServiceState) -> dict[str, Any]:
     `feedback_pairs` is older than the feedback it is built from."""
     table = state.feedback_log.table()
     warehouse = state.warehouse
-    changed = changed_dates(table.rename(columns={"date": "decision_date"}),
-                            lambda d: warehouse.read("note_feedback", d).rename(columns={"date": "decision_date"}),
-                            warehouse.partitions("note_feedback"), columns=FEEDBACK_DIGEST, key="feedback_id")
+    changed = changed_dates(
+        table.rename(columns={"date": "decision_date"}),
+        lambda d: warehouse.read("note_feedback", d).rename(columns={"date": "decision_date"}),
+        warehouse.partitions("note_feedback"),
+        columns=FEEDBACK_DIGEST,
+        key="feedback_id",
+    )
     keys = set(daily_rl_partitions.get_partition_keys())
     days = sorted(set(changed) & keys)
     newest_day = max((f.mtime_ns / 1e9 for f in warehouse.files("note_feedback")), default=0.0)
     pairs_file = warehouse.stat("feedback_pairs")
     pairs_stale = bool(days) or (newest_day > 0 and (pairs_file is None or pairs_file.mtime_ns / 1e9 < newest_day))
-    return {"changed_days": days, "waiting": {d: "not a day of the daily loop's partitions" for d in changed if d not in keys},
-            "pairs_stale": pairs_stale, "digest": _digest({"changed": {d: changed[d] for d in days}, "pairs_stale": pairs_stale,
-                                                           "newest": newest_day if pairs_stale else None})}
+    return {
+        "changed_days": days,
+        "waiting": {d: "not a day of the daily loop's partitions" for d in changed if d not in keys},
+        "pairs_stale": pairs_stale,
+        "digest": _digest(
+            {
+                "changed": {d: changed[d] for d in days},
+                "pairs_stale": pairs_stale,
+                "newest": newest_day if pairs_stale else None,
+            }
+        ),
+    }
 
 
 def materialize_feedback(state: ServiceState) -> dict[str, Any]:
     """Launch `note_feedback_job` for the changed days, then `feedback_pairs_job`, in one worker."""
     plan = feedback_plan(state)
     if not plan["pairs_stale"]:
-        return {**plan, "launched": False, "runs": [], "message": "nothing changed: note_feedback and feedback_pairs match the log"}
-    specs = [(FEEDBACK_DAY_JOB, block) for block in contiguous_ranges(plan["changed_days"])] + [(FEEDBACK_PAIRS_JOB, None)]
+        return {
+            **plan,
+            "launched": False,
+            "runs": [],
+            "message": "nothing changed: note_feedback and feedback_pairs match the log",
+        }
+    specs = [(FEEDBACK_DAY_JOB, block) for block in contiguous_ranges(plan["changed_days"])] + [
+        (FEEDBACK_PAIRS_JOB, None)
+    ]
     skipped: dict[str, str] = {}
-    launched, runs = _launch(state, specs, None, plan["digest"], f"service: feedback changed on {len(plan['changed_days'])} day(s)", skipped)
-    return {**plan, "launched": launched, "runs": runs, "in_live_runs": skipped,
-            "message": "launched" if launched else "already launched for these changes"}
+    launched, runs = _launch(
+        state, specs, None, plan["digest"], f"service: feedback changed on {len(plan['changed_days'])} day(s)", skipped
+    )
+    return {
+        **plan,
+        "launched": launched,
+        "runs": runs,
+        "in_live_runs": skipped,
+        "message": "launched" if launched else "already launched for these changes",
+    }

@@ -14,13 +14,17 @@ MAX_ORDERS = 25  # a rebalance proposal is a handful of orders; the bundled log'
 MAX_PROMPT_BYTES = 4096
 
 
-def proposal_size_problem(orders: Sequence[Any], context: Mapping[str, Any] | None, text: str | None, prompt: str | None = None) -> str | None:
+def proposal_size_problem(
+    orders: Sequence[Any], context: Mapping[str, Any] | None, text: str | None, prompt: str | None = None
+) -> str | None:
     """Why a proposal is too big to score, or None."""
     if len(orders) > MAX_ORDERS:
         return f"{len(orders)} orders: at most {MAX_ORDERS} are scored at once"
     if context is not None and json_depth(dict(context)) > MAX_JSON_DEPTH:
         return f"the context nests objects or lists more than {MAX_JSON_DEPTH} deep"
-    size = len(json.dumps(context or {}, default=str).encode()) + len((text or "").encode()) + len((prompt or "").encode())
+    size = (
+        len(json.dumps(context or {}, default=str).encode()) + len((text or "").encode()) + len((prompt or "").encode())
+    )
     if size > MAX_PROMPT_BYTES:
         return f"the prompt (context, note or prompt text) is {size} bytes: at most {MAX_PROMPT_BYTES}"
     return None

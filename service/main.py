@@ -53,7 +53,9 @@ def banner(config) -> str:
     else:
         lines.append("  token: FLYWHEEL_API_TOKEN")
     if not config.is_loopback:
-        lines.append(f"  WARNING: bound to {config.host}, not loopback: anyone who can reach this address can read the pages")
+        lines.append(
+            f"  WARNING: bound to {config.host}, not loopback: anyone who can reach this address can read the pages"
+        )
     return "\n".join(lines)
 
 
@@ -67,7 +69,11 @@ def start_in_thread(state, port: int = 0):
 
     from service.app import create_app
 
-    server = uvicorn.Server(uvicorn.Config(create_app(state), host=state.config.host, port=port, log_level="warning", log_config=log_config()))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(state), host=state.config.host, port=port, log_level="warning", log_config=log_config()
+        )
+    )
     threading.Thread(target=server.run, daemon=True).start()
     deadline = time.time() + 30
     while not server.started:
@@ -79,7 +85,9 @@ def start_in_thread(state, port: int = 0):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flywheel-serve", description="The outcome flywheel's review pages and REST API.")
+    parser = argparse.ArgumentParser(
+        prog="flywheel-serve", description="The outcome flywheel's review pages and REST API."
+    )
     parser.add_argument("--host", default=None, help="default FLYWHEEL_API_HOST (127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="default FLYWHEEL_API_PORT (8765)")
     args = parser.parse_args(argv)

@@ -87,17 +87,30 @@ class WriteGuard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         path = scope["path"]
-        if path.startswith(("/api/", "/v1/")):  # /v1: the OpenAI-compatible API (ServingGuard checked its token already)
+        if path.startswith(
+            ("/api/", "/v1/")
+        ):  # /v1: the OpenAI-compatible API (ServingGuard checked its token already)
             if not self.config.is_token(_bearer(headers)):
-                response = refusal(path, 401, "writes need Authorization: Bearer <FLYWHEEL_API_TOKEN>", code="invalid_api_key",
-                                   headers={"WWW-Authenticate": "Bearer"})
+                response = refusal(
+                    path,
+                    401,
+                    "writes need Authorization: Bearer <FLYWHEEL_API_TOKEN>",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
                 return await response(scope, receive, send)
-        elif path not in OPEN_POSTS and not valid_session(self.config, cookie_parser(headers.get(b"cookie", b"").decode("latin-1")).get(SESSION_COOKIE)):
-            response = PlainTextResponse("not signed in, or the session expired: open /login and paste the service's token", status_code=401)
+        elif path not in OPEN_POSTS and not valid_session(
+            self.config, cookie_parser(headers.get(b"cookie", b"").decode("latin-1")).get(SESSION_COOKIE)
+        ):
+            response = PlainTextResponse(
+                "not signed in, or the session expired: open /login and paste the service's token", status_code=401
+            )
             return await response(scope, receive, send)
         limit = self.config.max_body_bytes
         declared = headers.get(b"content-length")
-        too_big = refusal(path, 413, f"request body over {limit // 1024} KB ({limit} bytes): refused unread", code="request_too_large")
+        too_big = refusal(
+            path, 413, f"request body over {limit // 1024} KB ({limit} bytes): refused unread", code="request_too_large"
+        )
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return await too_big(scope, receive, send)
         body, more = b"", True

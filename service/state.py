@@ -31,8 +31,10 @@ class DagsterUnavailable(NoDagsterInstance):
 
 def dagster_instance() -> dg.DagsterInstance:
     if not os.environ.get("DAGSTER_HOME"):
-        raise NoDagsterInstance("DAGSTER_HOME is not set: runs are launched on the project's Dagster instance "
-                                "(`make serve` sets it to .dagster/, the instance `make ui` shows)")
+        raise NoDagsterInstance(
+            "DAGSTER_HOME is not set: runs are launched on the project's Dagster instance "
+            "(`make serve` sets it to .dagster/, the instance `make ui` shows)"
+        )
     return dg.DagsterInstance.get()
 
 
@@ -63,7 +65,11 @@ class ServiceState:
         return cls(
             config=config or ServiceConfig.from_env(),
             warehouse=warehouse,
-            audit_log=AuditLog(path=env("FLYWHEEL_AUDIT_LOG", str(BUNDLED_AUDIT_LOG)), live_path=env("FLYWHEEL_LIVE_AUDIT_LOG", ""), data_dir=data_dir),
+            audit_log=AuditLog(
+                path=env("FLYWHEEL_AUDIT_LOG", str(BUNDLED_AUDIT_LOG)),
+                live_path=env("FLYWHEEL_LIVE_AUDIT_LOG", ""),
+                data_dir=data_dir,
+            ),
             feedback_log=FeedbackLog(path=env("FLYWHEEL_FEEDBACK_LOG", ""), data_dir=data_dir),
             scorer=StyleScorer(warehouse),
         )

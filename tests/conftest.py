@@ -18,8 +18,12 @@ SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "production: the production shape on real servers (make up / make down, tests/test_production.py)")
-    config.addinivalue_line("markers", "slow: a real-model loop of minutes; `make test-slow` runs them, CI's second stage (.ci/run)")
+    config.addinivalue_line(
+        "markers", "production: the production shape on real servers (make up / make down, tests/test_production.py)"
+    )
+    config.addinivalue_line(
+        "markers", "slow: a real-model loop of minutes; `make test-slow` runs them, CI's second stage (.ci/run)"
+    )
 
 
 @pytest.fixture(autouse=True)

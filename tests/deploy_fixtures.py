@@ -14,8 +14,15 @@ from pathlib import Path
 from deploy import processes
 from outcome_flywheel.settings import PROJECT_ROOT
 
-SETTING_VARIABLES = ("FLYWHEEL_PROD_HOME", "FLYWHEEL_DATA_DIR", "FLYWHEEL_PG_DIR", "FLYWHEEL_PG_PORT", "FLYWHEEL_CODE_SERVER_PORT",
-                     "FLYWHEEL_WEBSERVER_PORT", "FLYWHEEL_API_PORT")  # deploy.settings.SETTINGS and the home
+SETTING_VARIABLES = (
+    "FLYWHEEL_PROD_HOME",
+    "FLYWHEEL_DATA_DIR",
+    "FLYWHEEL_PG_DIR",
+    "FLYWHEEL_PG_PORT",
+    "FLYWHEEL_CODE_SERVER_PORT",
+    "FLYWHEEL_WEBSERVER_PORT",
+    "FLYWHEEL_API_PORT",
+)  # deploy.settings.SETTINGS and the home
 
 
 def scrubbed_env(**values: str) -> dict[str, str]:
@@ -26,10 +33,17 @@ def scrubbed_env(**values: str) -> dict[str, str]:
     return env
 
 
-def run_module(module: str, args: list[str], env: dict[str, str], python: list[str] | None = None,
-               timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*(python or [sys.executable]), "-m", module, *args], env=env, cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=timeout)
+def run_module(
+    module: str, args: list[str], env: dict[str, str], python: list[str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*(python or [sys.executable]), "-m", module, *args],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @contextlib.contextmanager

@@ -31,7 +31,16 @@ from typing import Iterator
 import pyarrow.fs as pafs
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-PORT_NAMES = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port", "filer.port.grpc", "s3.port", "s3.port.grpc")
+PORT_NAMES = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+)
 REGION = "us-east-1"
 
 
@@ -85,14 +94,20 @@ class S3Server:
 
     def filesystem(self) -> pafs.S3FileSystem:
         """A pyarrow client with this server's key (to look at the bucket beside the warehouse)."""
-        return pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key, region=REGION,
-                                 endpoint_override=self.endpoint.split("://", 1)[1], scheme="http", allow_bucket_creation=True)
+        return pafs.S3FileSystem(
+            access_key=self.access_key,
+            secret_key=self.secret_key,
+            region=REGION,
+            endpoint_override=self.endpoint.split("://", 1)[1],
+            scheme="http",
+            allow_bucket_creation=True,
+        )
 
     def keys(self, prefix: str = "") -> list[str]:
         """Every object key in the bucket under `prefix`, sorted."""
         base = f"{self.bucket}/{prefix}".rstrip("/")
         infos = self.filesystem().get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-        return sorted(i.path[len(self.bucket) + 1:] for i in infos if i.type == pafs.FileType.File)
+        return sorted(i.path[len(self.bucket) + 1 :] for i in infos if i.type == pafs.FileType.File)
 
     def log_tail(self, chars: int = 3000) -> str:
         try:
@@ -119,7 +134,9 @@ class S3Server:
             self._log.close()
         # The gRPC unix sockets weed makes itself, named by port, in the temp folder.
         for role in ("master", "volume", "filer", "s3"):
-            Path(tempfile.gettempdir(), f"seaweedfs-{role}-grpc-{self.ports[role + '.port.grpc']}.sock").unlink(missing_ok=True)
+            Path(tempfile.gettempdir(), f"seaweedfs-{role}-grpc-{self.ports[role + '.port.grpc']}.sock").unlink(
+                missing_ok=True
+            )
         shutil.rmtree(self.socket_dir, ignore_errors=True)
         shutil.rmtree(self.workdir / "data", ignore_errors=True)
 
@@ -137,21 +154,58 @@ def start_s3_server(workdir: Path, bucket: str = "flywheel", timeout_s: float = 
     data.mkdir(exist_ok=True)
     access_key, secret_key = "flywheel" + secrets.token_hex(6), secrets.token_hex(20)
     config = workdir / "s3.json"
-    config.write_text(json.dumps({"identities": [{"name": "flywheel", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                                                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "flywheel",
+                        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
     config.chmod(0o600)
     socket_dir = Path(tempfile.mkdtemp(prefix="weed-"))  # unix socket paths must stay short
     ports = dict(zip(PORT_NAMES, free_ports(len(PORT_NAMES))))
-    command = [str(weed), f"-logdir={workdir}", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={data}",
-               *(f"-{name}={port}" for name, port in ports.items()),
-               "-filer", "-s3", f"-s3.config={config}", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-               f"-filer.localSocket={socket_dir / 'filer.sock'}", f"-s3.localSocket={socket_dir / 's3.sock'}",
-               "-master.volumeSizeLimitMB=64", "-volume.max=16"]
+    command = [
+        str(weed),
+        f"-logdir={workdir}",
+        "server",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-dir={data}",
+        *(f"-{name}={port}" for name, port in ports.items()),
+        "-filer",
+        "-s3",
+        f"-s3.config={config}",
+        "-s3.autoCreateBucket=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-filer.localSocket={socket_dir / 'filer.sock'}",
+        f"-s3.localSocket={socket_dir / 's3.sock'}",
+        "-master.volumeSizeLimitMB=64",
+        "-volume.max=16",
+    ]
     log_path = workdir / "weed.log"
     log = open(log_path, "ab")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-    server = S3Server(endpoint=f"http://127.0.0.1:{ports['s3.port']}", access_key=access_key, secret_key=secret_key, bucket=bucket,
-                      process=process, workdir=workdir, ports=ports, socket_dir=socket_dir, log_path=log_path, _log=log)
+    process = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    server = S3Server(
+        endpoint=f"http://127.0.0.1:{ports['s3.port']}",
+        access_key=access_key,
+        secret_key=secret_key,
+        bucket=bucket,
+        process=process,
+        workdir=workdir,
+        ports=ports,
+        socket_dir=socket_dir,
+        log_path=log_path,
+        _log=log,
+    )
     try:
         _wait_ready(server, timeout_s)
     except BaseException:

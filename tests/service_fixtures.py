@@ -12,11 +12,11 @@ from pathlib import Path
 import pandas as pd
 
 from outcome_flywheel.feedback.log import FeedbackLog
-from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import LoraSettings
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
-from outcome_flywheel.preferences.style_scorer import StyleScorer
 from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO
+from outcome_flywheel.preferences.style_scorer import StyleScorer
 from outcome_flywheel.storage import Warehouse, atomic_symlink
 from service.config import ServiceConfig
 from service.state import ServiceState
@@ -33,12 +33,36 @@ def write_notes(warehouse: Warehouse, day: str = DAY) -> None:
     rows, heads = [], []
     for h, headline_id in enumerate(HEADLINES):
         title = f"Headline {h}: chips rally"
-        heads.append({"date": day, "headline_id": headline_id, "title": title, "summary": "A summary.", "source": "test", "link": None})
+        heads.append(
+            {
+                "date": day,
+                "headline_id": headline_id,
+                "title": title,
+                "summary": "A summary.",
+                "source": "test",
+                "link": None,
+            }
+        )
         prompt = json.dumps([{"role": "user", "content": f"Write a trading note on: {title}"}])
         for i in range(3):
-            response = MARKUP_NOTE if (h, i) == (0, 2) else f"Trade Recommendation: {'Buy' if i % 2 == 0 else 'Sell'} NVDA.\nNote {h}-{i}."
-            rows.append({"date": day, "headline_id": headline_id, "rollout_index": i, "title": title, "summary": "A summary.",
-                         "prompt": prompt, "response": response, "structure_score": 0.5 + 0.1 * i, "policy_version": f"{day}@base"})
+            response = (
+                MARKUP_NOTE
+                if (h, i) == (0, 2)
+                else f"Trade Recommendation: {'Buy' if i % 2 == 0 else 'Sell'} NVDA.\nNote {h}-{i}."
+            )
+            rows.append(
+                {
+                    "date": day,
+                    "headline_id": headline_id,
+                    "rollout_index": i,
+                    "title": title,
+                    "summary": "A summary.",
+                    "prompt": prompt,
+                    "response": response,
+                    "structure_score": 0.5 + 0.1 * i,
+                    "policy_version": f"{day}@base",
+                }
+            )
     warehouse.write("rollouts", pd.DataFrame(rows), partition=day)
     warehouse.write("headlines", pd.DataFrame(heads), partition=day)
 
@@ -57,7 +81,9 @@ def make_state(root: Path, instance_factory=None) -> ServiceState:
         warehouse=warehouse,
         audit_log=AuditLog(path=str(root / "audit_log.jsonl"), data_dir=str(root)),
         feedback_log=FeedbackLog(data_dir=str(root)),
-        scorer=StyleScorer(warehouse, ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu")),
+        scorer=StyleScorer(
+            warehouse, ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu")
+        ),
         **kwargs,
     )
 
@@ -93,7 +119,8 @@ def publish_adapter(root: Path, name: str, seed: int) -> Path:
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     backend.save(folder)
-    (folder / TRAIN_INFO).write_text(json.dumps({"run": name, "config": {"completion_unit": "sequence", "beta": 0.1}, "prompt_context_keys": []}))
+    (folder / TRAIN_INFO).write_text(
+        json.dumps({"run": name, "config": {"completion_unit": "sequence", "beta": 0.1}, "prompt_context_keys": []})
+    )
     atomic_symlink(folder, root.joinpath(*ADAPTERS_DIR, "latest"))
     return folder
-

@@ -8,10 +8,13 @@ import os
 from pathlib import Path
 
 from outcome_flywheel.daily_rl.policy.checkpoints import (
-    mark_verified, publish_checkpoint, read_checkpoint, republish_parent,
+    mark_verified,
+    publish_checkpoint,
+    read_checkpoint,
+    republish_parent,
 )
-from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import LoraSettings
+from outcome_flywheel.models.loader import ModelLoader
 from tests.mlx_fixtures import perturb_torch_lora
 
 
@@ -42,8 +45,13 @@ class PolicyPublisher:
         """A trained, accepted day (verified unless told not: `latest` moves only when verified)."""
         perturb_torch_lora(self.backend, seed=seed)
         parent = self.last[1]["policy_version"] if self.last else None
-        info = publish_checkpoint(self.backend, self.ckpt_root, day, {"date": day, "parent_version": parent, "gate": "accepted",
-                                                                      "base_model": self.base_model, "trained": True}, is_base=False)
+        info = publish_checkpoint(
+            self.backend,
+            self.ckpt_root,
+            day,
+            {"date": day, "parent_version": parent, "gate": "accepted", "base_model": self.base_model, "trained": True},
+            is_base=False,
+        )
         return self.verify(day) if verify else info
 
     def verify(self, day: str) -> dict:
@@ -55,8 +63,13 @@ class PolicyPublisher:
     def reject(self, day: str) -> dict:
         """A day the gate rejected: the parent's files republished with its version, then verified."""
         parent_dir, parent_info = self.last
-        republish_parent(self.ckpt_root, day, parent_dir, parent_info,
-                         {"date": day, "parent_version": parent_info["policy_version"], "gate": "rejected", "trained": True})
+        republish_parent(
+            self.ckpt_root,
+            day,
+            parent_dir,
+            parent_info,
+            {"date": day, "parent_version": parent_info["policy_version"], "gate": "rejected", "trained": True},
+        )
         return mark_verified(self.ckpt_root, day)
 
     def info(self, day: str) -> dict:

@@ -9,7 +9,18 @@ import pytest
 from scipy import stats
 
 from outcome_flywheel.daily_rl.evaluation.ab_stats import (
-    LABELS, MIN_PAIRS, MIN_SESSIONS, Comparison, comparisons_frame, label_for, paired_comparison, per_headline_pairs, session_comparison, session_differences, session_mean_interval, win_rate_comparison,
+    LABELS,
+    MIN_PAIRS,
+    MIN_SESSIONS,
+    Comparison,
+    comparisons_frame,
+    label_for,
+    paired_comparison,
+    per_headline_pairs,
+    session_comparison,
+    session_differences,
+    session_mean_interval,
+    win_rate_comparison,
 )
 
 
@@ -107,14 +118,10 @@ def test_paired_comparison_drops_nan_pairs_and_needs_two():
 
 
 def test_per_headline_pairs_aligns_by_headline_and_drops_one_sided():
-    policy = pd.DataFrame({
-        "headline_id": ["h2", "h1", "h1", "h3", "h2", "h5"],
-        "structure_score": [0.4, 0.2, 0.6, 0.9, np.nan, np.nan],
-    })
-    base = pd.DataFrame({
-        "headline_id": ["h4", "h2", "h1", "h1", "h5"],
-        "structure_score": [0.7, 0.3, 0.1, 0.3, 0.5],
-    })
+    policy = pd.DataFrame(
+        {"headline_id": ["h2", "h1", "h1", "h3", "h2", "h5"], "structure_score": [0.4, 0.2, 0.6, 0.9, np.nan, np.nan]}
+    )
+    base = pd.DataFrame({"headline_id": ["h4", "h2", "h1", "h1", "h5"], "structure_score": [0.7, 0.3, 0.1, 0.3, 0.5]})
     p, b = per_headline_pairs(policy, base, "structure_score")
     # h1: policy mean 0.4, base 0.2; h2: policy 0.4 (NaN skipped), base 0.3; h3 only policy; h4 only base;
     # h5 has only NaN on the policy side
@@ -178,10 +185,20 @@ def _random_comparisons(rng):
         wins = int(rng.integers(0, 12))
         yield win_rate_comparison("w", wins, int(rng.integers(0, 12)))
         days = int(rng.integers(1, 25))
-        frame = pd.DataFrame({"session": np.repeat(np.arange(days), 3), "headline_id": np.tile(["a", "b", "c"], days),
-                              "v": rng.normal(0, 1, 3 * days)})
-        yield session_comparison("s", frame.assign(v=frame["v"] + shift), frame.assign(v=rng.normal(0, 1, 3 * days)), "v",
-                                 horizon=int(rng.choice([1, 2])))
+        frame = pd.DataFrame(
+            {
+                "session": np.repeat(np.arange(days), 3),
+                "headline_id": np.tile(["a", "b", "c"], days),
+                "v": rng.normal(0, 1, 3 * days),
+            }
+        )
+        yield session_comparison(
+            "s",
+            frame.assign(v=frame["v"] + shift),
+            frame.assign(v=rng.normal(0, 1, 3 * days)),
+            "v",
+            horizon=int(rng.choice([1, 2])),
+        )
 
 
 def test_label_interval_and_p_value_always_agree():
@@ -210,9 +227,16 @@ def test_comparisons_frame_and_as_row():
 
 
 def test_session_differences_pair_headlines_within_a_session():
-    policy = pd.DataFrame({"session": ["s1", "s1", "s1", "s2", "s2", "s3"], "headline_id": ["a", "a", "b", "a", "c", "a"],
-                           "v": [1.0, 3.0, 4.0, 5.0, 9.0, 1.0]})
-    base = pd.DataFrame({"session": ["s1", "s1", "s2", "s2"], "headline_id": ["a", "b", "a", "b"], "v": [0.0, 2.0, 1.0, 7.0]})
+    policy = pd.DataFrame(
+        {
+            "session": ["s1", "s1", "s1", "s2", "s2", "s3"],
+            "headline_id": ["a", "a", "b", "a", "c", "a"],
+            "v": [1.0, 3.0, 4.0, 5.0, 9.0, 1.0],
+        }
+    )
+    base = pd.DataFrame(
+        {"session": ["s1", "s1", "s2", "s2"], "headline_id": ["a", "b", "a", "b"], "v": [0.0, 2.0, 1.0, 7.0]}
+    )
     per = session_differences(policy, base, "v")
     # s1: a 2 vs 0, b 4 vs 2 -> policy 3, base 1, difference 2; s2: only a is on both sides (5 vs 1); s3: base has none
     assert per["session"].tolist() == ["s1", "s2"]
@@ -236,8 +260,9 @@ def test_session_mean_interval_is_the_t_interval_and_needs_ten_sessions():
 def test_one_session_is_never_enough_whatever_the_headlines_say():
     """The issue's case: two symbols on one day. Every headline rides the same session, so it is one unit."""
     rng = np.random.default_rng(3)
-    base = pd.DataFrame({"session": "2025-11-10", "headline_id": [f"h{i}" for i in range(16)],
-                         "v": -0.8 + rng.normal(0, 0.01, 16)})  # the base's symbol fell 0.8 pp against SPY
+    base = pd.DataFrame(
+        {"session": "2025-11-10", "headline_id": [f"h{i}" for i in range(16)], "v": -0.8 + rng.normal(0, 0.01, 16)}
+    )  # the base's symbol fell 0.8 pp against SPY
     policy = base.assign(v=1.2 + rng.normal(0, 0.01, 16))  # the policy's rose 1.2 pp
     assert paired_comparison("x", policy["v"], base["v"]).label == "better"  # headlines as units: overclaims
     c = session_comparison("mean_vs_spy_pct", policy, base, "v")
@@ -258,8 +283,12 @@ def test_null_sessions_with_a_shared_daily_move_hold_the_level():
     for _ in range(200):
         sessions, headlines = 12, 6
         day_move = np.repeat(rng.standard_t(4, sessions), headlines)  # common to every headline of a day
-        frame = pd.DataFrame({"session": np.repeat(np.arange(sessions), headlines),
-                              "headline_id": np.tile([f"h{i}" for i in range(headlines)], sessions)})
+        frame = pd.DataFrame(
+            {
+                "session": np.repeat(np.arange(sessions), headlines),
+                "headline_id": np.tile([f"h{i}" for i in range(headlines)], sessions),
+            }
+        )
         sign_p, sign_b = rng.choice([-1, 1], sessions * headlines), rng.choice([-1, 1], sessions * headlines)
         policy = frame.assign(v=sign_p * day_move + rng.normal(0, 0.2, len(frame)))
         base = frame.assign(v=sign_b * day_move + rng.normal(0, 0.2, len(frame)))
@@ -276,7 +305,7 @@ def test_overlapping_books_hold_the_level_only_when_the_overlap_is_counted():
     for _ in range(400):
         steps = rng.normal(0, 1, 64)
         side = np.where(rng.random(60) < 0.9, 1.0, -1.0) * rng.choice([-1, 1])  # mostly one side all along
-        books = side * np.array([steps[e + 1:e + 6].sum() for e in range(60)])
+        books = side * np.array([steps[e + 1 : e + 6].sum() for e in range(60)])
         as_h5.append(label_for(*session_mean_interval(books, horizon=5)[:2]))
         as_h1.append(label_for(*session_mean_interval(books, horizon=1)[:2]))
     assert _false_rate(as_h1) > 0.15

@@ -8,7 +8,13 @@ import pytest
 from scipy import stats
 
 from outcome_flywheel.daily_rl.evaluation.backtest import (
-    BOOK_COLUMNS, DAILY_COLUMNS, daily_books, edge_label, max_drawdown_pct, run_backtest, sharpe,
+    BOOK_COLUMNS,
+    DAILY_COLUMNS,
+    daily_books,
+    edge_label,
+    max_drawdown_pct,
+    run_backtest,
+    sharpe,
 )
 
 DATES = {  # date -> (entry_date, exit_date), horizon 1: each exit is the next entry
@@ -23,9 +29,20 @@ def note(date, source, hid, ri, symbol, side, ret, spy=0.0, status="matured", ho
     entry, exit_ = DATES.get(date, (date, date))
     matured = status == "matured"
     return dict(
-        date=date, source=source, headline_id=hid, rollout_index=ri, symbol=symbol, side=side, status=status,
-        entry_date=entry, exit_date=exit_, symbol_return_pct=ret if matured else np.nan,
-        spy_return_pct=spy if matured else np.nan, return_pct=np.nan, vs_spy_pct=np.nan, cost_bps=10.0,
+        date=date,
+        source=source,
+        headline_id=hid,
+        rollout_index=ri,
+        symbol=symbol,
+        side=side,
+        status=status,
+        entry_date=entry,
+        exit_date=exit_,
+        symbol_return_pct=ret if matured else np.nan,
+        spy_return_pct=spy if matured else np.nan,
+        return_pct=np.nan,
+        vs_spy_pct=np.nan,
+        cost_bps=10.0,
         horizon_sessions=horizon,
     )
 
@@ -66,8 +83,9 @@ def test_vote_modal_symbol_majority_side_and_ties():
     assert positions == 2
     assert weights == {"AAPL": pytest.approx(0.5), "NVDA": pytest.approx(-0.5)}
     # book return, no cost: 0.5 * 2 + (-0.5) * (-4) = 3.0 percent
-    res = run_backtest(frame(rows + [note(d, "base", "h1", 0, None, "none", np.nan, status="no_call")]),
-                       cost_bps_per_turnover=0.0)
+    res = run_backtest(
+        frame(rows + [note(d, "base", "h1", 0, None, "none", np.nan, status="no_call")]), cost_bps_per_turnover=0.0
+    )
     assert res.daily["policy_return_pct"].tolist() == pytest.approx([3.0])
     assert res.daily["policy_positions"].tolist() == [2]
 
@@ -276,6 +294,8 @@ def test_null_books_hold_the_level():
         labels.append(run_backtest(frame(rows)).summary["label_vs_base"])
     assert "not enough data" not in labels
     assert sum(label != "no detectable edge" for label in labels) / len(labels) <= 0.1
+
+
 def test_empty_outcomes_give_an_empty_backtest():
     res = run_backtest(frame([note("2024-01-02", "policy", "h1", 0, "AAPL", "long", np.nan, status="pending")]))
     assert res.daily.empty and list(res.daily.columns) == DAILY_COLUMNS

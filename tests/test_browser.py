@@ -20,21 +20,29 @@ from tests.service_fixtures import TOKEN, make_state, make_world, publish_adapte
 MISSING = [tool for tool in (CHROMIUM, CHROMEDRIVER) if not Path(tool).exists()]
 # Where apt-get is (CI, every Debian machine) `make setup` installs the browser: missing there, the test
 # fails and says so. It is skipped only where nothing installs it (macOS: no Debian packages).
-pytestmark = pytest.mark.skipif(bool(MISSING) and shutil.which("apt-get") is None,
-                                reason="needs Debian's chromium and chromium-driver, which `make setup` installs where apt-get is")
+pytestmark = pytest.mark.skipif(
+    bool(MISSING) and shutil.which("apt-get") is None,
+    reason="needs Debian's chromium and chromium-driver, which `make setup` installs where apt-get is",
+)
 
 
 def test_the_pages_in_a_browser(tmp_path, tiny_model_dir, monkeypatch):
     if MISSING:
-        pytest.fail(f"{', '.join(MISSING)} missing: `make setup` installs Debian's chromium and chromium-driver (as root or with sudo)")
+        pytest.fail(
+            f"{', '.join(MISSING)} missing: `make setup` installs Debian's chromium and chromium-driver (as root or with sudo)"
+        )
     root = make_world(tmp_path / "data", tiny_model_dir)
     publish_adapter(root, "run-a", seed=1)
     write_history(Warehouse(data_dir=str(root)))  # eight days of the daily loop: the status page's charts
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    for name, value in {"DAGSTER_HOME": str(home), "FLYWHEEL_DATA_DIR": str(root), "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
-                        "OMP_NUM_THREADS": "1"}.items():
+    for name, value in {
+        "DAGSTER_HOME": str(home),
+        "FLYWHEEL_DATA_DIR": str(root),
+        "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
+        "OMP_NUM_THREADS": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     summary = run_in_browser(make_state(root), TOKEN, tmp_path / "shots", materialize_timeout=240)
     assert summary["passed"] and summary["style_panel"]["score"].endswith("%")

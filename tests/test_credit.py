@@ -15,9 +15,11 @@ from outcome_flywheel.daily_rl.reward.signals import RewardConfig, token_advanta
 from outcome_flywheel.models.spans import span_token_mask, token_char_ends
 from outcome_flywheel.models.train.gspo import train_gspo
 
-NOTE = ("Trade Recommendation: Buy Meta.\nRationale: The headline matters for Meta because demand is strong.\n"
-        "Risk Factors: Rates may stay higher.\nTimeframe: 1-2 weeks.\nPosition Size: 1% of the portfolio.\n"
-        "Stop Loss: 3% below entry.")
+NOTE = (
+    "Trade Recommendation: Buy Meta.\nRationale: The headline matters for Meta because demand is strong.\n"
+    "Risk Factors: Rates may stay higher.\nTimeframe: 1-2 weeks.\nPosition Size: 1% of the portfolio.\n"
+    "Stop Loss: 3% below entry."
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,9 @@ def tokenizer(tiny_model_dir):
 # -- the call's line --------------------------------------------------------------------------
 def test_call_spans_cover_the_line_the_parser_reads():
     assert [NOTE[a:b] for a, b in call_spans(NOTE)] == ["Trade Recommendation: Buy Meta."]
-    headed = "<think>long\nthoughts</think>\n## Trade Recommendation\n**Sell** $AAPL into strength\n\n## Rationale\nWeak."
+    headed = (
+        "<think>long\nthoughts</think>\n## Trade Recommendation\n**Sell** $AAPL into strength\n\n## Rationale\nWeak."
+    )
     assert parse_call(headed).side == "short"
     assert [headed[a:b] for a, b in call_spans(headed)] == ["**Sell** $AAPL into strength"]
     side_line = "## Thesis\nMargins improve.\nSide: long\nTicker: NVDA\n"
@@ -46,7 +50,9 @@ def test_the_span_mask_selects_the_call_line_tokens(tokenizer):
     picked = tokenizer.decode([t for t, m in zip(ids, mask) if m])
     assert picked.strip() == "Trade Recommendation: Buy Meta."
     assert mask[-1] is False  # the end-of-turn token has no characters
-    first_rationale = next(i for i, (a, _) in enumerate(token_char_ends(tokenizer, ids)) if a >= NOTE.index("Rationale"))
+    first_rationale = next(
+        i for i, (a, _) in enumerate(token_char_ends(tokenizer, ids)) if a >= NOTE.index("Rationale")
+    )
     assert not any(mask[first_rationale:])
 
 
@@ -75,7 +81,9 @@ def test_a_note_without_a_call_line_is_judged_whole(tokenizer):
 def test_token_advantages_sum_share_times_advantage_over_the_parts_spans():
     reward = RewardConfig()  # shares: note 0.4, relevance 0.2, price 0.4
     mask = [False, True, True, False]
-    assert judged_token_advantages(reward, 4, relevance_advantage=-1.0, call_mask=mask) == pytest.approx([0.0, -0.2, -0.2, 0.0])
+    assert judged_token_advantages(reward, 4, relevance_advantage=-1.0, call_mask=mask) == pytest.approx(
+        [0.0, -0.2, -0.2, 0.0]
+    )
     assert price_token_advantages(4, reward.share("price") * 2.0, mask) == pytest.approx([0.0, 0.8, 0.8, 0.0])
     assert token_advantages(4, [(0.5, 1.0, None), (0.25, 2.0, mask)]) == pytest.approx([0.5, 1.0, 1.0, 0.5])
     assert token_advantages(3, []) == [0.0, 0.0, 0.0]
@@ -90,11 +98,27 @@ def test_training_examples_put_relevance_on_the_call_line_only(tokenizer):
     rows = []
     for k, text in enumerate(notes):
         ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(dict(date="2025-11-04", headline_id="h1", rollout_index=k, response=text, response_ids=ids,
-                         behavior_logprobs=[-1.0] * len(ids), prompt='[{"role": "user", "content": "x"}]'))
+        rows.append(
+            dict(
+                date="2025-11-04",
+                headline_id="h1",
+                rollout_index=k,
+                response=text,
+                response_ids=ids,
+                behavior_logprobs=[-1.0] * len(ids),
+                prompt='[{"role": "user", "content": "x"}]',
+            )
+        )
     rollouts = pd.DataFrame(rows)
-    scores = pd.DataFrame(dict(headline_id=["h1", "h1"], rollout_index=[0, 1], advantage=[0.0, 0.0], usable=[True, True],
-                               relevance_advantage=[1.0, -1.0]))
+    scores = pd.DataFrame(
+        dict(
+            headline_id=["h1", "h1"],
+            rollout_index=[0, 1],
+            advantage=[0.0, 0.0],
+            usable=[True, True],
+            relevance_advantage=[1.0, -1.0],
+        )
+    )
     reward = RewardConfig()
     examples = training_examples(rollouts, scores, reward=reward, tokenizer=tokenizer)
     assert len(examples) == 2  # the note part is 0, the relevance part is not: both train
@@ -154,8 +178,22 @@ def test_token_loss_by_hand_torch():
 
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
     t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
-    loss, metrics = gspo_loss(logp, t(OLD), t(MASK).bool(), t(ADV), EPS_LOW, EPS_HIGH, "token", t(BEHAVIOUR), CAP,
-                              t(REF), BETA, Z, t(SEQ), SEQ_CLIP)
+    loss, metrics = gspo_loss(
+        logp,
+        t(OLD),
+        t(MASK).bool(),
+        t(ADV),
+        EPS_LOW,
+        EPS_HIGH,
+        "token",
+        t(BEHAVIOUR),
+        CAP,
+        t(REF),
+        BETA,
+        Z,
+        t(SEQ),
+        SEQ_CLIP,
+    )
     loss.backward()
     expected, grad = hand_token_loss()
     # float64 throughout: a handful of exp and sums, so agreement to 1e-12 is the arithmetic's
@@ -173,8 +211,22 @@ def test_token_loss_by_hand_mlx():
     a = lambda x: mx.array(np.array(x, dtype=np.float32))  # noqa: E731
 
     def f(logp):
-        return gspo_loss(logp, a(OLD), a(MASK).astype(mx.bool_), a(ADV), EPS_LOW, EPS_HIGH, "token", a(BEHAVIOUR), CAP,
-                         a(REF), BETA, Z, a(SEQ), SEQ_CLIP)
+        return gspo_loss(
+            logp,
+            a(OLD),
+            a(MASK).astype(mx.bool_),
+            a(ADV),
+            EPS_LOW,
+            EPS_HIGH,
+            "token",
+            a(BEHAVIOUR),
+            CAP,
+            a(REF),
+            BETA,
+            Z,
+            a(SEQ),
+            SEQ_CLIP,
+        )
 
     loss, metrics = f(a(LOGP))
     grad = mx.grad(lambda x: f(x)[0])(a(LOGP))
@@ -194,10 +246,38 @@ def test_both_mirrors_agree_on_every_metric():
 
     t = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
     a = lambda x: mx.array(np.array(x, dtype=np.float32))  # noqa: E731
-    _, mt = torch_loss(t(LOGP), t(OLD), t(MASK).bool(), t(ADV), EPS_LOW, EPS_HIGH, "token", t(BEHAVIOUR), CAP, t(REF), BETA, Z,
-                       t(SEQ), SEQ_CLIP)
-    _, mm = mlx_loss(a(LOGP), a(OLD), a(MASK).astype(mx.bool_), a(ADV), EPS_LOW, EPS_HIGH, "token", a(BEHAVIOUR), CAP, a(REF), BETA, Z,
-                     a(SEQ), SEQ_CLIP)
+    _, mt = torch_loss(
+        t(LOGP),
+        t(OLD),
+        t(MASK).bool(),
+        t(ADV),
+        EPS_LOW,
+        EPS_HIGH,
+        "token",
+        t(BEHAVIOUR),
+        CAP,
+        t(REF),
+        BETA,
+        Z,
+        t(SEQ),
+        SEQ_CLIP,
+    )
+    _, mm = mlx_loss(
+        a(LOGP),
+        a(OLD),
+        a(MASK).astype(mx.bool_),
+        a(ADV),
+        EPS_LOW,
+        EPS_HIGH,
+        "token",
+        a(BEHAVIOUR),
+        CAP,
+        a(REF),
+        BETA,
+        Z,
+        a(SEQ),
+        SEQ_CLIP,
+    )
     assert set(mt) == set(mm)
     for name in mt:  # float32 means of <= 6 values: a few ulps
         assert mm[name].item() == pytest.approx(mt[name], rel=1e-5, abs=1e-7), name
@@ -213,7 +293,9 @@ def test_a_uniform_advantage_at_ratio_one_is_the_reward_weighted_gradient():
     logp = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([0.5, -2.0], dtype=torch.float64)
     mask = torch.tensor(MASK).bool()
-    loss, _ = gspo_loss(logp, logp.detach(), mask, adv, objective="token", epsilon_low=0.2, epsilon_high=0.28, normaliser=4.0)
+    loss, _ = gspo_loss(
+        logp, logp.detach(), mask, adv, objective="token", epsilon_low=0.2, epsilon_high=0.28, normaliser=4.0
+    )
     loss.backward()
     expected = -(adv[:, None] * mask) / 4.0
     # float64, exp(0) = 1 exactly, then a product and a division by 4: a few 2^-53, far below 1e-12
@@ -221,14 +303,21 @@ def test_a_uniform_advantage_at_ratio_one_is_the_reward_weighted_gradient():
 
 
 def test_sequence_objectives_refuse_span_scoped_advantages(tiny_model_dir):
+    from outcome_flywheel.models.interface import LoraSettings
     from outcome_flywheel.models.loader import ModelLoader
     from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
-    from outcome_flywheel.models.interface import LoraSettings
 
-    policy = ModelLoader(data_dir=str(tiny_model_dir.parent), base_model=str(tiny_model_dir), backend="torch", device="cpu").load()
+    policy = ModelLoader(
+        data_dir=str(tiny_model_dir.parent), base_model=str(tiny_model_dir), backend="torch", device="cpu"
+    ).load()
     ids = policy.encode_response("Trade Recommendation: Buy Meta.")
-    example = GSPOExample(prompt=[{"role": "user", "content": "x"}], response_ids=ids, behavior_logprobs=[-1.0] * len(ids),
-                          advantage=0.0, token_advantages=[0.5] + [0.0] * (len(ids) - 1))
+    example = GSPOExample(
+        prompt=[{"role": "user", "content": "x"}],
+        response_ids=ids,
+        behavior_logprobs=[-1.0] * len(ids),
+        advantage=0.0,
+        token_advantages=[0.5] + [0.0] * (len(ids) - 1),
+    )
     with pytest.raises(ValueError, match="use objective 'token'"):
         train_gspo(policy, [example], GSPOConfig(objective="gspo", lora=LoraSettings(r=2, alpha=4)))
     for bad in (dict(kl_beta=-0.1), dict(epsilon_low=1.5), dict(objective="sequence")):

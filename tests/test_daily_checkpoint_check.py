@@ -13,16 +13,20 @@ from tests.tolerances import logprob_tolerances
 def test_gap_is_zero_for_the_sampling_policy_and_large_for_other_weights(torch_policy, model_backend):
     prompt = trading_note_messages("Nvidia beats estimates", "Revenue rose.")
     samples = torch_policy.sample([prompt], 4, SamplingConfig(max_new_tokens=32), seeds=[3])[0]
-    rollouts = pd.DataFrame({
-        "prompt": [json.dumps(prompt)] * 4,
-        "response_ids": [s.token_ids for s in samples],
-        "behavior_logprobs": [s.logprobs for s in samples],
-        "temperature": [SamplingConfig().temperature] * 4,  # stored at the sampling temperature
-    })
+    rollouts = pd.DataFrame(
+        {
+            "prompt": [json.dumps(prompt)] * 4,
+            "response_ids": [s.token_ids for s in samples],
+            "behavior_logprobs": [s.logprobs for s in samples],
+            "temperature": [SamplingConfig().temperature] * 4,  # stored at the sampling temperature
+        }
+    )
     # The gap is the largest per-rollout mean |stored - teacher forced|: the sampler's cached decode
     # and teacher forcing are two fp32 computations, so it is within the largest per-rollout mean of
     # the tokens' rounding bounds (tests/tolerances.py; ~1e-3, was a flat 1e-4).
-    bounds = logprob_tolerances(torch_policy, [prompt] * 4, [s.token_ids for s in samples], temperature=SamplingConfig().temperature)
+    bounds = logprob_tolerances(
+        torch_policy, [prompt] * 4, [s.token_ids for s in samples], temperature=SamplingConfig().temperature
+    )
     bound = max(float(b.mean()) for b in bounds)
     assert behavior_logprob_gap(torch_policy, rollouts) <= bound
 
@@ -38,7 +42,10 @@ def test_a_checkpoint_counts_only_once_its_checks_pass(torch_policy, tmp_path):
     import pytest
 
     from outcome_flywheel.daily_rl.policy.checkpoints import (
-        UnverifiedCheckpoint, mark_verified, parent_checkpoint, publish_checkpoint,
+        UnverifiedCheckpoint,
+        mark_verified,
+        parent_checkpoint,
+        publish_checkpoint,
     )
 
     root = tmp_path / "policy"

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 
 from assets.daily_rl.daily_update import daily_update
+from assets.daily_rl.outcomes import rollout_outcomes
 from outcome_flywheel.daily_rl.evaluation.ab import evaluate_day, judge_preferences
 from outcome_flywheel.daily_rl.judge.ranking import GroupJudgement
-from assets.daily_rl.outcomes import rollout_outcomes
 from outcome_flywheel.market_data import BUNDLED_PRICES
 from pipelines.daily_rl import DAILY_RL_ASSETS, daily_rl_outcomes_schedule
 from tests.daily_fixtures import daily_resources, linked_data_dir
@@ -53,7 +53,9 @@ def test_gate_rejects_a_destructive_update_and_the_next_day_runs(days):
     # the parent's weights stay: same version, same files, and D's rollouts come from them
     assert day2["policy_version"] == parent["policy_version"] and day2["gate"] == "rejected" and day2["verified"]
     assert set(wh.read("rollouts", DAYS[1])["policy_version"]) == {parent["policy_version"]}
-    gate_check = [e for e in results[DAYS[1]].get_asset_check_evaluations() if e.check_name == "update_accepted_by_gate"]
+    gate_check = [
+        e for e in results[DAYS[1]].get_asset_check_evaluations() if e.check_name == "update_accepted_by_gate"
+    ]
     assert len(gate_check) == 1 and not gate_check[0].passed
     assert gate_check[0].severity == dg.AssetCheckSeverity.WARN
     # the next day trains from the kept weights with a sane learning rate and is gated again
@@ -69,14 +71,18 @@ def test_baseline_rollouts_share_prompts_and_seeds_with_rollouts(days):
     wh = res["warehouse"]
     for day in DAYS:
         rollouts, baseline = wh.read("rollouts", day), wh.read("baseline_rollouts", day)
-        merged = rollouts.merge(baseline, on=["headline_id", "rollout_index"], suffixes=("", "_base"), validate="one_to_one")
+        merged = rollouts.merge(
+            baseline, on=["headline_id", "rollout_index"], suffixes=("", "_base"), validate="one_to_one"
+        )
         assert len(merged) == len(rollouts) == len(baseline) == 12
         for column in ("prompt", "seed", "temperature", "max_new_tokens"):
             assert (merged[column] == merged[f"{column}_base"]).all(), column
         assert set(baseline["policy_version"]) == {"base:tiny-local"}
     # the first two days' policy is the base model's weights: same prompts and seeds give the same notes
     for day in DAYS[:2]:
-        merged = wh.read("rollouts", day).merge(wh.read("baseline_rollouts", day), on=["headline_id", "rollout_index"], suffixes=("", "_base"))
+        merged = wh.read("rollouts", day).merge(
+            wh.read("baseline_rollouts", day), on=["headline_id", "rollout_index"], suffixes=("", "_base")
+        )
         assert (merged["response"] == merged["response_base"]).all()
         assert (merged["response_ids"].map(list) == merged["response_ids_base"].map(list)).all()
 
@@ -117,7 +123,9 @@ def test_a_pending_call_matures_on_rerun(days, tmp_path):
         assert len(calls) and (calls["status"] == "pending").all()
         assert "2025-11-10" in calls["reason"].iloc[0]
         # the schedule asks for this day again once the exit session has closed
-        context = dg.build_schedule_context(scheduled_execution_time=datetime(2025, 11, 12, 22, 30, tzinfo=timezone.utc))
+        context = dg.build_schedule_context(
+            scheduled_execution_time=datetime(2025, 11, 12, 22, 30, tzinfo=timezone.utc)
+        )
         requests = daily_rl_outcomes_schedule(context, warehouse=res["warehouse"])
         assert [r.partition_key for r in requests] == [day]
         assert dg.materialize([rollout_outcomes], partition_key=day, resources=res).success
@@ -130,7 +138,13 @@ def test_policy_eval_and_backtest_label_what_they_measure(days):
     root, res, _ = days
     wh = res["warehouse"]
     evals = wh.read("policy_eval", DAYS[0])
-    assert list(evals["metric"]) == ["structure_score", "judge_win_rate", "hit_rate", "mean_vs_spy_pct", "headline_company_share"]
+    assert list(evals["metric"]) == [
+        "structure_score",
+        "judge_win_rate",
+        "hit_rate",
+        "mean_vs_spy_pct",
+        "headline_company_share",
+    ]
     # the policy of the first day is the base: no difference anywhere, and the labels say so
     base_day = evals.set_index("metric")
     assert base_day.loc["structure_score", "difference"] == 0.0
@@ -147,7 +161,9 @@ def test_policy_eval_and_backtest_label_what_they_measure(days):
     last = wh.read("policy_eval", DAYS[2]).set_index("metric")
     assert last.loc["mean_vs_spy_pct", "n"] == 3 and last.loc["mean_vs_spy_pct", "label"] == "not enough data"
     books = wh.read_all("backtest")  # one row per entry session: Thu 11-06, Fri 11-07, Mon 11-10
-    assert list(books["date"]) == ["2025-11-06", "2025-11-07", "2025-11-10"] and list(books["date"]) == list(books["entry_date"])
+    assert list(books["date"]) == ["2025-11-06", "2025-11-07", "2025-11-10"] and list(books["date"]) == list(
+        books["entry_date"]
+    )
     report = wh.read("daily_report", DAYS[2]).iloc[0]
     assert report["gate"] in ("accepted", "not_trained")
     assert (root / "reports" / "daily_rl" / DAYS[2] / "equity.png").read_bytes()[:4] == b"\x89PNG"
@@ -171,7 +187,9 @@ def test_rollout_pairs_are_exported_with_their_sidecar(days):
         for line, pair in zip((folder / "trl.jsonl").read_text().splitlines(), meta["pairs"]):
             row = json.loads(line)
             chosen = pairs.set_index("pair_id").loc[pair["pair_id"]]
-            assert row["chosen"][0]["content"] == chosen["chosen"] and pair["policy_version"] == chosen["policy_version"]
+            assert (
+                row["chosen"][0]["content"] == chosen["chosen"] and pair["policy_version"] == chosen["policy_version"]
+            )
 
 
 def test_reward_weights_are_run_config_and_recorded(days):
@@ -182,7 +200,9 @@ def test_reward_weights_are_run_config_and_recorded(days):
     assert _run(res, DAYS[2], config).success
     scores = wh.read("rollout_scores", DAYS[2])
     assert (scores["reward"] == scores["structure_score"].clip(upper=0.9)).all()
-    assert set(scores["reward_weights"]) == {json.dumps({"price": 0.5, "structure": 1.0})} and set(scores["reward_clip"]) == {"[0.0, 0.9]"}
+    assert set(scores["reward_weights"]) == {json.dumps({"price": 0.5, "structure": 1.0})} and set(
+        scores["reward_clip"]
+    ) == {"[0.0, 0.9]"}
     bad = _run(res, DAYS[2], {**SMALL, "reward_weights": {"profit": 1.0}}, raise_on_error=False)
     assert not bad.success
     failure = [e for e in bad.all_events if e.is_step_failure][0]
@@ -203,17 +223,28 @@ class _PickingJudge:
         for g in groups:
             self.shown_first.append(g.candidates[0])
             best = next(i for i, note in enumerate(g.candidates) if self.favourite in note)
-            out.append(GroupJudgement(ranks=[1, 2] if best == 0 else [2, 1], picks=[best, 1 - best], rounds_answered=1,
-                                      answers=["A" if best == 0 else "B"]))
+            out.append(
+                GroupJudgement(
+                    ranks=[1, 2] if best == 0 else [2, 1],
+                    picks=[best, 1 - best],
+                    rounds_answered=1,
+                    answers=["A" if best == 0 else "B"],
+                )
+            )
         return out
 
 
 def _notes(side: str, n: int = 12) -> pd.DataFrame:
-    return pd.DataFrame({
-        "date": "2025-11-05", "headline_id": [f"h{i:02d}" for i in range(n)], "rollout_index": 0,
-        "title": [f"Headline {i} about company {i}" for i in range(n)],
-        "response": [f"{side} note {i}" for i in range(n)], "policy_version": "v1" if side == "POLICY" else "base",
-    })
+    return pd.DataFrame(
+        {
+            "date": "2025-11-05",
+            "headline_id": [f"h{i:02d}" for i in range(n)],
+            "rollout_index": 0,
+            "title": [f"Headline {i} about company {i}" for i in range(n)],
+            "response": [f"{side} note {i}" for i in range(n)],
+            "policy_version": "v1" if side == "POLICY" else "base",
+        }
+    )
 
 
 @pytest.mark.parametrize("favourite, winner", [("POLICY", "policy"), ("BASE", "base")])
@@ -227,8 +258,12 @@ def test_the_judges_pick_is_mapped_to_the_right_side(favourite, winner):
     # both orders occurred, and the recorded order is the one the judge saw
     assert prefs["policy_shown_first"].nunique() == 2
     assert [first.startswith("POLICY") for first in judge.shown_first] == prefs["policy_shown_first"].tolist()
-    evals = evaluate_day(rollouts.assign(structure_score=0.5), baseline.assign(structure_score=0.5),
-                         pd.DataFrame(columns=["date", "source", "status"]), prefs).set_index("metric")
+    evals = evaluate_day(
+        rollouts.assign(structure_score=0.5),
+        baseline.assign(structure_score=0.5),
+        pd.DataFrame(columns=["date", "source", "status"]),
+        prefs,
+    ).set_index("metric")
     assert evals.loc["judge_win_rate", "policy"] == (1.0 if winner == "policy" else 0.0)
     assert evals.loc["judge_win_rate", "label"] == ("better" if winner == "policy" else "worse")
 
@@ -239,8 +274,19 @@ def _outcome_rows(days: int, policy_move, base_move) -> pd.DataFrame:
         date = f"2025-10-{d + 1:02d}"
         for source, move in (("policy", policy_move), ("base", base_move)):
             for h in range(16):
-                rows.append(dict(date=date, source=source, headline_id=f"h{h}", rollout_index=0, status="matured",
-                                 entry_date=date, exit_date=date, horizon_sessions=1, vs_spy_pct=move(d, h)))
+                rows.append(
+                    dict(
+                        date=date,
+                        source=source,
+                        headline_id=f"h{h}",
+                        rollout_index=0,
+                        status="matured",
+                        entry_date=date,
+                        exit_date=date,
+                        horizon_sessions=1,
+                        vs_spy_pct=move(d, h),
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -267,8 +313,16 @@ def test_outcome_metrics_pool_the_sessions_up_to_the_day():
     assert evals.loc["hit_rate", "label"] in ("better", "no detectable difference")
 
 
-_COMPANIES = (("Apple", "AAPL"), ("Nvidia", "NVDA"), ("Boeing", "BA"), ("Pfizer", "PFE"), ("Intel", "INTC"),
-              ("Netflix", "NFLX"), ("Oracle", "ORCL"), ("Chevron", "CVX"))
+_COMPANIES = (
+    ("Apple", "AAPL"),
+    ("Nvidia", "NVDA"),
+    ("Boeing", "BA"),
+    ("Pfizer", "PFE"),
+    ("Intel", "INTC"),
+    ("Netflix", "NFLX"),
+    ("Oracle", "ORCL"),
+    ("Chevron", "CVX"),
+)
 
 
 def _company_notes(on_company, per_headline: int = 4) -> pd.DataFrame:
@@ -279,15 +333,32 @@ def _company_notes(on_company, per_headline: int = 4) -> pd.DataFrame:
         title = f"{name} shares jump after earnings" if name else "Markets wait for the Fed"
         for k in range(per_headline):
             on = on_company(i, k)
-            text = "Trade Recommendation: no trade today." if on is None else f"Trade Recommendation: Buy {ticker if on and ticker else 'XOM'}."
-            rows.append(dict(date="2025-11-05", headline_id=f"h{i}", rollout_index=k, title=title, summary="",
-                             response=text + "\nTimeframe: 1 day", structure_score=0.5))
+            text = (
+                "Trade Recommendation: no trade today."
+                if on is None
+                else f"Trade Recommendation: Buy {ticker if on and ticker else 'XOM'}."
+            )
+            rows.append(
+                dict(
+                    date="2025-11-05",
+                    headline_id=f"h{i}",
+                    rollout_index=k,
+                    title=title,
+                    summary="",
+                    response=text + "\nTimeframe: 1 day",
+                    structure_score=0.5,
+                )
+            )
     return pd.DataFrame(rows)
 
 
 def _share(policy: pd.DataFrame, base: pd.DataFrame) -> pd.Series:
     no_outcomes = pd.DataFrame(columns=["date", "source", "status"])
-    return evaluate_day(policy, base, no_outcomes, pd.DataFrame(columns=["winner"]), day="2025-11-05").set_index("metric").loc["headline_company_share"]
+    return (
+        evaluate_day(policy, base, no_outcomes, pd.DataFrame(columns=["winner"]), day="2025-11-05")
+        .set_index("metric")
+        .loc["headline_company_share"]
+    )
 
 
 def test_the_share_of_calls_on_the_headlines_company_has_an_interval_that_agrees_with_its_label():
@@ -307,7 +378,10 @@ def test_the_share_of_calls_on_the_headlines_company_has_an_interval_that_agrees
     assert worse["ci_high"] < 0 and worse["label"] == "worse" == label_for(worse["ci_low"], worse["ci_high"])
     # a noisy difference: the label is what the stored interval says
     mixed = _share(_company_notes(lambda i, k: (i + k) % 2 == 0), _company_notes(lambda i, k: (i * k) % 3 == 0))
-    assert mixed["label"] == label_for(mixed["ci_low"], mixed["ci_high"]) and mixed["ci_low"] <= mixed["difference"] <= mixed["ci_high"]
+    assert (
+        mixed["label"] == label_for(mixed["ci_low"], mixed["ci_high"])
+        and mixed["ci_low"] <= mixed["difference"] <= mixed["ci_high"]
+    )
 
 
 def test_the_share_needs_headlines_that_name_a_company():

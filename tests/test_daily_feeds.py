@@ -11,7 +11,11 @@ import pandas as pd
 import pytest
 
 from outcome_flywheel.daily_rl.feeds.headlines import (
-    FEED_LEVEL_REASONS, RawFeed, build_headlines, parse_feed, sha256_bytes,
+    FEED_LEVEL_REASONS,
+    RawFeed,
+    build_headlines,
+    parse_feed,
+    sha256_bytes,
 )
 from outcome_flywheel.daily_rl.feeds.source import FeedSource
 from outcome_flywheel.settings import SAMPLE_DATA

@@ -8,11 +8,13 @@ import pytest
 
 from outcome_flywheel.daily_rl.policy.gate import GateConfig, evaluate_update
 from outcome_flywheel.daily_rl.policy.rollouts import generate_rollouts
-from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.interface import TrainStats
 from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
-FULL_NOTE = "\n".join(f"{s}: x" for s in ("Trade Recommendation", "Rationale", "Risk Factors", "Timeframe", "Position Size", "Stop Loss"))
+FULL_NOTE = "\n".join(
+    f"{s}: x" for s in ("Trade Recommendation", "Rationale", "Risk Factors", "Timeframe", "Position Size", "Stop Loss")
+)
 
 
 class FakePolicy:
@@ -34,8 +36,15 @@ class FakePolicy:
         return [self.note] * len(prompts)
 
 
-TRAINED_ON = pd.DataFrame({"headline_id": ["h1", "h1"], "rollout_index": [0, 1], "prompt": [json.dumps([])] * 2,
-                           "response_ids": [[1, 2, 3], [4, 5]], "temperature": [0.8, 0.8]})
+TRAINED_ON = pd.DataFrame(
+    {
+        "headline_id": ["h1", "h1"],
+        "rollout_index": [0, 1],
+        "prompt": [json.dumps([])] * 2,
+        "response_ids": [[1, 2, 3], [4, 5]],
+        "temperature": [0.8, 0.8],
+    }
+)
 HEADLINES = pd.DataFrame({"headline_id": ["b", "a"], "title": ["B news", "A news"], "summary": ["", ""]})
 
 
@@ -69,19 +78,35 @@ def test_non_finite_loss_is_rejected():
 def test_kl_over_budget_is_rejected():
     result, _ = _gate(FakePolicy(0.3, FULL_NOTE))
     assert result.verdict == "rejected" and "over the budget 0.25" in result.reason
-    assert _gate(FakePolicy(0.3, FULL_NOTE), config=GateConfig(max_kl_to_parent=0.5, max_kl_to_base=None))[0].verdict == "accepted"
+    assert (
+        _gate(FakePolicy(0.3, FULL_NOTE), config=GateConfig(max_kl_to_parent=0.5, max_kl_to_base=None))[0].verdict
+        == "accepted"
+    )
 
 
 def test_probe_regression_is_rejected_within_tolerance_accepted():
     half = "\n".join(FULL_NOTE.splitlines()[:3])  # 3 of the 6 sections
     result, _ = _gate(FakePolicy(0.0, half))
-    assert result.verdict == "rejected" and "probe regression: structure 0.500 vs the parent's 1.000 on 2 headlines" in result.reason
-    assert _gate(FakePolicy(0.0, half), config=GateConfig(max_probe_regression=0.5, max_kl_to_base=None))[0].verdict == "accepted"
+    assert (
+        result.verdict == "rejected"
+        and "probe regression: structure 0.500 vs the parent's 1.000 on 2 headlines" in result.reason
+    )
+    assert (
+        _gate(FakePolicy(0.0, half), config=GateConfig(max_probe_regression=0.5, max_kl_to_base=None))[0].verdict
+        == "accepted"
+    )
 
 
 def test_thresholds_are_validated():
-    for bad in (dict(max_kl_to_parent=0), dict(max_probe_regression=-0.1), dict(probe_headlines=0), dict(max_kl_to_base=0),
-                dict(max_kl_to_base=float("nan")), dict(max_kl_to_base=float("inf")), dict(max_kl_to_base="0.1")):
+    for bad in (
+        dict(max_kl_to_parent=0),
+        dict(max_probe_regression=-0.1),
+        dict(probe_headlines=0),
+        dict(max_kl_to_base=0),
+        dict(max_kl_to_base=float("nan")),
+        dict(max_kl_to_base=float("inf")),
+        dict(max_kl_to_base="0.1"),
+    ):
         with pytest.raises(ValueError):
             GateConfig(**bad)
 
@@ -95,13 +120,17 @@ def _rules_named(reason: str) -> list[str]:
     return [rule for rule, words in RULES.items() if words in reason]
 
 
-@pytest.mark.parametrize("rule, candidate, stats", [
-    ("loss", FakePolicy(0.0, FULL_NOTE), _stats(0.1, float("inf"))),
-    ("loss", FakePolicy(0.0, FULL_NOTE), TrainStats()),  # no step ran: nothing shows the update is sane
-    ("kl", FakePolicy(0.3, FULL_NOTE), None),
-    ("kl", FakePolicy(float("nan"), FULL_NOTE), None),
-    ("probe", FakePolicy(0.0, HALF_NOTE), None),
-], ids=["inf-loss", "no-step", "kl-over-budget", "kl-nan", "probe-regression"])
+@pytest.mark.parametrize(
+    "rule, candidate, stats",
+    [
+        ("loss", FakePolicy(0.0, FULL_NOTE), _stats(0.1, float("inf"))),
+        ("loss", FakePolicy(0.0, FULL_NOTE), TrainStats()),  # no step ran: nothing shows the update is sane
+        ("kl", FakePolicy(0.3, FULL_NOTE), None),
+        ("kl", FakePolicy(float("nan"), FULL_NOTE), None),
+        ("probe", FakePolicy(0.0, HALF_NOTE), None),
+    ],
+    ids=["inf-loss", "no-step", "kl-over-budget", "kl-nan", "probe-regression"],
+)
 def test_a_rejection_names_the_one_rule_that_rejected(rule, candidate, stats):
     result, _ = _gate(candidate, stats)
     assert result.verdict == "rejected"
@@ -125,7 +154,10 @@ def test_the_rules_are_applied_in_order_and_the_first_that_fails_is_named():
 def test_an_accepted_update_says_every_rule_passed():
     result, _ = _gate(FakePolicy(0.01, FULL_NOTE))
     assert result.verdict == "accepted"
-    assert result.reason == "loss finite; KL to the parent 0.01 <= 0.25; probe structure 1.000 vs the parent's 1.000 on 2 headlines"
+    assert (
+        result.reason
+        == "loss finite; KL to the parent 0.01 <= 0.25; probe structure 1.000 vs the parent's 1.000 on 2 headlines"
+    )
 
 
 BOUND = GateConfig(max_kl_to_base=0.3)
@@ -165,19 +197,28 @@ def test_without_the_bound_the_kl_to_the_base_is_not_measured():
 def _trained(model_backend, rollouts, learning_rate):
     """A candidate trained with GSPO from the base on `rollouts`, best notes of each group up, worst down."""
     advantages = np.tile(np.linspace(-1.5, 1.5, 4), len(rollouts) // 4)
-    examples = [GSPOExample(json.loads(r.prompt), list(r.response_ids), list(r.behavior_logprobs), float(a))
-                for r, a in zip(rollouts.itertuples(), advantages)]
+    examples = [
+        GSPOExample(json.loads(r.prompt), list(r.response_ids), list(r.behavior_logprobs), float(a))
+        for r, a in zip(rollouts.itertuples(), advantages)
+    ]
     candidate = model_backend.load()
     candidate.framework.seed(1)
-    stats = train_gspo(candidate, examples, GSPOConfig(learning_rate=learning_rate, batch_size=4, temperature=0.8, epochs=1))
+    stats = train_gspo(
+        candidate, examples, GSPOConfig(learning_rate=learning_rate, batch_size=4, temperature=0.8, epochs=1)
+    )
     return candidate, stats
 
 
 def test_on_tiny_local_a_healthy_update_is_accepted_and_a_destructive_one_rejected_by_the_kl_budget(model_backend):
     """Real GSPO steps on tiny-local (not fakes): a small learning rate moves the policy a little and
     passes every rule; a learning rate of 5 blows the distribution apart and the KL budget rejects it."""
-    headlines = pd.DataFrame({"headline_id": ["h1", "h2"], "title": ["Apple beats quarterly estimates", "Boeing recalls products"],
-                              "summary": ["Revenue rose 8%.", ""]})
+    headlines = pd.DataFrame(
+        {
+            "headline_id": ["h1", "h2"],
+            "title": ["Apple beats quarterly estimates", "Boeing recalls products"],
+            "summary": ["Revenue rose 8%.", ""],
+        }
+    )
     parent = model_backend.load()
     rollouts = generate_rollouts(parent, headlines, "2025-11-05", 0, 4, 32, "base:tiny-local")
     config = GateConfig(probe_headlines=2, probe_max_new_tokens=40)
@@ -186,7 +227,10 @@ def test_on_tiny_local_a_healthy_update_is_accepted_and_a_destructive_one_reject
     healthy = evaluate_update(candidate, parent, stats, rollouts, headlines, config)
     assert healthy.verdict == "accepted", healthy.reason
     assert 0 < healthy.kl_to_parent < config.max_kl_to_parent  # it moved, within the budget
-    assert len(healthy.probe_notes) == 2 and healthy.probe_structure >= healthy.probe_parent_structure - config.max_probe_regression
+    assert (
+        len(healthy.probe_notes) == 2
+        and healthy.probe_structure >= healthy.probe_parent_structure - config.max_probe_regression
+    )
 
     candidate, stats = _trained(model_backend, rollouts, 5.0)
     destructive = evaluate_update(candidate, parent, stats, rollouts, headlines, config)
@@ -195,7 +239,9 @@ def test_on_tiny_local_a_healthy_update_is_accepted_and_a_destructive_one_reject
     assert destructive.kl_to_parent > config.max_kl_to_parent
 
     # the bound on its own (the parent's budget out of the way): the same candidate is too far from the base
-    bounded = GateConfig(probe_headlines=2, probe_max_new_tokens=40, max_kl_to_parent=1e9, max_kl_to_base=config.max_kl_to_parent)
+    bounded = GateConfig(
+        probe_headlines=2, probe_max_new_tokens=40, max_kl_to_parent=1e9, max_kl_to_base=config.max_kl_to_parent
+    )
     destructive = evaluate_update(candidate, parent, stats, rollouts, headlines, bounded)
     assert destructive.verdict == "rejected" and _rules_named(destructive.reason) == ["bound"], destructive.reason
     # the parent is the base: the KL to the base is the KL to the parent, measured with the adapter off

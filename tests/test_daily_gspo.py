@@ -5,12 +5,19 @@ import math
 import pytest
 import torch
 
-from outcome_flywheel.models.train.gspo import train_gspo
-from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
-from outcome_flywheel.models.torch.losses import gspo_loss
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
-from tests.tolerances import assert_logprobs_close, gamma, gradient_bound, logprob_gradient_scales, logprob_tolerances, longest
+from outcome_flywheel.models.torch.losses import gspo_loss
+from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
+from tests.tolerances import (
+    assert_logprobs_close,
+    gamma,
+    gradient_bound,
+    logprob_gradient_scales,
+    logprob_tolerances,
+    longest,
+)
 
 
 def _batch():
@@ -109,7 +116,9 @@ def test_train_gspo_moves_likelihood_with_the_advantage(torch_policy):
     delta = [float(a - b) for a, b in zip(after, before)]
     # best-advantage responses gained likelihood relative to the worst ones
     assert delta[-1] > delta[0]
-    assert sum(d for d, ex in zip(delta, examples) if ex.advantage > 0) > sum(d for d, ex in zip(delta, examples) if ex.advantage < 0)
+    assert sum(d for d, ex in zip(delta, examples) if ex.advantage > 0) > sum(
+        d for d, ex in zip(delta, examples) if ex.advantage < 0
+    )
 
 
 def test_train_gspo_one_at_a_time_takes_one_step_per_example(torch_policy):
@@ -132,8 +141,10 @@ def test_shared_prefix_logprobs_match_plain_padded_batches(torch_policy):
     torch.manual_seed(0)
     for p in torch_policy.trainable_parameters():  # a non-trivial adapter, so the prompt's KV matters
         p.data.add_(0.05 * torch.randn_like(p))
-    prompts = [torch_policy.prompt_ids(trading_note_messages("Apple beats quarterly estimates", "Revenue rose 8%.")),
-               torch_policy.prompt_ids(trading_note_messages("Boeing recalls products in its defense line", ""))]
+    prompts = [
+        torch_policy.prompt_ids(trading_note_messages("Apple beats quarterly estimates", "Revenue rose 8%.")),
+        torch_policy.prompt_ids(trading_note_messages("Boeing recalls products in its defense line", "")),
+    ]
     p_ids = [prompts[i % 2] for i in range(5)]
     r_ids = [list(range(10, 10 + n)) for n in (1, 7, 3, 12, 5)]
     plain, plain_mask = torch_policy.batch_logprobs(p_ids, r_ids)
@@ -142,8 +153,11 @@ def test_shared_prefix_logprobs_match_plain_padded_batches(torch_policy):
     # Two fp32 computations (the prompt's KV cached, or run with every row): per token within the
     # rounding bound of tests/tolerances.py (was atol=1e-4)
     bounds = logprob_tolerances(torch_policy, p_ids, r_ids)
-    assert_logprobs_close([row[m].detach().numpy() for row, m in zip(shared, shared_mask)],
-                          [row[m].detach().numpy() for row, m in zip(plain, plain_mask)], bounds)
+    assert_logprobs_close(
+        [row[m].detach().numpy() for row, m in zip(shared, shared_mask)],
+        [row[m].detach().numpy() for row, m in zip(plain, plain_mask)],
+        bounds,
+    )
     plain.sum().backward()
     g_plain = [p.grad.clone() for p in torch_policy.trainable_parameters()]
     torch_policy.model.zero_grad()
@@ -151,7 +165,9 @@ def test_shared_prefix_logprobs_match_plain_padded_batches(torch_policy):
     # The gradient of the summed log-probs, two fp32 backward passes: within gamma(k + V) of each
     # row's backward magnitude (tests/tolerances.py, `logprob_gradient_scales`), in norm (was
     # atol=rtol=1e-3 per entry); a prefix cache that dropped the adapter's KV would be O(1) off.
-    difference = torch.sqrt(sum(((a - p.grad) ** 2).sum() for a, p in zip(g_plain, torch_policy.trainable_parameters())))
+    difference = torch.sqrt(
+        sum(((a - p.grad) ** 2).sum() for a, p in zip(g_plain, torch_policy.trainable_parameters()))
+    )
     magnitudes, _ = logprob_gradient_scales(torch_policy, p_ids, r_ids)
     bound = gradient_bound(torch_policy, longest(torch_policy, p_ids, r_ids)) * sum(magnitudes)
     norm = torch.sqrt(sum((a**2).sum() for a in g_plain))

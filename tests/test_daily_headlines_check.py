@@ -50,7 +50,9 @@ def test_a_day_whose_every_live_feed_fails_stops_before_daily_update(tmp_path):
     res = _resources(tmp_path / "data", feeds)
 
     instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize([headlines, daily_update], partition_key=DAY, resources=res, instance=instance, raise_on_error=False)
+    result = dg.materialize(
+        [headlines, daily_update], partition_key=DAY, resources=res, instance=instance, raise_on_error=False
+    )
 
     assert not result.success
     check = _check(result, "minimum_headlines")
@@ -80,7 +82,9 @@ def test_a_day_whose_every_live_feed_fails_stops_before_daily_update(tmp_path):
 
 def test_a_normal_archive_day_passes(tmp_path):
     feeds = FeedSource(archive_dir=str(ARCHIVE), data_dir=str(tmp_path))
-    result = dg.materialize([headlines], partition_key=DAY, resources={"warehouse": Warehouse(data_dir=str(tmp_path)), "feeds": feeds})
+    result = dg.materialize(
+        [headlines], partition_key=DAY, resources={"warehouse": Warehouse(data_dir=str(tmp_path)), "feeds": feeds}
+    )
     assert result.success
     check = _check(result, "minimum_headlines")
     assert check.passed and check.blocking
@@ -94,8 +98,12 @@ def test_the_minimum_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("FLYWHEEL_MIN_HEADLINES", "29")
     monkeypatch.setenv("FLYWHEEL_MAX_HEADLINES", "29")
     feeds = FeedsResource.from_env(max_headlines=5)  # the demo's small days: 5 kept, fewer than 29
-    result = dg.materialize([headlines], partition_key=DAY, resources={"warehouse": Warehouse(data_dir=str(tmp_path)), "feeds": feeds},
-                            raise_on_error=False)
+    result = dg.materialize(
+        [headlines],
+        partition_key=DAY,
+        resources={"warehouse": Warehouse(data_dir=str(tmp_path)), "feeds": feeds},
+        raise_on_error=False,
+    )
     assert not result.success
     check = _check(result, "minimum_headlines")
     assert not check.passed
@@ -108,8 +116,12 @@ def test_a_day_missing_from_the_archive_fails_and_says_so(tmp_path):
     archive = tmp_path / "archive"  # the day is a partition (the bundled archive's window); its folder is missing here
     archive.mkdir()
     feeds = FeedSource(archive_dir=str(archive), data_dir=str(tmp_path))
-    result = dg.materialize([headlines], partition_key=DAY, resources={"warehouse": Warehouse(data_dir=str(tmp_path)), "feeds": feeds},
-                            raise_on_error=False)
+    result = dg.materialize(
+        [headlines],
+        partition_key=DAY,
+        resources={"warehouse": Warehouse(data_dir=str(tmp_path)), "feeds": feeds},
+        raise_on_error=False,
+    )
     check = _check(result, "minimum_headlines")
     assert not result.success and not check.passed
     assert check.metadata["feeds"].value == 0

@@ -3,7 +3,17 @@
 import pytest
 
 from outcome_flywheel.daily_rl.judge.ranking import (
-    NEVER_ANSWERED, NO_OUTCOME_HEADLINES, JudgeGroup, extract_letter, is_permutation, judge_groups, picks_to_ranks, rank_groups, rank_rewards, repair_ranks, select_outcome_headlines,
+    NEVER_ANSWERED,
+    NO_OUTCOME_HEADLINES,
+    JudgeGroup,
+    extract_letter,
+    is_permutation,
+    judge_groups,
+    picks_to_ranks,
+    rank_groups,
+    rank_rewards,
+    repair_ranks,
+    select_outcome_headlines,
 )
 from outcome_flywheel.daily_rl.reward.signals import rank_reward
 
@@ -18,7 +28,7 @@ from outcome_flywheel.daily_rl.reward.signals import rank_reward
         ("(e)", 8, 4),
         ('{"answer": "F"}', 8, 5),
         ('{"Best": "g", "reason": "it had a stop loss"}', 8, 6),
-        ("```json\n{\"choice\": \"h\"}\n```", 8, 7),
+        ('```json\n{"choice": "h"}\n```', 8, 7),
         ("```\nA\n```", 8, 0),
         ("Answer: c", 8, 2),
         ("The best candidate is [B] because it names a stop.", 8, 1),
@@ -42,8 +52,17 @@ def test_extract_letter_tolerates_formats(answer, n, expected):
 @pytest.mark.parametrize(
     "answer, n",
     [
-        ("", 8), (None, 8), ("   ", 8), ("Z", 8), ("[Z]", 8), ("F", 5), ('{"answer": "H"}', 4), ("no idea", 8),
-        ("```\n```", 8), ("12", 8), ("{}", 8),
+        ("", 8),
+        (None, 8),
+        ("   ", 8),
+        ("Z", 8),
+        ("[Z]", 8),
+        ("F", 5),
+        ('{"answer": "H"}', 4),
+        ("no idea", 8),
+        ("```\n```", 8),
+        ("12", 8),
+        ("{}", 8),
     ],
 )
 def test_extract_letter_rejects_out_of_range_and_empty(answer, n):
@@ -57,8 +76,7 @@ def test_picks_to_ranks_dedupes_drops_and_pads():
 
 
 @pytest.mark.parametrize(
-    "ranks",
-    [[1, 1, 1, 1], [0, 9, 3, 3], [None, 2, None, 1], [4, 3, 2, 1], [float("nan"), 1, 2, 2], ["x", 2, 2, 2]],
+    "ranks", [[1, 1, 1, 1], [0, 9, 3, 3], [None, 2, None, 1], [4, 3, 2, 1], [float("nan"), 1, 2, 2], ["x", 2, 2, 2]]
 )
 def test_repair_ranks_always_permutation(ranks):
     fixed = repair_ranks(ranks)
@@ -118,8 +136,12 @@ def test_groups_of_one_or_none_need_no_judge():
 
 
 def test_select_outcome_headlines_prefers_follow_ups():
-    outcomes = ["Nvidia wins defense contract", "AAPL shares rise 3% after the news as Apple buyback lands",
-                "Oil slides", "Apple shares extend gains a day after buyback"]
+    outcomes = [
+        "Nvidia wins defense contract",
+        "AAPL shares rise 3% after the news as Apple buyback lands",
+        "Oil slides",
+        "Apple shares extend gains a day after buyback",
+    ]
     shown = select_outcome_headlines("Apple announces $40 billion share buyback", outcomes, k=2)
     assert set(shown) == {outcomes[1], outcomes[3]}
     assert select_outcome_headlines("x", [], k=3) == []
@@ -128,6 +150,7 @@ def test_select_outcome_headlines_prefers_follow_ups():
 def test_presentation_order_is_a_seeded_permutation_per_round_and_recorded():
     """A judge that always answers "A" picks whatever was shown first: with shuffled, recorded
     orders its picks follow the permutations, not the rollout index."""
+
     def always_a(requests, strict):
         return ["A"] * len(requests)
 

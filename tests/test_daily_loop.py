@@ -66,7 +66,10 @@ def test_three_days_in_order(loop):
     for day, meta in zip(DAYS, info):
         rollouts = wh.read("rollouts", day)
         assert len(rollouts) == 12 and set(rollouts["policy_version"]) == {meta["policy_version"]}
-        assert all(len(ids) == len(lp) == n for ids, lp, n in zip(rollouts["response_ids"], rollouts["behavior_logprobs"], rollouts["n_tokens"]))
+        assert all(
+            len(ids) == len(lp) == n
+            for ids, lp, n in zip(rollouts["response_ids"], rollouts["behavior_logprobs"], rollouts["n_tokens"])
+        )
     training = wh.read_all("policy_training")
     assert list(training["date"]) == DAYS and training["kl_to_base"].iloc[0] == 0.0
     report = wh.read("daily_report", DAYS[2])
@@ -94,7 +97,13 @@ def test_override_rerun_scores_against_another_day(loop):
     root, res, _ = loop
     wh = res["warehouse"]
     assert _run(res, "2025-11-06", assets=[headlines], run_config=None).success
-    override = {"ops": {"daily_update": {"config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-06"}}}}
+    override = {
+        "ops": {
+            "daily_update": {
+                "config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-06"}
+            }
+        }
+    }
     result = _run(res, DAYS[2], run_config=override)
     assert result.success
     scores = wh.read("rollout_scores", DAYS[2])
@@ -117,7 +126,13 @@ def test_a_day_without_outcome_headlines_is_not_a_judgement(loop):
     wh = res["warehouse"]
     empty = wh.read("headlines", DAYS[2]).head(0)
     wh.write("headlines", empty, partition="2025-11-21")  # a materialised day with no headlines
-    config = {"ops": {"daily_update": {"config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-21"}}}}
+    config = {
+        "ops": {
+            "daily_update": {
+                "config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-21"}
+            }
+        }
+    }
     result = _run(res, DAYS[2], run_config=config, assets=[daily_update])
     assert result.success
     scores = wh.read("rollout_scores", DAYS[2])
@@ -128,7 +143,11 @@ def test_a_day_without_outcome_headlines_is_not_a_judgement(loop):
     # none of D-1's notes trained; what trained is only DAYS[0]'s notes, whose price matured on DAYS[2]
     ledger = wh.read("reward_ledger", DAYS[2])
     judged, matured = ledger[ledger["step"] == "judged"], ledger[ledger["step"] == "matured"]
-    assert len(judged) == 12 and (judged["status"] == "dropped").all() and set(judged["reason"]) == {"no outcome headlines"}
+    assert (
+        len(judged) == 12
+        and (judged["status"] == "dropped").all()
+        and set(judged["reason"]) == {"no outcome headlines"}
+    )
     assert set(matured["note_date"]) == {DAYS[0]}
     assert info["examples"] == int((matured["advantage"].abs() > 1e-8).sum())
     assert info["trained"] == (info["examples"] > 0)
@@ -163,7 +182,10 @@ def test_definitions_shape_and_schedule():
         assert set(by_key) == {"headlines", "base_model", key}
         mapping = by_key[key].partition_mapping
         # D-1 and every earlier day whose notes' prices can mature by D (6 days for the default horizon of 1)
-        assert isinstance(mapping, dg.TimeWindowPartitionMapping) and (mapping.start_offset, mapping.end_offset) == (-6, -1)
+        assert isinstance(mapping, dg.TimeWindowPartitionMapping) and (mapping.start_offset, mapping.end_offset) == (
+            -6,
+            -1,
+        )
     assert daily_update.can_subset is False
     assert daily_rl_schedule.cron_schedule == "0 6 * * *"
     assert daily_rl_schedule.execution_timezone == "America/New_York"
@@ -177,7 +199,11 @@ def test_judge_is_the_frozen_base_never_the_policy(model_backend):
     judge = Judge()
     backend = judge.load(model_backend)
     assert not backend.has_adapter and judge.describe(model_backend).startswith("frozen base")
-    group = JudgeGroup("Apple beats quarterly estimates", ["AAPL shares rise 3% after the news"],
-                       ["Trade Recommendation: Buy AAPL.", "We are cautious.", "Stop Loss: 5% below entry."], seed=1)
+    group = JudgeGroup(
+        "Apple beats quarterly estimates",
+        ["AAPL shares rise 3% after the news"],
+        ["Trade Recommendation: Buy AAPL.", "We are cautious.", "Stop Loss: 5% below entry."],
+        seed=1,
+    )
     [result] = judge.rank(backend, [group])
     assert is_permutation(result.ranks) and len(result.answers) >= 1

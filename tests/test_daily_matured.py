@@ -6,11 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from outcome_flywheel.daily_rl.notes.outcomes import call_window
 from outcome_flywheel.daily_rl.reward.ledger import ledger_frame, settled_notes
 from outcome_flywheel.daily_rl.reward.matured import (
-    MaturedConfig, knowledge_cutoff, longest_wait_days, matured_batch, staleness_updates,
+    MaturedConfig,
+    knowledge_cutoff,
+    longest_wait_days,
+    matured_batch,
+    staleness_updates,
 )
-from outcome_flywheel.daily_rl.notes.outcomes import call_window
 from outcome_flywheel.daily_rl.reward.signals import PriceReward, RewardConfig
 
 
@@ -57,14 +61,21 @@ def test_the_window_covers_the_longest_wait_and_a_friday_waits_until_tuesday():
 
 
 def test_knowledge_cutoff_is_the_end_of_day_d_in_new_york():
-    assert knowledge_cutoff("2025-11-11", pd.Timestamp("2030-01-01", tz="UTC")) == pd.Timestamp("2025-11-12 05:00", tz="UTC")
+    assert knowledge_cutoff("2025-11-11", pd.Timestamp("2030-01-01", tz="UTC")) == pd.Timestamp(
+        "2025-11-12 05:00", tz="UTC"
+    )
     early = pd.Timestamp("2025-11-11 18:00", tz="UTC")
     assert knowledge_cutoff("2025-11-11", early) == early
 
 
 def test_staleness_counts_weight_changes_not_days():
-    checkpoints = {"2025-11-07": "2025-11-07@aaa", "2025-11-08": "2025-11-08@bbb", "2025-11-09": "2025-11-09@bbb",
-                   "2025-11-10": "2025-11-10@ccc", "2025-11-11": "2025-11-11@ddd"}
+    checkpoints = {
+        "2025-11-07": "2025-11-07@aaa",
+        "2025-11-08": "2025-11-08@bbb",
+        "2025-11-09": "2025-11-09@bbb",
+        "2025-11-10": "2025-11-10@ccc",
+        "2025-11-11": "2025-11-11@ddd",
+    }
     # sampled by 11-07's weights, trained at 11-11 from 11-10's: bbb (changed), bbb (rejected / no update), ccc
     assert staleness_updates("2025-11-07", "2025-11-07@aaa", checkpoints, "2025-11-11") == 2
     assert staleness_updates("2025-11-09", "2025-11-09@bbb", checkpoints, "2025-11-11") == 1
@@ -72,27 +83,53 @@ def test_staleness_counts_weight_changes_not_days():
 
 
 def _notes(day, headline, version, n=4):
-    return pd.DataFrame({
-        "date": day, "headline_id": headline, "rollout_index": range(n), "prompt": '[{"role": "user", "content": "x"}]',
-        "response_ids": [[1, 2, 3]] * n, "behavior_logprobs": [[-1.0, -1.0, -1.0]] * n, "temperature": 0.8,
-        "policy_version": version,
-    })
+    return pd.DataFrame(
+        {
+            "date": day,
+            "headline_id": headline,
+            "rollout_index": range(n),
+            "prompt": '[{"role": "user", "content": "x"}]',
+            "response_ids": [[1, 2, 3]] * n,
+            "behavior_logprobs": [[-1.0, -1.0, -1.0]] * n,
+            "temperature": 0.8,
+            "policy_version": version,
+        }
+    )
 
 
 def _outcomes(statuses, vs, parse):
-    return pd.DataFrame({"status": statuses, "vs_spy_pct": vs, "parse_status": parse,
-                         "reason": [None if s == "matured" else f"{s} reason" for s in statuses]})
+    return pd.DataFrame(
+        {
+            "status": statuses,
+            "vs_spy_pct": vs,
+            "parse_status": parse,
+            "reason": [None if s == "matured" else f"{s} reason" for s in statuses],
+        }
+    )
 
 
 def test_matured_batch_trains_matured_waits_on_pending_drops_no_data_and_stale():
-    notes = pd.concat([_notes("2025-11-07", "h1", "2025-11-07@aaa"), _notes("2025-11-07", "h2", "2025-11-07@aaa"),
-                       _notes("2025-11-05", "h3", "2025-11-05@zzz")], ignore_index=True)
+    notes = pd.concat(
+        [
+            _notes("2025-11-07", "h1", "2025-11-07@aaa"),
+            _notes("2025-11-07", "h2", "2025-11-07@aaa"),
+            _notes("2025-11-05", "h3", "2025-11-05@zzz"),
+        ],
+        ignore_index=True,
+    )
     outcomes = _outcomes(
         ["matured", "matured", "no_call", "no_data"] + ["matured", "pending", "matured", "matured"] + ["matured"] * 4,
         [2.0, -2.0, np.nan, np.nan] + [1.0, np.nan, 1.0, 1.0] + [1.0, -1.0, 0.5, 0.0],
-        ["ok", "ok", "no_trade", "ok"] + ["ok"] * 8)
-    checkpoints = {"2025-11-05": "2025-11-05@zzz", "2025-11-06": "2025-11-06@yyy", "2025-11-07": "2025-11-07@aaa",
-                   "2025-11-08": "2025-11-08@bbb", "2025-11-09": "2025-11-09@ccc", "2025-11-10": "2025-11-10@ddd"}
+        ["ok", "ok", "no_trade", "ok"] + ["ok"] * 8,
+    )
+    checkpoints = {
+        "2025-11-05": "2025-11-05@zzz",
+        "2025-11-06": "2025-11-06@yyy",
+        "2025-11-07": "2025-11-07@aaa",
+        "2025-11-08": "2025-11-08@bbb",
+        "2025-11-09": "2025-11-09@ccc",
+        "2025-11-10": "2025-11-10@ddd",
+    }
     config = MaturedConfig(max_staleness=3)
     batch = matured_batch(notes, outcomes, "2025-11-11", "2025-11-10@ddd", checkpoints, config, 0.5, 0.8)
     ledger = ledger_frame(batch.ledger)
@@ -109,18 +146,30 @@ def test_matured_batch_trains_matured_waits_on_pending_drops_no_data_and_stale()
     h3 = by_group["h3"]  # sampled by 11-05's weights: 5 updates since > 3
     assert (h3["status"] == "dropped").all() and h3["reason"].str.startswith("stale: 5 policy updates").all()
     assert batch.example_keys == [("2025-11-07", "h1", 0), ("2025-11-07", "h1", 1), ("2025-11-07", "h1", 2)]
-    assert [e.token_advantages[0] for e in batch.examples] == pytest.approx(adv.tolist(), rel=1e-6)  # no tokenizer: the whole note
+    assert [e.token_advantages[0] for e in batch.examples] == pytest.approx(
+        adv.tolist(), rel=1e-6
+    )  # no tokenizer: the whole note
     assert all(e.advantage == 0.0 for e in batch.examples)  # price has no whole-note part
     assert set(ledger["policy_version"]) == {"2025-11-10@ddd"} and set(ledger["step"]) == {"matured"}
     # settled notes are never picked again: trained and dropped alike
-    assert settled_notes(ledger, "matured") == {(d, h, i) for d, h, i in zip(ledger["note_date"], ledger["headline_id"], ledger["rollout_index"])}
+    assert settled_notes(ledger, "matured") == {
+        (d, h, i) for d, h, i in zip(ledger["note_date"], ledger["headline_id"], ledger["rollout_index"])
+    }
     assert settled_notes(ledger, "judged") == set()
 
 
 def test_matured_batch_drops_notes_sampled_at_another_temperature():
     notes = _notes("2025-11-07", "h1", "2025-11-07@aaa").assign(temperature=1.0)
-    batch = matured_batch(notes, _outcomes(["matured"] * 4, [1.0, -1.0, 0.0, 2.0], ["ok"] * 4), "2025-11-11",
-                          "2025-11-10@aaa", {}, MaturedConfig(), 1.0, 0.8)
+    batch = matured_batch(
+        notes,
+        _outcomes(["matured"] * 4, [1.0, -1.0, 0.0, 2.0], ["ok"] * 4),
+        "2025-11-11",
+        "2025-11-10@aaa",
+        {},
+        MaturedConfig(),
+        1.0,
+        0.8,
+    )
     assert not batch.examples and all("temperature" in r["reason"] for r in batch.ledger)
 
 

@@ -18,8 +18,12 @@ SMALL = {"rollouts_per_headline": 4, "max_new_tokens": 32, "batch_size": 8}
 
 
 def _run(res, day, **config):
-    return dg.materialize([headlines, daily_update], partition_key=day, resources=res,
-                          run_config={"ops": {"daily_update": {"config": {**SMALL, **config}}}})
+    return dg.materialize(
+        [headlines, daily_update],
+        partition_key=day,
+        resources=res,
+        run_config={"ops": {"daily_update": {"config": {**SMALL, **config}}}},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +39,17 @@ def week(tmp_path_factory, tiny_model_dir):
         rerun = _run(res, TUE)
         rerun_ledger, rerun_price = wh.read("reward_ledger", TUE), wh.read("price_training", TUE)
         strict = _run(res, TUE, price_max_staleness=0)
-        yield dict(runs=runs, ledgers=ledgers, price=price, rerun=rerun, rerun_ledger=rerun_ledger,
-                   rerun_price=rerun_price, strict=strict, strict_ledger=wh.read("reward_ledger", TUE), wh=wh)
+        yield dict(
+            runs=runs,
+            ledgers=ledgers,
+            price=price,
+            rerun=rerun,
+            rerun_ledger=rerun_ledger,
+            rerun_price=rerun_price,
+            strict=strict,
+            strict_ledger=wh.read("reward_ledger", TUE),
+            wh=wh,
+        )
 
 
 def _matured(ledger):
@@ -46,7 +59,9 @@ def _matured(ledger):
 def test_the_first_day_and_a_missing_day_run(week):
     assert all(r.success for r in week["runs"].values())
     assert week["ledgers"][THU].empty  # the first day trains nothing
-    assert not week["wh"].exists("rollouts", "2025-11-09")  # Sunday never ran; Monday scored nothing, still trained on price
+    assert not week["wh"].exists(
+        "rollouts", "2025-11-09"
+    )  # Sunday never ran; Monday scored nothing, still trained on price
     assert _matured(week["ledgers"][MON]).shape[0] > 0
 
 
@@ -85,15 +100,30 @@ def _ratio_bound(week, judged) -> float:
 
     wh = week["wh"]
     version = judged["policy_version"].iloc[0]
-    folders = [f for f in sorted(wh.path("checkpoints", "policy").iterdir()) if (read_checkpoint(f) or {}).get("policy_version") == version]
+    folders = [
+        f
+        for f in sorted(wh.path("checkpoints", "policy").iterdir())
+        if (read_checkpoint(f) or {}).get("policy_version") == version
+    ]
     models = ModelLoader(data_dir=wh.data_dir, base_model="tiny-local", backend="torch", device="cpu")
     parent = load_policy(models, folders[0], read_checkpoint(folders[0]))
     days = sorted({str(d)[:10] for d in judged["note_date"]})
     notes = pd.concat([wh.read("rollouts", day).assign(note_date=day) for day in days])
-    notes = notes.assign(rollout_index=notes["rollout_index"].astype(int)).set_index(["note_date", "headline_id", "rollout_index"])
-    notes = notes.loc[[(str(d)[:10], str(h), int(i)) for d, h, i in zip(judged["note_date"], judged["headline_id"], judged["rollout_index"])]]
-    bounds = logprob_tolerances(parent, [json.loads(p) for p in notes["prompt"]], [list(r) for r in notes["response_ids"]],
-                                temperature=float(notes["temperature"].iloc[0]))
+    notes = notes.assign(rollout_index=notes["rollout_index"].astype(int)).set_index(
+        ["note_date", "headline_id", "rollout_index"]
+    )
+    notes = notes.loc[
+        [
+            (str(d)[:10], str(h), int(i))
+            for d, h, i in zip(judged["note_date"], judged["headline_id"], judged["rollout_index"])
+        ]
+    ]
+    bounds = logprob_tolerances(
+        parent,
+        [json.loads(p) for p in notes["prompt"]],
+        [list(r) for r in notes["response_ids"]],
+        temperature=float(notes["temperature"].iloc[0]),
+    )
     return max(float(np.expm1(b.mean())) for b in bounds if len(b))
 
 
@@ -121,7 +151,9 @@ def test_stale_groups_are_dropped_with_the_reason(week):
     strict = _matured(week["strict_ledger"])
     stale = strict[strict["staleness_updates"] > 0]
     assert len(stale) and (stale["status"] == "dropped").all()
-    assert stale["reason"].str.startswith("stale: ").all() and stale["reason"].str.contains("price_max_staleness 0").all()
+    assert (
+        stale["reason"].str.startswith("stale: ").all() and stale["reason"].str.contains("price_max_staleness 0").all()
+    )
 
 
 def test_the_self_dependency_covers_the_longest_wait():

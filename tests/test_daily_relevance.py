@@ -6,7 +6,10 @@ import pandas as pd
 import pytest
 
 from outcome_flywheel.daily_rl.notes.relevance import (
-    call_relevance, headline_symbols, relevance_column, share_on_headline_company,
+    call_relevance,
+    headline_symbols,
+    relevance_column,
+    share_on_headline_company,
 )
 
 
@@ -34,11 +37,14 @@ def test_call_relevance_values():
 
 
 def test_relevance_column_and_share():
-    frame = pd.DataFrame({
-        "title": ["Apple beats estimates"] * 3 + ["Markets wait for the Fed"],
-        "summary": ["", "", "", "Stocks were flat."],
-        "symbol": ["AAPL", "MSFT", None, "AAPL"],
-    }, index=[10, 11, 12, 13])
+    frame = pd.DataFrame(
+        {
+            "title": ["Apple beats estimates"] * 3 + ["Markets wait for the Fed"],
+            "summary": ["", "", "", "Stocks were flat."],
+            "symbol": ["AAPL", "MSFT", None, "AAPL"],
+        },
+        index=[10, 11, 12, 13],
+    )
     col = relevance_column(frame)
     assert list(col.index) == [10, 11, 12, 13]
     assert col.iloc[:3].tolist() == [1.0, 0.0, 0.0] and math.isnan(col.iloc[3])

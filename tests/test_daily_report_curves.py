@@ -24,8 +24,11 @@ def reported(tmp_path):
     warehouse = Warehouse(data_dir=str(tmp_path))
     tables = write_history(warehouse)
     day = DAYS[-1]
-    result = dg.materialize([daily_report], partition_key=day,
-                            resources={"warehouse": warehouse, "market_data": MarketData(data_dir=str(tmp_path))})
+    result = dg.materialize(
+        [daily_report],
+        partition_key=day,
+        resources={"warehouse": warehouse, "market_data": MarketData(data_dir=str(tmp_path))},
+    )
     assert result.success
     meta = result.asset_materializations_for_node("daily_report")[0].metadata
     return tmp_path, tables, meta["report"].value, meta
@@ -36,7 +39,7 @@ def _table_row(markdown: str, day: str, header: str) -> dict[str, str]:
     lines = markdown.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(f"| {header}"))
     names = [c.strip() for c in lines[start].strip("|").split("|")]
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]
@@ -65,8 +68,11 @@ def test_the_report_holds_price_reward_staleness_clip_fraction_and_hit_rates_ove
     # a pending day has no hit rate yet; a day before the first price step has no price reward
     assert _table_row(markdown, PENDING_DAYS[-1], "day | price reward")["hit rate policy"] == "–"
     # the curves, inline and on disk, each with its title as alt text
-    for name, title in (("hit_rate", "Hit rate of each day's calls, policy vs base"), ("price", "Price reward per training day"),
-                        ("off_policy", "Staleness and truncated IS ratio of the price step, clip fraction of the update")):
+    for name, title in (
+        ("hit_rate", "Hit rate of each day's calls, policy vs base"),
+        ("price", "Price reward per training day"),
+        ("off_policy", "Staleness and truncated IS ratio of the price step, clip fraction of the update"),
+    ):
         inline = re.search(rf"!\[{re.escape(title)}\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", markdown)
         assert inline, name
         on_disk = (root / "reports" / "daily_rl" / DAYS[-1] / f"{name}.png").read_bytes()
@@ -78,22 +84,37 @@ def test_the_report_holds_price_reward_staleness_clip_fraction_and_hit_rates_ove
 
 def test_the_curves_draw_what_they_are_given():
     """The same figure from other numbers is another picture; empty tables still give a picture that says so."""
-    outcomes = pd.DataFrame(dict(date=["2025-11-03"] * 4 + ["2025-11-04"] * 4, source=["policy", "policy", "base", "base"] * 2,
-                                 status="matured", vs_spy_pct=[1.0, -1.0, 2.0, -0.5, 0.3, 0.2, -0.1, 0.4]))
+    outcomes = pd.DataFrame(
+        dict(
+            date=["2025-11-03"] * 4 + ["2025-11-04"] * 4,
+            source=["policy", "policy", "base", "base"] * 2,
+            status="matured",
+            vs_spy_pct=[1.0, -1.0, 2.0, -0.5, 0.3, 0.2, -0.1, 0.4],
+        )
+    )
     by_day = hit_rate_by_day(outcomes)
     assert list(by_day["policy_hit_rate"]) == [0.5, 1.0] and list(by_day["base_hit_rate"]) == [0.5, 0.5]
     flipped = hit_rate_by_day(outcomes.assign(vs_spy_pct=-outcomes["vs_spy_pct"]))
     assert hit_rate_figure(by_day) != hit_rate_figure(flipped)
-    for figure in (hit_rate_figure(by_day.iloc[:0]), price_reward_figure(pd.DataFrame()), off_policy_figure(pd.DataFrame())):
+    for figure in (
+        hit_rate_figure(by_day.iloc[:0]),
+        price_reward_figure(pd.DataFrame()),
+        off_policy_figure(pd.DataFrame()),
+    ):
         assert figure[:4] == PNG
     assert over_days(pd.DataFrame(), by_day)["date"].tolist() == ["2025-11-03", "2025-11-04"]
 
 
 def test_hit_rates_leave_out_pending_calls_and_look_ahead_days():
-    outcomes = pd.DataFrame(dict(
-        date=["d1", "d1", "d1", "d1", "d2", "d2"], source=["policy", "policy", "base", "base", "policy", "base"],
-        status=["matured", "pending", "matured", "no_data", "matured", "matured"], vs_spy_pct=[1.0, None, -1.0, None, 2.0, 3.0],
-        look_ahead=[False, False, False, False, True, False]))
+    outcomes = pd.DataFrame(
+        dict(
+            date=["d1", "d1", "d1", "d1", "d2", "d2"],
+            source=["policy", "policy", "base", "base", "policy", "base"],
+            status=["matured", "pending", "matured", "no_data", "matured", "matured"],
+            vs_spy_pct=[1.0, None, -1.0, None, 2.0, 3.0],
+            look_ahead=[False, False, False, False, True, False],
+        )
+    )
     by_day = hit_rate_by_day(outcomes).set_index("date")
     assert by_day.loc["d1", "policy_calls"] == 1 and by_day.loc["d1", "base_calls"] == 1
     assert by_day.loc["d1", "policy_hit_rate"] == 1.0 and by_day.loc["d1", "base_hit_rate"] == 0.0

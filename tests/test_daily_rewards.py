@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from outcome_flywheel.daily_rl.reward.signals import RewardConfig, group_advantages, mixed_reward, rank_reward
 from outcome_flywheel.daily_rl.notes.structure import sections_present, structure_score
+from outcome_flywheel.daily_rl.reward.signals import RewardConfig, group_advantages, mixed_reward, rank_reward
 from outcome_flywheel.models.prompts import NOTE_SECTIONS
 
 FULL = "\n".join(f"{name}: something" for name in NOTE_SECTIONS)
@@ -22,7 +22,9 @@ def test_structure_score_counts_sections_with_text():
 
 
 def test_structure_score_accepts_markdown_headers():
-    text = "**Trade Recommendation:** Buy MSFT\n## Rationale\nCloud demand.\n- risk factors: rates\n1. Position size - 2%"
+    text = (
+        "**Trade Recommendation:** Buy MSFT\n## Rationale\nCloud demand.\n- risk factors: rates\n1. Position size - 2%"
+    )
     assert sections_present(text) == ["Trade Recommendation", "Rationale", "Risk Factors", "Position Size"]
     # a section name inside a sentence is not a header
     assert structure_score("We set the stop loss: 5%") == 0.0
@@ -63,10 +65,18 @@ def test_reward_config_weighs_named_signals_and_clips():
     only_structure = RewardConfig(weights={"structure": 1.0}, clip_max=0.8)
     assert only_structure.combine({"structure": 1.0, "judge_rank": 0.3}) == pytest.approx(0.8)  # clipped
     assert RewardConfig(weights={"structure": 2.0, "judge_rank": -1.0}, clip_min=-1.0, clip_max=2.0).combine(
-        {"structure": 0.5, "judge_rank": 1.0}) == pytest.approx(0.0)
-    assert RewardConfig().describe() == {"reward_weights": '{"human": 0.5, "judge_rank": 0.5, "price": 1.0, "relevance": 0.5, "structure": 0.5}', "reward_clip": "[0.0, 1.0]"}
-    for bad in (dict(weights={"profit": 1.0}), dict(weights={"structure": 0.0}), dict(clip_min=1.0, clip_max=0.0),
-                dict(weights={"structure": float("nan")})):
+        {"structure": 0.5, "judge_rank": 1.0}
+    ) == pytest.approx(0.0)
+    assert RewardConfig().describe() == {
+        "reward_weights": '{"human": 0.5, "judge_rank": 0.5, "price": 1.0, "relevance": 0.5, "structure": 0.5}',
+        "reward_clip": "[0.0, 1.0]",
+    }
+    for bad in (
+        dict(weights={"profit": 1.0}),
+        dict(weights={"structure": 0.0}),
+        dict(clip_min=1.0, clip_max=0.0),
+        dict(weights={"structure": float("nan")}),
+    ):
         with pytest.raises(ValueError):
             RewardConfig(**bad)
     with pytest.raises(ValueError):
@@ -83,7 +93,12 @@ def test_the_human_signal_joins_only_where_people_rated_the_note():
     assert config.combine({"structure": 0.6, "judge_rank": 0.2, "human": 0.0}) == pytest.approx((0.3 + 0.1) / 1.5)
     with pytest.raises(ValueError, match="outside"):
         config.combine({"structure": 0.6, "judge_rank": 0.2, "human": 2.0})
-    assert RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5}).combine({"structure": 1, "judge_rank": 1, "human": 0.0}) == 1.0
+    assert (
+        RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5}).combine(
+            {"structure": 1, "judge_rank": 1, "human": 0.0}
+        )
+        == 1.0
+    )
 
 
 def test_score_table_takes_the_human_signal_of_rated_notes():
@@ -93,7 +108,9 @@ def test_score_table_takes_the_human_signal_of_rated_notes():
     from outcome_flywheel.daily_rl.reward.rollout_scores import ScoringInput, score_table
 
     frame = pd.DataFrame({"rollout_index": [0, 1], "structure_score": [1.0, 1.0]})
-    inputs = ScoringInput(groups=[JudgeGroup("Oil rises", ["Oil up 2%"], ["a", "b"], seed=1)], keys=["h1"], frames=[frame])
+    inputs = ScoringInput(
+        groups=[JudgeGroup("Oil rises", ["Oil up 2%"], ["a", "b"], seed=1)], keys=["h1"], frames=[frame]
+    )
     judged = [GroupJudgement(ranks=[1, 2], picks=[0, 1], rounds_answered=1)]
     plain = score_table(inputs, judged, "2025-11-05", "2025-11-04", "2025-11-05")
     rated = score_table(inputs, judged, "2025-11-05", "2025-11-04", "2025-11-05", human={("h1", 1): 1.0})

@@ -11,15 +11,18 @@ import pytest
 import torch
 
 from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
-from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.interface import LoraSettings
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.torch.backend import TorchBackend
+from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from tests.mlx_fixtures import perturb_torch_lora
 from tests.tolerances import assert_logprobs_close, kl_tolerances, logprob_tolerances, worst_ratio
-from outcome_flywheel.models.train.gspo import train_gspo
 
-PROMPTS = [trading_note_messages("Nvidia beats estimates", "Revenue rose."), trading_note_messages("Boeing cuts outlook")]
+PROMPTS = [
+    trading_note_messages("Nvidia beats estimates", "Revenue rose."),
+    trading_note_messages("Boeing cuts outlook"),
+]
 SAMPLING = replace(ROLLOUT_SAMPLING, max_new_tokens=40)
 
 
@@ -59,15 +62,24 @@ def test_stored_logprobs_are_teacher_forcing_at_the_sampling_temperature(base, s
 
 
 def test_gspo_ratio_is_exactly_one_before_the_first_step(tiny_model_dir, sampled):
-    config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=SAMPLING.temperature)
+    config = GSPOConfig(
+        batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=SAMPLING.temperature
+    )
     stats = train_gspo(TorchBackend(tiny_model_dir, device="cpu"), _examples(sampled), config)
     assert stats.extra["old_logprobs"] == "recomputed"
     assert stats.extra["ratio_min"][0] == stats.extra["ratio_max"][0] == 1.0
     assert stats.extra["clip_fraction"][0] == 0.0
     # pi_old is the policy that sampled them: the largest gap within the largest token bound (was 1e-4)
     prompts, samples = sampled
-    bound = max(float(b.max()) for b in logprob_tolerances(
-        TorchBackend(tiny_model_dir, device="cpu"), prompts, [s.token_ids for s in samples], temperature=SAMPLING.temperature))
+    bound = max(
+        float(b.max())
+        for b in logprob_tolerances(
+            TorchBackend(tiny_model_dir, device="cpu"),
+            prompts,
+            [s.token_ids for s in samples],
+            temperature=SAMPLING.temperature,
+        )
+    )
     assert stats.extra["behavior_logprob_gap_max"] <= bound
     # Trained at temperature 1, the stored values would not be the behaviour policy.
     wrong = train_gspo(TorchBackend(tiny_model_dir, device="cpu"), _examples(sampled), replace(config, temperature=1.0))
@@ -112,15 +124,23 @@ def test_token_kl_is_the_exact_kl_over_the_vocabulary(tiny_model_dir, sampled):
     # KL >= 0, to within its rounding bound (was -1e-7)
     assert all((k >= -b).all() for k, b in zip(kl, bounds)) and np.mean(np.concatenate(kl)) > 1e-3
     # A separate base model as the reference (the full fine-tune case) gives the same numbers.
-    separate = policy.token_kl(prompts, responses, temperature=0.8, reference=TorchBackend(tiny_model_dir, device="cpu"))
+    separate = policy.token_kl(
+        prompts, responses, temperature=0.8, reference=TorchBackend(tiny_model_dir, device="cpu")
+    )
     assert worst_ratio(separate, expected, bounds) <= 1.0
 
 
 def test_full_fine_tune_in_bf16_keeps_its_updates(tiny_model_dir, sampled, tmp_path):
     """lr 1e-5, three AdamW steps: in plain bf16 most updates round away; fp32 master weights
     under bf16 autocast move the same weights as an fp32 run, in the same direction."""
-    config = GSPOConfig(objective="reward_weighted", learning_rate=1e-5, batch_size=3, lora=None, epochs=1,
-                        temperature=SAMPLING.temperature)
+    config = GSPOConfig(
+        objective="reward_weighted",
+        learning_rate=1e-5,
+        batch_size=3,
+        lora=None,
+        epochs=1,
+        temperature=SAMPLING.temperature,
+    )
     examples = _examples(sampled)
 
     def deltas(backend: TorchBackend) -> dict[str, torch.Tensor]:

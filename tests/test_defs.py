@@ -74,13 +74,20 @@ def shape(defs: dg.Definitions) -> dict:
             "partitioned": job.partitions_def is not None,
         }
     schedules = {
-        s.name: {"job": s.job_name, "cron": s.cron_schedule, "timezone": s.execution_timezone,
-                 "default_status": s.default_status.value}
+        s.name: {
+            "job": s.job_name,
+            "cron": s.cron_schedule,
+            "timezone": s.execution_timezone,
+            "default_status": s.default_status.value,
+        }
         for s in sorted(repo.schedule_defs, key=lambda s: s.name)
     }
     sensors = {
-        s.name: {"jobs": sorted(t.job_name for t in s.targets), "default_status": s.default_status.value,
-                 "minimum_interval_seconds": s.minimum_interval_seconds}
+        s.name: {
+            "jobs": sorted(t.job_name for t in s.targets),
+            "default_status": s.default_status.value,
+            "minimum_interval_seconds": s.minimum_interval_seconds,
+        }
         for s in sorted(repo.sensor_defs, key=lambda s: s.name)
     }
     return {"assets": assets, "asset_checks": checks, "jobs": jobs, "schedules": schedules, "sensors": sensors}
@@ -112,17 +119,29 @@ def test_definitions_match_the_snapshot(defs):
     committed = json.loads(SNAPSHOT.read_text())
     diff = _differences(committed, current)
     assert not diff, (
-        "the code location's shape differs from tests/snapshots/defs.json:\n  " + "\n  ".join(diff)
+        "the code location's shape differs from tests/snapshots/defs.json:\n  "
+        + "\n  ".join(diff)
         + f"\nIf the change is meant: {UPDATE_VARIABLE}=1 .venv/bin/python -m pytest -q tests/test_defs.py, and commit the snapshot."
     )
 
 
 def test_every_asset_check_job_schedule_and_sensor_is_described(defs, graph):
     repo = defs.get_repository_def()
-    missing = [f"asset {k.to_user_string()}" for k in graph.get_all_asset_keys() if not (graph.get(k).description or "").strip()]
-    missing += [f"check {k.asset_key.to_user_string()}:{k.name}" for k in graph.asset_check_keys
-                if not (graph.get_check_spec(k).description or "").strip()]
-    missing += [f"job {name}" for name in repo.job_names if name != HIDDEN_JOB and not (repo.get_job(name).description or "").strip()]
+    missing = [
+        f"asset {k.to_user_string()}"
+        for k in graph.get_all_asset_keys()
+        if not (graph.get(k).description or "").strip()
+    ]
+    missing += [
+        f"check {k.asset_key.to_user_string()}:{k.name}"
+        for k in graph.asset_check_keys
+        if not (graph.get_check_spec(k).description or "").strip()
+    ]
+    missing += [
+        f"job {name}"
+        for name in repo.job_names
+        if name != HIDDEN_JOB and not (repo.get_job(name).description or "").strip()
+    ]
     missing += [f"schedule {s.name}" for s in repo.schedule_defs if not (s.description or "").strip()]
     missing += [f"sensor {s.name}" for s in repo.sensor_defs if not (s.description or "").strip()]
     assert not missing, f"without a description: {missing}"
@@ -150,7 +169,9 @@ def test_table_assets_carry_a_described_column_schema(graph):
         if schema is None:
             continue
         undescribed = [c.name for c in schema.columns if not c.description or c.description == UNDESCRIBED]
-        assert not undescribed, f"{key.to_user_string()}: columns without a description in assets/catalog.py: {undescribed}"
+        assert not undescribed, (
+            f"{key.to_user_string()}: columns without a description in assets/catalog.py: {undescribed}"
+        )
         name = node.metadata["dagster/table_name"]
         table = str(getattr(name, "value", name)).rsplit(".", 1)[-1]
         stale = set(COLUMNS[table]) - {c.name for c in schema.columns}
@@ -160,9 +181,9 @@ def test_table_assets_carry_a_described_column_schema(graph):
 def test_tables_built_in_the_assets_layer_have_the_columns_described():
     """Tables whose column list lives only in assets/catalog.py: what the method really returns."""
     from assets.catalog import column_names
+    from outcome_flywheel.daily_rl.day import training_summary
     from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS
     from outcome_flywheel.daily_rl.reward.rollout_scores import SCORE_COLUMNS
-    from outcome_flywheel.daily_rl.day import training_summary
     from outcome_flywheel.preferences.metrics import drift_level
     from outcome_flywheel.preferences.style_match import score_holdout
     from outcome_flywheel.preferences.weighting import PAIR_COLUMNS
@@ -170,8 +191,19 @@ def test_tables_built_in_the_assets_layer_have_the_columns_described():
     info = {"policy_version": "2025-11-03@base", "kind": "base", "parent_version": None}
     gspo = types.SimpleNamespace(objective="gspo", learning_rate=1e-3)
     timings = {"score_s": 0.0, "train_s": 0.0, "generate_s": 0.0, "kl_s": 0.0}
-    row = training_summary("2025-11-03", info, None, [], pd.DataFrame(columns=SCORE_COLUMNS),
-                           pd.DataFrame(columns=ROLLOUT_COLUMNS), 0, 0.0, gspo, "2025-11-03", timings)
+    row = training_summary(
+        "2025-11-03",
+        info,
+        None,
+        [],
+        pd.DataFrame(columns=SCORE_COLUMNS),
+        pd.DataFrame(columns=ROLLOUT_COLUMNS),
+        0,
+        0.0,
+        gspo,
+        "2025-11-03",
+        timings,
+    )
     assert list(row) == column_names("policy_training")
 
     scored = score_holdout(None, pd.DataFrame(columns=PAIR_COLUMNS), "line", 0.02)
@@ -199,7 +231,9 @@ def test_run_config_fields_are_described(defs, graph):
         if op.name in seen or op.config_schema is None:
             continue
         seen.add(op.name)
-        missing += _config_fields_without_description(op.config_field, f"ops.{op.name}.config") if op.config_field else []
+        missing += (
+            _config_fields_without_description(op.config_field, f"ops.{op.name}.config") if op.config_field else []
+        )
     assert {"daily_update", "preference_adapter", "base_model"} <= seen
     for name, resource in defs.get_repository_def().get_top_level_resources().items():
         if resource.config_field is not None:
@@ -220,7 +254,10 @@ def test_partition_windows_start_where_the_data_starts(monkeypatch):
 
     for name in ("FLYWHEEL_START_DATE", "FLYWHEEL_DAILY_RL_START_DATE", "FLYWHEEL_PREFERENCES_START_DATE"):
         monkeypatch.delenv(name, raising=False)
-    assert sorted(p.name for p in (PROJECT_ROOT / "sample_data" / "feeds_archive").iterdir() if p.is_dir())[0] == DAILY_RL_FIRST_DAY
+    assert (
+        sorted(p.name for p in (PROJECT_ROOT / "sample_data" / "feeds_archive").iterdir() if p.is_dir())[0]
+        == DAILY_RL_FIRST_DAY
+    )
     assert start_date("FLYWHEEL_DAILY_RL_START_DATE", DAILY_RL_FIRST_DAY) == "2025-11-03"
     monkeypatch.setenv("FLYWHEEL_START_DATE", "2025-01-01")  # both areas
     assert start_date("FLYWHEEL_PREFERENCES_START_DATE", PREFERENCES_FIRST_DAY) == "2025-01-01"
@@ -272,8 +309,13 @@ def test_the_workspace_loads_as_the_ui_loads_it():
     import sys
 
     dagster_cli = Path(sys.executable).parent / "dagster"
-    done = subprocess.run([str(dagster_cli), "definitions", "validate", "-w", "workspace.yaml"], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [str(dagster_cli), "definitions", "validate", "-w", "workspace.yaml"],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
@@ -292,7 +334,8 @@ def test_daily_update_checks_are_the_ones_declared_beside_their_code(graph):
 
     specs = graph.get(dg.AssetKey("rollouts")).assets_def.check_specs
     assert {(s.asset_key.to_user_string(), s.name, s.blocking, s.description) for s in specs} == {
-        (c.asset, c.name, c.blocking, c.description) for c in DAILY_UPDATE_CHECKS}
+        (c.asset, c.name, c.blocking, c.description) for c in DAILY_UPDATE_CHECKS
+    }
     assert CHECK_ASSET == {c.name: c.asset for c in DAILY_UPDATE_CHECKS}
     assert [c.name for c in DAILY_UPDATE_CHECKS if not c.blocking] == [UPDATE_ACCEPTED_BY_GATE.name]
 
@@ -334,8 +377,11 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
         owner, leaf = path_field(DailyUpdateSettings, path)
         help_text = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(owner)}[leaf]
         description = DailyUpdateConfig.model_fields[name].description
-        assert description == RUN_CONFIG_DESCRIPTIONS[name] if name in RUN_CONFIG_DESCRIPTIONS else (
-            help_text and help_text in description), name
+        assert (
+            description == RUN_CONFIG_DESCRIPTIONS[name]
+            if name in RUN_CONFIG_DESCRIPTIONS
+            else (help_text and help_text in description)
+        ), name
         value = _other_value(at(defaults, path), DailyUpdateConfig.model_fields[name].annotation)
         assert at(DailyUpdateConfig(**{name: value}).settings(), path) == value, name
     assert DailyUpdateConfig(full_fine_tune=True, lora_r=4).settings().gspo.lora is None

@@ -56,7 +56,11 @@ def test_clean_refuses_while_a_piece_of_make_up_runs(tmp_path):
         for args in ([], ["--prod"]):
             result = _clean(project, *args, FLYWHEEL_PROD_HOME=str(home))
             assert result.returncode == 1, result.stdout + result.stderr
-            assert "refused" in result.stderr and re.search(rf"daemon +pid {daemon.pid} ", result.stderr) and "make down" in result.stderr
+            assert (
+                "refused" in result.stderr
+                and re.search(rf"daemon +pid {daemon.pid} ", result.stderr)
+                and "make down" in result.stderr
+            )
             assert str(home) in result.stderr
             assert _left(project) == before and (home / "pids" / "daemon.pid").exists()
         record = processes.read_record(home, "daemon")
@@ -75,7 +79,9 @@ def test_clean_refuses_while_make_up_is_starting(tmp_path):
     home = project / ".dagster-prod"  # the default home: no variable needed
     with guard.up_lock(home):  # `make up` holds it from before its first pid file
         result = _clean(project)
-        assert result.returncode == 1 and re.search(rf"make up +pid {os.getpid()} ", result.stderr), result.stdout + result.stderr
+        assert result.returncode == 1 and re.search(rf"make up +pid {os.getpid()} ", result.stderr), (
+            result.stdout + result.stderr
+        )
     assert (project / "data" / "warehouse.duckdb").exists()
     assert _clean(project).returncode == 0 and not (project / "data").exists()
 
@@ -90,18 +96,30 @@ def test_make_clean_without_the_venv_keeps_a_cluster_and_refuses_while_up_runs(t
     env = scrubbed_env()
 
     def make_clean():
-        return subprocess.run(["make", "-s", "clean", f"PYTHON={sys.executable} -S"], cwd=project, env=env, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            ["make", "-s", "clean", f"PYTHON={sys.executable} -S"],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     with piece(project / ".dagster-prod", "webserver"):
         refused = make_clean()
-        assert refused.returncode != 0 and "webserver" in refused.stderr and "refused" in refused.stderr, refused.stdout + refused.stderr
+        assert refused.returncode != 0 and "webserver" in refused.stderr and "refused" in refused.stderr, (
+            refused.stdout + refused.stderr
+        )
         assert (project / "data" / "warehouse.duckdb").exists()
     result = make_clean()
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"kept {project / 'data' / 'postgres'}: a PostgreSQL cluster" in result.stdout
     assert (project / "data" / "postgres" / "PG_VERSION").exists()
-    assert not (project / "data" / "warehouse").exists() and not (project / ".dagster").exists() and not (project / ".cache").exists()
+    assert (
+        not (project / "data" / "warehouse").exists()
+        and not (project / ".dagster").exists()
+        and not (project / ".cache").exists()
+    )
 
 
 @pytest.mark.production
@@ -114,26 +132,41 @@ def test_clean_keeps_the_cluster_and_clean_prod_removes_it_only_after_down():
     try:
         _project(project)
         home, pg_dir = project / ".dagster-prod", project / "data" / "postgres"
-        d = Deployment(home=home, data_dir=project / "data", pg_dir=pg_dir, pg_port=processes.free_port(), code_server_port=1,
-                       webserver_port=2, api_port=3)
+        d = Deployment(
+            home=home,
+            data_dir=project / "data",
+            pg_dir=pg_dir,
+            pg_port=processes.free_port(),
+            code_server_port=1,
+            webserver_port=2,
+            api_port=3,
+        )
         cluster = Cluster(pg_dir, d.pg_port, find_binaries())
         cluster.init()
         cluster.start()
         try:
             # As deploy.up records PostgreSQL.
-            processes.write_record(home, processes.ProcessRecord.of("postgres", cluster.postmaster_pid(), str(cluster.log_file)))
+            processes.write_record(
+                home, processes.ProcessRecord.of("postgres", cluster.postmaster_pid(), str(cluster.log_file))
+            )
             d.save()
             for args in ([], ["--prod"]):
                 result = _clean(project, *args)
-                assert result.returncode == 1 and re.search(r"postgres +pid \d+ ", result.stderr), result.stdout + result.stderr
+                assert result.returncode == 1 and re.search(r"postgres +pid \d+ ", result.stderr), (
+                    result.stdout + result.stderr
+                )
             # Its pid file lost: the server on the cluster in data/ still refuses both.
             (home / "pids" / "postgres.pid").rename(home / "postgres.pid.away")
             for args in ([], ["--prod"]):
                 result = _clean(project, *args)
-                assert result.returncode == 1 and f"serving the cluster {pg_dir}" in result.stderr, result.stdout + result.stderr
+                assert result.returncode == 1 and f"serving the cluster {pg_dir}" in result.stderr, (
+                    result.stdout + result.stderr
+                )
             (home / "postgres.pid.away").rename(home / "pids" / "postgres.pid")
             assert cluster.running() and (project / "data" / "warehouse.duckdb").exists()
-            down = run_module("deploy.down", ["--home", str(home)], scrubbed_env())  # `make down`, from what deploy.json records
+            down = run_module(
+                "deploy.down", ["--home", str(home)], scrubbed_env()
+            )  # `make down`, from what deploy.json records
             assert down.returncode == 0 and "postgres: stopped pid" in down.stdout, down.stdout + down.stderr
         finally:
             if cluster.running():
@@ -145,8 +178,10 @@ def test_clean_keeps_the_cluster_and_clean_prod_removes_it_only_after_down():
         assert not {"data/warehouse.duckdb", "data/warehouse", ".dagster", ".cache"} & _left(project)
         prod = _clean(project, "--prod")
         assert prod.returncode == 0, prod.stdout + prod.stderr
-        assert prod.stdout.splitlines() == [f"make clean-prod: removed {pg_dir} (the PostgreSQL cluster)",
-                                            f"make clean-prod: removed {home} (the production home)"]
+        assert prod.stdout.splitlines() == [
+            f"make clean-prod: removed {pg_dir} (the PostgreSQL cluster)",
+            f"make clean-prod: removed {home} (the production home)",
+        ]
         assert not pg_dir.exists() and not home.exists()
         assert _clean(project, "--prod").stdout.startswith("make clean-prod: nothing to remove")
     finally:

@@ -24,8 +24,12 @@ from tests.deploy_fixtures import SETTING_VARIABLES, free_ports, piece, run_modu
 
 def needs_postgres(test):
     """Skipped where `make up` would install PostgreSQL (apt-get) or cannot run it: it would not fail there as meant."""
-    test = pytest.mark.skipif(find_binaries() is None, reason="PostgreSQL is not installed: `make up` would install it")(test)
-    return pytest.mark.skipif(server_user_problem() is not None, reason=f"PostgreSQL cannot run here: {server_user_problem()}")(test)
+    test = pytest.mark.skipif(
+        find_binaries() is None, reason="PostgreSQL is not installed: `make up` would install it"
+    )(test)
+    return pytest.mark.skipif(
+        server_user_problem() is not None, reason=f"PostgreSQL cannot run here: {server_user_problem()}"
+    )(test)
 
 
 @pytest.fixture(autouse=True)
@@ -80,15 +84,19 @@ def test_a_running_deployment_keeps_its_free_ports_and_refuses_other_settings(tm
         other = _resolve("--home", str(home), "--data-dir", str(b), "--webserver-port", "3031")
         lines = differences(other, running)
         assert len(lines) == 3, lines
-        assert lines[0] == (f"FLYWHEEL_DATA_DIR: running on {a}, asked for {b}; `make down` first, or set FLYWHEEL_DATA_DIR "
-                            f"(or --data-dir) to {a}")
+        assert lines[0] == (
+            f"FLYWHEEL_DATA_DIR: running on {a}, asked for {b}; `make down` first, or set FLYWHEEL_DATA_DIR "
+            f"(or --data-dir) to {a}"
+        )
         assert f"FLYWHEEL_PG_DIR: running on {a / 'postgres'}, asked for {b / 'postgres'}" in lines[1]
         assert "FLYWHEEL_WEBSERVER_PORT: running on 3030, asked for 3031" in lines[2] and "to 3030" in lines[2]
         with pytest.raises(ConflictError, match="FLYWHEEL_DATA_DIR: running on"):
             check_running(other)
         # Running, its record lost: its settings are unknown, so refused too.
         (home / "deploy.json").rename(home / "deploy.json.away")
-        with pytest.raises(ConflictError, match=r"a deployment runs on .* \(postgres\), but .* does not record its settings"):
+        with pytest.raises(
+            ConflictError, match=r"a deployment runs on .* \(postgres\), but .* does not record its settings"
+        ):
             check_running(same)
         (home / "deploy.json.away").rename(home / "deploy.json")
     # Stopped: deploy.json steers nothing, not even the free ports.
@@ -98,8 +106,11 @@ def test_a_running_deployment_keeps_its_free_ports_and_refuses_other_settings(tm
 
 
 def _up(home, env: dict[str, str], pg_port: int):
-    return run_module("deploy.up", ["--home", str(home), "--pg-port", str(pg_port), *free_ports(), "--timeout", "60"],
-                      scrubbed_env(**env))
+    return run_module(
+        "deploy.up",
+        ["--home", str(home), "--pg-port", str(pg_port), *free_ports(), "--timeout", "60"],
+        scrubbed_env(**env),
+    )
 
 
 @needs_postgres
@@ -139,4 +150,6 @@ def test_make_up_refuses_settings_other_than_the_running_deployments(tmp_path):
         # A second `make up` while one runs on the same home is refused too, naming it.
         with guard.up_lock(home):
             busy = _up(home, {"FLYWHEEL_DATA_DIR": str(a)}, pg_port)
-        assert busy.returncode == 1 and f"another `make up` is running on {home} (pid {os.getpid()})" in busy.stderr, busy.stderr
+        assert busy.returncode == 1 and f"another `make up` is running on {home} (pid {os.getpid()})" in busy.stderr, (
+            busy.stderr
+        )

@@ -13,30 +13,41 @@ import torch
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
 from outcome_flywheel.daily_rl.distillation.samples import (
-    PHASES, SAMPLES_TABLE, samples_frame, split_reasoning, teacher_samples, trace_samples,
+    PHASES,
+    SAMPLES_TABLE,
+    samples_frame,
+    split_reasoning,
+    teacher_samples,
+    trace_samples,
 )
 from outcome_flywheel.daily_rl.distillation.train import (
-    DistillConfig, DistillationError, run_distillation, teacher_dir, tier_summary,
+    DistillationError,
+    DistillConfig,
+    run_distillation,
+    teacher_dir,
+    tier_summary,
 )
-from outcome_flywheel.daily_rl.policy.gate import GateConfig
 from outcome_flywheel.daily_rl.policy.checkpoints import read_checkpoint
+from outcome_flywheel.daily_rl.policy.gate import GateConfig
 from outcome_flywheel.models.loader import load_backend
-from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
 from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, cached_tiny_local
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
+from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
 from outcome_flywheel.models.train.sft import encode_sft, sft_batch_loss
 from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
-from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, cached_tiny_local
 from outcome_flywheel.training_audit import audited_training, read_audit
 from pipelines.daily_rl import distillation_sensor
 from tests.daily_fixtures import daily_resources, linked_data_dir
-from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 DAY = "2025-11-03"
 SMALL = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 4, "max_new_tokens": 40, "batch_size": 8}}}}
 # A Qwen3-style answer (think block, then the note): the embedded tiny-local teacher writes none.
-QWEN3_STYLE = ("<think>\nThe headline is a beat on earnings; the stock likely gaps up.\n</think>\n\n"
-               "Trade Recommendation: Buy AAPL\nRationale: earnings beat\nRisk Factors: guidance\nTimeframe: 1 day\n"
-               "Position Size: 2%\nStop Loss: 3%")
+QWEN3_STYLE = (
+    "<think>\nThe headline is a beat on earnings; the stock likely gaps up.\n</think>\n\n"
+    "Trade Recommendation: Buy AAPL\nRationale: earnings beat\nRisk Factors: guidance\nTimeframe: 1 day\n"
+    "Position Size: 2%\nStop Loss: 3%"
+)
 FAST_GATE = GateConfig(probe_headlines=2, probe_max_new_tokens=32, kl_rollouts=8)
 
 
@@ -60,14 +71,20 @@ def teacher_folder():
 
 def test_sft_loss_is_completion_only(tiny_model_dir):
     backend = load_backend("torch", tiny_model_dir, device="cpu")
-    examples = [SFTExample(trading_note_messages("Apple beats estimates", "Revenue up"), "Trade Recommendation: Buy AAPL", prefix="<think>\nup\n</think>\n\n")]
+    examples = [
+        SFTExample(
+            trading_note_messages("Apple beats estimates", "Revenue up"),
+            "Trade Recommendation: Buy AAPL",
+            prefix="<think>\nup\n</think>\n\n",
+        )
+    ]
     contexts, completions = encode_sft(backend, examples, 512)
     loss, _ = sft_batch_loss(backend, contexts, completions, [0])
     ids = torch.tensor([contexts[0] + completions[0]])
     with torch.no_grad():
         logits = backend.model(input_ids=ids).logits[0, :-1].float()
     nll = -torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
-    completion_only = nll[len(contexts[0]) - 1:].mean()
+    completion_only = nll[len(contexts[0]) - 1 :].mean()
     whole = nll.mean()
     assert abs(float(loss.detach()) - float(completion_only)) < 1e-4
     assert abs(float(whole) - float(completion_only)) > 0.1  # the check can tell a masked loss from an unmasked one
@@ -81,7 +98,9 @@ def test_a_trace_with_reasoning_gives_three_samples_and_one_without_gives_one():
     assert sorted(r["phase"] for r in rows) == sorted(PHASES)
     consistency = next(r for r in rows if r["phase"] == "consistency")
     assert consistency["prefix"].startswith("<think>") and consistency["completion"].startswith("Trade Recommendation")
-    assert [r["phase"] for r in trace_samples(DAY, "h2", prompt, "Trade Recommendation: Sell X", "teacher", "")] == ["answer"]
+    assert [r["phase"] for r in trace_samples(DAY, "h2", prompt, "Trade Recommendation: Sell X", "teacher", "")] == [
+        "answer"
+    ]
 
 
 def _samples(n: int) -> pd.DataFrame:
@@ -113,17 +132,24 @@ def test_phase_runs_are_gated_and_audited(day, teacher_folder):
     warehouse, models = res["warehouse"], res["model_backend"]
     # The teacher answers every headline of the day (the asset samples 15% + the confident ones).
     todays = warehouse.read("headlines", DAY)
-    picks = [dict(headline_id=h, title=t, summary=s, why="test") for h, t, s in zip(todays["headline_id"], todays["title"], todays["summary"])]
+    picks = [
+        dict(headline_id=h, title=t, summary=s, why="test")
+        for h, t, s in zip(todays["headline_id"], todays["title"], todays["summary"])
+    ]
     teacher = load_backend("torch", teacher_folder, device="cpu")
     rows = teacher_samples(teacher, "tiny-local seed 1", DAY, picks, 0, 48)
     assert len(rows) == len(picks) and all(r["phase"] == "answer" for r in rows)  # tiny-local writes no think block
-    rows += trace_samples(DAY, "qwen3-style", trading_note_messages("Apple beats", ""), QWEN3_STYLE, "qwen3-style", "test")
+    rows += trace_samples(
+        DAY, "qwen3-style", trading_note_messages("Apple beats", ""), QWEN3_STYLE, "qwen3-style", "test"
+    )
     warehouse.write(SAMPLES_TABLE, samples_frame(rows), partition=DAY)
     ckpts = root / "checkpoints" / "policy"
     before = (ckpts / "latest").resolve()
 
     # A blown-up run (learning rate 3.0) must be rejected and leave `latest` where it was.
-    blown = DistillConfig(sft=SFTConfig(learning_rate=3.0, epochs=3, batch_size=4), gate=FAST_GATE, ab_headlines=4, ab_max_new_tokens=32)
+    blown = DistillConfig(
+        sft=SFTConfig(learning_rate=3.0, epochs=3, batch_size=4), gate=FAST_GATE, ab_headlines=4, ab_max_new_tokens=32
+    )
     with audited_training(warehouse, "distillation", "distillation:blown", "test") as entry:
         result = run_distillation(warehouse, models, "blown", blown, log=lambda m: None)
         entry.gate_verdict = result.gate.verdict
@@ -136,14 +162,24 @@ def test_phase_runs_are_gated_and_audited(day, teacher_folder):
         run_distillation(warehouse, models, "again", blown)
 
     # A gentle run on fresh samples: it changes the weights; the verdict follows the gate's numbers.
-    warehouse.write(SAMPLES_TABLE, samples_frame([dict(r, sample_id=r["sample_id"] + "b") for r in rows]), partition="2025-11-04")
-    gentle = DistillConfig(sft=SFTConfig(learning_rate=5e-4, epochs=1, batch_size=4), gate=FAST_GATE, ab_headlines=4, ab_max_new_tokens=32)
+    warehouse.write(
+        SAMPLES_TABLE, samples_frame([dict(r, sample_id=r["sample_id"] + "b") for r in rows]), partition="2025-11-04"
+    )
+    gentle = DistillConfig(
+        sft=SFTConfig(learning_rate=5e-4, epochs=1, batch_size=4), gate=FAST_GATE, ab_headlines=4, ab_max_new_tokens=32
+    )
     with audited_training(warehouse, "distillation", "distillation:gentle", "test") as entry:
         result = run_distillation(warehouse, models, "gentle", gentle, log=lambda m: None)
         entry.gate_verdict = result.gate.verdict
     gate = result.gate
-    expected = "accepted" if (gate.kl_to_parent <= FAST_GATE.max_kl_to_parent
-                              and gate.probe_structure >= gate.probe_parent_structure - FAST_GATE.max_probe_regression) else "rejected"
+    expected = (
+        "accepted"
+        if (
+            gate.kl_to_parent <= FAST_GATE.max_kl_to_parent
+            and gate.probe_structure >= gate.probe_parent_structure - FAST_GATE.max_probe_regression
+        )
+        else "rejected"
+    )
     assert gate.verdict == expected, gate.reason
     assert gate.kl_to_parent > 0  # the weights moved
     assert result.ab["n"] >= 1 and result.ab["label"]
@@ -197,8 +233,12 @@ def test_a_distilled_checkpoint_is_the_parent_of_the_next_day_and_a_rerun_reprod
     sampler = read_checkpoint(root / "checkpoints" / "policy" / DAY)["policy_version"]
     rows = [dict(r, sample_id=r["sample_id"] + "c") for r in warehouse.read(SAMPLES_TABLE, DAY).to_dict("records")]
     warehouse.write(SAMPLES_TABLE, samples_frame(rows), partition="2025-11-05")
-    accept = DistillConfig(sft=SFTConfig(learning_rate=5e-4, epochs=1, batch_size=4), gate=GateConfig(enabled=False),
-                           ab_headlines=2, ab_max_new_tokens=16)
+    accept = DistillConfig(
+        sft=SFTConfig(learning_rate=5e-4, epochs=1, batch_size=4),
+        gate=GateConfig(enabled=False),
+        ab_headlines=2,
+        ab_max_new_tokens=16,
+    )
     distilled = run_distillation(warehouse, models, "chain", accept, log=lambda m: None)
     assert distilled.checkpoint == f"{DAY}.distill-chain"
 
@@ -209,10 +249,16 @@ def test_a_distilled_checkpoint_is_the_parent_of_the_next_day_and_a_rerun_reprod
     assert info["parent_checkpoint"] == distilled.checkpoint and info["parent_version"] == distilled.policy_version
     ledger = warehouse.read("reward_ledger", nxt)
     judged = ledger[(ledger["step"] == "judged") & (ledger["status"] == "trained")]
-    assert len(judged) and set(judged["behavior_policy_version"]) == {sampler} and set(judged["policy_version"]) == {distilled.policy_version}
+    assert (
+        len(judged)
+        and set(judged["behavior_policy_version"]) == {sampler}
+        and set(judged["policy_version"]) == {distilled.policy_version}
+    )
     assert (judged["staleness_updates"] >= 1).all()  # a distillation (or two) between the sampler and the parent
     trained = judged[judged["is_ratio"].notna()]
-    assert len(trained) and ((trained["is_ratio"] > 0) & (trained["is_ratio"] != 1.0)).all()  # pi_parent / pi_sampler, recomputed
+    assert (
+        len(trained) and ((trained["is_ratio"] > 0) & (trained["is_ratio"] != 1.0)).all()
+    )  # pi_parent / pi_sampler, recomputed
     audit = read_audit(warehouse)
     row = audit[(audit["tier"] == "gspo_daily") & audit["inputs"].str.contains(nxt)].iloc[-1]
     assert json.loads(row["inputs"])["parent_checkpoint"] == distilled.checkpoint and row["status"] == "succeeded"

@@ -16,8 +16,8 @@ from outcome_flywheel.cli import main
 from outcome_flywheel.daily_rl.policy.checkpoints import publish_checkpoint
 from outcome_flywheel.models.serve.export import EXPORT_FILE, find_converter
 from outcome_flywheel.models.serve.serving import ModelServer
-from tests.serving_fixtures import PolicyPublisher, loader, tiny_root
 from tests.service_fixtures import publish_adapter
+from tests.serving_fixtures import PolicyPublisher, loader, tiny_root
 
 MESSAGES = [{"role": "user", "content": "Write a trading note on: chips rally"}]
 # transformers alone, in a fresh interpreter: the folder's logits for the chat-rendered prompt.
@@ -38,20 +38,36 @@ np.save(out, logits.numpy()); print(json.dumps(list(ids)))
 def world(tmp_path_factory, tiny_model_dir):
     root = tiny_root(tmp_path_factory.mktemp("export"), tiny_model_dir)
     publisher = PolicyPublisher(root)
-    publish_checkpoint(publisher.backend, publisher.ckpt_root, "2025-11-02", {"date": "2025-11-02", "base_model": "tiny-local"}, is_base=True)
+    publish_checkpoint(
+        publisher.backend,
+        publisher.ckpt_root,
+        "2025-11-02",
+        {"date": "2025-11-02", "base_model": "tiny-local"},
+        is_base=True,
+    )
     publisher.publish("2025-11-03", seed=1)
     publish_adapter(root, "run-1", seed=5)
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in {"FLYWHEEL_DATA_DIR": str(root), "FLYWHEEL_BASE_MODEL": "tiny-local", "FLYWHEEL_DEVICE": "cpu",
-                            "FLYWHEEL_BACKEND": "torch", "OMP_NUM_THREADS": "1"}.items():
+        for name, value in {
+            "FLYWHEEL_DATA_DIR": str(root),
+            "FLYWHEEL_BASE_MODEL": "tiny-local",
+            "FLYWHEEL_DEVICE": "cpu",
+            "FLYWHEEL_BACKEND": "torch",
+            "OMP_NUM_THREADS": "1",
+        }.items():
             mp.setenv(name, value)
         mp.delenv("FLYWHEEL_LLAMA_CPP_DIR", raising=False)
         yield {"root": root, "server": ModelServer(loader(root), root), "publisher": publisher}
 
 
 def standalone_logits(folder, tmp_path) -> tuple[list[int], np.ndarray]:
-    done = subprocess.run([sys.executable, "-c", STANDALONE, str(folder), json.dumps(MESSAGES), str(tmp_path / "logits.npy")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", STANDALONE, str(folder), json.dumps(MESSAGES), str(tmp_path / "logits.npy")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), np.load(tmp_path / "logits.npy")
 
@@ -75,7 +91,9 @@ def test_the_export_loads_alone_and_its_logits_equal_the_served_models(world, so
     assert record["version"] == served.version and record["merged_lora"] is True
     base_config = json.loads((served.backend.model_path / "config.json").read_text())
     kept = set(json.loads((out / "config.json").read_text()))
-    assert set(base_config) - {"dtype", "torch_dtype", "transformers_version", "_name_or_path"} <= kept  # nothing dropped
+    assert (
+        set(base_config) - {"dtype", "torch_dtype", "transformers_version", "_name_or_path"} <= kept
+    )  # nothing dropped
 
     ids, logits = standalone_logits(out, tmp_path)
     assert ids == served.backend.prompt_ids(MESSAGES)  # the same chat template, rendered by transformers alone
@@ -97,7 +115,9 @@ def test_a_full_fine_tune_checkpoint_exports_its_own_weights(world, tmp_path, ca
     full = loader(world["root"]).load()
     with torch.no_grad():
         full.model.model.norm.weight.mul_(1.5)  # a full fine-tune's change: no adapter, other weights
-    info = publish_checkpoint(full, tmp_path / "ckpts", "2025-11-09", {"date": "2025-11-09", "base_model": "tiny-local"}, is_base=False)
+    info = publish_checkpoint(
+        full, tmp_path / "ckpts", "2025-11-09", {"date": "2025-11-09", "base_model": "tiny-local"}, is_base=False
+    )
     assert info["kind"] == "full"
     out = tmp_path / "full"
     assert main(["export", str(tmp_path / "ckpts" / "2025-11-09"), str(out)]) == 0
@@ -130,7 +150,11 @@ def test_bad_sources_and_a_missing_converter_are_clear(world, tmp_path, capsys, 
     assert "holds no checkpoint.json, adapter_config.json or model" in capsys.readouterr().err
     assert main(["export", "policy", str(tmp_path / "out"), "--gguf", "always"]) == 1
     err = capsys.readouterr().err
-    assert "convert_hf_to_gguf.py is not installed" in err and "FLYWHEEL_LLAMA_CPP_DIR" in err and not (tmp_path / "out").exists()
+    assert (
+        "convert_hf_to_gguf.py is not installed" in err
+        and "FLYWHEEL_LLAMA_CPP_DIR" in err
+        and not (tmp_path / "out").exists()
+    )
     monkeypatch.setenv("FLYWHEEL_LLAMA_CPP_DIR", str(tmp_path))
     assert main(["export", "policy", str(tmp_path / "out"), "--gguf", "always"]) == 1
     assert f"FLYWHEEL_LLAMA_CPP_DIR={tmp_path} holds no convert_hf_to_gguf.py" in capsys.readouterr().err
@@ -147,8 +171,11 @@ def test_nothing_published_yet(tmp_path, tiny_model_dir, monkeypatch, capsys):
 CONVERTER = find_converter()  # before the fixtures clear FLYWHEEL_LLAMA_CPP_DIR
 
 
-@pytest.mark.skipif(CONVERTER is None, reason="llama.cpp's convert_hf_to_gguf.py is not installed (FLYWHEEL_LLAMA_CPP_DIR "
-                                              "or PATH): GGUF is an optional extra, docs/serving.md")
+@pytest.mark.skipif(
+    CONVERTER is None,
+    reason="llama.cpp's convert_hf_to_gguf.py is not installed (FLYWHEEL_LLAMA_CPP_DIR "
+    "or PATH): GGUF is an optional extra, docs/serving.md",
+)
 def test_gguf_logits_equal_the_served_models(tmp_path, monkeypatch, capsys):
     """On smollm2-135m-instruct (llama.cpp knows its tokenizer; tiny-local's it refuses, clearly):
     transformers' GGUF loader reads the file back and its logits are the served model's."""
@@ -160,8 +187,12 @@ def test_gguf_logits_equal_the_served_models(tmp_path, monkeypatch, capsys):
     root = tmp_path / "data"
     (root / "models").mkdir(parents=True)
     (root / "models" / "smollm2-135m-instruct").symlink_to(cached_smollm2(log=lambda *a: None))
-    for name, value in {"FLYWHEEL_DATA_DIR": str(root), "FLYWHEEL_BASE_MODEL": "smollm2-135m-instruct", "FLYWHEEL_DEVICE": "cpu",
-                        "FLYWHEEL_LLAMA_CPP_DIR": str(CONVERTER.parent)}.items():
+    for name, value in {
+        "FLYWHEEL_DATA_DIR": str(root),
+        "FLYWHEEL_BASE_MODEL": "smollm2-135m-instruct",
+        "FLYWHEEL_DEVICE": "cpu",
+        "FLYWHEEL_LLAMA_CPP_DIR": str(CONVERTER.parent),
+    }.items():
         monkeypatch.setenv(name, value)
     PolicyPublisher(root, "smollm2-135m-instruct").publish("2025-11-03", seed=1)
     out = tmp_path / "export"

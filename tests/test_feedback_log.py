@@ -10,10 +10,22 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from outcome_flywheel.feedback.curation import carry_exports, feedback_metrics, feedback_pairs, feedback_table, new_export
+from outcome_flywheel.feedback.curation import (
+    carry_exports,
+    feedback_metrics,
+    feedback_pairs,
+    feedback_table,
+    new_export,
+)
 from outcome_flywheel.feedback.log import read_feedback_log
+from outcome_flywheel.feedback.records import (
+    FeedbackIn,
+    FeedbackRecord,
+    VerificationIn,
+    VerificationRecord,
+    human_signal,
+)
 from outcome_flywheel.jsonl_log import append_record, append_unless
-from outcome_flywheel.feedback.records import FeedbackIn, FeedbackRecord, VerificationIn, VerificationRecord, human_signal
 
 DAY = "2025-11-04"
 
@@ -25,17 +37,22 @@ def fb(**kw) -> FeedbackRecord:
 
 def notes() -> pd.DataFrame:
     prompt = json.dumps([{"role": "user", "content": "Headline: Oil rises"}])
-    return pd.DataFrame([dict(date=DAY, headline_id="h1", rollout_index=i, prompt=prompt, response=f"note {i}") for i in range(4)])
+    return pd.DataFrame(
+        [dict(date=DAY, headline_id="h1", rollout_index=i, prompt=prompt, response=f"note {i}") for i in range(4)]
+    )
 
 
-@pytest.mark.parametrize("body, problem", [
-    (dict(rollout_index=0), "needs thumbs, stars or a correction"),
-    (dict(rollout_index=0, stars=9), "less than or equal to 5"),
-    (dict(rollout_index=9, thumbs="up"), "less than or equal to 7"),
-    (dict(rollout_index=0, thumbs="sideways"), "'up' or 'down'"),
-    (dict(rollout_index=0, correction="x" * 8001), "at most 8000"),
-    (dict(rollout_index=0, thumbs="up", surprise=1), "Extra inputs"),
-])
+@pytest.mark.parametrize(
+    "body, problem",
+    [
+        (dict(rollout_index=0), "needs thumbs, stars or a correction"),
+        (dict(rollout_index=0, stars=9), "less than or equal to 5"),
+        (dict(rollout_index=9, thumbs="up"), "less than or equal to 7"),
+        (dict(rollout_index=0, thumbs="sideways"), "'up' or 'down'"),
+        (dict(rollout_index=0, correction="x" * 8001), "at most 8000"),
+        (dict(rollout_index=0, thumbs="up", surprise=1), "Extra inputs"),
+    ],
+)
 def test_bad_feedback_is_refused_with_the_reason(body, problem):
     with pytest.raises(ValidationError, match=problem):
         FeedbackIn(date=DAY, headline_id="h1", reviewer="ana", **body)
@@ -71,12 +88,19 @@ def test_bad_lines_are_quarantined_and_counted(tmp_path):
     append_record(log, fb(thumbs="up"))
     with open(log, "a") as f:
         f.write("{not json\n")
-        f.write(json.dumps({"kind": "feedback", "date": DAY, "headline_id": "h1", "rollout_index": 0, "reviewer": "x"}) + "\n")
+        f.write(
+            json.dumps({"kind": "feedback", "date": DAY, "headline_id": "h1", "rollout_index": 0, "reviewer": "x"})
+            + "\n"
+        )
         f.write(json.dumps({"kind": "vote"}) + "\n\n")
     parsed = read_feedback_log(log)
     assert parsed.lines == 4 and len(parsed.feedback) == 1 and len(parsed.quarantine) == 3
     reasons = [q["reason"] for q in parsed.quarantine]
-    assert reasons[0].startswith("not JSON") and "thumbs, stars or a correction" in reasons[1] and "unknown kind 'vote'" in reasons[2]
+    assert (
+        reasons[0].startswith("not JSON")
+        and "thumbs, stars or a correction" in reasons[1]
+        and "unknown kind 'vote'" in reasons[2]
+    )
 
 
 def test_append_unless_checks_and_writes_under_one_lock(tmp_path):
@@ -103,17 +127,30 @@ def test_curation_pairs_and_a_pair_is_exported_once():
     waiting = fb(rollout_index=0, correction="later")
     verdicts = [
         VerificationRecord(feedback_id=corrected.feedback_id, action="approve", curator="cu"),
-        VerificationRecord(feedback_id=edited.feedback_id, action="edit", correction="Sell XOM, stop 4%.", curator="cu"),
+        VerificationRecord(
+            feedback_id=edited.feedback_id, action="edit", correction="Sell XOM, stop 4%.", curator="cu"
+        ),
         VerificationRecord(feedback_id=rejected.feedback_id, action="reject", curator="cu"),
     ]
     table = feedback_table([corrected, edited, rejected, up, down, waiting], verdicts)
-    assert dict(zip(table["rollout_index"].astype(str) + table["status"], [v if isinstance(v, str) else None for v in table["verified_correction"]])) == {
-        "1approved": "Buy XOM; stop 5%.", "2edited": "Sell XOM, stop 4%.", "3rejected": None, "0none": None,
-        "3none": None, "0unverified": None,
+    assert dict(
+        zip(
+            table["rollout_index"].astype(str) + table["status"],
+            [v if isinstance(v, str) else None for v in table["verified_correction"]],
+        )
+    ) == {
+        "1approved": "Buy XOM; stop 5%.",
+        "2edited": "Sell XOM, stop 4%.",
+        "3rejected": None,
+        "0none": None,
+        "3none": None,
+        "0unverified": None,
     }
     pairs = feedback_pairs(table, notes())
     assert sorted(zip(pairs["source"], pairs["chosen"], pairs["rejected"])) == [
-        ("correction", "Buy XOM; stop 5%.", "note 1"), ("correction", "Sell XOM, stop 4%.", "note 2"), ("thumbs", "note 0", "note 3"),
+        ("correction", "Buy XOM; stop 5%.", "note 1"),
+        ("correction", "Sell XOM, stop 4%.", "note 2"),
+        ("thumbs", "note 0", "note 3"),
     ]
     assert list(feedback_pairs(table, notes())["pair_id"]) == list(pairs["pair_id"])  # stable
 
@@ -121,9 +158,13 @@ def test_curation_pairs_and_a_pair_is_exported_once():
     assert set(files) == {"trl.jsonl", "nemo_rl.jsonl", "openai.jsonl", "pairs.meta.json"}
     assert files["trl.jsonl"].decode().count("\n") == 3 and (first["exported_at"] == "export-1").all()
     metrics = feedback_metrics(table, notes_shown=8, pairs=carry_exports(pairs, None))
-    assert metrics["pairs_ready_to_export"] == 3 and metrics["verified_share"] == 0.75 and metrics["feedback_rate"] == 0.5
+    assert (
+        metrics["pairs_ready_to_export"] == 3 and metrics["verified_share"] == 0.75 and metrics["feedback_rate"] == 0.5
+    )
 
-    more = feedback_table([corrected, edited, rejected, up, down, waiting, fb(rollout_index=2, thumbs="down")], verdicts)
+    more = feedback_table(
+        [corrected, edited, rejected, up, down, waiting, fb(rollout_index=2, thumbs="down")], verdicts
+    )
     again, files = new_export(carry_exports(feedback_pairs(more, notes()), first), "export-2")
     assert (again["exported_at"] == "export-2").sum() == 1  # only the new thumbs pair (0 over 2)
     assert json.loads(files["pairs.meta.json"])["rows"] == 1

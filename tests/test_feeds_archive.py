@@ -47,8 +47,10 @@ LAST_SESSION = [  # no session on the entry's day: the last session's move, name
 ]
 SIGN = {"rise": 1, "gain": 1, "rose": 1, "fall": -1, "slide": -1, "fell": -1, "close flat": 0, "closed flat": 0}
 FICTIONAL = re.compile(r"(?P<company>.+) cuts outlook, shares slide after hours")  # the fresh event template
-MOVE_WORDS = re.compile(r"\b(rises?|rose|falls?|fell|gains?|slides?|slid|flat|jumps?|drops?|climbs?|sinks?|extends?|surges?|"
-                        r"plunges?|tumbles?|soars?)\b")
+MOVE_WORDS = re.compile(
+    r"\b(rises?|rose|falls?|fell|gains?|slides?|slid|flat|jumps?|drops?|climbs?|sinks?|extends?|surges?|"
+    r"plunges?|tumbles?|soars?)\b"
+)
 
 
 def _closes() -> dict[str, dict[date, float]]:
@@ -93,7 +95,9 @@ def statements(archive: Path) -> list[dict]:
                 text = " ".join((entry.get(field) or "").split())
                 for clause in text.split("; "):
                     where = f"{path.relative_to(archive)} {field} {text!r}"
-                    if re.search(r"\bshares\b", clause, re.I) or (field == "title" and MOVE_WORDS.search(clause.lower())):
+                    if re.search(r"\bshares\b", clause, re.I) or (
+                        field == "title" and MOVE_WORDS.search(clause.lower())
+                    ):
                         out.append(dict(where=where, day=day, clause=clause.strip().rstrip(".")))
     return out
 
@@ -176,8 +180,12 @@ def test_the_check_catches_one_wrong_statement(tmp_path, edit):
     if edit == "non_session_day":  # a Saturday headline claiming a move that day
         path = copy / "2025-11-08" / "market-wire.xml"
         text = path.read_text(encoding="utf-8")
-        new = re.sub(r"Markets closed Saturday; (\w+) shares last (rose|fell) (\d+\.\d)% in the 2025-11-07 session",
-                     r"\1 shares rise \3% after the news", text, count=1)
+        new = re.sub(
+            r"Markets closed Saturday; (\w+) shares last (rose|fell) (\d+\.\d)% in the 2025-11-07 session",
+            r"\1 shares rise \3% after the news",
+            text,
+            count=1,
+        )
     else:
         path = copy / "2025-11-05" / "market-wire.xml"
         text = path.read_text(encoding="utf-8")
@@ -185,9 +193,9 @@ def test_the_check_catches_one_wrong_statement(tmp_path, edit):
         assert m
         if edit == "number":
             wrong = f"{float(m[2]) + 0.1:.1f}"
-            new = text[: m.start(2)] + wrong + text[m.end(2):]
+            new = text[: m.start(2)] + wrong + text[m.end(2) :]
         else:
-            new = text[: m.start(1)] + {"rise": "fall", "fall": "rise"}[m[1]] + text[m.end(1):]
+            new = text[: m.start(1)] + {"rise": "fall", "fall": "rise"}[m[1]] + text[m.end(1) :]
     assert new != text
     path.write_text(new, encoding="utf-8")
     found, _ = problems(copy)

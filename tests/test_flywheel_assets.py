@@ -13,10 +13,10 @@ from assets.preferences.dataset import dpo_dataset, holdout_leaks
 from assets.preferences.decisions import operator_decisions
 from assets.preferences.evaluation import holdout_eval, style_drift
 from assets.preferences.outcomes import decision_outcomes, pending_partitions_ready
-from pipelines.preferences import flywheel_outcomes_schedule, training_decision
-from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
-from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.cli import flywheel_status, style_score
+from outcome_flywheel.market_data import MarketData
+from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
+from pipelines.preferences import flywheel_outcomes_schedule, training_decision
 from resources.steps import StepRunnerResource
 from tests.flywheel_fixtures import one_thread  # noqa: F401
 from tests.tolerances import margin_tolerances
@@ -48,7 +48,8 @@ def small_log(tmp_path):
 @pytest.fixture()
 def resources(small_log, warehouse, model_backend, data_dir):
     return {
-        "warehouse": warehouse, "model_backend": model_backend,
+        "warehouse": warehouse,
+        "model_backend": model_backend,
         "audit_log": AuditLog(path=str(small_log)),
         "market_data": MarketData(data_dir=str(data_dir)),
         "step_runner": StepRunnerResource(runner="in_process"),
@@ -69,11 +70,19 @@ def test_decisions_and_outcomes_over_a_range_in_one_run(resources, warehouse, sm
     assert n_lines == len(decisions) + len(quarantine) + 1
     assert quarantine["line_number"].tolist() == [4]
     assert decisions["decision_id"].is_unique
-    assert decisions.set_index("decision_id").loc[json.loads(small_log.read_text().splitlines()[-1])["decision_id"], "reason"] == "corrected"
+    assert (
+        decisions.set_index("decision_id").loc[
+            json.loads(small_log.read_text().splitlines()[-1])["decision_id"], "reason"
+        ]
+        == "corrected"
+    )
     checks = result.get_asset_check_evaluations()
     assert [c.passed for c in checks if c.check_name == "counts_reconcile"] == [True]
     # One partition per day of the range, empty days included.
-    assert warehouse.partitions("operator_decisions")[0] == FIRST and warehouse.partitions("operator_decisions")[-1] == LAST
+    assert (
+        warehouse.partitions("operator_decisions")[0] == FIRST
+        and warehouse.partitions("operator_decisions")[-1] == LAST
+    )
     outcomes = warehouse.read_all("decision_outcomes")
     assert len(outcomes) == len(decisions)
     assert set(outcomes["status"]) == {"matured", "pending"}
@@ -106,14 +115,28 @@ def test_dataset_exports_and_blocking_checks(resources, warehouse):
     assert first.success
     assert all(c.passed for c in first.get_asset_check_evaluations())
     pairs = warehouse.read("dpo_dataset")
-    for col in ["pair_id", "decision_id", "split", "decision", "verdict", "treatment", "outcome_weight", "effective_weight", "prompt", "chosen", "rejected"]:
+    for col in [
+        "pair_id",
+        "decision_id",
+        "split",
+        "decision",
+        "verdict",
+        "treatment",
+        "outcome_weight",
+        "effective_weight",
+        "prompt",
+        "chosen",
+        "rejected",
+    ]:
         assert col in pairs.columns
     view = warehouse.query("SELECT count(*) AS n FROM dpo_dataset WHERE split = 'holdout'")
     assert view["n"][0] == (pairs["split"] == "holdout").sum() > 0
     export_dir = warehouse.path("exports", "preference")
     train = pairs[pairs["split"] == "train"]
     n_swaps = int((train["replication"] == 1.5).sum())
-    expected_rows = 3 * int((train["replication"] == 3.0).sum()) + int((train["replication"] == 1.0).sum()) + (3 * n_swaps) // 2
+    expected_rows = (
+        3 * int((train["replication"] == 3.0).sum()) + int((train["replication"] == 1.0).sum()) + (3 * n_swaps) // 2
+    )
     for fmt in ("trl", "nemo_rl", "openai"):
         rows = (export_dir / f"{fmt}.jsonl").read_text().splitlines()
         meta = json.loads((export_dir / f"{fmt}.meta.json").read_text())
@@ -129,7 +152,9 @@ def test_dataset_exports_and_blocking_checks(resources, warehouse):
     exported = [json.loads(r) for r in (export_dir / "trl.jsonl").read_text().splitlines()]
     assert holdout_leaks(pairs, exported) == []
     h = pairs[pairs["split"] == "holdout"].iloc[0]
-    leaked = exported + [{"prompt": json.loads(h.prompt), "chosen": [{"content": h.chosen}], "rejected": [{"content": h.rejected}]}]
+    leaked = exported + [
+        {"prompt": json.loads(h.prompt), "chosen": [{"content": h.chosen}], "rejected": [{"content": h.rejected}]}
+    ]
     assert holdout_leaks(pairs, leaked) == [h.decision_id]
 
 
@@ -141,10 +166,19 @@ def test_adapter_eval_drift_status_and_style_score(resources, warehouse, model_b
     assert style_score([{"symbol": "MSFT", "side": "buy", "weight": 0.02}], warehouse=warehouse)["available"] is False
 
     cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}
-    result = dg.materialize([dpo_dataset, preference_adapter, holdout_eval, style_drift], resources=resources, run_config=cfg, instance=instance)
+    result = dg.materialize(
+        [dpo_dataset, preference_adapter, holdout_eval, style_drift],
+        resources=resources,
+        run_config=cfg,
+        instance=instance,
+    )
     assert result.success
     latest = warehouse.path("adapters", "preference", "latest")
-    assert latest.is_symlink() and (latest / "adapter_model.safetensors").exists() and (latest / "adapter_config.json").exists()
+    assert (
+        latest.is_symlink()
+        and (latest / "adapter_model.safetensors").exists()
+        and (latest / "adapter_config.json").exists()
+    )
     info = json.loads((latest / "train_info.json").read_text())
     hist = warehouse.read_all(HISTORY_TABLE)
     assert hist["status"].tolist() == ["succeeded"] and hist["n_pairs"][0] == info["n_pairs"] == len(info["trained"])
@@ -164,23 +198,39 @@ def test_adapter_eval_drift_status_and_style_score(resources, warehouse, model_b
     assert any("new pairs" in r for r in status["blocking_reasons"])
     assert status["last_eval"]["adapter_run"] == info["run"]
 
-    scored_one = style_score([{"symbol": "MSFT", "side": "buy", "weight": 0.02}], {"regime": "neutral"}, model_backend=model_backend, warehouse=warehouse)
+    scored_one = style_score(
+        [{"symbol": "MSFT", "side": "buy", "weight": 0.02}],
+        {"regime": "neutral"},
+        model_backend=model_backend,
+        warehouse=warehouse,
+    )
     assert scored_one["available"] and 0 < scored_one["style_match_score"] < 1
     assert scored_one["adapter_path"] == str(latest.resolve()) and scored_one["comment"]
     # A proposal scored on its own reads the same prompt, plan and contrast as the holdout evaluation.
     assert info["prompt_context_keys"] == [] and info["config"]["completion_unit"] == "line"
-    decisions = warehouse.read_all("operator_decisions").drop_duplicates("decision_id", keep="last").set_index("decision_id")
+    decisions = (
+        warehouse.read_all("operator_decisions").drop_duplicates("decision_id", keep="last").set_index("decision_id")
+    )
     row = scored.iloc[0]
     d = decisions.loc[row.decision_id]
-    again = style_score(json.loads(d.proposal_orders_json), json.loads(d.context_json),
-                        d.proposal_text if isinstance(d.proposal_text, str) else None, model_backend=model_backend, warehouse=warehouse)
+    again = style_score(
+        json.loads(d.proposal_orders_json),
+        json.loads(d.context_json),
+        d.proposal_text if isinstance(d.proposal_text, str) else None,
+        model_backend=model_backend,
+        warehouse=warehouse,
+    )
     # Scored alone or in the holdout's batch (other padding, so other fp32 rounding): the margin
     # within the sum of its tokens' rounding bounds (tests/tolerances.py, relative to the summed
     # magnitudes; was abs=1e-4), the score sigmoid(beta m) within beta / 4 of that (was abs=1e-5).
     pair = pairs.set_index("decision_id").loc[row.decision_id]
-    tolerance = margin_tolerances(model_backend.load(adapter_path=latest), [json.loads(pair.prompt)], [pair.proposal_plan], "line")[0]
+    tolerance = margin_tolerances(
+        model_backend.load(adapter_path=latest), [json.loads(pair.prompt)], [pair.proposal_plan], "line"
+    )[0]
     assert again["margin_logp"] == pytest.approx(row.margin_logp, abs=tolerance)
-    assert again["style_match_score"] == pytest.approx(row.style_match_score, abs=info["config"]["beta"] / 4 * tolerance)
+    assert again["style_match_score"] == pytest.approx(
+        row.style_match_score, abs=info["config"]["beta"] / 4 * tolerance
+    )
 
     # The sensor's rule: nothing new -> no run; cooldown respected; a run in progress blocks.
     now = datetime.now(timezone.utc)

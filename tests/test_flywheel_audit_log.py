@@ -7,8 +7,13 @@ from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG
 
 
 def _line(decision_id="d-1", ts="2025-11-26T10:00:00-05:00", decision="approve", **extra):
-    obj = {"decision_id": decision_id, "ts": ts, "decision": decision,
-           "proposal": {"orders": [{"symbol": "nvda", "side": "BUY", "weight": 0.05}]}, "context": {"a": 1}}
+    obj = {
+        "decision_id": decision_id,
+        "ts": ts,
+        "decision": decision,
+        "proposal": {"orders": [{"symbol": "nvda", "side": "BUY", "weight": 0.05}]},
+        "context": {"a": 1},
+    }
     obj.update(extra)
     return json.dumps(obj)
 
@@ -24,8 +29,14 @@ def test_bad_lines_are_quarantined_and_counts_reconcile():
         _line("d-4", decision="override"),  # override without operator_orders
         _line("d-5", decision="reject", operator_orders=[{"symbol": "AAPL", "side": "buy", "weight": 0.02}]),
         _line("d-6", decision="override", operator_orders=[{"symbol": "AAPL", "side": "buy", "weight": 0.02}]),
-        json.dumps({"decision_id": "d-7", "ts": "2025-11-26T10:00:00Z", "decision": "approve",
-                    "proposal": {"orders": [{"symbol": "AAPL", "side": "buy", "weight": 1.5}]}}),
+        json.dumps(
+            {
+                "decision_id": "d-7",
+                "ts": "2025-11-26T10:00:00Z",
+                "decision": "approve",
+                "proposal": {"orders": [{"symbol": "AAPL", "side": "buy", "weight": 1.5}]},
+            }
+        ),
     ]
     parsed = parse_lines(lines)
     assert parsed.n_lines == 9 and parsed.n_blank == 1
@@ -88,8 +99,12 @@ def test_a_torn_live_log_keeps_the_409_on_a_changed_body(tmp_path):
     log = AuditLog(path=str(source), data_dir=str(tmp_path))
     log.live_file.parent.mkdir(parents=True)
     log.live_file.write_text('{"decision_id": "d-torn", "ts": "2025-06-')  # a writer died here
-    record = AuditRecord(decision_id="d-1", ts="2025-06-10T10:00:00-04:00", decision="approve",
-                         proposal={"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]})
+    record = AuditRecord(
+        decision_id="d-1",
+        ts="2025-06-10T10:00:00-04:00",
+        decision="approve",
+        proposal={"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]},
+    )
     assert log.append(record) == "created"
     parsed = log.parse()
     assert [r.decision_id for _, r in parsed.records] == ["d-1"] and parsed.n_quarantined == 1 and parsed.reconciles()
@@ -98,7 +113,12 @@ def test_a_torn_live_log_keeps_the_409_on_a_changed_body(tmp_path):
     assert log.append(record) == "unchanged"
 
 
-BAD_TIMES = ["0001-01-01T00:00:00+14:00", "9999-12-31T23:59:59-14:00", "1900-01-01T00:00:00+00:00", "2200-01-01T00:00:00Z"]
+BAD_TIMES = [
+    "0001-01-01T00:00:00+14:00",
+    "9999-12-31T23:59:59-14:00",
+    "1900-01-01T00:00:00+00:00",
+    "2200-01-01T00:00:00Z",
+]
 
 
 def test_a_time_that_does_not_convert_or_is_out_of_range_is_refused_and_quarantined(tmp_path):
@@ -107,17 +127,28 @@ def test_a_time_that_does_not_convert_or_is_out_of_range_is_refused_and_quaranti
 
     from outcome_flywheel.preferences.audit_log import AuditRecord, parse_sources
 
-    good = {"decision_id": "d-ok", "ts": "2025-06-10T10:00:00-04:00", "decision": "approve",
-            "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]}}
+    good = {
+        "decision_id": "d-ok",
+        "ts": "2025-06-10T10:00:00-04:00",
+        "decision": "approve",
+        "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]},
+    }
     for ts in BAD_TIMES:
         with pytest.raises(ValidationError, match="ts "):
             AuditRecord.model_validate({**good, "ts": ts})
     # Lines written before this validation (or by hand) go to the quarantine; the rest of the day goes on.
-    lines = [json.dumps(good)] + [json.dumps({**good, "decision_id": f"d-bad-{i}", "ts": ts}) for i, ts in enumerate(BAD_TIMES)]
+    lines = [json.dumps(good)] + [
+        json.dumps({**good, "decision_id": f"d-bad-{i}", "ts": ts}) for i, ts in enumerate(BAD_TIMES)
+    ]
     parsed = parse_sources([("kept.jsonl", lines[:2]), ("live.jsonl", lines[2:])])
     frame = records_frame(parsed, "Pacific/Kiritimati")
     assert list(frame["decision_id"]) == ["d-ok"] and parsed.n_quarantined == 4 and parsed.reconciles()
-    assert [(q["source"], q["line_number"]) for q in parsed.quarantine] == [("kept.jsonl", 2), ("live.jsonl", 1), ("live.jsonl", 2), ("live.jsonl", 3)]
+    assert [(q["source"], q["line_number"]) for q in parsed.quarantine] == [
+        ("kept.jsonl", 2),
+        ("live.jsonl", 1),
+        ("live.jsonl", 2),
+        ("live.jsonl", 3),
+    ]
 
 
 def test_records_frame_quarantines_a_decision_that_does_not_convert():
@@ -127,10 +158,18 @@ def test_records_frame_quarantines_a_decision_that_does_not_convert():
 
     from outcome_flywheel.preferences.audit_log import AuditRecord, parse_sources
 
-    good = {"decision_id": "d-ok", "ts": "2025-06-10T10:00:00-04:00", "decision": "approve",
-            "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]}}
-    parsed = parse_sources([("kept.jsonl", [json.dumps(good)]), ("live.jsonl", [json.dumps({**good, "decision_id": "d-2"})])])
-    bad = AuditRecord.model_construct(**{**parsed.records[1][1].__dict__, "ts": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))})
+    good = {
+        "decision_id": "d-ok",
+        "ts": "2025-06-10T10:00:00-04:00",
+        "decision": "approve",
+        "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.02}]},
+    }
+    parsed = parse_sources(
+        [("kept.jsonl", [json.dumps(good)]), ("live.jsonl", [json.dumps({**good, "decision_id": "d-2"})])]
+    )
+    bad = AuditRecord.model_construct(
+        **{**parsed.records[1][1].__dict__, "ts": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=14)))}
+    )
     parsed.records[1] = (parsed.records[1][0], bad)
     frame = records_frame(parsed, "America/New_York")
     assert list(frame["decision_id"]) == ["d-ok"] and parsed.reconciles()

@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.flywheel_fixtures import one_thread  # noqa: F401
-from tests.tolerances import dpo_loss_tolerance, gamma, logprob_tolerances, margin_tolerances
-from outcome_flywheel.preferences.style_match import score_candidates
-from outcome_flywheel.preferences.weighting import HOLD_TEXT
 from outcome_flywheel.models.segments import completion_segments, encode_segments, flatten_segments
+from outcome_flywheel.models.torch.losses import weighted_dpo_loss
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
-from outcome_flywheel.models.torch.losses import weighted_dpo_loss
+from outcome_flywheel.preferences.style_match import score_candidates
+from outcome_flywheel.preferences.weighting import HOLD_TEXT
+from tests.flywheel_fixtures import one_thread  # noqa: F401
+from tests.tolerances import dpo_loss_tolerance, gamma, logprob_tolerances, margin_tolerances
 
 
 def _manual(pc, pr, rc, rr, w, beta):
@@ -45,7 +45,9 @@ def test_equal_weights_give_plain_dpo_and_weights_matter():
     assert loss.item() == pytest.approx(plain.item(), abs=2 * gamma(14) * size.mean().item())
     w = torch.tensor([1.0, 0, 0, 0, 0, 0])
     only_first, _ = weighted_dpo_loss(pc, pr, rc, rr, w, 0.1)
-    assert only_first.item() == pytest.approx(-F.logsigmoid(0.1 * ((pc[0] - rc[0]) - (pr[0] - rr[0]))).item(), abs=2 * gamma(14) * size[0].item())
+    assert only_first.item() == pytest.approx(
+        -F.logsigmoid(0.1 * ((pc[0] - rc[0]) - (pr[0] - rr[0]))).item(), abs=2 * gamma(14) * size[0].item()
+    )
 
 
 def test_at_the_reference_the_loss_is_log2_and_gradient_favours_chosen():
@@ -62,7 +64,14 @@ def test_at_the_reference_the_loss_is_log2_and_gradient_favours_chosen():
 def test_defaults_are_the_measured_ones():
     # benchmarks/flywheel_auc.py: the settings that learn every consistent synthetic operator.
     cfg = WeightedDPOConfig()
-    assert (cfg.learning_rate, cfg.beta, cfg.epochs, cfg.lora.r, cfg.max_grad_norm, cfg.completion_unit) == (1e-3, 0.02, 8, 8, 1.0, "line")
+    assert (cfg.learning_rate, cfg.beta, cfg.epochs, cfg.lora.r, cfg.max_grad_norm, cfg.completion_unit) == (
+        1e-3,
+        0.02,
+        8,
+        8,
+        1.0,
+        "line",
+    )
     assert WeightedDPOConfig.with_overrides(learning_rate=1e-4, epochs=None).epochs == cfg.epochs
     with pytest.raises(ValueError, match="completion_unit"):
         WeightedDPOConfig(completion_unit="token")
@@ -82,12 +91,19 @@ def test_completion_segments():
 def test_line_unit_log_prob_is_the_sum_of_each_line_as_its_own_response(torch_policy, one_thread):
     """What the trainer sums for a pair equals each line scored alone after the prompt, added up."""
     prompt = [{"role": "user", "content": "Rebalance review. regime: neutral\nWrite the plan to execute."}]
-    plans = ["Plan: 2 orders.\nBuy AAPL (Information Technology), 2.0% of the portfolio.\nSell XOM (Energy), 1.0% of the portfolio.",
-             "Plan: hold. No trades."]
+    plans = [
+        "Plan: 2 orders.\nBuy AAPL (Information Technology), 2.0% of the portfolio.\nSell XOM (Energy), 1.0% of the portfolio.",
+        "Plan: hold. No trades.",
+    ]
     p_ids = [torch_policy.prompt_ids(prompt)] * 2
     with torch.no_grad():
-        summed = torch_policy.sequence_logps(p_ids, [encode_segments(torch_policy.encode_response, t, "line") for t in plans])
-        whole = torch_policy.sequence_logps(p_ids, [encode_segments(torch_policy.encode_response, t, "sequence") for t in plans])
+        summed = torch_policy.sequence_logps(
+            p_ids, [encode_segments(torch_policy.encode_response, t, "line") for t in plans]
+        )
+        whole = torch_policy.sequence_logps(
+            p_ids, [encode_segments(torch_policy.encode_response, t, "sequence") for t in plans]
+        )
+
         # The same tokens in other batches (other padding, other fp32 rounding): a sum within its
         # tokens' rounding bounds plus the fp32 sum's own, relative to the summed magnitudes
         # (tests/tolerances.py; was abs=1e-4, and 1e-5 for the one-line plan).
@@ -99,7 +115,9 @@ def test_line_unit_log_prob_is_the_sum_of_each_line_as_its_own_response(torch_po
 
         for k, text in enumerate(plans):
             lines = text.split("\n")
-            logp = torch_policy.response_logprobs([prompt] * len(lines), [torch_policy.encode_response(x) for x in lines])
+            logp = torch_policy.response_logprobs(
+                [prompt] * len(lines), [torch_policy.encode_response(x) for x in lines]
+            )
             assert summed[k].item() == pytest.approx(sum(float(x.sum()) for x in logp), abs=bound(lines))
             full = torch_policy.response_logprobs([prompt], [torch_policy.encode_response(text)])[0]
             assert whole[k].item() == pytest.approx(float(full.sum()), abs=bound([text]))
@@ -111,8 +129,15 @@ def test_line_unit_log_prob_is_the_sum_of_each_line_as_its_own_response(torch_po
 def test_training_moves_the_policy_towards_chosen(torch_policy, one_thread):
     prompt = [{"role": "user", "content": "Rebalance review. regime: neutral\nWrite the plan to execute."}]
     pairs = [
-        PreferencePair(prompt, "Plan: 1 order.\nBuy AAPL (Information Technology), 2.0% of the portfolio.", "Plan: hold. No trades.", 1.0),
-        PreferencePair(prompt, "Plan: hold. No trades.", "Plan: 1 order.\nBuy XOM (Energy), 2.0% of the portfolio.", 0.5),
+        PreferencePair(
+            prompt,
+            "Plan: 1 order.\nBuy AAPL (Information Technology), 2.0% of the portfolio.",
+            "Plan: hold. No trades.",
+            1.0,
+        ),
+        PreferencePair(
+            prompt, "Plan: hold. No trades.", "Plan: 1 order.\nBuy XOM (Energy), 2.0% of the portfolio.", 0.5
+        ),
     ]
     cfg = WeightedDPOConfig(learning_rate=5e-3, epochs=6, batch_size=2, seed=0)
     # policy == reference at step 0 (a fresh adapter adds exact zeros), but the trainer scores the
@@ -138,6 +163,8 @@ def test_training_moves_the_policy_towards_chosen(torch_policy, one_thread):
         return sum(float(a.sum()) - float(b.sum()) for a, b in zip(on, off))
 
     # scored in one batch or text by text: within the margin's rounding bound (was abs=1e-3)
-    assert margin[0] == pytest.approx(reward(aapl) - reward(HOLD_TEXT), abs=margin_tolerances(torch_policy, [prompt], [aapl], cfg.completion_unit)[0])
+    assert margin[0] == pytest.approx(
+        reward(aapl) - reward(HOLD_TEXT), abs=margin_tolerances(torch_policy, [prompt], [aapl], cfg.completion_unit)[0]
+    )
     with pytest.raises(ValueError):
         train_weighted_dpo(torch_policy, [PreferencePair(prompt, "a", "b", -0.5)], cfg)

@@ -3,8 +3,14 @@
 import pandas as pd
 import pytest
 
-from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData, PriceCache, fetch_yfinance, read_price_file, yfinance_long
-
+from outcome_flywheel.market_data import (
+    BUNDLED_PRICES,
+    MarketData,
+    PriceCache,
+    fetch_yfinance,
+    read_price_file,
+    yfinance_long,
+)
 
 NOW = "2026-03-01T12:00:00Z"  # a Sunday: the last closed session is Friday 2026-02-27
 
@@ -16,7 +22,9 @@ def _wide(symbols, dates):
 
 
 def test_file_source_csv_and_parquet(tmp_path):
-    df = pd.DataFrame({"date": ["2025-11-26", "2025-11-28"], "symbol": ["spy", "spy"], "close": [600.0, 601.0], "volume": [1, 2]})
+    df = pd.DataFrame(
+        {"date": ["2025-11-26", "2025-11-28"], "symbol": ["spy", "spy"], "close": [600.0, 601.0], "volume": [1, 2]}
+    )
     df.to_csv(tmp_path / "p.csv", index=False)
     df.to_parquet(tmp_path / "p.parquet")
     for name in ("p.csv", "p.parquet"):
@@ -42,7 +50,9 @@ def test_yfinance_batched_download_with_retries():
             raise ConnectionError("rate limited")
         return _wide(symbols, ["2025-11-26", "2025-11-28"])
 
-    out = fetch_yfinance(["AAPL", "SPY"], "2025-11-26", "2025-11-28", retries=4, backoff_s=1.0, download=flaky, sleep=sleeps.append)
+    out = fetch_yfinance(
+        ["AAPL", "SPY"], "2025-11-26", "2025-11-28", retries=4, backoff_s=1.0, download=flaky, sleep=sleeps.append
+    )
     assert len(calls) == 3 and sleeps == [1.0, 2.0]
     assert calls[0] == (("AAPL", "SPY"), "2025-11-26", "2025-11-29", True)  # one batch; end made inclusive
     assert len(out) == 4 and set(out["symbol"]) == {"AAPL", "SPY"}
@@ -100,7 +110,11 @@ class _SplittingYahoo:
 
     def __call__(self, symbols, start, end, **kw):
         self.calls.append((tuple(symbols), start, end))
-        days = [d for d in pd.bdate_range(start, end, inclusive="left").strftime("%Y-%m-%d") if self.split_done or d < self.split]
+        days = [
+            d
+            for d in pd.bdate_range(start, end, inclusive="left").strftime("%Y-%m-%d")
+            if self.split_done or d < self.split
+        ]
         cols = pd.MultiIndex.from_product([["Close"], symbols], names=["Price", "Ticker"])
         data = [[self.close(s, d) for s in symbols] for d in days]
         return pd.DataFrame(data, index=pd.DatetimeIndex(days, name="Date"), columns=cols)
@@ -108,9 +122,12 @@ class _SplittingYahoo:
 
 def _decisions(*ts_utc):
     orders = '[{"symbol": "AAPL", "side": "buy", "weight": 0.02}]'
-    return pd.DataFrame([
-        {"decision_id": f"d{i}", "decision_date": t[:10], "ts_utc": t, "proposal_orders_json": orders} for i, t in enumerate(ts_utc)
-    ])
+    return pd.DataFrame(
+        [
+            {"decision_id": f"d{i}", "decision_date": t[:10], "ts_utc": t, "proposal_orders_json": orders}
+            for i, t in enumerate(ts_utc)
+        ]
+    )
 
 
 def test_a_split_between_two_downloads_changes_no_matured_outcome(tmp_path, monkeypatch):
@@ -153,7 +170,10 @@ def test_price_cache_keeps_one_download_per_symbol(tmp_path):
     assert n == 1 and yahoo.calls[-1] == (("AAPL", "NVDA"), "2025-05-28", "2025-06-14")
     cov = cache.coverage()
     assert cov["AAPL"]["start"] == "2025-05-28" and cov["AAPL"]["end"] == "2025-06-13"
-    assert cov["AAPL"]["downloaded_at"] > first["AAPL"]["downloaded_at"] and cov["NVDA"]["downloaded_at"] == cov["AAPL"]["downloaded_at"]
+    assert (
+        cov["AAPL"]["downloaded_at"] > first["AAPL"]["downloaded_at"]
+        and cov["NVDA"]["downloaded_at"] == cov["AAPL"]["downloaded_at"]
+    )
     assert cov["SPY"] == first["SPY"]  # not asked for: untouched, still one (older) download
     rows = pd.read_parquet(cache.prices_path)
     stamps = rows.groupby("symbol")["downloaded_at"].unique().to_dict()
@@ -170,7 +190,9 @@ def test_price_cache_keeps_old_rows_when_a_redownload_lacks_the_symbol(tmp_path)
 
     def fetch(symbols, start, end):
         days = pd.bdate_range(start, end).strftime("%Y-%m-%d")
-        return pd.DataFrame([{"date": d, "symbol": s, "close": served[s]} for d in days for s in symbols if s in served])
+        return pd.DataFrame(
+            [{"date": d, "symbol": s, "close": served[s]} for d in days for s in symbols if s in served]
+        )
 
     cache = PriceCache(tmp_path / "market_data")
     cache.get(["AAPL", "SPY"], "2025-06-02", "2025-06-09", fetch, now=NOW)
@@ -187,7 +209,13 @@ def test_price_cache_redownloads_a_legacy_coverage_entry(tmp_path):
 
     def fetch(symbols, start, end):
         calls.append((tuple(symbols), start, end))
-        return pd.DataFrame([{"date": d, "symbol": s, "close": 1.0} for d in pd.bdate_range(start, end).strftime("%Y-%m-%d") for s in symbols])
+        return pd.DataFrame(
+            [
+                {"date": d, "symbol": s, "close": 1.0}
+                for d in pd.bdate_range(start, end).strftime("%Y-%m-%d")
+                for s in symbols
+            ]
+        )
 
     folder = tmp_path / "market_data"
     folder.mkdir()
@@ -228,21 +256,28 @@ class _TradingYahoo:
         today = self.now.tz_convert("America/New_York").strftime("%Y-%m-%d")
         closes_at = {"2025-11-28": "13:00"}  # the day after Thanksgiving is a half day
         days = [d for d in pd.bdate_range(start, end, inclusive="left").strftime("%Y-%m-%d") if d <= today]
+
         def price(d):
             close_time = pd.Timestamp(f"{d} {closes_at.get(d, '16:00')}", tz="America/New_York")
             return self.MID if d == today and self.now < close_time else self.close(d)
+
         cols = pd.MultiIndex.from_product([["Close"], symbols], names=["Price", "Ticker"])
-        return pd.DataFrame([[price(d)] * len(symbols) for d in days], index=pd.DatetimeIndex(days, name="Date"), columns=cols)
+        return pd.DataFrame(
+            [[price(d)] * len(symbols) for d in days], index=pd.DatetimeIndex(days, name="Date"), columns=cols
+        )
 
 
 def _fetch(yahoo):
     return lambda syms, s, e: fetch_yfinance(syms, s, e, download=yahoo, sleep=lambda _: None)
 
 
-@pytest.mark.parametrize("day, mid_session, after_close", [
-    ("2025-06-10", "2025-06-10T15:00:00Z", "2025-06-10T21:30:00Z"),  # a Tuesday: closes 16:00 New York (20:00 UTC)
-    ("2025-11-28", "2025-11-28T17:30:00Z", "2025-11-28T18:05:00Z"),  # a half day: closes 13:00 New York (18:00 UTC)
-])
+@pytest.mark.parametrize(
+    "day, mid_session, after_close",
+    [
+        ("2025-06-10", "2025-06-10T15:00:00Z", "2025-06-10T21:30:00Z"),  # a Tuesday: closes 16:00 New York (20:00 UTC)
+        ("2025-11-28", "2025-11-28T17:30:00Z", "2025-11-28T18:05:00Z"),  # a half day: closes 13:00 New York (18:00 UTC)
+    ],
+)
 def test_price_cache_never_stores_or_serves_a_session_still_trading(tmp_path, day, mid_session, after_close):
     cache = PriceCache(tmp_path / "market_data")
     start = (pd.Timestamp(day) - pd.Timedelta(days=8)).strftime("%Y-%m-%d")
@@ -272,9 +307,13 @@ def test_a_partial_bar_in_an_older_cache_is_never_served(tmp_path):
     rows = [{"date": d, "symbol": "SPY", "close": 600.0, "downloaded_at": stamp} for d in ("2025-06-06", "2025-06-09")]
     rows.append({"date": "2025-06-10", "symbol": "SPY", "close": _TradingYahoo.MID, "downloaded_at": stamp})
     pd.DataFrame(rows).to_parquet(folder / "closes.parquet")
-    (folder / "coverage.json").write_text('{"SPY": {"start": "2025-06-06", "end": "2025-06-09", "downloaded_at": "%s"}}' % stamp)
+    (folder / "coverage.json").write_text(
+        '{"SPY": {"start": "2025-06-06", "end": "2025-06-09", "downloaded_at": "%s"}}' % stamp
+    )
     cache = PriceCache(folder)
-    got, n = cache.get(["SPY"], "2025-06-06", "2025-06-09", _fetch(_TradingYahoo("2025-06-10T21:30:00Z")), now="2025-06-10T21:30:00Z")
+    got, n = cache.get(
+        ["SPY"], "2025-06-06", "2025-06-09", _fetch(_TradingYahoo("2025-06-10T21:30:00Z")), now="2025-06-10T21:30:00Z"
+    )
     assert n == 0 and got["date"].tolist() == ["2025-06-06", "2025-06-09"]
     assert cache.served(["SPY"], "2025-06-10T21:30:00Z")["close"].tolist() == [600.0, 600.0]
 

@@ -6,8 +6,20 @@ import pytest
 from scipy.stats import mannwhitneyu
 
 from outcome_flywheel.preferences.metrics import (
-    LABEL_MARGINAL, LABEL_NONE, LABEL_USEFUL, approval_auc, auc_label, auc_report, bootstrap_auc_ci, drift_level,
-    NO_STYLE_SCORE, STYLE_BANDS, rejected_winners, sigmoid, style_comment, _fast_auc,
+    LABEL_MARGINAL,
+    LABEL_NONE,
+    LABEL_USEFUL,
+    NO_STYLE_SCORE,
+    STYLE_BANDS,
+    _fast_auc,
+    approval_auc,
+    auc_label,
+    auc_report,
+    bootstrap_auc_ci,
+    drift_level,
+    rejected_winners,
+    sigmoid,
+    style_comment,
 )
 
 
@@ -59,12 +71,16 @@ def test_bootstrap_is_reproducible():
 
 
 def test_rejected_winners_filter_and_order():
-    df = pd.DataFrame({
-        "decision_id": list("abcdefgh"), "decision_date": ["2025-11-26"] * 8,
-        "decision": ["reject", "reject", "approve", "reject", "override", "reject", "reject", "reject"],
-        "style_match_score": [0.9, 0.4, 0.9, 0.6, 0.9, 0.55, 0.7, 0.8],
-        "vs_spy_pct": [1.0, 2.0, 2.0, -1.0, 2.0, 0.5, 3.0, np.nan], "proposal_plan": ["p"] * 8,
-    })
+    df = pd.DataFrame(
+        {
+            "decision_id": list("abcdefgh"),
+            "decision_date": ["2025-11-26"] * 8,
+            "decision": ["reject", "reject", "approve", "reject", "override", "reject", "reject", "reject"],
+            "style_match_score": [0.9, 0.4, 0.9, 0.6, 0.9, 0.55, 0.7, 0.8],
+            "vs_spy_pct": [1.0, 2.0, 2.0, -1.0, 2.0, 0.5, 3.0, np.nan],
+            "proposal_plan": ["p"] * 8,
+        }
+    )
     assert rejected_winners(df)["decision_id"].tolist() == ["a", "g", "f"]
     assert len(rejected_winners(pd.concat([df] * 3), top=5)) == 5
 

@@ -7,8 +7,15 @@ import pandas as pd
 import pytest
 
 from outcome_flywheel.preferences.weighting import (
-    HOLD_TEXT, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, render_plan,
-    render_prompt, replication_counts,
+    HOLD_TEXT,
+    build_pairs,
+    dataset_fingerprint,
+    export_metadata,
+    export_rows,
+    holdout_split,
+    render_plan,
+    render_prompt,
+    replication_counts,
 )
 
 PROPOSAL = [{"symbol": "NVDA", "side": "buy", "weight": 0.05}]
@@ -18,17 +25,26 @@ OPERATOR = [{"symbol": "AAPL", "side": "buy", "weight": 0.02}]
 def _decisions(specs):
     rows = []
     for i, (decision, _status, _vs) in enumerate(specs):
-        rows.append({
-            "decision_id": f"d-{i:03d}", "decision_date": "2025-11-26", "decision": decision,
-            "proposal_orders_json": json.dumps(PROPOSAL), "proposal_text": None,
-            "operator_orders_json": json.dumps(OPERATOR) if decision == "override" else None,
-            "context_json": json.dumps({"regime": "neutral", "cash_pct": 5.0}), "symbols": "NVDA", "line_number": i + 1,
-        })
+        rows.append(
+            {
+                "decision_id": f"d-{i:03d}",
+                "decision_date": "2025-11-26",
+                "decision": decision,
+                "proposal_orders_json": json.dumps(PROPOSAL),
+                "proposal_text": None,
+                "operator_orders_json": json.dumps(OPERATOR) if decision == "override" else None,
+                "context_json": json.dumps({"regime": "neutral", "cash_pct": 5.0}),
+                "symbols": "NVDA",
+                "line_number": i + 1,
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def _outcomes(specs):
-    return pd.DataFrame([{"decision_id": f"d-{i:03d}", "status": s, "vs_spy_pct": v} for i, (_, s, v) in enumerate(specs)])
+    return pd.DataFrame(
+        [{"decision_id": f"d-{i:03d}", "status": s, "vs_spy_pct": v} for i, (_, s, v) in enumerate(specs)]
+    )
 
 
 PLAN = render_plan(PROPOSAL)
@@ -73,7 +89,10 @@ def test_missing_outcome_means_no_verdict():
 def test_plan_text_is_the_same_whatever_the_order_order():
     a = [{"symbol": "XOM", "side": "buy", "weight": 0.03}, {"symbol": "AAPL", "side": "sell", "weight": 0.1}]
     assert render_plan(a) == render_plan(list(reversed(a)))
-    assert render_plan(a) == "Plan: 2 orders.\nSell AAPL (Information Technology), 10.0% of the portfolio.\nBuy XOM (Energy), 3.0% of the portfolio."
+    assert (
+        render_plan(a)
+        == "Plan: 2 orders.\nSell AAPL (Information Technology), 10.0% of the portfolio.\nBuy XOM (Energy), 3.0% of the portfolio."
+    )
     assert render_plan([]) == HOLD_TEXT
 
 
@@ -83,7 +102,9 @@ def test_holdout_is_a_stable_fifth_by_hash():
     assert splits == [holdout_split(d) for d in ids]
     assert 0.18 < splits.count("holdout") / len(ids) < 0.22
     # Known values, so a change of hash function shows up here.
-    assert [holdout_split(f"d-{i:04d}") for i in range(1, 11)] == ["train"] * 4 + ["holdout"] * 2 + ["train"] * 3 + ["holdout"]
+    assert [holdout_split(f"d-{i:04d}") for i in range(1, 11)] == ["train"] * 4 + ["holdout"] * 2 + ["train"] * 3 + [
+        "holdout"
+    ]
 
 
 def test_rebuilding_gives_the_same_pairs():
@@ -136,11 +157,17 @@ def test_holdout_pairs_are_never_exported():
 def test_the_prompt_holds_only_the_chosen_context_keys():
     context = {"regime": "neutral", "cash_pct": 5.0, "account": "core"}
     plain = render_prompt(context, "Cash deployment.")
-    assert plain == render_prompt({}, None) == [{"role": "user", "content": "Rebalance review.\nWrite the plan to execute."}]
+    assert (
+        plain
+        == render_prompt({}, None)
+        == [{"role": "user", "content": "Rebalance review.\nWrite the plan to execute."}]
+    )
     keyed = render_prompt(context, "Cash deployment.", ("regime", "note"))[0]["content"]
     assert keyed == "Rebalance review. regime: neutral\nNote: Cash deployment.\nWrite the plan to execute."
     everything = render_prompt(context, "Cash deployment.", ("*",))[0]["content"]
-    assert everything.startswith("Rebalance review. account: core; cash_pct: 5.0; regime: neutral\nNote: Cash deployment.")
+    assert everything.startswith(
+        "Rebalance review. account: core; cash_pct: 5.0; regime: neutral\nNote: Cash deployment."
+    )
     specs = [("approve", "matured", 1.0), ("reject", "matured", -1.0)]
     default_pairs, _ = build_pairs(_decisions(specs), _outcomes(specs))
     assert default_pairs["prompt"].nunique() == 1

@@ -3,9 +3,9 @@
 import pandas as pd
 import pytest
 
+from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 from outcome_flywheel.preferences.windows import compute_outcome, t5_window
 from outcome_flywheel.trading_sessions import PriceTable
-from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +64,18 @@ def test_matured_returns_are_the_price_file_figures(prices):
 
 
 def test_a_sell_leg_counts_as_short(prices):
-    buy = compute_outcome("2025-11-26T10:00:00-05:00", [{"symbol": "XOM", "side": "buy", "weight": 0.05}], prices, now="2026-06-01T00:00:00Z")
-    sell = compute_outcome("2025-11-26T10:00:00-05:00", [{"symbol": "XOM", "side": "sell", "weight": 0.05}], prices, now="2026-06-01T00:00:00Z")
+    buy = compute_outcome(
+        "2025-11-26T10:00:00-05:00",
+        [{"symbol": "XOM", "side": "buy", "weight": 0.05}],
+        prices,
+        now="2026-06-01T00:00:00Z",
+    )
+    sell = compute_outcome(
+        "2025-11-26T10:00:00-05:00",
+        [{"symbol": "XOM", "side": "sell", "weight": 0.05}],
+        prices,
+        now="2026-06-01T00:00:00Z",
+    )
     assert sell["return_pct"] == pytest.approx(-buy["return_pct"])
     assert sell["vs_spy_pct"] == pytest.approx(-buy["vs_spy_pct"])
 
@@ -82,7 +92,12 @@ def test_pending_when_the_prices_do_not_reach_the_exit_yet(prices):
 
 
 def test_no_data_for_an_unknown_symbol(prices):
-    out = compute_outcome("2025-11-26T10:00:00-05:00", [{"symbol": "TSLA", "side": "buy", "weight": 0.02}], prices, now="2026-06-01T00:00:00Z")
+    out = compute_outcome(
+        "2025-11-26T10:00:00-05:00",
+        [{"symbol": "TSLA", "side": "buy", "weight": 0.02}],
+        prices,
+        now="2026-06-01T00:00:00Z",
+    )
     assert out["status"] == "no_data" and "TSLA" in out["reason"]
 
 
@@ -93,7 +108,12 @@ def test_a_missing_close_is_never_filled():
         rows.append({"date": d, "symbol": "SPY", "close": 600.0})
         if d != "2025-12-04":
             rows.append({"date": d, "symbol": "NVDA", "close": 180.0})
-    out = compute_outcome("2025-11-26T10:00:00-05:00", [{"symbol": "NVDA", "side": "buy", "weight": 0.05}], PriceTable(pd.DataFrame(rows)), now="2026-06-01T00:00:00Z")
+    out = compute_outcome(
+        "2025-11-26T10:00:00-05:00",
+        [{"symbol": "NVDA", "side": "buy", "weight": 0.05}],
+        PriceTable(pd.DataFrame(rows)),
+        now="2026-06-01T00:00:00Z",
+    )
     assert out["status"] == "no_data" and "NVDA has no close on 2025-12-04" in out["reason"]
 
 

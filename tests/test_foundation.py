@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from assets.base_model import base_model
-from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.prompts import NOTE_SECTIONS, trading_note_messages
 from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, build_tiny_local, weights_sha256
 from outcome_flywheel.models.torch.backend import TorchBackend
@@ -83,7 +83,9 @@ def test_tiny_local_build_is_reproducible(tmp_path):
     quick = TinyLocalConfig(train_steps=6, judge_examples=16, batch_size=4)
     a = build_tiny_local(tmp_path / "a", quick, log=lambda *_: None)
     b = build_tiny_local(tmp_path / "b", quick, log=lambda *_: None)
-    c = build_tiny_local(tmp_path / "c", TinyLocalConfig(train_steps=6, judge_examples=16, batch_size=4, seed=1), log=lambda *_: None)
+    c = build_tiny_local(
+        tmp_path / "c", TinyLocalConfig(train_steps=6, judge_examples=16, batch_size=4, seed=1), log=lambda *_: None
+    )
     assert a["weights_sha256"] == b["weights_sha256"] == weights_sha256(tmp_path / "a")
     assert c["weights_sha256"] != a["weights_sha256"]
     assert (tmp_path / "a" / "model.safetensors").exists() and (tmp_path / "a" / "tokenizer.json").exists()
@@ -105,13 +107,17 @@ def test_batched_sampling_logprobs_match_teacher_forcing(torch_policy):
     groups = torch_policy.sample(PROMPTS, n, cfg, seeds=[11, 12, 13])
     assert [len(g) for g in groups] == [n] * len(PROMPTS)
     flat = [(PROMPTS[i], s) for i, g in enumerate(groups) for s in g]
-    forced = torch_policy.response_logprobs([p for p, _ in flat], [s.token_ids for _, s in flat], temperature=cfg.temperature)
+    forced = torch_policy.response_logprobs(
+        [p for p, _ in flat], [s.token_ids for _, s in flat], temperature=cfg.temperature
+    )
     for (_, s), lp in zip(flat, forced):
         assert len(s.token_ids) == len(s.logprobs) == len(lp) > 0
         assert all(x <= 0 for x in s.logprobs)
     # the batched sampler's cached decode and teacher forcing, two fp32 computations: per token
     # within the rounding bound of tests/tolerances.py (was atol=1e-4)
-    bounds = logprob_tolerances(torch_policy, [p for p, _ in flat], [s.token_ids for _, s in flat], temperature=cfg.temperature)
+    bounds = logprob_tolerances(
+        torch_policy, [p for p, _ in flat], [s.token_ids for _, s in flat], temperature=cfg.temperature
+    )
     assert_logprobs_close([np.array(s.logprobs) for _, s in flat], forced, bounds)
     # Samples within a group differ (sampling, not n copies of one sequence).
     assert len({tuple(s.token_ids) for s in groups[0]}) > 1
@@ -198,8 +204,13 @@ def test_a_locked_duckdb_file_does_not_fail_the_parquet_write(tmp_path):
     wh = Warehouse(data_dir=str(tmp_path), lock_wait_s=0.5)
     wh.write("numbers", pd.DataFrame({"x": [1]}), partition="2025-11-03")
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import duckdb, time; c = duckdb.connect({str(wh.duckdb_path)!r}); print('held', flush=True); time.sleep(30)"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            f"import duckdb, time; c = duckdb.connect({str(wh.duckdb_path)!r}); print('held', flush=True); time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -209,7 +220,9 @@ def test_a_locked_duckdb_file_does_not_fail_the_parquet_write(tmp_path):
                 pass
         assert _time.monotonic() - started < 5
         fresh = Warehouse(data_dir=str(tmp_path), lock_wait_s=0.5)
-        fresh.write("other", pd.DataFrame({"y": [2, 3]}), partition="2025-11-03")  # new table: view update is locked out
+        fresh.write(
+            "other", pd.DataFrame({"y": [2, 3]}), partition="2025-11-03"
+        )  # new table: view update is locked out
         assert fresh.read("other", "2025-11-03")["y"].tolist() == [2, 3]
     finally:
         holder.kill()

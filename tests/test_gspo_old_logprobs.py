@@ -4,20 +4,26 @@ within their fp32 rounding bound (tests/tolerances.py)."""
 import numpy as np
 import torch
 
-from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
-from tests.tolerances import logprob_tolerances
 from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
+from tests.tolerances import logprob_tolerances
 
-PROMPTS = [trading_note_messages("Nvidia beats estimates", "Revenue rose."), trading_note_messages("Boeing cuts outlook")]
+PROMPTS = [
+    trading_note_messages("Nvidia beats estimates", "Revenue rose."),
+    trading_note_messages("Boeing cuts outlook"),
+]
 
 
 def _examples(policy) -> list[GSPOExample]:
     groups = policy.sample(PROMPTS, 4, SamplingConfig(max_new_tokens=40), seeds=[1, 2])
     return [
-        GSPOExample(prompt=PROMPTS[i], response_ids=s.token_ids, behavior_logprobs=s.logprobs, advantage=1.0 if j % 2 else -1.0)
-        for i, g in enumerate(groups) for j, s in enumerate(g)
+        GSPOExample(
+            prompt=PROMPTS[i], response_ids=s.token_ids, behavior_logprobs=s.logprobs, advantage=1.0 if j % 2 else -1.0
+        )
+        for i, g in enumerate(groups)
+        for j, s in enumerate(g)
     ]
 
 
@@ -28,13 +34,20 @@ def test_stored_logprobs_in_fp32_start_near_ratio_one_and_recompute_exactly_at_o
     # stored == teacher forcing at T in fp32, each token within the rounding bound of the two
     # computations (sampler's cached decode, training forward), so each s_i = exp(mean_t(logp - old))
     # within expm1(mean_t bound) of 1 (~1e-3; was 1e-5); stored at T = 1 it would be ~0.1 off
-    bounds = logprob_tolerances(torch_policy, [e.prompt for e in examples], [e.response_ids for e in examples], temperature=0.8)
-    config = GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8, old_logprobs="stored")
+    bounds = logprob_tolerances(
+        torch_policy, [e.prompt for e in examples], [e.response_ids for e in examples], temperature=0.8
+    )
+    config = GSPOConfig(
+        batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8, old_logprobs="stored"
+    )
     stats = train_gspo(torch_policy, examples, config)
     assert stats.extra["old_logprobs"] == "stored"
     assert abs(stats.extra["ratio_mean"][0] - 1.0) <= max(float(np.expm1(b.mean())) for b in bounds)
-    default = train_gspo(TorchBackend(tiny_model_dir, device="cpu"), examples, GSPOConfig(
-        batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8))
+    default = train_gspo(
+        TorchBackend(tiny_model_dir, device="cpu"),
+        examples,
+        GSPOConfig(batch_size=8, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8),
+    )
     assert default.extra["old_logprobs"] == "recomputed" and default.extra["ratio_mean"][0] == 1.0
 
 

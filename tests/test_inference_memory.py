@@ -19,7 +19,10 @@ from outcome_flywheel.models.serve.serving import ModelServer
 from outcome_flywheel.models.torch.backend import TorchBackend
 from tests.serving_fixtures import PolicyPublisher, loader, tiny_root
 
-PROMPTS = [trading_note_messages("Chevron beats estimates", "Output hit a record."), trading_note_messages("Chip stocks fall", "")]
+PROMPTS = [
+    trading_note_messages("Chevron beats estimates", "Output hit a record."),
+    trading_note_messages("Chip stocks fall", ""),
+]
 CONFIG = SamplingConfig(max_new_tokens=24)
 GIB = 2**30
 
@@ -38,7 +41,9 @@ def no_garbage_collector():
 
 
 def sampled(model_dir, device: str) -> TorchBackend:
-    backend = TorchBackend(model_dir, device=device, static_decode=True, **({"dtype": "float32"} if device == "cpu" else {}))
+    backend = TorchBackend(
+        model_dir, device=device, static_decode=True, **({"dtype": "float32"} if device == "cpu" else {})
+    )
     backend.sample(PROMPTS, 2, CONFIG, [1, 2])
     assert backend._graph_sampler is not None and backend._graph_sampler._cache is not None  # the static path ran
     return backend

@@ -10,7 +10,12 @@ import pandas as pd
 import pytest
 
 from outcome_flywheel.daily_rl.evaluation.look_ahead import (
-    LOOK_AHEAD_COLUMNS, LookAheadInputs, headlines_seen, look_ahead_days, look_ahead_flags, without_days,
+    LOOK_AHEAD_COLUMNS,
+    LookAheadInputs,
+    headlines_seen,
+    look_ahead_days,
+    look_ahead_flags,
+    without_days,
 )
 
 D1, D2, D3, D4, D5 = "2025-11-03", "2025-11-04", "2025-11-05", "2025-11-06", "2025-11-07"
@@ -18,7 +23,13 @@ D1, D2, D3, D4, D5 = "2025-11-03", "2025-11-04", "2025-11-05", "2025-11-06", "20
 
 def row(day, version, parent, trained=True, headlines=None):
     """One policy_training row: day D made `version` from `parent`, scored with the headlines of `headlines` (default D)."""
-    return dict(date=day, policy_version=version, parent_version=parent, trained=trained, outcome_headlines_date=headlines or day)
+    return dict(
+        date=day,
+        policy_version=version,
+        parent_version=parent,
+        trained=trained,
+        outcome_headlines_date=headlines or day,
+    )
 
 
 def chain(override_day=None, override_to=None, rejected=(), untrained=()):

@@ -16,8 +16,15 @@ def _training(override_day: str, headlines: str) -> pd.DataFrame:
     rows, parent = [], None
     for day in DAYS:
         version = f"{day}@base" if parent is None else f"{day}@{day[-2:]}cafe"
-        rows.append(dict(date=day, policy_version=version, parent_version=parent, trained=parent is not None,
-                         outcome_headlines_date=headlines if day == override_day else day))
+        rows.append(
+            dict(
+                date=day,
+                policy_version=version,
+                parent_version=parent,
+                trained=parent is not None,
+                outcome_headlines_date=headlines if day == override_day else day,
+            )
+        )
         parent = version
     return pd.DataFrame(rows)
 
@@ -27,10 +34,26 @@ def _outcomes(day: str, version: str) -> pd.DataFrame:
     rows = []
     for source, ver, side in (("policy", version, "long"), ("base", "base:tiny-local", "short")):
         for i in range(2):
-            rows.append(dict(date=day, source=source, headline_id=f"h{i}", rollout_index=0, policy_version=ver,
-                             symbol="AAPL", side=side, status="matured", entry_date=w.entry_date, exit_date=w.exit_date,
-                             symbol_return_pct=1.0, spy_return_pct=0.5, return_pct=0.9, vs_spy_pct=0.4,
-                             cost_bps=10.0, horizon_sessions=1))
+            rows.append(
+                dict(
+                    date=day,
+                    source=source,
+                    headline_id=f"h{i}",
+                    rollout_index=0,
+                    policy_version=ver,
+                    symbol="AAPL",
+                    side=side,
+                    status="matured",
+                    entry_date=w.entry_date,
+                    exit_date=w.exit_date,
+                    symbol_return_pct=1.0,
+                    spy_return_pct=0.5,
+                    return_pct=0.9,
+                    vs_spy_pct=0.4,
+                    cost_bps=10.0,
+                    horizon_sessions=1,
+                )
+            )
     return pd.DataFrame(rows)
 
 
@@ -136,9 +159,21 @@ def test_an_override_rerun_is_flagged_and_left_out_of_the_ab_and_the_backtest(ov
 def test_the_daily_report_says_what_was_left_out():
     from assets.daily_rl.daily_report import evaluation_markdown
 
-    evals = pd.DataFrame([dict(metric="hit_rate", policy=float("nan"), base=float("nan"), ci_low=float("nan"),
-                               ci_high=float("nan"), label="not enough data", status="matured", look_ahead=True,
-                               look_ahead_days="left out: 2025-11-06 (trained on headlines of 2025-11-07)")])
+    evals = pd.DataFrame(
+        [
+            dict(
+                metric="hit_rate",
+                policy=float("nan"),
+                base=float("nan"),
+                ci_low=float("nan"),
+                ci_high=float("nan"),
+                label="not enough data",
+                status="matured",
+                look_ahead=True,
+                look_ahead_days="left out: 2025-11-06 (trained on headlines of 2025-11-07)",
+            )
+        ]
+    )
     text = evaluation_markdown(evals, pd.DataFrame())
     assert "Look-ahead notes" in text and "left out: 2025-11-06" in text
     assert "Look-ahead" not in evaluation_markdown(evals.assign(look_ahead=False, look_ahead_days=""), pd.DataFrame())

@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from outcome_flywheel.models.loader import load_backend
+from outcome_flywheel.models.segments import encode_segments, flatten_segments
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.train.memory import MEMORY_VARIABLE, bytes_per_token, split_by_tokens, token_limit
-from outcome_flywheel.models.segments import encode_segments, flatten_segments
-from outcome_flywheel.models.train.sft import encode_sft
+from outcome_flywheel.models.train.sft import encode_sft, train_sft
 from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
 from tests.mlx_fixtures import PROMPTS, RESPONSES
 from tests.tolerances import gradient_bound, logprob_gradient_scales, logprob_tolerances, longest
-from outcome_flywheel.models.train.gspo import train_gspo
-from outcome_flywheel.models.train.sft import train_sft
-from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 ONE_SEQUENCE = "1e-6"  # GiB: below one token's activations, so every part holds one sequence
 ADVANTAGES = [1.3, -0.4, 0.6, -1.1, 0.9, -1.3]
@@ -36,25 +34,34 @@ def gspo_case(backend):
     prompts = [PROMPTS[i % 3] for i in range(6)]
     responses = [backend.encode_response(RESPONSES[i % 3] + " and more" * i) for i in range(6)]
     behaviour = backend.response_logprobs(prompts, responses)
-    examples = [GSPOExample(p, r, [float(x) for x in b], a, token_advantages=[0.5 * a] * len(r))
-                for p, r, b, a in zip(prompts, responses, behaviour, ADVANTAGES)]
+    examples = [
+        GSPOExample(p, r, [float(x) for x in b], a, token_advantages=[0.5 * a] * len(r))
+        for p, r, b, a in zip(prompts, responses, behaviour, ADVANTAGES)
+    ]
     config = GSPOConfig(batch_size=6, epochs=1, temperature=1.0)
     # sensitivity of the loss to each token's log-prob: the token part A_t / (B x longest) and the
     # whole-note part N_i / (B x len_i) (GSPO's sequence ratio), both times the IS weight's cap
     b, top = len(examples), max(len(r) for r in responses)
-    weights = [config.tis_cap * (np.abs(e.token_advantages) / (b * top) + abs(e.advantage) / (b * len(e.response_ids))) for e in examples]
+    weights = [
+        config.tis_cap * (np.abs(e.token_advantages) / (b * top) + abs(e.advantage) / (b * len(e.response_ids)))
+        for e in examples
+    ]
     return prompts, responses, weights, lambda be: train_gspo(be, examples, config)
 
 
 def dpo_case(backend):
-    pairs = [PreferencePair(PROMPTS[i % 3], RESPONSES[i % 3], RESPONSES[(i + 1) % 3] + " now" * i, w)
-             for i, w in enumerate([1.0, 3.0, 0.3, 1.5])]
+    pairs = [
+        PreferencePair(PROMPTS[i % 3], RESPONSES[i % 3], RESPONSES[(i + 1) % 3] + " now" * i, w)
+        for i, w in enumerate([1.0, 3.0, 0.3, 1.5])
+    ]
     config = WeightedDPOConfig(epochs=1, batch_size=4)
     mean_weight = np.mean([p.weight for p in pairs])
     prompts, responses, weights = [], [], []
     for p in pairs:  # each line of chosen and rejected is a response to the prompt (segments.py)
         for text in (p.chosen, p.rejected):
-            rows, segments, _ = flatten_segments([p.prompt], [encode_segments(backend.encode_response, text, config.completion_unit)])
+            rows, segments, _ = flatten_segments(
+                [p.prompt], [encode_segments(backend.encode_response, text, config.completion_unit)]
+            )
             prompts += rows
             responses += segments
             # d loss / d log-prob of a token of the pair: beta w sigma(.) / (B x mean weight) <= beta w / (B x mean weight)
@@ -67,7 +74,12 @@ def sft_case(backend):
     config = SFTConfig(epochs=1, batch_size=5)
     contexts, completions = encode_sft(backend, examples, config.max_completion_tokens)
     total = sum(len(c) for c in completions)  # the mean over the minibatch's completion tokens
-    return contexts, completions, [np.full(len(c), 1.0 / total) for c in completions], lambda be: train_sft(be, examples, config)
+    return (
+        contexts,
+        completions,
+        [np.full(len(c), 1.0 / total) for c in completions],
+        lambda be: train_sft(be, examples, config),
+    )
 
 
 CASES = {"gspo": gspo_case, "dpo": dpo_case, "sft": sft_case}

@@ -114,7 +114,9 @@ def test_max_new_tokens_caps_unfinished_samples(mlx_policy):
 def _rule_cases():
     rng = np.random.default_rng(0)
     random_logits = rng.normal(size=(4, 50)).astype(np.float32) * 3
-    cases = [(random_logits, k, p) for k, p in [(0, 1.0), (5, 1.0), (0, 0.8), (10, 0.5), (50, 0.999), (3, 1e-6), (0, 0.999)]]
+    cases = [
+        (random_logits, k, p) for k, p in [(0, 1.0), (5, 1.0), (0, 0.8), (10, 0.5), (50, 0.999), (3, 1e-6), (0, 0.999)]
+    ]
     # Mass before a token exactly on the threshold: 0.5 + 0.25 = 0.75, so both 0.125s go.
     cases.append((np.log(np.array([[0.5, 0.25, 0.125, 0.125]], dtype=np.float32)), 0, 0.75))
     # Ties straddling the threshold: an order-dependent rule keeps one 0.3 and drops the other.

@@ -11,7 +11,13 @@ import pytest
 
 from outcome_flywheel.models.mlx import lora_convert
 from tests.mlx_fixtures import (
-    PROMPTS, RESPONSES, SMALL_LORA, max_abs_diff, mlx_adapter_dir, perturb_torch_lora, require_mlx,
+    PROMPTS,
+    RESPONSES,
+    SMALL_LORA,
+    max_abs_diff,
+    mlx_adapter_dir,
+    perturb_torch_lora,
+    require_mlx,
 )
 from tests.tolerances import assert_logprobs_close, gamma, kl_tolerances, logprob_tolerances, worst_ratio
 
@@ -20,7 +26,9 @@ from tests.tolerances import assert_logprobs_close, gamma, kl_tolerances, logpro
 def _peft_tensors(rng, r=4, d_in=6, d_out=5):
     return {
         "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": rng.normal(size=(r, d_in)).astype(np.float32),
-        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": rng.normal(size=(d_out, r)).astype(np.float32),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": rng.normal(size=(d_out, r)).astype(
+            np.float32
+        ),
         "base_model.model.model.layers.1.mlp.down_proj.lora_A.weight": rng.normal(size=(r, d_in)).astype(np.float32),
         "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight": rng.normal(size=(d_out, r)).astype(np.float32),
     }
@@ -29,12 +37,23 @@ def _peft_tensors(rng, r=4, d_in=6, d_out=5):
 def test_peft_to_mlx_transposes_renames_and_scales():
     rng = np.random.default_rng(0)
     peft = _peft_tensors(rng)
-    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 16, "lora_dropout": 0.05, "target_modules": ["q_proj", "down_proj"]}
+    config = {
+        "peft_type": "LORA",
+        "r": 4,
+        "lora_alpha": 16,
+        "lora_dropout": 0.05,
+        "target_modules": ["q_proj", "down_proj"],
+    }
     mlx_tensors, mlx_config = lora_convert.peft_to_mlx(peft, config)
     a = mlx_tensors["model.layers.0.self_attn.q_proj.lora_a"]
     b = mlx_tensors["model.layers.0.self_attn.q_proj.lora_b"]
     assert a.shape == (6, 4) and b.shape == (4, 5)
-    assert mlx_config["lora_parameters"] == {"rank": 4, "scale": 4.0, "dropout": 0.05, "keys": ["mlp.down_proj", "self_attn.q_proj"]}
+    assert mlx_config["lora_parameters"] == {
+        "rank": 4,
+        "scale": 4.0,
+        "dropout": 0.05,
+        "keys": ["mlp.down_proj", "self_attn.q_proj"],
+    }
     assert mlx_config["num_layers"] == 2
     # The update each framework adds to x W^T is the same matrix.
     x = rng.normal(size=(3, 6)).astype(np.float32)
@@ -50,7 +69,11 @@ def test_peft_to_mlx_transposes_renames_and_scales():
     assert back.keys() == peft.keys()
     for k in peft:
         np.testing.assert_array_equal(back[k], peft[k])
-    assert (peft_config["r"], peft_config["lora_alpha"], peft_config["target_modules"]) == (4, 16, ["down_proj", "q_proj"])
+    assert (peft_config["r"], peft_config["lora_alpha"], peft_config["target_modules"]) == (
+        4,
+        16,
+        ["down_proj", "q_proj"],
+    )
 
 
 def test_rslora_scale_and_unsupported_adapters_are_refused():
@@ -74,7 +97,11 @@ def test_mlx_lm_adapter_on_last_blocks_keeps_its_layers():
         "model.layers.3.self_attn.v_proj.lora_a": rng.normal(size=(6, 2)).astype(np.float32),
         "model.layers.3.self_attn.v_proj.lora_b": rng.normal(size=(2, 5)).astype(np.float32),
     }
-    config = {"fine_tune_type": "lora", "num_layers": 2, "lora_parameters": {"rank": 2, "scale": 10.0, "dropout": 0.0, "keys": ["self_attn.v_proj"]}}
+    config = {
+        "fine_tune_type": "lora",
+        "num_layers": 2,
+        "lora_parameters": {"rank": 2, "scale": 10.0, "dropout": 0.0, "keys": ["self_attn.v_proj"]},
+    }
     peft, peft_config = lora_convert.mlx_to_peft(tensors, config, "Qwen/Qwen3-0.6B")
     assert peft_config["lora_alpha"] == 20 and peft_config["layers_to_transform"] == [2, 3]
     assert peft_config["base_model_name_or_path"] == "Qwen/Qwen3-0.6B"
@@ -147,7 +174,11 @@ def test_torch_peft_adapter_scores_the_same_in_mlx(tiny_model_dir, torch_saved_a
     adapted_torch = torch_policy.response_logprobs(PROMPTS, responses)
     assert max_abs_diff(adapted_torch, torch_policy.response_logprobs(PROMPTS, responses, use_adapter=False)) > 1e-2
     # mlx against torch: per token within the rounding bound of two fp32 forwards (was a flat 1e-4).
-    assert_logprobs_close(mlx_policy.response_logprobs(PROMPTS, responses), adapted_torch, logprob_tolerances(torch_policy, PROMPTS, responses))
+    assert_logprobs_close(
+        mlx_policy.response_logprobs(PROMPTS, responses),
+        adapted_torch,
+        logprob_tolerances(torch_policy, PROMPTS, responses),
+    )
 
 
 def test_cli_conversion_both_ways_keeps_the_logprobs(tiny_model_dir, torch_saved_adapter, responses, tmp_path):
@@ -168,11 +199,17 @@ def test_cli_conversion_both_ways_keeps_the_logprobs(tiny_model_dir, torch_saved
     assert (tmp_path / "mlx" / "adapters.safetensors").exists()
     model, _ = load(str(tiny_model_dir), adapter_path=str(tmp_path / "mlx"))
     assert sum(1 for name, _ in model.named_modules() if name.endswith("q_proj")) == 4
-    assert_logprobs_close(MLXBackend(tiny_model_dir, adapter_path=tmp_path / "mlx").response_logprobs(PROMPTS, responses), reference, tolerances)
+    assert_logprobs_close(
+        MLXBackend(tiny_model_dir, adapter_path=tmp_path / "mlx").response_logprobs(PROMPTS, responses),
+        reference,
+        tolerances,
+    )
 
     # ... and mlx-lm -> PEFT again: torch (PEFT) loads it and scores the same.
     assert lora_convert.main(["mlx-to-peft", str(tmp_path / "mlx"), str(tmp_path / "peft")]) == 0
-    again = TorchBackend(tiny_model_dir, adapter_path=tmp_path / "peft", device="cpu").response_logprobs(PROMPTS, responses)
+    again = TorchBackend(tiny_model_dir, adapter_path=tmp_path / "peft", device="cpu").response_logprobs(
+        PROMPTS, responses
+    )
     assert_logprobs_close(again, reference, tolerances)
 
     with pytest.raises(lora_convert.AdapterFormatError):
@@ -209,7 +246,9 @@ def test_save_without_adapter_writes_a_full_hf_folder_both_backends_load(tiny_mo
     reference = base.response_logprobs(PROMPTS, responses)
     # per token within the rounding bound of two fp32 forwards (tests/tolerances.py; was a flat 1e-4)
     tolerances = logprob_tolerances(base, PROMPTS, responses)
-    assert_logprobs_close(TorchBackend(tmp_path / "full", device="cpu").response_logprobs(PROMPTS, responses), reference, tolerances)
+    assert_logprobs_close(
+        TorchBackend(tmp_path / "full", device="cpu").response_logprobs(PROMPTS, responses), reference, tolerances
+    )
     assert_logprobs_close(MLXBackend(tmp_path / "full").response_logprobs(PROMPTS, responses), reference, tolerances)
 
 

@@ -48,7 +48,9 @@ def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_back
     }
     run_config = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 2, "max_new_tokens": 24}}}}
     for day in (DAY1, DAY2):
-        result = dg.materialize([headlines, daily_update], partition_key=day, resources=resources, run_config=run_config)
+        result = dg.materialize(
+            [headlines, daily_update], partition_key=day, resources=resources, run_config=run_config
+        )
         assert result.success
         checks = result.get_asset_check_evaluations()
         assert checks and all(c.passed for c in checks), [(c.check_name, c.passed) for c in checks]
@@ -66,7 +68,9 @@ def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_back
     assert json.loads((ckpt / "adapter_config.json").read_text())["peft_type"] == "LORA"
     from outcome_flywheel.models.torch.backend import TorchBackend
 
-    torch_policy = TorchBackend(mlx_backend_resource.process_config_and_initialize().base_model_dir(), adapter_path=ckpt, device="cpu")
+    torch_policy = TorchBackend(
+        mlx_backend_resource.process_config_and_initialize().base_model_dir(), adapter_path=ckpt, device="cpu"
+    )
     prompts = [json.loads(p) for p in rollouts["prompt"]]
     responses = [list(r) for r in rollouts["response_ids"]]
     stored = [np.asarray(b, dtype=np.float32) for b in rollouts["behavior_logprobs"]]
@@ -87,9 +91,9 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     from assets.preferences.decisions import operator_decisions
     from assets.preferences.evaluation import holdout_eval, style_drift
     from assets.preferences.outcomes import decision_outcomes
-    from outcome_flywheel.preferences.style_match import score_candidates, scoring_settings
-    from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
     from outcome_flywheel.market_data import MarketData
+    from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
+    from outcome_flywheel.preferences.style_match import score_candidates, scoring_settings
 
     first, last = "2025-12-01", "2025-12-19"  # ~18 decisions: one DPO step of <=16 pairs
     lines = []
@@ -103,15 +107,24 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     log = tmp_path / "audit.jsonl"
     log.write_text("\n".join(lines) + "\n")
     resources = {
-        "warehouse": warehouse, "model_backend": mlx_backend_resource,
-        "audit_log": AuditLog(path=str(log)), "market_data": MarketData(data_dir=str(data_dir)),
+        "warehouse": warehouse,
+        "model_backend": mlx_backend_resource,
+        "audit_log": AuditLog(path=str(log)),
+        "market_data": MarketData(data_dir=str(data_dir)),
         "step_runner": StepRunnerResource(runner="in_process"),
     }
     instance = dg.DagsterInstance.ephemeral()
     tags = {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}
-    assert dg.materialize([operator_decisions, decision_outcomes], resources=resources, tags=tags, instance=instance).success
+    assert dg.materialize(
+        [operator_decisions, decision_outcomes], resources=resources, tags=tags, instance=instance
+    ).success
     cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}
-    result = dg.materialize([dpo_dataset, preference_adapter, holdout_eval, style_drift], resources=resources, run_config=cfg, instance=instance)
+    result = dg.materialize(
+        [dpo_dataset, preference_adapter, holdout_eval, style_drift],
+        resources=resources,
+        run_config=cfg,
+        instance=instance,
+    )
     assert result.success
     assert all(c.passed for c in result.get_asset_check_evaluations() if c.severity == dg.AssetCheckSeverity.ERROR)
 
@@ -131,8 +144,12 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
 
     pairs = warehouse.read("dpo_dataset")
     hold = pairs[pairs["split"] == "holdout"].sort_values("decision_id").head(4)
-    torch_policy = TorchBackend(mlx_backend_resource.process_config_and_initialize().base_model_dir(), adapter_path=latest, device="cpu")
-    torch_margins, _ = score_candidates(torch_policy, [json.loads(p) for p in hold["prompt"]], hold["proposal_plan"].tolist(), *scoring_settings(latest))
+    torch_policy = TorchBackend(
+        mlx_backend_resource.process_config_and_initialize().base_model_dir(), adapter_path=latest, device="cpu"
+    )
+    torch_margins, _ = score_candidates(
+        torch_policy, [json.loads(p) for p in hold["prompt"]], hold["proposal_plan"].tolist(), *scoring_settings(latest)
+    )
     mlx_margins = scored.set_index("decision_id").loc[hold["decision_id"], "margin_logp"].to_numpy()
     # A margin is four sums of fp32 log-probs (plan and hold, adapter on and off), each token within
     # its rounding bound in either backend: the tolerance is the sum of those bounds, relative to the
@@ -140,6 +157,11 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     # machine at 1.16e-4, relative 5e-6). Here 0.05-0.11, 0.4-1% of the margins (gaps <1e-4): a sign
     # flip, a 2% scale error or a margin read without the adapter falls outside it; single tokens
     # are compared per token in tests/test_mlx_lora.py.
-    tolerance = margin_tolerances(torch_policy, [json.loads(p) for p in hold["prompt"]], hold["proposal_plan"].tolist(), scoring_settings(latest)[0])
+    tolerance = margin_tolerances(
+        torch_policy,
+        [json.loads(p) for p in hold["prompt"]],
+        hold["proposal_plan"].tolist(),
+        scoring_settings(latest)[0],
+    )
     assert (np.abs(mlx_margins - torch_margins) <= tolerance).all(), (mlx_margins, torch_margins, tolerance)
     assert (np.abs(1.02 * mlx_margins - torch_margins) > tolerance).any()  # tight enough to see a 2% error

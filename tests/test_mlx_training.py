@@ -11,8 +11,14 @@ import pytest
 
 from tests.mlx_fixtures import PROMPTS, RESPONSES, SMALL_LORA, max_abs_diff, mlx_adapter_dir, require_mlx
 from tests.tolerances import (
-    assert_logprobs_close, dpo_loss_tolerance, dpo_margin_bounds, gamma, gradient_bound, logprob_gradient_scales,
-    logprob_tolerances, longest,
+    assert_logprobs_close,
+    dpo_loss_tolerance,
+    dpo_margin_bounds,
+    gamma,
+    gradient_bound,
+    logprob_gradient_scales,
+    logprob_tolerances,
+    longest,
 )
 
 require_mlx()
@@ -21,15 +27,15 @@ import mlx.core as mx  # noqa: E402
 import torch  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
-from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.mlx import losses as mlx_losses  # noqa: E402
 from outcome_flywheel.models.mlx.backend import MLXBackend  # noqa: E402
-from outcome_flywheel.models.torch import losses as torch_losses  # noqa: E402
 from outcome_flywheel.models.segments import encode_segments, flatten_segments  # noqa: E402
+from outcome_flywheel.models.torch import losses as torch_losses  # noqa: E402
 from outcome_flywheel.models.torch.backend import TorchBackend  # noqa: E402
-from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
+from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
 EXTRA_RESPONSES = [
     "Trade Recommendation: Hold.\nRationale: the move is priced in.",
@@ -56,8 +62,9 @@ def gspo_examples(backend, behaviour=None):
 
 
 def torch_gspo_sampling():
-    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
     from dataclasses import replace
+
+    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
 
     return replace(ROLLOUT_SAMPLING, max_new_tokens=32)
 
@@ -73,7 +80,9 @@ def dpo_pairs():
 
 # -- the batch losses, computed without a step ---------------------------------------------------
 def torch_gspo_batch_loss(backend, examples, config):
-    logp, mask = backend.batch_logprobs([backend.prompt_ids(e.prompt) for e in examples], [e.response_ids for e in examples])
+    logp, mask = backend.batch_logprobs(
+        [backend.prompt_ids(e.prompt) for e in examples], [e.response_ids for e in examples]
+    )
     old = torch.zeros_like(logp)
     for i, e in enumerate(examples):
         old[i, : len(e.behavior_logprobs)] = torch.tensor(e.behavior_logprobs)
@@ -84,7 +93,9 @@ def torch_gspo_batch_loss(backend, examples, config):
 
 
 def mlx_gspo_batch_loss(backend, examples, config):
-    logp, mask = backend.batch_logprobs([backend.prompt_ids(e.prompt) for e in examples], [e.response_ids for e in examples])
+    logp, mask = backend.batch_logprobs(
+        [backend.prompt_ids(e.prompt) for e in examples], [e.response_ids for e in examples]
+    )
     old = np.zeros(mask.shape, dtype=np.float32)
     for i, e in enumerate(examples):
         old[i, : len(e.behavior_logprobs)] = e.behavior_logprobs
@@ -101,7 +112,9 @@ def torch_dpo_batch_loss(backend, pairs, beta):
         with backend.adapter_disabled():
             ref_c, ref_r = backend.sequence_logps(p, c), backend.sequence_logps(p, r)
         pol_c, pol_r = backend.sequence_logps(p, c), backend.sequence_logps(p, r)
-        loss, _ = torch_losses.weighted_dpo_loss(pol_c, pol_r, ref_c, ref_r, torch.tensor([x.weight for x in pairs]), beta)
+        loss, _ = torch_losses.weighted_dpo_loss(
+            pol_c, pol_r, ref_c, ref_r, torch.tensor([x.weight for x in pairs]), beta
+        )
     return float(loss)
 
 
@@ -186,7 +199,9 @@ def dpo_tolerances(torch_policy, pairs, beta, gradients: bool = True) -> tuple[f
     w = np.array([x.weight for x in pairs]) / sum(x.weight for x in pairs)
     c = w * beta / (1.0 + np.exp(beta * margin))
     arithmetic = 2 * gamma(n + 4)
-    grad_tol = float((c * g_backward * grad_scale + w * beta**2 / 4 * dm * grad_pair).sum() + arithmetic * (c * grad_pair).sum())
+    grad_tol = float(
+        (c * g_backward * grad_scale + w * beta**2 / 4 * dm * grad_pair).sum() + arithmetic * (c * grad_pair).sum()
+    )
     return loss_tol, grad_tol
 
 
@@ -197,9 +212,20 @@ def test_gspo_batch_loss_matches_torch_before_any_step(tiny_model_dir, adapter):
     # pi_old = the base (adapter off), so the ratios are far from 1 and both clip branches occur.
     base = TorchBackend(tiny_model_dir, device="cpu")
     examples = gspo_examples(base)
-    config = GSPOConfig(objective="gspo", kl_beta=0.0, epochs=1, epsilon_low=0.05, epsilon_high=0.08, batch_size=6, lora=SMALL_LORA,
-                                   old_logprobs="stored")
-    t_loss, m_loss = torch_gspo_batch_loss(torch_policy, examples, config), mlx_gspo_batch_loss(mlx_policy, examples, config)
+    config = GSPOConfig(
+        objective="gspo",
+        kl_beta=0.0,
+        epochs=1,
+        epsilon_low=0.05,
+        epsilon_high=0.08,
+        batch_size=6,
+        lora=SMALL_LORA,
+        old_logprobs="stored",
+    )
+    t_loss, m_loss = (
+        torch_gspo_batch_loss(torch_policy, examples, config),
+        mlx_gspo_batch_loss(mlx_policy, examples, config),
+    )
     # Derived from the per-token bounds (was a flat 1e-4 for the loss, rel=1e-3 for the norm).
     loss_tol, grad_tol, ambiguous = gspo_tolerances(torch_policy, examples, config)
     assert abs(t_loss - m_loss) <= loss_tol
@@ -211,7 +237,9 @@ def test_gspo_batch_loss_matches_torch_before_any_step(tiny_model_dir, adapter):
     assert abs(m_stats.grad_norms[0] - t_stats.grad_norms[0]) <= grad_tol  # | ||a|| - ||b|| | <= ||a - b||
     assert ambiguous or grad_tol < 0.01 * t_stats.grad_norms[0]  # a 1% error in the gradient shows
     # the same sequences clipped, but for a ratio within rounding of its edge (the adapter is random)
-    assert abs(m_stats.extra["clip_fraction"][0] - t_stats.extra["clip_fraction"][0]) <= ambiguous / len(examples) + 1e-7
+    assert (
+        abs(m_stats.extra["clip_fraction"][0] - t_stats.extra["clip_fraction"][0]) <= ambiguous / len(examples) + 1e-7
+    )
 
 
 def test_weighted_dpo_batch_loss_matches_torch_before_any_step(tiny_model_dir, adapter):
@@ -249,7 +277,9 @@ def test_one_gspo_step_lowers_the_batch_loss_in_both(tiny_model_dir, objective):
         assert stats.steps == 1 and policy.has_adapter
         if objective == "gspo":  # every ratio is exactly 1 before the step: loss = -mean(A)
             # in fp32: A rounded to fp32, summed over 6 and divided, gamma(6 + 2) of mean|A| (was 1e-4)
-            assert abs(stats.losses[0] - (-np.mean(ADVANTAGES))) <= gamma(len(ADVANTAGES) + 2) * np.mean(np.abs(ADVANTAGES))
+            assert abs(stats.losses[0] - (-np.mean(ADVANTAGES))) <= gamma(len(ADVANTAGES) + 2) * np.mean(
+                np.abs(ADVANTAGES)
+            )
         after = batch_loss(policy, examples, config)
         assert after < stats.losses[0] - 1e-6, (policy.name, stats.losses[0], after)
 
@@ -315,7 +345,8 @@ def test_gspo_ratio_is_exactly_one_first_and_bf16_full_fine_tune_keeps_its_updat
     groups = policy.sample(PROMPTS[:2], 3, torch_gspo_sampling(), seeds=[1, 2])
     examples = [
         GSPOExample(prompt=PROMPTS[i], response_ids=s.token_ids, behavior_logprobs=s.logprobs, advantage=a)
-        for i, g in enumerate(groups) for s, a in zip(g, (1.0, -0.5, -0.5))
+        for i, g in enumerate(groups)
+        for s, a in zip(g, (1.0, -0.5, -0.5))
     ]
     config = GSPOConfig(batch_size=6, learning_rate=1e-3, lora=SMALL_LORA, temperature=0.8)
     # The sampler's cached decode against teacher forcing: per token within the bound of two fp32
@@ -323,13 +354,19 @@ def test_gspo_ratio_is_exactly_one_first_and_bf16_full_fine_tune_keeps_its_updat
     # within the largest of them (was a flat 1e-4).
     prompts, ids = [e.prompt for e in examples], [e.response_ids for e in examples]
     tolerances = logprob_tolerances(TorchBackend(tiny_model_dir, device="cpu"), prompts, ids, temperature=0.8)
-    assert_logprobs_close([np.array(e.behavior_logprobs) for e in examples], policy.response_logprobs(prompts, ids, temperature=0.8), tolerances)
+    assert_logprobs_close(
+        [np.array(e.behavior_logprobs) for e in examples],
+        policy.response_logprobs(prompts, ids, temperature=0.8),
+        tolerances,
+    )
     stats = train_gspo(policy, examples, config)
     assert stats.extra["ratio_min"][0] == stats.extra["ratio_max"][0] == 1.0
     assert stats.extra["behavior_logprob_gap_max"] <= max(float(t.max()) for t in tolerances)
 
     bf16 = MLXBackend(tiny_model_dir, dtype="bfloat16")
-    full = GSPOConfig(objective="reward_weighted", batch_size=2, learning_rate=1e-5, lora=None, temperature=0.8, epochs=1)
+    full = GSPOConfig(
+        objective="reward_weighted", batch_size=2, learning_rate=1e-5, lora=None, temperature=0.8, epochs=1
+    )
     before = {k: np.array(v.astype(mx.float32)) for k, v in tree_flatten(bf16.model.parameters())}
     assert train_gspo(bf16, examples, full).steps == 3
     assert bf16.dtype == mx.float32

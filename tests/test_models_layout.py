@@ -20,17 +20,33 @@ from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
 MODELS = Path(__file__).resolve().parents[1] / "outcome_flywheel" / "models"
 LIGHT = [
-    "outcome_flywheel.models", "outcome_flywheel.models.interface", "outcome_flywheel.models.train.gspo_config",
-    "outcome_flywheel.models.train.dpo_config", "outcome_flywheel.models.train.batching", "outcome_flywheel.models.train.gspo",
-    "outcome_flywheel.models.train.dpo", "outcome_flywheel.models.train.sft", "outcome_flywheel.models.train.memory",
-    "outcome_flywheel.models.sampling", "outcome_flywheel.models.segments", "outcome_flywheel.models.loader",
+    "outcome_flywheel.models",
+    "outcome_flywheel.models.interface",
+    "outcome_flywheel.models.train.gspo_config",
+    "outcome_flywheel.models.train.dpo_config",
+    "outcome_flywheel.models.train.batching",
+    "outcome_flywheel.models.train.gspo",
+    "outcome_flywheel.models.train.dpo",
+    "outcome_flywheel.models.train.sft",
+    "outcome_flywheel.models.train.memory",
+    "outcome_flywheel.models.sampling",
+    "outcome_flywheel.models.segments",
+    "outcome_flywheel.models.loader",
 ]
 # Per mirrored file, what both frameworks define with the same parameters.
 MIRRORED = {
     "losses.py": ["gspo_loss", "weighted_dpo_loss"],
     "training.py": ["adamw", "train", "inference", "to_numpy", "as_array", "seed"],
     "sampling.py": ["filter_logits", "sample_batch"],
-    "logprobs.py": ["chunk_rows", "selective_log_softmax", "token_logprobs", "token_kl", "plain_token_logprobs", "plain_token_kl", "CHUNK_ELEMENTS"],
+    "logprobs.py": [
+        "chunk_rows",
+        "selective_log_softmax",
+        "token_logprobs",
+        "token_kl",
+        "plain_token_logprobs",
+        "plain_token_kl",
+        "CHUNK_ELEMENTS",
+    ],
 }
 # CUDA engines of the torch backend only, with no mlx mirror: vLLM, and the static-cache sampler
 # captured in CUDA graphs (MLX keeps its own sampler).
@@ -41,7 +57,9 @@ MLX_ONLY = {"lora_convert.py"}
 
 def test_configs_and_shared_trainers_import_neither_torch_nor_mlx():
     code = f"import sys, importlib\nfor m in {LIGHT!r}: importlib.import_module(m)\nprint(sorted({{'torch', 'mlx'}} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=MODELS.parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=MODELS.parents[1]
+    )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
@@ -79,7 +97,9 @@ def test_both_backends_lend_their_framework_and_log_prob_functions():
         methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
         assert {"batch_logprobs", "sequence_logps", "use_master_weights", "add_lora", "save"} <= methods, name
         assert not {"train_gspo", "train_weighted_dpo"} & methods, name  # written once, in interface.ModelBackend
-        assert any(isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "framework" for n in cls.body), name
+        assert any(isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "framework" for n in cls.body), (
+            name
+        )
 
 
 def test_no_models_file_is_over_450_lines():
@@ -97,17 +117,38 @@ def test_every_config_field_has_help(cls):
 
 def test_config_defaults_and_validation():
     g = GSPOConfig()
-    assert (g.objective, g.learning_rate, g.epsilon_low, g.epsilon_high, g.batch_size, g.epochs, g.max_grad_norm,
-            g.seed, g.temperature, g.share_prompt_prefix, g.one_at_a_time, g.old_logprobs, g.kl_beta) == (
-        "token", 2e-3, None, None, 16, 4, 1.0, 0, 1.0, True, False, "recompute", 0.0)
+    assert (
+        g.objective,
+        g.learning_rate,
+        g.epsilon_low,
+        g.epsilon_high,
+        g.batch_size,
+        g.epochs,
+        g.max_grad_norm,
+        g.seed,
+        g.temperature,
+        g.share_prompt_prefix,
+        g.one_at_a_time,
+        g.old_logprobs,
+        g.kl_beta,
+    ) == ("token", 2e-3, None, None, 16, 4, 1.0, 0, 1.0, True, False, "recompute", 0.0)
     assert g.clip_band() == (0.2, 0.28) and (g.sequence_epsilon_low, g.sequence_epsilon_high) == (3e-4, 4e-4)
     assert g.lora is not None and g.lora.r == 8
     for bad in ({"objective": "ppo"}, {"old_logprobs": "cached"}, {"temperature": 0.0}):
         with pytest.raises(ValueError):
             GSPOConfig(**bad)
     d = WeightedDPOConfig()
-    assert (d.beta, d.learning_rate, d.batch_size, d.epochs, d.lora.r, d.lora.alpha, d.max_grad_norm, d.completion_unit, d.seed) == (
-        0.02, 1e-3, 8, 8, 8, 16, 1.0, "line", 0)
+    assert (
+        d.beta,
+        d.learning_rate,
+        d.batch_size,
+        d.epochs,
+        d.lora.r,
+        d.lora.alpha,
+        d.max_grad_norm,
+        d.completion_unit,
+        d.seed,
+    ) == (0.02, 1e-3, 8, 8, 8, 16, 1.0, "line", 0)
 
 
 # -- the shared batching plan ---------------------------------------------------------------------

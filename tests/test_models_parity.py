@@ -17,9 +17,10 @@ import mlx.core as mx  # noqa: E402
 import mlx.nn as mnn  # noqa: E402
 import torch  # noqa: E402
 
-from outcome_flywheel.models.mlx import losses as mlx_losses, training as mlx_training  # noqa: E402
-from outcome_flywheel.models.torch import losses as torch_losses, training as torch_training  # noqa: E402
-
+from outcome_flywheel.models.mlx import losses as mlx_losses  # noqa: E402
+from outcome_flywheel.models.mlx import training as mlx_training
+from outcome_flywheel.models.torch import losses as torch_losses  # noqa: E402
+from outcome_flywheel.models.torch import training as torch_training
 
 # Each mirror evaluates the same formula in fp32 on these hand-made inputs, a few dozen roundings
 # deep (the token sums, a division, an exp, the clip, the sequences' mean): both lie within
@@ -70,7 +71,9 @@ def test_gspo_loss_matches_its_mirror(objective, shift):
     logp, old, mask, adv = _gspo_inputs(shift)
     eps = (0.05, 0.08)
     t_logp = torch.tensor(logp, requires_grad=True)
-    t_loss, t_metrics = torch_losses.gspo_loss(t_logp, torch.tensor(old), torch.tensor(mask), torch.tensor(adv), *eps, objective)
+    t_loss, t_metrics = torch_losses.gspo_loss(
+        t_logp, torch.tensor(old), torch.tensor(mask), torch.tensor(adv), *eps, objective
+    )
     t_loss.backward()
 
     def m_fn(x):
@@ -95,12 +98,15 @@ def test_gspo_loss_truncated_is_weight_matches_its_mirror(objective):
     behaviour = (old - rng.normal(0.0, 1.5, size=(5, 1))).astype(np.float32)  # whole sequences shifted
     eps, cap = (0.05, 0.08), 1.5
     t_logp = torch.tensor(logp, requires_grad=True)
-    t_loss, t_metrics = torch_losses.gspo_loss(t_logp, torch.tensor(old), torch.tensor(mask), torch.tensor(adv), *eps,
-                                               objective, torch.tensor(behaviour), cap)
+    t_loss, t_metrics = torch_losses.gspo_loss(
+        t_logp, torch.tensor(old), torch.tensor(mask), torch.tensor(adv), *eps, objective, torch.tensor(behaviour), cap
+    )
     t_loss.backward()
 
     def m_fn(x):
-        return mlx_losses.gspo_loss(x, mx.array(old), mx.array(mask), mx.array(adv), *eps, objective, mx.array(behaviour), cap)
+        return mlx_losses.gspo_loss(
+            x, mx.array(old), mx.array(mask), mx.array(adv), *eps, objective, mx.array(behaviour), cap
+        )
 
     m_loss, m_metrics = m_fn(mx.array(logp))
     magnitudes = _gspo_magnitudes(logp, old, mask, adv, behaviour)
@@ -110,16 +116,20 @@ def test_gspo_loss_truncated_is_weight_matches_its_mirror(objective):
     per_entry = magnitudes[:, None] / (len(adv) * mask.sum(-1, keepdims=True))  # (was atol 1e-6)
     assert (np.abs(m_grad - t_logp.grad.numpy()) <= _bound(per_entry)).all()
     # By hand: each sequence's plain term times its truncated weight.
-    plain, _ = torch_losses.gspo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(mask), torch.tensor(adv), *eps, objective)
+    plain, _ = torch_losses.gspo_loss(
+        torch.tensor(logp), torch.tensor(old), torch.tensor(mask), torch.tensor(adv), *eps, objective
+    )
     lengths = mask.sum(-1)
     ratio = np.exp(((old - behaviour) * mask).sum(-1) / lengths)
     assert (ratio > cap).any() and (ratio < cap).any()
     assert t_metrics["is_truncated_fraction"] == pytest.approx(float((ratio > cap).mean()))
     # fp32 exp of a fp32 mean of 7 differences, against float64: one implementation's gamma
-    assert abs(t_metrics["is_ratio_max"] - float(ratio.max())) <= gamma(OPS) * ratio.max() * (1 + np.abs(np.log(ratio)).max())
+    assert abs(t_metrics["is_ratio_max"] - float(ratio.max())) <= gamma(OPS) * ratio.max() * (
+        1 + np.abs(np.log(ratio)).max()
+    )
     per_seq = []
     for i in range(5):
-        one, _ = torch_losses.gspo_loss(*(torch.tensor(x[i:i + 1]) for x in (logp, old, mask, adv)), *eps, objective)
+        one, _ = torch_losses.gspo_loss(*(torch.tensor(x[i : i + 1]) for x in (logp, old, mask, adv)), *eps, objective)
         per_seq.append(one.item() * min(ratio[i], cap))
     # fp32 against a float64 mean of fp32 terms: within one implementation's bound (was rel=1e-5)
     assert abs(t_loss.item() - float(np.mean(per_seq))) <= _bound(magnitude) / 2
@@ -129,7 +139,9 @@ def test_gspo_loss_truncated_is_weight_matches_its_mirror(objective):
 def test_gspo_loss_refuses_an_unknown_objective_in_both():
     logp, old, mask, adv = _gspo_inputs(0.01)
     with pytest.raises(ValueError):
-        torch_losses.gspo_loss(torch.tensor(logp), torch.tensor(old), torch.tensor(mask), torch.tensor(adv), objective="ppo")
+        torch_losses.gspo_loss(
+            torch.tensor(logp), torch.tensor(old), torch.tensor(mask), torch.tensor(adv), objective="ppo"
+        )
     with pytest.raises(ValueError):
         mlx_losses.gspo_loss(mx.array(logp), mx.array(old), mx.array(mask), mx.array(adv), objective="ppo")
 
@@ -140,7 +152,9 @@ def test_weighted_dpo_loss_matches_its_mirror(mean_weight):
     pc, pr, rc, rr = (rng.normal(-30, 5, size=6).astype(np.float32) for _ in range(4))
     w = rng.uniform(0.3, 3.0, size=6).astype(np.float32)
     t_pc, t_pr = torch.tensor(pc, requires_grad=True), torch.tensor(pr, requires_grad=True)
-    t_loss, t_metrics = torch_losses.weighted_dpo_loss(t_pc, t_pr, *(torch.tensor(x) for x in (rc, rr, w)), 0.1, mean_weight)
+    t_loss, t_metrics = torch_losses.weighted_dpo_loss(
+        t_pc, t_pr, *(torch.tensor(x) for x in (rc, rr, w)), 0.1, mean_weight
+    )
     t_loss.backward()
 
     def m_fn(a, b):
@@ -165,7 +179,9 @@ def test_weighted_dpo_loss_matches_its_mirror(mean_weight):
 # -- training.py: the loop ------------------------------------------------------------------------
 def _regression_batches(steps: int = 4):
     rng = np.random.default_rng(2)
-    return [(rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 2)).astype(np.float32)) for _ in range(steps)]
+    return [
+        (rng.normal(size=(3, 4)).astype(np.float32), rng.normal(size=(3, 2)).astype(np.float32)) for _ in range(steps)
+    ]
 
 
 def test_training_loop_matches_its_mirror():
@@ -193,8 +209,12 @@ def test_training_loop_matches_its_mirror():
         pred = model(x)
         return ((pred - y) ** 2).mean(), {"mean_pred": mx.stop_gradient(pred).mean()}
 
-    t_stats = torch_training.train(t_model, torch_training.adamw(t_model, 0.05), loss=t_loss, iterate_batches=batches, max_grad_norm=0.5)
-    m_stats = mlx_training.train(m_model, mlx_training.adamw(m_model, 0.05), loss=m_loss, iterate_batches=batches, max_grad_norm=0.5)
+    t_stats = torch_training.train(
+        t_model, torch_training.adamw(t_model, 0.05), loss=t_loss, iterate_batches=batches, max_grad_norm=0.5
+    )
+    m_stats = mlx_training.train(
+        m_model, mlx_training.adamw(m_model, 0.05), loss=m_loss, iterate_batches=batches, max_grad_norm=0.5
+    )
     assert t_stats.steps == m_stats.steps == len(batches)
     # Not a bound derived end to end: the trajectories' rounding passes through AdamW's normalised
     # update m / sqrt(v). On these O(1) random batches no gradient entry is near zero, so each step
@@ -224,7 +244,9 @@ def test_training_loop_restores_eval_mode_and_refuses_a_frozen_model():
         seen.append(("mlx", model.training))
         return model(mx.array(batch[0])).sum(), {}
 
-    torch_training.train(t_model, torch_training.adamw(t_model, 1e-3), loss=t_loss, iterate_batches=_regression_batches(1))
+    torch_training.train(
+        t_model, torch_training.adamw(t_model, 1e-3), loss=t_loss, iterate_batches=_regression_batches(1)
+    )
     mlx_training.train(m_model, mlx_training.adamw(m_model, 1e-3), loss=m_loss, iterate_batches=_regression_batches(1))
     assert seen == [("torch", True), ("mlx", True)]
     assert not t_model.training and not m_model.training

@@ -15,11 +15,18 @@ import pandas as pd
 import pytest
 import torch
 
-from outcome_flywheel.daily_rl.note_scorer.model import (
-    ScorerSettings, ScorerState, ScorerStore, accuracy_summary, clipped_event, learn, resume, tier_summary,
-)
 from outcome_flywheel.daily_rl.note_scorer.events import judge_events, people_event, price_events
 from outcome_flywheel.daily_rl.note_scorer.features import FEATURES_TABLE, STRUCTURE_NAMES, structure_features
+from outcome_flywheel.daily_rl.note_scorer.model import (
+    ScorerSettings,
+    ScorerState,
+    ScorerStore,
+    accuracy_summary,
+    clipped_event,
+    learn,
+    resume,
+    tier_summary,
+)
 from outcome_flywheel.daily_rl.reward.signals import PriceReward, RewardConfig
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.feedback.records import FeedbackRecord
@@ -111,19 +118,36 @@ def test_state_as_of_the_day_before(tmp_path):
 
 
 def test_events_from_judge_ranks_prices_and_people():
-    scores = pd.DataFrame({"prediction_date": D1, "headline_id": ["b", "b", "a", "a", "c", "c"], "rollout_index": [1, 0, 0, 1, 0, 1],
-                           "usable": [True, True, True, True, False, False], "outcome_reward": [0.0, 1.0, 1.0, 0.0, 1.0, 0.0]})
+    scores = pd.DataFrame(
+        {
+            "prediction_date": D1,
+            "headline_id": ["b", "b", "a", "a", "c", "c"],
+            "rollout_index": [1, 0, 0, 1, 0, 1],
+            "usable": [True, True, True, True, False, False],
+            "outcome_reward": [0.0, 1.0, 1.0, 0.0, 1.0, 0.0],
+        }
+    )
     judged = judge_events(scores, D2)
     assert [e.group for e in judged] == [f"{D1}/a", f"{D1}/b"]  # usable groups only, headline order
     assert judged[1].keys == [(D1, "b", 0), (D1, "b", 1)] and list(judged[1].labels) == [1.0, 0.0]
-    outcomes = pd.DataFrame({
-        "date": D1, "source": ["policy"] * 3 + ["base"], "headline_id": "a", "rollout_index": [0, 1, 2, 0],
-        "status": ["matured", "matured", "no_call", "matured"], "vs_spy_pct": [2.0, -1.0, None, 5.0],
-        "parse_status": ["ok", "ok", "no_trade", "ok"], "side": ["long", "short", "none", "long"], "exit_date": D2,
-    })
+    outcomes = pd.DataFrame(
+        {
+            "date": D1,
+            "source": ["policy"] * 3 + ["base"],
+            "headline_id": "a",
+            "rollout_index": [0, 1, 2, 0],
+            "status": ["matured", "matured", "no_call", "matured"],
+            "vs_spy_pct": [2.0, -1.0, None, 5.0],
+            "parse_status": ["ok", "ok", "no_trade", "ok"],
+            "side": ["long", "short", "none", "long"],
+            "exit_date": D2,
+        }
+    )
     priced = price_events(outcomes, D2)
     assert len(priced) == 1 and priced[0].source == "price"
-    assert np.allclose(priced[0].labels, [PriceReward().value("matured", 2.0), PriceReward().value("matured", -1.0), 0.45])
+    assert np.allclose(
+        priced[0].labels, [PriceReward().value("matured", 2.0), PriceReward().value("matured", -1.0), 0.45]
+    )
     assert price_events(outcomes, "2025-11-06") == []  # nothing matured on that day
     up = FeedbackRecord(date=D1, headline_id="a", rollout_index=1, thumbs="up", reviewer="ann")
     down = FeedbackRecord(date=D1, headline_id="a", rollout_index=2, stars=1, reviewer="bob")
@@ -133,8 +157,14 @@ def test_events_from_judge_ranks_prices_and_people():
 
 
 def test_structured_features_read_sections_call_side_and_source():
-    notes = pd.DataFrame({"response": ["Trade Recommendation: Buy Apple (AAPL).\nRationale: strong iPhone sales.", "hmm"],
-                          "title": ["Apple beats estimates", "Apple beats estimates"], "summary": ["", ""], "source": ["Feed A", "Feed A"]})
+    notes = pd.DataFrame(
+        {
+            "response": ["Trade Recommendation: Buy Apple (AAPL).\nRationale: strong iPhone sales.", "hmm"],
+            "title": ["Apple beats estimates", "Apple beats estimates"],
+            "summary": ["", ""],
+            "source": ["Feed A", "Feed A"],
+        }
+    )
     x = structure_features(notes, {"AAPL", "SPY"})
     row = dict(zip(STRUCTURE_NAMES, x[0]))
     assert row["section_trade_recommendation"] == 1 and row["section_rationale"] == 1 and row["section_stop_loss"] == 0
@@ -153,18 +183,54 @@ def scorer_world(tmp_path_factory, tiny_model_dir):
     root = make_world(tmp_path_factory.mktemp("scorer") / "data", tiny_model_dir)
     warehouse = Warehouse(data_dir=str(root))
     write_notes(warehouse, D2)
-    rows = [{"date": D2, "prediction_date": D1, "headline_id": h, "rollout_index": i, "usable": True,
-             "outcome_reward": 1.0 - i / 2} for h in HEADLINES for i in range(3)]
+    rows = [
+        {
+            "date": D2,
+            "prediction_date": D1,
+            "headline_id": h,
+            "rollout_index": i,
+            "usable": True,
+            "outcome_reward": 1.0 - i / 2,
+        }
+        for h in HEADLINES
+        for i in range(3)
+    ]
     warehouse.write("rollout_scores", pd.DataFrame(rows), partition=D2)
-    outcomes = pd.DataFrame([{"date": D1, "source": "policy", "headline_id": h, "rollout_index": i, "status": "matured",
-                              "vs_spy_pct": 1.5 - i, "parse_status": "ok", "side": "long", "exit_date": D2}
-                             for h in HEADLINES for i in range(3)])
+    outcomes = pd.DataFrame(
+        [
+            {
+                "date": D1,
+                "source": "policy",
+                "headline_id": h,
+                "rollout_index": i,
+                "status": "matured",
+                "vs_spy_pct": 1.5 - i,
+                "parse_status": "ok",
+                "side": "long",
+                "exit_date": D2,
+            }
+            for h in HEADLINES
+            for i in range(3)
+        ]
+    )
     warehouse.write("rollout_outcomes", outcomes, partition=D1)
     log = FeedbackLog(data_dir=str(root))
-    log.append(FeedbackRecord(date=D1, headline_id=HEADLINES[0], rollout_index=0, thumbs="up", reviewer="ann", created_at=f"{D2}T15:00:00+00:00"))
+    log.append(
+        FeedbackRecord(
+            date=D1,
+            headline_id=HEADLINES[0],
+            rollout_index=0,
+            thumbs="up",
+            reviewer="ann",
+            created_at=f"{D2}T15:00:00+00:00",
+        )
+    )
     resources = dict(
-        warehouse=warehouse, model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
-        feedback_log=log, market_data=MarketData(data_dir=str(root)), step_runner=StepRunnerResource(runner="in_process"),
+        warehouse=warehouse,
+        model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
+        feedback_log=log,
+        market_data=MarketData(data_dir=str(root)),
+        step_runner=StepRunnerResource(runner="in_process"),
     )
     return root, resources, {day: materialize(resources, day) for day in (D1, D2)}
 
@@ -172,8 +238,12 @@ def scorer_world(tmp_path_factory, tiny_model_dir):
 def materialize(resources, day, config=None):
     from assets.daily_rl.note_scorer import note_scorer
 
-    result = dg.materialize([note_scorer], partition_key=day, resources=resources,
-                            run_config={"ops": {"note_scorer": {"config": config or {}}}})
+    result = dg.materialize(
+        [note_scorer],
+        partition_key=day,
+        resources=resources,
+        run_config={"ops": {"note_scorer": {"config": config or {}}}},
+    )
     assert result.success
     return result.asset_materializations_for_node("note_scorer")[0].metadata
 
@@ -186,7 +256,11 @@ def test_asset_takes_the_days_events_in_order_and_reports_accuracy(scorer_world)
     root, _, metadata = scorer_world
     first, second = metadata[D1], metadata[D2]
     # the thumbs-up on a note of D1 (written on D2) is taken on D1: its note exists by then
-    assert first["fresh_start"].value == "no earlier state" and first["updates"].value == 1 and first["events_people"].value == 1
+    assert (
+        first["fresh_start"].value == "no earlier state"
+        and first["updates"].value == 1
+        and first["events_people"].value == 1
+    )
     assert second["fresh_start"].value.startswith("no (carried on")
     assert (second["events_judge"].value, second["events_price"].value, second["events_people"].value) == (2, 2, 0)
     assert second["updates"].value == 5 and second["features_written"].value == 6
@@ -195,7 +269,9 @@ def test_asset_takes_the_days_events_in_order_and_reports_accuracy(scorer_world)
     assert store.days() == [D1, D2] and store.latest.resolve() == store.day_file(D2)
     history = store.load_latest().meta["history"]
     assert [h["source"] for h in history] == ["people", "judge", "judge", "price", "price"]
-    assert Warehouse(data_dir=str(root)).read(FEATURES_TABLE, D2)["features"].map(len).unique().tolist() == [128 + len(STRUCTURE_NAMES)]
+    assert Warehouse(data_dir=str(root)).read(FEATURES_TABLE, D2)["features"].map(len).unique().tolist() == [
+        128 + len(STRUCTURE_NAMES)
+    ]
     assert tier_summary(root).startswith("note scorer: 5 updates")
 
 
@@ -209,7 +285,9 @@ def test_rerun_of_a_day_starts_from_the_day_before_not_latest(scorer_world):
     events, _ = synthetic_events(1, dim=live.feature_dim)
     live.step(events[0], np.random.default_rng(1).normal(size=(6, live.feature_dim)).astype(np.float32))
     store.save_live(live)
-    materialize({**resources, "step_runner": StepRunnerResource(runner="subprocess")}, D2)  # as deployed: its own process
+    materialize(
+        {**resources, "step_runner": StepRunnerResource(runner="subprocess")}, D2
+    )  # as deployed: its own process
     after = store.load(store.day_file(D2))
     assert after.updates == 5 and all(torch.equal(before[k], v) for k, v in tensors(after).items())
 
@@ -244,12 +322,18 @@ def test_service_shows_notes_best_first_and_steps_on_feedback(scorer_world):
     assert "best-first by the online note scorer" in page
     store = ScorerStore(root)
     scorer = store.load_latest()
-    features = {k: v for k, v in __import__("outcome_flywheel.daily_rl.note_scorer.features", fromlist=["x"]).feature_lookup(
-        Warehouse(data_dir=str(root)).read(FEATURES_TABLE, D2)).items() if k[1] == HEADLINES[1]}
+    features = {
+        k: v
+        for k, v in __import__("outcome_flywheel.daily_rl.note_scorer.features", fromlist=["x"])
+        .feature_lookup(Warehouse(data_dir=str(root)).read(FEATURES_TABLE, D2))
+        .items()
+        if k[1] == HEADLINES[1]
+    }
     best = max(features, key=lambda k: float(scorer.scores(features[k][None])[0]))
-    section = page[page.index(f'id="h-{HEADLINES[1]}"'):]
+    section = page[page.index(f'id="h-{HEADLINES[1]}"') :]
     assert section.index('id="note-{}-{}"'.format(HEADLINES[1], best[2])) == min(
-        section.index(f'id="note-{HEADLINES[1]}-{i}"') for i in range(3))
+        section.index(f'id="note-{HEADLINES[1]}-{i}"') for i in range(3)
+    )
     updates = scorer.updates
     body = {"date": D2, "headline_id": HEADLINES[1], "rollout_index": 2, "thumbs": "up", "reviewer": "ann"}
     answer = client.post("/api/feedback", json=body, headers=AUTH).json()["note_scorer"]
@@ -257,17 +341,30 @@ def test_service_shows_notes_best_first_and_steps_on_feedback(scorer_world):
     assert store.latest.resolve() == store.root / "live.safetensors"
     # four requests at once: the lock makes every step land on the state the one before wrote. They rate
     # notes 0 and 1 down, so whatever order they are stored in, note 2 (up) ranks above and each one steps
-    threads = [threading.Thread(target=client.post, args=("/api/feedback",), kwargs={"json": {**body, "rollout_index": i % 2, "thumbs": "down"}, "headers": AUTH})
-               for i in range(4)]
+    threads = [
+        threading.Thread(
+            target=client.post,
+            args=("/api/feedback",),
+            kwargs={"json": {**body, "rollout_index": i % 2, "thumbs": "down"}, "headers": AUTH},
+        )
+        for i in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert store.load_latest().updates == updates + 5
     status = client.get("/api/rl/note_scorer").json()
-    assert status["updates"] == updates + 5 and [r["source"] for r in status["held_out_accuracy"]] == ["judge", "price", "people"]
+    assert status["updates"] == updates + 5 and [r["source"] for r in status["held_out_accuracy"]] == [
+        "judge",
+        "price",
+        "people",
+    ]
     nothing = client.post("/api/feedback", json={**body, "thumbs": None, "correction": "Sell it."}, headers=AUTH).json()
-    assert nothing["note_scorer"] == {"updated": False, "reason": "the feedback has no thumbs or stars (a correction alone does not rank notes)"}
+    assert nothing["note_scorer"] == {
+        "updated": False,
+        "reason": "the feedback has no thumbs or stars (a correction alone does not rank notes)",
+    }
 
 
 def test_what_people_taught_the_live_state_is_kept_by_the_next_day_once(scorer_world):
@@ -278,7 +375,9 @@ def test_what_people_taught_the_live_state_is_kept_by_the_next_day_once(scorer_w
     client = test_client(make_state(root))
     body = {"date": D2, "headline_id": HEADLINES[0], "reviewer": "cat"}
     for i, thumbs in enumerate(("up", "down", "up")):
-        assert client.post("/api/feedback", json={**body, "rollout_index": i, "thumbs": thumbs}, headers=AUTH).json()["note_scorer"]["updated"]
+        assert client.post("/api/feedback", json={**body, "rollout_index": i, "thumbs": thumbs}, headers=AUTH).json()[
+            "note_scorer"
+        ]["updated"]
     live = store.load_latest()
     rated = {r.feedback_id for r in FeedbackLog(data_dir=str(root)).read().feedback if r.thumbs or r.stars}
     chain = store.load(store.day_file(D2)).applied_people

@@ -69,7 +69,9 @@ def weighted_loss(backend):
 
 
 def train(backend, optimizer, steps):
-    backend.framework.train(backend.model, optimizer, loss=weighted_loss(backend), iterate_batches=steps, max_grad_norm=1.0)
+    backend.framework.train(
+        backend.model, optimizer, loss=weighted_loss(backend), iterate_batches=steps, max_grad_norm=1.0
+    )
 
 
 def trainable(backend) -> dict[str, np.ndarray]:
@@ -90,7 +92,11 @@ def load(framework: str, tiny_model_dir, kind: str, adapter=None, folder=None):
         return TorchBackend(folder or tiny_model_dir, device="cpu", master_weights=True)
     from outcome_flywheel.models.mlx.backend import MLXBackend
 
-    return MLXBackend(tiny_model_dir, adapter_path=folder or adapter) if kind == "lora" else MLXBackend(folder or tiny_model_dir)
+    return (
+        MLXBackend(tiny_model_dir, adapter_path=folder or adapter)
+        if kind == "lora"
+        else MLXBackend(folder or tiny_model_dir)
+    )
 
 
 # -- (a), (b): a resumed run equals the uninterrupted one --------------------------------------------
@@ -250,8 +256,14 @@ def test_torch_and_mlx_agree_on_a_restored_step_count():
         return np.array(layer.weight)
 
     for (make_a, step_a, state_a), (make_b, step_b, load_b) in [
-        ((torch_linear, torch_step, torch_training.optimizer_state), (mlx_linear, mlx_step, mlx_training.load_optimizer_state)),
-        ((mlx_linear, mlx_step, mlx_training.optimizer_state), (torch_linear, torch_step, torch_training.load_optimizer_state)),
+        (
+            (torch_linear, torch_step, torch_training.optimizer_state),
+            (mlx_linear, mlx_step, mlx_training.load_optimizer_state),
+        ),
+        (
+            (mlx_linear, mlx_step, mlx_training.optimizer_state),
+            (torch_linear, torch_step, torch_training.load_optimizer_state),
+        ),
     ]:
         layer_a, opt_a = make_a(weight)
         for g in grads[:3]:
@@ -309,8 +321,10 @@ def test_a_fresh_adamw_moves_every_weight_by_lr_on_a_small_gradient_batch(tiny_m
         return float(moved.median()), float(moved.mean())
 
     fresh, restored = first_step(False), first_step(True)
-    figures = (f"first step on a small-gradient batch, |dw| / lr over the weights with a gradient: "
-               f"fresh AdamW median {fresh[0]:.3f} (mean {fresh[1]:.3f}), restored median {restored[0]:.3f} (mean {restored[1]:.3f})")
+    figures = (
+        f"first step on a small-gradient batch, |dw| / lr over the weights with a gradient: "
+        f"fresh AdamW median {fresh[0]:.3f} (mean {fresh[1]:.3f}), restored median {restored[0]:.3f} (mean {restored[1]:.3f})"
+    )
     print(figures)
     assert 0.9 < fresh[0] <= 1.0 + 1e-3, figures  # lr * sign(g): every weight by about lr
     assert restored[0] < 0.25 * fresh[0], figures

@@ -214,7 +214,9 @@ def test_each_launcher_starts_a_step_that_reaches_dagster(launcher, monkeypatch)
 
 
 def test_a_trainer_step_refuses_several_processes(monkeypatch):
-    """The trainers run in one process: N copies would each write the day's outputs (docs/pipes.md)."""
+    """A step body opened for one process refuses several: N copies would each write the day's outputs
+    (docs/pipes.md). The training steps run data-parallel instead, rank 0 alone running the step
+    (`entry.main`, tests/test_data_parallel.py)."""
     from outcome_flywheel.steps.entry import StepError, open_step
 
     monkeypatch.setenv("WORLD_SIZE", "2")

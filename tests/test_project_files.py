@@ -30,7 +30,8 @@ def test_setup_installs_the_locked_versions():
     assert all(re.fullmatch(r"[0-9][0-9A-Za-z.!]*", v) for v in pins.values()), "pins are plain versions"
     installed = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in metadata.distributions()}
     mismatched = {
-        name: (version, installed[name]) for name, version in pins.items()
+        name: (version, installed[name])
+        for name, version in pins.items()
         if name in installed and installed[name].split("+")[0] != version
     }
     assert not mismatched, f"installed versions differ from requirements.lock (run `make setup`): {mismatched}"
@@ -38,7 +39,9 @@ def test_setup_installs_the_locked_versions():
 
 
 def test_code_and_docs_cite_only_files_the_repository_has():
-    tracked = subprocess.run(["git", "ls-files"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout.split()
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     texts = [f for f in tracked if f.endswith((".py", ".md", ".yaml", ".toml")) and not f.startswith("tests/")]
     cited = set()
     for name in texts:

@@ -12,23 +12,41 @@ import pytest
 from assets.daily_rl.baseline import baseline_rollouts
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from outcome_flywheel.daily_rl.reward.examples import training_examples
 from outcome_flywheel.daily_rl.policy.prompt_evolver import (
-    EvolverConfig, PromptEvolver, interval, tier_summary, variant_table,
+    EvolverConfig,
+    PromptEvolver,
+    interval,
+    tier_summary,
+    variant_table,
 )
 from outcome_flywheel.daily_rl.policy.prompt_variants import (
-    BASE_SPEC, IMPLIED_RULES, MUTATIONS, PromptSpec, acceptable_rewrite, mutate,
+    BASE_SPEC,
+    IMPLIED_RULES,
+    MUTATIONS,
+    PromptSpec,
+    acceptable_rewrite,
+    mutate,
 )
+from outcome_flywheel.daily_rl.reward.examples import training_examples
 from outcome_flywheel.models.prompts import NOTE_SECTIONS, SYSTEM_PROMPT, trading_note_messages
 from tests.daily_fixtures import daily_resources, linked_data_dir
 from tests.test_smollm2 import offline, smollm2_dir  # noqa: F401 (fixtures: the converted SmolLM2 folder, offline)
 
 DAYS = ["2025-11-03", "2025-11-04"]
 # 3 headlines a day: a candidate after 3 scored trials (day 2), the held-out set = those 3 headlines
-EVOLVE = {"ops": {"daily_update": {"config": {
-    "rollouts_per_headline": 2, "max_new_tokens": 32, "batch_size": 8,
-    "prompt_evolver_trials_per_variant": 3, "prompt_evolver_heldout_samples": 2,
-}}}}
+EVOLVE = {
+    "ops": {
+        "daily_update": {
+            "config": {
+                "rollouts_per_headline": 2,
+                "max_new_tokens": 32,
+                "batch_size": 8,
+                "prompt_evolver_trials_per_variant": 3,
+                "prompt_evolver_heldout_samples": 2,
+            }
+        }
+    }
+}
 
 
 # -- mutations ---------------------------------------------------------------------------------
@@ -67,8 +85,9 @@ def test_condition_rephrasing_round_trips_and_llm_rewrites_are_checked():
     assert once.rules[3] == "Recommend no trade and say why when the headline gives nothing to trade."
     assert MUTATIONS["rephrase_condition"](once, np.random.default_rng(0)).rules[3] == IMPLIED_RULES[3]
     rule = IMPLIED_RULES[0]
-    assert acceptable_rewrite(rule, "Use the sections Trade Recommendation, Rationale, Risk Factors, Timeframe, Position Size, Stop Loss") \
-        .endswith("Stop Loss.")
+    assert acceptable_rewrite(
+        rule, "Use the sections Trade Recommendation, Rationale, Risk Factors, Timeframe, Position Size, Stop Loss"
+    ).endswith("Stop Loss.")
     assert acceptable_rewrite(rule, "Write the sections in order.") is None  # the section names went missing
     assert acceptable_rewrite(rule, "line one\nline two") is None and acceptable_rewrite(rule, rule) is None
 
@@ -93,10 +112,19 @@ def test_a_real_llm_writes_rules_tiny_local_does_not(smollm2_dir, model_backend)
 # -- the bandit ---------------------------------------------------------------------------------
 def _trials(day: str, assigned: dict[str, str], rewards: dict[str, float]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """rollouts of the day before `day` (one row per headline) and their scores, as the loop writes them."""
-    rollouts = pd.DataFrame([dict(date="prev", headline_id=h, title=f"title {h}", summary="", prompt_version=v)
-                             for h, v in assigned.items()])
-    scores = pd.DataFrame([dict(headline_id=h, rollout_index=k, usable=True, reward=rewards[h] + 0.01 * k)
-                           for h in assigned for k in range(2)])
+    rollouts = pd.DataFrame(
+        [
+            dict(date="prev", headline_id=h, title=f"title {h}", summary="", prompt_version=v)
+            for h, v in assigned.items()
+        ]
+    )
+    scores = pd.DataFrame(
+        [
+            dict(headline_id=h, rollout_index=k, usable=True, reward=rewards[h] + 0.01 * k)
+            for h in assigned
+            for k in range(2)
+        ]
+    )
     return rollouts, scores
 
 
@@ -105,7 +133,9 @@ def test_trials_intervals_epsilon_ucb_and_adoption():
     ev = PromptEvolver("2025-01-02", config, 7, [], pd.DataFrame())
     heads = [f"h{i}" for i in range(6)]
     assert ev.assign(heads) == ["base"] * 6  # one arm
-    rollouts, scores = _trials("2025-01-03", {h: "base" for h in heads}, {h: 0.5 + 0.02 * i for i, h in enumerate(heads)})
+    rollouts, scores = _trials(
+        "2025-01-03", {h: "base" for h in heads}, {h: 0.5 + 0.02 * i for i, h in enumerate(heads)}
+    )
     ev = PromptEvolver("2025-01-03", config, 7, ev.variants, ev.experiences)
     assert ev.record(rollouts, scores) == 6 and ev.trials == 6
     assert len(ev.experiences) == 5  # the held-out set: the last `heldout` scored headlines
@@ -115,11 +145,16 @@ def test_trials_intervals_epsilon_ucb_and_adoption():
     def heldout(system: str, experiences: pd.DataFrame) -> np.ndarray:
         calls.append(system)
         return np.full(len(experiences), 0.6 if system != SYSTEM_PROMPT else 0.5)
+
     cand = ev.evolve(heldout)
     assert cand["status"] == "live" and cand["parent"] == "base" and cand["heldout_diff"] == pytest.approx(0.1)
     assert calls[1] == SYSTEM_PROMPT and not ev.due()  # the next one after 8 trials
-    mean, low, high = interval(6, *(lambda r: (sum(r), sum(x * x for x in r)))(
-        [float(scores[scores.headline_id == h].reward.mean()) for h in heads]))
+    mean, low, high = interval(
+        6,
+        *(lambda r: (sum(r), sum(x * x for x in r)))(
+            [float(scores[scores.headline_id == h].reward.mean()) for h in heads]
+        ),
+    )
     base = ev.frames()[0].set_index("version").loc["base"]
     assert base.reward_mean == pytest.approx(mean) and base.ci_low == pytest.approx(low) and low < mean < high
     # UCB1 tries the unpulled arm first; pending pulls spread the rest of the day
@@ -160,7 +195,9 @@ def test_at_most_max_live_and_epsilon_explores():
 
 # -- two days of daily_update on tiny-local ---------------------------------------------------------
 def _run(res, day, run_config=EVOLVE):
-    return dg.materialize([headlines, daily_update, baseline_rollouts], partition_key=day, resources=res, run_config=run_config)
+    return dg.materialize(
+        [headlines, daily_update, baseline_rollouts], partition_key=day, resources=res, run_config=run_config
+    )
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +229,9 @@ def test_a_variant_is_written_tested_and_sampled(evolved):
     for version, prompt in zip(rollouts["prompt_version"], rollouts["prompt"]):
         assert json.loads(prompt)[0]["content"] == systems[version]  # the stored prompt is the variant's
     baseline = wh.read("baseline_rollouts", DAYS[1])
-    assert {json.loads(p)[0]["content"] for p in baseline["prompt"]} == {SYSTEM_PROMPT} and set(baseline["prompt_version"]) == {"base"}
+    assert {json.loads(p)[0]["content"] for p in baseline["prompt"]} == {SYSTEM_PROMPT} and set(
+        baseline["prompt_version"]
+    ) == {"base"}
     assert "prompt evolver (2025-11-04): 3 trials, 1 candidates" in tier_summary(root)
 
 
@@ -206,13 +245,23 @@ def test_gspo_trains_on_the_prompt_the_note_was_sampled_under(evolved, tmp_path_
         variant = state[state["version"] != "base"]
     system = variant["system_prompt"].iloc[0]
     assert system != SYSTEM_PROMPT
-    from outcome_flywheel.daily_rl.policy.rollouts import generate_rollouts
     from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, read_checkpoint
+    from outcome_flywheel.daily_rl.policy.rollouts import generate_rollouts
+
     ckpt = root / "checkpoints" / "policy" / DAYS[1]
     policy = load_policy(res["model_backend"], ckpt, read_checkpoint(ckpt))
     todays = wh.read("headlines", DAYS[1]).head(2)
-    sampled = generate_rollouts(policy, todays, DAYS[1], 0, 2, 24, "x", [variant["version"].iloc[0], "base"],
-                                {variant["version"].iloc[0]: system})
+    sampled = generate_rollouts(
+        policy,
+        todays,
+        DAYS[1],
+        0,
+        2,
+        24,
+        "x",
+        [variant["version"].iloc[0], "base"],
+        {variant["version"].iloc[0]: system},
+    )
     ours = sampled[sampled["prompt_version"] != "base"]
     scores = ours.assign(advantage=[1.0, -1.0], usable=True)
     examples = training_examples(ours, scores)
@@ -234,4 +283,6 @@ def test_a_rerun_of_a_day_reproduces_the_state(evolved):
     assert _run(res, DAYS[1]).success
     after = wh.read("prompt_evolver", DAYS[1])
     pd.testing.assert_frame_equal(before, after)
-    pd.testing.assert_frame_equal(assigned, wh.read("rollouts", DAYS[1])[["headline_id", "rollout_index", "prompt_version"]])
+    pd.testing.assert_frame_equal(
+        assigned, wh.read("rollouts", DAYS[1])[["headline_id", "rollout_index", "prompt_version"]]
+    )

@@ -42,7 +42,9 @@ def private_dagster_imports(source: str) -> list[str]:
             continue
         for name in names:
             top, _, rest = name.partition(".")
-            if (top == "dagster" or top.startswith("dagster_")) and any(part.startswith("_") for part in rest.split(".") if part):
+            if (top == "dagster" or top.startswith("dagster_")) and any(
+                part.startswith("_") for part in rest.split(".") if part
+            ):
                 found.append(name)
     return found
 
@@ -51,34 +53,52 @@ def project_files(root: Path = PROJECT_ROOT) -> list[Path]:
     files = []
     for path in root.rglob("*.py"):
         parts = path.relative_to(root).parts
-        if not (set(parts[:-1]) & SKIPPED_DIRS) and not any(p.startswith(".") or p.endswith(".egg-info") for p in parts[:-1]):
+        if not (set(parts[:-1]) & SKIPPED_DIRS) and not any(
+            p.startswith(".") or p.endswith(".egg-info") for p in parts[:-1]
+        ):
             files.append(path)
     return files
 
 
 def test_the_scan_sees_private_imports():
     assert private_dagster_imports("from dagster._core.execution.api import execute_run") == [
-        "dagster._core.execution.api"]
+        "dagster._core.execution.api"
+    ]
     assert private_dagster_imports("import dagster._core.remote_origin as o") == ["dagster._core.remote_origin"]
     assert private_dagster_imports("from dagster import _check") == ["dagster._check"]
     assert private_dagster_imports("from dagster_graphql._client import x") == ["dagster_graphql._client"]
-    assert private_dagster_imports("import dagster as dg\nfrom dagster_graphql import DagsterGraphQLClient\nfrom . import _x") == []
+    assert (
+        private_dagster_imports(
+            "import dagster as dg\nfrom dagster_graphql import DagsterGraphQLClient\nfrom . import _x"
+        )
+        == []
+    )
 
 
 def test_no_module_outside_tests_imports_private_dagster():
     files = project_files()
     assert any(p.name == "launch.py" for p in files) and not any("tests" in p.parts for p in files)
-    offenders = {str(p.relative_to(PROJECT_ROOT)): names for p in files
-                 if str(p.relative_to(PROJECT_ROOT)) not in ALLOWED and (names := private_dagster_imports(p.read_text()))}
-    assert offenders == {}, f"private Dagster imports (use the public API, or wrap it in one allowed module): {offenders}"
+    offenders = {
+        str(p.relative_to(PROJECT_ROOT)): names
+        for p in files
+        if str(p.relative_to(PROJECT_ROOT)) not in ALLOWED and (names := private_dagster_imports(p.read_text()))
+    }
+    assert offenders == {}, (
+        f"private Dagster imports (use the public API, or wrap it in one allowed module): {offenders}"
+    )
 
 
 # --- The service's GraphQL path and the demo's runs, against a real dagster-webserver ---------------
 
 WEBSERVER = PROJECT_ROOT / ".venv" / "bin" / "dagster-webserver"
 REPOSITORY = "__repository__@outcome_flywheel"
-DECISION = {"decision_id": "web-graphql-1", "ts": "2025-06-11T10:00:00-04:00", "decision": "reject",
-            "proposal": {"orders": [{"symbol": "JPM", "side": "buy", "weight": 0.05}]}, "reason": "not a sector we add to"}
+DECISION = {
+    "decision_id": "web-graphql-1",
+    "ts": "2025-06-11T10:00:00-04:00",
+    "decision": "reject",
+    "proposal": {"orders": [{"symbol": "JPM", "side": "buy", "weight": 0.05}]},
+    "reason": "not a sector we add to",
+}
 
 
 def _free_port() -> int:
@@ -95,7 +115,10 @@ def graphql(url: str, query: str, variables: dict | None = None) -> dict:
 
 def _location_loaded(url: str) -> bool:
     try:
-        data = graphql(url, "{ workspaceOrError { ... on Workspace { locationEntries { name locationOrLoadError { __typename } } } } }")
+        data = graphql(
+            url,
+            "{ workspaceOrError { ... on Workspace { locationEntries { name locationOrLoadError { __typename } } } } }",
+        )
     except (httpx.HTTPError, ValueError):
         return False
     entries = data["workspaceOrError"]["locationEntries"]
@@ -116,18 +139,31 @@ def webserver(tmp_path_factory, tiny_model_dir):
     home = root.parent / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text((PROJECT_ROOT / "scripts" / "dagster.yaml").read_text() + QUEUED_COORDINATOR)
-    env = {"DAGSTER_HOME": str(home), "FLYWHEEL_DATA_DIR": str(root), "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"), "OMP_NUM_THREADS": "1"}
+    env = {
+        "DAGSTER_HOME": str(home),
+        "FLYWHEEL_DATA_DIR": str(root),
+        "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
+        "OMP_NUM_THREADS": "1",
+    }
     instance = dg.DagsterInstance.from_config(str(home))  # its SQLite storage made once, before other processes open it
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(root.parent / "webserver.log", "wb")
-    server = subprocess.Popen([str(WEBSERVER), "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"], cwd=PROJECT_ROOT,
-                              env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        [str(WEBSERVER), "-h", "127.0.0.1", "-p", str(port), "-w", "workspace.yaml"],
+        cwd=PROJECT_ROOT,
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 300
         while not _location_loaded(url):
             if server.poll() is not None or time.time() > deadline:
-                raise AssertionError(f"dagster-webserver did not serve the code location: {(root.parent / 'webserver.log').read_text()[-3000:]}")
+                raise AssertionError(
+                    f"dagster-webserver did not serve the code location: {(root.parent / 'webserver.log').read_text()[-3000:]}"
+                )
             time.sleep(1)
         with pytest.MonkeyPatch.context() as mp:
             for name, value in env.items():
@@ -177,12 +213,20 @@ def test_the_service_submits_runs_through_graphql_once(webserver):
     # Two new decisions on consecutive dates: one run over the range; the queued run keeps its date.
     assert client.post("/api/decisions", headers=AUTH, json={"decision_id": "bad"}).status_code == 422
     for n, ts in enumerate(("2025-06-11T10:00:00-04:00", "2025-06-12T10:00:00-04:00")):
-        assert client.post("/api/decisions", headers=AUTH, json={**DECISION, "decision_id": f"web-graphql-{n}", "ts": ts}).status_code == 201
+        assert (
+            client.post(
+                "/api/decisions", headers=AUTH, json={**DECISION, "decision_id": f"web-graphql-{n}", "ts": ts}
+            ).status_code
+            == 201
+        )
     third = client.post("/api/preferences/extract", headers=AUTH).json()
     assert third["launched"] and third["in_live_runs"] == {"2025-06-07": run.run_id}
     assert [(r["partition"], r["partition_range"]) for r in third["runs"]] == [(None, ["2025-06-11", "2025-06-12"])]
     ranged = instance.get_run_by_id(third["runs"][0]["run_id"])
-    assert (ranged.tags[RANGE_START], ranged.tags[RANGE_END]) == ("2025-06-11", "2025-06-12") and "dagster/partition" not in ranged.tags
+    assert (ranged.tags[RANGE_START], ranged.tags[RANGE_END]) == (
+        "2025-06-11",
+        "2025-06-12",
+    ) and "dagster/partition" not in ranged.tags
     assert len(_decision_runs(instance)) == 2
 
 
@@ -193,7 +237,14 @@ def test_a_webserver_that_is_down_is_a_503_with_the_reason(webserver, tmp_path, 
     state.warehouse = Warehouse(data_dir=str(root))
     before = len(_decision_runs(webserver["instance"]))
     client = test_client(state)
-    assert client.post("/api/decisions", headers=AUTH, json={**DECISION, "decision_id": "web-down-1", "ts": "2025-06-20T10:00:00-04:00"}).status_code == 201
+    assert (
+        client.post(
+            "/api/decisions",
+            headers=AUTH,
+            json={**DECISION, "decision_id": "web-down-1", "ts": "2025-06-20T10:00:00-04:00"},
+        ).status_code
+        == 201
+    )
     answer = client.post("/api/preferences/extract", headers=AUTH)  # 2025-06-20: no queued run covers it
     assert answer.status_code == 503 and "did not take the flywheel_decisions run" in answer.json()["detail"]
     assert len(_decision_runs(webserver["instance"])) == before
@@ -213,14 +264,31 @@ def test_the_demos_runs_are_on_the_job_page_and_re_execute_through_graphql(webse
     url, instance = webserver["url"], webserver["instance"]
     result = run_job("feedback_pairs_job", instance, run_config=IN_PROCESS)
     job_page = {"pipelineName": "feedback_pairs_job", "tags": [{"key": ".dagster/repository", "value": REPOSITORY}]}
-    listed = graphql(url, "query($f: RunsFilter) { runsOrError(filter: $f) { ... on Runs { results { runId status repositoryOrigin "
-                          "{ repositoryLocationName } } } } }", {"f": job_page})["runsOrError"]["results"]
+    listed = graphql(
+        url,
+        "query($f: RunsFilter) { runsOrError(filter: $f) { ... on Runs { results { runId status repositoryOrigin "
+        "{ repositoryLocationName } } } } }",
+        {"f": job_page},
+    )["runsOrError"]["results"]
     assert [(r["runId"], r["status"]) for r in listed] == [(result.run_id, "SUCCESS")]
     assert listed[0]["repositoryOrigin"] is None  # what the UI's run page's Re-execute button reads
-    selector = {"repositoryLocationName": "outcome_flywheel", "repositoryName": "__repository__", "pipelineName": "feedback_pairs_job"}
+    selector = {
+        "repositoryLocationName": "outcome_flywheel",
+        "repositoryName": "__repository__",
+        "pipelineName": "feedback_pairs_job",
+    }
     rid = result.run_id
-    launched = graphql(url, "mutation($p: ExecutionParams!) { launchPipelineReexecution(executionParams: $p) { __typename "
-                            "... on LaunchRunSuccess { run { runId rootRunId } } } }",
-                       {"p": {"selector": selector, "runConfigData": IN_PROCESS, "mode": "default",
-                              "executionMetadata": {"parentRunId": rid, "rootRunId": rid}}})["launchPipelineReexecution"]
+    launched = graphql(
+        url,
+        "mutation($p: ExecutionParams!) { launchPipelineReexecution(executionParams: $p) { __typename "
+        "... on LaunchRunSuccess { run { runId rootRunId } } } }",
+        {
+            "p": {
+                "selector": selector,
+                "runConfigData": IN_PROCESS,
+                "mode": "default",
+                "executionMetadata": {"parentRunId": rid, "rootRunId": rid},
+            }
+        },
+    )["launchPipelineReexecution"]
     assert launched["__typename"] == "LaunchRunSuccess" and launched["run"]["rootRunId"] == rid

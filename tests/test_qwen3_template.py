@@ -37,7 +37,9 @@ def _wants_to_think(backend, boost: float = 40.0):
     think = backend.tokenizer.convert_tokens_to_ids("<think>")
 
     def hook(module, inputs, output):
-        return output.index_add(-1, torch.tensor([think]), torch.full((*output.shape[:-1], 1), boost, dtype=output.dtype))
+        return output.index_add(
+            -1, torch.tensor([think]), torch.full((*output.shape[:-1], 1), boost, dtype=output.dtype)
+        )
 
     return backend.model.lm_head.register_forward_hook(hook)
 
@@ -48,7 +50,11 @@ def test_template_renders_qwen3_conventions(torch_qwen3):
     on = tok.decode(torch_qwen3.prompt_ids(NOTE, enable_thinking=True))
     assert off.endswith(CLOSED_EMPTY_THINK)
     assert on.endswith("<|im_start|>assistant\n") and "<think>" not in on
-    history = [*NOTE, {"role": "assistant", "content": "<think>\nweighing it</think>\n\nLong CVX."}, {"role": "user", "content": "Again"}]
+    history = [
+        *NOTE,
+        {"role": "assistant", "content": "<think>\nweighing it</think>\n\nLong CVX."},
+        {"role": "user", "content": "Again"},
+    ]
     rendered = tok.apply_chat_template(history, tokenize=False, add_generation_prompt=True, enable_thinking=True)
     assert "weighing it" not in rendered and "<|im_start|>assistant\nLong CVX.<|im_end|>" in rendered
     assert torch_qwen3.think_ids == {tok.convert_tokens_to_ids("<think>"), tok.convert_tokens_to_ids("</think>")}
@@ -58,7 +64,9 @@ def test_notes_never_hold_a_think_block_even_from_a_model_that_wants_to_think(to
     config = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=12)
     handle = _wants_to_think(torch_qwen3)
     try:
-        thinking = torch_qwen3.sample([NOTE], 4, SamplingConfig(**{**config.__dict__, "enable_thinking": True}), seeds=[0])[0]
+        thinking = torch_qwen3.sample(
+            [NOTE], 4, SamplingConfig(**{**config.__dict__, "enable_thinking": True}), seeds=[0]
+        )[0]
         notes = torch_qwen3.sample([NOTE, NOTE], 4, config, seeds=[0, 1])
         # the control: with thinking allowed this model does open think blocks
         assert all("<think>" in s.text for s in thinking)
@@ -105,13 +113,16 @@ def test_mlx_notes_never_hold_a_think_block(qwen3_dir):
         assert not set(sample.token_ids) & backend.think_ids and "<think>" not in sample.text
 
 
-@pytest.mark.parametrize("answer, expected", [
-    ("<think>\nA is vague, B names the stop. C?</think>\n\nB", 1),
-    ("<think>D looks best</think>\n\n[C]", 2),
-    ("<think>\nI keep weighing A against B", None),  # cut off while thinking: no answer
-    ("<think></think>A", 0),
-    ("C", 2),
-])
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        ("<think>\nA is vague, B names the stop. C?</think>\n\nB", 1),
+        ("<think>D looks best</think>\n\n[C]", 2),
+        ("<think>\nI keep weighing A against B", None),  # cut off while thinking: no answer
+        ("<think></think>A", 0),
+        ("C", 2),
+    ],
+)
 def test_the_letter_is_read_after_the_think_block(answer, expected):
     assert extract_letter(answer, 4) == expected
 
@@ -145,7 +156,15 @@ class ScriptedJudge:
         out = []
         for p in prompts:
             shown = p[-1]["content"].count("\n[")
-            out.append([type("S", (), {"text": f"<think>A is weak; {'ABCDEFGH'[shown - 1]} fits</think>\n\n{'ABCDEFGH'[shown - 1]}"})()])
+            out.append(
+                [
+                    type(
+                        "S",
+                        (),
+                        {"text": f"<think>A is weak; {'ABCDEFGH'[shown - 1]} fits</think>\n\n{'ABCDEFGH'[shown - 1]}"},
+                    )()
+                ]
+            )
         return out
 
     def greedy(self, prompts, max_new_tokens):  # pragma: no cover - the thinking answers parse

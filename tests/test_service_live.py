@@ -19,8 +19,13 @@ from service.config import ServiceConfig
 from service.main import banner, start_in_thread
 from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, make_world
 
-DECISION = {"decision_id": "web-live-1", "ts": "2025-06-11T10:00:00-04:00", "decision": "reject",
-            "proposal": {"orders": [{"symbol": "JPM", "side": "buy", "weight": 0.05}]}, "reason": "not a sector we add to"}
+DECISION = {
+    "decision_id": "web-live-1",
+    "ts": "2025-06-11T10:00:00-04:00",
+    "decision": "reject",
+    "proposal": {"orders": [{"symbol": "JPM", "side": "buy", "weight": 0.05}]},
+    "reason": "not a sector we add to",
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +37,12 @@ def live(tmp_path_factory, tiny_model_dir):
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     with pytest.MonkeyPatch.context() as mp:
         # The worker process reads the same settings the service does.
-        for name, value in {"DAGSTER_HOME": str(home), "FLYWHEEL_DATA_DIR": str(root), "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
-                            "OMP_NUM_THREADS": "1"}.items():
+        for name, value in {
+            "DAGSTER_HOME": str(home),
+            "FLYWHEEL_DATA_DIR": str(root),
+            "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
+            "OMP_NUM_THREADS": "1",
+        }.items():
             mp.setenv(name, value)
         state = make_state(root)  # its config: ServiceConfig's defaults, the host included
         server, url = start_in_thread(state)
@@ -75,9 +84,20 @@ def test_200_concurrent_posts_from_20_clients_leave_200_valid_lines(live):
 
     def client(n: int) -> list[int]:
         with httpx.Client(base_url=live["url"], headers=AUTH, timeout=60) as http:
-            return [http.post("/api/feedback", json={"date": DAY, "headline_id": HEADLINES[i % 2], "rollout_index": (n + i) % 3,
-                                                     "stars": 1 + (n + i) % 5, "correction": f"client {n} post {i} " + "x" * 2000,
-                                                     "reviewer": f"client-{n}"}).status_code for i in range(10)]
+            return [
+                http.post(
+                    "/api/feedback",
+                    json={
+                        "date": DAY,
+                        "headline_id": HEADLINES[i % 2],
+                        "rollout_index": (n + i) % 3,
+                        "stars": 1 + (n + i) % 5,
+                        "correction": f"client {n} post {i} " + "x" * 2000,
+                        "reviewer": f"client-{n}",
+                    },
+                ).status_code
+                for i in range(10)
+            ]
 
     with ThreadPoolExecutor(max_workers=20) as pool:
         codes = [c for batch in pool.map(client, range(20)) for c in batch]
@@ -85,7 +105,9 @@ def test_200_concurrent_posts_from_20_clients_leave_200_valid_lines(live):
     parsed = read_feedback_log(log)
     assert parsed.lines == 200 and len(parsed.feedback) == 200 and not parsed.quarantine
     assert len({f.feedback_id for f in parsed.feedback}) == 200
-    assert {(f.reviewer, f.correction.split(" x")[0]) for f in parsed.feedback} == {(f"client-{n}", f"client {n} post {i}") for n in range(20) for i in range(10)}
+    assert {(f.reviewer, f.correction.split(" x")[0]) for f in parsed.feedback} == {
+        (f"client-{n}", f"client {n} post {i}") for n in range(20) for i in range(10)
+    }
 
 
 def _wait(instance: dg.DagsterInstance, launch_ids: list[str], timeout: float = 300) -> list[dg.DagsterRun]:
@@ -106,11 +128,15 @@ def test_extract_launches_the_changed_partition_once(live):
         first = http.post("/api/preferences/extract").json()
         assert first["launched"] and "2025-06-11" in first["changed_dates"]
         again = http.post("/api/preferences/extract").json()  # the same changes: the same runs, nothing new
-        assert not again["launched"] and [r["launch_id"] for r in again["runs"]] == [r["launch_id"] for r in first["runs"]]
+        assert not again["launched"] and [r["launch_id"] for r in again["runs"]] == [
+            r["launch_id"] for r in first["runs"]
+        ]
         instance = live["state"].instance()
         runs = _wait(instance, [r["launch_id"] for r in first["runs"]])
         assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), [r.status for r in runs]
-        assert all(r.tags[REPOSITORY_TAG] == "__repository__@outcome_flywheel" for r in runs)  # on the job's page in the UI
+        assert all(
+            r.tags[REPOSITORY_TAG] == "__repository__@outcome_flywheel" for r in runs
+        )  # on the job's page in the UI
         stored = live["state"].warehouse.read("operator_decisions", "2025-06-11")
         assert "web-live-1" in set(stored["decision_id"])
         assert len(live["state"].warehouse.read("decision_outcomes", "2025-06-11")) == len(stored)

@@ -36,8 +36,12 @@ def instance_world(tmp_path, tiny_model_dir, monkeypatch):
     home.mkdir()
     # The project's instance settings: every pool (duckdb included) has limit 1.
     (home / "dagster.yaml").write_text((PROJECT_ROOT / "scripts" / "dagster.yaml").read_text())
-    for name, value in {"DAGSTER_HOME": str(home), "FLYWHEEL_DATA_DIR": str(root), "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
-                        "OMP_NUM_THREADS": "1"}.items():
+    for name, value in {
+        "DAGSTER_HOME": str(home),
+        "FLYWHEEL_DATA_DIR": str(root),
+        "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
+        "OMP_NUM_THREADS": "1",
+    }.items():
         monkeypatch.setenv(name, value)
     state = make_state(root)
     yield state, root
@@ -75,24 +79,40 @@ def test_a_killed_worker_is_failed_its_slot_freed_and_the_queue_goes_on(instance
     worker = state.workers[-1]
     instance = state.instance()
     dead = _wait_for(lambda: _run_of(instance, runs[0]["launch_id"]), timeout=240)
-    _wait_for(lambda: dead.run_id in instance.event_log_storage.get_concurrency_info("duckdb").active_run_ids, timeout=240)
+    _wait_for(
+        lambda: dead.run_id in instance.event_log_storage.get_concurrency_info("duckdb").active_run_ids, timeout=240
+    )
     assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.STARTED
-    assert dead.tags[WORKER_TAG] == process_identity(worker.pid) and dead.tags[REPOSITORY_TAG] == "__repository__@outcome_flywheel"
+    assert (
+        dead.tags[WORKER_TAG] == process_identity(worker.pid)
+        and dead.tags[REPOSITORY_TAG] == "__repository__@outcome_flywheel"
+    )
 
     # While it runs, an overlapping launch leaves its date to it (one partition, one run at a time).
     skipped: dict[str, str] = {}
-    again, covering = launching._launch(state, launching.DECISIONS_JOB, [(day, day)], "another-request", "test", skipped)
+    again, covering = launching._launch(
+        state, launching.DECISIONS_JOB, [(day, day)], "another-request", "test", skipped
+    )
     assert not again and [r["run_id"] for r in covering] == [dead.run_id] and skipped == {day: dead.run_id}
 
     # Another date waits in the queue behind it: no run yet, yet the same request or its date is not launched twice.
-    launched, queued = launching._launch(state, launching.DECISIONS_JOB, [(queued_day, queued_day)], "queued-request", "test")
+    launched, queued = launching._launch(
+        state, launching.DECISIONS_JOB, [(queued_day, queued_day)], "queued-request", "test"
+    )
     assert launched and queued[0]["run_id"] is None and _run_of(instance, queued[0]["launch_id"]) is None
-    again, same = launching._launch(state, launching.DECISIONS_JOB, [(queued_day, queued_day)], "queued-request", "test")
+    again, same = launching._launch(
+        state, launching.DECISIONS_JOB, [(queued_day, queued_day)], "queued-request", "test"
+    )
     assert not again and [r["launch_id"] for r in same] == [queued[0]["launch_id"]]
     skipped = {}
-    again, _ = launching._launch(state, launching.DECISIONS_JOB, [(queued_day, queued_day)], "yet-another-request", "test", skipped)
+    again, _ = launching._launch(
+        state, launching.DECISIONS_JOB, [(queued_day, queued_day)], "yet-another-request", "test", skipped
+    )
     assert not again and skipped == {queued_day: queued[0]["launch_id"]}
-    assert [r["launch_id"] for r in launching.in_progress(instance, launching.DECISIONS_JOB)] == [runs[0]["launch_id"], queued[0]["launch_id"]]
+    assert [r["launch_id"] for r in launching.in_progress(instance, launching.DECISIONS_JOB)] == [
+        runs[0]["launch_id"],
+        queued[0]["launch_id"],
+    ]
 
     log.unlink()  # the stuck open() stays stuck: nobody can open an unlinked FIFO for writing
     log.write_bytes(kept)
@@ -102,13 +122,26 @@ def test_a_killed_worker_is_failed_its_slot_freed_and_the_queue_goes_on(instance
     _wait_for(lambda: instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE, timeout=60)
     assert dead.run_id not in instance.event_log_storage.get_concurrency_info("duckdb").active_run_ids
     print(f"dead run failed and its slot freed {time.time() - killed:.1f} s after kill -9")
-    behind = _wait_for(lambda: (r := _run_of(instance, queued[0]["launch_id"])) is not None and r.is_finished and r, timeout=400, step=1)
+    behind = _wait_for(
+        lambda: (r := _run_of(instance, queued[0]["launch_id"])) is not None and r.is_finished and r,
+        timeout=400,
+        step=1,
+    )
     assert behind.status == dg.DagsterRunStatus.SUCCESS and behind.tags["dagster/partition"] == queued_day
 
     result = launching.extract(state)  # the dead run's date is still to do: launched again
-    assert result["launched"] and day in result["dates"] and queued_day not in result["dates"] and result["in_live_runs"] == {}
+    assert (
+        result["launched"]
+        and day in result["dates"]
+        and queued_day not in result["dates"]
+        and result["in_live_runs"] == {}
+    )
     launch_ids = [r["launch_id"] for r in result["runs"]]
-    finished = _wait_for(lambda: all((r := _run_of(instance, i)) is not None and r.is_finished for i in launch_ids), timeout=400, step=1)
+    finished = _wait_for(
+        lambda: all((r := _run_of(instance, i)) is not None and r.is_finished for i in launch_ids), timeout=400, step=1
+    )
     assert finished and all(_run_of(instance, i).status == dg.DagsterRunStatus.SUCCESS for i in launch_ids)
     assert len(state.warehouse.read("operator_decisions", day)) >= 1
-    _wait_for(lambda: launching.in_progress(instance, launching.DECISIONS_JOB) == [], timeout=60)  # the queue files are gone
+    _wait_for(
+        lambda: launching.in_progress(instance, launching.DECISIONS_JOB) == [], timeout=60
+    )  # the queue files are gone

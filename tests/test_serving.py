@@ -18,11 +18,14 @@ from outcome_flywheel.models.serve.serving import tier_summary
 from outcome_flywheel.storage import atomic_symlink
 from service.config import ServiceConfig
 from service.main import start_in_thread
-from tests.serving_fixtures import PolicyPublisher, tiny_root
 from tests.service_fixtures import TOKEN, make_state, publish_adapter
+from tests.serving_fixtures import PolicyPublisher, tiny_root
 
 CAP = 400  # FLYWHEEL_SERVE_MAX_TOKENS of the test service: long enough for a request to still run during a swap
-MESSAGES = [{"role": "system", "content": "You write trading notes."}, {"role": "user", "content": "Write a trading note on: chips rally"}]
+MESSAGES = [
+    {"role": "system", "content": "You write trading notes."},
+    {"role": "user", "content": "Write a trading note on: chips rally"},
+]
 LONE = "\ud800 hi"  # a lone UTF-16 surrogate: JSON can carry it (as the escape), Unicode text cannot
 
 
@@ -33,13 +36,19 @@ def live(tmp_path_factory, tiny_model_dir):
     publisher = PolicyPublisher(root)
     first = publisher.publish("2025-11-03", seed=1)
     publish_adapter(root, "run-1", seed=5)
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context():
         state = make_state(root)
         state.config.serve_max_tokens = CAP
         server, url = start_in_thread(state)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0, timeout=300)
-        yield {"root": root, "url": url, "client": client, "publisher": publisher, "first": first,
-               "serving": server.config.app.state.serving}
+        yield {
+            "root": root,
+            "url": url,
+            "client": client,
+            "publisher": publisher,
+            "first": first,
+            "serving": server.config.app.state.serving,
+        }
         server.should_exit = True
 
 
@@ -54,7 +63,9 @@ def test_models_are_listed_with_the_versions_they_serve(live):
 
 
 def test_a_completion_from_the_policy(live):
-    raw = live["client"].chat.completions.with_raw_response.create(model="policy", messages=MESSAGES, max_tokens=24, temperature=0)
+    raw = live["client"].chat.completions.with_raw_response.create(
+        model="policy", messages=MESSAGES, max_tokens=24, temperature=0
+    )
     reply = raw.parse()
     version = live["first"]["policy_version"]
     assert reply.system_fingerprint == version and raw.headers["x-flywheel-model-version"] == version
@@ -63,15 +74,26 @@ def test_a_completion_from_the_policy(live):
     assert choice.message.role == "assistant" and isinstance(choice.message.content, str) and choice.message.content
     assert choice.finish_reason in ("stop", "length")
     usage = reply.usage
-    assert usage.prompt_tokens > 10 and 1 <= usage.completion_tokens <= 24 and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert (
+        usage.prompt_tokens > 10
+        and 1 <= usage.completion_tokens <= 24
+        and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    )
     # A seed makes a sampled reply repeatable; another seed samples another one.
-    again = [live["client"].chat.completions.create(model="policy", messages=MESSAGES, max_tokens=24, temperature=1.0, seed=s).choices[0].message.content
-             for s in (7, 7, 8)]
+    again = [
+        live["client"]
+        .chat.completions.create(model="policy", messages=MESSAGES, max_tokens=24, temperature=1.0, seed=s)
+        .choices[0]
+        .message.content
+        for s in (7, 7, 8)
+    ]
     assert again[0] == again[1] and again[0] != again[2]
 
 
 def test_a_completion_from_the_preference_model(live):
-    reply = live["client"].chat.completions.create(model="preference", messages=MESSAGES[1:], max_tokens=12, temperature=0)
+    reply = live["client"].chat.completions.create(
+        model="preference", messages=MESSAGES[1:], max_tokens=12, temperature=0
+    )
     assert reply.system_fingerprint.startswith("preference:run-1@") and reply.usage.completion_tokens >= 1
 
 
@@ -87,27 +109,42 @@ def test_anonymous_and_wrong_tokens_get_401_on_reads_and_writes(live):
         assert response.json()["error"]["code"] == "invalid_api_key"
 
 
-@pytest.mark.parametrize("body, status, param", [
-    ("{not json", 400, None),
-    ([1, 2], 400, None),
-    ({"model": "policy"}, 400, "messages"),
-    ({"model": "policy", "messages": []}, 400, "messages"),
-    ({"model": "policy", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
-    ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400, "temperature"),
-    ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
-    ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}, 400, "stream"),
-    ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
-    ({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
-    # A lone UTF-16 surrogate: valid JSON (the escape), not text; the tokenizer raised on it (a 500).
-    (json.dumps({"model": "policy", "messages": [{"role": "user", "content": LONE}]}), 400, "messages.0.content"),
-    (json.dumps({"model": "policy", "messages": [{"role": "user", "content": [{"type": "text", "text": LONE}]}]}), 400, "messages.0.content.0.text"),
-    (json.dumps({"model": "policy", "messages": MESSAGES, "user": {LONE: 1}}), 400, "user"),
-    ('{"model": "policy", "messages": ' + "[" * 5000 + "]" * 5000 + "}", 400, None),  # deeper than the parser's stack
-    ('{"model": "policy", "messages": [{"role": "user", "content": "' + "x" * 70_000 + '"}]}', 413, None),
-])
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        ("{not json", 400, None),
+        ([1, 2], 400, None),
+        ({"model": "policy"}, 400, "messages"),
+        ({"model": "policy", "messages": []}, 400, "messages"),
+        ({"model": "policy", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
+        ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "temperature": 5}, 400, "temperature"),
+        ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+        ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "stream": True}, 400, "stream"),
+        ({"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+        # A lone UTF-16 surrogate: valid JSON (the escape), not text; the tokenizer raised on it (a 500).
+        (json.dumps({"model": "policy", "messages": [{"role": "user", "content": LONE}]}), 400, "messages.0.content"),
+        (
+            json.dumps(
+                {"model": "policy", "messages": [{"role": "user", "content": [{"type": "text", "text": LONE}]}]}
+            ),
+            400,
+            "messages.0.content.0.text",
+        ),
+        (json.dumps({"model": "policy", "messages": MESSAGES, "user": {LONE: 1}}), 400, "user"),
+        (
+            '{"model": "policy", "messages": ' + "[" * 5000 + "]" * 5000 + "}",
+            400,
+            None,
+        ),  # deeper than the parser's stack
+        ('{"model": "policy", "messages": [{"role": "user", "content": "' + "x" * 70_000 + '"}]}', 413, None),
+    ],
+)
 def test_garbage_gets_a_4xx_in_openais_shape(live, body, status, param):
     kwargs = {"content": body} if isinstance(body, str) else {"json": body}
-    response = httpx.post(live["url"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60, **kwargs)
+    response = httpx.post(
+        live["url"] + "/v1/chat/completions", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60, **kwargs
+    )
     assert response.status_code == status, response.text[:300]
     error = response.json()["error"]
     assert error["message"] and error["type"] == "invalid_request_error" and error["param"] == param
@@ -126,7 +163,9 @@ def test_the_openai_client_shows_the_reason_of_every_refusal(live):
             client.post("/chat/completions", cast_to=object, body=wire)
         assert bad.value.param == "messages.0.content" and bad.value.code == "invalid_unicode"
     with pytest.raises(openai.APIStatusError, match="413 - request body over 64 KB") as big:
-        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x" * 70_000}], max_tokens=4)
+        client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "x" * 70_000}], max_tokens=4
+        )
     assert big.value.status_code == 413 and big.value.code == "request_too_large"
     with pytest.raises(openai.NotFoundError, match="POST /v1/completions is not an endpoint of this server") as unknown:
         client.completions.create(model="policy", prompt="hi", max_tokens=4)
@@ -134,7 +173,9 @@ def test_the_openai_client_shows_the_reason_of_every_refusal(live):
     with pytest.raises(openai.APIStatusError, match="405 - GET is not allowed on /v1/chat/completions"):
         client.get("/chat/completions", cast_to=object)
     with pytest.raises(openai.BadRequestError, match="nests objects or lists too deeply"):
-        client.post("/chat/completions", cast_to=object, body=('{"messages": ' + "[" * 5000 + "]" * 5000 + "}").encode())
+        client.post(
+            "/chat/completions", cast_to=object, body=('{"messages": ' + "[" * 5000 + "]" * 5000 + "}").encode()
+        )
     # Anonymous, the same bodies get the 401, in the same shape, before anything reads them.
     stranger = openai.OpenAI(base_url=f"{live['url']}/v1", api_key="not-the-token", max_retries=0)
     with pytest.raises(openai.AuthenticationError, match="needs Authorization: Bearer"):
@@ -146,11 +187,15 @@ def test_the_token_cap(live):
     with pytest.raises(openai.BadRequestError, match=f"cap of {CAP} tokens"):
         client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=CAP + 1)
     # ignore_eos (vLLM's extension): the reply runs to the budget, and stops there.
-    reply = client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=9, extra_body={"ignore_eos": True})
+    reply = client.chat.completions.create(
+        model="policy", messages=MESSAGES, max_tokens=9, extra_body={"ignore_eos": True}
+    )
     assert reply.usage.completion_tokens == 9 and reply.choices[0].finish_reason == "length"
     # Over the model's context (tiny-local: 1024 tokens) is refused with the numbers.
     with pytest.raises(openai.BadRequestError, match="context"):
-        client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "chips rally " * 900}], max_tokens=CAP)
+        client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "chips rally " * 900}], max_tokens=CAP
+        )
 
 
 def test_hot_swap_new_requests_get_new_weights_in_flight_ones_finish_on_the_old(live):
@@ -159,12 +204,17 @@ def test_hot_swap_new_requests_get_new_weights_in_flight_ones_finish_on_the_old(
     assert client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4).system_fingerprint == old
     # Day 2 is published but not yet verified: `latest` has not moved, nothing changes.
     new = publisher.publish("2025-11-04", seed=2, verify=False)["policy_version"]
-    assert new != old and client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4).system_fingerprint == old
+    assert (
+        new != old
+        and client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4).system_fingerprint == old
+    )
 
     started: dict = {}
 
     def long_request():
-        started["reply"] = client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=CAP, extra_body={"ignore_eos": True})
+        started["reply"] = client.chat.completions.create(
+            model="policy", messages=MESSAGES, max_tokens=CAP, extra_body={"ignore_eos": True}
+        )
         started["done_at"] = time.monotonic()
 
     thread = threading.Thread(target=long_request)
@@ -185,7 +235,9 @@ def test_hot_swap_new_requests_get_new_weights_in_flight_ones_finish_on_the_old(
     assert swapped.system_fingerprint == new  # the next request: the new weights, no restart
     assert started["reply"].system_fingerprint == old  # the one in flight: the old weights, to its last token
     assert started["reply"].usage.completion_tokens == CAP and started["done_at"] > moved_at
-    assert still_running and started["done_at"] > swapped_at, "the new model answered while the old one was still generating"
+    assert still_running and started["done_at"] > swapped_at, (
+        "the new model answered while the old one was still generating"
+    )
     assert serving.loads[-1]["version"] == new and serving.loads[-1]["replaced"] == old
     assert {m.id: m.version for m in client.models.list().data}["policy"] == new
 
@@ -201,7 +253,11 @@ def test_a_rejected_day_and_an_unverified_rerun_never_reach_the_served_model(liv
     # Day 4 re-run: other weights, not verified, and `latest` names it (a re-run republishes under the pointer).
     unverified = publisher.publish("2025-11-06", seed=3, verify=False)["policy_version"]
     atomic_symlink(publisher.ckpt_root / "2025-11-06", publisher.ckpt_root / "latest")
-    assert client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4).system_fingerprint == served != unverified
+    assert (
+        client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4).system_fingerprint
+        == served
+        != unverified
+    )
     assert len(serving.loads) == loads
     summary = tier_summary(live["root"])
     assert f"policy = {served}" in summary and "1 rejected" in summary and "1 unverified" in summary
@@ -212,7 +268,9 @@ def test_a_distilled_checkpoint_named_by_latest_is_served(live):
     client, publisher = live["client"], live["publisher"]
     distilled = publisher.publish("2025-11-06.distill-r1", seed=4)["policy_version"]
     assert (publisher.ckpt_root / "latest").resolve().name == "2025-11-06.distill-r1"
-    assert client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4).system_fingerprint == distilled
+    assert (
+        client.chat.completions.create(model="policy", messages=MESSAGES, max_tokens=4).system_fingerprint == distilled
+    )
 
 
 def test_a_new_preference_adapter_is_swapped_in(live):

@@ -21,7 +21,15 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from outcome_flywheel.settings import DEFAULTS, FREE_FORM, PROJECT_ROOT, RULES, SAMPLE_DATA, SettingsError, settings_problems
+from outcome_flywheel.settings import (
+    DEFAULTS,
+    FREE_FORM,
+    PROJECT_ROOT,
+    RULES,
+    SAMPLE_DATA,
+    SettingsError,
+    settings_problems,
+)
 
 VARIABLES = sorted(set(RULES) | set(FREE_FORM))
 
@@ -229,7 +237,9 @@ def test_max_headlines_reaches_the_feeds(tmp, monkeypatch):
 def test_a_resource_checks_its_resolved_fields_when_a_run_starts(tmp, monkeypatch):
     """A value that changed after the load (or a field set in the run config) meets the variable's
     rule too: the resource refuses to start, naming the variable."""
-    with environment(monkeypatch, {"FLYWHEEL_MAX_HEADLINES": "12", "FLYWHEEL_MIN_HEADLINES": "2", "FLYWHEEL_BACKEND": "mlx"}):
+    with environment(
+        monkeypatch, {"FLYWHEEL_MAX_HEADLINES": "12", "FLYWHEEL_MIN_HEADLINES": "2", "FLYWHEEL_BACKEND": "mlx"}
+    ):
         resources = load_definitions().resources
         monkeypatch.setenv("FLYWHEEL_MAX_HEADLINES", "0")
         monkeypatch.setenv("FLYWHEEL_BACKEND", "foo")
@@ -245,6 +255,10 @@ def test_dagster_definitions_validate_with_every_variable_set(tmp):
     env.update({name: _valid(name, tmp) for name in VARIABLES}, DAGSTER_HOME=str(tmp))
     proc = subprocess.run(
         [str(PROJECT_ROOT / ".venv" / "bin" / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -7,7 +7,15 @@ import subprocess
 
 import pytest
 
-from outcome_flywheel.settings import DEFAULTS, FREE_FORM, PROJECT_ROOT, RULES, SettingsError, settings_problems, validate_environment
+from outcome_flywheel.settings import (
+    DEFAULTS,
+    FREE_FORM,
+    PROJECT_ROOT,
+    RULES,
+    SettingsError,
+    settings_problems,
+    validate_environment,
+)
 
 # (variable, bad value, words the message must contain besides the variable: the allowed values)
 BAD = [
@@ -25,7 +33,11 @@ BAD = [
     ("FLYWHEEL_TIMEZONE", "Mars/Olympus_Mons", ["IANA", "America/New_York"]),
     ("FLYWHEEL_TIMEZONE", "EST+5", ["IANA"]),
     ("FLYWHEEL_FEED_URLS", "file:///tmp/feed.xml", ["http://", "https://", "FLYWHEEL_FEEDS_ARCHIVE"]),
-    ("FLYWHEEL_FEED_URLS", "https://example.com/rss, ftp://example.com/x", ["http://", "https://", "ftp://example.com/x"]),
+    (
+        "FLYWHEEL_FEED_URLS",
+        "https://example.com/rss, ftp://example.com/x",
+        ["http://", "https://", "ftp://example.com/x"],
+    ),
     ("FLYWHEEL_FEED_URLS", "http:///no-host", ["http://", "https://"]),
     ("FLYWHEEL_MAX_HEADLINES", "0", ["integer", ">= 1"]),
     ("FLYWHEEL_MIN_HEADLINES", "-1", ["integer", ">= 0"]),
@@ -81,7 +93,9 @@ def test_defaults_and_unset_and_empty_pass():
 
 def test_every_problem_is_reported_at_once():
     with pytest.raises(SettingsError) as err:
-        validate_environment({"FLYWHEEL_BACKEND": "foo", "FLYWHEEL_SEED": "x", "FLYWHEEL_TIMEZONE": "Nowhere", "FLYWHEEL_DEVICE": "cpu"})
+        validate_environment(
+            {"FLYWHEEL_BACKEND": "foo", "FLYWHEEL_SEED": "x", "FLYWHEEL_TIMEZONE": "Nowhere", "FLYWHEEL_DEVICE": "cpu"}
+        )
     message = str(err.value)
     assert "3 " in message
     for name in ("FLYWHEEL_BACKEND", "FLYWHEEL_SEED", "FLYWHEEL_TIMEZONE"):
@@ -109,7 +123,11 @@ def test_the_definitions_refuse_to_load_with_a_bad_backend(tmp_path):
     env.update(FLYWHEEL_BACKEND="foo", FLYWHEEL_DATA_DIR=str(tmp_path / "data"), DAGSTER_HOME=str(tmp_path))
     proc = subprocess.run(
         [str(PROJECT_ROOT / ".venv" / "bin" / "dagster"), "definitions", "validate", "-w", "workspace.yaml"],
-        cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=PROJECT_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output

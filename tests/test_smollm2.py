@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
+from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.sampling import logprob_tolerance
+from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.settings import PROJECT_ROOT
 from tests.tolerances import assert_logprobs_close, logprob_tolerances
-from outcome_flywheel.models.train.gspo import train_gspo
 
 NAME = "smollm2-135m-instruct"
 PROMPTS = [
@@ -96,8 +96,9 @@ def test_conversion_logits_equal_the_gguf_models_exactly(smollm2_dir, smol_torch
     assert config["model_type"] == "llama" and "quantization_config" not in config
     gguf, tokenizer = load_gguf()
     ids = torch.tensor([smol_torch.prompt_ids(PROMPTS[0])])
-    assert tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, tokenize=False) == smol_torch.tokenizer.apply_chat_template(
-        PROMPTS[0], add_generation_prompt=True, tokenize=False)
+    assert tokenizer.apply_chat_template(
+        PROMPTS[0], add_generation_prompt=True, tokenize=False
+    ) == smol_torch.tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, tokenize=False)
     with torch.no_grad():
         expected = gguf(ids).logits
         got = smol_torch.model(ids).logits
@@ -108,8 +109,10 @@ def test_conversion_logits_equal_the_gguf_models_exactly(smollm2_dir, smol_torch
 def test_chat_template_renders_the_note_prompt(smol_torch):
     system, user = PROMPTS[0]
     text = smol_torch.tokenizer.apply_chat_template(PROMPTS[0], add_generation_prompt=True, tokenize=False)
-    assert text == (f"<|im_start|>system\n{system['content']}<|im_end|>\n<|im_start|>user\n{user['content']}<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        f"<|im_start|>system\n{system['content']}<|im_end|>\n<|im_start|>user\n{user['content']}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     # Qwen3's parts are absent and harmless: no think tokens to ban, `enable_thinking` changes nothing.
     assert smol_torch.think_ids == set() and smol_torch.banned_ids(SamplingConfig()) == []
     assert smol_torch.prompt_ids(PROMPTS[0], enable_thinking=True) == smol_torch.prompt_ids(PROMPTS[0])
@@ -124,8 +127,8 @@ def torch_samples(smol_torch):
 
 
 def test_pi_old_equals_teacher_forcing_within_the_fp32_tolerance(smol_torch, smollm2_dir, torch_samples):
-    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.torch.backend import TorchBackend
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
     prompts = [PROMPTS[i // 2] for i in range(len(torch_samples))]
     forced = smol_torch.response_logprobs(prompts, [s.token_ids for s in torch_samples], temperature=0.8)
@@ -136,9 +139,13 @@ def test_pi_old_equals_teacher_forcing_within_the_fp32_tolerance(smol_torch, smo
     tolerances = logprob_tolerances(smol_torch, prompts, [s.token_ids for s in torch_samples], temperature=0.8)
     assert_logprobs_close([np.asarray(s.logprobs) for s in torch_samples], forced, tolerances)
     # GSPO with the stored values as pi_old starts at ratio 1 (a fresh backend: nothing trained yet).
-    examples = [GSPOExample(prompt=p, response_ids=s.token_ids, behavior_logprobs=s.logprobs, advantage=(-1.0) ** i)
-                for i, (p, s) in enumerate(zip(prompts, torch_samples))]
-    config = GSPOConfig(batch_size=4, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8, old_logprobs="stored")
+    examples = [
+        GSPOExample(prompt=p, response_ids=s.token_ids, behavior_logprobs=s.logprobs, advantage=(-1.0) ** i)
+        for i, (p, s) in enumerate(zip(prompts, torch_samples))
+    ]
+    config = GSPOConfig(
+        batch_size=4, learning_rate=1e-3, lora=LoraSettings(r=4, alpha=8), temperature=0.8, old_logprobs="stored"
+    )
     stats = train_gspo(TorchBackend(smollm2_dir, device="cpu"), examples, config)
     # s_i = exp(mean_t(logp - stored)): within expm1 of its tokens' mean bound of 1 (was 1e-5)
     ratio_tol = max(float(np.expm1(t.mean())) for t in tolerances)
@@ -159,7 +166,9 @@ def test_torch_and_mlx_agree_on_ids_and_logprobs(smollm2_dir, smol_torch, torch_
     # Per token within the rounding bound of two fp32 forwards of 30 layers (tests/tolerances.py:
     # it grows with the depth, where the flat 1e-3 of the sampling table did not).
     tolerances = logprob_tolerances(smol_torch, prompts, responses)
-    assert_logprobs_close(mlx.response_logprobs(prompts, responses), smol_torch.response_logprobs(prompts, responses), tolerances)
+    assert_logprobs_close(
+        mlx.response_logprobs(prompts, responses), smol_torch.response_logprobs(prompts, responses), tolerances
+    )
     # MLX's own samples: its stored pi_old equals torch's teacher forcing at the sampling temperature.
     config = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=16)
     mlx_samples = [s for g in mlx.sample(PROMPTS, 2, config, seeds=[3, 4]) for s in g]
@@ -174,7 +183,9 @@ def test_base_model_asset_provisions_it_offline_and_its_checks_pass(smol_data_di
     from outcome_flywheel.storage import Warehouse
 
     loader = ModelLoader(data_dir=str(smol_data_dir), base_model=NAME, backend="torch", device="cpu")
-    result = dg.materialize([base_model], resources={"model_backend": loader, "warehouse": Warehouse(data_dir=str(smol_data_dir))})
+    result = dg.materialize(
+        [base_model], resources={"model_backend": loader, "warehouse": Warehouse(data_dir=str(smol_data_dir))}
+    )
     assert result.success
     meta = result.asset_materializations_for_node("base_model")[0].metadata
     assert meta["reused_existing_build"].value is True and meta["parameters"].value == 134_515_008
@@ -197,7 +208,9 @@ def _require_fast_mlx() -> None:
     daily loop 751 s, flywheel 2,600 s, busy); they run on Apple silicon, or anywhere with FLYWHEEL_SLOW_TESTS=1."""
     mx = pytest.importorskip("mlx.core", reason="mlx is not importable here (the `mlx` extra)")
     if not mx.metal.is_available() and os.environ.get("FLYWHEEL_SLOW_TESTS") != "1":
-        pytest.skip("SmolLM2 loops on mlx's CPU wheel take 10-45 min here: FLYWHEEL_SLOW_TESTS=1 runs them (Metal runs them always)")
+        pytest.skip(
+            "SmolLM2 loops on mlx's CPU wheel take 10-45 min here: FLYWHEEL_SLOW_TESTS=1 runs them (Metal runs them always)"
+        )
 
 
 def _daily_resources(root, backend: str, judge_model: str = ""):
@@ -223,21 +236,30 @@ def test_daily_loop_two_days_on_smollm2(smol_data_dir, offline, backend):
     """sampling, judging (tiny-local as judge: see docs/models.md), structure, calls, GSPO with LoRA, gate, A/B."""
     if backend == "mlx":
         _require_fast_mlx()
-    from assets.daily_rl.daily_update import daily_update
     from assets.daily_rl.baseline import baseline_rollouts
-    from assets.daily_rl.policy_eval import policy_eval
+    from assets.daily_rl.daily_update import daily_update
     from assets.daily_rl.headlines import headlines
     from assets.daily_rl.outcomes import rollout_outcomes
+    from assets.daily_rl.policy_eval import policy_eval
 
     res = _daily_resources(smol_data_dir, backend, judge_model="tiny-local")
     run_config = {"ops": {"daily_update": {"config": SMALL}}}
-    assets = [headlines, daily_update, baseline_rollouts, rollout_outcomes, policy_eval]  # the report, pairs and back-test: tiny-local's tests
+    assets = [
+        headlines,
+        daily_update,
+        baseline_rollouts,
+        rollout_outcomes,
+        policy_eval,
+    ]  # the report, pairs and back-test: tiny-local's tests
     for day in (DAY1, DAY2):
         result = dg.materialize(assets, partition_key=day, resources=res, run_config=run_config)
         assert result.success
         # The gate may reject a 16-token, one-step update (its check says so); every other check must pass.
-        failed = [(c.asset_key.to_user_string(), c.check_name) for c in result.get_asset_check_evaluations()
-                  if not c.passed and c.check_name != "update_accepted_by_gate"]
+        failed = [
+            (c.asset_key.to_user_string(), c.check_name)
+            for c in result.get_asset_check_evaluations()
+            if not c.passed and c.check_name != "update_accepted_by_gate"
+        ]
         assert not failed, failed
     wh = res["warehouse"]
     rollouts = wh.read("rollouts", DAY2)
@@ -287,13 +309,25 @@ def test_flywheel_on_smollm2(smol_data_dir, offline, backend, tmp_path):
     log.write_text("\n".join(records) + "\n")
     warehouse = Warehouse(data_dir=str(smol_data_dir))
     loader = ModelLoader(data_dir=str(smol_data_dir), base_model=NAME, backend=backend, device="cpu")
-    resources = {"warehouse": warehouse, "model_backend": loader, "audit_log": AuditLog(path=str(log)),
-                 "market_data": MarketData(data_dir=str(smol_data_dir)), "step_runner": StepRunnerResource(runner="in_process")}
+    resources = {
+        "warehouse": warehouse,
+        "model_backend": loader,
+        "audit_log": AuditLog(path=str(log)),
+        "market_data": MarketData(data_dir=str(smol_data_dir)),
+        "step_runner": StepRunnerResource(runner="in_process"),
+    }
     instance = dg.DagsterInstance.ephemeral()
     tags = {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}
-    assert dg.materialize([operator_decisions, decision_outcomes], resources=resources, tags=tags, instance=instance).success
+    assert dg.materialize(
+        [operator_decisions, decision_outcomes], resources=resources, tags=tags, instance=instance
+    ).success
     cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}
-    result = dg.materialize([dpo_dataset, preference_adapter, holdout_eval, style_drift], resources=resources, run_config=cfg, instance=instance)
+    result = dg.materialize(
+        [dpo_dataset, preference_adapter, holdout_eval, style_drift],
+        resources=resources,
+        run_config=cfg,
+        instance=instance,
+    )
     assert result.success
     assert all(c.passed for c in result.get_asset_check_evaluations() if c.severity == dg.AssetCheckSeverity.ERROR)
     latest = warehouse.path("adapters", "preference", "latest")
@@ -304,5 +338,10 @@ def test_flywheel_on_smollm2(smol_data_dir, offline, backend, tmp_path):
     auc = warehouse.read_all("holdout_eval_history").iloc[-1]
     assert 0 <= auc["auc"] <= 1 and auc["n_holdout"] == len(scored)
     assert warehouse.read("style_drift")["drift"][0] in ("high", "low", "unknown")
-    one = style_score([{"symbol": "MSFT", "side": "buy", "weight": 0.02}], {"regime": "neutral"}, model_backend=loader, warehouse=warehouse)
+    one = style_score(
+        [{"symbol": "MSFT", "side": "buy", "weight": 0.02}],
+        {"regime": "neutral"},
+        model_backend=loader,
+        warehouse=warehouse,
+    )
     assert one["available"] and 0 < one["style_match_score"] < 1

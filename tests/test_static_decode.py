@@ -18,12 +18,14 @@ from outcome_flywheel.models.provision.qwen3_shapes import build_model, qwen3_to
 from outcome_flywheel.models.sampling import keep_thresholds, logprob_tolerance
 from outcome_flywheel.models.torch.graph_sampler import batch_bucket, device_keep_thresholds, length_bucket
 from outcome_flywheel.models.torch.static_cache import unsupported_reason
-from tests.tolerances import logprob_tolerances, worst_ratio
 from outcome_flywheel.models.train.gspo import train_gspo
+from tests.tolerances import logprob_tolerances, worst_ratio
 
-PROMPTS = [trading_note_messages("Chevron beats estimates", "Output hit a record."),
-           trading_note_messages("Chip stocks fall on export curbs", ""),
-           trading_note_messages("Apple cuts outlook", "Shares slide after hours as iPhone demand cools in China.")]
+PROMPTS = [
+    trading_note_messages("Chevron beats estimates", "Output hit a record."),
+    trading_note_messages("Chip stocks fall on export curbs", ""),
+    trading_note_messages("Apple cuts outlook", "Shares slide after hours as iPhone demand cools in China."),
+]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 RULES = {
     "top-k+top-p": SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=40),
@@ -46,9 +48,19 @@ def llama_dir(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("static") / "llama"
     tokenizer = qwen3_tokenizer()
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(4)
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -61,7 +73,9 @@ def _backends(model_dir, device, lora: bool = False):
     pair = [TorchBackend(model_dir, device=device, dtype="float32", static_decode=flag) for flag in (False, True)]
     if lora:
         for backend in pair:
-            torch.manual_seed(7)  # the same adapter in both: A is drawn at random, B made non-zero (PEFT starts it at zero)
+            torch.manual_seed(
+                7
+            )  # the same adapter in both: A is drawn at random, B made non-zero (PEFT starts it at zero)
             backend.add_lora(LoraSettings(r=4, alpha=8))
             with torch.no_grad():
                 for name, p in backend.model.named_parameters():
@@ -89,7 +103,12 @@ def _assert_same(eager_groups, static_groups, backend, config) -> None:
 def test_static_sampler_writes_the_eager_samplers_tokens_in_fp32(qwen3_dir, device, rule):
     eager, static = _backends(qwen3_dir, device)
     config = RULES[rule]
-    _assert_same(eager.sample(PROMPTS, 4, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 4, config, seeds=[1, 2, 3]), eager, config)
+    _assert_same(
+        eager.sample(PROMPTS, 4, config, seeds=[1, 2, 3]),
+        static.sample(PROMPTS, 4, config, seeds=[1, 2, 3]),
+        eager,
+        config,
+    )
     assert static.graph_sampler.stats.calls == 1 and eager.graph_sampler is None
 
 
@@ -98,7 +117,12 @@ def test_static_sampler_matches_on_llama_blocks_and_under_lora(qwen3_dir, llama_
     config = RULES["top-k+top-p"]
     for model_dir, lora in ((llama_dir, False), (qwen3_dir, True)):
         eager, static = _backends(model_dir, device, lora=lora)
-        _assert_same(eager.sample(PROMPTS, 3, config, seeds=[4, 5, 6]), static.sample(PROMPTS, 3, config, seeds=[4, 5, 6]), eager, config)
+        _assert_same(
+            eager.sample(PROMPTS, 3, config, seeds=[4, 5, 6]),
+            static.sample(PROMPTS, 3, config, seeds=[4, 5, 6]),
+            eager,
+            config,
+        )
         assert static.graph_sampler.stats.calls == 1
 
 
@@ -113,9 +137,19 @@ def test_static_sampler_sees_weights_trained_in_place_and_a_new_adapter(qwen3_di
         with torch.no_grad():
             for p in backend.model.parameters():
                 p.mul_(1.05)
-    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), eager, config)
+    _assert_same(
+        eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]),
+        static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]),
+        eager,
+        config,
+    )
     eager, static = _backends(qwen3_dir, device, lora=True)  # fresh adapters in both
-    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), eager, config)
+    _assert_same(
+        eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]),
+        static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]),
+        eager,
+        config,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -125,7 +159,9 @@ def test_static_sampler_pi_old_equals_teacher_forcing_and_never_thinks(qwen3_dir
     _, static = _backends(qwen3_dir, device)
     config = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=48)
     samples = [s for g in static.sample(PROMPTS, 4, config, seeds=[1, 2, 3]) for s in g]
-    forced = static.response_logprobs([PROMPTS[i // 4] for i in range(len(samples))], [s.token_ids for s in samples], temperature=0.8)
+    forced = static.response_logprobs(
+        [PROMPTS[i // 4] for i in range(len(samples))], [s.token_ids for s in samples], temperature=0.8
+    )
     gaps = [float(np.mean(np.abs(np.asarray(s.logprobs) - f))) for s, f in zip(samples, forced) if len(f)]
     assert max(gaps) <= logprob_tolerance(torch.float32)
 
@@ -133,10 +169,18 @@ def test_static_sampler_pi_old_equals_teacher_forcing_and_never_thinks(qwen3_dir
     # hook runs inside the captured step too; its tensors are made on the device beforehand).
     think = torch.tensor([static.tokenizer.convert_tokens_to_ids("<think>")], device=device)
     boost = torch.tensor([40.0], device=device)
-    hook = static._causal_lm().lm_head.register_forward_hook(lambda module, inputs, out: out.index_add(-1, think, boost.expand(*out.shape[:-1], 1)))
+    hook = static._causal_lm().lm_head.register_forward_hook(
+        lambda module, inputs, out: out.index_add(-1, think, boost.expand(*out.shape[:-1], 1))
+    )
     try:
-        allowed = static.sample(PROMPTS[:1], 4, SamplingConfig(temperature=0.8, max_new_tokens=40, enable_thinking=True), seeds=[1])[0]
-        notes = [s for g in static.sample(PROMPTS, 2, SamplingConfig(temperature=0.8, max_new_tokens=40), seeds=[1, 2, 3]) for s in g]
+        allowed = static.sample(
+            PROMPTS[:1], 4, SamplingConfig(temperature=0.8, max_new_tokens=40, enable_thinking=True), seeds=[1]
+        )[0]
+        notes = [
+            s
+            for g in static.sample(PROMPTS, 2, SamplingConfig(temperature=0.8, max_new_tokens=40), seeds=[1, 2, 3])
+            for s in g
+        ]
     finally:
         hook.remove()
     assert all(set(s.token_ids) & static.think_ids for s in allowed)  # the control: allowed, it thinks
@@ -184,10 +228,23 @@ def test_training_frees_the_static_cache_and_the_trained_policy_samples_as_the_e
     eager, static = _backends(qwen3_dir, "cpu")
     config = RULES["top-k+top-p"]
     groups = static.sample(PROMPTS[:2], 4, config, seeds=[1, 2])
-    examples = [GSPOExample(PROMPTS[i], s.token_ids, s.logprobs, float(k - 1.5)) for i, g in enumerate(groups) for k, s in enumerate(g)]
+    examples = [
+        GSPOExample(PROMPTS[i], s.token_ids, s.logprobs, float(k - 1.5))
+        for i, g in enumerate(groups)
+        for k, s in enumerate(g)
+    ]
     for backend in (eager, static):
         torch.manual_seed(11)  # the same LoRA initialisation in both
-        train_gspo(backend, examples, GSPOConfig(temperature=0.8, learning_rate=1e-2, batch_size=4, lora=LoraSettings(r=4, alpha=8)))
+        train_gspo(
+            backend,
+            examples,
+            GSPOConfig(temperature=0.8, learning_rate=1e-2, batch_size=4, lora=LoraSettings(r=4, alpha=8)),
+        )
     assert static._graph_sampler is None  # released for training
-    _assert_same(eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]), eager, config)
+    _assert_same(
+        eager.sample(PROMPTS, 2, config, seeds=[1, 2, 3]),
+        static.sample(PROMPTS, 2, config, seeds=[1, 2, 3]),
+        eager,
+        config,
+    )
     assert static.graph_sampler.stats.calls == 1

@@ -14,7 +14,11 @@ def _decisions(operator: str, n: int = 240) -> list[dict]:
             records.append(json.loads(line))
         except json.JSONDecodeError:
             continue  # the deliberately malformed line
-    return [r for r in records if r.get("decision") in ("approve", "reject", "override") and r["decision_id"].startswith("d-0")]
+    return [
+        r
+        for r in records
+        if r.get("decision") in ("approve", "reject", "override") and r["decision_id"].startswith("d-0")
+    ]
 
 
 def test_the_sector_operator_is_the_bundled_sample():

@@ -29,8 +29,12 @@ with TrainerLock(sys.argv[1], tier="holder", wait_s=0):
 
 
 def _holder(path, seconds):
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), str(seconds)], stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -89,15 +93,21 @@ def test_audit_rows_are_idempotent_and_a_refusal_is_recorded(tmp_path):
     lock.unlink()
     audit = read_audit(warehouse).set_index("training_id")
     assert len(audit) == 3
-    assert audit.loc["dpo:run-1", "status"] == "succeeded" and json.loads(audit.loc["dpo:run-1", "inputs"]) == {"pairs": 3}
+    assert audit.loc["dpo:run-1", "status"] == "succeeded" and json.loads(audit.loc["dpo:run-1", "inputs"]) == {
+        "pairs": 3
+    }
     assert audit.loc["gspo:day", "status"] == "failed" and "injected" in audit.loc["gspo:day", "error"]
     assert audit.loc["distillation:r", "status"] == "refused"
 
 
 def test_the_pair_pool_is_capped_oldest_first():
     n = POOL_CAP + 3
-    pairs = pd.DataFrame({"decision_id": [f"d{i:05d}" for i in range(n)],
-                          "decision_date": [f"2025-{1 + i % 12:02d}-{1 + i % 28:02d}" for i in range(n)]})
+    pairs = pd.DataFrame(
+        {
+            "decision_id": [f"d{i:05d}" for i in range(n)],
+            "decision_date": [f"2025-{1 + i % 12:02d}-{1 + i % 28:02d}" for i in range(n)],
+        }
+    )
     kept, dropped = cap_pool(pairs)
     assert len(kept) == POOL_CAP and dropped == 3
     gone = set(pairs["decision_id"]) - set(kept["decision_id"])
@@ -122,7 +132,9 @@ def test_the_pool_is_restored_when_a_training_fails(tmp_path):
 def _busy(warehouse: Warehouse) -> None:
     """A lock held by a live process of this host (this test's parent), which nobody releases."""
     warehouse.path(*LOCK_FILE).parent.mkdir(parents=True, exist_ok=True)
-    warehouse.path(*LOCK_FILE).write_text(json.dumps({"pid": os.getppid(), "host": os.uname().nodename, "tier": "other", "started_at": "x"}))
+    warehouse.path(*LOCK_FILE).write_text(
+        json.dumps({"pid": os.getppid(), "host": os.uname().nodename, "tier": "other", "started_at": "x"})
+    )
 
 
 def test_the_audit_row_records_the_wait_the_lock_really_took(tmp_path):
@@ -136,7 +148,9 @@ def test_the_audit_row_records_the_wait_the_lock_really_took(tmp_path):
     stated = float(re.search(r"waited ([0-9.]+) s", str(refused.value)).group(1))
     row = read_audit(warehouse).set_index("training_id").loc["dpo:busy"]
     assert row["status"] == "refused" and row["lock_waited_s"] >= 0.6
-    assert abs(row["lock_waited_s"] - stated) <= 0.05 and refused.value.waited_s == pytest.approx(row["lock_waited_s"], abs=1e-3)
+    assert abs(row["lock_waited_s"] - stated) <= 0.05 and refused.value.waited_s == pytest.approx(
+        row["lock_waited_s"], abs=1e-3
+    )
     # An unreadable lock (a holder still writing it) released after ~0.5 s: the wait is recorded.
     lock = warehouse.path(*LOCK_FILE)
     lock.write_text("")
@@ -187,8 +201,13 @@ with pool_backup(warehouse, "dpo_dataset", sys.argv[2]):
 
 
 def _killed_training(warehouse: Warehouse, label: str, damage: bool) -> None:
-    proc = subprocess.run([sys.executable, "-c", KILLED, str(warehouse.root), label, "damage" if damage else "-"],
-                          cwd=os.path.dirname(os.path.dirname(__file__)), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED, str(warehouse.root), label, "damage" if damage else "-"],
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
 
 
@@ -198,7 +217,9 @@ def test_a_killed_training_s_pool_is_restored_from_its_copy(tmp_path):
     warehouse = Warehouse(data_dir=str(tmp_path))
     warehouse.write("dpo_dataset", POOL)
     _killed_training(warehouse, "run-k", damage=True)
-    assert leftover_backups(warehouse, "dpo_dataset") == ["run-k"] and warehouse.read("dpo_dataset")["decision_id"].tolist() == ["damaged"]
+    assert leftover_backups(warehouse, "dpo_dataset") == ["run-k"] and warehouse.read("dpo_dataset")[
+        "decision_id"
+    ].tolist() == ["damaged"]
     assert restore_pool(warehouse, "dpo_dataset", "run-k")
     pd.testing.assert_frame_equal(warehouse.read("dpo_dataset"), POOL)
     assert leftover_backups(warehouse, "dpo_dataset") == [] and _backup_folders(warehouse) == []
@@ -224,4 +245,8 @@ def test_a_copy_nothing_restored_is_removed_by_the_next_training(tmp_path):
         pd.testing.assert_frame_equal(rows, rebuilt)
     pd.testing.assert_frame_equal(warehouse.read("dpo_dataset"), rebuilt)
     assert _backup_folders(warehouse) == []
-    assert len(said) == 1 and "backups_dpo_dataset run=run-k2, left by a killed run" in said[0] and "rebuilt since" in said[0]
+    assert (
+        len(said) == 1
+        and "backups_dpo_dataset run=run-k2, left by a killed run" in said[0]
+        and "rebuilt since" in said[0]
+    )

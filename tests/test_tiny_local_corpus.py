@@ -9,8 +9,8 @@ import pytest
 
 from benchmarks.tiny_local_calls import archive_headlines, call_stats, sample_notes
 from outcome_flywheel.daily_rl.notes.calls import parse_call
-from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.daily_rl.notes.relevance import KNOWN_SYMBOLS, headline_symbols
+from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.models.provision.tiny_local import CORPUS, load_corpus
 from scripts.make_tiny_local_corpus import make_notes
 
@@ -56,14 +56,21 @@ def test_corpus_rows_carry_their_news_and_side(corpus):
 
 
 def test_call_stats_counts_calls_on_the_headlines_company():
-    notes = pd.DataFrame([
-        ("Apple beats quarterly estimates on strong cloud demand", "", "Trade Recommendation: Buy Apple."),
-        ("Apple beats quarterly estimates on strong cloud demand", "", "Trade Recommendation: Sell AAPL."),
-        ("Intel recalls products in consumer line", "", "Trade Recommendation: Sell Intel."),
-        ("Intel recalls products in consumer line", "", "Trade Recommendation: Buy Nvidia."),  # another company
-        ("Intel recalls products in consumer line", "", "Trade Recommendation: No trade on Intel."),
-        ("INTC shares rise 2.0% after the news", "Follow-up: Intel recalls products in consumer line.", "Buy INTC."),
-    ], columns=["title", "summary", "note"])
+    notes = pd.DataFrame(
+        [
+            ("Apple beats quarterly estimates on strong cloud demand", "", "Trade Recommendation: Buy Apple."),
+            ("Apple beats quarterly estimates on strong cloud demand", "", "Trade Recommendation: Sell AAPL."),
+            ("Intel recalls products in consumer line", "", "Trade Recommendation: Sell Intel."),
+            ("Intel recalls products in consumer line", "", "Trade Recommendation: Buy Nvidia."),  # another company
+            ("Intel recalls products in consumer line", "", "Trade Recommendation: No trade on Intel."),
+            (
+                "INTC shares rise 2.0% after the news",
+                "Follow-up: Intel recalls products in consumer line.",
+                "Buy INTC.",
+            ),
+        ],
+        columns=["title", "summary", "note"],
+    )
     figures = call_stats(notes)
     assert figures["notes"] == 6
     assert (figures["on_company"]["k"], figures["on_company"]["share"]) == (4, round(4 / 6, 3))

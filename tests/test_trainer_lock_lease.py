@@ -35,7 +35,9 @@ def _pod_lock(path, expires_in: float | None, started_ago: float = 120.0) -> dic
     """A lock written by a trainer in another pod; `expires_in` None: one without a lease (older version)."""
     holder = {"pid": 1, "host": POD, "tier": "dpo", "started_at": _iso(-started_ago)}
     if expires_in is not None:
-        holder.update(token=uuid.uuid4().hex, heartbeat_at=_iso(expires_in - 60), lease_s=60.0, lease_expires_at=_iso(expires_in))
+        holder.update(
+            token=uuid.uuid4().hex, heartbeat_at=_iso(expires_in - 60), lease_s=60.0, lease_expires_at=_iso(expires_in)
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(holder))
     return holder
@@ -91,14 +93,18 @@ with TrainerLock(sys.argv[1], tier="holder", wait_s=0):
 """
 
 
-def test_a_live_holder_s_heartbeat_keeps_its_lock_past_several_leases_and_a_killed_one_loses_it(tmp_path, monkeypatch, elsewhere):
+def test_a_live_holder_s_heartbeat_keeps_its_lock_past_several_leases_and_a_killed_one_loses_it(
+    tmp_path, monkeypatch, elsewhere
+):
     """Seen from another host: a live holder (a real process) renews its lease, atomically (the lock
     file is never missing nor half-written), and keeps the lock for 3+ leases; SIGKILLed, its lease
     runs out and the lock is cleared, though no PID could be checked."""
     lease = 1.5
     monkeypatch.setenv(LEASE, str(lease))
     path = tmp_path / "trainer.lock"
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), "60"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path), "60"], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     try:
         assert proc.stdout.readline().strip() == "held"
         first = read_holder(path)
@@ -117,7 +123,9 @@ def test_a_live_holder_s_heartbeat_keeps_its_lock_past_several_leases_and_a_kill
         finally:
             done.set()
             watcher.join()
-        assert all(h and h["token"] == first["token"] and h["pid"] == proc.pid for h in seen)  # never missing, never another
+        assert all(
+            h and h["token"] == first["token"] and h["pid"] == proc.pid for h in seen
+        )  # never missing, never another
         beats = {h["heartbeat_at"] for h in seen}
         assert len(beats) >= 8 and read_holder(path)["lease_expires_at"] > first["lease_expires_at"]
         proc.send_signal(signal.SIGKILL)

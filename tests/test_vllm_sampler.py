@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from outcome_flywheel.models.loader import ModelLoader, load_backend
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
+from outcome_flywheel.models.loader import ModelLoader, load_backend
 from outcome_flywheel.models.sampling import row_seed
 from outcome_flywheel.models.torch import vllm_sampling as vs
-from outcome_flywheel.settings import settings_problems
 from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.settings import settings_problems
 
 
 def test_vllm_sampler_without_cuda_or_vllm_says_what_it_needs(tiny_model_dir):
@@ -38,14 +38,40 @@ def test_sampler_setting_is_validated():
 def test_one_seeded_request_per_sample_with_the_loops_settings():
     rows = vs.sample_rows(2, 3, seeds=[11, 12])
     assert [(i, j) for i, j, _ in rows] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
-    assert [s for _, _, s in rows] == [row_seed(11, 0), row_seed(11, 1), row_seed(11, 2), row_seed(12, 0), row_seed(12, 1), row_seed(12, 2)]
+    assert [s for _, _, s in rows] == [
+        row_seed(11, 0),
+        row_seed(11, 1),
+        row_seed(11, 2),
+        row_seed(12, 0),
+        row_seed(12, 1),
+        row_seed(12, 2),
+    ]
     assert len({s for _, _, s in rows}) == 6  # no two samples share a stream (vLLM's own n>1 would use seed+i)
 
-    params = vs.request_params(SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=96), 7, ["<think>", "</think>"])
-    assert params == dict(n=1, seed=7, max_tokens=96, ignore_eos=False, logprobs=0, temperature=0.8, top_k=50, top_p=0.95,
-                          skip_special_tokens=True, bad_words=["<think>", "</think>"])
-    unfiltered = vs.request_params(SamplingConfig(temperature=0.3, top_p=1.0, top_k=0, max_new_tokens=8, ignore_eos=True), 1)
-    assert unfiltered["top_k"] == -1 and unfiltered["top_p"] == 1.0 and unfiltered["ignore_eos"] and "bad_words" not in unfiltered
+    params = vs.request_params(
+        SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=96), 7, ["<think>", "</think>"]
+    )
+    assert params == dict(
+        n=1,
+        seed=7,
+        max_tokens=96,
+        ignore_eos=False,
+        logprobs=0,
+        temperature=0.8,
+        top_k=50,
+        top_p=0.95,
+        skip_special_tokens=True,
+        bad_words=["<think>", "</think>"],
+    )
+    unfiltered = vs.request_params(
+        SamplingConfig(temperature=0.3, top_p=1.0, top_k=0, max_new_tokens=8, ignore_eos=True), 1
+    )
+    assert (
+        unfiltered["top_k"] == -1
+        and unfiltered["top_p"] == 1.0
+        and unfiltered["ignore_eos"]
+        and "bad_words" not in unfiltered
+    )
     assert vs.request_params(SamplingConfig(temperature=0.0), 0)["temperature"] == 0.0
 
 
@@ -70,8 +96,8 @@ def test_vllm_outputs_become_token_ids_and_logprobs():
 
 
 def test_the_files_holding_the_policy_are_tracked(tiny_model_dir, tmp_path):
-    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.torch.backend import TorchBackend
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
     policy = TorchBackend(tiny_model_dir, device="cpu")
     assert policy.weights_on_disk == (tiny_model_dir, None)
@@ -82,5 +108,9 @@ def test_the_files_holding_the_policy_are_tracked(tiny_model_dir, tmp_path):
     prompt = [{"role": "user", "content": "Oil rises"}]
     sample = policy.sample([prompt], 2, SamplingConfig(max_new_tokens=6), seeds=[0])[0]
     torch.manual_seed(0)
-    train_gspo(policy, [GSPOExample(prompt, s.token_ids, s.logprobs, a) for s, a in zip(sample, (1.0, -1.0))], GSPOConfig(temperature=0.8))
+    train_gspo(
+        policy,
+        [GSPOExample(prompt, s.token_ids, s.logprobs, a) for s, a in zip(sample, (1.0, -1.0))],
+        GSPOConfig(temperature=0.8),
+    )
     assert policy.weights_on_disk is None  # trained in memory: vLLM cannot serve it, the project's sampler does

@@ -13,7 +13,9 @@ ZERO = torch.zeros(2)
 
 def _loss(weights, mean_weight=None):
     chosen = torch.tensor([0.2, -0.1])  # policy - reference log-ratios enter through the chosen side
-    return weighted_dpo_loss(chosen, ZERO, ZERO, ZERO, torch.tensor(weights), beta=1.0, mean_weight=mean_weight)[0].item()
+    return weighted_dpo_loss(chosen, ZERO, ZERO, ZERO, torch.tensor(weights), beta=1.0, mean_weight=mean_weight)[
+        0
+    ].item()
 
 
 def test_batch_of_low_weight_pairs_counts_less():
@@ -38,6 +40,8 @@ def test_mlx_matches_torch_with_dataset_mean_weight():
     from outcome_flywheel.models.mlx.losses import weighted_dpo_loss as mlx_weighted_dpo_loss
 
     chosen = [0.2, -0.1]
-    out = mlx_weighted_dpo_loss(mx.array(chosen), mx.zeros(2), mx.zeros(2), mx.zeros(2), mx.array([0.3, 1.0]), 1.0, 0.8)[0]
+    out = mlx_weighted_dpo_loss(
+        mx.array(chosen), mx.zeros(2), mx.zeros(2), mx.zeros(2), mx.array([0.3, 1.0]), 1.0, 0.8
+    )[0]
     # fp32 in both, ~10 operations on a loss of ~0.5: at most 2 x 10 u x 0.6 = 7e-7 apart (worst case)
     assert out.item() == pytest.approx(_loss([0.3, 1.0], 0.8), abs=1e-6)

@@ -12,15 +12,22 @@ from collections import Counter
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.feeds.source import FeedSource
 from outcome_flywheel.daily_rl.feeds.headlines import build_headlines
-from outcome_flywheel.daily_rl.worlds.news import news_direction
+from outcome_flywheel.daily_rl.feeds.source import FeedSource
 from outcome_flywheel.daily_rl.notes.outcomes import call_window
 from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
-from outcome_flywheel.daily_rl.worlds.synthetic_feeds import (
-    MANIFEST_NAME, SLOT, archive_templates, plan_headlines, read_archive_manifest, split_days, synthetic_days, write_synthetic_archive,
-)
+from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.daily_rl.worlds.prices import WorldConfig, make_world
+from outcome_flywheel.daily_rl.worlds.synthetic_feeds import (
+    MANIFEST_NAME,
+    SLOT,
+    archive_templates,
+    plan_headlines,
+    read_archive_manifest,
+    split_days,
+    synthetic_days,
+    write_synthetic_archive,
+)
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 from outcome_flywheel.settings import PROJECT_ROOT
 
@@ -73,9 +80,13 @@ def test_archive_is_read_whole_with_each_headlines_company_and_news(archive):
 
 def test_no_clashing_news_inside_one_call_window(archive):
     _, _, headlines = archive
-    frame = pd.DataFrame(dict(window=[call_window(d, 1).exit_date for d in headlines["date"]],
-                              symbol=[headline_symbols(t, s)[0] for t, s in zip(headlines["title"], headlines["summary"])],
-                              news=[news_direction(t, s) for t, s in zip(headlines["title"], headlines["summary"])]))
+    frame = pd.DataFrame(
+        dict(
+            window=[call_window(d, 1).exit_date for d in headlines["date"]],
+            symbol=[headline_symbols(t, s)[0] for t, s in zip(headlines["title"], headlines["summary"])],
+            news=[news_direction(t, s) for t, s in zip(headlines["title"], headlines["summary"])],
+        )
+    )
     assert frame.groupby(["window", "symbol"])["news"].nunique().eq(1).all()
 
 
@@ -95,7 +106,10 @@ def test_every_call_window_lies_inside_the_price_file(archive):
 def test_everything_is_marked_synthetic(archive):
     folder, manifest, headlines = archive
     # the feeds say so; the headline's words, which the policy reads, stay as the archive writes them
-    assert not headlines["title"].str.contains("SYNTHETIC").any() and not headlines["summary"].str.contains("SYNTHETIC").any()
+    assert (
+        not headlines["title"].str.contains("SYNTHETIC").any()
+        and not headlines["summary"].str.contains("SYNTHETIC").any()
+    )
     assert headlines["source"].str.contains("SYNTHETIC").all()
     for xml in folder.glob("*/*.xml"):
         assert "<description>" in xml.read_text() and xml.read_text().count("SYNTHETIC") > 2
@@ -115,8 +129,12 @@ def test_seeded_same_seed_same_archive_other_seed_other(tmp_path):
     for name, seed in (("a", 1), ("b", 1), ("c", 2)):
         write_synthetic_archive(tmp_path / name, days=6, per_day=5, seed=seed, start="2025-09-05")
     assert files(tmp_path / "a") == files(tmp_path / "b")
-    assert files(tmp_path / "a").keys() == files(tmp_path / "c").keys() and files(tmp_path / "a") != files(tmp_path / "c")
-    write_synthetic_archive(tmp_path / "a", days=3, per_day=5, seed=1, start="2025-09-05")  # again, shorter: no stale day stays
+    assert files(tmp_path / "a").keys() == files(tmp_path / "c").keys() and files(tmp_path / "a") != files(
+        tmp_path / "c"
+    )
+    write_synthetic_archive(
+        tmp_path / "a", days=3, per_day=5, seed=1, start="2025-09-05"
+    )  # again, shorter: no stale day stays
     assert sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_dir()) == synthetic_days(3, "2025-09-05")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
@@ -132,10 +150,15 @@ def test_a_world_over_the_synthetic_archive_says_so_and_plants_every_headline(ar
     folder, manifest, headlines = archive
     prices, world = make_world(WorldConfig("news", seed=3), archive_dir=folder, max_headlines=16)
     assert world["synthetic"] is True and world["synthetic_headlines"] is True
-    assert world["archive_manifest"] == {k: manifest[k] for k in ("seed", "days", "headlines_per_day", "first_day", "last_day")}
+    assert world["archive_manifest"] == {
+        k: manifest[k] for k in ("seed", "days", "headlines_per_day", "first_day", "last_day")
+    }
     assert world["headlines"] == world["headlines_with_news"] == 960
     assert world["not_planted"] == dict(cancelled=0, symbol_not_in_prices=0, session_not_in_prices=0)
-    windows = {(call_window(d, 1).exit_date, headline_symbols(t, s)[0]) for d, t, s in zip(headlines["date"], headlines["title"], headlines["summary"])}
+    windows = {
+        (call_window(d, 1).exit_date, headline_symbols(t, s)[0])
+        for d, t, s in zip(headlines["date"], headlines["title"], headlines["summary"])
+    }
     assert world["planted_moves"] == len(windows)
     _, real = make_world(WorldConfig("news", seed=3), max_headlines=8)
     assert real["synthetic_headlines"] is False and real["archive_manifest"] is None
@@ -146,7 +169,9 @@ def test_split_is_ordered_disjoint_and_keeps_a_call_window_whole(archive):
     train, validation, test = split_days(folder)
     days = synthetic_days(60, read_archive_manifest(folder)["first_day"])
     assert train + validation + test == days  # ordered, disjoint, all of them
-    assert 10 <= len(validation) <= 14 and 10 <= len(test) <= 14 and train[-1] < validation[0] <= validation[-1] < test[0]
+    assert (
+        10 <= len(validation) <= 14 and 10 <= len(test) <= 14 and train[-1] < validation[0] <= validation[-1] < test[0]
+    )
     for before, after in ((train, validation), (validation, test)):
         assert call_window(before[-1], 1).exit_date != call_window(after[0], 1).exit_date
     assert split_days(days, validation=0.2, test=0.2) == (train, validation, test)
@@ -157,14 +182,51 @@ def test_split_is_ordered_disjoint_and_keeps_a_call_window_whole(archive):
 
 def test_cli_writes_the_archive_and_the_world_over_it(tmp_path):
     out, feeds = tmp_path / "news.csv", tmp_path / "feeds"
-    run = subprocess.run([sys.executable, "-m", "outcome_flywheel.cli", "make-world", "--kind", "news", "--seed", "4", "--synthetic-days", "5",
-                          "--headlines-per-day", "6", "--archive-out", str(feeds), "--out", str(out)],
-                         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "outcome_flywheel.cli",
+            "make-world",
+            "--kind",
+            "news",
+            "--seed",
+            "4",
+            "--synthetic-days",
+            "5",
+            "--headlines-per-day",
+            "6",
+            "--archive-out",
+            str(feeds),
+            "--out",
+            str(out),
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert "SYNTHETIC feeds" in run.stdout and "SYNTHETIC news world" in run.stdout
     world = json.loads((tmp_path / "news.csv.world.json").read_text())
     assert world["synthetic_headlines"] is True and world["archive"] == str(feeds) and world["headlines"] == 30
     assert read_archive_manifest(feeds)["seed"] == 4
-    half = subprocess.run([sys.executable, "-m", "outcome_flywheel.cli", "make-world", "--kind", "news", "--synthetic-days", "5",
-                           "--out", str(out)], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    half = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "outcome_flywheel.cli",
+            "make-world",
+            "--kind",
+            "news",
+            "--synthetic-days",
+            "5",
+            "--out",
+            str(out),
+        ],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert half.returncode == 2 and "--archive-out together" in half.stderr

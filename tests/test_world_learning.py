@@ -19,8 +19,8 @@ import pytest
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
 from outcome_flywheel.daily_rl.notes.calls import parse_call
-from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
 from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, parent_checkpoint
+from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
 from outcome_flywheel.daily_rl.worlds.prices import WorldConfig, archive_events, make_world, write_world
 from outcome_flywheel.models.prompts import note_messages
 from tests.daily_fixtures import daily_resources, linked_data_dir
@@ -63,8 +63,11 @@ def test_defaults_learn_the_news_world_through_the_assets(tmp_path, tiny_model_d
     for day in TRAIN_DAYS:  # no run config: the defaults
         assert dg.materialize([headlines, daily_update], partition_key=day, resources=res).success, day
     ledger = [res["warehouse"].read("reward_ledger", d) for d in TRAIN_DAYS]
-    price_groups = sum(f[(f["step"] == "matured") & (f["status"] == "trained")].groupby(["note_date", "headline_id"]).ngroups
-                       for f in ledger if len(f))
+    price_groups = sum(
+        f[(f["step"] == "matured") & (f["status"] == "trained")].groupby(["note_date", "headline_id"]).ngroups
+        for f in ledger
+        if len(f)
+    )
     assert price_groups >= 40, price_groups
     _price_credit_sits_on_the_call_line(root, res, TRAIN_DAYS[-1])
     scores = res["warehouse"].read("rollout_scores", TRAIN_DAYS[-1])
@@ -73,18 +76,30 @@ def test_defaults_learn_the_news_world_through_the_assets(tmp_path, tiny_model_d
 
     events = archive_events(max_headlines=HEADLINES)
     held = events[(events["date"] >= HELD_OUT[0]) & (events["date"] <= HELD_OUT[1]) & (events["news"] != 0)]
-    held = held.groupby("headline_id").agg(title=("title", "first"), summary=("summary", "first"), news=("news", "first"),
-                                           symbols=("symbol", lambda s: set(s))).reset_index()
+    held = (
+        held.groupby("headline_id")
+        .agg(
+            title=("title", "first"),
+            summary=("summary", "first"),
+            news=("news", "first"),
+            symbols=("symbol", lambda s: set(s)),
+        )
+        .reset_index()
+    )
     prompts = [note_messages(t, s) for t, s in zip(held["title"], held["summary"])]
     seeds = [1000 + i for i in range(len(held))]
     models = res["model_backend"]
     folder, info = parent_checkpoint(root / "checkpoints" / "policy", "2025-11-14")
     assert info["kind"] == "lora", json.dumps(info)
     base_gap, base_se, base_calls = _gap(models.load(), prompts, held["news"], held["symbols"], seeds)
-    policy_gap, policy_se, policy_calls = _gap(load_policy(models, folder, info), prompts, held["news"], held["symbols"], seeds)
+    policy_gap, policy_se, policy_calls = _gap(
+        load_policy(models, folder, info), prompts, held["news"], held["symbols"], seeds
+    )
     margin = 2.0 * math.sqrt(base_se**2 + policy_se**2)  # two standard errors of the difference of gaps
-    report = (f"gap P(long|good) - P(long|bad): policy {policy_gap:.3f} ± {policy_se:.3f} ({policy_calls} calls), "
-              f"base {base_gap:.3f} ± {base_se:.3f} ({base_calls} calls), {price_groups} price groups trained")
+    report = (
+        f"gap P(long|good) - P(long|bad): policy {policy_gap:.3f} ± {policy_se:.3f} ({policy_calls} calls), "
+        f"base {base_gap:.3f} ± {base_se:.3f} ({base_calls} calls), {price_groups} price groups trained"
+    )
     print(report)
     assert policy_gap - base_gap > margin, report
 

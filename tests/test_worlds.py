@@ -12,10 +12,19 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.daily_rl.notes.outcomes import call_outcome, call_window
+from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.daily_rl.worlds.prices import (
-    WORLD_KINDS, WorldConfig, archive_events, judge_outcome_titles, make_world, manifest_path, planted_moves, price_csv, world_outcome_titles, write_world,
+    WORLD_KINDS,
+    WorldConfig,
+    archive_events,
+    judge_outcome_titles,
+    make_world,
+    manifest_path,
+    planted_moves,
+    price_csv,
+    world_outcome_titles,
+    write_world,
 )
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData, read_price_file
 from scripts.make_tiny_local_corpus import NEGATIVE, POSITIVE
@@ -57,7 +66,9 @@ def net_agrees(events: pd.DataFrame) -> np.ndarray:
 def news_calls_hit(path, events: pd.DataFrame) -> np.ndarray:
     """For every archive headline with news: did a call on its company on the news' side (long on good,
     short on bad) beat SPY net of cost, through the loop's own price reader and outcome function?"""
-    prices, _ = MarketData(prices_file=str(path)).price_table(sorted(set(events["symbol"]) | {"SPY"}), "2025-10-01", "2026-01-08")
+    prices, _ = MarketData(prices_file=str(path)).price_table(
+        sorted(set(events["symbol"]) | {"SPY"}), "2025-10-01", "2026-01-08"
+    )
     hits = []
     for e in events[events["news"] != 0].itertuples(index=False):
         out = call_outcome(e.date, e.symbol, "long" if e.news > 0 else "short", prices, NOW)
@@ -150,7 +161,13 @@ def test_world_file_is_the_bundled_format_over_its_dates_and_symbols(worlds):
     saved = json.loads(manifest_path(path).read_text())
     assert saved["synthetic"] is True and "SYNTHETIC" in saved["note"]
     assert saved["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
-    assert (saved["kind"], saved["seed"], saved["move_pct"], saved["noise_pct"], saved["drift_pct"]) == ("news", 5, 2.0, 1.0, 0.0)
+    assert (saved["kind"], saved["seed"], saved["move_pct"], saved["noise_pct"], saved["drift_pct"]) == (
+        "news",
+        5,
+        2.0,
+        1.0,
+        0.0,
+    )
     assert saved["planted_moves"] == len(saved["planted"]) > 300
 
 
@@ -195,10 +212,16 @@ def test_options_change_what_they_say(events):
     assert price_csv(news0) == price_csv(null)
 
 
-@pytest.mark.parametrize("bad, needle", [
-    (dict(kind="bullish"), "kind"), (dict(move_pct=-1), ">= 0"), (dict(noise_pct=float("nan")), "finite"),
-    (dict(drift_pct=-95), "zero or below"), (dict(noise_pct=True), "finite"),
-])
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        (dict(kind="bullish"), "kind"),
+        (dict(move_pct=-1), ">= 0"),
+        (dict(noise_pct=float("nan")), "finite"),
+        (dict(drift_pct=-95), "zero or below"),
+        (dict(noise_pct=True), "finite"),
+    ],
+)
 def test_bad_options_are_refused_with_the_reason(bad, needle):
     with pytest.raises(ValueError, match=needle):
         WorldConfig(**bad)
@@ -235,8 +258,8 @@ def small_worlds(tmp_path_factory) -> dict:
 
 
 def day_headlines(archive, day: str) -> pd.DataFrame:
-    from outcome_flywheel.daily_rl.feeds.source import FeedSource
     from outcome_flywheel.daily_rl.feeds.headlines import build_headlines
+    from outcome_flywheel.daily_rl.feeds.source import FeedSource
 
     return build_headlines(FeedSource(archive_dir=str(archive)).fetch(day), day, "America/New_York", 99)[0]
 
@@ -255,8 +278,12 @@ def test_a_real_price_file_keeps_the_archives_headlines(small_worlds):
     headlines = day_headlines(small_worlds["archive"], day)
     assert world_outcome_titles(BUNDLED_PRICES, headlines, day) is None
     assert world_outcome_titles(None, headlines, day) is None and judge_outcome_titles("", headlines, day) is None
-    assert judge_outcome_titles(str(small_worlds["news"]), headlines, day) == world_outcome_titles(small_worlds["news"], headlines, day)
-    assert world_outcome_titles(manifest_path(small_worlds["news"]), headlines, day) == world_outcome_titles(small_worlds["news"], headlines, day)
+    assert judge_outcome_titles(str(small_worlds["news"]), headlines, day) == world_outcome_titles(
+        small_worlds["news"], headlines, day
+    )
+    assert world_outcome_titles(manifest_path(small_worlds["news"]), headlines, day) == world_outcome_titles(
+        small_worlds["news"], headlines, day
+    )
 
 
 def test_follow_ups_state_the_worlds_move_with_the_rules_sign_once_the_window_closed(small_worlds):

@@ -85,7 +85,7 @@ def _as_ids(backend, prompt) -> list[int]:
 
 
 def logprob_magnitudes(
-    backend, prompts: Sequence, responses: Sequence[Sequence[int]], temperature: float = 1.0, use_adapter: bool = True,
+    backend, prompts: Sequence, responses: Sequence[Sequence[int]], temperature: float = 1.0, use_adapter: bool = True
 ) -> list[np.ndarray]:
     """|z_y / T| + |logsumexp(z / T)| at every response token, from a `TorchBackend`'s own logits
     (float64 after the head): the two numbers each log-prob is the difference of. `prompts`:
@@ -120,7 +120,11 @@ def model_config(backend) -> Any:
 
 
 def logprob_tolerances(
-    backend, prompts: Sequence, responses: Sequence[Sequence[int]], temperature: float = 1.0, use_adapter: bool = True,
+    backend,
+    prompts: Sequence,
+    responses: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    use_adapter: bool = True,
     implementations: int = 2,
 ) -> list[np.ndarray]:
     """Per-token tolerances for these responses' log-probs on `backend`'s model (a `TorchBackend`,
@@ -137,7 +141,10 @@ def logprob_tolerances(
 def worst_ratio(got: Sequence, want: Sequence, tolerances: Sequence) -> float:
     """max |got - want| / tolerance over every token (<= 1: within the bound)."""
     assert [len(x) for x in got] == [len(y) for y in want] == [len(t) for t in tolerances]
-    ratios = [np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)) / np.asarray(t) for a, b, t in zip(got, want, tolerances)]
+    ratios = [
+        np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)) / np.asarray(t)
+        for a, b, t in zip(got, want, tolerances)
+    ]
     return max((float(r.max()) for r in ratios if r.size), default=0.0)
 
 
@@ -150,7 +157,9 @@ def assert_logprobs_close(got: Sequence, want: Sequence, tolerances: Sequence) -
     assert worst_ratio(scaled, want, tolerances) > 1.0, "the bound is too loose to see a 1% error"
 
 
-def margin_tolerances(backend, prompts: Sequence, candidates: Sequence[str], unit: str, implementations: int = 2) -> np.ndarray:
+def margin_tolerances(
+    backend, prompts: Sequence, candidates: Sequence[str], unit: str, implementations: int = 2
+) -> np.ndarray:
     """Tolerance of each `score_candidates` margin (outcome_flywheel/preferences/style_match.py):
     margin = [sum log pi - sum log ref](candidate) - [sum log pi - sum log ref](hold), four sums
     of per-token log-probs over the candidate's and the hold text's segments, so its bound is the
@@ -165,14 +174,22 @@ def margin_tolerances(backend, prompts: Sequence, candidates: Sequence[str], uni
     flat_prompts, flat_responses, owner = flatten_segments(prompts + prompts, segments)
     per_item = np.zeros(len(texts))
     for use_adapter in (True, False):
-        tols = logprob_tolerances(backend, flat_prompts, flat_responses, use_adapter=use_adapter, implementations=implementations)
-        per_item += np.bincount(np.asarray(owner, dtype=int), weights=[float(t.sum()) for t in tols], minlength=len(texts))
+        tols = logprob_tolerances(
+            backend, flat_prompts, flat_responses, use_adapter=use_adapter, implementations=implementations
+        )
+        per_item += np.bincount(
+            np.asarray(owner, dtype=int), weights=[float(t.sum()) for t in tols], minlength=len(texts)
+        )
     n = len(prompts)
     return per_item[:n] + per_item[n:]
 
 
 def kl_tolerances(
-    backend, prompts: Sequence, responses: Sequence[Sequence[int]], temperature: float = 1.0, reference=None,
+    backend,
+    prompts: Sequence,
+    responses: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    reference=None,
     implementations: int = 2,
 ) -> list[np.ndarray]:
     """Per-token tolerances of the exact KL(p || q) at every response position (`token_kl`),
@@ -234,7 +251,7 @@ def logprob_bound_from_logits(z, targets, depth: int, implementations: int = 2) 
 
 
 def logprob_gradient_scales(
-    backend, prompts: Sequence, responses: Sequence[Sequence[int]], temperature: float = 1.0,
+    backend, prompts: Sequence, responses: Sequence[Sequence[int]], temperature: float = 1.0
 ) -> tuple[list[float], list[float]]:
     """For gradients in the trainable parameters theta of a `TorchBackend`, per response:
     (||grad sum_t (z_y + E_p[z])_t||, ||grad sum_t log p_t||). grad log p_t = J_t^T (e_y - p_t) is
@@ -255,7 +272,9 @@ def logprob_gradient_scales(
         p = torch.softmax(z.detach(), -1)
         positive = (z[rows, targets] + (p * z).sum(-1)).sum()
         logp = torch.log_softmax(z, -1)[rows, targets].sum()
-        grads = torch.autograd.grad(torch.stack([positive, logp]), params, torch.eye(2), is_grads_batched=True, allow_unused=True)
+        grads = torch.autograd.grad(
+            torch.stack([positive, logp]), params, torch.eye(2), is_grads_batched=True, allow_unused=True
+        )
         sq = sum((g.double() ** 2).flatten(1).sum(-1) for g in grads if g is not None).sqrt().numpy()
         magnitudes.append(float(sq[0]))
         norms.append(float(sq[1]))
@@ -278,7 +297,9 @@ def longest(backend, prompts: Sequence, responses: Sequence[Sequence[int]]) -> i
     return max((len(_as_ids(backend, p)) + len(r) for p, r in zip(prompts, responses)), default=1)
 
 
-def dpo_margin_bounds(backend, pairs: Sequence, unit: str = "line", implementations: int = 2) -> tuple[np.ndarray, np.ndarray]:
+def dpo_margin_bounds(
+    backend, pairs: Sequence, unit: str = "line", implementations: int = 2
+) -> tuple[np.ndarray, np.ndarray]:
     """(margins, their tolerances) of weighted DPO's pairs on a `TorchBackend` (its adapter the
     policy, adapter off the reference): m_i = (pi_c - ref_c) - (pi_r - ref_r), four sums of
     log-probs over the completions' segments, each within the sum of its tokens' bounds plus the
@@ -296,12 +317,14 @@ def dpo_margin_bounds(backend, pairs: Sequence, unit: str = "line", implementati
         logps = backend.response_logprobs(rows_p, rows_r, use_adapter=use_adapter)
         tols = logprob_tolerances(backend, rows_p, rows_r, use_adapter=use_adapter, implementations=implementations)
         sums += [direction * float(np.sum(lp, dtype=np.float64)) for lp in logps]
-        bounds += [float(t.sum()) + implementations * gamma(len(lp)) * float(np.abs(lp).sum()) for t, lp in zip(tols, logps)]
+        bounds += [
+            float(t.sum()) + implementations * gamma(len(lp)) * float(np.abs(lp).sum()) for t, lp in zip(tols, logps)
+        ]
     return np.bincount(owner, weights=sign * sums, minlength=n), np.bincount(owner, weights=bounds, minlength=n)
 
 
 def dpo_loss_tolerance(
-    backend, pairs: Sequence, beta: float, unit: str = "line", implementations: int = 2, margins: tuple | None = None,
+    backend, pairs: Sequence, beta: float, unit: str = "line", implementations: int = 2, margins: tuple | None = None
 ) -> float:
     """Tolerance of the weighted DPO loss sum_i (w_i / W) -log sigmoid(beta m_i) of `pairs` (one
     batch): -log sigmoid(beta m) is beta sigmoid(-beta m)-Lipschitz in m, so the loss moves by at

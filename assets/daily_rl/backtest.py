@@ -48,21 +48,37 @@ def backtest(context: dg.AssetExecutionContext, config: LookAheadConfig, warehou
     used = outcomes if config.include_look_ahead else without_days(outcomes, flagged)
     result = run_backtest(used) if len(used) else run_backtest(pd.DataFrame(columns=["date", "source", "status"]))
     kept_flagged = used[used["date"].isin(set(flagged))] if len(used) else used  # only when included
-    daily = result.daily.assign(look_ahead=lambda d: d["date"].isin(set(kept_flagged.get("entry_date", pd.Series(dtype=str)).dropna())))
+    daily = result.daily.assign(
+        look_ahead=lambda d: d["date"].isin(set(kept_flagged.get("entry_date", pd.Series(dtype=str)).dropna()))
+    )
     for session, book in daily.groupby("date", sort=True):  # keyed by entry session, not by D (see above)
         warehouse.write("backtest", book[BOOK_COLUMNS].reset_index(drop=True), partition=session)
     last_book = call_window(day).entry_date  # every book up to D's is rewritten: a book no day is left in goes
     for session in set(warehouse.partitions("backtest")) - set(daily["date"]):
         if session <= last_book:
             warehouse.delete("backtest", session)
-    summary = {"date": day, **result.summary, "look_ahead_days": len(flagged), "look_ahead_included": bool(config.include_look_ahead)}
+    summary = {
+        "date": day,
+        **result.summary,
+        "look_ahead_days": len(flagged),
+        "look_ahead_included": bool(config.include_look_ahead),
+    }
     warehouse.write(SUMMARY_TABLE, pd.DataFrame([summary]), partition=day)
     png = equity_figure(daily)
     atomic_write_bytes(warehouse.path("reports", "daily_rl", day) / "equity.png", png)
-    numbers = {k: round(float(v), 4) for k, v in result.summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))}
-    return dg.MaterializeResult(metadata={
-        **numbers,
-        "label_vs_base": str(result.summary.get("label_vs_base")), "label_vs_spy": str(result.summary.get("label_vs_spy")),
-        "interval": str(result.summary.get("interval_method")),
-        "equity": dg.MetadataValue.md(f"![Back-test equity](data:image/png;base64,{base64.b64encode(png).decode()})"),
-    })
+    numbers = {
+        k: round(float(v), 4)
+        for k, v in result.summary.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
+    }
+    return dg.MaterializeResult(
+        metadata={
+            **numbers,
+            "label_vs_base": str(result.summary.get("label_vs_base")),
+            "label_vs_spy": str(result.summary.get("label_vs_spy")),
+            "interval": str(result.summary.get("interval_method")),
+            "equity": dg.MetadataValue.md(
+                f"![Back-test equity](data:image/png;base64,{base64.b64encode(png).decode()})"
+            ),
+        }
+    )

@@ -18,14 +18,20 @@ _NOTE = {
 }
 
 _CALL = {
-    "symbol": ("string", "The call's ticker, validated against the market data's symbols (company names mapped); empty when none."),
+    "symbol": (
+        "string",
+        "The call's ticker, validated against the market data's symbols (company names mapped); empty when none.",
+    ),
     "side": ("string", "long, short or none."),
     "timeframe": ("string", "The note's timeframe as written."),
     "timeframe_days": ("float", "The timeframe in calendar days where it can be read."),
     "position_size_pct": ("float", "Position size, percent of the portfolio (midpoint of a range)."),
     "stop_loss_pct": ("float", "Stop loss as a percent distance from entry."),
     "stop_loss_price": ("float", "Stop loss as a price."),
-    "parse_status": ("string", "ok, or why there is no usable call: no_trade, no_side, no_symbol, unknown_symbol, ambiguous, empty."),
+    "parse_status": (
+        "string",
+        "ok, or why there is no usable call: no_trade, no_side, no_symbol, unknown_symbol, ambiguous, empty.",
+    ),
     "parse_reason": ("string", "The parser's reason when parse_status is not ok."),
 }
 
@@ -44,8 +50,14 @@ _OUTCOME = {
     "vs_spy_pct": ("float", "100 s ((exit/entry - 1) - (SPY exit/entry - 1)) - cost_bps/100: > 0 is a hit."),
     "cost_bps": ("float", "Round-trip cost taken off, basis points (FLYWHEEL_OUTCOME_COST_BPS)."),
     "computed_at": ("string", "When the outcome was computed, UTC."),
-    "look_ahead": ("bool", "The note's policy was trained on headlines dated after D (override re-run, or a lineage that cannot be traced): left out of policy_eval and backtest by default."),
-    "headlines_seen_through": ("string", "Latest headline date the note's policy was trained on (empty: none, the base)."),
+    "look_ahead": (
+        "bool",
+        "The note's policy was trained on headlines dated after D (override re-run, or a lineage that cannot be traced): left out of policy_eval and backtest by default.",
+    ),
+    "headlines_seen_through": (
+        "string",
+        "Latest headline date the note's policy was trained on (empty: none, the base).",
+    ),
     "look_ahead_reason": ("string", "Why the note is look-ahead; empty when it is not."),
 }
 
@@ -63,10 +75,12 @@ _COMPARISON = {
     "p_value": ("float", "Two-sided p-value of that test."),
     "label": ("string", "better / no detectable difference / worse (interval against 0, or 0.5) / not enough data."),
     "policy_version": ("string", "Checkpoint D's version."),
-    "look_ahead": ("bool", "The row's inputs held look-ahead notes (a policy trained on headlines after its notes' day): left out unless run config include_look_ahead."),
+    "look_ahead": (
+        "bool",
+        "The row's inputs held look-ahead notes (a policy trained on headlines after its notes' day): left out unless run config include_look_ahead.",
+    ),
     "look_ahead_days": ("string", "Those notes' days and why, after 'left out:' or 'included:'; empty when none."),
 }
-
 
 
 EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
@@ -77,7 +91,10 @@ EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
     "policy_eval": _COMPARISON,
     "policy_preferences": PREFERENCE_COLUMN_SCHEMA,
     "backtest": {
-        "date": ("string", "The book's entry session (every prediction day whose calls enter at its close joins it); the file's key."),
+        "date": (
+            "string",
+            "The book's entry session (every prediction day whose calls enter at its close joins it); the file's key.",
+        ),
         "entry_date": ("string", "Session whose close the book enters at."),
         "exit_date": ("string", "Session whose close it exits at."),
         "policy_return_pct": ("float", "The policy book's return, net of 10 bps per unit of turnover, percent."),
@@ -92,13 +109,13 @@ EVALUATION_COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "policy_equity": ("float", "Compounded equity of the policy book (start 1.0)."),
         "base_equity": ("float", "Compounded equity of the base book."),
         "spy_equity": ("float", "Compounded equity of SPY."),
-        "look_ahead": ("bool", "The book holds look-ahead notes (only with run config include_look_ahead; by default their days are left out)."),
+        "look_ahead": (
+            "bool",
+            "The book holds look-ahead notes (only with run config include_look_ahead; by default their days are left out).",
+        ),
     },
     "rollout_pairs": PAIR_COLUMN_SCHEMA,
 }
 
 # The prompt evolver's state (outcome_flywheel/daily_rl/policy/prompt_evolver.py): written by daily_update for day D.
-PROMPT_EVOLVER_COLUMNS = {
-    "prompt_evolver": VARIANT_COLUMN_SCHEMA,
-    "prompt_experiences": EXPERIENCE_COLUMN_SCHEMA,
-}
+PROMPT_EVOLVER_COLUMNS = {"prompt_evolver": VARIANT_COLUMN_SCHEMA, "prompt_experiences": EXPERIENCE_COLUMN_SCHEMA}

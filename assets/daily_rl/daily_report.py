@@ -11,10 +11,20 @@ from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.notes.outcomes import call_window
 from outcome_flywheel.daily_rl.report.charts import (
-    FIGURES, ab_figure, equity_figure, hit_rate_figure, off_policy_figure, price_reward_figure,
+    FIGURES,
+    ab_figure,
+    equity_figure,
+    hit_rate_figure,
+    off_policy_figure,
+    price_reward_figure,
 )
 from outcome_flywheel.daily_rl.report.summary import (
-    OVER_DAYS_COLUMNS, SUMMARY_COLUMNS, day_summary, hit_rate_by_day, over_days, prices_note,
+    OVER_DAYS_COLUMNS,
+    SUMMARY_COLUMNS,
+    day_summary,
+    hit_rate_by_day,
+    over_days,
+    prices_note,
 )
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
 from outcome_flywheel.settings import resolve_path
@@ -22,15 +32,27 @@ from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 # Columns of the short table in the report (the last REPORT_DAYS days up to D), with their headers.
 REPORT_COLUMNS = {
-    "date": "day", "headlines": "headlines", "rollouts": "rollouts", "mean_structure": "structure",
-    "usable_share": "pass-through", "reward_avg": "reward", "steps": "steps", "loss": "loss", "kl_to_base": "KL",
+    "date": "day",
+    "headlines": "headlines",
+    "rollouts": "rollouts",
+    "mean_structure": "structure",
+    "usable_share": "pass-through",
+    "reward_avg": "reward",
+    "steps": "steps",
+    "loss": "loss",
+    "kl_to_base": "KL",
     "gate": "gate",
 }
 REPORT_DAYS = 7
 FIGURE_TITLES = {
-    "reward": "Reward and structure", "kl": "KL to the base model", "pass_through": "Judge pass-through",
-    "ab": "Policy vs base", "equity": "Back-test equity", "hit_rate": "Hit rate of each day's calls, policy vs base",
-    "price": "Price reward per training day", "off_policy": "Staleness and truncated IS ratio of the price step, clip fraction of the update",
+    "reward": "Reward and structure",
+    "kl": "KL to the base model",
+    "pass_through": "Judge pass-through",
+    "ab": "Policy vs base",
+    "equity": "Back-test equity",
+    "hit_rate": "Hit rate of each day's calls, policy vs base",
+    "price": "Price reward per training day",
+    "off_policy": "Staleness and truncated IS ratio of the price step, clip fraction of the update",
 }
 
 
@@ -43,8 +65,9 @@ FIGURE_TITLES = {
     owners=OWNERS,
     metadata=table_metadata("daily_report", SUMMARY_COLUMNS),
 )
-def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse],
-                 market_data: dg.ResourceParam[MarketData]):
+def daily_report(
+    context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse], market_data: dg.ResourceParam[MarketData]
+):
     """Day D's headlines, rollouts, pass-through (usable share), mean structure score, reward
     n/avg/min/max/negatives, training summary and the evaluation gate's verdict (table `daily_report`,
     one row per day); D's A/B against the base (`policy_eval`) and the back-test up to D (`backtest`);
@@ -55,8 +78,11 @@ def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[
     entry shows them inline; the PNGs are also written under reports/daily_rl/D/."""
     day = context.partition_key
     row = day_summary(
-        day, warehouse.read("headlines", day), warehouse.read("rollouts", day),
-        warehouse.read("rollout_scores", day), warehouse.read("policy_training", day),
+        day,
+        warehouse.read("headlines", day),
+        warehouse.read("rollouts", day),
+        warehouse.read("rollout_scores", day),
+        warehouse.read("policy_training", day),
     )
     warehouse.write("daily_report", pd.DataFrame([row], columns=SUMMARY_COLUMNS), partition=day)
     history = warehouse.read_all("daily_report")
@@ -67,14 +93,21 @@ def daily_report(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[
     evals = evals[evals["date"] <= day] if len(evals) else evals
     backtest_daily = warehouse.read_all("backtest")
     # books are keyed by entry session: D's calls enter at the first session after D
-    backtest_daily = backtest_daily[backtest_daily["date"] <= call_window(day).entry_date] if len(backtest_daily) else backtest_daily
+    backtest_daily = (
+        backtest_daily[backtest_daily["date"] <= call_window(day).entry_date] if len(backtest_daily) else backtest_daily
+    )
     outcomes = warehouse.read_all("rollout_outcomes")
     hit_rates = hit_rate_by_day(outcomes[outcomes["date"] <= day] if len(outcomes) else outcomes)
     price = warehouse.read_all("price_training")  # written by daily_update's delayed price step
     price = price[price["date"] <= day] if len(price) else price
-    makers = {**FIGURES, "ab": lambda _: ab_figure(evals), "equity": lambda _: equity_figure(backtest_daily),
-              "hit_rate": lambda _: hit_rate_figure(hit_rates), "price": lambda _: price_reward_figure(price),
-              "off_policy": lambda _: off_policy_figure(price)}
+    makers = {
+        **FIGURES,
+        "ab": lambda _: ab_figure(evals),
+        "equity": lambda _: equity_figure(backtest_daily),
+        "hit_rate": lambda _: hit_rate_figure(hit_rates),
+        "price": lambda _: price_reward_figure(price),
+        "off_policy": lambda _: off_policy_figure(price),
+    }
     figures = {}
     for name, make in makers.items():
         png = make(history)
@@ -114,10 +147,13 @@ def over_days_markdown(frame: pd.DataFrame) -> str:
     recent = frame.tail(REPORT_DAYS)
     header = "| " + " | ".join(OVER_DAYS_COLUMNS.values()) + " |\n|" + " --- |" * len(OVER_DAYS_COLUMNS) + "\n"
     rows = "".join("| " + " | ".join(_cell(r[c], c) for c in OVER_DAYS_COLUMNS) + " |\n" for _, r in recent.iterrows())
-    return ("**Over days**: the price step of each training day (mean price reward of the notes it trained on price, "
-            "staleness in policy updates, GSPO clip fraction of the day's update, share of IS ratios truncated at the cap) and the hit rate "
-            "of each day's matured calls (a plain share; the A/B below pools sessions and gives the interval).\n\n"
-            + header + rows)
+    return (
+        "**Over days**: the price step of each training day (mean price reward of the notes it trained on price, "
+        "staleness in policy updates, GSPO clip fraction of the day's update, share of IS ratios truncated at the cap) and the hit rate "
+        "of each day's matured calls (a plain share; the A/B below pools sessions and gives the interval).\n\n"
+        + header
+        + rows
+    )
 
 
 def evaluation_markdown(evals: pd.DataFrame, summary: pd.DataFrame) -> str:
@@ -128,8 +164,10 @@ def evaluation_markdown(evals: pd.DataFrame, summary: pd.DataFrame) -> str:
             f"| {r.metric} | {_cell(r.policy, '')} | {_cell(r.base, '')} | [{_cell(r.ci_low, '')}, {_cell(r.ci_high, '')}] | **{r.label}** | {r.status} |\n"
             for r in evals.itertuples(index=False)
         )
-        parts.append("**Policy vs base on D's headlines** (interval of policy - base; judge: of the win rate)\n\n"
-                     "| metric | policy | base | 95% interval | label | status |\n| --- | --- | --- | --- | --- | --- |\n" + rows)
+        parts.append(
+            "**Policy vs base on D's headlines** (interval of policy - base; judge: of the win rate)\n\n"
+            "| metric | policy | base | 95% interval | label | status |\n| --- | --- | --- | --- | --- | --- |\n" + rows
+        )
         flagged = sorted({d for d in evals.get("look_ahead_days", pd.Series(dtype=str)).dropna() if d})
         if flagged:  # a policy trained on headlines after its notes' day
             parts.append("**Look-ahead notes** in the A/B's inputs: " + "; ".join(flagged))
@@ -145,8 +183,10 @@ def evaluation_markdown(evals: pd.DataFrame, summary: pd.DataFrame) -> str:
         )
         look_ahead = int(s.get("look_ahead_days", 0) or 0)
         if look_ahead:
-            parts.append(f"**Look-ahead**: {look_ahead} day(s) whose policy was trained on later headlines "
-                         f"{'included (run config include_look_ahead)' if s.get('look_ahead_included') else 'left out of the back-test'}.")
+            parts.append(
+                f"**Look-ahead**: {look_ahead} day(s) whose policy was trained on later headlines "
+                f"{'included (run config include_look_ahead)' if s.get('look_ahead_included') else 'left out of the back-test'}."
+            )
     return "\n\n".join(parts)
 
 

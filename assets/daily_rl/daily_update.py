@@ -41,29 +41,31 @@ EARLIER_DAYS = dg.TimeWindowPartitionMapping(start_offset=-PRICE_WINDOW_DAYS, en
 
 _DESCRIPTIONS = {
     "rollout_scores": "Yesterday's rollouts scored against today's headlines: judge rank (iterative A-H selection), "
-                      "rank reward, structure score, reward = 0.5/0.5 mix, group-normalised advantage, usable flag.",
+    "rank reward, structure score, reward = 0.5/0.5 mix, group-normalised advantage, usable flag.",
     "policy_checkpoint": "The policy of day D: yesterday's checkpoint trained with GSPO on today's usable scores and on "
-                         "earlier days' notes whose price matured by D (truncated IS, staleness limit; LoRA by default), "
-                         "saved under checkpoints/policy/D/ with `latest` moved atomically. Each day's training is recorded "
-                         "as one row of the table `policy_training` (its columns below), what each note trained on in "
-                         "`reward_ledger` and the delayed step in `price_training`.",
+    "earlier days' notes whose price matured by D (truncated IS, staleness limit; LoRA by default), "
+    "saved under checkpoints/policy/D/ with `latest` moved atomically. Each day's training is recorded "
+    "as one row of the table `policy_training` (its columns below), what each note trained on in "
+    "`reward_ledger` and the delayed step in `price_training`.",
     "rollouts": "Notes sampled by today's checkpoint for each of today's headlines (8 each by default; temperature 0.8, "
-                "top-p 0.95, top-k 50), with the sampled token ids and per-token behaviour log-probs at the sampling "
-                "temperature (log-softmax of logits / T, before top-k/top-p): the behaviour policy GSPO uses as pi_old. "
-                "Each headline's group is written under the system prompt the prompt evolver picked (`prompt_version`; the "
-                "stored `prompt` is what GSPO trains on, so its ratio uses the prompt the note was sampled under).",
+    "top-p 0.95, top-k 50), with the sampled token ids and per-token behaviour log-probs at the sampling "
+    "temperature (log-softmax of logits / T, before top-k/top-p): the behaviour policy GSPO uses as pi_old. "
+    "Each headline's group is written under the system prompt the prompt evolver picked (`prompt_version`; the "
+    "stored `prompt` is what GSPO trains on, so its ratio uses the prompt the note was sampled under).",
     "prompt_evolver": "The prompt evolver's state of day D (tier 1b): a UCB1 bandit (epsilon-greedy 0.1) over variants of the "
-                      "note-writing system prompt, one row per variant with its pulls, mean reward and 95% interval. A trial is one "
-                      "headline's group; its reward the group's mean reward once scored. A candidate is written every 25 trials and "
-                      "adopted only if not worse than the best on the last 50 scored headlines (`prompt_experiences`, also written). "
-                      "The baseline, the gate's probe and the A/B keep the base prompt.",
+    "note-writing system prompt, one row per variant with its pulls, mean reward and 95% interval. A trial is one "
+    "headline's group; its reward the group's mean reward once scored. A candidate is written every 25 trials and "
+    "adopted only if not worse than the best on the last 50 scored headlines (`prompt_experiences`, also written). "
+    "The baseline, the gate's probe and the A/B keep the base prompt.",
 }
 
 
 # Column schema shown per key: the table each key writes (policy_checkpoint: its record `policy_training`).
 _TABLES = {
     "rollout_scores": table_metadata("rollout_scores", SCORE_COLUMNS),
-    "policy_checkpoint": table_metadata("policy_training", column_names("policy_training")),  # also writes reward_ledger, price_training
+    "policy_checkpoint": table_metadata(
+        "policy_training", column_names("policy_training")
+    ),  # also writes reward_ledger, price_training
     "rollouts": table_metadata("rollouts", ROLLOUT_COLUMNS),
     "prompt_evolver": table_metadata("prompt_evolver", VARIANT_COLUMNS),  # also writes prompt_experiences
 }
@@ -92,12 +94,17 @@ RUN_CONFIG_DESCRIPTIONS = {
 }
 # Run config of `daily_update`: its fields derived from `RUN_CONFIG_PATHS` and the dataclass fields they override.
 DailyUpdateConfig = pydantic.create_model(
-    "DailyUpdateConfig", __base__=_DailyUpdateConfigBase, __module__=__name__,
+    "DailyUpdateConfig",
+    __base__=_DailyUpdateConfigBase,
+    __module__=__name__,
     __doc__="Run config of `daily_update`; a field left out falls back to `DailyUpdateSettings` / `GSPOConfig`.",
     **run_config_fields(
-        DailyUpdateSettings, RUN_CONFIG_PATHS, descriptions=RUN_CONFIG_DESCRIPTIONS,
-        own={"full_fine_tune": (
-            bool, Field(default=False, description="Train every weight instead of a LoRA adapter."))},
+        DailyUpdateSettings,
+        RUN_CONFIG_PATHS,
+        descriptions=RUN_CONFIG_DESCRIPTIONS,
+        own={
+            "full_fine_tune": (bool, Field(default=False, description="Train every weight instead of a LoRA adapter."))
+        },
     ),
 )
 
@@ -108,9 +115,18 @@ DailyUpdateConfig = pydantic.create_model(
         dg.AssetSpec(
             # Every key has the same deps (an asset backfill refuses keys of different shapes): the day's
             # headlines, the base model (the first policy and the frozen judge), itself the day before.
-            key, deps=[dg.AssetDep("headlines"), dg.AssetDep("base_model"), dg.AssetDep(key, partition_mapping=EARLIER_DAYS)],
-            partitions_def=daily_rl_partitions, group_name="daily_rl", description=_DESCRIPTIONS[key],
-            kinds=MODEL_KINDS if key == "policy_checkpoint" else TABLE_KINDS, owners=OWNERS, metadata=_TABLES[key],
+            key,
+            deps=[
+                dg.AssetDep("headlines"),
+                dg.AssetDep("base_model"),
+                dg.AssetDep(key, partition_mapping=EARLIER_DAYS),
+            ],
+            partitions_def=daily_rl_partitions,
+            group_name="daily_rl",
+            description=_DESCRIPTIONS[key],
+            kinds=MODEL_KINDS if key == "policy_checkpoint" else TABLE_KINDS,
+            owners=OWNERS,
+            metadata=_TABLES[key],
         )
         for key in KEYS
     ],
@@ -136,8 +152,11 @@ def daily_update(
     except ValueError as err:  # a bad run config (reward weights, gate thresholds): refused before any process starts
         raise dg.Failure(str(err)) from err
     extras = {
-        "warehouse": to_payload(warehouse), "models": to_payload(model_backend), "judge": to_payload(judge),
-        "market_data": to_payload(market_data) if market_data is not None else None, "settings": to_payload(settings),
+        "warehouse": to_payload(warehouse),
+        "models": to_payload(model_backend),
+        "judge": to_payload(judge),
+        "market_data": to_payload(market_data) if market_data is not None else None,
+        "settings": to_payload(settings),
     }
     # The whole day is one step: one process start (torch and the model load once) per partition.
     yield from step_runner.run_step(context, "daily_update", extras).get_results()

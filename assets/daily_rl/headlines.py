@@ -5,7 +5,10 @@ import dagster as dg
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.feeds.headlines import (
-    FEED_LEVEL_REASONS, HEADLINE_COLUMNS, build_headlines, feed_failures,
+    FEED_LEVEL_REASONS,
+    HEADLINE_COLUMNS,
+    build_headlines,
+    feed_failures,
 )
 from outcome_flywheel.daily_rl.feeds.source import FeedSource
 from outcome_flywheel.storage import Warehouse
@@ -34,14 +37,23 @@ def _counts_table(counts: dict) -> str:
     owners=OWNERS,
     metadata=table_metadata("headlines", HEADLINE_COLUMNS),
     check_specs=[
-        dg.AssetCheckSpec("entries_accounted_for", asset="headlines",
-                          description="Every feed entry is either a headline or a quarantine row."),
-        dg.AssetCheckSpec("minimum_headlines", asset="headlines", blocking=True,
-                          description="At least FLYWHEEL_MIN_HEADLINES (default 1) headlines on the day; otherwise the "
-                                      "run fails here, before daily_update, with the feeds that failed and the quarantine reasons."),
+        dg.AssetCheckSpec(
+            "entries_accounted_for",
+            asset="headlines",
+            description="Every feed entry is either a headline or a quarantine row.",
+        ),
+        dg.AssetCheckSpec(
+            "minimum_headlines",
+            asset="headlines",
+            blocking=True,
+            description="At least FLYWHEEL_MIN_HEADLINES (default 1) headlines on the day; otherwise the "
+            "run fails here, before daily_update, with the feeds that failed and the quarantine reasons.",
+        ),
     ],
 )
-def headlines(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse], feeds: dg.ResourceParam[FeedSource]):
+def headlines(
+    context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse], feeds: dg.ResourceParam[FeedSource]
+):
     """Headlines published on day D (in FLYWHEEL_TIMEZONE) from the archive folder or live feeds:
     HTML stripped, duplicates (same normalised title) dropped, dates range-checked, capped at
     FLYWHEEL_MAX_HEADLINES. Anything unusable (a broken feed, an entry without title or with a
@@ -73,17 +85,25 @@ def headlines(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[War
         }
     )
     yield dg.AssetCheckResult(
-        check_name="entries_accounted_for", passed=bool(balanced),
+        check_name="entries_accounted_for",
+        passed=bool(balanced),
         metadata={"entries_in": entries_in, "headlines": len(kept), "quarantined_entries": entry_rows},
     )
     failures = feed_failures(quarantine)
     enough = len(kept) >= feeds.min_headlines
     yield dg.AssetCheckResult(
-        check_name="minimum_headlines", passed=bool(enough),
-        description=(f"{len(kept)} headlines, at least FLYWHEEL_MIN_HEADLINES={feeds.min_headlines}." if enough
-                     else _shortfall(day, len(kept), len(raws), feeds, failures, reasons)),
+        check_name="minimum_headlines",
+        passed=bool(enough),
+        description=(
+            f"{len(kept)} headlines, at least FLYWHEEL_MIN_HEADLINES={feeds.min_headlines}."
+            if enough
+            else _shortfall(day, len(kept), len(raws), feeds, failures, reasons)
+        ),
         metadata={
-            "headlines": len(kept), "min_headlines": feeds.min_headlines, "feeds": len(raws), "entries_in": entries_in,
+            "headlines": len(kept),
+            "min_headlines": feeds.min_headlines,
+            "feeds": len(raws),
+            "entries_in": entries_in,
             "quarantined": len(quarantine),
             # Check metadata is not plotted: structured, for tools reading the check's evaluation.
             "quarantine_reasons": dg.MetadataValue.json({k: int(v) for k, v in reasons.items()}),
@@ -93,9 +113,13 @@ def headlines(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[War
     )
 
 
-def _shortfall(day: str, n: int, n_feeds: int, feeds: dg.ResourceParam[FeedSource], failures: list[dict], reasons: dict) -> str:
+def _shortfall(
+    day: str, n: int, n_feeds: int, feeds: dg.ResourceParam[FeedSource], failures: list[dict], reasons: dict
+) -> str:
     """Why the day has too few headlines, for the check's description (the UI and the run's error)."""
-    lines = [f"{day}: {n} headlines, fewer than FLYWHEEL_MIN_HEADLINES={feeds.min_headlines}; daily_update does not run for this day."]
+    lines = [
+        f"{day}: {n} headlines, fewer than FLYWHEEL_MIN_HEADLINES={feeds.min_headlines}; daily_update does not run for this day."
+    ]
     if not n_feeds:
         lines.append(f"There were no feeds: nothing in the {feeds.describe_day(day)}.")
     if failures:
@@ -106,4 +130,3 @@ def _shortfall(day: str, n: int, n_feeds: int, feeds: dg.ResourceParam[FeedSourc
         lines.append(f"Entries quarantined: {entry_reasons}.")
     lines.append("Re-run the day once its feeds are readable (live feeds that failed are fetched again).")
     return "\n".join(lines)
-

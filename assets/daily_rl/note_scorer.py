@@ -6,8 +6,8 @@ import dagster as dg
 
 from assets.catalog import COLUMNS, OWNERS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.note_scorer.model import ScorerSettings
 from outcome_flywheel.daily_rl.note_scorer.features import FEATURE_COLUMNS, FEATURES_TABLE
+from outcome_flywheel.daily_rl.note_scorer.model import ScorerSettings
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.loader import ModelLoader
@@ -21,9 +21,15 @@ COLUMNS[FEATURES_TABLE] = {
     "date": ("string", "The note's day (rollouts.date)."),
     "headline_id": ("string", "The headline (headlines.headline_id)."),
     "rollout_index": ("int", "Which of the headline's notes."),
-    "feature_spec": ("string", "JSON: hidden size, base model fingerprint, scales; the scorer only uses rows of its own spec."),
-    "features": ("list<float>", "The base model's pooled hidden state (unit norm x 0.5) then the structured features (x 2): "
-                                "sections, call parsed, on the headline's company, side, length, source bucket."),
+    "feature_spec": (
+        "string",
+        "JSON: hidden size, base model fingerprint, scales; the scorer only uses rows of its own spec.",
+    ),
+    "features": (
+        "list<float>",
+        "The base model's pooled hidden state (unit norm x 0.5) then the structured features (x 2): "
+        "sections, call parsed, on the headline's company, side, length, source bucket.",
+    ),
 }
 FIELDS = ("rank", "hidden", "learning_rate", "margin", "grad_clip", "checkpoint_every", "seed")
 
@@ -48,17 +54,26 @@ class NoteScorerConfig(dg.Config):
     group_name="daily_rl",
     # The day's judge ranks, the calls' price outcomes, the base model (the hidden-state features)
     # and its own state the day before (a re-run of D starts from D-1's state, never from `latest`).
-    deps=["rollouts", "rollout_scores", "rollout_outcomes", "base_model",
-          dg.AssetDep("note_scorer", partition_mapping=dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1))],
+    deps=[
+        "rollouts",
+        "rollout_scores",
+        "rollout_outcomes",
+        "base_model",
+        dg.AssetDep("note_scorer", partition_mapping=dg.TimeWindowPartitionMapping(start_offset=-1, end_offset=-1)),
+    ],
     pool="duckdb",
     kinds={"pytorch", "safetensors", "parquet"},  # the state (safetensors) and the `note_features` table
     owners=OWNERS,
     metadata=table_metadata(FEATURES_TABLE, FEATURE_COLUMNS),
 )
 def note_scorer(
-    context: dg.AssetExecutionContext, config: NoteScorerConfig, warehouse: dg.ResourceParam[Warehouse],
-    model_backend: dg.ResourceParam[ModelLoader], feedback_log: dg.ResourceParam[FeedbackLog],
-    market_data: dg.ResourceParam[MarketData], step_runner: StepRunnerResource,
+    context: dg.AssetExecutionContext,
+    config: NoteScorerConfig,
+    warehouse: dg.ResourceParam[Warehouse],
+    model_backend: dg.ResourceParam[ModelLoader],
+    feedback_log: dg.ResourceParam[FeedbackLog],
+    market_data: dg.ResourceParam[MarketData],
+    step_runner: StepRunnerResource,
 ):
     """The online note scorer after day D: a small PyTorch model (a low-rank layer over the note's
     features: the base model's pooled hidden state, scaled down, and structured features scaled up)
@@ -76,7 +91,9 @@ def note_scorer(
     except ValueError as err:
         raise dg.Failure(str(err)) from err
     extras = {
-        "warehouse": to_payload(warehouse), "models": to_payload(model_backend), "feedback_log": to_payload(feedback_log),
+        "warehouse": to_payload(warehouse),
+        "models": to_payload(model_backend),
+        "feedback_log": to_payload(feedback_log),
         "settings": to_payload(settings),
         "universe": sorted(market_data.universe()) if market_data is not None else None,
     }

@@ -9,8 +9,8 @@ from pydantic import Field
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.notes.calls import CALL_COLUMNS, calls_frame
 from outcome_flywheel.daily_rl.evaluation.look_ahead import LOOK_AHEAD_COLUMNS, look_ahead_flags
+from outcome_flywheel.daily_rl.notes.calls import CALL_COLUMNS, calls_frame
 from outcome_flywheel.daily_rl.notes.outcomes import BENCHMARK, OUTCOME_COLUMNS, outcome_rows, price_range
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.settings import env
@@ -24,10 +24,19 @@ ROLLOUT_OUTCOME_COLUMNS = NOTE_COLUMNS + CALL_COLUMNS + list(OUTCOME_COLUMNS) + 
 class RolloutOutcomesConfig(dg.Config):
     """Run config of `rollout_outcomes`; a field left out takes its FLYWHEEL_* variable."""
 
-    horizon_sessions: Optional[int] = Field(default=None, ge=1, le=60, description=(
-        "Sessions between entry and exit. Default: FLYWHEEL_OUTCOME_HORIZON, else 1."))
-    cost_bps: Optional[float] = Field(default=None, ge=0, description=(
-        "Round-trip cost in basis points taken off every call's return. Default: FLYWHEEL_OUTCOME_COST_BPS, else 10."))
+    horizon_sessions: Optional[int] = Field(
+        default=None,
+        ge=1,
+        le=60,
+        description=("Sessions between entry and exit. Default: FLYWHEEL_OUTCOME_HORIZON, else 1."),
+    )
+    cost_bps: Optional[float] = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Round-trip cost in basis points taken off every call's return. Default: FLYWHEEL_OUTCOME_COST_BPS, else 10."
+        ),
+    )
 
     def resolved(self) -> tuple[int, float]:
         horizon = self.horizon_sessions or int(env("FLYWHEEL_OUTCOME_HORIZON"))
@@ -63,13 +72,19 @@ def closes_off_the_data(outcomes: pd.DataFrame, prices: PriceTable) -> list[str]
     kinds=TABLE_KINDS,
     owners=OWNERS,
     metadata=table_metadata("rollout_outcomes", ROLLOUT_OUTCOME_COLUMNS),
-    check_specs=[dg.AssetCheckSpec(
-        "no_invented_prices", asset="rollout_outcomes", blocking=True,
-        description="Every matured call's entry and exit closes are the price data's closes of that symbol and session; nothing filled.",
-    )],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "no_invented_prices",
+            asset="rollout_outcomes",
+            blocking=True,
+            description="Every matured call's entry and exit closes are the price data's closes of that symbol and session; nothing filled.",
+        )
+    ],
 )
 def rollout_outcomes(
-    context: dg.AssetExecutionContext, config: RolloutOutcomesConfig, warehouse: dg.ResourceParam[Warehouse],
+    context: dg.AssetExecutionContext,
+    config: RolloutOutcomesConfig,
+    warehouse: dg.ResourceParam[Warehouse],
     market_data: dg.ResourceParam[MarketData],
 ):
     """The call of every note of D (the policy's `rollouts` and the base's `baseline_rollouts`):
@@ -94,12 +109,23 @@ def rollout_outcomes(
     now = datetime.now(timezone.utc)  # one clock: the closed sessions served and the outcomes' maturity
     table, downloads = market_data.price_table(symbols, start, end, now)
     outcomes = outcome_rows(calls, table, now, horizon, cost)
-    outcomes = pd.concat([outcomes, look_ahead_flags(outcomes, warehouse.read_all("policy_training"))], axis=1)[ROLLOUT_OUTCOME_COLUMNS]
+    outcomes = pd.concat([outcomes, look_ahead_flags(outcomes, warehouse.read_all("policy_training"))], axis=1)[
+        ROLLOUT_OUTCOME_COLUMNS
+    ]
     warehouse.write("rollout_outcomes", outcomes, partition=day)
-    yield dg.MaterializeResult(metadata={**outcome_metadata(outcomes), "horizon_sessions": horizon, "cost_bps": cost,
-                                         "market_data": market_data.describe(), "downloads": downloads})
+    yield dg.MaterializeResult(
+        metadata={
+            **outcome_metadata(outcomes),
+            "horizon_sessions": horizon,
+            "cost_bps": cost,
+            "market_data": market_data.describe(),
+            "downloads": downloads,
+        }
+    )
     bad = closes_off_the_data(outcomes, table)
-    yield dg.AssetCheckResult(check_name="no_invented_prices", passed=not bad, metadata={"rows": "; ".join(bad[:20]) or "none"})
+    yield dg.AssetCheckResult(
+        check_name="no_invented_prices", passed=not bad, metadata={"rows": "; ".join(bad[:20]) or "none"}
+    )
 
 
 def outcome_metadata(outcomes: pd.DataFrame) -> dict:
@@ -117,5 +143,8 @@ def outcome_metadata(outcomes: pd.DataFrame) -> dict:
     meta["earliest_pending_exit_close"] = str(pending["exit_close_utc"].dropna().min()) if len(pending) else "none"
     reasons = outcomes.loc[outcomes["status"].isin(["no_data", "no_call"]), "reason"].fillna("").value_counts().head(10)
     meta["no_call_or_data_reasons"] = dg.MetadataValue.md(
-        "| reason | notes |\n| --- | --- |\n" + "".join(f"| {k} | {int(v)} |\n" for k, v in reasons.items()) if len(reasons) else "none")
+        "| reason | notes |\n| --- | --- |\n" + "".join(f"| {k} | {int(v)} |\n" for k, v in reasons.items())
+        if len(reasons)
+        else "none"
+    )
     return meta

@@ -6,10 +6,10 @@ from pydantic import Field
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.evaluation.ab_stats import COLUMNS as COMPARISON_COLUMNS
 from outcome_flywheel.daily_rl.evaluation.ab import PREFERENCE_COLUMNS, evaluate_day, judge_preferences
-from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.evaluation.ab_stats import COLUMNS as COMPARISON_COLUMNS
 from outcome_flywheel.daily_rl.evaluation.look_ahead import LookAheadInputs, look_ahead_days
+from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse
 
@@ -19,9 +19,13 @@ POLICY_EVAL_COLUMNS = ["date", "status"] + COMPARISON_COLUMNS + ["policy_version
 class LookAheadConfig(dg.Config):
     """Run config of `policy_eval` and `backtest`."""
 
-    include_look_ahead: bool = Field(default=False, description=(
-        "Keep notes whose policy was trained on headlines dated after the notes' day (override re-runs; "
-        "outcome_flywheel.daily_rl.evaluation.look_ahead). Default false: those days are left out of the A/B and the back-test."))
+    include_look_ahead: bool = Field(
+        default=False,
+        description=(
+            "Keep notes whose policy was trained on headlines dated after the notes' day (override re-runs; "
+            "outcome_flywheel.daily_rl.evaluation.look_ahead). Default false: those days are left out of the A/B and the back-test."
+        ),
+    )
 
 
 @dg.asset(
@@ -33,8 +37,13 @@ class LookAheadConfig(dg.Config):
     owners=OWNERS,
     metadata=table_metadata("policy_eval", POLICY_EVAL_COLUMNS),
 )
-def policy_eval(context: dg.AssetExecutionContext, config: LookAheadConfig, warehouse: dg.ResourceParam[Warehouse],
-                model_backend: dg.ResourceParam[ModelLoader], judge: dg.ResourceParam[Judge]):
+def policy_eval(
+    context: dg.AssetExecutionContext,
+    config: LookAheadConfig,
+    warehouse: dg.ResourceParam[Warehouse],
+    model_backend: dg.ResourceParam[ModelLoader],
+    judge: dg.ResourceParam[Judge],
+):
     """The policy of D against the frozen base on D's headlines (matched notes: same prompts and seeds),
     each with a 95% interval and a label (better / no detectable difference / worse / not enough data):
     structure score (paired t-test over D's headlines, per-headline means); judge preference (one matched
@@ -75,8 +84,11 @@ def policy_eval(context: dg.AssetExecutionContext, config: LookAheadConfig, ware
 
 
 def eval_metadata(table: pd.DataFrame, preferences: pd.DataFrame, version: str) -> dict:
-    meta: dict = {"policy_version": version, "ab": dg.MetadataValue.md(eval_markdown(table)),
-                  "look_ahead": "; ".join(sorted({d for d in table["look_ahead_days"] if d})) or "none"}
+    meta: dict = {
+        "policy_version": version,
+        "ab": dg.MetadataValue.md(eval_markdown(table)),
+        "look_ahead": "; ".join(sorted({d for d in table["look_ahead_days"] if d})) or "none",
+    }
     for r in table.itertuples(index=False):
         meta[f"{r.metric}_label"] = r.label
         for name in ("policy", "base", "difference"):
@@ -90,6 +102,7 @@ def eval_metadata(table: pd.DataFrame, preferences: pd.DataFrame, version: str) 
 
 def eval_markdown(table: pd.DataFrame) -> str:
     """The A/B as a table a person reads: values, difference, interval, label, test, status."""
+
     def f(x) -> str:
         return "–" if x != x else f"{x:.3f}"
 
@@ -98,14 +111,22 @@ def eval_markdown(table: pd.DataFrame) -> str:
         f"**{r.label}** | {r.test} | {r.status} |\n"
         for r in table.itertuples(index=False)
     )
-    return ("Difference = policy - base; the interval is of the difference (for judge_win_rate: of the win rate, against 0.5).\n\n"
-            "| metric | policy | base | difference | 95% interval | n | label | test | status |\n"
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + rows + look_ahead_markdown(table))
+    return (
+        "Difference = policy - base; the interval is of the difference (for judge_win_rate: of the win rate, against 0.5).\n\n"
+        "| metric | policy | base | difference | 95% interval | n | label | test | status |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n" + rows + look_ahead_markdown(table)
+    )
 
 
 def look_ahead_markdown(table: pd.DataFrame) -> str:
     """One line per metric whose inputs held look-ahead notes (left out or included); empty when none."""
     if "look_ahead_days" not in table:
         return ""
-    lines = [f"- {r.metric}: look-ahead notes {r.look_ahead_days}" for r in table.itertuples(index=False) if r.look_ahead]
-    return ("\n**Look-ahead** (a policy trained on headlines after its notes' day):\n" + "\n".join(lines) + "\n") if lines else ""
+    lines = [
+        f"- {r.metric}: look-ahead notes {r.look_ahead_days}" for r in table.itertuples(index=False) if r.look_ahead
+    ]
+    return (
+        ("\n**Look-ahead** (a policy trained on headlines after its notes' day):\n" + "\n".join(lines) + "\n")
+        if lines
+        else ""
+    )

@@ -7,12 +7,19 @@ import dagster as dg
 import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
+from outcome_flywheel.exports import EXPORT_FORMATS, jsonl_bytes
 from outcome_flywheel.preferences.pool import POOL_CAP, cap_pool
 from outcome_flywheel.preferences.status import latest_decisions, prompt_context_keys, training_status
 from outcome_flywheel.preferences.weighting import (
-    PAIR_COLUMNS, WEIGHT_TABLE, build_pairs, dataset_fingerprint, export_metadata, export_rows, holdout_split, outcome_treatment,
+    PAIR_COLUMNS,
+    WEIGHT_TABLE,
+    build_pairs,
+    dataset_fingerprint,
+    export_metadata,
+    export_rows,
+    holdout_split,
+    outcome_treatment,
 )
-from outcome_flywheel.exports import EXPORT_FORMATS, jsonl_bytes
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
 
 EXPORT_DIR = ("exports", "preference")
@@ -35,7 +42,9 @@ def holdout_leaks(pairs: pd.DataFrame, exported_trl_rows: list[dict] | None = No
     leaks = set(train["decision_id"]) & set(hold["decision_id"])
     leaks |= {d for d in train["decision_id"] if holdout_split(d) != "train"}
     if exported_trl_rows is not None:
-        exported = {_triple(r["prompt"], r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in exported_trl_rows}
+        exported = {
+            _triple(r["prompt"], r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in exported_trl_rows
+        }
         trained = {_triple(*t) for t in zip(train["prompt"], train["chosen"], train["rejected"])}
         for d, *t in zip(hold["decision_id"], hold["prompt"], hold["chosen"], hold["rejected"]):
             key = _triple(*t)
@@ -48,7 +57,11 @@ def weights_off_table(pairs: pd.DataFrame) -> list[str]:
     bad = []
     for r in pairs.itertuples(index=False):
         weight, replication, treatment = outcome_treatment(r.decision, r.verdict)
-        if (weight, replication, treatment) != (r.outcome_weight, r.replication, r.treatment) or r.effective_weight != abs(weight) or r.swapped != (weight < 0):
+        if (
+            (weight, replication, treatment) != (r.outcome_weight, r.replication, r.treatment)
+            or r.effective_weight != abs(weight)
+            or r.swapped != (weight < 0)
+        ):
             bad.append(r.decision_id)
     return bad
 
@@ -61,10 +74,18 @@ def weights_off_table(pairs: pd.DataFrame) -> list[str]:
     owners=OWNERS,
     metadata=table_metadata("dpo_dataset", PAIR_COLUMNS),
     check_specs=[
-        dg.AssetCheckSpec("no_holdout_in_training", asset="dpo_dataset", blocking=True,
-                          description="No holdout decision is in the training split or the exports."),
-        dg.AssetCheckSpec("weights_follow_table", asset="dpo_dataset", blocking=True,
-                          description="Every pair's weight, replication and swap match the outcome-weighting table."),
+        dg.AssetCheckSpec(
+            "no_holdout_in_training",
+            asset="dpo_dataset",
+            blocking=True,
+            description="No holdout decision is in the training split or the exports.",
+        ),
+        dg.AssetCheckSpec(
+            "weights_follow_table",
+            asset="dpo_dataset",
+            blocking=True,
+            description="Every pair's weight, replication and swap match the outcome-weighting table.",
+        ),
     ],
 )
 def dpo_dataset(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse]):
@@ -79,7 +100,11 @@ def dpo_dataset(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
     if len(outcomes):
         outcomes = outcomes.drop_duplicates("decision_id", keep="last")
     keys = prompt_context_keys()
-    pairs, skipped = build_pairs(decisions, outcomes, context_keys=keys) if len(decisions) else build_pairs(pd.DataFrame(columns=["decision_id"]), None)
+    pairs, skipped = (
+        build_pairs(decisions, outcomes, context_keys=keys)
+        if len(decisions)
+        else build_pairs(pd.DataFrame(columns=["decision_id"]), None)
+    )
     pairs, dropped_by_cap = cap_pool(pairs)  # the pool's cap: the oldest decisions go first
     warehouse.write("dpo_dataset", pairs)
     fingerprint = dataset_fingerprint(pairs)
@@ -106,7 +131,8 @@ def dpo_dataset(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
             "n_train": int((pairs["split"] == "train").sum()) if len(pairs) else 0,
             "n_holdout": int((pairs["split"] == "holdout").sum()) if len(pairs) else 0,
             "n_skipped": len(skipped),
-            "pool_cap": POOL_CAP, "n_dropped_by_cap": dropped_by_cap,
+            "pool_cap": POOL_CAP,
+            "n_dropped_by_cap": dropped_by_cap,
             "prompt_context_keys": ", ".join(keys) or "(none: one context-free prompt)",
             **{f"n_{t}": int(by_treatment.get(t, 0)) for t in TREATMENTS},
             **{f"export_rows_{fmt}": n for fmt, n in export_counts.items()},
@@ -120,6 +146,12 @@ def dpo_dataset(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
         }
     )
     leaks = holdout_leaks(pairs, exported_trl)
-    yield dg.AssetCheckResult(check_name="no_holdout_in_training", passed=not leaks, metadata={"leaked_decision_ids": dg.MetadataValue.json(leaks[:50])})
+    yield dg.AssetCheckResult(
+        check_name="no_holdout_in_training",
+        passed=not leaks,
+        metadata={"leaked_decision_ids": dg.MetadataValue.json(leaks[:50])},
+    )
     off = weights_off_table(pairs)
-    yield dg.AssetCheckResult(check_name="weights_follow_table", passed=not off, metadata={"decision_ids": dg.MetadataValue.json(off[:50])})
+    yield dg.AssetCheckResult(
+        check_name="weights_follow_table", passed=not off, metadata={"decision_ids": dg.MetadataValue.json(off[:50])}
+    )

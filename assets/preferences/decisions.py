@@ -22,10 +22,18 @@ QUARANTINE_TABLE = "operator_decisions_quarantine"
     kinds=TABLE_KINDS,
     owners=OWNERS,
     metadata=table_metadata("operator_decisions", DECISION_COLUMNS),
-    check_specs=[dg.AssetCheckSpec("counts_reconcile", asset="operator_decisions", blocking=True,
-                                   description="Non-blank lines of the audit log = unique valid decisions + repeated ids dropped + quarantined lines.")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "counts_reconcile",
+            asset="operator_decisions",
+            blocking=True,
+            description="Non-blank lines of the audit log = unique valid decisions + repeated ids dropped + quarantined lines.",
+        )
+    ],
 )
-def operator_decisions(context: dg.AssetExecutionContext, audit_log: dg.ResourceParam[AuditLog], warehouse: dg.ResourceParam[Warehouse]):
+def operator_decisions(
+    context: dg.AssetExecutionContext, audit_log: dg.ResourceParam[AuditLog], warehouse: dg.ResourceParam[Warehouse]
+):
     """Operator approve / reject / override decisions from the JSONL audit log (FLYWHEEL_AUDIT_LOG, then
     the live log the review service appends to, FLYWHEEL_LIVE_AUDIT_LOG), validated with pydantic,
     partitioned by decision date in FLYWHEEL_TIMEZONE. Extra keys are kept (`extra_json`); a bad line
@@ -44,11 +52,15 @@ def operator_decisions(context: dg.AssetExecutionContext, audit_log: dg.Resource
     all_keys = set(preference_partitions.get_partition_keys())
     outside = int((~frame["decision_date"].isin(all_keys)).sum()) if len(frame) else 0
     counts = {
-        "n_lines": parsed.n_lines, "n_valid": parsed.n_valid, "n_quarantined": parsed.n_quarantined,
+        "n_lines": parsed.n_lines,
+        "n_valid": parsed.n_valid,
+        "n_quarantined": parsed.n_quarantined,
         "n_duplicates_dropped": parsed.n_duplicates_dropped,
     }
     by_type = frame[frame["decision_date"].isin(keys)]["decision"].value_counts().to_dict() if len(frame) else {}
-    context.log.info(f"audit log {audit_log.describe()}: {counts}; {sum(written.values())} decisions in {len(keys)} partition(s)")
+    context.log.info(
+        f"audit log {audit_log.describe()}: {counts}; {sum(written.values())} decisions in {len(keys)} partition(s)"
+    )
     yield dg.MaterializeResult(
         asset_key="operator_decisions",
         metadata={
@@ -60,11 +72,17 @@ def operator_decisions(context: dg.AssetExecutionContext, audit_log: dg.Resource
             "audit_log": dg.MetadataValue.path(str(audit_log.file)),
             "live_audit_log": dg.MetadataValue.path(str(audit_log.live_file)) if audit_log.live_file else "none",
             "quarantine": dg.MetadataValue.md(
-                "\n".join(f"- {Path(q.get('source', audit_log.file)).name} line {q['line_number']}: {q['error']}" for q in parsed.quarantine) or "none"
+                "\n".join(
+                    f"- {Path(q.get('source', audit_log.file)).name} line {q['line_number']}: {q['error']}"
+                    for q in parsed.quarantine
+                )
+                or "none"
             ),
         },
     )
     yield dg.AssetCheckResult(
-        check_name="counts_reconcile", asset_key="operator_decisions", passed=parsed.reconciles(),
+        check_name="counts_reconcile",
+        asset_key="operator_decisions",
+        passed=parsed.reconciles(),
         metadata={**counts, "repeated_ids": dg.MetadataValue.json(parsed.duplicates)},
     )

@@ -6,10 +6,10 @@ import dagster as dg
 import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, column_names, table_metadata
-from outcome_flywheel.preferences.metrics import auc_report, drift_level, rejected_winners
-from outcome_flywheel.preferences.style_match import score_holdout, scoring_settings
-from outcome_flywheel.preferences.status import latest_adapter_dir
 from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.preferences.metrics import auc_report, drift_level, rejected_winners
+from outcome_flywheel.preferences.status import latest_adapter_dir
+from outcome_flywheel.preferences.style_match import score_holdout, scoring_settings
 from outcome_flywheel.storage import Warehouse
 
 EVAL_TABLE = "holdout_eval"
@@ -23,7 +23,9 @@ def _md_table(df: pd.DataFrame) -> str:
     lines = ["| decision | date | style score | vs SPY (pp) | plan |", "|---|---|---|---|---|"]
     for r in df.itertuples(index=False):
         plan = str(r.proposal_plan).replace("\n", " ")
-        lines.append(f"| {r.decision_id} | {r.decision_date} | {r.style_match_score:.3f} | {r.vs_spy_pct:+.2f} | {plan} |")
+        lines.append(
+            f"| {r.decision_id} | {r.decision_date} | {r.style_match_score:.3f} | {r.vs_spy_pct:+.2f} | {plan} |"
+        )
     return "\n".join(lines)
 
 
@@ -35,7 +37,11 @@ def _md_table(df: pd.DataFrame) -> str:
     owners=OWNERS,
     metadata=table_metadata(EVAL_TABLE, column_names(EVAL_TABLE)),
 )
-def holdout_eval(context: dg.AssetExecutionContext, model_backend: dg.ResourceParam[ModelLoader], warehouse: dg.ResourceParam[Warehouse]):
+def holdout_eval(
+    context: dg.AssetExecutionContext,
+    model_backend: dg.ResourceParam[ModelLoader],
+    warehouse: dg.ResourceParam[Warehouse],
+):
     """Every holdout proposal scored with the latest adapter against holding, as its pairs were
     trained: margin_logp = the DPO implicit reward (log-prob under base + adapter minus under the
     base) of the proposal minus that of holding, style_match_score = sigmoid(beta * margin). Approval AUC (Mann-Whitney U
@@ -48,21 +54,31 @@ def holdout_eval(context: dg.AssetExecutionContext, model_backend: dg.ResourcePa
     pairs = warehouse.read("dpo_dataset")
     backend = model_backend.load(adapter_path=adapter)
     scored = score_holdout(backend, pairs, *scoring_settings(adapter))
-    report = auc_report(scored["style_match_score"].to_numpy(), (scored["decision"] == "approve").to_numpy(), seed=model_backend.seed)
+    report = auc_report(
+        scored["style_match_score"].to_numpy(), (scored["decision"] == "approve").to_numpy(), seed=model_backend.seed
+    )
     winners = rejected_winners(scored)
     evaluated_at = datetime.now(timezone.utc).isoformat()
     scored.insert(0, "adapter_run", adapter.name)
     scored["evaluated_at"] = evaluated_at
     warehouse.write(EVAL_TABLE, scored[column_names(EVAL_TABLE, scored.columns)])
-    history = pd.DataFrame([{
-        "adapter_run": adapter.name, "evaluated_at": evaluated_at, **report.as_dict(),
-        "n_rejected_winners": int(len(winners)),
-        "mean_score_approved": float(scored.loc[scored["decision"] == "approve", "style_match_score"].mean()),
-        "mean_score_other": float(scored.loc[scored["decision"] != "approve", "style_match_score"].mean()),
-    }])
+    history = pd.DataFrame(
+        [
+            {
+                "adapter_run": adapter.name,
+                "evaluated_at": evaluated_at,
+                **report.as_dict(),
+                "n_rejected_winners": int(len(winners)),
+                "mean_score_approved": float(scored.loc[scored["decision"] == "approve", "style_match_score"].mean()),
+                "mean_score_other": float(scored.loc[scored["decision"] != "approve", "style_match_score"].mean()),
+            }
+        ]
+    )
     # One row per adapter: re-evaluating the same adapter replaces its row.
     warehouse.write(EVAL_HISTORY_TABLE, history, partition=adapter.name, key="run")
-    context.log.info(f"holdout AUC {report.auc:.3f} [{report.auc_low:.3f}, {report.auc_high:.3f}] n={report.n_holdout}: {report.label}")
+    context.log.info(
+        f"holdout AUC {report.auc:.3f} [{report.auc_low:.3f}, {report.auc_high:.3f}] n={report.n_holdout}: {report.label}"
+    )
     return dg.MaterializeResult(
         metadata={
             "adapter_run": adapter.name,
@@ -83,7 +99,11 @@ def holdout_eval(context: dg.AssetExecutionContext, model_backend: dg.ResourcePa
     kinds=TABLE_KINDS,
     owners=OWNERS,
     metadata=table_metadata(DRIFT_TABLE, column_names(DRIFT_TABLE)),
-    check_specs=[dg.AssetCheckSpec("drift_not_high", asset="style_drift", description="Warns when the mean of the last 3 AUCs is below 0.55.")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "drift_not_high", asset="style_drift", description="Warns when the mean of the last 3 AUCs is below 0.55."
+        )
+    ],
 )
 def style_drift(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse]):
     """Style drift: the mean of the last 3 holdout AUCs; below 0.55 -> `high` (the adapter no longer
@@ -91,11 +111,23 @@ def style_drift(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
     hist = warehouse.read_all(EVAL_HISTORY_TABLE)
     hist = hist.sort_values("evaluated_at") if len(hist) else hist
     level = drift_level(hist["auc"].tolist() if len(hist) else [])
-    row = {**level, "computed_at": datetime.now(timezone.utc).isoformat(), "last_runs": ",".join(hist["adapter_run"].tail(3)) if len(hist) else ""}
+    row = {
+        **level,
+        "computed_at": datetime.now(timezone.utc).isoformat(),
+        "last_runs": ",".join(hist["adapter_run"].tail(3)) if len(hist) else "",
+    }
     warehouse.write(DRIFT_TABLE, pd.DataFrame([row])[column_names(DRIFT_TABLE, row)])
-    yield dg.MaterializeResult(metadata={"drift": level["drift"], **_rounded(mean_auc_last=level["mean_auc_last"]), "n_evals": level["n_evals"]})
+    yield dg.MaterializeResult(
+        metadata={
+            "drift": level["drift"],
+            **_rounded(mean_auc_last=level["mean_auc_last"]),
+            "n_evals": level["n_evals"],
+        }
+    )
     yield dg.AssetCheckResult(
-        check_name="drift_not_high", passed=level["drift"] != "high", severity=dg.AssetCheckSeverity.WARN,
+        check_name="drift_not_high",
+        passed=level["drift"] != "high",
+        severity=dg.AssetCheckSeverity.WARN,
         metadata=_rounded(mean_auc_last=level["mean_auc_last"]),
     )
 

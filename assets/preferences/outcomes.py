@@ -7,13 +7,22 @@ import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import preference_partitions
-from outcome_flywheel.preferences.audit_log import load_orders
-from outcome_flywheel.preferences.windows import BENCHMARK, OUTCOME_COLUMNS, WINDOW_DAYS, compute_outcome, empty_outcomes, t5_window
 from outcome_flywheel.market_data import MarketData
+from outcome_flywheel.preferences.audit_log import load_orders
+from outcome_flywheel.preferences.windows import (
+    BENCHMARK,
+    OUTCOME_COLUMNS,
+    WINDOW_DAYS,
+    compute_outcome,
+    empty_outcomes,
+    t5_window,
+)
 from outcome_flywheel.storage import Warehouse
 
 
-def outcome_rows(decisions: pd.DataFrame, market_data: dg.ResourceParam[MarketData], now: datetime) -> tuple[pd.DataFrame, int]:
+def outcome_rows(
+    decisions: pd.DataFrame, market_data: dg.ResourceParam[MarketData], now: datetime
+) -> tuple[pd.DataFrame, int]:
     """Outcomes of `decisions` with ONE price request for every symbol and date they need."""
     if decisions.empty:
         return empty_outcomes(), 0
@@ -48,7 +57,9 @@ def outcome_rows(decisions: pd.DataFrame, market_data: dg.ResourceParam[MarketDa
     owners=OWNERS,
     metadata=table_metadata("decision_outcomes", OUTCOME_COLUMNS),
 )
-def decision_outcomes(context: dg.AssetExecutionContext, market_data: dg.ResourceParam[MarketData], warehouse: dg.ResourceParam[Warehouse]):
+def decision_outcomes(
+    context: dg.AssetExecutionContext, market_data: dg.ResourceParam[MarketData], warehouse: dg.ResourceParam[Warehouse]
+):
     """T+5 outcome of each decision's proposal on the NYSE calendar (exchange_calendars XNYS): entry at
     the first session close at or after the decision, exit 5 sessions later; equal-weighted basket
     return, SPY's return and the difference in percentage points (`vs_spy_pct`). `status` is matured,
@@ -79,7 +90,10 @@ def decision_outcomes(context: dg.AssetExecutionContext, market_data: dg.Resourc
             **metadata,  # left out when nothing matured (a NaN breaks the plots)
             "earliest_pending_exit_close": str(next_check) if next_check else "none",
             "not_matured": dg.MetadataValue.md(
-                "\n".join(f"- {r.decision_id}: {r.status}: {r.reason}" for r in outcomes[outcomes["status"] != "matured"].head(20).itertuples())
+                "\n".join(
+                    f"- {r.decision_id}: {r.status}: {r.reason}"
+                    for r in outcomes[outcomes["status"] != "matured"].head(20).itertuples()
+                )
                 or "none"
             ),
         }

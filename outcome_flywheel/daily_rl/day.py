@@ -29,9 +29,7 @@ import numpy as np
 import pandas as pd
 
 from outcome_flywheel.daily_rl.partitions import stable_seed
-from outcome_flywheel.daily_rl.reward.signals import (
-    RewardConfig,
-)
+from outcome_flywheel.daily_rl.reward.signals import RewardConfig
 
 if TYPE_CHECKING:
     pass
@@ -40,10 +38,8 @@ import time
 from dataclasses import field
 
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
-from outcome_flywheel.daily_rl.partitions import (
-    DailyUpdateError,
-    previous_day,
-)
+from outcome_flywheel.daily_rl.note_scorer.signal import scorer_signals
+from outcome_flywheel.daily_rl.partitions import DailyUpdateError, previous_day
 from outcome_flywheel.daily_rl.policy.checkpoints import (
     UnverifiedCheckpoint,
     behaviour_versions,
@@ -53,18 +49,8 @@ from outcome_flywheel.daily_rl.policy.checkpoints import (
     read_checkpoint,
     republish_parent,
 )
-from outcome_flywheel.daily_rl.policy.gate import (
-    GateConfig,
-    GateResult,
-    gate_update,
-    not_trained,
-)
-from outcome_flywheel.daily_rl.policy.prompt_evolver import (
-    EvolverConfig,
-    PromptEvolver,
-    heldout_scorer,
-    prompt_writer,
-)
+from outcome_flywheel.daily_rl.policy.gate import GateConfig, GateResult, gate_update, not_trained
+from outcome_flywheel.daily_rl.policy.prompt_evolver import EvolverConfig, PromptEvolver, heldout_scorer, prompt_writer
 from outcome_flywheel.daily_rl.policy.rollouts import (
     ROLLOUT_SAMPLING,
     check_behaviour_policy,
@@ -75,27 +61,16 @@ from outcome_flywheel.daily_rl.policy.rollouts import (
 from outcome_flywheel.daily_rl.policy.verify import verify_day
 from outcome_flywheel.daily_rl.reward.examples import training_examples
 from outcome_flywheel.daily_rl.reward.ledger import ledger_frame
-from outcome_flywheel.daily_rl.reward.matured import (
-    MaturedBatch,
-    MaturedConfig,
-    collect_matured,
-)
-from outcome_flywheel.daily_rl.note_scorer.signal import scorer_signals
-from outcome_flywheel.daily_rl.worlds.prices import judge_outcome_titles
+from outcome_flywheel.daily_rl.reward.matured import MaturedBatch, MaturedConfig, collect_matured
 from outcome_flywheel.daily_rl.reward.rollout_scores import score_previous_rollouts
-from outcome_flywheel.daily_rl.reward.signals import (
-    SIGNAL_SPANS,
-    PriceReward,
-)
-from outcome_flywheel.daily_rl.reward.training_record import (
-    judged_ledger,
-    price_training_row,
-)
+from outcome_flywheel.daily_rl.reward.signals import SIGNAL_SPANS, PriceReward
+from outcome_flywheel.daily_rl.reward.training_record import judged_ledger, price_training_row
+from outcome_flywheel.daily_rl.worlds.prices import judge_outcome_titles
 from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.gspo_config import GSPOConfig
 from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
-from outcome_flywheel.models.train.gspo import train_gspo
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float]:
@@ -119,30 +94,65 @@ DEFAULT_MAX_NEW_TOKENS = 512
 class DailyUpdateSettings:
     """What one day's update does; the `daily_update` run config overrides any of these."""
 
-    outcome_headlines_date: str | None = field(default=None, metadata={"help": (
-        "Override re-run: score the previous day's rollouts against the headlines of this day (YYYY-MM-DD, must be "
-        "materialised) instead of the partition's own day."
-    )})
-    rollouts_per_headline: int | None = field(default=None, metadata={"help": (
-        f"Notes sampled per headline; None = FLYWHEEL_ROLLOUTS_PER_HEADLINE, else {DEFAULT_ROLLOUTS_PER_HEADLINE}."
-    )})
-    max_new_tokens: int | None = field(default=None, metadata={"help": (
-        f"Token budget per note; None = FLYWHEEL_MAX_NEW_TOKENS, else {DEFAULT_MAX_NEW_TOKENS} "
-        f"({TINY_LOCAL_MAX_NEW_TOKENS} on tiny-local)."
-    )})
-    gspo: GSPOConfig = field(default_factory=GSPOConfig, metadata={"help": "The GSPO trainer's settings (seed and temperature are set per day)."})
-    reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "How each note's reward is made from its signals."})
+    outcome_headlines_date: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Override re-run: score the previous day's rollouts against the headlines of this day (YYYY-MM-DD, must be "
+                "materialised) instead of the partition's own day."
+            )
+        },
+    )
+    rollouts_per_headline: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                f"Notes sampled per headline; None = FLYWHEEL_ROLLOUTS_PER_HEADLINE, else {DEFAULT_ROLLOUTS_PER_HEADLINE}."
+            )
+        },
+    )
+    max_new_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                f"Token budget per note; None = FLYWHEEL_MAX_NEW_TOKENS, else {DEFAULT_MAX_NEW_TOKENS} "
+                f"({TINY_LOCAL_MAX_NEW_TOKENS} on tiny-local)."
+            )
+        },
+    )
+    gspo: GSPOConfig = field(
+        default_factory=GSPOConfig,
+        metadata={"help": "The GSPO trainer's settings (seed and temperature are set per day)."},
+    )
+    reward: RewardConfig = field(
+        default_factory=RewardConfig, metadata={"help": "How each note's reward is made from its signals."}
+    )
     gate: GateConfig = field(default_factory=GateConfig, metadata={"help": "The evaluation gate's thresholds."})
-    price: PriceReward = field(default_factory=PriceReward, metadata={"help": "The price signal's transform and no_trade / unparseable values."})
-    max_staleness: int | None = field(default=None, metadata={"help": (
-        "Most policy updates between a matured note's sampler and D's parent; None = FLYWHEEL_PRICE_MAX_STALENESS, else 4.")})
-    prompt_evolver: EvolverConfig = field(default_factory=EvolverConfig, metadata={"help": "The prompt evolver's bandit (tier 1b)."})
+    price: PriceReward = field(
+        default_factory=PriceReward,
+        metadata={"help": "The price signal's transform and no_trade / unparseable values."},
+    )
+    max_staleness: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "Most policy updates between a matured note's sampler and D's parent; None = FLYWHEEL_PRICE_MAX_STALENESS, else 4."
+            )
+        },
+    )
+    prompt_evolver: EvolverConfig = field(
+        default_factory=EvolverConfig, metadata={"help": "The prompt evolver's bandit (tier 1b)."}
+    )
 
     def matured(self) -> MaturedConfig:
         """The delayed step's settings: the price transform, the staleness limit, the outcome horizon and cost."""
         stale = self.max_staleness if self.max_staleness is not None else int(env("FLYWHEEL_PRICE_MAX_STALENESS"))
-        return MaturedConfig(price=self.price, max_staleness=stale, horizon=int(env("FLYWHEEL_OUTCOME_HORIZON")),
-                             cost_bps=float(env("FLYWHEEL_OUTCOME_COST_BPS")))
+        return MaturedConfig(
+            price=self.price,
+            max_staleness=stale,
+            horizon=int(env("FLYWHEEL_OUTCOME_HORIZON")),
+            cost_bps=float(env("FLYWHEEL_OUTCOME_COST_BPS")),
+        )
 
     def sizes(self, models: ModelLoader) -> tuple[int, int]:
         """(rollouts per headline, max new tokens) after the environment and the model's defaults."""
@@ -223,7 +233,8 @@ def check_objective(settings: DailyUpdateSettings) -> None:
     if settings.gspo.objective != "token" and scoped:
         raise DailyUpdateError(
             f"objective {settings.gspo.objective!r} trains whole-note signals only, but {scoped} judge the trade call's line: "
-            f"use objective 'token' (the default), or set their reward_weights to 0")
+            f"use objective 'token' (the default), or set their reward_weights to 0"
+        )
 
 
 def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
@@ -239,8 +250,9 @@ def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
     return prediction_day, outcome_day
 
 
-def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, settings: DailyUpdateSettings,
-                     market_data=None) -> DailyUpdateResult:
+def run_daily_update(
+    warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, settings: DailyUpdateSettings, market_data=None
+) -> DailyUpdateResult:
     """Score yesterday's rollouts, take the matured notes of earlier days (with `market_data`), train
     the policy with GSPO, generate today's rollouts, verify; write `rollout_scores`, `reward_ledger`,
     `price_training`, `rollouts`, `policy_training` and checkpoint D. Raises `DailyUpdateError`."""
@@ -253,7 +265,9 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     # The parent is checked first: nothing is scored or written when it may not be trained from.
     ckpt_root = warehouse.path("checkpoints", "policy")
     try:  # a re-run keeps the parent the first run chose (a distillation of D-1 may have come since)
-        parent = parent_checkpoint(ckpt_root, day, pinned=(read_checkpoint(ckpt_root / day) or {}).get("parent_checkpoint"))
+        parent = parent_checkpoint(
+            ckpt_root, day, pinned=(read_checkpoint(ckpt_root / day) or {}).get("parent_checkpoint")
+        )
     except UnverifiedCheckpoint as err:
         raise DailyUpdateError(str(err)) from err
     lineage = behaviour_versions(ckpt_root, parent)
@@ -264,13 +278,28 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
         check_behaviour_policy(prev_rollouts, parent[1]["policy_version"] if parent else None, prediction_day, lineage)
     except ValueError as err:
         raise DailyUpdateError(str(err)) from err
-    off_policy = bool(len(prev_rollouts)) and parent is not None and set(prev_rollouts["policy_version"]) != {parent[1]["policy_version"]}
+    off_policy = (
+        bool(len(prev_rollouts))
+        and parent is not None
+        and set(prev_rollouts["policy_version"]) != {parent[1]["policy_version"]}
+    )
     universe = market_data.universe() if market_data is not None else None
     prices_file = market_data.prices_file if market_data is not None and market_data.source == "file" else None
     scorer = scorer_signals(warehouse, prediction_day) if float(settings.reward.weights.get("scorer", 0.0)) else None
     world_titles = judge_outcome_titles(prices_file, prev_rollouts, prediction_day) if prices_file else None
-    scores = score_previous_rollouts(warehouse, models, judge, day, prediction_day, outcome_day, prev_rollouts, settings.reward,
-                                     universe, world_titles, scorer)
+    scores = score_previous_rollouts(
+        warehouse,
+        models,
+        judge,
+        day,
+        prediction_day,
+        outcome_day,
+        prev_rollouts,
+        settings.reward,
+        universe,
+        world_titles,
+        scorer,
+    )
     warehouse.write("rollout_scores", scores, partition=day)
     timings["score_s"] = time.perf_counter() - started
     evolver = PromptEvolver.load(warehouse, day, settings.prompt_evolver, seed)
@@ -284,10 +313,14 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     tokenizer = policy.tokenizer if settings.gspo.objective == "token" else None
     matured = matured_notes(warehouse, market_data, day, parent_version, settings, temperature, tokenizer)
     timings["matured_s"] = time.perf_counter() - started
-    judged, judged_keys = training_examples(prev_rollouts, scores, with_keys=True, reward=settings.reward, tokenizer=tokenizer)
+    judged, judged_keys = training_examples(
+        prev_rollouts, scores, with_keys=True, reward=settings.reward, tokenizer=tokenizer
+    )
     examples = judged + matured.examples
     gspo = replace(
-        settings.gspo, seed=stable_seed(seed, day, "shuffle") % (2**31), temperature=temperature if examples else 1.0,
+        settings.gspo,
+        seed=stable_seed(seed, day, "shuffle") % (2**31),
+        temperature=temperature if examples else 1.0,
         # notes sampled days ago, or by the checkpoint a distilled parent came from, need pi_old = the
         # parent recomputed, for the truncated IS weight
         old_logprobs="recompute" if matured.examples or off_policy else settings.gspo.old_logprobs,
@@ -298,21 +331,44 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
         # LoRA init and anything random in the trainer draw from the framework's generator: a re-run repeats them.
         policy.framework.seed(stable_seed(seed, day, "train") % (2**31))
         stats = train_gspo(policy, examples, gspo)
-        policy, gate = gate_update(models, policy, parent, stats, trained_notes(warehouse, prev_rollouts, scores, matured), todays, settings.gate)
-    is_ratios = dict(zip(judged_keys + matured.example_keys, stats.extra.get("is_ratio_by_example", []))) if stats else {}
-    ledger = ledger_frame(judged_ledger(day, prev_rollouts, scores, settings.reward, parent_version, is_ratios, lineage)
-                          + [{**row, "is_ratio": is_ratios.get((row["note_date"], row["headline_id"], row["rollout_index"]), np.nan)}
-                             for row in matured.ledger])
+        policy, gate = gate_update(
+            models,
+            policy,
+            parent,
+            stats,
+            trained_notes(warehouse, prev_rollouts, scores, matured),
+            todays,
+            settings.gate,
+        )
+    is_ratios = (
+        dict(zip(judged_keys + matured.example_keys, stats.extra.get("is_ratio_by_example", []))) if stats else {}
+    )
+    ledger = ledger_frame(
+        judged_ledger(day, prev_rollouts, scores, settings.reward, parent_version, is_ratios, lineage)
+        + [
+            {**row, "is_ratio": is_ratios.get((row["note_date"], row["headline_id"], row["rollout_index"]), np.nan)}
+            for row in matured.ledger
+        ]
+    )
     warehouse.write("reward_ledger", ledger, partition=day)
-    price_row = price_training_row(day, ledger, matured, stats, gspo, settings.matured().max_staleness if matured.window else None)
+    price_row = price_training_row(
+        day, ledger, matured, stats, gspo, settings.matured().max_staleness if matured.window else None
+    )
     warehouse.write("price_training", pd.DataFrame([price_row]), partition=day)
     info = {
-        "date": day, "parent_date": parent_info["date"] if parent_info else None,
+        "date": day,
+        "parent_date": parent_info["date"] if parent_info else None,
         "parent_version": parent_info["policy_version"] if parent_info else None,
         "parent_checkpoint": parent_dir.name if parent_dir else None,  # a re-run of D trains from the same one
-        "base_model": models.base_model, "backend": models.backend, "trained": stats is not None,
-        "examples": len(examples), "objective": gspo.objective, "learning_rate": gspo.learning_rate,
-        "outcome_headlines_date": outcome_day, "gate": gate.verdict, "gate_reason": gate.reason,
+        "base_model": models.base_model,
+        "backend": models.backend,
+        "trained": stats is not None,
+        "examples": len(examples),
+        "objective": gspo.objective,
+        "learning_rate": gspo.learning_rate,
+        "outcome_headlines_date": outcome_day,
+        "gate": gate.verdict,
+        "gate_reason": gate.reason,
     }
     if gate.verdict == "rejected":
         info = republish_parent(ckpt_root, day, parent_dir, parent_info, info)
@@ -323,12 +379,27 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
 
     started = time.perf_counter()
     if evolver.due():  # a candidate prompt, tested on the held-out headlines by D's policy
-        heldout = heldout_scorer(policy, settings.reward, replace(ROLLOUT_SAMPLING, max_new_tokens=max_new_tokens),
-                                 settings.prompt_evolver.heldout_samples, seed, day)
+        heldout = heldout_scorer(
+            policy,
+            settings.reward,
+            replace(ROLLOUT_SAMPLING, max_new_tokens=max_new_tokens),
+            settings.prompt_evolver.heldout_samples,
+            seed,
+            day,
+        )
         evolver.evolve(heldout, prompt_writer(models, judge))
     versions = evolver.assign(list(todays["headline_id"])) if len(todays) else []
-    rollouts = generate_rollouts(policy, todays, day, seed, n_rollouts, max_new_tokens, info["policy_version"],
-                                 versions, {v["version"]: v["system_prompt"] for v in evolver.live()})
+    rollouts = generate_rollouts(
+        policy,
+        todays,
+        day,
+        seed,
+        n_rollouts,
+        max_new_tokens,
+        info["policy_version"],
+        versions,
+        {v["version"]: v["system_prompt"] for v in evolver.live()},
+    )
     warehouse.write("rollouts", rollouts, partition=day)
     timings["generate_s"] = time.perf_counter() - started
 
@@ -340,57 +411,116 @@ def run_daily_update(warehouse: Warehouse, models: ModelLoader, judge: Judge, da
     timings["kl_s"] = time.perf_counter() - started
     del policy
 
-    training_row = training_summary(day, info, stats, examples, scores, rollouts, len(todays), kl, gspo, outcome_day, timings, gate)
+    training_row = training_summary(
+        day, info, stats, examples, scores, rollouts, len(todays), kl, gspo, outcome_day, timings, gate
+    )
     warehouse.write("policy_training", pd.DataFrame([training_row]), partition=day)
     prompt_variants = evolver.write(warehouse)
     checks = verify_day(warehouse, models, day, scores, rollouts)
     return DailyUpdateResult(
-        day=day, prediction_day=prediction_day, outcome_day=outcome_day, scores=scores, rollouts=rollouts,
-        headlines=len(todays), checkpoint=info, checkpoint_dir=str(ckpt_root / day), training_row=training_row,
-        price_row=price_row, ledger=ledger, gspo=gspo, trained=stats is not None, gate=gate, n_rollouts=n_rollouts, max_new_tokens=max_new_tokens,
-        timings=timings, checks=checks, prompt_variants=prompt_variants, prompt_events=evolver.events,
+        day=day,
+        prediction_day=prediction_day,
+        outcome_day=outcome_day,
+        scores=scores,
+        rollouts=rollouts,
+        headlines=len(todays),
+        checkpoint=info,
+        checkpoint_dir=str(ckpt_root / day),
+        training_row=training_row,
+        price_row=price_row,
+        ledger=ledger,
+        gspo=gspo,
+        trained=stats is not None,
+        gate=gate,
+        n_rollouts=n_rollouts,
+        max_new_tokens=max_new_tokens,
+        timings=timings,
+        checks=checks,
+        prompt_variants=prompt_variants,
+        prompt_events=evolver.events,
     )
 
 
-def matured_notes(warehouse: Warehouse, market_data, day: str, parent_version: str | None, settings: DailyUpdateSettings,
-                  temperature: float, tokenizer=None) -> MaturedBatch:
+def matured_notes(
+    warehouse: Warehouse,
+    market_data,
+    day: str,
+    parent_version: str | None,
+    settings: DailyUpdateSettings,
+    temperature: float,
+    tokenizer=None,
+) -> MaturedBatch:
     """The delayed step (`reward/matured.py`), when the price signal is weighted and there is market data."""
     if market_data is None or float(settings.reward.weights.get("price", 0.0)) == 0.0:
         return MaturedBatch()
     root = warehouse.path("checkpoints", "policy")
-    return collect_matured(warehouse, market_data, lambda d: (read_checkpoint(root / d) or {}).get("policy_version"), day, parent_version,
-                           settings.matured(), settings.reward.share("price"), temperature, tokenizer=tokenizer)
+    return collect_matured(
+        warehouse,
+        market_data,
+        lambda d: (read_checkpoint(root / d) or {}).get("policy_version"),
+        day,
+        parent_version,
+        settings.matured(),
+        settings.reward.share("price"),
+        temperature,
+        tokenizer=tokenizer,
+    )
 
 
-def trained_notes(warehouse: Warehouse, prev_rollouts: pd.DataFrame, scores: pd.DataFrame, matured: MaturedBatch) -> pd.DataFrame:
+def trained_notes(
+    warehouse: Warehouse, prev_rollouts: pd.DataFrame, scores: pd.DataFrame, matured: MaturedBatch
+) -> pd.DataFrame:
     """The rollout rows the update trained on: D-1's usable scored notes, then the matured notes."""
-    trained = prev_rollouts.merge(scores.loc[scores["usable"], ["headline_id", "rollout_index"]], on=["headline_id", "rollout_index"]) \
-        if len(scores) else prev_rollouts.iloc[:0]
+    trained = (
+        prev_rollouts.merge(
+            scores.loc[scores["usable"], ["headline_id", "rollout_index"]], on=["headline_id", "rollout_index"]
+        )
+        if len(scores)
+        else prev_rollouts.iloc[:0]
+    )
     keys = set(matured.example_keys)
-    older = [f[[(d, h, int(i)) in keys for d, h, i in zip(f["date"], f["headline_id"], f["rollout_index"])]]
-             for f in (warehouse.read("rollouts", d) for d in sorted({k[0] for k in keys}))]
+    older = [
+        f[[(d, h, int(i)) in keys for d, h, i in zip(f["date"], f["headline_id"], f["rollout_index"])]]
+        for f in (warehouse.read("rollouts", d) for d in sorted({k[0] for k in keys}))
+    ]
     return pd.concat([trained, *older], ignore_index=True) if older else trained
 
 
-def training_summary(day, info, stats, examples, scores, rollouts, headlines, kl, gspo, outcome_day, timings, gate=None) -> dict:
+def training_summary(
+    day, info, stats, examples, scores, rollouts, headlines, kl, gspo, outcome_day, timings, gate=None
+) -> dict:
     """One `policy_training` row: what the day trained on, how it went and the gate's verdict."""
     grad_median, grad_iqr = quartiles(stats.grad_norms if stats else [])
     usable = scores[scores["usable"]] if not scores.empty else scores
     nan = float("nan")
     return dict(
-        date=day, policy_version=info["policy_version"], kind=info["kind"], parent_version=info["parent_version"],
-        trained=stats is not None, examples=len(examples), steps=stats.steps if stats else 0,
+        date=day,
+        policy_version=info["policy_version"],
+        kind=info["kind"],
+        parent_version=info["parent_version"],
+        trained=stats is not None,
+        examples=len(examples),
+        steps=stats.steps if stats else 0,
         loss=stats.mean_loss if stats else nan,
         mean_reward=float(usable["reward"].mean()) if len(usable) else nan,
-        kl_to_base=kl, grad_norm_median=grad_median, grad_norm_iqr=grad_iqr,
+        kl_to_base=kl,
+        grad_norm_median=grad_median,
+        grad_norm_iqr=grad_iqr,
         clip_fraction=float(np.mean(stats.extra.get("clip_fraction", [np.nan]))) if stats else nan,
         kl_penalty=float(np.mean(stats.extra.get("kl", [np.nan]))) if stats else nan,
         kl_reference=str(stats.extra.get("kl_reference", "")) if stats else "",
         optimizer_moments=str(stats.extra.get("optimizer_moments", "")) if stats else "",
         behavior_logprob_gap_max=float(stats.extra.get("behavior_logprob_gap_max", np.nan)) if stats else nan,
-        train_wall_s=stats.wall_s if stats else 0.0, objective=gspo.objective, learning_rate=gspo.learning_rate,
-        headlines=headlines, rollouts=len(rollouts), generated_tokens=int(rollouts["n_tokens"].sum()) if len(rollouts) else 0,
+        train_wall_s=stats.wall_s if stats else 0.0,
+        objective=gspo.objective,
+        learning_rate=gspo.learning_rate,
+        headlines=headlines,
+        rollouts=len(rollouts),
+        generated_tokens=int(rollouts["n_tokens"].sum()) if len(rollouts) else 0,
         mean_structure=float(rollouts["structure_score"].mean()) if len(rollouts) else nan,
-        scored=len(scores), usable=len(usable), outcome_headlines_date=outcome_day,
-        **(gate or not_trained("")).columns(), **timings,
+        scored=len(scores),
+        usable=len(usable),
+        outcome_headlines_date=outcome_day,
+        **(gate or not_trained("")).columns(),
+        **timings,
     )

@@ -23,12 +23,33 @@ from outcome_flywheel.exports import EXPORT_FORMATS, jsonl_bytes
 from outcome_flywheel.feedback.records import FeedbackRecord, VerificationRecord, human_signal
 
 FEEDBACK_COLUMNS = [
-    "feedback_id", "date", "headline_id", "rollout_index", "thumbs", "stars", "human_score", "correction", "reviewer",
-    "created_at", "status", "verified_correction", "curator", "verified_at",
+    "feedback_id",
+    "date",
+    "headline_id",
+    "rollout_index",
+    "thumbs",
+    "stars",
+    "human_score",
+    "correction",
+    "reviewer",
+    "created_at",
+    "status",
+    "verified_correction",
+    "curator",
+    "verified_at",
 ]
 PAIR_COLUMNS = [
-    "pair_id", "source", "date", "headline_id", "prompt", "chosen", "rejected", "chosen_rollout_index",
-    "rejected_rollout_index", "feedback_ids", "exported_at",
+    "pair_id",
+    "source",
+    "date",
+    "headline_id",
+    "prompt",
+    "chosen",
+    "rejected",
+    "chosen_rollout_index",
+    "rejected_rollout_index",
+    "feedback_ids",
+    "exported_at",
 ]
 UP, DOWN = 0.75, 0.25
 STATUS_OF_ACTION = {"approve": "approved", "edit": "edited", "reject": "rejected"}
@@ -48,12 +69,24 @@ def feedback_table(feedback: Sequence[FeedbackRecord], verifications: Sequence[V
             final = f.correction
         elif status == "edited":
             final = v.correction
-        rows.append(dict(
-            feedback_id=f.feedback_id, date=f.date.isoformat(), headline_id=f.headline_id, rollout_index=int(f.rollout_index),
-            thumbs=f.thumbs, stars=f.stars, human_score=human_signal(f.thumbs, f.stars), correction=f.correction,
-            reviewer=f.reviewer, created_at=f.created_at, status=status, verified_correction=final,
-            curator=v.curator if v else None, verified_at=v.created_at if v else None,
-        ))
+        rows.append(
+            dict(
+                feedback_id=f.feedback_id,
+                date=f.date.isoformat(),
+                headline_id=f.headline_id,
+                rollout_index=int(f.rollout_index),
+                thumbs=f.thumbs,
+                stars=f.stars,
+                human_score=human_signal(f.thumbs, f.stars),
+                correction=f.correction,
+                reviewer=f.reviewer,
+                created_at=f.created_at,
+                status=status,
+                verified_correction=final,
+                curator=v.curator if v else None,
+                verified_at=v.created_at if v else None,
+            )
+        )
     return pd.DataFrame(rows, columns=FEEDBACK_COLUMNS)
 
 
@@ -71,8 +104,9 @@ def note_ratings(table: pd.DataFrame) -> pd.DataFrame:
     rated = table.dropna(subset=["human_score"])
     if rated.empty:
         return pd.DataFrame(columns=["date", "headline_id", "rollout_index", "rating", "feedback_ids"])
-    return (rated.groupby(["date", "headline_id", "rollout_index"], as_index=False)
-            .agg(rating=("human_score", "mean"), feedback_ids=("feedback_id", lambda s: sorted(s))))
+    return rated.groupby(["date", "headline_id", "rollout_index"], as_index=False).agg(
+        rating=("human_score", "mean"), feedback_ids=("feedback_id", lambda s: sorted(s))
+    )
 
 
 def feedback_pairs(table: pd.DataFrame, notes: pd.DataFrame) -> pd.DataFrame:
@@ -85,22 +119,46 @@ def feedback_pairs(table: pd.DataFrame, notes: pd.DataFrame) -> pd.DataFrame:
         note = index.get((f.date, f.headline_id, int(f.rollout_index)))
         if note is None or not f.verified_correction or f.verified_correction.strip() == note.response.strip():
             continue
-        rows.append(dict(pair_id=_pair_id("correction", f.feedback_id), source="correction", date=f.date, headline_id=f.headline_id,
-                         prompt=note.prompt, chosen=f.verified_correction, rejected=note.response,
-                         chosen_rollout_index=-1, rejected_rollout_index=int(f.rollout_index), feedback_ids=json.dumps([f.feedback_id])))
+        rows.append(
+            dict(
+                pair_id=_pair_id("correction", f.feedback_id),
+                source="correction",
+                date=f.date,
+                headline_id=f.headline_id,
+                prompt=note.prompt,
+                chosen=f.verified_correction,
+                rejected=note.response,
+                chosen_rollout_index=-1,
+                rejected_rollout_index=int(f.rollout_index),
+                feedback_ids=json.dumps([f.feedback_id]),
+            )
+        )
     ratings = note_ratings(table)
     for (day, headline), group in ratings.groupby(["date", "headline_id"]):
         ups = group[group["rating"] >= UP].sort_values("rollout_index")
         downs = group[group["rating"] <= DOWN].sort_values("rollout_index")
         for up in ups.itertuples(index=False):
             for down in downs.itertuples(index=False):
-                good, bad = index.get((day, headline, int(up.rollout_index))), index.get((day, headline, int(down.rollout_index)))
+                good, bad = (
+                    index.get((day, headline, int(up.rollout_index))),
+                    index.get((day, headline, int(down.rollout_index))),
+                )
                 if good is None or bad is None or good.response.strip() == bad.response.strip():
                     continue
-                rows.append(dict(pair_id=_pair_id("thumbs", day, headline, up.rollout_index, down.rollout_index), source="thumbs",
-                                 date=day, headline_id=headline, prompt=good.prompt, chosen=good.response, rejected=bad.response,
-                                 chosen_rollout_index=int(up.rollout_index), rejected_rollout_index=int(down.rollout_index),
-                                 feedback_ids=json.dumps(sorted(up.feedback_ids + down.feedback_ids))))
+                rows.append(
+                    dict(
+                        pair_id=_pair_id("thumbs", day, headline, up.rollout_index, down.rollout_index),
+                        source="thumbs",
+                        date=day,
+                        headline_id=headline,
+                        prompt=good.prompt,
+                        chosen=good.response,
+                        rejected=bad.response,
+                        chosen_rollout_index=int(up.rollout_index),
+                        rejected_rollout_index=int(down.rollout_index),
+                        feedback_ids=json.dumps(sorted(up.feedback_ids + down.feedback_ids)),
+                    )
+                )
     pairs = pd.DataFrame(rows, columns=PAIR_COLUMNS)
     return pairs.drop_duplicates("pair_id").sort_values(["date", "headline_id", "pair_id"]).reset_index(drop=True)
 
@@ -122,14 +180,26 @@ def new_export(pairs: pd.DataFrame, export_id: str) -> tuple[pd.DataFrame, dict[
     batch = pairs[fresh]
     files: dict[str, bytes] = {}
     for fmt, make in EXPORT_FORMATS.items():
-        files[f"{fmt}.jsonl"] = jsonl_bytes(make(json.loads(r.prompt), r.chosen, r.rejected) for r in batch.itertuples(index=False))
+        files[f"{fmt}.jsonl"] = jsonl_bytes(
+            make(json.loads(r.prompt), r.chosen, r.rejected) for r in batch.itertuples(index=False)
+        )
     sidecar = {
         "source": "feedback_pairs: verified corrections and up- vs down-rated notes of the daily loop",
-        "export_id": export_id, "rows": int(len(batch)),
+        "export_id": export_id,
+        "rows": int(len(batch)),
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
-        "pairs": [{"pair_id": r.pair_id, "source": r.source, "date": r.date, "headline_id": r.headline_id,
-                   "chosen_rollout_index": r.chosen_rollout_index, "rejected_rollout_index": r.rejected_rollout_index,
-                   "feedback_ids": json.loads(r.feedback_ids)} for r in batch.itertuples(index=False)],
+        "pairs": [
+            {
+                "pair_id": r.pair_id,
+                "source": r.source,
+                "date": r.date,
+                "headline_id": r.headline_id,
+                "chosen_rollout_index": r.chosen_rollout_index,
+                "rejected_rollout_index": r.rejected_rollout_index,
+                "feedback_ids": json.loads(r.feedback_ids),
+            }
+            for r in batch.itertuples(index=False)
+        ],
     }
     files["pairs.meta.json"] = json.dumps(sidecar, indent=1, sort_keys=True).encode()
     marked = pairs.copy()
@@ -140,6 +210,7 @@ def new_export(pairs: pd.DataFrame, export_id: str) -> tuple[pd.DataFrame, dict[
 def feedback_metrics(table: pd.DataFrame, notes_shown: int, pairs: pd.DataFrame) -> dict[str, float | int | None]:
     """The feedback system's health: how much of what was shown got feedback, how positive it was,
     how often people wrote corrections and how many of those a curator has verified."""
+
     def share(num: float, den: float) -> float | None:
         return round(num / den, 4) if den else None
 

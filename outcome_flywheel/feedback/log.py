@@ -23,12 +23,19 @@ KINDS: dict[str, type[BaseModel]] = {"feedback": FeedbackRecord, "verification":
 class FeedbackLog:
     """Where the note-feedback log lives (the service appends, the `note_feedback` asset reads)."""
 
-    path: str = field(default="", metadata={"help": "FLYWHEEL_FEEDBACK_LOG: the JSONL feedback log; empty = <FLYWHEEL_DATA_DIR>/feedback/note_feedback.jsonl."})
+    path: str = field(
+        default="",
+        metadata={
+            "help": "FLYWHEEL_FEEDBACK_LOG: the JSONL feedback log; empty = <FLYWHEEL_DATA_DIR>/feedback/note_feedback.jsonl."
+        },
+    )
     data_dir: str = field(default="./data", metadata={"help": "FLYWHEEL_DATA_DIR, the default log's home."})
 
     @property
     def file(self) -> Path:
-        return resolve_path(self.path) if self.path else resolve_path(self.data_dir) / "feedback" / "note_feedback.jsonl"
+        return (
+            resolve_path(self.path) if self.path else resolve_path(self.data_dir) / "feedback" / "note_feedback.jsonl"
+        )
 
     def read(self) -> "ParsedFeedbackLog":
         return read_feedback_log(self.file)

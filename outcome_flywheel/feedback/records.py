@@ -24,11 +24,15 @@ class FeedbackIn(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
     date: dt.date = Field(description="The rollouts' partition day (YYYY-MM-DD).")
-    headline_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="rollouts.headline_id")
+    headline_id: str = Field(
+        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$", description="rollouts.headline_id"
+    )
     rollout_index: int = Field(ge=0, le=7, description="Which of the headline's notes (0-7).")
     thumbs: Literal["up", "down"] | None = Field(default=None, description="up / down.")
     stars: int | None = Field(default=None, ge=1, le=5, description="1-5.")
-    correction: str | None = Field(default=None, max_length=MAX_CORRECTION_CHARS, description="What the note should have said.")
+    correction: str | None = Field(
+        default=None, max_length=MAX_CORRECTION_CHARS, description="What the note should have said."
+    )
     reviewer: str = Field(pattern=NAME_PATTERN, description="Who gave it.")
 
     @field_validator("correction")
@@ -57,7 +61,9 @@ class VerificationIn(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
     action: Literal["approve", "edit", "reject"]
-    correction: str | None = Field(default=None, max_length=MAX_CORRECTION_CHARS, description="The edited correction (edit only).")
+    correction: str | None = Field(
+        default=None, max_length=MAX_CORRECTION_CHARS, description="The edited correction (edit only)."
+    )
     curator: str = Field(pattern=NAME_PATTERN)
 
     @model_validator(mode="after")

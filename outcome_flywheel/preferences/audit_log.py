@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone as dt_timezone
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from pathlib import Path
 from typing import Any, Iterable, Literal
 from zoneinfo import ZoneInfo
@@ -105,7 +106,9 @@ class AuditRecord(BaseModel):
         except OverflowError:
             raise ValueError(f"ts {value.isoformat()} does not convert to UTC") from None
         if not TS_EARLIEST <= utc < TS_LATEST:
-            raise ValueError(f"ts must lie between {TS_EARLIEST.date()} and {TS_LATEST.date()} (UTC), got {value.isoformat()}")
+            raise ValueError(
+                f"ts must lie between {TS_EARLIEST.date()} and {TS_LATEST.date()} (UTC), got {value.isoformat()}"
+            )
         return value
 
     @model_validator(mode="after")
@@ -203,7 +206,9 @@ def parse_sources(sources: Iterable[tuple[str | None, Iterable[str]]]) -> Parsed
             by_id[record.decision_id] = (line_number, record)
         offset += local
     records = sorted(by_id.values(), key=lambda item: item[0])
-    return ParsedLog(records=records, quarantine=quarantine, n_lines=n_lines, n_blank=n_blank, duplicates=duplicates, starts=starts)
+    return ParsedLog(
+        records=records, quarantine=quarantine, n_lines=n_lines, n_blank=n_blank, duplicates=duplicates, starts=starts
+    )
 
 
 def parse_file(path: str | Path) -> ParsedLog:
@@ -232,10 +237,20 @@ def orders_json(orders: list[Order] | None) -> str | None:
 
 
 DECISION_COLUMNS = {
-    "decision_id": "string", "decision_date": "string", "ts_utc": "string", "ts_local": "string",
-    "decision": "string", "proposal_orders_json": "string", "proposal_text": "string",
-    "operator_orders_json": "string", "reason": "string", "context_json": "string",
-    "extra_json": "string", "symbols": "string", "n_orders": "int64", "line_number": "int64",
+    "decision_id": "string",
+    "decision_date": "string",
+    "ts_utc": "string",
+    "ts_local": "string",
+    "decision": "string",
+    "proposal_orders_json": "string",
+    "proposal_text": "string",
+    "operator_orders_json": "string",
+    "reason": "string",
+    "context_json": "string",
+    "extra_json": "string",
+    "symbols": "string",
+    "n_orders": "int64",
+    "line_number": "int64",
     "duplicates_dropped": "int64",
 }
 
@@ -263,7 +278,9 @@ def decision_row(r: AuditRecord, line_number: int, duplicates_dropped: int, time
         "operator_orders_json": orders_json(r.operator_orders),
         "reason": r.reason,
         "context_json": json.dumps(r.context, sort_keys=True, default=str),
-        "extra_json": json.dumps({"record": r.extra, "proposal": dict(r.proposal.model_extra or {})}, sort_keys=True, default=str),
+        "extra_json": json.dumps(
+            {"record": r.extra, "proposal": dict(r.proposal.model_extra or {})}, sort_keys=True, default=str
+        ),
         "symbols": ",".join(symbols),
         "n_orders": len(r.proposal.orders),
         "line_number": line_number,
@@ -281,7 +298,11 @@ def records_frame(parsed: ParsedLog, timezone: str) -> pd.DataFrame:
             rows.append(decision_row(r, line_number, parsed.duplicates.get(r.decision_id, 0), timezone))
         except (ValueError, OverflowError, RecursionError, TypeError) as err:
             source, local = parsed.locate(line_number)
-            row = {"line_number": local, "error": f"does not convert: {type(err).__name__}: {err}", "raw": canonical_or_repr(r)[:2000]}
+            row = {
+                "line_number": local,
+                "error": f"does not convert: {type(err).__name__}: {err}",
+                "raw": canonical_or_repr(r)[:2000],
+            }
             parsed.quarantine.append(row if source is None else {**row, "source": source})
             continue
         kept.append((line_number, r))

@@ -30,9 +30,16 @@ class DecisionConflict(ValueError):
 class AuditLog:
     """The JSONL audit log of operator decisions (one JSON object a line), and the live log after it."""
 
-    path: str = field(default=str(BUNDLED_AUDIT_LOG), metadata={"help": "FLYWHEEL_AUDIT_LOG: path of the JSONL audit log."})
-    live_path: str = field(default="", metadata={"help": "FLYWHEEL_LIVE_AUDIT_LOG: where the service appends decisions, read after "
-                                                          "the audit log; empty = <data_dir>/decisions/audit_log.jsonl (none without a data_dir)."})
+    path: str = field(
+        default=str(BUNDLED_AUDIT_LOG), metadata={"help": "FLYWHEEL_AUDIT_LOG: path of the JSONL audit log."}
+    )
+    live_path: str = field(
+        default="",
+        metadata={
+            "help": "FLYWHEEL_LIVE_AUDIT_LOG: where the service appends decisions, read after "
+            "the audit log; empty = <data_dir>/decisions/audit_log.jsonl (none without a data_dir)."
+        },
+    )
     data_dir: str = field(default="", metadata={"help": "FLYWHEEL_DATA_DIR, the default live log's home."})
 
     @property
@@ -81,7 +88,11 @@ class AuditLog:
         found: dict[str, str] = {}
 
         def existing(live_lines: list[str]) -> str | None:
-            sources = [] if live.resolve() == self.file.resolve() or not self.file.exists() else [(str(self.file), self.file.read_text(encoding="utf-8", errors="replace").splitlines())]
+            sources = (
+                []
+                if live.resolve() == self.file.resolve() or not self.file.exists()
+                else [(str(self.file), self.file.read_text(encoding="utf-8", errors="replace").splitlines())]
+            )
             parsed = parse_sources(sources + [(str(live), live_lines)])
             for _, kept in parsed.records:
                 if kept.decision_id == record.decision_id:

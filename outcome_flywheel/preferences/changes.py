@@ -33,8 +33,13 @@ def rows_digest(rows: pd.DataFrame, columns: Iterable[str] = tuple(DECISION_COLU
     return hashlib.sha256(json.dumps(values).encode()).hexdigest()[:16]
 
 
-def changed_dates(log_rows: pd.DataFrame, stored: Callable[[str], pd.DataFrame], stored_dates: Iterable[str],
-                  columns: Iterable[str] = tuple(DECISION_COLUMNS), key: str = "decision_id") -> dict[str, tuple[str, str]]:
+def changed_dates(
+    log_rows: pd.DataFrame,
+    stored: Callable[[str], pd.DataFrame],
+    stored_dates: Iterable[str],
+    columns: Iterable[str] = tuple(DECISION_COLUMNS),
+    key: str = "decision_id",
+) -> dict[str, tuple[str, str]]:
     """{date: (log digest, stored digest)} for every date (`decision_date`) whose log rows differ from
     the stored partition (`stored(date)`), over `columns`; `stored_dates` are the materialised
     partitions, so a date that lost all its rows counts too."""

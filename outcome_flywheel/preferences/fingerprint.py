@@ -38,8 +38,15 @@ def style_fingerprint(decisions: pd.DataFrame, top: int = 10) -> dict[str, Any]:
     """The fingerprint of `decisions` (records_frame rows, one per decision id)."""
     n = int(len(decisions))
     if n == 0:
-        return {"n_decisions": 0, "approval_rate": None, "decisions": {}, "sector_tilts": [], "top_rejected_names": [],
-                "turnover_bias": {}, "approval_by_size": []}
+        return {
+            "n_decisions": 0,
+            "approval_rate": None,
+            "decisions": {},
+            "sector_tilts": [],
+            "top_rejected_names": [],
+            "turnover_bias": {},
+            "approval_by_size": [],
+        }
     approved = decisions["decision"].eq("approve").to_numpy()
     proposals = [load_orders(j) for j in decisions["proposal_orders_json"]]
     overall = float(approved.mean())
@@ -58,8 +65,15 @@ def style_fingerprint(decisions: pd.DataFrame, top: int = 10) -> dict[str, Any]:
     tilts = []
     for sector, count in sector_n.items():
         rate = _rate(sector_ok[sector], count)
-        tilts.append({"sector": sector, "proposals_buying": count, "approved": sector_ok[sector], "approval_rate": rate,
-                      "tilt_pp": None if rate is None else round((rate - overall) * 100, 2)})
+        tilts.append(
+            {
+                "sector": sector,
+                "proposals_buying": count,
+                "approved": sector_ok[sector],
+                "approval_rate": rate,
+                "tilt_pp": None if rate is None else round((rate - overall) * 100, 2),
+            }
+        )
     tilts.sort(key=lambda t: (t["tilt_pp"] is None, -(t["tilt_pp"] or 0.0), t["sector"]))
     rejected_names = sorted(((s, c) for s, c in name_rejected.items() if c), key=lambda item: (-item[1], item[0]))[:top]
 
@@ -67,7 +81,8 @@ def style_fingerprint(decisions: pd.DataFrame, top: int = 10) -> dict[str, Any]:
     overrides = decisions["decision"].eq("override").to_numpy()
     resize = [
         _turnover(load_orders(op)) / t
-        for op, t, is_override in zip(decisions["operator_orders_json"], turnover, overrides) if is_override and t > 0
+        for op, t, is_override in zip(decisions["operator_orders_json"], turnover, overrides)
+        if is_override and t > 0
     ]
     mean_ok = float(turnover[approved].mean()) if approved.any() else None
     mean_other = float(turnover[~approved].mean()) if (~approved).any() else None
@@ -82,15 +97,23 @@ def style_fingerprint(decisions: pd.DataFrame, top: int = 10) -> dict[str, Any]:
     sizes = []
     for label, low, high in SIZE_BUCKETS:
         inside = ((turnover >= low) & (turnover < high)).to_numpy()
-        sizes.append({"size": label, "proposals": int(inside.sum()), "approved": int(approved[inside].sum()),
-                      "approval_rate": _rate(int(approved[inside].sum()), int(inside.sum()))})
+        sizes.append(
+            {
+                "size": label,
+                "proposals": int(inside.sum()),
+                "approved": int(approved[inside].sum()),
+                "approval_rate": _rate(int(approved[inside].sum()), int(inside.sum())),
+            }
+        )
     return {
         "n_decisions": n,
         "approval_rate": round(overall, 4),
         "decisions": {k: int(v) for k, v in decisions["decision"].value_counts().sort_index().items()},
         "sector_tilts": tilts,
-        "top_rejected_names": [{"symbol": s, "in_not_approved": c, "in_proposals": name_n[s], "not_approved_rate": _rate(c, name_n[s])}
-                               for s, c in rejected_names],
+        "top_rejected_names": [
+            {"symbol": s, "in_not_approved": c, "in_proposals": name_n[s], "not_approved_rate": _rate(c, name_n[s])}
+            for s, c in rejected_names
+        ],
         "turnover_bias": {
             "mean_turnover_approved_pct": None if mean_ok is None else round(mean_ok * 100, 2),
             "mean_turnover_not_approved_pct": None if mean_other is None else round(mean_other * 100, 2),

@@ -40,7 +40,9 @@ def approval_auc(scores: Sequence[float], approved: Sequence[bool]) -> float:
     return float(u) / (len(pos) * len(neg))
 
 
-def bootstrap_auc_ci(scores: Sequence[float], approved: Sequence[bool], n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float]:
+def bootstrap_auc_ci(
+    scores: Sequence[float], approved: Sequence[bool], n_boot: int = 2000, seed: int = 0, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the AUC (resampling decisions; one-class resamples skipped)."""
     s = np.asarray(scores, dtype=float)
     a = np.asarray(approved, dtype=bool)
@@ -103,7 +105,14 @@ class AucReport:
 def auc_report(scores: Sequence[float], approved: Sequence[bool], n_boot: int = 2000, seed: int = 0) -> AucReport:
     auc = approval_auc(scores, approved)
     lo, hi = bootstrap_auc_ci(scores, approved, n_boot=n_boot, seed=seed)
-    return AucReport(auc=auc, auc_low=lo, auc_high=hi, n_holdout=len(scores), n_approved=int(np.sum(approved)), label=auc_label(auc, lo))
+    return AucReport(
+        auc=auc,
+        auc_low=lo,
+        auc_high=hi,
+        n_holdout=len(scores),
+        n_approved=int(np.sum(approved)),
+        label=auc_label(auc, lo),
+    )
 
 
 def rejected_winners(scored: pd.DataFrame, top: int = 5) -> pd.DataFrame:
@@ -112,7 +121,12 @@ def rejected_winners(scored: pd.DataFrame, top: int = 5) -> pd.DataFrame:
     m = (scored["decision"] == "reject") & (scored["style_match_score"] >= 0.5) & (scored["vs_spy_pct"] > 0)
     cols = ["decision_id", "decision_date", "style_match_score", "vs_spy_pct", "proposal_plan"]
     cols = [c for c in cols if c in scored.columns]
-    return scored.loc[m, cols].sort_values(["style_match_score", "vs_spy_pct"], ascending=False).head(top).reset_index(drop=True)
+    return (
+        scored.loc[m, cols]
+        .sort_values(["style_match_score", "vs_spy_pct"], ascending=False)
+        .head(top)
+        .reset_index(drop=True)
+    )
 
 
 def drift_level(aucs: Sequence[float], window: int = DRIFT_WINDOW, threshold: float = DRIFT_THRESHOLD) -> dict:
@@ -143,7 +157,12 @@ STYLE_BANDS: tuple[tuple[float, str], ...] = (
     (float("-inf"), "Inconsistent with your past pattern; review carefully."),
 )
 NO_STYLE_SCORE = "No preference adapter yet; no style score."
-BAND_NAMES = ("consistent", "leans-towards", "leans-away", "inconsistent")  # one per STYLE_BANDS row (the page's colours)
+BAND_NAMES = (
+    "consistent",
+    "leans-towards",
+    "leans-away",
+    "inconsistent",
+)  # one per STYLE_BANDS row (the page's colours)
 
 
 def style_comment(score: float | None) -> str:

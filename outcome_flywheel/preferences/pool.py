@@ -33,7 +33,9 @@ def backup_table(table: str) -> str:
     return f"backups_{table}"
 
 
-def cap_pool(pairs: pd.DataFrame, cap: int = POOL_CAP, order: tuple[str, ...] = ("decision_date", "decision_id")) -> tuple[pd.DataFrame, int]:
+def cap_pool(
+    pairs: pd.DataFrame, cap: int = POOL_CAP, order: tuple[str, ...] = ("decision_date", "decision_id")
+) -> tuple[pd.DataFrame, int]:
     """(the newest `cap` pairs in their original order, how many older ones were dropped)."""
     if cap < 1:
         raise ValueError(f"the pair pool cap must be at least 1, got {cap}")
@@ -72,13 +74,17 @@ def drop_leftover_backups(warehouse: Warehouse, table: str, log: Callable[[str],
         warehouse.delete(backups, label, key=RUN_KEY)
         dropped.append(label)
         if log:
-            log(f"removed {backups} run={label}, left by a killed run that nothing restored; {table} kept as it is "
-                f"({'written after the copy: rebuilt since' if newer else 'not written since the copy: the same rows'})")
+            log(
+                f"removed {backups} run={label}, left by a killed run that nothing restored; {table} kept as it is "
+                f"({'written after the copy: rebuilt since' if newer else 'not written since the copy: the same rows'})"
+            )
     return dropped
 
 
 @contextmanager
-def pool_backup(warehouse: Warehouse, table: str, label: str, log: Callable[[str], None] | None = None) -> Iterator[pd.DataFrame]:
+def pool_backup(
+    warehouse: Warehouse, table: str, label: str, log: Callable[[str], None] | None = None
+) -> Iterator[pd.DataFrame]:
     """Back `table` up before the body (yields the backed-up rows); restore it if the body raises.
     The copy is gone when the body ends either way; copies older runs left are removed first."""
     drop_leftover_backups(warehouse, table, log)

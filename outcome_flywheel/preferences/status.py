@@ -92,7 +92,10 @@ def last_eval(warehouse) -> dict[str, Any] | None:
     if hist.empty:
         return None
     row = hist.sort_values("evaluated_at").iloc[-1]
-    return {k: _clean(row[k].item() if hasattr(row[k], "item") else row[k]) for k in ["adapter_run", "evaluated_at", "auc", "auc_low", "auc_high", "n_holdout", "label"]}
+    return {
+        k: _clean(row[k].item() if hasattr(row[k], "item") else row[k])
+        for k in ["adapter_run", "evaluated_at", "auc", "auc_low", "auc_high", "n_holdout", "label"]
+    }
 
 
 def drift(warehouse) -> dict[str, Any]:

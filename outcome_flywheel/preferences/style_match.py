@@ -25,11 +25,11 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from outcome_flywheel.models.interface import Messages, ModelBackend
+from outcome_flywheel.models.segments import encode_segments, flatten_segments
 from outcome_flywheel.preferences.metrics import sigmoid
 from outcome_flywheel.preferences.status import TRAIN_INFO
 from outcome_flywheel.preferences.weighting import HOLD_TEXT
-from outcome_flywheel.models.interface import Messages, ModelBackend
-from outcome_flywheel.models.segments import encode_segments, flatten_segments
 
 
 def scoring_settings(adapter_dir: Path | None = None) -> tuple[str, float]:
@@ -45,13 +45,17 @@ def scoring_settings(adapter_dir: Path | None = None) -> tuple[str, float]:
     return str(config.get("completion_unit", "sequence")), float(config.get("beta", defaults.beta))
 
 
-def implicit_rewards(backend: ModelBackend, prompts: Sequence[Messages], completions: Sequence[str], unit: str) -> np.ndarray:
+def implicit_rewards(
+    backend: ModelBackend, prompts: Sequence[Messages], completions: Sequence[str], unit: str
+) -> np.ndarray:
     """r(y) = log pi(y|x) - log ref(y|x) per completion, summed over tokens and segments."""
     segments = [encode_segments(backend.encode_response, text, unit) for text in completions]
     flat_prompts, flat_responses, owner = flatten_segments(prompts, segments)
     with_adapter = backend.response_logprobs(flat_prompts, flat_responses, use_adapter=True)
     base = backend.response_logprobs(flat_prompts, flat_responses, use_adapter=False)
-    per_row = np.array([float(np.sum(a, dtype=np.float64)) - float(np.sum(b, dtype=np.float64)) for a, b in zip(with_adapter, base)])
+    per_row = np.array(
+        [float(np.sum(a, dtype=np.float64)) - float(np.sum(b, dtype=np.float64)) for a, b in zip(with_adapter, base)]
+    )
     return np.bincount(np.asarray(owner, dtype=int), weights=per_row, minlength=len(completions))
 
 
@@ -74,7 +78,9 @@ def training_pairs(pairs: pd.DataFrame):
 
     train = pairs[pairs["split"] == "train"].sort_values("decision_id")
     return [
-        PreferencePair(prompt=json.loads(r.prompt), chosen=r.chosen, rejected=r.rejected, weight=float(r.effective_weight))
+        PreferencePair(
+            prompt=json.loads(r.prompt), chosen=r.chosen, rejected=r.rejected, weight=float(r.effective_weight)
+        )
         for r in train.itertuples(index=False)
     ]
 
@@ -88,7 +94,9 @@ def score_holdout(backend: ModelBackend, pairs: pd.DataFrame, unit: str, beta: f
         out["margin_logp"] = pd.Series(dtype=float)
         out["style_match_score"] = pd.Series(dtype=float)
         return out
-    m, s = score_candidates(backend, [json.loads(p) for p in hold["prompt"]], hold["proposal_plan"].tolist(), unit, beta)
+    m, s = score_candidates(
+        backend, [json.loads(p) for p in hold["prompt"]], hold["proposal_plan"].tolist(), unit, beta
+    )
     out["margin_logp"] = m
     out["style_match_score"] = s
     return out

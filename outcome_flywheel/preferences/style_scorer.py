@@ -14,8 +14,8 @@ from typing import Any, Mapping, Sequence
 
 from outcome_flywheel.preferences.audit_log import Order
 from outcome_flywheel.preferences.metrics import style_comment
-from outcome_flywheel.preferences.style_match import score_candidates, scoring_settings
 from outcome_flywheel.preferences.status import adapter_context_keys, latest_adapter_dir
+from outcome_flywheel.preferences.style_match import score_candidates, scoring_settings
 from outcome_flywheel.preferences.weighting import render_plan, render_prompt
 
 
@@ -64,8 +64,12 @@ class StyleScorer:
         return self._backend
 
     def score(
-        self, orders: Sequence[Mapping[str, Any]], context: Mapping[str, Any] | None = None, text: str | None = None,
-        adapter_path: str | Path | None = None, prompt: str | None = None,
+        self,
+        orders: Sequence[Mapping[str, Any]],
+        context: Mapping[str, Any] | None = None,
+        text: str | None = None,
+        adapter_path: str | Path | None = None,
+        prompt: str | None = None,
     ) -> dict[str, Any]:
         """{available, style_match_score, margin_logp, comment, adapter_path}: `available` is false
         (and the score None) before the first adapter exists. The prompt is rendered from `context`
@@ -76,11 +80,20 @@ class StyleScorer:
         orders = [Order.model_validate(o).model_dump(mode="json") for o in orders]  # same validation as the log
         adapter = self.adapter(adapter_path)
         if adapter is None:
-            return {"available": False, "style_match_score": None, "margin_logp": None,
-                    "comment": style_comment(float("nan")), "adapter_path": None}
+            return {
+                "available": False,
+                "style_match_score": None,
+                "margin_logp": None,
+                "comment": style_comment(float("nan")),
+                "adapter_path": None,
+            }
         if not (adapter / "adapter_config.json").exists():
             raise FileNotFoundError(f"{adapter} is not a preference adapter folder (no adapter_config.json)")
-        messages = [{"role": "user", "content": prompt}] if prompt else render_prompt(context or {}, text, adapter_context_keys(adapter))
+        messages = (
+            [{"role": "user", "content": prompt}]
+            if prompt
+            else render_prompt(context or {}, text, adapter_context_keys(adapter))
+        )
         with self._lock:
             backend = self._backend_for(adapter)
             margin, score = score_candidates(backend, [messages], [render_plan(orders)], *scoring_settings(adapter))

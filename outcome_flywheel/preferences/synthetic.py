@@ -58,11 +58,35 @@ DISLIKED = {
 SECTOR_OF = {s: sector for pool in (LIKED, DISLIKED) for sector, names in pool.items() for s in names}
 ALL_NAMES = sorted(SECTOR_OF)
 # The ticker operator's names: two per sector (one of Energy's two), so no sector predicts them.
-WATCHLIST = ["ABBV", "AXP", "BA", "CMCSA", "COST", "CSCO", "CVX", "GS", "KO", "LMT", "MCD", "NFLX", "NKE", "ORCL", "PFE", "TXN"]
+WATCHLIST = [
+    "ABBV",
+    "AXP",
+    "BA",
+    "CMCSA",
+    "COST",
+    "CSCO",
+    "CVX",
+    "GS",
+    "KO",
+    "LMT",
+    "MCD",
+    "NFLX",
+    "NKE",
+    "ORCL",
+    "PFE",
+    "TXN",
+]
 SMALL_WEIGHTS = [0.01, 0.015, 0.02, 0.03, 0.04, 0.05]
 LARGE_WEIGHTS = [0.08, 0.10, 0.12]
 MAX_LIKED_WEIGHT = 0.05
-NOTES = [None, None, "Quarterly drift rebalance.", "Momentum screen output.", "Earnings-season tilt.", "Cash deployment."]
+NOTES = [
+    None,
+    None,
+    "Quarterly drift rebalance.",
+    "Momentum screen output.",
+    "Earnings-season tilt.",
+    "Cash deployment.",
+]
 
 # One decision: (decision, operator_orders or None, reason, proposal orders)
 Decision = tuple[str, "list[dict] | None", str, list[dict]]
@@ -83,7 +107,11 @@ def _proposal(rng: random.Random) -> tuple[str, bool, list[dict]]:
     n = rng.choice([1, 1, 2, 2, 3])
     symbols = rng.sample(pool[sector], min(n, len(pool[sector])))
     orders = [
-        {"symbol": s, "side": "buy" if rng.random() < 0.85 else "sell", "weight": rng.choice(SMALL_WEIGHTS + LARGE_WEIGHTS)}
+        {
+            "symbol": s,
+            "side": "buy" if rng.random() < 0.85 else "sell",
+            "weight": rng.choice(SMALL_WEIGHTS + LARGE_WEIGHTS),
+        }
         for s in symbols
     ]
     return sector, liked, orders
@@ -114,7 +142,11 @@ def _mixed_proposal(rng: random.Random) -> list[dict]:
     """1-3 names from every sector, any size."""
     symbols = rng.sample(ALL_NAMES, rng.choice([1, 1, 2, 2, 3]))
     return [
-        {"symbol": s, "side": "buy" if rng.random() < 0.85 else "sell", "weight": rng.choice(SMALL_WEIGHTS + LARGE_WEIGHTS)}
+        {
+            "symbol": s,
+            "side": "buy" if rng.random() < 0.85 else "sell",
+            "weight": rng.choice(SMALL_WEIGHTS + LARGE_WEIGHTS),
+        }
         for s in symbols
     ]
 
@@ -140,7 +172,9 @@ def _cut_sizes(rng: random.Random, orders: list[dict]) -> list[dict]:
     return [{**o, "weight": min(o["weight"], rng.choice([0.02, 0.03]))} for o in orders]
 
 
-def _rule_operator(likes: Callable[[list[dict]], bool], instead: Callable, noise: float, why: str) -> Callable[[random.Random], Decision]:
+def _rule_operator(
+    likes: Callable[[list[dict]], bool], instead: Callable, noise: float, why: str
+) -> Callable[[random.Random], Decision]:
     """An operator on mixed proposals: approve what `likes`, else reject (70%) or override with
     `instead(rng, orders)` (30%); approve/reject flipped with probability `noise`."""
 
@@ -211,16 +245,31 @@ def generate(n: int = 200, seed: int = 7, operator: str = "sector") -> list[str]
             record["operator"] = rng.choice(["ops-ana", "ops-ben"])  # an extra key: kept, not refused
         lines.append(json.dumps(record))
     # Edge cases the pipeline must handle.
-    lines.insert(40, '{"decision_id": "d-bad-1", "ts": "2025-07-15T10:00:00-04:00", "decision": "approve", "proposal": {"orders": [')
-    lines.insert(90, json.dumps({"decision_id": "d-bad-2", "ts": "2025-09-10T11:00:00", "decision": "maybe", "proposal": {"orders": []}}))
+    lines.insert(
+        40,
+        '{"decision_id": "d-bad-1", "ts": "2025-07-15T10:00:00-04:00", "decision": "approve", "proposal": {"orders": [',
+    )
+    lines.insert(
+        90,
+        json.dumps(
+            {"decision_id": "d-bad-2", "ts": "2025-09-10T11:00:00", "decision": "maybe", "proposal": {"orders": []}}
+        ),
+    )
     first = json.loads(lines[10])
     first["reason"] = "corrected: " + str(first.get("reason"))
     lines.append(json.dumps(first))  # a correction of an earlier decision: the last line wins
-    lines.append(json.dumps({
-        "decision_id": f"d-{n + 1:04d}", "ts": "2025-09-16T10:30:00-04:00", "decision": "reject",
-        "proposal": {"orders": [{"symbol": "TSLA", "side": "buy", "weight": 0.02}]},
-        "reason": "not in the bundled prices", "context": {"account": "core-equity", "cash_pct": 5.0, "regime": "neutral"},
-    }))
+    lines.append(
+        json.dumps(
+            {
+                "decision_id": f"d-{n + 1:04d}",
+                "ts": "2025-09-16T10:30:00-04:00",
+                "decision": "reject",
+                "proposal": {"orders": [{"symbol": "TSLA", "side": "buy", "weight": 0.02}]},
+                "reason": "not in the bundled prices",
+                "context": {"account": "core-equity", "cash_pct": 5.0, "regime": "neutral"},
+            }
+        )
+    )
     return lines
 
 
@@ -229,4 +278,3 @@ def write(path: Path, n: int = 200, seed: int = 7, operator: str = "sector") -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
     return path
-

@@ -37,7 +37,10 @@ HOLDOUT_FRACTION = 0.2
 
 # GICS sectors of the bundled symbols, so a rendered plan names what it trades.
 SECTOR_BY_SYMBOL: dict[str, str] = {
-    **dict.fromkeys(["AAPL", "MSFT", "NVDA", "ORCL", "CRM", "CSCO", "INTC", "IBM", "QCOM", "TXN", "NOW", "AMD", "AVGO"], "Information Technology"),
+    **dict.fromkeys(
+        ["AAPL", "MSFT", "NVDA", "ORCL", "CRM", "CSCO", "INTC", "IBM", "QCOM", "TXN", "NOW", "AMD", "AVGO"],
+        "Information Technology",
+    ),
     **dict.fromkeys(["GOOGL", "META", "NFLX", "DIS", "CMCSA", "T", "VZ"], "Communication Services"),
     **dict.fromkeys(["AMZN", "HD", "MCD", "NKE", "TSLA"], "Consumer Discretionary"),
     **dict.fromkeys(["WMT", "PG", "COST", "KO", "PEP"], "Consumer Staples"),
@@ -90,11 +93,15 @@ def render_plan(orders: Sequence[Mapping[str, Any]]) -> str:
         return HOLD_TEXT
     lines = [f"Plan: {len(orders)} order{'s' if len(orders) != 1 else ''}."]
     for o in sorted(orders, key=lambda o: (o["symbol"], o["side"], float(o["weight"]))):
-        lines.append(f"{o['side'].capitalize()} {o['symbol']} ({_sector(o['symbol'])}), {float(o['weight']) * 100:.1f}% of the portfolio.")
+        lines.append(
+            f"{o['side'].capitalize()} {o['symbol']} ({_sector(o['symbol'])}), {float(o['weight']) * 100:.1f}% of the portfolio."
+        )
     return "\n".join(lines)
 
 
-def render_prompt(context: Mapping[str, Any], proposal_text: str | None = None, keys: Sequence[str] = ()) -> list[dict[str, str]]:
+def render_prompt(
+    context: Mapping[str, Any], proposal_text: str | None = None, keys: Sequence[str] = ()
+) -> list[dict[str, str]]:
     """The prompt of a decision's pairs: the context `keys` the operator's style may depend on (sorted,
     so the same context is the same prompt); `note` in `keys` adds the proposal's note, `*` takes every
     key and the note (adapters trained before keys were chosen). With no keys,
@@ -115,14 +122,31 @@ def render_prompt(context: Mapping[str, Any], proposal_text: str | None = None, 
 
 
 PAIR_COLUMNS = [
-    "pair_id", "decision_id", "decision_date", "split", "decision", "outcome_status", "vs_spy_pct", "verdict",
-    "treatment", "outcome_weight", "effective_weight", "replication", "swapped", "prompt", "chosen", "rejected",
-    "proposal_plan", "symbols",
+    "pair_id",
+    "decision_id",
+    "decision_date",
+    "split",
+    "decision",
+    "outcome_status",
+    "vs_spy_pct",
+    "verdict",
+    "treatment",
+    "outcome_weight",
+    "effective_weight",
+    "replication",
+    "swapped",
+    "prompt",
+    "chosen",
+    "rejected",
+    "proposal_plan",
+    "symbols",
 ]
 
 
 def build_pairs(
-    decisions: pd.DataFrame, outcomes: pd.DataFrame | None, holdout_fraction: float = HOLDOUT_FRACTION,
+    decisions: pd.DataFrame,
+    outcomes: pd.DataFrame | None,
+    holdout_fraction: float = HOLDOUT_FRACTION,
     context_keys: Sequence[str] = (),
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(pairs, skipped): one pair per decision, sorted by decision id; `skipped` says why a decision has none.
@@ -155,16 +179,28 @@ def build_pairs(
             chosen, rejected = rejected, chosen
         context = json.loads(d.context_json) if isinstance(d.context_json, str) else {}
         prompt = render_prompt(context, d.proposal_text if isinstance(d.proposal_text, str) else None, context_keys)
-        rows.append({
-            "pair_id": "pair-" + hashlib.sha256(d.decision_id.encode()).hexdigest()[:16],
-            "decision_id": d.decision_id, "decision_date": d.decision_date,
-            "split": holdout_split(d.decision_id, holdout_fraction), "decision": d.decision,
-            "outcome_status": status, "vs_spy_pct": float(vs_spy) if vs_spy is not None else float("nan"),
-            "verdict": verdict, "treatment": treatment, "outcome_weight": weight,
-            "effective_weight": abs(weight), "replication": replication, "swapped": swapped,
-            "prompt": json.dumps(prompt, sort_keys=True), "chosen": chosen, "rejected": rejected,
-            "proposal_plan": proposal, "symbols": d.symbols,
-        })
+        rows.append(
+            {
+                "pair_id": "pair-" + hashlib.sha256(d.decision_id.encode()).hexdigest()[:16],
+                "decision_id": d.decision_id,
+                "decision_date": d.decision_date,
+                "split": holdout_split(d.decision_id, holdout_fraction),
+                "decision": d.decision,
+                "outcome_status": status,
+                "vs_spy_pct": float(vs_spy) if vs_spy is not None else float("nan"),
+                "verdict": verdict,
+                "treatment": treatment,
+                "outcome_weight": weight,
+                "effective_weight": abs(weight),
+                "replication": replication,
+                "swapped": swapped,
+                "prompt": json.dumps(prompt, sort_keys=True),
+                "chosen": chosen,
+                "rejected": rejected,
+                "proposal_plan": proposal,
+                "symbols": d.symbols,
+            }
+        )
     pairs = pd.DataFrame(rows, columns=PAIR_COLUMNS)
     return pairs.reset_index(drop=True), pd.DataFrame(skipped, columns=["decision_id", "reason"])
 
@@ -178,6 +214,7 @@ def dataset_fingerprint(pairs: pd.DataFrame) -> str:
 
 # -- exports for outside trainers ----------------------------------------------------------
 
+
 def replication_counts(replications: Sequence[float]) -> list[int]:
     """Whole copies per row: a factor f gives floor(f*(k+1)) - floor(f*k) to the k-th row with that
     factor, so x3 -> 3 each, x1.5 -> 1, 2, 1, 2, ... (n rows at x1.5 give floor(1.5 n) copies)."""
@@ -188,8 +225,6 @@ def replication_counts(replications: Sequence[float]) -> list[int]:
         seen[f] += 1
         counts.append(int(math.floor(f * (k + 1) + 1e-9) - math.floor(f * k + 1e-9)))
     return counts
-
-
 
 
 def export_rows(pairs: pd.DataFrame, fmt: str) -> list[dict[str, Any]]:

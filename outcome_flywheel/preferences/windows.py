@@ -29,7 +29,9 @@ WINDOW_DAYS = 5
 BENCHMARK = "SPY"
 
 
-def t5_window(ts: datetime | pd.Timestamp | str, window_days: int = WINDOW_DAYS, calendar: xc.ExchangeCalendar | None = None) -> Window:
+def t5_window(
+    ts: datetime | pd.Timestamp | str, window_days: int = WINDOW_DAYS, calendar: xc.ExchangeCalendar | None = None
+) -> Window:
     """Entry at the first session close at or after `ts`; exit `window_days` sessions later."""
     cal = calendar or nyse_calendar()
     ts = pd.Timestamp(ts)
@@ -38,7 +40,9 @@ def t5_window(ts: datetime | pd.Timestamp | str, window_days: int = WINDOW_DAYS,
     ts = ts.tz_convert("UTC")
     day = ts.tz_convert("America/New_York").normalize().tz_localize(None)
     if day < cal.first_session or day > cal.last_session:
-        raise ValueError(f"{ts} is outside the XNYS calendar's range {cal.first_session.date()}..{cal.last_session.date()}")
+        raise ValueError(
+            f"{ts} is outside the XNYS calendar's range {cal.first_session.date()}..{cal.last_session.date()}"
+        )
     sessions = cal.sessions_in_range(day - pd.Timedelta(days=1), min(day + pd.Timedelta(days=14), cal.last_session))
     closes = cal.closes.loc[sessions]
     after = sessions[(closes >= ts).values]  # closes are UTC timestamps (half days included)
@@ -55,9 +59,18 @@ def t5_window(ts: datetime | pd.Timestamp | str, window_days: int = WINDOW_DAYS,
 
 
 OUTCOME_COLUMNS = {
-    "decision_id": "string", "decision_date": "string", "status": "string", "reason": "string",
-    "symbols": "string", "entry_date": "string", "exit_date": "string", "exit_close_utc": "string",
-    "return_pct": "float64", "spy_return_pct": "float64", "vs_spy_pct": "float64", "window_days": "int64",
+    "decision_id": "string",
+    "decision_date": "string",
+    "status": "string",
+    "reason": "string",
+    "symbols": "string",
+    "entry_date": "string",
+    "exit_date": "string",
+    "exit_close_utc": "string",
+    "return_pct": "float64",
+    "spy_return_pct": "float64",
+    "vs_spy_pct": "float64",
+    "window_days": "int64",
     "computed_at": "string",
 }
 
@@ -80,9 +93,15 @@ def compute_outcome(
     now = now.tz_localize("UTC") if now.tzinfo is None else now.tz_convert("UTC")
     orders = list(orders)
     out: dict[str, Any] = {
-        "status": "no_data", "reason": None, "symbols": ",".join(sorted({o["symbol"] for o in orders})),
-        "entry_date": None, "exit_date": None, "exit_close_utc": None,
-        "return_pct": float("nan"), "spy_return_pct": float("nan"), "vs_spy_pct": float("nan"),
+        "status": "no_data",
+        "reason": None,
+        "symbols": ",".join(sorted({o["symbol"] for o in orders})),
+        "entry_date": None,
+        "exit_date": None,
+        "exit_close_utc": None,
+        "return_pct": float("nan"),
+        "spy_return_pct": float("nan"),
+        "vs_spy_pct": float("nan"),
         "window_days": window_days,
     }
     if not orders:
@@ -104,7 +123,8 @@ def compute_outcome(
     signs = [1.0 if o["side"] == "buy" else -1.0 for o in orders]
     legs = [ret(o["symbol"]) for o in orders]
     out.update(
-        status="matured", reason=None,
+        status="matured",
+        reason=None,
         return_pct=sum(g * r for g, r in zip(signs, legs)) / len(legs),
         spy_return_pct=spy,
         vs_spy_pct=sum(g * (r - spy) for g, r in zip(signs, legs)) / len(legs),

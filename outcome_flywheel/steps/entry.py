@@ -54,16 +54,21 @@ def open_step(params_loader: PipesParamsLoader | None = None, distributed: bool 
 
     A launcher that starts several processes (accelerate, torchrun) gives each a RANK: rank 0
     reports to Dagster; the others get None and must write nothing. A step that is not
-    `distributed` refuses more than one process: the trainers run in one process today, and N
-    copies would each write the same outputs (docs/pipes.md, multi-GPU).
+    `distributed` refuses more than one process: it would run its whole body (sampling, judging, the
+    warehouse and checkpoint writes) in every process, each writing the same outputs (docs/pipes.md,
+    multi-GPU). The training steps (`DATA_PARALLEL_STEPS`) run data-parallel through `main` instead:
+    rank 0 opens the step as `distributed`, the other ranks only join its trainers.
     """
     loader = params_loader or PipesEnvVarParamsLoader()
     if not loader.is_dagster_pipes_process():
         raise StepError("not launched through Dagster Pipes (DAGSTER_PIPES_CONTEXT is unset): steps are started by "
                         "their assets' step runner (resources/steps.py), not by hand")
     if world_size() > 1 and not distributed:
-        raise StepError(f"WORLD_SIZE={world_size()}: this step's trainer runs in one process; launch it with "
-                        "FLYWHEEL_STEP_PROCESSES=1 (docs/pipes.md, multi-GPU)")
+        raise StepError(f"WORLD_SIZE={world_size()}: this step would run its whole body (sampling, judging, the "
+                        "warehouse and checkpoint writes) in every process; only the training steps "
+                        f"({', '.join(DATA_PARALLEL_STEPS)}) run data-parallel, rank 0 alone running the step, "
+                        "and only when started by `main`: launch it with FLYWHEEL_STEP_PROCESSES=1 "
+                        "(docs/pipes.md, multi-GPU)")
     if rank() != 0:
         yield None
         return
@@ -95,15 +100,63 @@ def run_in_process(step: str, bootstrap_env: Mapping[str, str]) -> None:
 
 
 def main(step: str, run: Callable[[PipesContext | None], None], distributed: bool = False) -> None:
-    """The process entry point: run the step; exit 1 with the traceback on stderr when it fails."""
+    """The process entry point: run the step; exit 1 with the traceback on stderr when it fails.
+
+    A training step (`DATA_PARALLEL_STEPS`) launched as several processes (torchrun) runs data-parallel:
+    rank 0 runs the step (its Pipes, its writes) and each trainer it calls is joined by the other ranks,
+    which write nothing (`run_data_parallel`)."""
     install_crash_hook(os.environ.get(CRASH_VARIABLE, ""))
     try:
+        if world_size() > 1 and step in DATA_PARALLEL_STEPS and not distributed:
+            run_data_parallel(step, run)
+            return
         with open_step(distributed=distributed) as pipes:
             run_guarded(step, pipes, run)
     except Exception:
         traceback.print_exc()
         sys.stderr.flush()
         sys.exit(1)
+
+
+# The steps whose only use of several processes is their trainer (GSPO, weighted DPO, SFT on torch)
+DATA_PARALLEL_STEPS = ("daily_update", "preference_adapter", "distillation")
+
+
+def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> None:
+    """The step on rank 0, its trainers joined by the other ranks (models/torch/training.py: `lead`,
+    `follow`). Rank 0 tells the others it is done only when the step succeeded; when it fails it exits 1
+    and the launcher (torchrun) stops the other ranks, so none waits on it. A framework without data
+    parallelism (mlx) refuses in its trainer (models/train/shards.py)."""
+    from outcome_flywheel.models.torch import training as dp
+    from outcome_flywheel.models.train.shards import LEADERS
+
+    dp.init_from_env()
+    if rank() != 0:
+        dp.follow(_policy)
+        return
+    joined: list[str] = []
+
+    def lead(trainer, backend, args) -> None:
+        dp.lead(trainer, backend, args)
+        joined.append(trainer)
+
+    LEADERS.append(lead)
+    try:
+        with open_step(distributed=True) as pipes:
+            run_guarded(step, pipes, run)
+            pipes.log.info(f"data parallel: {world_size()} processes trained {', '.join(joined) or 'nothing'} "
+                           "(rank 0 ran the step and wrote its outputs)")
+    finally:
+        LEADERS.remove(lead)
+    dp.finish()
+
+
+def _policy(spec: Mapping) -> object:
+    """A follower's copy of rank 0's base model (`training.follow` lays rank 0's adapter and weights on it)."""
+    from outcome_flywheel.models.torch.backend import TorchBackend
+
+    return TorchBackend(spec["model_path"], device=spec["device"], dtype=spec["dtype"],
+                        master_weights=spec["master_weights"])
 
 
 def run_guarded(step: str, pipes: PipesContext | None, run: Callable[[PipesContext | None], None]) -> None:

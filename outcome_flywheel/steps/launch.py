@@ -26,11 +26,23 @@ PASSTHROUGH_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TOKENIZERS_PARALLELI
 class StepLaunch:
     """How a step process starts: the launcher and how many processes it starts."""
 
-    launcher: str = field(default="python", metadata={"help": (
-        "FLYWHEEL_STEP_LAUNCHER: `python` (one process), `accelerate` (`accelerate launch`) or `torchrun` "
-        "(`processes` processes on the machine, rank 0 reports to Dagster).")})
-    processes: int = field(default=1, metadata={"help": "FLYWHEEL_STEP_PROCESSES: processes the launcher starts (GPUs used on the machine)."})
-    python: str = field(default="python", metadata={"help": "The interpreter that runs the step (the orchestrator's own for a local subprocess)."})
+    launcher: str = field(
+        default="python",
+        metadata={
+            "help": (
+                "FLYWHEEL_STEP_LAUNCHER: `python` (one process), `accelerate` (`accelerate launch`) or `torchrun` "
+                "(`processes` processes on the machine, rank 0 reports to Dagster)."
+            )
+        },
+    )
+    processes: int = field(
+        default=1,
+        metadata={"help": "FLYWHEEL_STEP_PROCESSES: processes the launcher starts (GPUs used on the machine)."},
+    )
+    python: str = field(
+        default="python",
+        metadata={"help": "The interpreter that runs the step (the orchestrator's own for a local subprocess)."},
+    )
 
     def __post_init__(self):
         if self.launcher not in LAUNCHERS:
@@ -47,10 +59,34 @@ class StepLaunch:
         if self.launcher == "accelerate":
             # --num_machines 1 and the mixed precision given: accelerate asks for neither then, and
             # never reads a stale `accelerate config` file's values for them.
-            return [self.python, "-m", "accelerate.commands.launch", "--num_machines", "1", "--num_processes", n,
-                    "--mixed_precision", "no", "--dynamo_backend", "no", "-m", module]
+            return [
+                self.python,
+                "-m",
+                "accelerate.commands.launch",
+                "--num_machines",
+                "1",
+                "--num_processes",
+                n,
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                "-m",
+                module,
+            ]
         if self.launcher == "torchrun":
-            return [self.python, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node", n, "-m", module]
+            return [
+                self.python,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nnodes",
+                "1",
+                "--nproc_per_node",
+                n,
+                "-m",
+                module,
+            ]
         return [self.python, "-m", module]
 
 

@@ -16,11 +16,19 @@ def run(pipes) -> None:
     if pipes is None:  # ranks other than 0: nothing to report
         return
     pipes.log.info(f"probe: rank {rank()} of {world_size()}, pid {os.getpid()}")
-    pipes.report_custom_message({PROBE_KEY: {
-        "rank": rank(), "world_size": world_size(), "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-        "python": sys.executable, "pid": os.getpid(), "extras": dict(pipes.extras),
-        "passed_env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("FLYWHEEL_PROBE_")},
-    }})
+    pipes.report_custom_message(
+        {
+            PROBE_KEY: {
+                "rank": rank(),
+                "world_size": world_size(),
+                "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+                "python": sys.executable,
+                "pid": os.getpid(),
+                "extras": dict(pipes.extras),
+                "passed_env": {k: os.environ[k] for k in sorted(os.environ) if k.startswith("FLYWHEEL_PROBE_")},
+            }
+        }
+    )
 
 
 if __name__ == "__main__":

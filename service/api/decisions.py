@@ -19,14 +19,24 @@ def record_decision(state, record: AuditRecord) -> tuple[int, dict]:
         outcome = state.audit_log.append(record)
     except DecisionConflict as err:
         raise HTTPException(status_code=409, detail={"message": str(err), "existing": err.existing}) from None
-    body = {"status": outcome, "decision_id": record.decision_id, "decision_date": decision_date(record.ts, env("FLYWHEEL_TIMEZONE")),
-            "live_log": str(state.audit_log.live_file)}
+    body = {
+        "status": outcome,
+        "decision_id": record.decision_id,
+        "decision_date": decision_date(record.ts, env("FLYWHEEL_TIMEZONE")),
+        "live_log": str(state.audit_log.live_file),
+    }
     return (201 if outcome == "created" else 200), body
 
 
-@router.post("/decisions", status_code=201, dependencies=[Depends(bearer)],
-             responses={200: {"description": "the same decision was already in the log (nothing written)"},
-                        409: {"description": "the decision_id is in the log with a different body"}})
+@router.post(
+    "/decisions",
+    status_code=201,
+    dependencies=[Depends(bearer)],
+    responses={
+        200: {"description": "the same decision was already in the log (nothing written)"},
+        409: {"description": "the decision_id is in the log with a different body"},
+    },
+)
 def post_decision(record: AuditRecord, request: Request, response: Response) -> dict:
     """One operator decision in the audit-log line format. It is appended to the live audit log
     (FLYWHEEL_LIVE_AUDIT_LOG) under an exclusive lock and fsynced before the answer; a repeated

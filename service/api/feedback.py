@@ -7,11 +7,11 @@ from typing import Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 
-from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import FEEDBACK_COLUMNS
-from outcome_flywheel.jsonl_log import append_unless
 from outcome_flywheel.feedback.records import FeedbackIn, FeedbackRecord, VerificationIn, VerificationRecord
 from outcome_flywheel.feedback.review import find_note
+from outcome_flywheel.json_rows import records
+from outcome_flywheel.jsonl_log import append_unless
 from service import launching
 from service.api.scorer import online_update
 from service.security import bearer
@@ -25,7 +25,9 @@ def add_feedback(state, feedback: FeedbackIn) -> dict:
     """Append feedback on a note that exists (404 otherwise); returns the record written."""
     day = feedback.date.isoformat()
     if find_note(state.warehouse.read("rollouts", day), feedback.headline_id, feedback.rollout_index) is None:
-        raise HTTPException(status_code=404, detail=f"no note {feedback.headline_id}#{feedback.rollout_index} in rollouts({day})")
+        raise HTTPException(
+            status_code=404, detail=f"no note {feedback.headline_id}#{feedback.rollout_index} in rollouts({day})"
+        )
     record = FeedbackRecord(**feedback.model_dump())
     state.feedback_log.append(record)
     out = record.model_dump(mode="json")
@@ -63,7 +65,9 @@ def verify_feedback(state, feedback_id: str, verdict: VerificationIn) -> dict:
     return record.model_dump(mode="json")
 
 
-def feedback_rows(state, status: str = "unverified", day: str | None = None, limit: int = 100) -> tuple[int, list[dict]]:
+def feedback_rows(
+    state, status: str = "unverified", day: str | None = None, limit: int = 100
+) -> tuple[int, list[dict]]:
     table = state.feedback_log.table()
     if status != "all":
         table = table[table["status"] == status]
@@ -73,7 +77,12 @@ def feedback_rows(state, status: str = "unverified", day: str | None = None, lim
     return int(len(table)), records(table.head(limit), FEEDBACK_COLUMNS)
 
 
-@router.post("", status_code=201, dependencies=[Depends(bearer)], responses={404: {"description": "no such note in rollouts(date)"}})
+@router.post(
+    "",
+    status_code=201,
+    dependencies=[Depends(bearer)],
+    responses={404: {"description": "no such note in rollouts(date)"}},
+)
 def post_feedback(body: FeedbackIn, request: Request) -> dict:
     """Feedback on one daily note (`date`, `headline_id`, `rollout_index`): thumbs up/down, stars
     1-5, an optional correction ("what should it have said?"), the reviewer. Appended durably
@@ -86,7 +95,9 @@ def post_feedback(body: FeedbackIn, request: Request) -> dict:
 @router.get("")
 def list_feedback(
     request: Request,
-    status: Literal["unverified", "approved", "edited", "rejected", "none", "all"] = Query("unverified", description="unverified = corrections waiting for a curator."),
+    status: Literal["unverified", "approved", "edited", "rejected", "none", "all"] = Query(
+        "unverified", description="unverified = corrections waiting for a curator."
+    ),
     date: str | None = Query(None, pattern=r"^\d{4}-\d{2}-\d{2}$"),
     limit: int = Query(100, ge=1, le=1000),
 ) -> dict:
@@ -95,8 +106,12 @@ def list_feedback(
     return {"status": status, "n": total, "feedback": rows}
 
 
-@router.post("/{feedback_id}/verify", status_code=201, dependencies=[Depends(bearer)],
-             responses={404: {"description": "unknown feedback id"}, 409: {"description": "the feedback has no correction"}})
+@router.post(
+    "/{feedback_id}/verify",
+    status_code=201,
+    dependencies=[Depends(bearer)],
+    responses={404: {"description": "unknown feedback id"}, 409: {"description": "the feedback has no correction"}},
+)
 def verify(body: VerificationIn, request: Request, feedback_id: str = Path(pattern=FEEDBACK_ID)) -> dict:
     """A curator approves, edits (with the corrected text) or rejects a feedback's correction; the
     latest verdict counts. Verified corrections become `feedback_pairs`."""

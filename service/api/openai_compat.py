@@ -29,8 +29,19 @@ from service.security import _bearer, bearer
 router = APIRouter(prefix="/v1", tags=["openai-compatible"], dependencies=[Depends(bearer)])
 VERSION_HEADER = "X-Flywheel-Model-Version"
 # Fields of OpenAI's request this server does not implement: refused rather than silently ignored.
-UNSUPPORTED = ("stream", "tools", "tool_choice", "functions", "stop", "logprobs", "top_logprobs", "response_format",
-               "logit_bias", "presence_penalty", "frequency_penalty")
+UNSUPPORTED = (
+    "stream",
+    "tools",
+    "tool_choice",
+    "functions",
+    "stop",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "logit_bias",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 class TextPart(BaseModel):
@@ -64,14 +75,21 @@ class ChatRequest(BaseModel):
         extra = self.model_extra or {}
         for name in UNSUPPORTED:
             value = extra.get(name)
-            if value not in (None, False, [], {}, 0, 0.0) and not (name == "response_format" and value == {"type": "text"}):
+            if value not in (None, False, [], {}, 0, 0.0) and not (
+                name == "response_format" and value == {"type": "text"}
+            ):
                 return name
         return None
 
 
 def bearer_error() -> JSONResponse:
-    return openai_error(401, "the OpenAI-compatible API needs Authorization: Bearer <FLYWHEEL_API_TOKEN> (as the client's api_key)",
-                        "invalid_request_error", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+    return openai_error(
+        401,
+        "the OpenAI-compatible API needs Authorization: Bearer <FLYWHEEL_API_TOKEN> (as the client's api_key)",
+        "invalid_request_error",
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 class ServingGuard:
@@ -94,9 +112,16 @@ def _server(request: Request) -> ModelServer:
 
 
 def _model_card(candidate, loaded) -> dict[str, Any]:
-    return {"id": candidate.model_id, "object": "model", "created": int(candidate.folder.stat().st_mtime), "owned_by": "outcome-flywheel",
-            "version": candidate.version, "source": str(candidate.folder), "kind": candidate.kind,
-            "loaded_version": loaded.version if loaded else None}
+    return {
+        "id": candidate.model_id,
+        "object": "model",
+        "created": int(candidate.folder.stat().st_mtime),
+        "owned_by": "outcome-flywheel",
+        "version": candidate.version,
+        "source": str(candidate.folder),
+        "kind": candidate.kind,
+        "loaded_version": loaded.version if loaded else None,
+    }
 
 
 @router.get("/models", summary="The served models (OpenAI's list)")
@@ -113,7 +138,11 @@ def get_model(model_id: str, request: Request):
     try:
         candidate = server.resolve(model_id)
     except KeyError:
-        return openai_error(404, f"the model {model_id!r} does not exist: this server serves {', '.join(MODEL_IDS)}", code="model_not_found")
+        return openai_error(
+            404,
+            f"the model {model_id!r} does not exist: this server serves {', '.join(MODEL_IDS)}",
+            code="model_not_found",
+        )
     except ModelUnavailable as err:
         return openai_error(404, str(err), code="model_not_found")
     return _model_card(candidate, server.loaded(model_id))
@@ -138,32 +167,68 @@ async def chat_completions(request: Request):
     except ValidationError as err:
         first = err.errors()[0]
         param = ".".join(str(p) for p in first.get("loc", ())) or None
-        return openai_error(400, f"{param or 'body'}: {first.get('msg')}" + (f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""), param=param)
+        return openai_error(
+            400,
+            f"{param or 'body'}: {first.get('msg')}"
+            + (f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""),
+            param=param,
+        )
     if chat.n != 1:
         return openai_error(400, f"n={chat.n}: this server writes one choice per request (n=1)", param="n")
     if (name := chat.unsupported()) is not None:
-        return openai_error(400, f"{name} is not supported by this server (non-streaming text completions only)", param=name)
+        return openai_error(
+            400, f"{name} is not supported by this server (non-streaming text completions only)", param=name
+        )
     server = _server(request)
     try:
         server.resolve(chat.model)
     except KeyError:
-        return openai_error(404, f"the model {chat.model!r} does not exist: this server serves {', '.join(MODEL_IDS)}", param="model", code="model_not_found")
+        return openai_error(
+            404,
+            f"the model {chat.model!r} does not exist: this server serves {', '.join(MODEL_IDS)}",
+            param="model",
+            code="model_not_found",
+        )
     except ModelUnavailable as err:
         return openai_error(503, str(err), "server_error", param="model", code="model_not_available")
     max_tokens = chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
     try:
         # Loading (after a swap) and generating are blocking torch work: off the event loop.
-        done = await run_in_threadpool(server.generate, chat.model, [m.as_template() for m in chat.messages], max_tokens,
-                                       chat.temperature, chat.top_p, chat.seed, chat.ignore_eos)
+        done = await run_in_threadpool(
+            server.generate,
+            chat.model,
+            [m.as_template() for m in chat.messages],
+            max_tokens,
+            chat.temperature,
+            chat.top_p,
+            chat.seed,
+            chat.ignore_eos,
+        )
     except ValueError as err:
         return openai_error(400, str(err), param="max_tokens" if "max_tokens" in str(err) else "messages")
-    except (ModelUnavailable, FileNotFoundError) as err:  # FileNotFoundError: the base model is not built (base_model asset)
+    except (
+        ModelUnavailable,
+        FileNotFoundError,
+    ) as err:  # FileNotFoundError: the base model is not built (base_model asset)
         return openai_error(503, str(err), "server_error", param="model", code="model_not_available")
     reply = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": chat.model,
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": chat.model,
         "system_fingerprint": done.version,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": done.text}, "finish_reason": done.finish_reason, "logprobs": None}],
-        "usage": {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                  "total_tokens": done.prompt_tokens + done.completion_tokens},
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": done.text},
+                "finish_reason": done.finish_reason,
+                "logprobs": None,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+        },
     }
     return JSONResponse(reply, headers={VERSION_HEADER: done.version})

@@ -50,12 +50,28 @@ def stats(request: Request) -> dict:
     return style_fingerprint(frame)
 
 
-PAIR_FIELDS = ["pair_id", "decision_id", "decision_date", "split", "decision", "outcome_status", "vs_spy_pct", "verdict",
-               "treatment", "effective_weight", "swapped", "prompt", "chosen", "rejected"]
+PAIR_FIELDS = [
+    "pair_id",
+    "decision_id",
+    "decision_date",
+    "split",
+    "decision",
+    "outcome_status",
+    "vs_spy_pct",
+    "verdict",
+    "treatment",
+    "effective_weight",
+    "swapped",
+    "prompt",
+    "chosen",
+    "rejected",
+]
 
 
 @router.get("/dataset")
-def dataset(request: Request, limit: int = Query(20, ge=1, le=500, description="How many pairs, newest decisions first.")) -> dict:
+def dataset(
+    request: Request, limit: int = Query(20, ge=1, le=500, description="How many pairs, newest decisions first.")
+) -> dict:
     """The latest DPO pairs of `dpo_dataset` (newest decision dates first)."""
     pairs = _state(request).warehouse.read("dpo_dataset")
     if pairs.empty:
@@ -74,8 +90,12 @@ def training_status(request: Request) -> dict:
     return launching.training_plan(_state(request))
 
 
-@router.post("/train", dependencies=[Depends(bearer)], responses={409: {"description": "not ready: the blocking reasons"}})
-def train(request: Request, response: Response, dry_run: bool = Query(True, description="true: only say what would happen.")) -> dict:
+@router.post(
+    "/train", dependencies=[Depends(bearer)], responses={409: {"description": "not ready: the blocking reasons"}}
+)
+def train(
+    request: Request, response: Response, dry_run: bool = Query(True, description="true: only say what would happen.")
+) -> dict:
     """Launch `flywheel_training` (dpo_dataset -> preference_adapter -> holdout_eval -> style_drift)
     as a run on the Dagster instance when ready; `dry_run=true` (the default) launches nothing."""
     try:
@@ -83,7 +103,9 @@ def train(request: Request, response: Response, dry_run: bool = Query(True, desc
     except NoDagsterInstance as err:
         raise no_instance(err) from None
     if not accepted:
-        raise HTTPException(status_code=409, detail={"message": "not ready to train", "blocking_reasons": body["blocking_reasons"]})
+        raise HTTPException(
+            status_code=409, detail={"message": "not ready to train", "blocking_reasons": body["blocking_reasons"]}
+        )
     if body["launched"]:
         response.status_code = 202
     return body
@@ -92,9 +114,14 @@ def train(request: Request, response: Response, dry_run: bool = Query(True, desc
 class StyleScoreIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    candidate: Proposal = Field(description="The proposal: its orders ({symbol, side, weight}) and optional note (`text`).")
-    prompt: dict[str, Any] | str | None = Field(default=None, description="The decision context (an object, rendered as the adapter's "
-                                                "pairs were) or the prompt's text verbatim; none = an empty context.")
+    candidate: Proposal = Field(
+        description="The proposal: its orders ({symbol, side, weight}) and optional note (`text`)."
+    )
+    prompt: dict[str, Any] | str | None = Field(
+        default=None,
+        description="The decision context (an object, rendered as the adapter's "
+        "pairs were) or the prompt's text verbatim; none = an empty context.",
+    )
 
 
 class StyleScoreOut(BaseModel):
@@ -113,7 +140,9 @@ def style_score(body: StyleScoreIn, request: Request) -> dict:
     margin = the adapter's DPO implicit reward of the plan minus that of holding. The model stays
     loaded; the adapter is reloaded when `latest` moves. `available` is false before the first adapter."""
     if not body.candidate.orders:
-        raise HTTPException(status_code=422, detail="candidate.orders is empty: a proposal needs an order to score against holding")
+        raise HTTPException(
+            status_code=422, detail="candidate.orders is empty: a proposal needs an order to score against holding"
+        )
     context = body.prompt if isinstance(body.prompt, dict) else None
     text_prompt = body.prompt if isinstance(body.prompt, str) else None
     problem = proposal_size_problem(body.candidate.orders, context, body.candidate.text, text_prompt)
@@ -122,7 +151,9 @@ def style_score(body: StyleScoreIn, request: Request) -> dict:
     scorer = _state(request).scorer
     started = time.perf_counter()
     try:
-        result = scorer.score([o.model_dump() for o in body.candidate.orders], context, body.candidate.text, prompt=text_prompt)
+        result = scorer.score(
+            [o.model_dump() for o in body.candidate.orders], context, body.candidate.text, prompt=text_prompt
+        )
     except FileNotFoundError as err:
         raise HTTPException(status_code=503, detail=str(err)) from None
     return {**result, "adapter_loads": scorer.loads, "elapsed_ms": round((time.perf_counter() - started) * 1000, 1)}

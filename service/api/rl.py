@@ -7,8 +7,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from outcome_flywheel.daily_rl.report.status import daily_history, daily_status
-from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import feedback_metrics, feedback_table
+from outcome_flywheel.json_rows import records
 from service import launching
 from service.api.scorer import scorer_status
 
@@ -20,11 +20,18 @@ def feedback_status(state, parsed=None, pairs=None) -> dict[str, Any]:
     parsed = parsed if parsed is not None else state.feedback_log.read()
     pairs = pairs if pairs is not None else state.warehouse.read("feedback_pairs")
     table = feedback_table(parsed.feedback, parsed.verifications)
-    return {**feedback_metrics(table, state.warehouse.count_rows("rollouts"), pairs), "quarantined_lines": len(parsed.quarantine)}
+    return {
+        **feedback_metrics(table, state.warehouse.count_rows("rollouts"), pairs),
+        "quarantined_lines": len(parsed.quarantine),
+    }
 
 
 def loops_status(state) -> dict[str, Any]:
-    return {"daily_rl": daily_status(state.warehouse), "preferences": launching.training_plan(state), "feedback": feedback_status(state)}
+    return {
+        "daily_rl": daily_status(state.warehouse),
+        "preferences": launching.training_plan(state),
+        "feedback": feedback_status(state),
+    }
 
 
 def loops_history(state) -> dict[str, Any]:
@@ -40,8 +47,12 @@ def preference_history(warehouse) -> list[dict[str, Any]]:
     frame = training[["run", "finished_at", "status", "n_pairs", "n_holdout", "loss_first", "loss_last", "wall_s"]]
     if len(evaluation):
         latest = evaluation.sort_values("evaluated_at").drop_duplicates("adapter_run", keep="last")
-        frame = frame.merge(latest[["adapter_run", "auc", "auc_low", "auc_high", "label", "n_rejected_winners"]],
-                            left_on="run", right_on="adapter_run", how="left").drop(columns="adapter_run")
+        frame = frame.merge(
+            latest[["adapter_run", "auc", "auc_low", "auc_high", "label", "n_rejected_winners"]],
+            left_on="run",
+            right_on="adapter_run",
+            how="left",
+        ).drop(columns="adapter_run")
     return records(frame.sort_values("finished_at"), list(frame.columns))
 
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from outcome_flywheel.daily_rl.note_scorer.model import SOURCES, ScorerStore, accuracy_summary, label, learn
 from outcome_flywheel.daily_rl.note_scorer.events import local_day, people_event
 from outcome_flywheel.daily_rl.note_scorer.features import FEATURES_TABLE, feature_lookup
+from outcome_flywheel.daily_rl.note_scorer.model import SOURCES, ScorerStore, accuracy_summary, label, learn
 from outcome_flywheel.feedback.records import FeedbackRecord
 from outcome_flywheel.settings import env, resolve_path
+
 
 def store_of(state) -> ScorerStore:
     return ScorerStore(resolve_path(state.warehouse.data_dir))
@@ -41,12 +42,18 @@ def online_update(state, record: dict) -> dict[str, Any]:
     everything = state.feedback_log.read().feedback
     event = people_event(feedback, everything, indices, local_day(feedback.created_at, env("FLYWHEEL_TIMEZONE")))
     if event is None:
-        return {"updated": False, "reason": "the feedback has no thumbs or stars (a correction alone does not rank notes)"}
+        return {
+            "updated": False,
+            "reason": "the feedback has no thumbs or stars (a correction alone does not rank notes)",
+        }
     with store.lock():
         scorer = store.load_latest()
         features = day_features(state, day, scorer.spec_key)
         if not features:
-            return {"updated": False, "reason": f"no note features of {day} for the scorer: materialise note_scorer for {day}"}
+            return {
+                "updated": False,
+                "reason": f"no note features of {day} for the scorer: materialise note_scorer for {day}",
+            }
         counts = learn(scorer, [event], features, store, live=True)
         if not counts["updates"]:
             return {"updated": False, "reason": "no pair to learn from: every note of the headline is rated the same"}
@@ -87,7 +94,13 @@ def scorer_status(state) -> dict[str, Any]:
     accuracy = [{**accuracy_summary(scorer.meta["history"], s), "label": None} for s in SOURCES]
     for row in accuracy:
         row["label"] = label(row)
-    return {"state": store.latest.resolve().name, "updates": scorer.updates, "parameters": scorer.parameters(),
-            "feature_dim": scorer.feature_dim, "rank": scorer.settings.rank, "last_day": scorer.meta.get("last_day"),
-            "fresh_start": scorer.meta.get("fresh_start"), "held_out_accuracy": accuracy}
-
+    return {
+        "state": store.latest.resolve().name,
+        "updates": scorer.updates,
+        "parameters": scorer.parameters(),
+        "feature_dim": scorer.feature_dim,
+        "rank": scorer.settings.rank,
+        "last_day": scorer.meta.get("last_day"),
+        "fresh_start": scorer.meta.get("fresh_start"),
+        "held_out_accuracy": accuracy,
+    }

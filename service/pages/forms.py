@@ -8,7 +8,9 @@ from typing import Any
 
 from service.errors import lone_surrogate
 
-ORDER_LINE = re.compile(r"^\s*(buy|sell)\s+([A-Za-z][A-Za-z0-9.\-]{0,15})\s+([0-9]*\.?[0-9]+)\s*(%?)\s*$", re.IGNORECASE)
+ORDER_LINE = re.compile(
+    r"^\s*(buy|sell)\s+([A-Za-z][A-Za-z0-9.\-]{0,15})\s+([0-9]*\.?[0-9]+)\s*(%?)\s*$", re.IGNORECASE
+)
 
 
 class FormError(ValueError):
@@ -40,7 +42,7 @@ def parse_context(text: str) -> dict[str, Any]:
     except RecursionError:  # nested deeper than the parser's stack
         raise FormError("the context nests objects or lists too deeply") from None
     if not isinstance(value, dict):
-        raise FormError("the context must be a JSON object, like {\"regime\": \"risk-on\"}")
+        raise FormError('the context must be a JSON object, like {"regime": "risk-on"}')
     surrogate = lone_surrogate(value)  # `"\ud800"` typed as JSON: valid JSON, not text (as the API refuses it)
     if surrogate is not None:
         where, why = surrogate
@@ -51,5 +53,7 @@ def parse_context(text: str) -> dict[str, Any]:
 def validation_text(err: Exception) -> str:
     """A pydantic error as one line a person can read."""
     if hasattr(err, "errors"):
-        return "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())) or 'input'}: {e.get('msg')}" for e in err.errors())
+        return "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ())) or 'input'}: {e.get('msg')}" for e in err.errors()
+        )
     return str(err)

@@ -11,21 +11,22 @@ import hmac
 import math
 import re
 import uuid
-from urllib.parse import quote, urlencode
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
-from fastapi import APIRouter, Depends, Form, HTTPException, Path as PathParam, Query, Request
+from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request
+from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import ValidationError
 
 from outcome_flywheel.daily_rl.report.status import daily_figures
-from outcome_flywheel.json_rows import records
 from outcome_flywheel.feedback.curation import feedback_table
 from outcome_flywheel.feedback.records import FeedbackIn, VerificationIn
 from outcome_flywheel.feedback.review import find_note, notes_for_review, review_days
+from outcome_flywheel.json_rows import records
 from outcome_flywheel.preferences.audit_log import AuditRecord
 from outcome_flywheel.preferences.metrics import rejected_winners, style_band
 from outcome_flywheel.preferences.status import drift, last_eval
@@ -42,7 +43,9 @@ from service.state import NoDagsterInstance
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 # Autoescape everything: notes and corrections are model output and people's text, shown as text.
-jinja = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True, default_for_string=True))
+jinja = Environment(
+    loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(default=True, default_for_string=True)
+)
 router = APIRouter(include_in_schema=False)
 
 
@@ -91,7 +94,9 @@ def signed_message(request: Request, kind: str) -> str | None:
     in `?sig=`): a link from elsewhere cannot put its words in the page's message box."""
     text = request.query_params.get(kind)
     signature = request.query_params.get("sig", "")
-    if not text or not hmac.compare_digest(signature.encode("utf-8", "replace"), message_signature(request.app.state.service.config, kind, text).encode()):
+    if not text or not hmac.compare_digest(
+        signature.encode("utf-8", "replace"), message_signature(request.app.state.service.config, kind, text).encode()
+    ):
         return None
     return text
 
@@ -99,8 +104,14 @@ def signed_message(request: Request, kind: str) -> str | None:
 def render(request: Request, template: str, status_code: int = 200, **values) -> HTMLResponse:
     state = request.app.state.service
     session = session_of(request)
-    context = {"request": request, "logged_in": session is not None, "csrf": csrf_value(state.config, session),
-               "flash": signed_message(request, "flash"), "error": signed_message(request, "error"), **values}
+    context = {
+        "request": request,
+        "logged_in": session is not None,
+        "csrf": csrf_value(state.config, session),
+        "flash": signed_message(request, "flash"),
+        "error": signed_message(request, "error"),
+        **values,
+    }
     return HTMLResponse(jinja.get_template(template).render(**context), status_code=status_code)
 
 
@@ -134,18 +145,33 @@ def notes_page(request: Request, date: str | None = Query(None, pattern=r"^\d{4}
     day = date or (days[0] if days else None)
     headlines = notes_for_review(state.warehouse, day, state.feedback_log.table()) if day else []
     ranking = rank_notes(state, day, headlines) if headlines else {"ranked": False, "reason": "no notes"}
-    return render(request, "notes.html", title="Notes", active="/", days=days, day=day, headlines=headlines, ranking=ranking)
+    return render(
+        request, "notes.html", title="Notes", active="/", days=days, day=day, headlines=headlines, ranking=ranking
+    )
 
 
 @router.post("/feedback", dependencies=[Depends(require_csrf)])
 def feedback_form(
-    request: Request, date: str = Form(...), headline_id: str = Form(...), rollout_index: str = Form(...),
-    thumbs: str = Form(""), stars: str = Form(""), correction: str = Form(""), reviewer: str = Form(""),
+    request: Request,
+    date: str = Form(...),
+    headline_id: str = Form(...),
+    rollout_index: str = Form(...),
+    thumbs: str = Form(""),
+    stars: str = Form(""),
+    correction: str = Form(""),
+    reviewer: str = Form(""),
 ):
     anchor = f"#h-{quote(headline_id)}"
     try:
-        body = FeedbackIn(date=date, headline_id=headline_id, rollout_index=rollout_index, thumbs=thumbs or None,
-                          stars=stars or None, correction=correction or None, reviewer=reviewer)
+        body = FeedbackIn(
+            date=date,
+            headline_id=headline_id,
+            rollout_index=rollout_index,
+            thumbs=thumbs or None,
+            stars=stars or None,
+            correction=correction or None,
+            reviewer=reviewer,
+        )
         record = add_feedback(request.app.state.service, body)
     except ValidationError as err:
         return back(request, "/", anchor, date=date, error="feedback not saved: " + validation_text(err))
@@ -188,30 +214,62 @@ def score_proposal(request: Request, orders: str = Form(""), context: str = Form
             raise FormError(problem or "type at least one order, like 'buy NVDA 5%'")
         score = state.scorer.score(parsed_orders, parsed_context, text or None)
     except (FormError, ValidationError) as err:
-        return render(request, "proposal.html", 422, title="Proposal", active="/proposal", form=form, score=None, error=validation_text(err))
+        return render(
+            request,
+            "proposal.html",
+            422,
+            title="Proposal",
+            active="/proposal",
+            form=form,
+            score=None,
+            error=validation_text(err),
+        )
     preferences = {"last_eval": last_eval(state.warehouse), "drift": drift(state.warehouse)}
-    return render(request, "proposal.html", title="Proposal", active="/proposal", form=form, score=score,
-                  band=style_band(score["style_match_score"]), learning_signal=learning_signal(preferences),
-                  rejected_winners=holdout_winners(state, preferences), plan=render_plan(parsed_orders))
+    return render(
+        request,
+        "proposal.html",
+        title="Proposal",
+        active="/proposal",
+        form=form,
+        score=score,
+        band=style_band(score["style_match_score"]),
+        learning_signal=learning_signal(preferences),
+        rejected_winners=holdout_winners(state, preferences),
+        plan=render_plan(parsed_orders),
+    )
 
 
 @router.post("/proposal/decide", dependencies=[Depends(require_csrf)])
 def decide_form(
-    request: Request, orders: str = Form(...), context: str = Form(""), text: str = Form(""), decision: str = Form(""),
-    operator_orders: str = Form(""), reason: str = Form(""),
+    request: Request,
+    orders: str = Form(...),
+    context: str = Form(""),
+    text: str = Form(""),
+    decision: str = Form(""),
+    operator_orders: str = Form(""),
+    reason: str = Form(""),
 ):
     here = {"orders": orders, "context": context, "text": text}
     try:
         record = AuditRecord(
-            decision_id=f"web-{uuid.uuid4().hex[:12]}", ts=datetime.now(timezone.utc), decision=decision,
-            proposal={"orders": parse_order_lines(orders), "text": text or None}, reason=reason or None, context=parse_context(context),
+            decision_id=f"web-{uuid.uuid4().hex[:12]}",
+            ts=datetime.now(timezone.utc),
+            decision=decision,
+            proposal={"orders": parse_order_lines(orders), "text": text or None},
+            reason=reason or None,
+            context=parse_context(context),
             operator_orders=parse_order_lines(operator_orders) if decision == "override" else None,
         )
         _, body = record_decision(request.app.state.service, record)
     except (FormError, ValidationError) as err:
         return back(request, "/proposal", **here, error="decision not recorded: " + validation_text(err))
-    return back(request, "/proposal", **here, flash=f"Decision {body['decision_id']} ({decision}) recorded in {body['live_log']}; "
-                                           "POST /api/preferences/extract materialises it.")
+    return back(
+        request,
+        "/proposal",
+        **here,
+        flash=f"Decision {body['decision_id']} ({decision}) recorded in {body['live_log']}; "
+        "POST /api/preferences/extract materialises it.",
+    )
 
 
 # -- curation ------------------------------------------------------------------------------------
@@ -230,8 +288,14 @@ def curation_page(request: Request):
         row["note"] = note["response"] if note else None
     pairs = state.warehouse.read("feedback_pairs")
     metrics = feedback_status(state, parsed, pairs)
-    rows = records(pairs, ["pair_id", "source", "date", "headline_id", "chosen", "rejected", "exported_at"]) if len(pairs) else []
-    return render(request, "curation.html", title="Curation", active="/curation", queue=queue, pairs=rows, metrics=metrics)
+    rows = (
+        records(pairs, ["pair_id", "source", "date", "headline_id", "chosen", "rejected", "exported_at"])
+        if len(pairs)
+        else []
+    )
+    return render(
+        request, "curation.html", title="Curation", active="/curation", queue=queue, pairs=rows, metrics=metrics
+    )
 
 
 @router.post("/curation/materialize", dependencies=[Depends(require_csrf)])
@@ -241,13 +305,25 @@ def materialize_form(request: Request):
     except NoDagsterInstance as err:
         return back(request, "/curation", error=str(err))
     runs = ", ".join(f"{r['job']} {(r['run_id'] or r['launch_id'])[:8]}" for r in result["runs"])
-    return back(request, "/curation", flash=f"{result['message']}: {runs or 'no runs'}. The pairs appear here when the runs finish (Dagster UI: Runs).")
+    return back(
+        request,
+        "/curation",
+        flash=f"{result['message']}: {runs or 'no runs'}. The pairs appear here when the runs finish (Dagster UI: Runs).",
+    )
 
 
 @router.post("/curation/{feedback_id}", dependencies=[Depends(require_csrf)])
-def verify_form(request: Request, feedback_id: str = PathParam(pattern=r"^[0-9a-f]{32}$"), action: str = Form(""), correction: str = Form(""), curator: str = Form("")):
+def verify_form(
+    request: Request,
+    feedback_id: str = PathParam(pattern=r"^[0-9a-f]{32}$"),
+    action: str = Form(""),
+    correction: str = Form(""),
+    curator: str = Form(""),
+):
     try:
-        verdict = VerificationIn(action=action, correction=(correction or None) if action == "edit" else None, curator=curator)
+        verdict = VerificationIn(
+            action=action, correction=(correction or None) if action == "edit" else None, curator=curator
+        )
         verify_feedback(request.app.state.service, feedback_id, verdict)
     except ValidationError as err:
         return back(request, "/curation", error="verdict not saved: " + validation_text(err))
@@ -264,10 +340,25 @@ def status_page(request: Request):
     state = request.app.state.service
     status = loops_status(state)
     history = loops_history(state)
-    figures = [{"title": f["title"], "alt": f["alt"], "name": f["name"],
-                "src": "data:image/png;base64," + base64.b64encode(f["png"]).decode("ascii")} for f in daily_figures(state.warehouse)]
-    return render(request, "status.html", title="Status", active="/status", status=status, history=history,
-                  learning_signal=learning_signal(status["preferences"]), figures=figures)
+    figures = [
+        {
+            "title": f["title"],
+            "alt": f["alt"],
+            "name": f["name"],
+            "src": "data:image/png;base64," + base64.b64encode(f["png"]).decode("ascii"),
+        }
+        for f in daily_figures(state.warehouse)
+    ]
+    return render(
+        request,
+        "status.html",
+        title="Status",
+        active="/status",
+        status=status,
+        history=history,
+        learning_signal=learning_signal(status["preferences"]),
+        figures=figures,
+    )
 
 
 def _safe_next(target: str | None) -> str:
@@ -278,8 +369,15 @@ def _safe_next(target: str | None) -> str:
 def _signed_in(request: Request, target: str) -> RedirectResponse:
     config = request.app.state.service.config
     response = RedirectResponse(_safe_next(target), status_code=303)
-    response.set_cookie(SESSION_COOKIE, new_session(config), max_age=config.session_ttl_s, httponly=True, samesite="strict", path="/",
-                        secure=not config.is_loopback)  # off loopback the service is meant to sit behind HTTPS
+    response.set_cookie(
+        SESSION_COOKIE,
+        new_session(config),
+        max_age=config.session_ttl_s,
+        httponly=True,
+        samesite="strict",
+        path="/",
+        secure=not config.is_loopback,
+    )  # off loopback the service is meant to sit behind HTTPS
     return response
 
 
@@ -288,15 +386,30 @@ def login_page(request: Request, next: str = "/"):
     """The page to paste the token into. Signing in is its POST: a token in a URL would stay in the
     browser's history and the access log, so `?token=` signs nobody in."""
     if "token" in request.query_params:
-        return render(request, "login.html", 400, title="Sign in", active="", next=_safe_next(next),
-                      error="a token in the address is not accepted (it would stay in the history and the logs): paste it below")
+        return render(
+            request,
+            "login.html",
+            400,
+            title="Sign in",
+            active="",
+            next=_safe_next(next),
+            error="a token in the address is not accepted (it would stay in the history and the logs): paste it below",
+        )
     return render(request, "login.html", title="Sign in", active="", next=_safe_next(next))
 
 
 @router.post("/login")
 def login(request: Request, token: str = Form(""), next: str = Form("/")):
     if not request.app.state.service.config.is_token(token.strip()):
-        return render(request, "login.html", 401, title="Sign in", active="", next=_safe_next(next), error="that is not the service's token")
+        return render(
+            request,
+            "login.html",
+            401,
+            title="Sign in",
+            active="",
+            next=_safe_next(next),
+            error="that is not the service's token",
+        )
     return _signed_in(request, next)
 
 

@@ -25,7 +25,18 @@ from outcome_flywheel.models.interface import THINK_TOKENS
 from outcome_flywheel.models.prompts import trading_note_messages
 
 SAMPLES_TABLE = "distill_samples"
-SAMPLE_COLUMNS = ["sample_id", "date", "source", "phase", "headline_id", "prompt", "prefix", "completion", "teacher", "why"]
+SAMPLE_COLUMNS = [
+    "sample_id",
+    "date",
+    "source",
+    "phase",
+    "headline_id",
+    "prompt",
+    "prefix",
+    "completion",
+    "teacher",
+    "why",
+]
 PHASES = ("answer", "reasoning", "consistency")  # the curriculum's order
 RANDOM_FRACTION = 0.15
 CONFIDENT_PER_DAY = 3
@@ -54,7 +65,9 @@ def trace_samples(day: str, headline_id: str, prompt: list, text: str, teacher: 
     reasoning, answer = split_reasoning(text)
     if not answer:
         return []
-    base = dict(date=day, source="teacher", headline_id=headline_id, prompt=json.dumps(prompt), teacher=teacher, why=why)
+    base = dict(
+        date=day, source="teacher", headline_id=headline_id, prompt=json.dumps(prompt), teacher=teacher, why=why
+    )
     rows = [dict(base, phase="answer", prefix="", completion=answer)]
     if reasoning:
         rows.append(dict(base, phase="reasoning", prefix="", completion=think_block(reasoning).rstrip()))
@@ -71,9 +84,20 @@ def correction_samples(pairs: pd.DataFrame) -> list[dict]:
         return []
     rows = []
     for r in pairs[pairs["source"] == "correction"].itertuples(index=False):
-        rows.append(dict(sample_id=sample_id("correction", r.pair_id), date=str(r.date), source="correction", phase="answer",
-                         headline_id=str(r.headline_id), prompt=r.prompt if isinstance(r.prompt, str) else json.dumps(r.prompt),
-                         prefix="", completion=str(r.chosen), teacher="people", why="verified correction"))
+        rows.append(
+            dict(
+                sample_id=sample_id("correction", r.pair_id),
+                date=str(r.date),
+                source="correction",
+                phase="answer",
+                headline_id=str(r.headline_id),
+                prompt=r.prompt if isinstance(r.prompt, str) else json.dumps(r.prompt),
+                prefix="",
+                completion=str(r.chosen),
+                teacher="people",
+                why="verified correction",
+            )
+        )
     return rows
 
 
@@ -86,8 +110,15 @@ def confidence(scores: pd.DataFrame) -> pd.Series:
     return (grouped.max() - grouped.median()).sort_values(ascending=False, kind="stable")
 
 
-def select_headlines(day: str, headlines: pd.DataFrame, scores: pd.DataFrame, prev_rollouts: pd.DataFrame, seed: int,
-                     fraction: float = RANDOM_FRACTION, confident: int = CONFIDENT_PER_DAY) -> list[dict]:
+def select_headlines(
+    day: str,
+    headlines: pd.DataFrame,
+    scores: pd.DataFrame,
+    prev_rollouts: pd.DataFrame,
+    seed: int,
+    fraction: float = RANDOM_FRACTION,
+    confident: int = CONFIDENT_PER_DAY,
+) -> list[dict]:
     """The headlines the teacher answers: `fraction` of D's at random (at least one), seeded by the
     day; plus the `confident` most confident judged groups (their headlines of D-1). Each a dict of
     date, headline_id, title, summary and why."""
@@ -99,18 +130,29 @@ def select_headlines(day: str, headlines: pd.DataFrame, scores: pd.DataFrame, pr
         picked = set(rng.sample(ids, min(k, len(ids))))
         for h in headlines.sort_values("headline_id").itertuples(index=False):
             if h.headline_id in picked:
-                chosen.append(dict(date=day, headline_id=h.headline_id, title=h.title, summary=h.summary, why="random 15%"))
+                chosen.append(
+                    dict(date=day, headline_id=h.headline_id, title=h.title, summary=h.summary, why="random 15%")
+                )
     if len(scores) and len(prev_rollouts):
         titles = prev_rollouts.drop_duplicates("headline_id").set_index("headline_id")
         for headline_id, value in confidence(scores).head(confident).items():
             if headline_id in titles.index:
                 row = titles.loc[headline_id]
-                chosen.append(dict(date=str(row["date"]), headline_id=headline_id, title=row["title"], summary=row["summary"],
-                                   why=f"confident judged group (best - median reward {value:.3f})"))
+                chosen.append(
+                    dict(
+                        date=str(row["date"]),
+                        headline_id=headline_id,
+                        title=row["title"],
+                        summary=row["summary"],
+                        why=f"confident judged group (best - median reward {value:.3f})",
+                    )
+                )
     return chosen
 
 
-def teacher_samples(teacher_backend, teacher_name: str, day: str, picks: list[dict], seed: int, max_new_tokens: int) -> list[dict]:
+def teacher_samples(
+    teacher_backend, teacher_name: str, day: str, picks: list[dict], seed: int, max_new_tokens: int
+) -> list[dict]:
     """The teacher answers each pick once (thinking on: Qwen3's chat template opens a think block;
     a template without one ignores it), sampled at 0.7 with a seed per headline."""
     from outcome_flywheel.models.interface import SamplingConfig

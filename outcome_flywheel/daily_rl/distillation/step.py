@@ -16,7 +16,11 @@ import json
 import os
 
 from outcome_flywheel.daily_rl.distillation.samples import (
-    SAMPLES_TABLE, correction_samples, samples_frame, select_headlines, teacher_samples,
+    SAMPLES_TABLE,
+    correction_samples,
+    samples_frame,
+    select_headlines,
+    teacher_samples,
 )
 from outcome_flywheel.daily_rl.distillation.train import DistillConfig, run_distillation, teacher_dir
 from outcome_flywheel.daily_rl.partitions import previous_day
@@ -49,12 +53,21 @@ def make_samples(warehouse: Warehouse, models: ModelLoader, day: str, extras: di
     import pandas as pd
 
     empty = pd.DataFrame()
-    picks = select_headlines(day, headlines if headlines is not None else empty, scores if scores is not None else empty,
-                             prev_rollouts if prev_rollouts is not None else empty, models.seed)
+    picks = select_headlines(
+        day,
+        headlines if headlines is not None else empty,
+        scores if scores is not None else empty,
+        prev_rollouts if prev_rollouts is not None else empty,
+        models.seed,
+    )
     folder = teacher_dir(models, extras.get("teacher"), log=log)
-    log(f"distill_samples {day}: teacher {extras.get('teacher')} ({folder}) answers {len(picks)} headlines, process {os.getpid()}")
+    log(
+        f"distill_samples {day}: teacher {extras.get('teacher')} ({folder}) answers {len(picks)} headlines, process {os.getpid()}"
+    )
     teacher = load_backend(models.backend, folder, device=models.device)
-    rows = teacher_samples(teacher, str(extras.get("teacher")), day, picks, models.seed, int(extras.get("max_new_tokens", 256)))
+    rows = teacher_samples(
+        teacher, str(extras.get("teacher")), day, picks, models.seed, int(extras.get("max_new_tokens", 256))
+    )
     del teacher
     pairs = warehouse.read("feedback_pairs") if warehouse.exists("feedback_pairs") else empty
     rows += [r for r in correction_samples(pairs) if r["date"] == day]
@@ -67,16 +80,24 @@ def report_samples(pipes, frame, picks, folder) -> None:
     by_phase = frame["phase"].value_counts().to_dict() if len(frame) else {}
     with_reasoning = int((frame["phase"] == "reasoning").sum()) if len(frame) else 0
     teacher_rows = frame[frame["source"] == "teacher"] if len(frame) else frame
-    pipes.report_asset_materialization(metadata=present({
-        "dagster/row_count": len(frame), "teacher_model": str(folder), "headlines_answered": len(picks),
-        "picked_random": sum(p["why"].startswith("random") for p in picks),
-        "picked_confident": sum(p["why"].startswith("confident") for p in picks),
-        "traces_with_reasoning": with_reasoning,
-        "traces_without_reasoning": int((teacher_rows["phase"] == "answer").sum()) - with_reasoning if len(frame) else 0,
-        "corrections": int((frame["source"] == "correction").sum()) if len(frame) else 0,
-        **{f"samples_{phase}": int(n) for phase, n in by_phase.items()},
-        "example": md(f"```\n{frame['completion'].iloc[0][:500]}\n```") if len(frame) else None,
-    }))
+    pipes.report_asset_materialization(
+        metadata=present(
+            {
+                "dagster/row_count": len(frame),
+                "teacher_model": str(folder),
+                "headlines_answered": len(picks),
+                "picked_random": sum(p["why"].startswith("random") for p in picks),
+                "picked_confident": sum(p["why"].startswith("confident") for p in picks),
+                "traces_with_reasoning": with_reasoning,
+                "traces_without_reasoning": int((teacher_rows["phase"] == "answer").sum()) - with_reasoning
+                if len(frame)
+                else 0,
+                "corrections": int((frame["source"] == "correction").sum()) if len(frame) else 0,
+                **{f"samples_{phase}": int(n) for phase, n in by_phase.items()},
+                "example": md(f"```\n{frame['completion'].iloc[0][:500]}\n```") if len(frame) else None,
+            }
+        )
+    )
 
 
 def train(pipes, warehouse: Warehouse, models: ModelLoader, extras: dict) -> None:
@@ -85,32 +106,54 @@ def train(pipes, warehouse: Warehouse, models: ModelLoader, extras: dict) -> Non
     entry = current()
     if entry is not None:  # the audit row of this training (the step entry holds it)
         entry.gate_verdict, entry.gate_reason = result.gate.verdict, result.gate.reason
-        entry.inputs.update(samples=result.samples, parent_version=result.parent_version, run=result.run_id,
-                            policy_version=result.policy_version)
+        entry.inputs.update(
+            samples=result.samples,
+            parent_version=result.parent_version,
+            run=result.run_id,
+            policy_version=result.policy_version,
+        )
     ab = result.ab
-    pipes.report_asset_materialization(metadata=present({
-        "run": result.run_id, "samples": result.samples, "parent_version": result.parent_version,
-        "checkpoint": result.checkpoint or None, "policy_version": result.policy_version or None,
-        "gate": result.gate.verdict, "gate_reason": result.gate.reason,
-        "gate_kl_to_parent": num(result.gate.kl_to_parent, 6), "gate_probe_structure": num(result.gate.probe_structure),
-        "gate_probe_parent_structure": num(result.gate.probe_parent_structure),
-        "phases": md(phase_table(result.phases)),
-        "ab_structure_distilled": num(ab["policy"]) if ab.get("policy") is not None else None,
-        "ab_structure_parent": num(ab["base"]) if ab.get("base") is not None else None,
-        "ab_difference": num(ab["difference"]) if ab.get("difference") is not None else None,
-        "ab_ci_low": num(ab["ci_low"]) if ab.get("ci_low") is not None else None,
-        "ab_ci_high": num(ab["ci_high"]) if ab.get("ci_high") is not None else None,
-        "ab_n": ab.get("n"), "ab_label": ab.get("label"), "ab_test": ab.get("test"),
-        "wall_seconds": round(result.wall_s, 2),
-    }))
-    pipes.report_asset_check(check_name="distilled_accepted_by_gate", passed=result.gate.verdict == "accepted", severity="WARN",
-                             metadata={"gate": result.gate.verdict, "reason": result.gate.reason})
+    pipes.report_asset_materialization(
+        metadata=present(
+            {
+                "run": result.run_id,
+                "samples": result.samples,
+                "parent_version": result.parent_version,
+                "checkpoint": result.checkpoint or None,
+                "policy_version": result.policy_version or None,
+                "gate": result.gate.verdict,
+                "gate_reason": result.gate.reason,
+                "gate_kl_to_parent": num(result.gate.kl_to_parent, 6),
+                "gate_probe_structure": num(result.gate.probe_structure),
+                "gate_probe_parent_structure": num(result.gate.probe_parent_structure),
+                "phases": md(phase_table(result.phases)),
+                "ab_structure_distilled": num(ab["policy"]) if ab.get("policy") is not None else None,
+                "ab_structure_parent": num(ab["base"]) if ab.get("base") is not None else None,
+                "ab_difference": num(ab["difference"]) if ab.get("difference") is not None else None,
+                "ab_ci_low": num(ab["ci_low"]) if ab.get("ci_low") is not None else None,
+                "ab_ci_high": num(ab["ci_high"]) if ab.get("ci_high") is not None else None,
+                "ab_n": ab.get("n"),
+                "ab_label": ab.get("label"),
+                "ab_test": ab.get("test"),
+                "wall_seconds": round(result.wall_s, 2),
+            }
+        )
+    )
+    pipes.report_asset_check(
+        check_name="distilled_accepted_by_gate",
+        passed=result.gate.verdict == "accepted",
+        severity="WARN",
+        metadata={"gate": result.gate.verdict, "reason": result.gate.reason},
+    )
     pipes.report_custom_message({"distillation": json.loads(json.dumps(result.row(), default=str))})
 
 
 def phase_table(phases: list[dict]) -> str:
-    rows = "".join(f"| {p['phase']} | {p['examples']} | {p['steps']} | {p.get('loss_first', float('nan')):.4f} | "
-                   f"{p.get('loss_last', float('nan')):.4f} |\n" for p in phases)
+    rows = "".join(
+        f"| {p['phase']} | {p['examples']} | {p['steps']} | {p.get('loss_first', float('nan')):.4f} | "
+        f"{p.get('loss_last', float('nan')):.4f} |\n"
+        for p in phases
+    )
     return "| phase | examples | steps | loss first | loss last |\n| --- | --- | --- | --- | --- |\n" + rows
 
 

@@ -27,19 +27,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.evaluation.ab_stats import paired_comparison
 from outcome_flywheel.daily_rl.distillation.samples import PHASES, SAMPLES_TABLE
-from outcome_flywheel.daily_rl.policy.gate import GateConfig, GateResult, evaluate_update
-from outcome_flywheel.daily_rl.policy.checkpoints import (
-    load_policy, mark_verified, publish_checkpoint, read_checkpoint,
-)
+from outcome_flywheel.daily_rl.evaluation.ab_stats import paired_comparison
 from outcome_flywheel.daily_rl.notes.structure import structure_score
+from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, mark_verified, publish_checkpoint, read_checkpoint
+from outcome_flywheel.daily_rl.policy.gate import GateConfig, GateResult, evaluate_update
 from outcome_flywheel.models.interface import TrainStats
 from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.models.train.sft import train_sft
 from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
 from outcome_flywheel.settings import resolve_path
 from outcome_flywheel.storage import Warehouse
-from outcome_flywheel.models.train.sft import train_sft
 
 RUNS_TABLE = "distillation_runs"
 USED_TABLE = "distill_samples_used"
@@ -77,9 +75,13 @@ def teacher_dir(models, name: str | None = None, build: bool = True, log=print) 
         if build:
             ensure_tiny_local(path, TinyLocalConfig(seed=models.seed + TEACHER_SEED_OFFSET), log=log)
     else:
-        path = ModelLoader(base_model=name, backend=models.backend, device=models.device, data_dir=models.data_dir).base_model_dir()
+        path = ModelLoader(
+            base_model=name, backend=models.backend, device=models.device, data_dir=models.data_dir
+        ).base_model_dir()
     if Path(path).resolve() == Path(models.base_model_dir()).resolve():
-        raise DistillationError(f"{TEACHER_VARIABLE}={name!r} is the policy's own base model: a teacher must be another model")
+        raise DistillationError(
+            f"{TEACHER_VARIABLE}={name!r} is the policy's own base model: a teacher must be another model"
+        )
     return Path(path)
 
 
@@ -104,11 +106,20 @@ def ready_to_distill(warehouse: Warehouse, threshold: int | None = None) -> tupl
 class DistillConfig:
     """One distillation run's settings (run config of `distilled_policy`)."""
 
-    sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "The SFT trainer's settings, shared by every phase."})
+    sft: SFTConfig = field(
+        default_factory=SFTConfig, metadata={"help": "The SFT trainer's settings, shared by every phase."}
+    )
     gate: GateConfig = field(default_factory=GateConfig, metadata={"help": "The evaluation gate, as a daily update's."})
-    ab_headlines: int = field(default=16, metadata={"help": "Headlines of the latest day in the A/B (after the gate's probe)."})
+    ab_headlines: int = field(
+        default=16, metadata={"help": "Headlines of the latest day in the A/B (after the gate's probe)."}
+    )
     ab_max_new_tokens: int = field(default=160, metadata={"help": "Token budget of each greedy A/B note."})
-    min_samples: int = field(default=1, metadata={"help": "Refuse a run with fewer unused samples (the sensor waits for FLYWHEEL_DISTILL_MIN_SAMPLES)."})
+    min_samples: int = field(
+        default=1,
+        metadata={
+            "help": "Refuse a run with fewer unused samples (the sensor waits for FLYWHEEL_DISTILL_MIN_SAMPLES)."
+        },
+    )
 
 
 @dataclass
@@ -126,17 +137,30 @@ class DistillResult:
     def row(self) -> dict:
         g = self.gate
         return dict(
-            run_id=self.run_id, parent_version=self.parent_version, checkpoint=self.checkpoint, policy_version=self.policy_version,
-            samples=self.samples, phases=json.dumps(self.phases), gate=g.verdict, gate_reason=g.reason,
-            gate_kl_to_parent=g.kl_to_parent, gate_probe_structure=g.probe_structure,
-            gate_probe_parent_structure=g.probe_parent_structure, ab=json.dumps(self.ab), wall_s=round(self.wall_s, 3),
+            run_id=self.run_id,
+            parent_version=self.parent_version,
+            checkpoint=self.checkpoint,
+            policy_version=self.policy_version,
+            samples=self.samples,
+            phases=json.dumps(self.phases),
+            gate=g.verdict,
+            gate_reason=g.reason,
+            gate_kl_to_parent=g.kl_to_parent,
+            gate_probe_structure=g.probe_structure,
+            gate_probe_parent_structure=g.probe_parent_structure,
+            ab=json.dumps(self.ab),
+            wall_s=round(self.wall_s, 3),
         )
 
 
 def phase_examples(samples: pd.DataFrame, phase: str) -> list[SFTExample]:
     rows = samples[samples["phase"] == phase].sort_values("sample_id")
-    return [SFTExample(prompt=json.loads(r.prompt), completion=r.completion, prefix=r.prefix or "",
-                       end_turn=phase != "reasoning") for r in rows.itertuples(index=False)]
+    return [
+        SFTExample(
+            prompt=json.loads(r.prompt), completion=r.completion, prefix=r.prefix or "", end_turn=phase != "reasoning"
+        )
+        for r in rows.itertuples(index=False)
+    ]
 
 
 def latest_parent(root: Path) -> tuple[Path, dict]:
@@ -169,31 +193,55 @@ def run_distillation(warehouse: Warehouse, models, run_id: str, config: DistillC
             continue
         sft = SFTConfig(**{**config.sft.__dict__, "seed": config.sft.seed + n})
         stats = train_sft(policy, examples, sft)
-        log(f"distillation {run_id}: phase {phase}, {len(examples)} examples, {stats.steps} steps, "
-            f"loss {stats.losses[0]:.4f} -> {stats.losses[-1]:.4f}")
-        phases.append({"phase": phase, "examples": len(examples), "steps": stats.steps, "loss_first": stats.losses[0],
-                       "loss_last": stats.losses[-1], "wall_s": round(stats.wall_s, 3)})
+        log(
+            f"distillation {run_id}: phase {phase}, {len(examples)} examples, {stats.steps} steps, "
+            f"loss {stats.losses[0]:.4f} -> {stats.losses[-1]:.4f}"
+        )
+        phases.append(
+            {
+                "phase": phase,
+                "examples": len(examples),
+                "steps": stats.steps,
+                "loss_first": stats.losses[0],
+                "loss_last": stats.losses[-1],
+                "wall_s": round(stats.wall_s, 3),
+            }
+        )
         losses += stats.losses
         grads += stats.grad_norms
     combined = TrainStats(steps=len(losses), losses=losses, grad_norms=grads)
     parent_policy = load_policy(models, parent_dir, parent_info)
     rollouts = warehouse.read("rollouts", parent_day) if warehouse.exists("rollouts", parent_day) else pd.DataFrame()
     own = rollouts[rollouts["policy_version"] == parent_info["policy_version"]] if len(rollouts) else rollouts
-    own = own if len(own) else rollouts  # a distilled parent sampled nothing itself: the day's notes, as near as there are
+    own = (
+        own if len(own) else rollouts
+    )  # a distilled parent sampled nothing itself: the day's notes, as near as there are
     headlines = warehouse.read("headlines", parent_day) if warehouse.exists("headlines", parent_day) else pd.DataFrame()
     try:
-        gate = evaluate_update(policy, parent_policy, combined, own, headlines, config.gate) if config.gate.enabled \
+        gate = (
+            evaluate_update(policy, parent_policy, combined, own, headlines, config.gate)
+            if config.gate.enabled
             else GateResult("accepted", "gate disabled (run config gate_enabled=false)")
+        )
     except (FloatingPointError, RuntimeError, ValueError) as err:
         gate = GateResult("rejected", f"the candidate failed the probe: {type(err).__name__}: {err}")
     ab = ab_test(policy, parent_policy, headlines, config)
     name, version = "", ""
     if gate.verdict == "accepted":
         name = f"{parent_day}.distill-{run_id}"
-        info = {"date": parent_day, "parent_date": parent_day, "parent_version": parent_info["policy_version"],
-                "base_model": models.base_model, "backend": models.backend, "trained": True, "tier": "distillation",
-                "distillation_run": run_id, "examples": int(sum(p["examples"] for p in phases)),
-                "gate": gate.verdict, "gate_reason": gate.reason}
+        info = {
+            "date": parent_day,
+            "parent_date": parent_day,
+            "parent_version": parent_info["policy_version"],
+            "base_model": models.base_model,
+            "backend": models.backend,
+            "trained": True,
+            "tier": "distillation",
+            "distillation_run": run_id,
+            "examples": int(sum(p["examples"] for p in phases)),
+            "gate": gate.verdict,
+            "gate_reason": gate.reason,
+        }
         info = publish_checkpoint(policy, root, name, info, is_base=False)
         version = info["policy_version"]
         verify_distilled(models, root, name, policy, headlines)
@@ -201,11 +249,22 @@ def run_distillation(warehouse: Warehouse, models, run_id: str, config: DistillC
     used = pd.DataFrame({"sample_id": samples["sample_id"], "run_id": run_id})
     previous = warehouse.read(USED_TABLE) if warehouse.exists(USED_TABLE) else used.iloc[:0]
     warehouse.write(USED_TABLE, pd.concat([previous[previous["run_id"] != run_id], used], ignore_index=True))
-    result = DistillResult(run_id, parent_info["policy_version"], name, version, gate, phases, ab, len(samples),
-                           time.perf_counter() - started)
+    result = DistillResult(
+        run_id,
+        parent_info["policy_version"],
+        name,
+        version,
+        gate,
+        phases,
+        ab,
+        len(samples),
+        time.perf_counter() - started,
+    )
     runs = warehouse.read(RUNS_TABLE) if warehouse.exists(RUNS_TABLE) else pd.DataFrame()
     row = pd.DataFrame([result.row()])
-    warehouse.write(RUNS_TABLE, pd.concat([runs[runs["run_id"] != run_id], row], ignore_index=True) if len(runs) else row)
+    warehouse.write(
+        RUNS_TABLE, pd.concat([runs[runs["run_id"] != run_id], row], ignore_index=True) if len(runs) else row
+    )
     return result
 
 
@@ -214,12 +273,15 @@ def ab_test(candidate, parent, headlines: pd.DataFrame, config: DistillConfig) -
     if headlines.empty:
         return paired_comparison("structure_score", [], []).as_row()
     ordered = headlines.sort_values("headline_id")
-    rest = ordered.iloc[config.gate.probe_headlines:]
+    rest = ordered.iloc[config.gate.probe_headlines :]
     chosen = (rest if len(rest) >= 6 else ordered).head(config.ab_headlines)
     prompts = [trading_note_messages(t, s) for t, s in zip(chosen["title"], chosen["summary"])]
     ours = greedy_structure(candidate, prompts, config.ab_max_new_tokens)
     theirs = greedy_structure(parent, prompts, config.ab_max_new_tokens)
-    return {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in paired_comparison("structure_score", ours, theirs).as_row().items()}
+    return {
+        k: (None if isinstance(v, float) and np.isnan(v) else v)
+        for k, v in paired_comparison("structure_score", ours, theirs).as_row().items()
+    }
 
 
 def verify_distilled(models, root: Path, name: str, trained, headlines: pd.DataFrame) -> None:
@@ -230,9 +292,13 @@ def verify_distilled(models, root: Path, name: str, trained, headlines: pd.DataF
     prompt = [trading_note_messages("Apple beats quarterly estimates", "")]
     text = reloaded.greedy(prompt, 12)[0]
     ids = reloaded.encode_response(text or "Buy")
-    gap = float(np.max(np.abs(reloaded.response_logprobs(prompt, [ids])[0] - trained.response_logprobs(prompt, [ids])[0])))
+    gap = float(
+        np.max(np.abs(reloaded.response_logprobs(prompt, [ids])[0] - trained.response_logprobs(prompt, [ids])[0]))
+    )
     if not text.strip() or gap > 1e-3:
-        raise DistillationError(f"distilled checkpoint {name} failed verification (text {text!r}, log-prob gap {gap:.2e})")
+        raise DistillationError(
+            f"distilled checkpoint {name} failed verification (text {text!r}, log-prob gap {gap:.2e})"
+        )
     mark_verified(root, name)
 
 
@@ -243,15 +309,25 @@ def tier_summary(data_dir) -> str:
     warehouse = Warehouse(data_dir=str(data_dir))
     runs = warehouse.read(RUNS_TABLE) if warehouse.exists(RUNS_TABLE) else pd.DataFrame()
     audit = read_audit(warehouse)
-    tiers = ", ".join(f"{t} {n}" for t, n in audit["tier"].value_counts().sort_index().items()) if len(audit) else "none"
+    tiers = (
+        ", ".join(f"{t} {n}" for t, n in audit["tier"].value_counts().sort_index().items()) if len(audit) else "none"
+    )
     _, waiting, need = ready_to_distill(warehouse)
     if runs.empty:
         return f"distillation: no run yet ({waiting}/{need} new samples); trainings audited: {tiers}"
     last = runs.iloc[-1]
     ab = json.loads(last["ab"])
     diff = ab.get("difference")
-    ab_text = (f"A/B structure {ab['policy']:.3f} vs parent {ab['base']:.3f} (diff {diff:+.3f}"
-               + (f" [{ab['ci_low']:+.3f}, {ab['ci_high']:+.3f}]" if ab.get("ci_low") is not None else "")
-               + f", n={ab['n']}: {ab['label']})") if diff is not None else f"A/B: {ab.get('label')}"
-    return (f"distillation: {len(runs)} run(s), last gate {last['gate']} on {int(last['samples'])} samples, {ab_text}; "
-            f"{waiting}/{need} new samples; trainings audited: {tiers}")
+    ab_text = (
+        (
+            f"A/B structure {ab['policy']:.3f} vs parent {ab['base']:.3f} (diff {diff:+.3f}"
+            + (f" [{ab['ci_low']:+.3f}, {ab['ci_high']:+.3f}]" if ab.get("ci_low") is not None else "")
+            + f", n={ab['n']}: {ab['label']})"
+        )
+        if diff is not None
+        else f"A/B: {ab.get('label')}"
+    )
+    return (
+        f"distillation: {len(runs)} run(s), last gate {last['gate']} on {int(last['samples'])} samples, {ab_text}; "
+        f"{waiting}/{need} new samples; trainings audited: {tiers}"
+    )

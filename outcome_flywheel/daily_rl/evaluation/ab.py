@@ -27,13 +27,17 @@ import random
 import pandas as pd
 
 from outcome_flywheel.daily_rl.evaluation.ab_stats import (
-    comparisons_frame, paired_comparison, per_headline_pairs, session_comparison, win_rate_comparison,
+    comparisons_frame,
+    paired_comparison,
+    per_headline_pairs,
+    session_comparison,
+    win_rate_comparison,
 )
-from outcome_flywheel.daily_rl.notes.calls import calls_frame
 from outcome_flywheel.daily_rl.judge.ranking import JudgeGroup, select_outcome_headlines
+from outcome_flywheel.daily_rl.notes.calls import calls_frame
+from outcome_flywheel.daily_rl.notes.relevance import relevance_column
 from outcome_flywheel.daily_rl.partitions import stable_seed
 from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS, ROLLOUT_SAMPLING, sample_rollouts
-from outcome_flywheel.daily_rl.notes.relevance import relevance_column
 from outcome_flywheel.models.prompts import with_base_system
 
 # The `policy_preferences` table's stored columns, in order: column -> (type, description) as the Dagster catalog
@@ -63,16 +67,24 @@ def baseline_rollouts(base, rollouts: pd.DataFrame, base_version: str) -> pd.Dat
         return pd.DataFrame(columns=ROLLOUT_COLUMNS)
     temperatures = set(float(t) for t in rollouts["temperature"])
     if temperatures != {ROLLOUT_SAMPLING.temperature}:
-        raise ValueError(f"rollouts were sampled at {sorted(temperatures)}, not the loop's {ROLLOUT_SAMPLING.temperature}: re-run their day")
+        raise ValueError(
+            f"rollouts were sampled at {sorted(temperatures)}, not the loop's {ROLLOUT_SAMPLING.temperature}: re-run their day"
+        )
     groups = rollouts.sort_values(MATCH_KEYS).groupby("headline_id", sort=False)
     firsts = groups.first().reset_index()
     sizes = set(groups.size())
     budgets = set(int(m) for m in rollouts["max_new_tokens"])
     if len(sizes) != 1 or len(budgets) != 1:
-        raise ValueError(f"rollouts of one day must have one group size and one token budget, got {sorted(sizes)} / {sorted(budgets)}")
-    prompts = [with_base_system(json.loads(p)) for p in firsts["prompt"]]  # the base prompt, whatever variant the policy had
+        raise ValueError(
+            f"rollouts of one day must have one group size and one token budget, got {sorted(sizes)} / {sorted(budgets)}"
+        )
+    prompts = [
+        with_base_system(json.loads(p)) for p in firsts["prompt"]
+    ]  # the base prompt, whatever variant the policy had
     seeds = [int(s) for s in firsts["seed"]]
-    return sample_rollouts(base, firsts, prompts, seeds, str(firsts["date"].iloc[0]), sizes.pop(), budgets.pop(), base_version)
+    return sample_rollouts(
+        base, firsts, prompts, seeds, str(firsts["date"].iloc[0]), sizes.pop(), budgets.pop(), base_version
+    )
 
 
 def matching_problems(rollouts: pd.DataFrame, baseline: pd.DataFrame) -> list[str]:
@@ -81,7 +93,9 @@ def matching_problems(rollouts: pd.DataFrame, baseline: pd.DataFrame) -> list[st
         return [f"{len(baseline)} baseline notes for {len(rollouts)} rollouts"]
     rollouts = rollouts.assign(prompt=[json.dumps(with_base_system(json.loads(p))) for p in rollouts["prompt"]])
     merged = rollouts.merge(baseline, on=MATCH_KEYS, how="outer", suffixes=("", "_base"), indicator=True)
-    problems = [f"{(merged['_merge'] != 'both').sum()} notes without a twin"] if (merged["_merge"] != "both").any() else []
+    problems = (
+        [f"{(merged['_merge'] != 'both').sum()} notes without a twin"] if (merged["_merge"] != "both").any() else []
+    )
     for name in MATCHED_FIELDS:
         differ = merged[merged["_merge"] == "both"]
         bad = differ[differ[name] != differ[f"{name}_base"]]
@@ -90,7 +104,9 @@ def matching_problems(rollouts: pd.DataFrame, baseline: pd.DataFrame) -> list[st
     return problems
 
 
-def preference_groups(rollouts: pd.DataFrame, baseline: pd.DataFrame, day_titles: list[str], seed: int, day: str, context_k: int = 3):
+def preference_groups(
+    rollouts: pd.DataFrame, baseline: pd.DataFrame, day_titles: list[str], seed: int, day: str, context_k: int = 3
+):
     """(judge groups, one record per headline): the matched pair of each headline, policy note and base
     note in a seeded random order; identical pairs are recorded as ties and get no group."""
     merged = rollouts.merge(baseline[MATCH_KEYS + ["response"]], on=MATCH_KEYS, suffixes=("", "_base"))
@@ -103,8 +119,15 @@ def preference_groups(rollouts: pd.DataFrame, baseline: pd.DataFrame, day_titles
         others = [t for t in day_titles if t != row["title"]]
         context = select_outcome_headlines(row["title"], others, context_k)
         record = dict(
-            date=day, headline_id=headline_id, rollout_index=int(row["rollout_index"]), policy_shown_first=policy_first,
-            winner="", reason="", judge_answers="[]", context_shown=json.dumps(context), policy_version=str(row["policy_version"]),
+            date=day,
+            headline_id=headline_id,
+            rollout_index=int(row["rollout_index"]),
+            policy_shown_first=policy_first,
+            winner="",
+            reason="",
+            judge_answers="[]",
+            context_shown=json.dumps(context),
+            policy_version=str(row["policy_version"]),
         )
         if row["response"].strip() == row["response_base"].strip():
             record.update(winner="tie", reason="the two notes read the same")
@@ -112,12 +135,25 @@ def preference_groups(rollouts: pd.DataFrame, baseline: pd.DataFrame, day_titles
             record.update(winner="none", reason="no other headline of the day to show as context")
         else:
             notes = [row["response"], row["response_base"]] if policy_first else [row["response_base"], row["response"]]
-            groups.append((len(records), JudgeGroup(row["title"], context, notes, stable_seed(seed, day, headline_id, "ab-judge"), DAY_CONTEXT_HEADING)))
+            groups.append(
+                (
+                    len(records),
+                    JudgeGroup(
+                        row["title"],
+                        context,
+                        notes,
+                        stable_seed(seed, day, headline_id, "ab-judge"),
+                        DAY_CONTEXT_HEADING,
+                    ),
+                )
+            )
         records.append(record)
     return groups, records
 
 
-def judge_preferences(judge, backend, rollouts: pd.DataFrame, baseline: pd.DataFrame, day_titles: list[str], seed: int, day: str) -> pd.DataFrame:
+def judge_preferences(
+    judge, backend, rollouts: pd.DataFrame, baseline: pd.DataFrame, day_titles: list[str], seed: int, day: str
+) -> pd.DataFrame:
     """The judge's pick of each headline's matched pair (`judge` a `Judge`, `backend` its loaded model).
     The judge is asked with the two notes in the recorded order (its own shuffle is off: one order, recorded)."""
     if rollouts.empty or baseline.empty:
@@ -143,7 +179,11 @@ def sessions_of(outcomes: pd.DataFrame) -> pd.DataFrame:
     """Outcome rows with `session` = their entry session (the prediction day where there is none) and `headline_id`
     made unique across days (a weekend's three days enter at one session; each day's headline is its own pair)."""
     out = outcomes.copy()
-    entry = out["entry_date"].astype("string") if "entry_date" in out.columns else pd.Series(pd.NA, index=out.index, dtype="string")
+    entry = (
+        out["entry_date"].astype("string")
+        if "entry_date" in out.columns
+        else pd.Series(pd.NA, index=out.index, dtype="string")
+    )
     out["session"] = entry.where(entry.notna() & (entry != ""), out["date"].astype("string")).astype(str)
     out["headline_id"] = out["date"].astype(str) + "|" + out["headline_id"].astype(str)
     return out
@@ -164,8 +204,10 @@ OUTCOME_TESTS = (
 
 
 SHARE_METRIC = "headline_company_share"
-SHARE_TEST = ("paired t-test over headlines that name a known company (per-headline share of notes whose call is "
-              "on the headline's company)")
+SHARE_TEST = (
+    "paired t-test over headlines that name a known company (per-headline share of notes whose call is "
+    "on the headline's company)"
+)
 
 
 def with_relevance(notes: pd.DataFrame) -> pd.DataFrame:
@@ -180,17 +222,33 @@ def with_relevance(notes: pd.DataFrame) -> pd.DataFrame:
     return notes.assign(relevance=relevance_column(calls.assign(symbol=symbol)))
 
 
-def evaluate_day(rollouts: pd.DataFrame, baseline: pd.DataFrame, outcomes: pd.DataFrame, preferences: pd.DataFrame,
-                 day: str | None = None) -> pd.DataFrame:
+def evaluate_day(
+    rollouts: pd.DataFrame,
+    baseline: pd.DataFrame,
+    outcomes: pd.DataFrame,
+    preferences: pd.DataFrame,
+    day: str | None = None,
+) -> pd.DataFrame:
     """The five comparisons of policy vs base (rows of `policy_eval`), with each one's status. The structure score,
     the judge and the share of calls on the headline's company are D's; `outcomes` holds the calls of every day up to D (D = `day`, else rollouts' date), and
     the outcome metrics compare them session by session (the status says how far D's own calls have matured)."""
     comparisons, status = [], {}
     policy, base = per_headline_pairs(rollouts, baseline, "structure_score")
-    comparisons.append(paired_comparison("structure_score", policy, base, test_name="paired t-test over headlines (per-headline mean structure score)"))
+    comparisons.append(
+        paired_comparison(
+            "structure_score",
+            policy,
+            base,
+            test_name="paired t-test over headlines (per-headline mean structure score)",
+        )
+    )
     status["structure_score"] = "complete"
     counts = preferences["winner"].value_counts() if len(preferences) else pd.Series(dtype=int)
-    comparisons.append(win_rate_comparison("judge_win_rate", int(counts.get("policy", 0)), int(counts.get("base", 0)), int(counts.get("tie", 0))))
+    comparisons.append(
+        win_rate_comparison(
+            "judge_win_rate", int(counts.get("policy", 0)), int(counts.get("base", 0)), int(counts.get("tie", 0))
+        )
+    )
     status["judge_win_rate"] = f"{int(counts.get('none', 0))} unanswered" if counts.get("none", 0) else "complete"
     if day is None and len(rollouts):
         day = str(rollouts["date"].iloc[0])
@@ -202,7 +260,10 @@ def evaluate_day(rollouts: pd.DataFrame, baseline: pd.DataFrame, outcomes: pd.Da
         matured = sessions_of(matured).assign(hit=lambda f: (f["vs_spy_pct"] > 0).astype(float))
     horizon = outcome_horizon(matured)
     for metric, value, what in OUTCOME_TESTS:
-        sides = [_side(matured, s) if len(matured) else pd.DataFrame(columns=["session", "headline_id", value]) for s in ("policy", "base")]
+        sides = [
+            _side(matured, s) if len(matured) else pd.DataFrame(columns=["session", "headline_id", value])
+            for s in ("policy", "base")
+        ]
         test = f"t-test over entry sessions up to {day} ({what})"
         comparisons.append(session_comparison(metric, sides[0], sides[1], value, horizon, test_name=test))
         own = calls[calls["date"].astype(str) == str(day)] if len(calls) and day is not None else calls

@@ -80,8 +80,14 @@ def zero_spread(x: np.ndarray) -> bool:
     return bool(np.ptp(x) <= 1e-12 * max(1.0, float(np.abs(x).max())))
 
 
-def label_for(ci_low: float, ci_high: float, null: float = 0.0, higher_is_better: bool = True, n: int | None = None,
-              min_n: int = 2) -> str:
+def label_for(
+    ci_low: float,
+    ci_high: float,
+    null: float = 0.0,
+    higher_is_better: bool = True,
+    n: int | None = None,
+    min_n: int = 2,
+) -> str:
     """Label from an interval: entirely above `null` -> "better" ("worse" when lower is better), entirely below ->
     "worse" ("better" when lower is better), covering `null` -> "no detectable difference". Fewer than `min_n`
     units (when `n` is given) or a NaN bound -> "not enough data"."""
@@ -94,14 +100,36 @@ def label_for(ci_low: float, ci_high: float, null: float = 0.0, higher_is_better
     return NO_DIFFERENCE
 
 
-def _comparison(metric: str, policy: float, base: float, difference: float, low: float, high: float, n: int,
-                test: str, p_value: float, min_n: int, null: float = 0.0, higher_is_better: bool = True) -> Comparison:
+def _comparison(
+    metric: str,
+    policy: float,
+    base: float,
+    difference: float,
+    low: float,
+    high: float,
+    n: int,
+    test: str,
+    p_value: float,
+    min_n: int,
+    null: float = 0.0,
+    higher_is_better: bool = True,
+) -> Comparison:
     """The one place a Comparison gets its label: below `min_n` units the interval and p-value are dropped (NaN),
     and the label is read off the interval that is stored."""
     if n < min_n or _nan(low) or _nan(high):
         low = high = p_value = math.nan
-    return Comparison(metric, float(policy), float(base), float(difference), float(low), float(high), int(n), test,
-                      float(p_value), label_for(low, high, null, higher_is_better))
+    return Comparison(
+        metric,
+        float(policy),
+        float(base),
+        float(difference),
+        float(low),
+        float(high),
+        int(n),
+        test,
+        float(p_value),
+        label_for(low, high, null, higher_is_better),
+    )
 
 
 def _zero_spread_result(d: np.ndarray) -> tuple[float, float, float, str]:
@@ -114,9 +142,15 @@ def _zero_spread_result(d: np.ndarray) -> tuple[float, float, float, str]:
     return c, c, p, " (zero spread: exact sign test)"
 
 
-def paired_comparison(metric: str, policy: ArrayLike, base: ArrayLike, test_name: str = PAIRED_TEST,
-                      higher_is_better: bool = True, confidence: float = CONFIDENCE, min_n: int = MIN_PAIRS
-                      ) -> Comparison:
+def paired_comparison(
+    metric: str,
+    policy: ArrayLike,
+    base: ArrayLike,
+    test_name: str = PAIRED_TEST,
+    higher_is_better: bool = True,
+    confidence: float = CONFIDENCE,
+    min_n: int = MIN_PAIRS,
+) -> Comparison:
     """Paired t-test (`scipy.stats.ttest_rel`) on policy - base, with the t interval of the mean difference.
 
     Pairs with a NaN on either side are dropped; `n` counts the pairs used. Fewer than `min_n` pairs -> NaN interval
@@ -134,21 +168,36 @@ def paired_comparison(metric: str, policy: ArrayLike, base: ArrayLike, test_name
     d = p - b
     diff = float(d.mean()) if n else math.nan
     if n < max(min_n, 2):
-        return _comparison(metric, pm, bm, diff, math.nan, math.nan, n, test_name, math.nan, min_n, 0.0,
-                           higher_is_better)
+        return _comparison(
+            metric, pm, bm, diff, math.nan, math.nan, n, test_name, math.nan, min_n, 0.0, higher_is_better
+        )
     if zero_spread(d):
         low, high, pv, note = _zero_spread_result(d)
         return _comparison(metric, pm, bm, diff, low, high, n, test_name + note, pv, min_n, 0.0, higher_is_better)
     res = stats.ttest_rel(p, b)
     ci = res.confidence_interval(confidence_level=confidence)
-    return _comparison(metric, pm, bm, diff, float(ci.low), float(ci.high), n, test_name, float(res.pvalue), min_n,
-                       0.0, higher_is_better)
+    return _comparison(
+        metric,
+        pm,
+        bm,
+        diff,
+        float(ci.low),
+        float(ci.high),
+        n,
+        test_name,
+        float(res.pvalue),
+        min_n,
+        0.0,
+        higher_is_better,
+    )
 
 
-def per_headline_pairs(policy: pd.DataFrame, base: pd.DataFrame, value: str, key: str = "headline_id"
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def per_headline_pairs(
+    policy: pd.DataFrame, base: pd.DataFrame, value: str, key: str = "headline_id"
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-headline means of `value` on each side (NaN values skipped), for the headlines with a non-NaN mean on
     both sides, aligned by `key` (sorted by key). Returns (policy_means, base_means)."""
+
     def means(df: pd.DataFrame) -> pd.Series:
         if df.empty:
             return pd.Series(dtype=float)
@@ -162,8 +211,9 @@ def per_headline_pairs(policy: pd.DataFrame, base: pd.DataFrame, value: str, key
     return both["policy"].to_numpy(dtype=float), both["base"].to_numpy(dtype=float)
 
 
-def win_rate_comparison(metric: str, wins: int, losses: int, ties: int = 0, confidence: float = CONFIDENCE,
-                        min_n: int = MIN_PAIRS) -> Comparison:
+def win_rate_comparison(
+    metric: str, wins: int, losses: int, ties: int = 0, confidence: float = CONFIDENCE, min_n: int = MIN_PAIRS
+) -> Comparison:
     """Head-to-head preference: win rate of the policy = wins / (wins + losses); ties are reported in `test`, not
     counted. Exact binomial test vs 0.5 (`scipy.stats.binomtest`) and its exact (Clopper-Pearson) interval of the
     win rate: at 0.5 the binomial is symmetric, so the interval excludes 0.5 exactly when the two-sided p < 0.05
@@ -180,12 +230,14 @@ def win_rate_comparison(metric: str, wins: int, losses: int, ties: int = 0, conf
     rate = wins / n
     res = stats.binomtest(wins, n, 0.5)
     ci = res.proportion_ci(confidence_level=confidence, method="exact")
-    return _comparison(metric, rate, 1.0 - rate, rate - 0.5, float(ci.low), float(ci.high), n, test,
-                       float(res.pvalue), min_n, 0.5)
+    return _comparison(
+        metric, rate, 1.0 - rate, rate - 0.5, float(ci.low), float(ci.high), n, test, float(res.pvalue), min_n, 0.5
+    )
 
 
-def session_mean_interval(values: ArrayLike, horizon: int = 1, confidence: float = CONFIDENCE,
-                          min_sessions: int = MIN_SESSIONS) -> tuple[float, float, float, str]:
+def session_mean_interval(
+    values: ArrayLike, horizon: int = 1, confidence: float = CONFIDENCE, min_sessions: int = MIN_SESSIONS
+) -> tuple[float, float, float, str]:
     """(low, high, p-value, method) for the mean of a per-session series in session order (one value per entry
     session), whose books are held `horizon` sessions.
 
@@ -216,14 +268,23 @@ def session_mean_interval(values: ArrayLike, horizon: int = 1, confidence: float
     t = mean / se
     half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
     p = float(2 * stats.t.sf(abs(t), df))
-    return mean - half, mean + half, p, (f"t-interval over sessions, {h}-session books: overlap-robust bound over "
-                                         f"{h} non-overlapping sub-series, {df} df")
+    return (
+        mean - half,
+        mean + half,
+        p,
+        (
+            f"t-interval over sessions, {h}-session books: overlap-robust bound over "
+            f"{h} non-overlapping sub-series, {df} df"
+        ),
+    )
 
 
-def session_differences(policy: pd.DataFrame, base: pd.DataFrame, value: str, session: str = "session",
-                        key: str = "headline_id") -> pd.DataFrame:
+def session_differences(
+    policy: pd.DataFrame, base: pd.DataFrame, value: str, session: str = "session", key: str = "headline_id"
+) -> pd.DataFrame:
     """Per session (sorted): the mean over the session's paired headlines of the per-headline means of `value`
     (columns `policy`, `base`, `difference`, `headlines`). Headlines on one side only are dropped."""
+
     def means(df: pd.DataFrame) -> pd.Series:
         if df.empty:
             return pd.Series(dtype=float, index=pd.MultiIndex.from_arrays([[], []], names=[session, key]))
@@ -233,14 +294,26 @@ def session_differences(policy: pd.DataFrame, base: pd.DataFrame, value: str, se
 
     both = pd.concat([means(policy).rename("policy"), means(base).rename("base")], axis=1, join="inner")
     both["difference"] = both["policy"] - both["base"]
-    per = both.groupby(level=0, sort=True).agg(policy=("policy", "mean"), base=("base", "mean"),
-                                                difference=("difference", "mean"), headlines=("policy", "size"))
+    per = both.groupby(level=0, sort=True).agg(
+        policy=("policy", "mean"),
+        base=("base", "mean"),
+        difference=("difference", "mean"),
+        headlines=("policy", "size"),
+    )
     return per.rename_axis("session").reset_index()[["session", "policy", "base", "difference", "headlines"]]
 
 
-def session_comparison(metric: str, policy: pd.DataFrame, base: pd.DataFrame, value: str, horizon: int = 1,
-                       test_name: str = SESSION_TEST, session: str = "session", higher_is_better: bool = True,
-                       min_sessions: int = MIN_SESSIONS) -> Comparison:
+def session_comparison(
+    metric: str,
+    policy: pd.DataFrame,
+    base: pd.DataFrame,
+    value: str,
+    horizon: int = 1,
+    test_name: str = SESSION_TEST,
+    session: str = "session",
+    higher_is_better: bool = True,
+    min_sessions: int = MIN_SESSIONS,
+) -> Comparison:
     """Policy vs base on a per-call value whose calls share sessions: paired per headline, averaged per session,
     compared across sessions with `session_mean_interval`. `n` = the number of sessions."""
     per = session_differences(policy, base, value, session)
@@ -248,8 +321,9 @@ def session_comparison(metric: str, policy: pd.DataFrame, base: pd.DataFrame, va
     pm, bm, dm = (float(per[c].mean()) if n else math.nan for c in ("policy", "base", "difference"))
     low, high, p, method = session_mean_interval(per["difference"].to_numpy(), horizon, min_sessions=min_sessions)
     test = f"{test_name}; {method}"
-    return _comparison(metric, pm, bm, dm, low, high, n, test, p, max(min_sessions, 2) * max(int(horizon), 1), 0.0,
-                       higher_is_better)
+    return _comparison(
+        metric, pm, bm, dm, low, high, n, test, p, max(min_sessions, 2) * max(int(horizon), 1), 0.0, higher_is_better
+    )
 
 
 def comparisons_frame(comparisons: Iterable[Comparison]) -> pd.DataFrame:

@@ -43,16 +43,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from .ab_stats import LABELS, MIN_SESSIONS, label_for, session_mean_interval
 
 SOURCES = ("policy", "base")
 BOOK_COLUMNS = ["date", "source", "symbol", "weight", "positions", "symbol_return_pct"]
 DAILY_COLUMNS = [
-    "date", "entry_date", "exit_date", "policy_return_pct", "base_return_pct", "spy_return_pct", "policy_turnover",
-    "base_turnover", "policy_positions", "base_positions", "excess_vs_base_pct", "excess_vs_spy_pct", "policy_equity",
-    "base_equity", "spy_equity",
+    "date",
+    "entry_date",
+    "exit_date",
+    "policy_return_pct",
+    "base_return_pct",
+    "spy_return_pct",
+    "policy_turnover",
+    "base_turnover",
+    "policy_positions",
+    "base_positions",
+    "excess_vs_base_pct",
+    "excess_vs_spy_pct",
+    "policy_equity",
+    "base_equity",
+    "spy_equity",
 ]
 EDGE_LABELS = ("policy book better", "no detectable edge", "policy book worse", "not enough data")
 EDGE_WORDS = dict(zip(LABELS, EDGE_LABELS))  # ab_stats' label -> the back-test's words
@@ -105,8 +116,16 @@ def daily_books(outcomes: pd.DataFrame) -> pd.DataFrame:
             weights[symbol] = weights.get(symbol, 0.0) + sign / n
         rets = pd.to_numeric(day["symbol_return_pct"]).groupby(day["symbol"]).mean()
         for symbol, w in weights.items():
-            rows.append(dict(date=date, source=source, symbol=symbol, weight=float(w), positions=n,
-                             symbol_return_pct=float(rets[symbol])))
+            rows.append(
+                dict(
+                    date=date,
+                    source=source,
+                    symbol=symbol,
+                    weight=float(w),
+                    positions=n,
+                    symbol_return_pct=float(rets[symbol]),
+                )
+            )
     return pd.DataFrame(rows, columns=BOOK_COLUMNS)
 
 
@@ -185,8 +204,12 @@ def run_backtest(outcomes: pd.DataFrame, cost_bps_per_turnover: float = 10.0) ->
     books_by = {key: b for key, b in books.groupby(["date", "source"])}
     for date in dates:
         matured = matured_by_date[date]
-        row = dict(date=date, entry_date=_first(matured["entry_date"]), exit_date=_first(matured["exit_date"]),
-                   spy_return_pct=float(pd.to_numeric(matured["spy_return_pct"], errors="coerce").mean()))
+        row = dict(
+            date=date,
+            entry_date=_first(matured["entry_date"]),
+            exit_date=_first(matured["exit_date"]),
+            spy_return_pct=float(pd.to_numeric(matured["spy_return_pct"], errors="coerce").mean()),
+        )
         for s in SOURCES:
             b = books_by.get((date, s), books.iloc[0:0])
             w = dict(zip(b["symbol"], b["weight"]))
@@ -216,8 +239,12 @@ def _horizon(outcomes: pd.DataFrame) -> int:
 def _summary(outcomes: pd.DataFrame, daily: pd.DataFrame, cost_bps: float) -> dict:
     days = int(len(daily))
     horizon = _horizon(outcomes)
-    out: dict = dict(days=days, horizon_sessions=horizon, cost_bps_per_turnover=float(cost_bps),
-                     sharpe_annualisation=f"sqrt(252 / {horizon})")
+    out: dict = dict(
+        days=days,
+        horizon_sessions=horizon,
+        cost_bps_per_turnover=float(cost_bps),
+        sharpe_annualisation=f"sqrt(252 / {horizon})",
+    )
     for s in (*SOURCES, "spy"):
         r = daily[f"{s}_return_pct"].astype(float)
         out[f"{s}_mean_return_pct"] = float(r.mean()) if days else math.nan

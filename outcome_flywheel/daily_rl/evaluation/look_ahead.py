@@ -30,7 +30,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-LOOK_AHEAD_COLUMNS: dict[str, str] = {"look_ahead": "bool", "headlines_seen_through": "string", "look_ahead_reason": "string"}
+LOOK_AHEAD_COLUMNS: dict[str, str] = {
+    "look_ahead": "bool",
+    "headlines_seen_through": "string",
+    "look_ahead_reason": "string",
+}
 TRAINING_COLUMNS = ("date", "policy_version", "parent_version", "trained", "outcome_headlines_date")
 
 
@@ -139,7 +143,9 @@ class LookAheadInputs:
     include: bool = False
 
     @classmethod
-    def of(cls, rollouts: pd.DataFrame, outcomes: pd.DataFrame, training: pd.DataFrame, include: bool = False) -> "LookAheadInputs":
+    def of(
+        cls, rollouts: pd.DataFrame, outcomes: pd.DataFrame, training: pd.DataFrame, include: bool = False
+    ) -> "LookAheadInputs":
         return cls(look_ahead_days(rollouts, training), look_ahead_days(outcomes, training), include)
 
     @property
@@ -159,5 +165,7 @@ class LookAheadInputs:
             flags.append(bool(days))
             listed = "; ".join(f"{d} ({r})" for d, r in sorted(days.items()))
             notes.append(f"{'included' if self.include else 'left out'}: {listed}" if days else "")
-        return table.assign(look_ahead=pd.Series(flags, index=table.index, dtype="bool"),
-                            look_ahead_days=pd.Series(notes, index=table.index, dtype="string"))
+        return table.assign(
+            look_ahead=pd.Series(flags, index=table.index, dtype="bool"),
+            look_ahead_days=pd.Series(notes, index=table.index, dtype="string"),
+        )

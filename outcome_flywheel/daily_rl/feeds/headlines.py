@@ -34,7 +34,20 @@ HEADLINE_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
 }
 HEADLINE_COLUMNS = list(HEADLINE_COLUMN_SCHEMA)
 QUARANTINE_COLUMNS = ["date", "feed_file", "source", "entry_index", "title", "published", "reason", "detail"]
-SOURCE_COLUMNS = ["date", "feed_file", "source", "feed_format", "sha256", "bytes", "status", "bozo", "bozo_exception", "entries", "kept", "quarantined"]
+SOURCE_COLUMNS = [
+    "date",
+    "feed_file",
+    "source",
+    "feed_format",
+    "sha256",
+    "bytes",
+    "status",
+    "bozo",
+    "bozo_exception",
+    "entries",
+    "kept",
+    "quarantined",
+]
 # Quarantine reasons that stand for a whole feed rather than one of its entries.
 FEED_LEVEL_REASONS = ("fetch_failed", "unparseable_feed", "ill_formed_feed", "not_a_feed", "no_entries")
 # How far from the partition's day a date may be before we call it nonsense rather than "another day".
@@ -97,12 +110,32 @@ def parse_feed(raw: RawFeed, day: str, tz: str) -> tuple[list[dict], list[dict],
     """
     zone = ZoneInfo(tz)
     the_day = date.fromisoformat(day)
-    source_row = dict(date=day, feed_file=raw.name, source="", feed_format="", sha256=raw.sha256,
-                      bytes=len(raw.data or b""), status="ok", bozo=False, bozo_exception="", entries=0, kept=0, quarantined=0)
+    source_row = dict(
+        date=day,
+        feed_file=raw.name,
+        source="",
+        feed_format="",
+        sha256=raw.sha256,
+        bytes=len(raw.data or b""),
+        status="ok",
+        bozo=False,
+        bozo_exception="",
+        entries=0,
+        kept=0,
+        quarantined=0,
+    )
 
     def feed_quarantine(reason: str, detail: str) -> tuple[list[dict], list[dict], dict]:
-        row = dict(date=day, feed_file=raw.name, source=source_row["source"], entry_index=-1, title="",
-                   published="", reason=reason, detail=detail[:500])
+        row = dict(
+            date=day,
+            feed_file=raw.name,
+            source=source_row["source"],
+            entry_index=-1,
+            title="",
+            published="",
+            reason=reason,
+            detail=detail[:500],
+        )
         source_row["status"] = reason  # the feed itself is the quarantined item (no entries counted)
         return [], [row], source_row
 
@@ -114,13 +147,17 @@ def parse_feed(raw: RawFeed, day: str, tz: str) -> tuple[list[dict], list[dict],
         return feed_quarantine("unparseable_feed", f"{type(err).__name__}: {err}")
     source = clean_text(parsed.feed.get("title", "")) if parsed.get("feed") else ""
     source_row.update(
-        source=source or raw.name, feed_format=parsed.get("version", "") or "",
-        bozo=bool(parsed.get("bozo")), bozo_exception=str(parsed.get("bozo_exception", ""))[:300],
+        source=source or raw.name,
+        feed_format=parsed.get("version", "") or "",
+        bozo=bool(parsed.get("bozo")),
+        bozo_exception=str(parsed.get("bozo_exception", ""))[:300],
         entries=len(parsed.entries),
     )
     if not parsed.entries:
         if parsed.get("bozo"):
-            return feed_quarantine("ill_formed_feed", source_row["bozo_exception"] or "not well-formed, no entries recovered")
+            return feed_quarantine(
+                "ill_formed_feed", source_row["bozo_exception"] or "not well-formed, no entries recovered"
+            )
         if not source_row["feed_format"]:
             return feed_quarantine("not_a_feed", "no RSS/Atom/RDF structure found (e.g. an HTML page)")
         return feed_quarantine("no_entries", f"{source_row['feed_format']} feed with no entries")
@@ -131,8 +168,18 @@ def parse_feed(raw: RawFeed, day: str, tz: str) -> tuple[list[dict], list[dict],
         published, raw_date = entry_datetime(entry)
 
         def drop(reason: str, detail: str = "") -> None:
-            quarantined.append(dict(date=day, feed_file=raw.name, source=source_row["source"], entry_index=index,
-                                    title=title[:300], published=str(raw_date)[:100], reason=reason, detail=detail[:500]))
+            quarantined.append(
+                dict(
+                    date=day,
+                    feed_file=raw.name,
+                    source=source_row["source"],
+                    entry_index=index,
+                    title=title[:300],
+                    published=str(raw_date)[:100],
+                    reason=reason,
+                    detail=detail[:500],
+                )
+            )
 
         if not normalise_title(title):
             drop("missing_title", "entry has no usable title")
@@ -150,16 +197,25 @@ def parse_feed(raw: RawFeed, day: str, tz: str) -> tuple[list[dict], list[dict],
         summary = clean_text(entry.get("summary") or entry.get("description"))
         if len(summary) > MAX_SUMMARY_CHARS:
             summary = summary[:MAX_SUMMARY_CHARS].rsplit(" ", 1)[0] + " ..."
-        kept.append(dict(
-            date=day, headline_id=headline_id(day, title), title=title, summary=summary,
-            source=source_row["source"], link=str(entry.get("link") or ""),
-            published_at=published.astimezone(timezone.utc).replace(tzinfo=None), feed_file=raw.name,
-        ))
+        kept.append(
+            dict(
+                date=day,
+                headline_id=headline_id(day, title),
+                title=title,
+                summary=summary,
+                source=source_row["source"],
+                link=str(entry.get("link") or ""),
+                published_at=published.astimezone(timezone.utc).replace(tzinfo=None),
+                feed_file=raw.name,
+            )
+        )
     source_row["kept"], source_row["quarantined"] = len(kept), len(quarantined)
     return kept, quarantined, source_row
 
 
-def build_headlines(raws: list[RawFeed], day: str, tz: str, max_headlines: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+def build_headlines(
+    raws: list[RawFeed], day: str, tz: str, max_headlines: int
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """All feeds of one day -> (headlines, quarantine, sources) frames.
 
     Duplicates (same normalised title) keep their earliest copy; past `max_headlines` the latest
@@ -176,17 +232,35 @@ def build_headlines(raws: list[RawFeed], day: str, tz: str, max_headlines: int) 
     unique = []
     for row in rows:
         if row["headline_id"] in seen:
-            quarantine.append(dict(date=day, feed_file=row["feed_file"], source=row["source"], entry_index=-1,
-                                   title=row["title"][:300], published=str(row["published_at"]), reason="duplicate",
-                                   detail=f"same title as headline {row['headline_id']} from {seen[row['headline_id']]}"))
+            quarantine.append(
+                dict(
+                    date=day,
+                    feed_file=row["feed_file"],
+                    source=row["source"],
+                    entry_index=-1,
+                    title=row["title"][:300],
+                    published=str(row["published_at"]),
+                    reason="duplicate",
+                    detail=f"same title as headline {row['headline_id']} from {seen[row['headline_id']]}",
+                )
+            )
             _move_kept_to_quarantined(sources, row["feed_file"])
             continue
         seen[row["headline_id"]] = row["feed_file"]
         unique.append(row)
     for row in unique[max_headlines:]:
-        quarantine.append(dict(date=day, feed_file=row["feed_file"], source=row["source"], entry_index=-1,
-                               title=row["title"][:300], published=str(row["published_at"]), reason="over_cap",
-                               detail=f"more than {max_headlines} headlines on {day}"))
+        quarantine.append(
+            dict(
+                date=day,
+                feed_file=row["feed_file"],
+                source=row["source"],
+                entry_index=-1,
+                title=row["title"][:300],
+                published=str(row["published_at"]),
+                reason="over_cap",
+                detail=f"more than {max_headlines} headlines on {day}",
+            )
+        )
         _move_kept_to_quarantined(sources, row["feed_file"])
     unique = unique[:max_headlines]
     return (

@@ -37,18 +37,30 @@ def _slug(url: str) -> str:
 class FeedSource:
     """The day's raw feeds, from the archive folder or from live URLs (kept for replay)."""
 
-    archive_dir: str = field(default=DEFAULT_ARCHIVE, metadata={"help": "FLYWHEEL_FEEDS_ARCHIVE: folder of YYYY-MM-DD/*.xml."})
-    feed_urls: str = field(default="", metadata={"help": "FLYWHEEL_FEED_URLS: comma-separated http(s) feed URLs; when set, live mode."})
+    archive_dir: str = field(
+        default=DEFAULT_ARCHIVE, metadata={"help": "FLYWHEEL_FEEDS_ARCHIVE: folder of YYYY-MM-DD/*.xml."}
+    )
+    feed_urls: str = field(
+        default="", metadata={"help": "FLYWHEEL_FEED_URLS: comma-separated http(s) feed URLs; when set, live mode."}
+    )
     max_headlines: int = field(default=30, metadata={"help": "FLYWHEEL_MAX_HEADLINES: headlines kept per day."})
-    min_headlines: int = field(default=1, metadata={"help": (
-        "FLYWHEEL_MIN_HEADLINES: a day with fewer headlines fails the blocking minimum_headlines check, "
-        "so that day's daily_update does not run; 0 turns the check off."
-    )})
+    min_headlines: int = field(
+        default=1,
+        metadata={
+            "help": (
+                "FLYWHEEL_MIN_HEADLINES: a day with fewer headlines fails the blocking minimum_headlines check, "
+                "so that day's daily_update does not run; 0 turns the check off."
+            )
+        },
+    )
     timeout_s: float = field(default=20.0, metadata={"help": "Live fetch timeout per feed, seconds."})
-    max_bytes: int = field(default=5_000_000, metadata={"help": "Live fetch size cap per feed; larger feeds are quarantined."})
-    refetch: bool = field(default=False, metadata={"help": "Live mode: fetch again even when the day's raw files are kept."})
+    max_bytes: int = field(
+        default=5_000_000, metadata={"help": "Live fetch size cap per feed; larger feeds are quarantined."}
+    )
+    refetch: bool = field(
+        default=False, metadata={"help": "Live mode: fetch again even when the day's raw files are kept."}
+    )
     data_dir: str = field(default="./data", metadata={"help": "FLYWHEEL_DATA_DIR (raw feeds go to raw/feeds/D/)."})
-
 
     @property
     def live(self) -> bool:
@@ -65,7 +77,9 @@ class FeedSource:
 
     def describe_day(self, day: str) -> str:
         """Where `day`'s feeds come from: its archive folder, or the live URLs."""
-        return f"live: {', '.join(self.urls())}" if self.live else f"archive folder {resolve_path(self.archive_dir) / day}"
+        return (
+            f"live: {', '.join(self.urls())}" if self.live else f"archive folder {resolve_path(self.archive_dir) / day}"
+        )
 
     def fetch(self, day: str) -> list[RawFeed]:
         """The raw feeds of `day` (YYYY-MM-DD). Never raises for one bad feed: it comes back with `error`."""
@@ -102,7 +116,9 @@ class FeedSource:
                 path = folder / name
                 atomic_write_bytes(path, feed.data)
                 feed.path = str(path)
-            manifest.append(dict(url=url, file=name if feed.data is not None else None, sha256=feed.sha256, error=feed.error))
+            manifest.append(
+                dict(url=url, file=name if feed.data is not None else None, sha256=feed.sha256, error=feed.error)
+            )
             feeds.append(feed)
         atomic_write_bytes(manifest_path, json.dumps(manifest, indent=1).encode())
         return feeds
@@ -112,14 +128,23 @@ class FeedSource:
         data = path.read_bytes() if path.exists() else None
         if data is None or sha256_bytes(data) != item["sha256"]:
             # Not fetched again: the day's data would silently change; `refetch` is the deliberate way.
-            return RawFeed(item["url"], None, path=str(path), error="kept raw file missing or sha256 mismatch (set refetch to fetch again)")
+            return RawFeed(
+                item["url"],
+                None,
+                path=str(path),
+                error="kept raw file missing or sha256 mismatch (set refetch to fetch again)",
+            )
         return RawFeed(item["url"], data, item["sha256"], str(path))
 
     def _fetch_one(self, url: str) -> RawFeed:
         problem = feed_url_problem(url)
         if problem:
-            return RawFeed(url, None, error=f"{problem}: not fetched; live mode reads only http(s) feeds "
-                                            f"(local feed files go in FLYWHEEL_FEEDS_ARCHIVE/YYYY-MM-DD/)")
+            return RawFeed(
+                url,
+                None,
+                error=f"{problem}: not fetched; live mode reads only http(s) feeds "
+                f"(local feed files go in FLYWHEEL_FEEDS_ARCHIVE/YYYY-MM-DD/)",
+            )
         request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:

@@ -64,7 +64,10 @@ def prompt_budget(prompt_tokens: int, context_tokens: int | None, max_new_tokens
 
 
 def cut_notes(
-    notes: Sequence[str], budget_for_notes: int, encode: Callable[[str], list[int]], decode: Callable[[Sequence[int]], str],
+    notes: Sequence[str],
+    budget_for_notes: int,
+    encode: Callable[[str], list[int]],
+    decode: Callable[[Sequence[int]], str],
 ) -> list[NoteCut]:
     """Each note with whitespace collapsed, cut to its fair share of `budget_for_notes` tokens."""
     bodies = [" ".join(n.split()) for n in notes]

@@ -17,18 +17,13 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from outcome_flywheel.daily_rl.judge.prompt_budget import (
-    NoteCut,
-    cut_notes,
-    prompt_budget,
-)
+from outcome_flywheel.daily_rl.judge.prompt_budget import NoteCut, cut_notes, prompt_budget
 from outcome_flywheel.daily_rl.partitions import stable_seed
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import JUDGE_LETTERS, judge_messages
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.interface import ModelBackend
-
 
 
 _FENCE = re.compile(r"```[a-zA-Z0-9_+-]*\s*(.*?)\s*```", re.DOTALL)
@@ -42,7 +37,9 @@ _JSON_KEYS = ("answer", "choice", "letter", "best", "pick", "selection", "option
 _PATTERNS = (
     re.compile(r"^\W*([A-Za-z])(?:\W*\1)*\W*$"),
     # a lower-case letter counts only when no word follows it ("the answer is a tough one" names no A)
-    re.compile(r"\b(?i:answer|choice|letter|best|pick|option|candidate|winner)\b\W{0,4}(?:(?i:is|was)\W{0,4})?([A-Z]|[a-z](?!\s+[A-Za-z]))\b"),
+    re.compile(
+        r"\b(?i:answer|choice|letter|best|pick|option|candidate|winner)\b\W{0,4}(?:(?i:is|was)\W{0,4})?([A-Z]|[a-z](?!\s+[A-Za-z]))\b"
+    ),
     re.compile(r"[\[(<{]\s*([A-Za-z])\s*[\])>}]"),
     # "A strong note: D", "the best one is D": a capital letter after a colon, '=' or is/was
     re.compile(r"(?:[:=]|\b(?:is|was)\b)\s*\**\s*([A-Z])\b(?![\w'])"),
@@ -193,7 +190,7 @@ AskFn = Callable[[list[JudgeRequest], bool], Sequence[str | None]]
 
 
 def rank_groups(
-    group_sizes: Sequence[int], ask: AskFn, letters: str = JUDGE_LETTERS, seeds: Sequence[int] | None = None,
+    group_sizes: Sequence[int], ask: AskFn, letters: str = JUDGE_LETTERS, seeds: Sequence[int] | None = None
 ) -> list[GroupJudgement]:
     """Iterative best-of-remaining selection over many groups at once.
 
@@ -274,7 +271,26 @@ def rank_rewards(judgement: GroupJudgement, reward_of_rank: Callable[[int, int],
 _WORD = re.compile(r"[A-Za-z][A-Za-z&'.-]+")
 
 
-_STOP = {"the", "and", "for", "after", "with", "from", "into", "over", "its", "shares", "news", "day", "a", "of", "on", "in", "to", "as"}
+_STOP = {
+    "the",
+    "and",
+    "for",
+    "after",
+    "with",
+    "from",
+    "into",
+    "over",
+    "its",
+    "shares",
+    "news",
+    "day",
+    "a",
+    "of",
+    "on",
+    "in",
+    "to",
+    "as",
+}
 
 
 def select_outcome_headlines(prediction_headline: str, outcome_headlines: Sequence[str], k: int = 3) -> list[str]:
@@ -329,14 +345,22 @@ def judge_groups(
     round_of: dict[int, int] = {}
 
     def render(group: JudgeGroup, shown: list[str], strict: bool):
-        return judge_messages(group.prediction_headline, group.outcome_headlines, shown, context_heading=group.context_heading,
-                              max_candidate_chars=None, strict=strict)
+        return judge_messages(
+            group.prediction_headline,
+            group.outcome_headlines,
+            shown,
+            context_heading=group.context_heading,
+            max_candidate_chars=None,
+            strict=strict,
+        )
 
     def prompt_length(group: JudgeGroup, shown: list[str]) -> int:
         # the longer of the two wordings: the sampled ask (thinking as configured) and the greedy
         # retry (never thinking: its prompt closes an empty think block), so both fit the budget
-        return max(len(backend.prompt_ids(render(group, shown, False), enable_thinking)),
-                   len(backend.prompt_ids(render(group, shown, True), False)))
+        return max(
+            len(backend.prompt_ids(render(group, shown, False), enable_thinking)),
+            len(backend.prompt_ids(render(group, shown, True), False)),
+        )
 
     cuts: dict[int, list[NoteCut]] = {}
     longest: dict[int, int] = {}  # round one shows every note: no later prompt is longer
@@ -359,14 +383,16 @@ def judge_groups(
         for r in requests:
             round_of[r.group] = round_of.get(r.group, -1) + 1
             seeds.append(stable_seed(groups[asked[r.group]].seed, "judge-round", round_of[r.group]))
-        config = SamplingConfig(temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
-                                enable_thinking=enable_thinking)
+        config = SamplingConfig(
+            temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, enable_thinking=enable_thinking
+        )
         return [s[0].text for s in backend.sample(prompts, 1, config, seeds)]
 
     seeds = [groups[g].seed for g in asked] if shuffle else None
     judged = rank_groups([len(groups[g].candidates) for g in asked], ask, seeds=seeds) if asked else []
     out = [
-        GroupJudgement(ranks=list(range(1, len(group.candidates) + 1)), skipped=NO_OUTCOME_HEADLINES) for group in groups
+        GroupJudgement(ranks=list(range(1, len(group.candidates) + 1)), skipped=NO_OUTCOME_HEADLINES)
+        for group in groups
     ]
     for g, judgement in zip(asked, judged):
         judgement.note_tokens = [c.tokens for c in cuts[g]]

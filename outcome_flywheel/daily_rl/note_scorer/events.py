@@ -36,11 +36,17 @@ def judge_events(scores: pd.DataFrame, day: str) -> list[Event]:
     if scores.empty:
         return []
     events = []
-    for headline_id, group in sorted(scores[scores["usable"].astype(bool)].groupby("headline_id"), key=lambda g: str(g[0])):
+    for headline_id, group in sorted(
+        scores[scores["usable"].astype(bool)].groupby("headline_id"), key=lambda g: str(g[0])
+    ):
         group = group.sort_values("rollout_index")
         note_day = str(group["prediction_date"].iloc[0])
         keys = [(note_day, str(headline_id), int(i)) for i in group["rollout_index"]]
-        events.append(clipped_event("judge", day, f"{note_day}/{headline_id}", keys, group["outcome_reward"].astype(float).tolist()))
+        events.append(
+            clipped_event(
+                "judge", day, f"{note_day}/{headline_id}", keys, group["outcome_reward"].astype(float).tolist()
+            )
+        )
     return events
 
 
@@ -52,8 +58,12 @@ def price_events(outcomes: pd.DataFrame, day: str, price: PriceReward | None = N
     policy = outcomes[outcomes["source"] == "policy"]
     matured_groups = policy[(policy["status"] == "matured") & (policy["exit_date"].astype(str) == day)]
     events = []
-    for (note_day, headline_id) in sorted({(str(d), str(h)) for d, h in zip(matured_groups["date"], matured_groups["headline_id"])}):
-        group = policy[(policy["date"].astype(str) == note_day) & (policy["headline_id"] == headline_id)].sort_values("rollout_index")
+    for note_day, headline_id in sorted(
+        {(str(d), str(h)) for d, h in zip(matured_groups["date"], matured_groups["headline_id"])}
+    ):
+        group = policy[(policy["date"].astype(str) == note_day) & (policy["headline_id"] == headline_id)].sort_values(
+            "rollout_index"
+        )
         keys, labels = [], []
         for r in group.itertuples(index=False):
             value = price.value(r.status, r.vs_spy_pct, r.parse_status, r.side)
@@ -73,7 +83,9 @@ def local_day(created_at: str, timezone: str) -> str:
     return when.astimezone(ZoneInfo(timezone)).date().isoformat()
 
 
-def people_event(record: FeedbackRecord, feedback: Sequence[FeedbackRecord], indices: Sequence[int], day: str) -> Event | None:
+def people_event(
+    record: FeedbackRecord, feedback: Sequence[FeedbackRecord], indices: Sequence[int], day: str
+) -> Event | None:
     """The event of one feedback: its headline group's ratings as of that feedback (every feedback
     on the group written up to and including it), unrated notes neutral. None without a rating."""
     if human_signal(record.thumbs, record.stars) is None:
@@ -93,8 +105,12 @@ def people_event(record: FeedbackRecord, feedback: Sequence[FeedbackRecord], ind
     return clipped_event("people", day, f"{note_day}/{headline_id}", keys, labels, event_id=record.feedback_id)
 
 
-def people_events(feedback: Sequence[FeedbackRecord], day: str, group_indices: Callable[[str, str], Iterable[int]],
-                  applied: Collection[str] = ()) -> list[Event]:
+def people_events(
+    feedback: Sequence[FeedbackRecord],
+    day: str,
+    group_indices: Callable[[str, str], Iterable[int]],
+    applied: Collection[str] = (),
+) -> list[Event]:
     """One event per rated feedback on notes of `day` or earlier not in `applied` (feedback ids), in log order."""
     events = []
     for record in feedback:
@@ -106,8 +122,18 @@ def people_events(feedback: Sequence[FeedbackRecord], day: str, group_indices: C
     return events
 
 
-def day_events(scores: pd.DataFrame, outcomes: pd.DataFrame, feedback: Sequence[FeedbackRecord], day: str,
-               group_indices: Callable[[str, str], Iterable[int]], applied_people: Collection[str] = (),
-               price: PriceReward | None = None) -> list[Event]:
+def day_events(
+    scores: pd.DataFrame,
+    outcomes: pd.DataFrame,
+    feedback: Sequence[FeedbackRecord],
+    day: str,
+    group_indices: Callable[[str, str], Iterable[int]],
+    applied_people: Collection[str] = (),
+    price: PriceReward | None = None,
+) -> list[Event]:
     """Every event of `day`, in the fixed order: judge, price, people (those not applied yet)."""
-    return judge_events(scores, day) + price_events(outcomes, day, price) + people_events(feedback, day, group_indices, applied_people)
+    return (
+        judge_events(scores, day)
+        + price_events(outcomes, day, price)
+        + people_events(feedback, day, group_indices, applied_people)
+    )

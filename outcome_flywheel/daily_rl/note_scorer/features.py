@@ -34,8 +34,14 @@ MAX_NOTE_TOKENS = 256
 LENGTH_NORM_CHARS = 4000  # log(1 + chars) / log(1 + this): ~1 for a long note
 STRUCTURE_NAMES: tuple[str, ...] = (
     *(f"section_{s.lower().replace(' ', '_')}" for s in NOTE_SECTIONS),
-    "call_parsed", "headline_names_company", "call_on_headline_company", "side_long", "side_short", "side_none",
-    "length", *(f"source_bucket_{i}" for i in range(SOURCE_BUCKETS)),
+    "call_parsed",
+    "headline_names_company",
+    "call_on_headline_company",
+    "side_long",
+    "side_short",
+    "side_none",
+    "length",
+    *(f"source_bucket_{i}" for i in range(SOURCE_BUCKETS)),
 )
 FEATURES_TABLE = "note_features"  # the features of each day's notes, written by note_scorer(D)
 FEATURE_COLUMNS = ["date", "headline_id", "rollout_index", "feature_spec", "features"]
@@ -56,8 +62,16 @@ class FeatureSpec:
 
     @property
     def key(self) -> str:
-        return json.dumps({"hidden_size": self.hidden_size, "model": self.model_id, "structure": len(STRUCTURE_NAMES),
-                           "hidden_scale": HIDDEN_SCALE, "structure_scale": STRUCTURE_SCALE}, sort_keys=True)
+        return json.dumps(
+            {
+                "hidden_size": self.hidden_size,
+                "model": self.model_id,
+                "structure": len(STRUCTURE_NAMES),
+                "hidden_scale": HIDDEN_SCALE,
+                "structure_scale": STRUCTURE_SCALE,
+            },
+            sort_keys=True,
+        )
 
 
 def source_bucket(source: object) -> int:
@@ -80,8 +94,19 @@ def structure_features(notes: pd.DataFrame, universe: Iterable[str] | None = Non
         buckets = [0.0] * SOURCE_BUCKETS
         buckets[source_bucket(source)] = 1.0
         length = math.log1p(len(text) if isinstance(text, str) else 0) / math.log1p(LENGTH_NORM_CHARS)
-        rows.append([*sections, float(calls["parse_status"].iloc[k] == "ok"), float(rel == rel), float(rel == 1.0),
-                     float(side == "long"), float(side == "short"), float(side == "none"), min(length, 1.5), *buckets])
+        rows.append(
+            [
+                *sections,
+                float(calls["parse_status"].iloc[k] == "ok"),
+                float(rel == rel),
+                float(rel == 1.0),
+                float(side == "long"),
+                float(side == "short"),
+                float(side == "none"),
+                min(length, 1.5),
+                *buckets,
+            ]
+        )
     return np.asarray(rows, dtype=np.float32).reshape(len(rows), len(STRUCTURE_NAMES))
 
 
@@ -98,7 +123,9 @@ class HiddenStates:
         self.device = device
         info = self.model_dir / "build_info.json"
         fingerprint = json.loads(info.read_text()).get("fingerprint") if info.exists() else None
-        self.spec = FeatureSpec(hidden_size=int(self.model.config.hidden_size), model_id=str(fingerprint or self.model_dir.name))
+        self.spec = FeatureSpec(
+            hidden_size=int(self.model.config.hidden_size), model_id=str(fingerprint or self.model_dir.name)
+        )
 
     def pooled(self, texts: Sequence[str], batch_size: int = 16) -> np.ndarray:
         """`[n, H]` mean of the last hidden state over each text's tokens (at most MAX_NOTE_TOKENS), unit norm."""
@@ -106,16 +133,20 @@ class HiddenStates:
 
         out = []
         for start in range(0, len(texts), batch_size):
-            ids = [self.tokenizer(t or " ", add_special_tokens=False)["input_ids"][:MAX_NOTE_TOKENS] or [0]
-                   for t in texts[start:start + batch_size]]
+            ids = [
+                self.tokenizer(t or " ", add_special_tokens=False)["input_ids"][:MAX_NOTE_TOKENS] or [0]
+                for t in texts[start : start + batch_size]
+            ]
             width = max(len(i) for i in ids)
             input_ids = torch.zeros(len(ids), width, dtype=torch.long)
             mask = torch.zeros(len(ids), width, dtype=torch.long)
             for row, seq in enumerate(ids):
-                input_ids[row, :len(seq)] = torch.tensor(seq)
-                mask[row, :len(seq)] = 1
+                input_ids[row, : len(seq)] = torch.tensor(seq)
+                mask[row, : len(seq)] = 1
             with torch.no_grad():
-                hidden = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+                hidden = self.model(
+                    input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device)
+                ).last_hidden_state
             m = mask.to(hidden.device).unsqueeze(-1).float()
             mean = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
             out.append(torch.nn.functional.normalize(mean, dim=-1).cpu().numpy())
@@ -130,16 +161,23 @@ def note_features(notes: pd.DataFrame, hidden: HiddenStates, universe: Iterable[
     pooled = hidden.pooled([t if isinstance(t, str) else "" for t in notes["response"]]) * HIDDEN_SCALE
     structured = structure_features(notes, universe) * STRUCTURE_SCALE
     vectors = np.concatenate([pooled, structured], axis=1)
-    return pd.DataFrame({
-        "date": notes["date"].astype(str).to_numpy(), "headline_id": notes["headline_id"].astype(str).to_numpy(),
-        "rollout_index": notes["rollout_index"].astype(int).to_numpy(), "feature_spec": hidden.spec.key,
-        "features": [v.tolist() for v in vectors],
-    }, columns=FEATURE_COLUMNS)
+    return pd.DataFrame(
+        {
+            "date": notes["date"].astype(str).to_numpy(),
+            "headline_id": notes["headline_id"].astype(str).to_numpy(),
+            "rollout_index": notes["rollout_index"].astype(int).to_numpy(),
+            "feature_spec": hidden.spec.key,
+            "features": [v.tolist() for v in vectors],
+        },
+        columns=FEATURE_COLUMNS,
+    )
 
 
 def with_sources(rollouts: pd.DataFrame, headlines: pd.DataFrame) -> pd.DataFrame:
     """`rollouts` with each headline's feed `source` (empty where the headline row is gone)."""
-    sources = dict(zip(headlines["headline_id"], headlines["source"])) if len(headlines) and "source" in headlines else {}
+    sources = (
+        dict(zip(headlines["headline_id"], headlines["source"])) if len(headlines) and "source" in headlines else {}
+    )
     return rollouts.assign(source=[sources.get(h, "") for h in rollouts["headline_id"]])
 
 
@@ -149,5 +187,7 @@ def feature_lookup(frame: pd.DataFrame, spec_key: str | None = None) -> dict[tup
         return {}
     if spec_key is not None:
         frame = frame[frame["feature_spec"] == spec_key]
-    return {(str(d), str(h), int(i)): np.asarray(v, dtype=np.float32)
-            for d, h, i, v in zip(frame["date"], frame["headline_id"], frame["rollout_index"], frame["features"])}
+    return {
+        (str(d), str(h), int(i)): np.asarray(v, dtype=np.float32)
+        for d, h, i, v in zip(frame["date"], frame["headline_id"], frame["rollout_index"], frame["features"])
+    }

@@ -40,12 +40,16 @@ TIE = 1e-9
 class ScorerSettings:
     """How the online note scorer learns (run config of `note_scorer`)."""
 
-    rank: int = field(default=64, metadata={"help": "Rank of the low-rank map of the features; a change starts the scorer afresh."})
+    rank: int = field(
+        default=64, metadata={"help": "Rank of the low-rank map of the features; a change starts the scorer afresh."}
+    )
     hidden: int = field(default=128, metadata={"help": "Width of the layer after the low-rank map."})
     learning_rate: float = field(default=3e-3, metadata={"help": "Adam's learning rate (one step per event)."})
     margin: float = field(default=0.1, metadata={"help": "Margin of the pairwise ranking loss."})
     grad_clip: float = field(default=1.0, metadata={"help": "Gradient norm clip of each step."})
-    checkpoint_every: int = field(default=50, metadata={"help": "Updates between checkpoints under steps/ (latest moves to each)."})
+    checkpoint_every: int = field(
+        default=50, metadata={"help": "Updates between checkpoints under steps/ (latest moves to each)."}
+    )
     seed: int = field(default=0, metadata={"help": "Seeds the initial weights."})
 
     def __post_init__(self):
@@ -114,7 +118,14 @@ class ScorerState:
         self.spec_key = spec_key
         self.model = _model(self.feature_dim, settings)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=settings.learning_rate)
-        self.meta = meta or {"updates": 0, "events": 0, "clipped_labels": 0, "history": [], "fresh_start": None, "last_day": None}
+        self.meta = meta or {
+            "updates": 0,
+            "events": 0,
+            "clipped_labels": 0,
+            "history": [],
+            "fresh_start": None,
+            "last_day": None,
+        }
 
     @property
     def updates(self) -> int:
@@ -139,7 +150,9 @@ class ScorerState:
 
     def _check(self, features: np.ndarray) -> None:
         if np.asarray(features).shape[-1] != self.feature_dim:
-            raise ValueError(f"features have {np.asarray(features).shape[-1]} values, the scorer takes {self.feature_dim}")
+            raise ValueError(
+                f"features have {np.asarray(features).shape[-1]} values, the scorer takes {self.feature_dim}"
+            )
 
     def step(self, event: Event, features: np.ndarray) -> dict | None:
         """Score the event's pairs with the current weights (held out: not trained on yet), then one
@@ -169,8 +182,16 @@ class ScorerState:
         self.meta["updates"] += 1
         self.meta["events"] += 1
         self.meta["clipped_labels"] += int(event.clipped)
-        record = {"update": self.updates, "day": event.day, "source": event.source, "group": event.group, "pairs": len(pairs),
-                  "accuracy": round(correct, 6), "loss": round(float(loss.detach()), 6), "grad_norm": round(grad_norm, 6)}
+        record = {
+            "update": self.updates,
+            "day": event.day,
+            "source": event.source,
+            "group": event.group,
+            "pairs": len(pairs),
+            "accuracy": round(correct, 6),
+            "loss": round(float(loss.detach()), 6),
+            "grad_norm": round(grad_norm, 6),
+        }
         self.meta["history"].append(record)
         return record
 
@@ -184,8 +205,14 @@ class ScorerState:
         for index, moments in optimizer["state"].items():
             for name, value in moments.items():
                 tensors[f"optim.{index}.{name}"] = value.detach().reshape(value.shape).contiguous()
-        header = {"format": STATE_FORMAT, "feature_dim": self.feature_dim, "spec_key": self.spec_key,
-                  "settings": asdict(self.settings), "param_groups": optimizer["param_groups"], "meta": self.meta}
+        header = {
+            "format": STATE_FORMAT,
+            "feature_dim": self.feature_dim,
+            "spec_key": self.spec_key,
+            "settings": asdict(self.settings),
+            "param_groups": optimizer["param_groups"],
+            "meta": self.meta,
+        }
         return save(tensors, metadata={"note_scorer": json.dumps(header)})
 
     @classmethod
@@ -193,7 +220,7 @@ class ScorerState:
         from safetensors.torch import load
 
         size = int.from_bytes(data[:8], "little")
-        raw = json.loads(json.loads(data[8:8 + size])["__metadata__"]["note_scorer"])
+        raw = json.loads(json.loads(data[8 : 8 + size])["__metadata__"]["note_scorer"])
         if raw.get("format") != STATE_FORMAT:
             raise ValueError(f"note scorer state format {raw.get('format')} is not {STATE_FORMAT}")
         tensors = load(data)
@@ -209,7 +236,9 @@ class ScorerState:
         return state
 
 
-def resume(previous: ScorerState | None, feature_dim: int, spec_key: str, settings: ScorerSettings) -> tuple[ScorerState, str | None]:
+def resume(
+    previous: ScorerState | None, feature_dim: int, spec_key: str, settings: ScorerSettings
+) -> tuple[ScorerState, str | None]:
     """`previous` carried on with `settings`' learning rate and margin, or a fresh state and why: no
     earlier state, or a different feature size, rank, width or feature spec (old weights do not fit)."""
     if previous is None:
@@ -226,7 +255,11 @@ def resume(previous: ScorerState | None, feature_dim: int, spec_key: str, settin
             group["lr"] = settings.learning_rate
         return previous, None
     state = ScorerState(feature_dim, spec_key, settings)
-    old = {"feature_dim": previous.feature_dim, "rank": previous.settings.rank, "updates": previous.updates} if previous else None
+    old = (
+        {"feature_dim": previous.feature_dim, "rank": previous.settings.rank, "updates": previous.updates}
+        if previous
+        else None
+    )
     state.meta["fresh_start"] = {"reason": reason, "previous": old}
     return state, reason
 
@@ -258,8 +291,10 @@ class ScorerStore:
             return self.load(self.day_file(previous_day))
         earlier = [d for d in self.days() if d < day]
         if earlier:
-            raise FileNotFoundError(f"note_scorer of {previous_day} is not materialised (the last earlier day is {earlier[-1]}): "
-                                    "materialise the days in order (an asset backfill does)")
+            raise FileNotFoundError(
+                f"note_scorer of {previous_day} is not materialised (the last earlier day is {earlier[-1]}): "
+                "materialise the days in order (an asset backfill does)"
+            )
         return None
 
     def _write(self, path: Path, state: ScorerState, move_latest: bool = True) -> Path:
@@ -273,7 +308,9 @@ class ScorerStore:
 
     def save_checkpoint(self, state: ScorerState, live: bool = False, move_latest: bool = True) -> Path:
         """`steps/step-NNNNNNNN.safetensors` (the service's: `live-steps/`)."""
-        return self._write(self.root / ("live-steps" if live else "steps") / f"step-{state.updates:08d}{SUFFIX}", state, move_latest)
+        return self._write(
+            self.root / ("live-steps" if live else "steps") / f"step-{state.updates:08d}{SUFFIX}", state, move_latest
+        )
 
     def save_live(self, state: ScorerState) -> Path:
         return self._write(self.root / f"live{SUFFIX}", state)
@@ -293,8 +330,14 @@ class ScorerStore:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def learn(state: ScorerState, events: Sequence[Event], features: dict, store: ScorerStore | None = None,
-          live: bool = False, move_latest: bool = True) -> dict:
+def learn(
+    state: ScorerState,
+    events: Sequence[Event],
+    features: dict,
+    store: ScorerStore | None = None,
+    live: bool = False,
+    move_latest: bool = True,
+) -> dict:
     """Apply `events` in order (one step each; an event with a note without features is skipped and
     counted); a checkpoint every `checkpoint_every` updates when a store is given."""
     counts = {"events": len(events), "updates": 0, "no_pairs": 0, "no_features": 0, "clipped_labels": 0}
@@ -322,16 +365,32 @@ def accuracy_summary(history: Sequence[dict], source: str, days: set[str] | None
     scorer's 0.5, and the counts."""
     from scipy import stats
 
-    values = np.array([h["accuracy"] for h in history if h["source"] == source and (days is None or h["day"] in days)], dtype=float)
+    values = np.array(
+        [h["accuracy"] for h in history if h["source"] == source and (days is None or h["day"] in days)], dtype=float
+    )
     pairs = int(sum(h["pairs"] for h in history if h["source"] == source and (days is None or h["day"] in days)))
-    out = {"source": source, "events": int(len(values)), "pairs": pairs, "constant": 0.5,
-           "accuracy": None, "ci_low": None, "ci_high": None, "p_value": None}
+    out = {
+        "source": source,
+        "events": int(len(values)),
+        "pairs": pairs,
+        "constant": 0.5,
+        "accuracy": None,
+        "ci_low": None,
+        "ci_high": None,
+        "p_value": None,
+    }
     if len(values) == 0:
         return out
     out["accuracy"] = round(float(values.mean()), 4)
     if len(values) >= 3 and values.std() > 0:
-        ci = stats.bootstrap((values,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa",
-                             random_state=np.random.default_rng(seed)).confidence_interval
+        ci = stats.bootstrap(
+            (values,),
+            np.mean,
+            n_resamples=2000,
+            confidence_level=0.95,
+            method="BCa",
+            random_state=np.random.default_rng(seed),
+        ).confidence_interval
         out["ci_low"], out["ci_high"] = round(float(ci.low), 4), round(float(ci.high), 4)
         out["p_value"] = float(stats.ttest_1samp(values, 0.5).pvalue)
     return out
@@ -355,7 +414,10 @@ def by_day(history: Sequence[dict]) -> list[dict]:
     table: dict[tuple[str, str], list[float]] = {}
     for h in history:
         table.setdefault((h["day"], h["source"]), []).append(h["accuracy"])
-    return [{"day": d, "source": s, "events": len(v), "accuracy": round(float(np.mean(v)), 4)} for (d, s), v in sorted(table.items())]
+    return [
+        {"day": d, "source": s, "events": len(v), "accuracy": round(float(np.mean(v)), 4)}
+        for (d, s), v in sorted(table.items())
+    ]
 
 
 def tier_summary(data_dir: str | Path) -> str:
@@ -376,5 +438,12 @@ def tier_summary(data_dir: str | Path) -> str:
 
 
 def describe_state(state: ScorerState) -> str:
-    return json.dumps({"updates": state.updates, "feature_dim": state.feature_dim, "rank": state.settings.rank,
-                       "hidden": state.settings.hidden, "parameters": state.parameters()})
+    return json.dumps(
+        {
+            "updates": state.updates,
+            "feature_dim": state.feature_dim,
+            "rank": state.settings.rank,
+            "hidden": state.settings.hidden,
+            "parameters": state.parameters(),
+        }
+    )

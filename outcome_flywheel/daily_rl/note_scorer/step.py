@@ -17,12 +17,23 @@ from datetime import date, timedelta
 
 import pandas as pd
 
-from outcome_flywheel.daily_rl.note_scorer.model import (
-    SOURCES, ScorerSettings, ScorerStore, accuracy_summary, by_day, label, learn, resume,
-)
 from outcome_flywheel.daily_rl.note_scorer.events import day_events
 from outcome_flywheel.daily_rl.note_scorer.features import (
-    FEATURES_TABLE, HiddenStates, feature_lookup, note_features, with_sources,
+    FEATURES_TABLE,
+    HiddenStates,
+    feature_lookup,
+    note_features,
+    with_sources,
+)
+from outcome_flywheel.daily_rl.note_scorer.model import (
+    SOURCES,
+    ScorerSettings,
+    ScorerStore,
+    accuracy_summary,
+    by_day,
+    label,
+    learn,
+    resume,
 )
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.models.loader import ModelLoader
@@ -71,7 +82,11 @@ class FeatureSource:
 
     def day(self, day: str) -> dict:
         if day not in self._days:
-            stored = self.warehouse.read(FEATURES_TABLE, day) if self.warehouse.exists(FEATURES_TABLE, day) else pd.DataFrame()
+            stored = (
+                self.warehouse.read(FEATURES_TABLE, day)
+                if self.warehouse.exists(FEATURES_TABLE, day)
+                else pd.DataFrame()
+            )
             lookup = feature_lookup(stored, self.hidden.spec.key)
             self._days[day] = lookup or feature_lookup(self.compute(day))
         return self._days[day]
@@ -84,7 +99,9 @@ class FeatureSource:
 
     def group_indices(self, day: str, headline_id: str) -> list[int]:
         if day not in self._groups:
-            rollouts = self.warehouse.read("rollouts", day) if self.warehouse.exists("rollouts", day) else pd.DataFrame()
+            rollouts = (
+                self.warehouse.read("rollouts", day) if self.warehouse.exists("rollouts", day) else pd.DataFrame()
+            )
             groups: dict[str, list[int]] = {}
             for h, i in zip(rollouts.get("headline_id", []), rollouts.get("rollout_index", [])):
                 groups.setdefault(str(h), []).append(int(i))
@@ -92,8 +109,15 @@ class FeatureSource:
         return self._groups[day].get(headline_id, [])
 
 
-def run_note_scorer_day(warehouse: Warehouse, models: ModelLoader, feedback_log: FeedbackLog, day: str,
-                        settings: ScorerSettings, universe=None, log=print) -> NoteScorerDay:
+def run_note_scorer_day(
+    warehouse: Warehouse,
+    models: ModelLoader,
+    feedback_log: FeedbackLog,
+    day: str,
+    settings: ScorerSettings,
+    universe=None,
+    log=print,
+) -> NoteScorerDay:
     started = time.perf_counter()
     store = ScorerStore(resolve_path(warehouse.data_dir))
     hidden = HiddenStates(models.base_model_dir(), device="cpu")
@@ -117,15 +141,26 @@ def run_note_scorer_day(warehouse: Warehouse, models: ModelLoader, feedback_log:
         store.save_day(day, state, move_latest=newest)
     history = state.meta["history"]
     return NoteScorerDay(
-        day=day, updates=state.updates, parameters=state.parameters(), feature_dim=state.feature_dim,
-        events={s: sum(e.source == s for e in events) for s in SOURCES}, counts=counts, fresh_start=reason,
-        accuracy=[accuracy_summary(history, s) for s in SOURCES], accuracy_today=[accuracy_summary(history, s, {day}) for s in SOURCES],
-        over_time=by_day(history), features_written=len(today), seconds=round(time.perf_counter() - started, 2),
+        day=day,
+        updates=state.updates,
+        parameters=state.parameters(),
+        feature_dim=state.feature_dim,
+        events={s: sum(e.source == s for e in events) for s in SOURCES},
+        counts=counts,
+        fresh_start=reason,
+        accuracy=[accuracy_summary(history, s) for s in SOURCES],
+        accuracy_today=[accuracy_summary(history, s, {day}) for s in SOURCES],
+        over_time=by_day(history),
+        features_written=len(today),
+        seconds=round(time.perf_counter() - started, 2),
     )
 
 
 def _accuracy_table(rows: list[dict]) -> str:
-    lines = ["| source | events | pairs | held-out accuracy | 95% interval | constant | p (vs 0.5) | verdict |", "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |"]
+    lines = [
+        "| source | events | pairs | held-out accuracy | 95% interval | constant | p (vs 0.5) | verdict |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: | --- |",
+    ]
     for r in rows:
         interval = f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]" if r["ci_low"] is not None else "—"
         acc = f"{r['accuracy']:.3f}" if r["accuracy"] is not None else "—"
@@ -137,16 +172,23 @@ def _accuracy_table(rows: list[dict]) -> str:
 def day_metadata(result: NoteScorerDay) -> dict:
     """The asset's metadata: counts, the fresh start (if any), accuracy per source with intervals, over time."""
     meta = {
-        "updates": result.updates, "parameters": result.parameters, "feature_dim": result.feature_dim,
-        "features_written": result.features_written, "seconds": result.seconds,
+        "updates": result.updates,
+        "parameters": result.parameters,
+        "feature_dim": result.feature_dim,
+        "features_written": result.features_written,
+        "seconds": result.seconds,
         "fresh_start": result.fresh_start or "no (carried on from the day before)",
         **{f"events_{s}": n for s, n in result.events.items()},
         **{f"skipped_{k}": v for k, v in result.counts.items() if k in ("no_pairs", "no_features")},
         "clipped_labels": result.counts.get("clipped_labels", 0),
         "held_out_accuracy": md(_accuracy_table(result.accuracy)),
         "held_out_accuracy_today": md(_accuracy_table(result.accuracy_today)),
-        "accuracy_over_time": md("| day | source | events | accuracy |\n| --- | --- | ---: | ---: |\n"
-                               + "\n".join(f"| {r['day']} | {r['source']} | {r['events']} | {r['accuracy']:.3f} |" for r in result.over_time[-60:])),
+        "accuracy_over_time": md(
+            "| day | source | events | accuracy |\n| --- | --- | ---: | ---: |\n"
+            + "\n".join(
+                f"| {r['day']} | {r['source']} | {r['events']} | {r['accuracy']:.3f} |" for r in result.over_time[-60:]
+            )
+        ),
     }
     for r in result.accuracy:
         if r["accuracy"] is not None:
@@ -164,7 +206,9 @@ def run(pipes) -> None:
     settings = from_payload(ScorerSettings, extras["settings"])
     day = pipes.partition_key
     result = run_note_scorer_day(warehouse, models, feedback_log, day, settings, extras.get("universe"), pipes.log.info)
-    pipes.log.info(f"note_scorer {day}: {sum(result.events.values())} events, {result.updates} updates in all, {result.seconds} s")
+    pipes.log.info(
+        f"note_scorer {day}: {sum(result.events.values())} events, {result.updates} updates in all, {result.seconds} s"
+    )
     pipes.report_asset_materialization(asset_key="note_scorer", metadata=present(day_metadata(result)))
 
 

@@ -36,28 +36,79 @@ class TradeCall:
 CALL_COLUMNS: list[str] = [f.name for f in fields(TradeCall)]
 
 _NAMES = {  # ticker -> "|"-separated names; every symbol of sample_data/prices plus a few large caps
-    "AAPL": "Apple", "ABBV": "AbbVie", "AMGN": "Amgen", "AMZN": "Amazon|Amazon.com", "AXP": "American Express",
-    "BA": "Boeing", "BAC": "Bank of America|BofA", "BLK": "BlackRock", "C": "Citigroup|Citi|Citibank",
-    "CAT": "Caterpillar", "CMCSA": "Comcast", "COST": "Costco", "CRM": "Salesforce", "CSCO": "Cisco|Cisco Systems",
-    "CVX": "Chevron", "DIS": "Disney|Walt Disney", "GE": "GE Aerospace|General Electric", "GOOGL": "Alphabet|Google",
-    "GS": "Goldman Sachs|Goldman", "HD": "Home Depot", "IBM": "International Business Machines", "INTC": "Intel",
-    "JNJ": "Johnson & Johnson|Johnson and Johnson|J&J", "JPM": "JPMorgan|JPMorgan Chase|JP Morgan|J.P. Morgan",
-    "KO": "Coca-Cola|Coca Cola|Coke", "LLY": "Eli Lilly|Lilly", "LMT": "Lockheed Martin|Lockheed",
-    "MCD": "McDonald's|McDonalds", "META": "Meta|Meta Platforms|Facebook", "MRK": "Merck", "MS": "Morgan Stanley",
-    "MSFT": "Microsoft", "NFLX": "Netflix", "NKE": "Nike", "NOW": "ServiceNow", "NVDA": "Nvidia", "ORCL": "Oracle",
-    "PEP": "PepsiCo|Pepsi", "PFE": "Pfizer", "PG": "Procter & Gamble|Procter and Gamble|P&G", "QCOM": "Qualcomm",
-    "QQQ": "Invesco QQQ|Nasdaq-100 ETF|Nasdaq 100 ETF", "SPY": "SPDR S&P 500 ETF|SPDR S&P 500|S&P 500 ETF|SPDR",
-    "T": "AT&T", "TMO": "Thermo Fisher|Thermo Fisher Scientific", "TXN": "Texas Instruments",
-    "UNH": "UnitedHealth|UnitedHealth Group|United Health", "UPS": "United Parcel Service", "VZ": "Verizon",
-    "WFC": "Wells Fargo", "WMT": "Walmart|Wal-Mart", "XOM": "Exxon Mobil|ExxonMobil|Exxon",
-    "TSLA": "Tesla", "AVGO": "Broadcom", "AMD": "Advanced Micro Devices", "BRK-B": "Berkshire Hathaway",
-    "V": "Visa", "MA": "Mastercard", "ADBE": "Adobe", "SBUX": "Starbucks", "GEV": "GE Vernova",
-    "GEHC": "GE HealthCare", "MU": "Micron", "GM": "General Motors", "UBER": "Uber", "PLTR": "Palantir",
+    "AAPL": "Apple",
+    "ABBV": "AbbVie",
+    "AMGN": "Amgen",
+    "AMZN": "Amazon|Amazon.com",
+    "AXP": "American Express",
+    "BA": "Boeing",
+    "BAC": "Bank of America|BofA",
+    "BLK": "BlackRock",
+    "C": "Citigroup|Citi|Citibank",
+    "CAT": "Caterpillar",
+    "CMCSA": "Comcast",
+    "COST": "Costco",
+    "CRM": "Salesforce",
+    "CSCO": "Cisco|Cisco Systems",
+    "CVX": "Chevron",
+    "DIS": "Disney|Walt Disney",
+    "GE": "GE Aerospace|General Electric",
+    "GOOGL": "Alphabet|Google",
+    "GS": "Goldman Sachs|Goldman",
+    "HD": "Home Depot",
+    "IBM": "International Business Machines",
+    "INTC": "Intel",
+    "JNJ": "Johnson & Johnson|Johnson and Johnson|J&J",
+    "JPM": "JPMorgan|JPMorgan Chase|JP Morgan|J.P. Morgan",
+    "KO": "Coca-Cola|Coca Cola|Coke",
+    "LLY": "Eli Lilly|Lilly",
+    "LMT": "Lockheed Martin|Lockheed",
+    "MCD": "McDonald's|McDonalds",
+    "META": "Meta|Meta Platforms|Facebook",
+    "MRK": "Merck",
+    "MS": "Morgan Stanley",
+    "MSFT": "Microsoft",
+    "NFLX": "Netflix",
+    "NKE": "Nike",
+    "NOW": "ServiceNow",
+    "NVDA": "Nvidia",
+    "ORCL": "Oracle",
+    "PEP": "PepsiCo|Pepsi",
+    "PFE": "Pfizer",
+    "PG": "Procter & Gamble|Procter and Gamble|P&G",
+    "QCOM": "Qualcomm",
+    "QQQ": "Invesco QQQ|Nasdaq-100 ETF|Nasdaq 100 ETF",
+    "SPY": "SPDR S&P 500 ETF|SPDR S&P 500|S&P 500 ETF|SPDR",
+    "T": "AT&T",
+    "TMO": "Thermo Fisher|Thermo Fisher Scientific",
+    "TXN": "Texas Instruments",
+    "UNH": "UnitedHealth|UnitedHealth Group|United Health",
+    "UPS": "United Parcel Service",
+    "VZ": "Verizon",
+    "WFC": "Wells Fargo",
+    "WMT": "Walmart|Wal-Mart",
+    "XOM": "Exxon Mobil|ExxonMobil|Exxon",
+    "TSLA": "Tesla",
+    "AVGO": "Broadcom",
+    "AMD": "Advanced Micro Devices",
+    "BRK-B": "Berkshire Hathaway",
+    "V": "Visa",
+    "MA": "Mastercard",
+    "ADBE": "Adobe",
+    "SBUX": "Starbucks",
+    "GEV": "GE Vernova",
+    "GEHC": "GE HealthCare",
+    "MU": "Micron",
+    "GM": "General Motors",
+    "UBER": "Uber",
+    "PLTR": "Palantir",
 }
 COMPANY_TICKERS: dict[str, str] = {n.lower(): t for t, names in _NAMES.items() for n in names.split("|")}
 
 # Tickers that are also English words: read only in ticker form ($NOW, (T), NYSE: C), never bare.
-_TICKER_FORM_ONLY = set("A C T V F MA MS ALL ON NOW KEY LOW ARE CAN HAS ANY SEE WELL BIG ONE TWO GO BE SO DO UP".split())
+_TICKER_FORM_ONLY = set(
+    "A C T V F MA MS ALL ON NOW KEY LOW ARE CAN HAS ANY SEE WELL BIG ONE TWO GO BE SO DO UP".split()
+)
 # All-caps words that are never tickers (outside an exchange prefix): acronyms, note and market words.
 _NOT_TICKERS = set(
     "I AN AND THE OR OF TO IN AT BY FOR IS IT AS IF NO NOT WE OUR BUT YES NEW OUT TOP HIGH AI US USA USD EUR GBP "
@@ -69,12 +120,16 @@ _NOT_TICKERS = set(
     "WAIT AVOID BULL BEAR DOWN CALL CALLS PUT PUTS NEWS WEEK DAY DAYS Q".split()
 )
 _NAME_RE = re.compile(
-    r"(?<![\w&])(" + "|".join(re.escape(n).replace(r"\ ", r"\s+") for n in sorted(COMPANY_TICKERS, key=len, reverse=True))
-    + r")(?![\w&])", re.IGNORECASE)
+    r"(?<![\w&])("
+    + "|".join(re.escape(n).replace(r"\ ", r"\s+") for n in sorted(COMPANY_TICKERS, key=len, reverse=True))
+    + r")(?![\w&])",
+    re.IGNORECASE,
+)
 _T = r"[A-Z]{1,5}(?:[.-][A-Z])?"
 _TICKER_RE = re.compile(
     rf"(?:NYSE\s*Arca|NYSEARCA|NYSE|NASDAQ|Nasdaq|AMEX|Cboe|CBOE)\s*:\s*(?P<ex>{_T})\b|\$(?P<dollar>{_T})\b"
-    rf"|\(\s*(?P<paren>{_T})\s*[),]|(?<![\w$&'.-])(?P<bare>[A-Z]{{2,5}})(?![\w&]|[-.]\w)")
+    rf"|\(\s*(?P<paren>{_T})\s*[),]|(?<![\w$&'.-])(?P<bare>[A-Z]{{2,5}})(?![\w&]|[-.]\w)"
+)
 
 # Header names per field; a line is tried against the longest names first.
 _HEADERS = {
@@ -84,25 +139,51 @@ _HEADERS = {
     "timeframe": ("Timeframe", "Time Frame", "Time-frame", "Time Horizon", "Horizon", "Holding Period", "Duration"),
     "size": ("Position Size", "Position Sizing", "Position-Size", "Sizing", "Size", "Allocation"),
     "stop": ("Stop Loss", "Stop-Loss", "Stop Loss Level", "Stop-Loss Level", "Stoploss"),
-    "other": ("Rationale", "Risk Factors", "Risks", "Risk", "Entry", "Entry Point", "Entry Price", "Target",
-              "Price Target", "Take Profit", "Catalyst", "Catalysts", "Thesis", "Summary", "Headline"),
+    "other": (
+        "Rationale",
+        "Risk Factors",
+        "Risks",
+        "Risk",
+        "Entry",
+        "Entry Point",
+        "Entry Price",
+        "Target",
+        "Price Target",
+        "Take Profit",
+        "Catalyst",
+        "Catalysts",
+        "Thesis",
+        "Summary",
+        "Headline",
+    ),
 }
-_HEADER_PATTERNS = sorted(((n, key, _header_pattern(n)) for key, ns in _HEADERS.items() for n in ns), key=lambda t: -len(t[0]))
+_HEADER_PATTERNS = sorted(
+    ((n, key, _header_pattern(n)) for key, ns in _HEADERS.items() for n in ns), key=lambda t: -len(t[0])
+)
 # Lines that open some other section: a markdown heading or a bold label such as "**Entry:**".
 _OTHER_HEADER = re.compile(r"^\s*#{1,6}\s|^[ \t>\-•\d.)]*\*\*[^*\n]{1,40}?(?::\s*\*\*|\*\*\s*:)")
 
 _LONG = r"buy(?:ing)?|long|overweight|accumulate|accumulating|bullish"
 _SHORT = r"sell(?:ing)?|short(?:ing)?|underweight|bearish"
-_NONE = (r"not?[\s-]+(?:new\s+)?(?:trade|position|action)|hold(?:\s+off)?|sidelines|stand\s+aside|stay\s+(?:out|flat)"
-         r"|avoid|pass|wait|neutral|do\s+nothing")
+_NONE = (
+    r"not?[\s-]+(?:new\s+)?(?:trade|position|action)|hold(?:\s+off)?|sidelines|stand\s+aside|stay\s+(?:out|flat)"
+    r"|avoid|pass|wait|neutral|do\s+nothing"
+)
 # "short-term", "long run", "sell-off", "buy-side", "buy-back", "short of", "as long as", "in short" take no side.
-_NOT_SIDE = (r"(?![\s-]*(?:term|run\b|lived|dated|haul|horizon|time|while|period|squeeze|interest|sellers?|covering"
-             r"|float|history|standing|ago|enough|since|of\b|off\b|side\b|back\b|pressure))")
+_NOT_SIDE = (
+    r"(?![\s-]*(?:term|run\b|lived|dated|haul|horizon|time|while|period|squeeze|interest|sellers?|covering"
+    r"|float|history|standing|ago|enough|since|of\b|off\b|side\b|back\b|pressure))"
+)
 _SIDE_RE = re.compile(
     rf"(?<!\bas )(?<!\bso )(?<!\bhow )(?<!\bfor )(?<!\bin )\b(?:(?P<long>{_LONG})|(?P<short>{_SHORT}))\b{_NOT_SIDE}"
-    rf"|\b(?P<none>{_NONE})\b(?!-)", re.IGNORECASE)
-_NEGATION = re.compile(r"(?:\bnot|n't|\bnever|\bno|\bavoid|\bagainst|\brather\s+than|\binstead\s+of|\bwithout)"
-                       r"\s+(?:[\w'-]+\s+){0,2}$", re.IGNORECASE)
+    rf"|\b(?P<none>{_NONE})\b(?!-)",
+    re.IGNORECASE,
+)
+_NEGATION = re.compile(
+    r"(?:\bnot|n't|\bnever|\bno|\bavoid|\bagainst|\brather\s+than|\binstead\s+of|\bwithout)"
+    r"\s+(?:[\w'-]+\s+){0,2}$",
+    re.IGNORECASE,
+)
 _PUTS = re.compile(r"\s*(?:[\w$.-]+\s+){0,3}?puts?\b", re.IGNORECASE)  # "buy XOM puts" is a bet on a fall
 _CLAUSE_BREAK = re.compile(r"[.;:,!?\n()\[\]|—–]")
 
@@ -113,17 +194,47 @@ _PCT_RE = re.compile(rf"({_NUM}){_PCT_UNIT}?\s*(?:-|–|—|to)\s*({_NUM}){_PCT_
 _PRICE_RE = re.compile(
     r"\$\s*(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)|(?<![\w.$,-])(\d+\.\d+|\d{2,})(?![\w%]|[.,]\d|\s*(?:[-–×]"
     r"|x\b|atr|sd\b|std|sigma|day|week|month|session|hour|times|tick|point|pts|bps|basis|dma|sma|ema|ma\b|%|percent))",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 _STOP_INLINE = re.compile(r"\bstop(?:[\s-]*loss(?:es)?)?\b(?P<rest>[^\n]*)", re.IGNORECASE)
 
-_AMOUNTS = {"a": 1, "an": 1, "next": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
-            "eight": 8, "nine": 9, "ten": 10, "twelve": 12, "couple": 2, "few": 3, "several": 4}
-_UNIT_DAYS = {"hour": 1 / 24, "session": 1.0, "day": 1.0, "week": 7.0, "wk": 7.0, "month": 30.0, "mo": 30.0,
-              "quarter": 91.0, "year": 365.0, "yr": 365.0}
+_AMOUNTS = {
+    "a": 1,
+    "an": 1,
+    "next": 1,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "twelve": 12,
+    "couple": 2,
+    "few": 3,
+    "several": 4,
+}
+_UNIT_DAYS = {
+    "hour": 1 / 24,
+    "session": 1.0,
+    "day": 1.0,
+    "week": 7.0,
+    "wk": 7.0,
+    "month": 30.0,
+    "mo": 30.0,
+    "quarter": 91.0,
+    "year": 365.0,
+    "yr": 365.0,
+}
 _AMOUNT = r"\d+(?:\.\d+)?|" + "|".join(sorted(_AMOUNTS, key=len, reverse=True))
 _SPAN_RE = re.compile(
     rf"\b(?P<a>{_AMOUNT})(?:\s+of)?(?:\s*(?:-|–|—|to)\s*(?P<b>{_AMOUNT}))?[\s-]*\+?\s*(?:trading[\s-]+)?"
-    rf"(?P<unit>hour|session|day|week|wk|month|mo|quarter|year|yr)s?\b", re.IGNORECASE)
+    rf"(?P<unit>hour|session|day|week|wk|month|mo|quarter|year|yr)s?\b",
+    re.IGNORECASE,
+)
 _SPAN_JOIN = re.compile(r"\s*(?:-|–|—|to)\s*$")
 
 
@@ -170,7 +281,7 @@ def _side_hits(text: str) -> list[tuple[str, int, str]]:
     for m in _SIDE_RE.finditer(text):
         kind = m.lastgroup
         clause = max((b.end() for b in _CLAUSE_BREAK.finditer(text, 0, m.start())), default=0)
-        if kind != "none" and _NEGATION.search(text[clause:m.start()]):
+        if kind != "none" and _NEGATION.search(text[clause : m.start()]):
             kind = "neg"
         elif kind != "none" and _PUTS.match(text, m.end()):
             kind = "short" if kind == "long" else "long"
@@ -204,7 +315,7 @@ def _candidates(text: str, universe: set[str] | None) -> list[tuple[int, str, bo
         if m.group(0)[0].isalpha() and not m.group(0)[0].isupper():
             continue  # names are written capitalised; "apple" in prose is not Apple
         found.append((m.start(), COMPANY_TICKERS[re.sub(r"\s+", " ", m.group(0).lower())], True))
-        masked[m.start():m.end()] = " " * (m.end() - m.start())  # so "GE Vernova" is not also GE
+        masked[m.start() : m.end()] = " " * (m.end() - m.start())  # so "GE Vernova" is not also GE
     for m in _TICKER_RE.finditer("".join(masked)):
         form, sym = m.lastgroup, m.group(m.lastgroup)
         if form == "bare" and (sym in _NOT_TICKERS or sym in _TICKER_FORM_ONLY):
@@ -256,7 +367,7 @@ def _days(text: str | None) -> float | None:
         first = spans[0]
         unit = _UNIT_DAYS[first.group("unit").lower()]
         low, high = _amount(first.group("a")) * unit, _amount(first.group("b") or first.group("a")) * unit
-        if len(spans) > 1 and _SPAN_JOIN.match(text[first.end():spans[1].start()]):  # "1 week to 1 month"
+        if len(spans) > 1 and _SPAN_JOIN.match(text[first.end() : spans[1].start()]):  # "1 week to 1 month"
             nxt = spans[1]
             high = _amount(nxt.group("b") or nxt.group("a")) * _UNIT_DAYS[nxt.group("unit").lower()]
         return (low + high) / 2
@@ -314,7 +425,9 @@ def call_spans(note: str) -> list[tuple[int, int]]:
     if not picked:
         return []
     picked += [i for i in parts.get("ticker", ("", []))[1] if i not in picked]
-    return [(starts[i] + len(bare[i]) - len(bare[i].lstrip()), starts[i] + len(bare[i].rstrip())) for i in sorted(picked)]
+    return [
+        (starts[i] + len(bare[i]) - len(bare[i].lstrip()), starts[i] + len(bare[i].rstrip())) for i in sorted(picked)
+    ]
 
 
 def parse_call(note: str, universe: Iterable[str] | None = None) -> TradeCall:
@@ -357,7 +470,9 @@ def parse_call(note: str, universe: Iterable[str] | None = None) -> TradeCall:
     )
 
 
-def calls_frame(notes: pd.DataFrame, universe: Iterable[str] | None = None, text_column: str = "response") -> pd.DataFrame:
+def calls_frame(
+    notes: pd.DataFrame, universe: Iterable[str] | None = None, text_column: str = "response"
+) -> pd.DataFrame:
     """`notes` with the CALL_COLUMNS of each row's call added; index and rows kept, input columns untouched."""
     clash = [c for c in CALL_COLUMNS if c in notes.columns]
     if clash:

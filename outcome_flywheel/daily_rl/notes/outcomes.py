@@ -45,13 +45,20 @@ SIDES = {"long": 1.0, "short": -1.0}
 CALL_COLUMNS = ("date", "symbol", "side", "parse_status", "parse_reason")
 
 OUTCOME_COLUMNS: dict[str, str] = {
-    "status": "string", "reason": "string",
-    "entry_date": "string", "exit_date": "string", "exit_close_utc": "string",
+    "status": "string",
+    "reason": "string",
+    "entry_date": "string",
+    "exit_date": "string",
+    "exit_close_utc": "string",
     "horizon_sessions": "int64",
-    "entry_close": "float64", "exit_close": "float64",
-    "symbol_return_pct": "float64", "spy_return_pct": "float64",
-    "return_pct": "float64", "vs_spy_pct": "float64",
-    "cost_bps": "float64", "computed_at": "string",
+    "entry_close": "float64",
+    "exit_close": "float64",
+    "symbol_return_pct": "float64",
+    "spy_return_pct": "float64",
+    "return_pct": "float64",
+    "vs_spy_pct": "float64",
+    "cost_bps": "float64",
+    "computed_at": "string",
 }
 
 Now = datetime | pd.Timestamp | str
@@ -134,10 +141,20 @@ def price_range(days: Iterable[str], horizon: int, calendar: xc.ExchangeCalendar
 def _blank(h: int, cost: float, now: pd.Timestamp) -> dict[str, Any]:
     nan = float("nan")
     return {
-        "status": "no_data", "reason": None, "entry_date": None, "exit_date": None, "exit_close_utc": None,
-        "horizon_sessions": h, "entry_close": nan, "exit_close": nan,
-        "symbol_return_pct": nan, "spy_return_pct": nan, "return_pct": nan, "vs_spy_pct": nan,
-        "cost_bps": cost, "computed_at": now.isoformat(),
+        "status": "no_data",
+        "reason": None,
+        "entry_date": None,
+        "exit_date": None,
+        "exit_close_utc": None,
+        "horizon_sessions": h,
+        "entry_close": nan,
+        "exit_close": nan,
+        "symbol_return_pct": nan,
+        "spy_return_pct": nan,
+        "return_pct": nan,
+        "vs_spy_pct": nan,
+        "cost_bps": cost,
+        "computed_at": now.isoformat(),
     }
 
 
@@ -190,8 +207,12 @@ def call_outcome(
     r = exit_ / entry - 1.0
     r_spy = closes[benchmark][1] / closes[benchmark][0] - 1.0
     out.update(
-        status="matured", reason=None, entry_close=entry, exit_close=exit_,
-        symbol_return_pct=100.0 * r, spy_return_pct=100.0 * r_spy,
+        status="matured",
+        reason=None,
+        entry_close=entry,
+        exit_close=exit_,
+        symbol_return_pct=100.0 * r,
+        spy_return_pct=100.0 * r_spy,
         return_pct=100.0 * sign * r - cost / 100.0,
         vs_spy_pct=100.0 * sign * (r - r_spy) - cost / 100.0,
     )

@@ -50,8 +50,9 @@ def call_relevance(headline_title: object, headline_summary: object, call_symbol
     return 1.0 if call_symbol.upper().replace(".", "-") in companies else 0.0
 
 
-def relevance_column(frame: pd.DataFrame, title: str = "title", summary: str = "summary",
-                     symbol: str = "symbol") -> pd.Series:
+def relevance_column(
+    frame: pd.DataFrame, title: str = "title", summary: str = "summary", symbol: str = "symbol"
+) -> pd.Series:
     """`call_relevance` of each row as floats (NaN where the headline names no known company), on the
     frame's index. The frame needs the headline's title and summary and the parsed call's symbol."""
     missing = [c for c in (title, summary, symbol) if c not in frame.columns]

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from outcome_flywheel.models.interface import ModelBackend
 
 
-
 CHECKPOINT_FILE = "checkpoint.json"
 
 
@@ -96,8 +95,14 @@ def behaviour_versions(root: Path, parent: tuple[Path, dict] | None) -> list[str
     if dated == folder.name:
         return [info["policy_version"]]
     dated_info = read_checkpoint(root / dated) or {}
-    versions = [dated_info.get("policy_version")] + [i["policy_version"] for _, i in distilled_chain(root, dated, dated_info)]
-    versions = versions[: versions.index(info["policy_version"]) + 1] if info["policy_version"] in versions else [info["policy_version"]]
+    versions = [dated_info.get("policy_version")] + [
+        i["policy_version"] for _, i in distilled_chain(root, dated, dated_info)
+    ]
+    versions = (
+        versions[: versions.index(info["policy_version"]) + 1]
+        if info["policy_version"] in versions
+        else [info["policy_version"]]
+    )
     return [v for v in versions if v]  # oldest first, the parent last: a note's staleness is its distance to the end
 
 
@@ -137,8 +142,11 @@ def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict,
         info = {**info, "kind": "base", "policy_version": f"{day}@base"}
     else:
         policy.save(staging)
-        info = {**info, "kind": "lora" if policy.has_adapter else "full",
-                "policy_version": f"{day}@{weights_digest(staging)[:12]}"}
+        info = {
+            **info,
+            "kind": "lora" if policy.has_adapter else "full",
+            "policy_version": f"{day}@{weights_digest(staging)[:12]}",
+        }
     info = {**info, "verified": False}
     atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
     publish_dir(staging, root / day)

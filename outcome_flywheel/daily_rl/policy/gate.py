@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from outcome_flywheel.daily_rl.notes.structure import structure_score
 from outcome_flywheel.daily_rl.policy.checkpoints import load_policy
 from outcome_flywheel.daily_rl.policy.rollouts import kl_to_base
-from outcome_flywheel.daily_rl.notes.structure import structure_score
 from outcome_flywheel.models.prompts import trading_note_messages
 
 if TYPE_CHECKING:
@@ -41,28 +41,51 @@ GATE_VERDICTS = ("accepted", "rejected", "not_trained")
 class GateConfig:
     """Thresholds of the evaluation gate (run config of `daily_update`)."""
 
-    enabled: bool = field(default=True, metadata={"help": "Gate each update; off = every trained update is accepted (recorded as such)."})
-    max_kl_to_parent: float = field(default=0.25, metadata={"help": (
-        "Budget for the exact per-token KL(candidate || parent) in nats, at the training rollouts' positions and "
-        "sampling temperature. A healthy GSPO day on tiny-local moves ~0.001-0.05."
-    )})
-    max_probe_regression: float = field(default=0.15, metadata={"help": (
-        "How far the candidate's mean structure score on the probe's greedy notes may fall below the parent's."
-    )})
-    max_kl_to_base: float | None = field(default=0.2, metadata={"help": (
-        "Trust region around the base: a candidate whose exact per-token KL(candidate || base) on the trained rollouts is over "
-        "this budget, and above the parent's, is rejected (the parent stays). None = no bound. 0.2: in a 56-day `news` world "
-        "on tiny-local the policy reached ~0.2 nats by ~250 groups, with the sides learned, and degraded past it without "
-        "the bound (held-out side with the news 0.59 of headline-days) but held with it (0.80; docs/daily_rl.md, \"Credit\")."
-    )})
-    probe_headlines: int = field(default=8, metadata={"help": "Headlines of day D in the probe (the first N by headline_id)."})
+    enabled: bool = field(
+        default=True, metadata={"help": "Gate each update; off = every trained update is accepted (recorded as such)."}
+    )
+    max_kl_to_parent: float = field(
+        default=0.25,
+        metadata={
+            "help": (
+                "Budget for the exact per-token KL(candidate || parent) in nats, at the training rollouts' positions and "
+                "sampling temperature. A healthy GSPO day on tiny-local moves ~0.001-0.05."
+            )
+        },
+    )
+    max_probe_regression: float = field(
+        default=0.15,
+        metadata={
+            "help": (
+                "How far the candidate's mean structure score on the probe's greedy notes may fall below the parent's."
+            )
+        },
+    )
+    max_kl_to_base: float | None = field(
+        default=0.2,
+        metadata={
+            "help": (
+                "Trust region around the base: a candidate whose exact per-token KL(candidate || base) on the trained rollouts is over "
+                "this budget, and above the parent's, is rejected (the parent stays). None = no bound. 0.2: in a 56-day `news` world "
+                "on tiny-local the policy reached ~0.2 nats by ~250 groups, with the sides learned, and degraded past it without "
+                'the bound (held-out side with the news 0.59 of headline-days) but held with it (0.80; docs/daily_rl.md, "Credit").'
+            )
+        },
+    )
+    probe_headlines: int = field(
+        default=8, metadata={"help": "Headlines of day D in the probe (the first N by headline_id)."}
+    )
     probe_max_new_tokens: int = field(default=160, metadata={"help": "Token budget of each greedy probe note."})
-    kl_rollouts: int = field(default=64, metadata={"help": "Training rollouts (parent samples) the KL is measured on, at most."})
+    kl_rollouts: int = field(
+        default=64, metadata={"help": "Training rollouts (parent samples) the KL is measured on, at most."}
+    )
 
     def __post_init__(self):
         if not self.max_kl_to_parent > 0 or not self.max_probe_regression >= 0:
             raise ValueError("max_kl_to_parent must be > 0 and max_probe_regression >= 0")
-        if self.max_kl_to_base is not None and not (isinstance(self.max_kl_to_base, (int, float)) and 0 < float(self.max_kl_to_base) < float("inf")):
+        if self.max_kl_to_base is not None and not (
+            isinstance(self.max_kl_to_base, (int, float)) and 0 < float(self.max_kl_to_base) < float("inf")
+        ):
             raise ValueError(f"max_kl_to_base must be a finite number > 0 or None, got {self.max_kl_to_base!r}")
         if self.probe_headlines < 1 or self.kl_rollouts < 1 or self.probe_max_new_tokens < 1:
             raise ValueError("probe_headlines, probe_max_new_tokens and kl_rollouts must be at least 1")
@@ -82,8 +105,12 @@ class GateResult:
     def columns(self) -> dict:
         """The `policy_training` columns of the verdict."""
         return dict(
-            gate=self.verdict, gate_reason=self.reason, gate_kl_to_parent=self.kl_to_parent, gate_kl_to_base=self.kl_to_base,
-            gate_probe_structure=self.probe_structure, gate_probe_parent_structure=self.probe_parent_structure,
+            gate=self.verdict,
+            gate_reason=self.reason,
+            gate_kl_to_parent=self.kl_to_parent,
+            gate_kl_to_base=self.kl_to_base,
+            gate_probe_structure=self.probe_structure,
+            gate_probe_parent_structure=self.probe_parent_structure,
         )
 
 
@@ -100,8 +127,13 @@ def probe_prompts(headlines: pd.DataFrame, n: int) -> list:
 
 
 def evaluate_update(
-    candidate: "ModelBackend", parent: "ModelBackend", stats: "TrainStats", trained_on: pd.DataFrame,
-    headlines: pd.DataFrame, config: GateConfig, base: "ModelBackend | None" = None,
+    candidate: "ModelBackend",
+    parent: "ModelBackend",
+    stats: "TrainStats",
+    trained_on: pd.DataFrame,
+    headlines: pd.DataFrame,
+    config: GateConfig,
+    base: "ModelBackend | None" = None,
 ) -> GateResult:
     """Accept or reject the candidate against its parent (module docstring); `trained_on` are the
     parent's rollouts the update used (the KL is taken at their sampling temperature). `base`: the
@@ -109,7 +141,12 @@ def evaluate_update(
     losses = np.asarray(stats.losses, dtype=np.float64)
     if not len(losses) or not np.isfinite(losses).all():
         bad = int((~np.isfinite(losses)).sum())
-        return GateResult("rejected", f"non-finite training loss ({bad} of {len(losses)} steps)" if len(losses) else "no training loss: no training step ran")
+        return GateResult(
+            "rejected",
+            f"non-finite training loss ({bad} of {len(losses)} steps)"
+            if len(losses)
+            else "no training loss: no training step ran",
+        )
     sample = trained_on.sort_values(["headline_id", "rollout_index"]).head(config.kl_rollouts)
     kl = kl_to_base(candidate, sample, base=parent)  # exact KL to `parent`, per token
     probe = probe_prompts(headlines, config.probe_headlines)
@@ -121,7 +158,9 @@ def evaluate_update(
     if config.max_kl_to_base is not None:
         result.kl_to_base = kl_to_base(candidate, sample, base=base)
         # the parent is the base itself on the first trained day: no adapter and no base given
-        result.parent_kl_to_base = kl_to_base(parent, sample, base=base) if (parent.has_adapter or base is not None) else 0.0
+        result.parent_kl_to_base = (
+            kl_to_base(parent, sample, base=base) if (parent.has_adapter or base is not None) else 0.0
+        )
     if not math.isfinite(kl):  # NaN compares false with any budget: a broken candidate, said as such
         result.verdict = "rejected"
         result.reason = f"KL to the parent is not a finite number ({kl}): the candidate's distribution is broken"
@@ -130,20 +169,33 @@ def evaluate_update(
         result.reason = f"KL to the parent {kl:.4g} nats/token is over the budget {config.max_kl_to_parent:g}"
     elif config.max_kl_to_base is not None and not math.isfinite(result.kl_to_base):
         result.verdict = "rejected"
-        result.reason = f"KL to the base is not a finite number ({result.kl_to_base}): the candidate's distribution is broken"
+        result.reason = (
+            f"KL to the base is not a finite number ({result.kl_to_base}): the candidate's distribution is broken"
+        )
     elif config.max_kl_to_base is not None and result.kl_to_base > max(config.max_kl_to_base, result.parent_kl_to_base):
         result.verdict = "rejected"
-        result.reason = (f"KL to the base {result.kl_to_base:.4g} nats/token is over the bound {config.max_kl_to_base:g} "
-                         f"and the parent's {result.parent_kl_to_base:.4g}: the policy stays where it is")
+        result.reason = (
+            f"KL to the base {result.kl_to_base:.4g} nats/token is over the bound {config.max_kl_to_base:g} "
+            f"and the parent's {result.parent_kl_to_base:.4g}: the policy stays where it is"
+        )
     elif notes and ours < theirs - config.max_probe_regression:
         result.verdict = "rejected"
-        result.reason = (f"probe regression: structure {ours:.3f} vs the parent's {theirs:.3f} on {len(notes)} headlines "
-                         f"(tolerance {config.max_probe_regression:g})")
+        result.reason = (
+            f"probe regression: structure {ours:.3f} vs the parent's {theirs:.3f} on {len(notes)} headlines "
+            f"(tolerance {config.max_probe_regression:g})"
+        )
     else:
-        bound = "" if config.max_kl_to_base is None else (
-            f"; KL to the base {result.kl_to_base:.4g} within the bound {config.max_kl_to_base:g} or the parent's {result.parent_kl_to_base:.4g}")
-        result.reason = (f"loss finite; KL to the parent {kl:.4g} <= {config.max_kl_to_parent:g}{bound}; probe structure "
-                         f"{ours:.3f} vs the parent's {theirs:.3f} on {len(notes)} headlines")
+        bound = (
+            ""
+            if config.max_kl_to_base is None
+            else (
+                f"; KL to the base {result.kl_to_base:.4g} within the bound {config.max_kl_to_base:g} or the parent's {result.parent_kl_to_base:.4g}"
+            )
+        )
+        result.reason = (
+            f"loss finite; KL to the parent {kl:.4g} <= {config.max_kl_to_parent:g}{bound}; probe structure "
+            f"{ours:.3f} vs the parent's {theirs:.3f} on {len(notes)} headlines"
+        )
     return result
 
 

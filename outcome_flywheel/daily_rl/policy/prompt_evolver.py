@@ -31,10 +31,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from outcome_flywheel.daily_rl.notes.structure import structure_score
 from outcome_flywheel.daily_rl.partitions import stable_seed
 from outcome_flywheel.daily_rl.policy.prompt_variants import BASE_SPEC, LLMWriter, PromptSpec, mutate
 from outcome_flywheel.daily_rl.reward.signals import RewardConfig
-from outcome_flywheel.daily_rl.notes.structure import structure_score
 from outcome_flywheel.models.prompts import BASE_PROMPT_VERSION, note_messages
 
 # The `prompt_evolver` table's stored columns, in order: column -> (type, description) as the Dagster catalog
@@ -43,18 +43,24 @@ VARIANT_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "date": ("string", "Partition day D: the state after D's scores and D's assignments."),
     "version": ("string", "The variant: base (SYSTEM_PROMPT) or v<n>-<sha256 of the prompt, 8 hex>."),
     "parent": ("string", "The variant it was written from (the best when it was written)."),
-    "mutation": ("string", (
-        "state_rules, reorder_rules, rephrase_rule, tighten_wording, add_example, rephrase_condition; empty for base."
-    )),
+    "mutation": (
+        "string",
+        (
+            "state_rules, reorder_rules, rephrase_rule, tighten_wording, add_example, rephrase_condition; empty for base."
+        ),
+    ),
     "writer": ("string", "rules, or llm:<model> when the judge model (a real LLM) wrote it."),
     "system_prompt": ("string", "The system message of the variant."),
     "spec": ("string", "The variant as JSON: role, rules, example."),
     "created_date": ("string", "Day the variant was written."),
     "created_at_trial": ("int", "Scored trials when it was written (one every trials_per_variant)."),
-    "status": ("string", (
-        "live (an arm of the bandit), rejected (worse than the best on the held-out set) or retired (more than "
-        "max_live)."
-    )),
+    "status": (
+        "string",
+        (
+            "live (an arm of the bandit), rejected (worse than the best on the held-out set) or retired (more than "
+            "max_live)."
+        ),
+    ),
     "pulls": ("int", "Scored trials: headlines whose group was sampled under it and scored usable."),
     "pending": ("int", "Headlines of D given this variant, scored on D+1."),
     "reward_sum": ("float", "Sum of its trials' rewards (group mean reward)."),
@@ -88,28 +94,74 @@ LIVE, RETIRED, REJECTED = "live", "retired", "rejected"
 class EvolverConfig:
     """The prompt evolver's settings (the `daily_update` run config's `prompt_evolver_*` fields)."""
 
-    enabled: bool = field(default=True, metadata={"help": "Sample each headline under a variant the bandit picks; off = the base prompt everywhere (state carried unchanged)."})
+    enabled: bool = field(
+        default=True,
+        metadata={
+            "help": "Sample each headline under a variant the bandit picks; off = the base prompt everywhere (state carried unchanged)."
+        },
+    )
     max_live: int = field(default=10, metadata={"help": "Most live variants (the base prompt included)."})
-    trials_per_variant: int = field(default=25, metadata={"help": "A new candidate variant every this many scored trials."})
-    epsilon: float = field(default=0.1, metadata={"help": "Share of headlines given a uniformly drawn live variant instead of UCB1's pick."})
-    heldout: int = field(default=50, metadata={"help": "Held-out set for adoption: the last this many scored headlines."})
-    heldout_samples: int = field(default=4, metadata={"help": "Notes per held-out headline for each of the candidate and the best."})
-    tolerance: float = field(default=0.0, metadata={"help": "Adopt when candidate - best on the held-out set >= -tolerance (mean reward)."})
-    min_pulls_for_best: int = field(default=5, metadata={"help": "Pulls a variant needs before it can be the best (else the base prompt is)."})
+    trials_per_variant: int = field(
+        default=25, metadata={"help": "A new candidate variant every this many scored trials."}
+    )
+    epsilon: float = field(
+        default=0.1,
+        metadata={"help": "Share of headlines given a uniformly drawn live variant instead of UCB1's pick."},
+    )
+    heldout: int = field(
+        default=50, metadata={"help": "Held-out set for adoption: the last this many scored headlines."}
+    )
+    heldout_samples: int = field(
+        default=4, metadata={"help": "Notes per held-out headline for each of the candidate and the best."}
+    )
+    tolerance: float = field(
+        default=0.0, metadata={"help": "Adopt when candidate - best on the held-out set >= -tolerance (mean reward)."}
+    )
+    min_pulls_for_best: int = field(
+        default=5, metadata={"help": "Pulls a variant needs before it can be the best (else the base prompt is)."}
+    )
 
     def __post_init__(self) -> None:
-        if self.max_live < 2 or self.trials_per_variant < 1 or not 0.0 <= self.epsilon <= 1.0 or self.heldout < 1 or self.heldout_samples < 1:
-            raise ValueError("prompt evolver: need max_live >= 2, trials_per_variant >= 1, epsilon in [0, 1], heldout >= 1, heldout_samples >= 1")
+        if (
+            self.max_live < 2
+            or self.trials_per_variant < 1
+            or not 0.0 <= self.epsilon <= 1.0
+            or self.heldout < 1
+            or self.heldout_samples < 1
+        ):
+            raise ValueError(
+                "prompt evolver: need max_live >= 2, trials_per_variant >= 1, epsilon in [0, 1], heldout >= 1, heldout_samples >= 1"
+            )
 
 
 def version_of(spec: PromptSpec, number: int) -> str:
-    return BASE_PROMPT_VERSION if spec == BASE_SPEC else f"v{number}-{hashlib.sha256(spec.render().encode()).hexdigest()[:8]}"
+    return (
+        BASE_PROMPT_VERSION
+        if spec == BASE_SPEC
+        else f"v{number}-{hashlib.sha256(spec.render().encode()).hexdigest()[:8]}"
+    )
 
 
 def _base_row(day: str) -> dict:
-    return dict(version=BASE_PROMPT_VERSION, parent="", mutation="", writer="", system_prompt=BASE_SPEC.render(), spec=BASE_SPEC.to_json(),
-                created_date=day, created_at_trial=0, status=LIVE, pulls=0, pending=0, reward_sum=0.0, reward_sq_sum=0.0,
-                heldout_n=0, heldout_reward=np.nan, heldout_best_reward=np.nan, heldout_diff=np.nan)
+    return dict(
+        version=BASE_PROMPT_VERSION,
+        parent="",
+        mutation="",
+        writer="",
+        system_prompt=BASE_SPEC.render(),
+        spec=BASE_SPEC.to_json(),
+        created_date=day,
+        created_at_trial=0,
+        status=LIVE,
+        pulls=0,
+        pending=0,
+        reward_sum=0.0,
+        reward_sq_sum=0.0,
+        heldout_n=0,
+        heldout_reward=np.nan,
+        heldout_best_reward=np.nan,
+        heldout_diff=np.nan,
+    )
 
 
 def interval(n: int, total: float, sq_total: float) -> tuple[float, float, float]:
@@ -144,7 +196,10 @@ class PromptEvolver:
             return cls(day, config, seed, [], pd.DataFrame())
         variants = warehouse.read("prompt_evolver", earlier[-1])
         experiences = warehouse.read("prompt_experiences", earlier[-1])
-        rows = [{k: v for k, v in r.items() if k in VARIANT_COLUMNS} for r in variants.sort_values("created_at_trial", kind="stable").to_dict("records")]
+        rows = [
+            {k: v for k, v in r.items() if k in VARIANT_COLUMNS}
+            for r in variants.sort_values("created_at_trial", kind="stable").to_dict("records")
+        ]
         return cls(day, config, seed, rows, experiences)
 
     # -- state ---------------------------------------------------------------------------------
@@ -172,8 +227,11 @@ class PromptEvolver:
         """Each usable scored group of D-1 is one trial of the variant it was sampled under; returns the count."""
         if scores.empty or prev_rollouts.empty:
             return 0
-        versions = prev_rollouts.groupby("headline_id")["prompt_version"].first() if "prompt_version" in prev_rollouts \
+        versions = (
+            prev_rollouts.groupby("headline_id")["prompt_version"].first()
+            if "prompt_version" in prev_rollouts
             else pd.Series(BASE_PROMPT_VERSION, index=prev_rollouts["headline_id"].unique())
+        )
         heads = prev_rollouts.groupby("headline_id")[["title", "summary", "date"]].first()
         by_version, new = self._by_version(), []
         for headline_id, group in scores[scores["usable"]].groupby("headline_id", sort=True):
@@ -185,9 +243,17 @@ class PromptEvolver:
             variant["pulls"] += 1
             variant["reward_sum"] += reward
             variant["reward_sq_sum"] += reward * reward
-            new.append(dict(date=self.day, prediction_date=str(heads.loc[headline_id, "date"]), headline_id=str(headline_id),
-                            title=heads.loc[headline_id, "title"], summary=heads.loc[headline_id, "summary"],
-                            prompt_version=variant["version"], reward=reward))
+            new.append(
+                dict(
+                    date=self.day,
+                    prediction_date=str(heads.loc[headline_id, "date"]),
+                    headline_id=str(headline_id),
+                    title=heads.loc[headline_id, "title"],
+                    summary=heads.loc[headline_id, "summary"],
+                    prompt_version=variant["version"],
+                    reward=reward,
+                )
+            )
         if new:
             joined = pd.concat([self.experiences, pd.DataFrame(new, columns=EXPERIENCE_COLUMNS)], ignore_index=True)
             self.experiences = joined.tail(self.config.heldout).reset_index(drop=True)
@@ -196,9 +262,15 @@ class PromptEvolver:
     # -- 2. a candidate every trials_per_variant trials --------------------------------------------
     def due(self) -> bool:
         written = sum(1 for v in self.variants if v["version"] != BASE_PROMPT_VERSION)
-        return bool(self.config.enabled and self.trials >= self.config.trials_per_variant * (written + 1) and len(self.experiences))
+        return bool(
+            self.config.enabled
+            and self.trials >= self.config.trials_per_variant * (written + 1)
+            and len(self.experiences)
+        )
 
-    def evolve(self, heldout_reward: Callable[[str, pd.DataFrame], np.ndarray], writer: LLMWriter | None = None) -> dict | None:
+    def evolve(
+        self, heldout_reward: Callable[[str, pd.DataFrame], np.ndarray], writer: LLMWriter | None = None
+    ) -> dict | None:
         """Write one candidate from the best (when due), test it on the held-out set against the best,
         adopt or reject it; `heldout_reward(system_prompt, experiences)` -> one reward per held-out headline."""
         if not self.due():
@@ -207,7 +279,9 @@ class PromptEvolver:
         rng = np.random.default_rng(stable_seed(self.seed, self.day, "prompt_evolver", "mutate", self.trials) % 2**32)
         known = {v["system_prompt"] for v in self.variants}
         made = None
-        for attempt in range(8):  # a prompt tried before (even a rejected one) is drawn again, then with mutations stacked
+        for attempt in range(
+            8
+        ):  # a prompt tried before (even a rejected one) is drawn again, then with mutations stacked
             spec, names, writers = PromptSpec.from_json(best["spec"]), [], set()
             for _ in range(1 + attempt // 2):
                 step = mutate(spec, rng, writer)
@@ -223,27 +297,52 @@ class PromptEvolver:
         number = len(self.variants)
         if made is None:
             # nothing new to write from the best: the slot is used up so the next one waits 25 more trials
-            candidate = dict(_base_row(self.day), version=f"v{number}-none", parent=best["version"], mutation="none",
-                             status=REJECTED, system_prompt="", spec="", created_at_trial=self.trials)
+            candidate = dict(
+                _base_row(self.day),
+                version=f"v{number}-none",
+                parent=best["version"],
+                mutation="none",
+                status=REJECTED,
+                system_prompt="",
+                spec="",
+                created_at_trial=self.trials,
+            )
             self.variants.append(candidate)
             self.events.append(f"no new variant from {best['version']}: every mutation gives a known prompt")
             return candidate
         spec, mutation, writer_name = made
-        candidate = dict(_base_row(self.day), version=version_of(spec, number), parent=best["version"], mutation=mutation,
-                         writer=writer_name, system_prompt=spec.render(), spec=spec.to_json(), created_at_trial=self.trials)
+        candidate = dict(
+            _base_row(self.day),
+            version=version_of(spec, number),
+            parent=best["version"],
+            mutation=mutation,
+            writer=writer_name,
+            system_prompt=spec.render(),
+            spec=spec.to_json(),
+            created_at_trial=self.trials,
+        )
         held = self.experiences
         ours, theirs = heldout_reward(candidate["system_prompt"], held), heldout_reward(best["system_prompt"], held)
         diff = float(np.mean(ours - theirs))
         adopted = diff >= -self.config.tolerance
-        candidate.update(status=LIVE if adopted else REJECTED, heldout_n=len(held), heldout_reward=float(np.mean(ours)),
-                         heldout_best_reward=float(np.mean(theirs)), heldout_diff=diff)
+        candidate.update(
+            status=LIVE if adopted else REJECTED,
+            heldout_n=len(held),
+            heldout_reward=float(np.mean(ours)),
+            heldout_best_reward=float(np.mean(theirs)),
+            heldout_diff=diff,
+        )
         self.variants.append(candidate)
-        self.events.append(f"{candidate['version']} ({mutation}, {writer_name}) from {best['version']}: held-out "
-                           f"{np.mean(ours):.3f} vs {np.mean(theirs):.3f} on {len(held)} headlines -> {'adopted' if adopted else 'rejected'}")
+        self.events.append(
+            f"{candidate['version']} ({mutation}, {writer_name}) from {best['version']}: held-out "
+            f"{np.mean(ours):.3f} vs {np.mean(theirs):.3f} on {len(held)} headlines -> {'adopted' if adopted else 'rejected'}"
+        )
         if adopted and len(self.live()) > self.config.max_live:
             keep = {BASE_PROMPT_VERSION, best["version"], candidate["version"]}
-            worst = min((v for v in self.live() if v["version"] not in keep),
-                        key=lambda v: v["reward_sum"] / v["pulls"] if v["pulls"] else -np.inf)
+            worst = min(
+                (v for v in self.live() if v["version"] not in keep),
+                key=lambda v: v["reward_sum"] / v["pulls"] if v["pulls"] else -np.inf,
+            )
             worst["status"] = RETIRED
             self.events.append(f"{worst['version']} retired (more than {self.config.max_live} live)")
         return candidate
@@ -267,8 +366,11 @@ class PromptEvolver:
                     pick = untried[0]
                 else:
                     total = sum(v["pulls"] + v["pending"] for v in live)
-                    ucb = [(v["reward_sum"] / v["pulls"] if v["pulls"] else prior)
-                           + math.sqrt(2.0 * math.log(total) / (v["pulls"] + v["pending"])) for v in live]
+                    ucb = [
+                        (v["reward_sum"] / v["pulls"] if v["pulls"] else prior)
+                        + math.sqrt(2.0 * math.log(total) / (v["pulls"] + v["pending"]))
+                        for v in live
+                    ]
                     pick = int(np.argmax(ucb))
             live[pick]["pending"] += 1
             chosen.append(live[pick]["version"])
@@ -281,7 +383,16 @@ class PromptEvolver:
         rows = []
         for v in self.variants:
             mean, low, high = interval(int(v["pulls"]), float(v["reward_sum"]), float(v["reward_sq_sum"]))
-            rows.append({**v, "date": self.day, "reward_mean": mean, "ci_low": low, "ci_high": high, "is_best": v["version"] == best})
+            rows.append(
+                {
+                    **v,
+                    "date": self.day,
+                    "reward_mean": mean,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "is_best": v["version"] == best,
+                }
+            )
         variants = pd.DataFrame(rows, columns=VARIANT_COLUMNS)
         experiences = self.experiences.copy()
         return variants, experiences[EXPERIENCE_COLUMNS].reset_index(drop=True)
@@ -293,15 +404,28 @@ class PromptEvolver:
         return variants
 
 
-def heldout_scorer(policy, reward: RewardConfig, sampling, n: int, seed: int, day: str) -> Callable[[str, pd.DataFrame], np.ndarray]:
+def heldout_scorer(
+    policy, reward: RewardConfig, sampling, n: int, seed: int, day: str
+) -> Callable[[str, pd.DataFrame], np.ndarray]:
     """`heldout_reward` of `PromptEvolver.evolve`: n notes per held-out headline sampled by `policy` under a
     system prompt (the same seeds for every prompt: the comparison is paired), each group's mean reward
     with the judge's rank reward at its group mean (0.5) and the structure score of each note."""
+
     def score(system_prompt: str, experiences: pd.DataFrame) -> np.ndarray:
-        prompts = [note_messages(t, s, system=system_prompt) for t, s in zip(experiences["title"], experiences["summary"])]
-        seeds = [stable_seed(seed, day, "prompt_evolver", "heldout", h) % (2**31 - 1) for h in experiences["headline_id"]]
+        prompts = [
+            note_messages(t, s, system=system_prompt) for t, s in zip(experiences["title"], experiences["summary"])
+        ]
+        seeds = [
+            stable_seed(seed, day, "prompt_evolver", "heldout", h) % (2**31 - 1) for h in experiences["headline_id"]
+        ]
         groups = policy.sample(prompts, n, sampling, seeds)
-        return np.array([np.mean([reward.combine({"structure": structure_score(s.text), "judge_rank": 0.5}) for s in g]) for g in groups])
+        return np.array(
+            [
+                np.mean([reward.combine({"structure": structure_score(s.text), "judge_rank": 0.5}) for s in g])
+                for g in groups
+            ]
+        )
+
     return score
 
 
@@ -315,12 +439,17 @@ def prompt_writer(models, judge) -> LLMWriter | None:
 
 def variant_table(variants: pd.DataFrame) -> str:
     """Markdown: each variant's status, pulls, mean reward and 95% interval (the asset's metadata)."""
-    lines = ["| version | status | mutation | pulls | mean reward | 95% interval | held-out diff |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| version | status | mutation | pulls | mean reward | 95% interval | held-out diff |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for v in variants.itertuples():
         fmt = lambda x: "" if pd.isna(x) else f"{x:.3f}"  # noqa: E731
         ci = f"[{fmt(v.ci_low)}, {fmt(v.ci_high)}]" if not pd.isna(v.ci_low) else ""
         best = " (best)" if v.is_best else ""
-        lines.append(f"| {v.version}{best} | {v.status} | {v.mutation or 'base prompt'} | {v.pulls} | {fmt(v.reward_mean)} | {ci} | {fmt(v.heldout_diff)} |")
+        lines.append(
+            f"| {v.version}{best} | {v.status} | {v.mutation or 'base prompt'} | {v.pulls} | {fmt(v.reward_mean)} | {ci} | {fmt(v.heldout_diff)} |"
+        )
     return "\n".join(lines)
 
 
@@ -329,7 +458,11 @@ def tier_summary(data_dir) -> str:
     from outcome_flywheel.settings import env
     from outcome_flywheel.storage import Warehouse
 
-    warehouse = Warehouse(data_dir=str(data_dir), warehouse_url=env("FLYWHEEL_WAREHOUSE_URL", ""), s3_endpoint=env("FLYWHEEL_S3_ENDPOINT", ""))
+    warehouse = Warehouse(
+        data_dir=str(data_dir),
+        warehouse_url=env("FLYWHEEL_WAREHOUSE_URL", ""),
+        s3_endpoint=env("FLYWHEEL_S3_ENDPOINT", ""),
+    )
     days = warehouse.partitions("prompt_evolver")
     if not days:
         return "prompt evolver: no state yet (materialise daily_update)"
@@ -340,7 +473,8 @@ def tier_summary(data_dir) -> str:
         ci = f" [{r.ci_low:.3f}, {r.ci_high:.3f}]" if not pd.isna(r.ci_low) else ""
         parts.append(f"{r.version} {r.reward_mean:.3f}{ci} ({r.pulls} pulls)")
     best = v.loc[v["is_best"], "version"].iloc[0] if v["is_best"].any() else BASE_PROMPT_VERSION
-    return (f"prompt evolver ({days[-1]}): {int(v['pulls'].sum())} trials, {len(written)} candidates "
-            f"({int((written['status'] != REJECTED).sum())} adopted, {int((written['status'] == REJECTED).sum())} rejected), "
-            f"{len(live)} live, best {best}; " + ("; ".join(parts) or "no scored trials yet"))
-
+    return (
+        f"prompt evolver ({days[-1]}): {int(v['pulls'].sum())} trials, {len(written)} candidates "
+        f"({int((written['status'] != REJECTED).sum())} adopted, {int((written['status'] == REJECTED).sum())} rejected), "
+        f"{len(live)} live, best {best}; " + ("; ".join(parts) or "no scored trials yet")
+    )

@@ -34,8 +34,11 @@ IMPLIED_RULES: tuple[str, ...] = (
 REPHRASINGS: tuple[tuple[str, ...], ...] = (
     (IMPLIED_RULES[0], "Use these sections, in order: " + ", ".join(NOTE_SECTIONS) + "."),
     (IMPLIED_RULES[1], "Each section takes one or two sentences.", "Be brief in every section."),
-    (IMPLIED_RULES[2], "The Trade Recommendation names a ticker and a side, long or short.",
-     "State the trade: long or short, and which ticker."),
+    (
+        IMPLIED_RULES[2],
+        "The Trade Recommendation names a ticker and a side, long or short.",
+        "State the trade: long or short, and which ticker.",
+    ),
     (IMPLIED_RULES[3], "If nothing in the headline is tradable, recommend no trade and give the reason."),
 )
 # Shorter wording of the same words (tighten_wording), applied in order to the role and every rule.
@@ -47,8 +50,10 @@ TIGHTER: tuple[tuple[str, str], ...] = (
     (r"\band say why\b", "with the reason"),
     (r"\bgive the reason\b", "say why"),
 )
-EXAMPLE = ("Example. Headline: Nvidia beats estimates on data center demand. "
-           "Trade Recommendation: Long NVDA. Timeframe: 1 day. Position Size: 2%. Stop Loss: 3% below entry.")
+EXAMPLE = (
+    "Example. Headline: Nvidia beats estimates on data center demand. "
+    "Trade Recommendation: Long NVDA. Timeframe: 1 day. Position Size: 2%. Stop Loss: 3% below entry."
+)
 # "If X, Y." <-> "Y when X." (rephrase_condition)
 _IF = re.compile(r"^If (?P<cond>[^,]+), (?P<then>.+)\.$")
 _WHEN = re.compile(r"^(?P<then>.+) when (?P<cond>[^,]+)\.$")
@@ -136,11 +141,17 @@ def rephrase_condition(spec: PromptSpec, rng: np.random.Generator) -> PromptSpec
 
 
 MUTATIONS: dict[str, Callable[[PromptSpec, np.random.Generator], PromptSpec | None]] = {
-    "state_rules": state_rules, "reorder_rules": reorder_rules, "rephrase_rule": rephrase_rule,
-    "tighten_wording": tighten_wording, "add_example": add_example, "rephrase_condition": rephrase_condition,
+    "state_rules": state_rules,
+    "reorder_rules": reorder_rules,
+    "rephrase_rule": rephrase_rule,
+    "tighten_wording": tighten_wording,
+    "add_example": add_example,
+    "rephrase_condition": rephrase_condition,
 }
 LLM_MUTATIONS = ("rephrase_rule", "tighten_wording")
-WRITER_SYSTEM = "You rewrite one instruction of a prompt. Keep its meaning exactly. Answer with the rewritten instruction only."
+WRITER_SYSTEM = (
+    "You rewrite one instruction of a prompt. Keep its meaning exactly. Answer with the rewritten instruction only."
+)
 
 
 class LLMWriter:
@@ -152,8 +163,15 @@ class LLMWriter:
 
     def rewrite(self, rule: str, how: str) -> str | None:
         ask = "Say it in fewer words" if how == "tighten_wording" else "Say it in different words"
-        answer = self.backend.greedy([[{"role": "system", "content": WRITER_SYSTEM},
-                                       {"role": "user", "content": f"{ask}, same meaning:\n{rule}"}]], self.max_new_tokens)[0]
+        answer = self.backend.greedy(
+            [
+                [
+                    {"role": "system", "content": WRITER_SYSTEM},
+                    {"role": "user", "content": f"{ask}, same meaning:\n{rule}"},
+                ]
+            ],
+            self.max_new_tokens,
+        )[0]
         return acceptable_rewrite(rule, answer)
 
 
@@ -168,7 +186,9 @@ def acceptable_rewrite(rule: str, answer: str) -> str | None:
     return text if text.endswith((".", "!")) else text + "."
 
 
-def mutate(spec: PromptSpec, rng: np.random.Generator, writer: LLMWriter | None = None) -> tuple[PromptSpec, str, str] | None:
+def mutate(
+    spec: PromptSpec, rng: np.random.Generator, writer: LLMWriter | None = None
+) -> tuple[PromptSpec, str, str] | None:
     """(new spec, mutation name, writer) from `spec`: a seeded choice among the mutations that apply;
     None when none changes anything."""
     names = list(MUTATIONS)

@@ -14,15 +14,10 @@ import pandas as pd
 from outcome_flywheel.daily_rl.notes.structure import structure_score
 from outcome_flywheel.daily_rl.partitions import stable_seed
 from outcome_flywheel.models.interface import SamplingConfig
-from outcome_flywheel.models.prompts import (
-    BASE_PROMPT_VERSION,
-    SYSTEM_PROMPT,
-    note_messages,
-)
+from outcome_flywheel.models.prompts import BASE_PROMPT_VERSION, SYSTEM_PROMPT, note_messages
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.interface import ModelBackend
-
 
 
 # The `rollouts` table's stored columns, in order: column -> (type, description) as the Dagster catalog
@@ -38,19 +33,22 @@ ROLLOUT_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "response_ids": ("list<int>", "Token ids of the sampled note."),
     "n_tokens": ("int", "Number of sampled tokens."),
     "finished": ("bool", "The note ended on its own (EOS) rather than at max_new_tokens."),
-    "structure_score": ("float", (
-        "Share of the 6 required sections present (Trade Recommendation ... Stop Loss), in [0, 1]."
-    )),
-    "behavior_logprobs": ("list<float>", (
-        "Per-token log-probs under the sampling policy at the sampling temperature (GSPO's pi_old)."
-    )),
+    "structure_score": (
+        "float",
+        ("Share of the 6 required sections present (Trade Recommendation ... Stop Loss), in [0, 1]."),
+    ),
+    "behavior_logprobs": (
+        "list<float>",
+        ("Per-token log-probs under the sampling policy at the sampling temperature (GSPO's pi_old)."),
+    ),
     "temperature": ("float", "Sampling temperature (0.8)."),
     "policy_version": ("string", "Checkpoint that sampled the note: D@<weights sha256, 12 hex> or D@base."),
     "seed": ("int", "Sampling seed of the headline's group."),
     "max_new_tokens": ("int", "Token budget each note was sampled with."),
-    "prompt_version": ("string", (
-        "The prompt evolver's variant of the system prompt the note was sampled under (base = SYSTEM_PROMPT)."
-    )),
+    "prompt_version": (
+        "string",
+        ("The prompt evolver's variant of the system prompt the note was sampled under (base = SYSTEM_PROMPT)."),
+    ),
 }
 ROLLOUT_COLUMNS = list(ROLLOUT_COLUMN_SCHEMA)
 
@@ -66,8 +64,15 @@ def generation_seed(seed: int, day: str, headline_id: str) -> int:
 
 
 def generate_rollouts(
-    policy: "ModelBackend", headlines: pd.DataFrame, day: str, seed: int, n: int, max_new_tokens: int,
-    policy_version: str, prompt_versions: Sequence[str] | None = None, system_prompts: Mapping[str, str] | None = None,
+    policy: "ModelBackend",
+    headlines: pd.DataFrame,
+    day: str,
+    seed: int,
+    n: int,
+    max_new_tokens: int,
+    policy_version: str,
+    prompt_versions: Sequence[str] | None = None,
+    system_prompts: Mapping[str, str] | None = None,
 ) -> pd.DataFrame:
     """`n` notes per headline, sampled as `ROLLOUT_SAMPLING` (temperature 0.8, top_p 0.95, top_k 50);
     headline i under the system prompt `system_prompts[prompt_versions[i]]` (default: the base prompt)."""
@@ -81,8 +86,15 @@ def generate_rollouts(
 
 
 def sample_rollouts(
-    policy: "ModelBackend", headlines: pd.DataFrame, prompts: list, seeds: list[int], day: str, n: int,
-    max_new_tokens: int, policy_version: str, prompt_versions: Sequence[str] | None = None,
+    policy: "ModelBackend",
+    headlines: pd.DataFrame,
+    prompts: list,
+    seeds: list[int],
+    day: str,
+    n: int,
+    max_new_tokens: int,
+    policy_version: str,
+    prompt_versions: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Rollout rows: `n` samples of each prompt with its group seed (`headlines` gives id, title, summary);
     `prompt_versions[i]`: the prompt evolver's variant prompt i was written with (default: the base prompt)."""
@@ -92,13 +104,27 @@ def sample_rollouts(
     rows = []
     for (_, h), prompt, group_seed, group, version in zip(headlines.iterrows(), prompts, seeds, samples, versions):
         for k, s in enumerate(group):
-            rows.append(dict(
-                date=day, headline_id=h["headline_id"], rollout_index=k, title=h["title"], summary=h["summary"],
-                prompt=json.dumps(prompt), response=s.text, response_ids=[int(t) for t in s.token_ids],
-                n_tokens=len(s.token_ids), finished=bool(s.finished), structure_score=structure_score(s.text),
-                behavior_logprobs=[float(x) for x in s.logprobs], temperature=config.temperature,
-                policy_version=policy_version, seed=int(group_seed), max_new_tokens=max_new_tokens, prompt_version=version,
-            ))
+            rows.append(
+                dict(
+                    date=day,
+                    headline_id=h["headline_id"],
+                    rollout_index=k,
+                    title=h["title"],
+                    summary=h["summary"],
+                    prompt=json.dumps(prompt),
+                    response=s.text,
+                    response_ids=[int(t) for t in s.token_ids],
+                    n_tokens=len(s.token_ids),
+                    finished=bool(s.finished),
+                    structure_score=structure_score(s.text),
+                    behavior_logprobs=[float(x) for x in s.logprobs],
+                    temperature=config.temperature,
+                    policy_version=policy_version,
+                    seed=int(group_seed),
+                    max_new_tokens=max_new_tokens,
+                    prompt_version=version,
+                )
+            )
     return pd.DataFrame(rows, columns=ROLLOUT_COLUMNS)
 
 
@@ -106,15 +132,18 @@ def sample_rollouts(
 def sampling_temperature(rollouts: pd.DataFrame) -> float:
     """The one temperature the rollouts were sampled (and their behaviour log-probs stored) at."""
     if "temperature" not in rollouts.columns:
-        raise ValueError("these rollouts do not record their sampling temperature (written by an older version): re-run their day")
+        raise ValueError(
+            "these rollouts do not record their sampling temperature (written by an older version): re-run their day"
+        )
     values = sorted(set(float(t) for t in rollouts["temperature"]))
     if len(values) != 1:
         raise ValueError(f"rollouts sampled at several temperatures {values}: one GSPO update needs one")
     return values[0]
 
 
-def check_behaviour_policy(rollouts: pd.DataFrame, parent_version: str | None, prediction_day: str,
-                           allowed: Sequence[str] = ()) -> None:
+def check_behaviour_policy(
+    rollouts: pd.DataFrame, parent_version: str | None, prediction_day: str, allowed: Sequence[str] = ()
+) -> None:
     """GSPO's pi_old is the policy that generated the rollouts, and training starts from the parent
     checkpoint: they must be the same, or the importance ratio means nothing. `allowed`: the other
     versions a distilled parent descends from (`behaviour_versions`), trained off-policy."""

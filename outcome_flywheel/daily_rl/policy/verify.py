@@ -23,22 +23,32 @@ from outcome_flywheel.storage import Warehouse
 # The checks of `daily_update`, computed below: `verify_day` the blocking ones, `gate_check` the gate's.
 # The asset declares its check specs from these and the step reports each under its asset.
 RANKS_ARE_PERMUTATIONS = DeclaredCheck(
-    "ranks_are_permutations", "rollout_scores", "Each headline's ranks are a permutation of 1..N.")
+    "ranks_are_permutations", "rollout_scores", "Each headline's ranks are a permutation of 1..N."
+)
 REWARDS_IN_RANGE = DeclaredCheck(
-    "rewards_in_range", "rollout_scores",
-    "Every structure score and rank reward is in [0, 1], every reward inside its recorded clip range.")
+    "rewards_in_range",
+    "rollout_scores",
+    "Every structure score and rank reward is in [0, 1], every reward inside its recorded clip range.",
+)
 LOADS_AND_GENERATES = DeclaredCheck(
-    "loads_and_generates", "policy_checkpoint", "The saved checkpoint loads from disk and writes text.")
+    "loads_and_generates", "policy_checkpoint", "The saved checkpoint loads from disk and writes text."
+)
 GENERATED_BY_OWN_CHECKPOINT = DeclaredCheck(
-    "generated_by_own_checkpoint", "rollouts", "Every rollout of D carries checkpoint D's policy_version.")
+    "generated_by_own_checkpoint", "rollouts", "Every rollout of D carries checkpoint D's policy_version."
+)
 UPDATE_ACCEPTED_BY_GATE = DeclaredCheck(
-    "update_accepted_by_gate", "policy_checkpoint",
+    "update_accepted_by_gate",
+    "policy_checkpoint",
     "The evaluation gate accepted D's update (a WARN when it rejected it: the parent's weights stay D's "
     "checkpoint and the day goes on; policy_training.gate_reason says why).",
     blocking=False,
 )
 DAILY_UPDATE_CHECKS = (
-    RANKS_ARE_PERMUTATIONS, REWARDS_IN_RANGE, LOADS_AND_GENERATES, GENERATED_BY_OWN_CHECKPOINT, UPDATE_ACCEPTED_BY_GATE,
+    RANKS_ARE_PERMUTATIONS,
+    REWARDS_IN_RANGE,
+    LOADS_AND_GENERATES,
+    GENERATED_BY_OWN_CHECKPOINT,
+    UPDATE_ACCEPTED_BY_GATE,
 )
 
 
@@ -48,11 +58,17 @@ def behavior_logprob_gap(policy, rollouts: pd.DataFrame) -> float:
     prompts = [json.loads(p) for p in rollouts["prompt"]]
     responses = [list(r) for r in rollouts["response_ids"]]
     forced = policy.response_logprobs(prompts, responses, temperature=sampling_temperature(rollouts))
-    gaps = [float(np.mean(np.abs(np.asarray(b, dtype=np.float64) - f))) for b, f in zip(rollouts["behavior_logprobs"], forced) if len(f)]
+    gaps = [
+        float(np.mean(np.abs(np.asarray(b, dtype=np.float64) - f)))
+        for b, f in zip(rollouts["behavior_logprobs"], forced)
+        if len(f)
+    ]
     return max(gaps, default=0.0)
 
 
-def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.DataFrame, rollouts: pd.DataFrame) -> dict[str, dict]:
+def verify_day(
+    warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.DataFrame, rollouts: pd.DataFrame
+) -> dict[str, dict]:
     """The blocking checks of `daily_update`, each {passed, metadata}; marks the checkpoint verified when all pass."""
     ckpt_root = warehouse.path("checkpoints", "policy")
     ranks_ok = all(is_permutation(list(g["rank"])) for _, g in scores.groupby("headline_id")) if len(scores) else True
@@ -71,8 +87,12 @@ def verify_day(warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.D
         LOADS_AND_GENERATES.name: {"passed": bool(probe.strip()), "metadata": {"sample": probe[:200]}},
         GENERATED_BY_OWN_CHECKPOINT.name: {
             "passed": bool(own_version and logprob_gap <= logprob_tolerance),
-            "metadata": {"checkpoint_version": str(on_disk.get("policy_version")), "version_matches": own_version,
-                         "max_mean_abs_logprob_gap": float(logprob_gap), "tolerance": logprob_tolerance},
+            "metadata": {
+                "checkpoint_version": str(on_disk.get("policy_version")),
+                "version_matches": own_version,
+                "max_mean_abs_logprob_gap": float(logprob_gap),
+                "tolerance": logprob_tolerance,
+            },
         },
     }
     if all(c["passed"] for c in checks.values()):
@@ -92,7 +112,9 @@ def rewards_in_range(scores: pd.DataFrame) -> bool:
     signals = scores[["structure_score", "outcome_reward"]]
     clip = np.array([json.loads(c) for c in scores["reward_clip"]], dtype=np.float64)
     reward = scores["reward"].to_numpy(dtype=np.float64)
-    return bool(((signals >= 0) & (signals <= 1)).all().all() and ((reward >= clip[:, 0]) & (reward <= clip[:, 1])).all())
+    return bool(
+        ((signals >= 0) & (signals <= 1)).all().all() and ((reward >= clip[:, 0]) & (reward <= clip[:, 1])).all()
+    )
 
 
 def describe_rewards(scores: pd.DataFrame) -> dict:
@@ -100,6 +122,9 @@ def describe_rewards(scores: pd.DataFrame) -> dict:
         return {}
     rewards = scores["reward"]
     return {
-        "n": int(len(rewards)), "avg": round(float(rewards.mean()), 4), "min": round(float(rewards.min()), 4),
-        "max": round(float(rewards.max()), 4), "negatives": int((rewards < 0).sum()),
+        "n": int(len(rewards)),
+        "avg": round(float(rewards.mean()), 4),
+        "min": round(float(rewards.min()), 4),
+        "max": round(float(rewards.max()), 4),
+        "negatives": int((rewards < 0).sum()),
     }

@@ -49,7 +49,9 @@ def _nothing(ax, text: str) -> None:
 
 def _column(frame: pd.DataFrame, name: str) -> pd.Series:
     """A numeric column, NaN where the frame lacks it (an older table, a day with nothing to say)."""
-    return pd.to_numeric(frame[name], errors="coerce") if name in frame.columns else pd.Series(np.nan, index=frame.index)
+    return (
+        pd.to_numeric(frame[name], errors="coerce") if name in frame.columns else pd.Series(np.nan, index=frame.index)
+    )
 
 
 # -- the daily_report table (one row per day) -----------------------------------------------------------------------
@@ -106,8 +108,10 @@ FIGURES = {"reward": reward_figure, "kl": kl_figure, "pass_through": pass_throug
 # -- policy vs base ------------------------------------------------------------------------------------------------
 
 AB_METRICS = {
-    "structure_score": "structure (policy - base)", "judge_win_rate": "judge win rate - 0.5",
-    "hit_rate": "hit rate (policy - base)", "mean_vs_spy_pct": "mean vs SPY, pp (policy - base)",
+    "structure_score": "structure (policy - base)",
+    "judge_win_rate": "judge win rate - 0.5",
+    "hit_rate": "hit rate (policy - base)",
+    "mean_vs_spy_pct": "mean vs SPY, pp (policy - base)",
 }
 
 
@@ -121,7 +125,11 @@ def ab_figure(evals: pd.DataFrame) -> bytes:
         x = _dates(rows)
         if len(rows):
             shift = 0.5 if metric == "judge_win_rate" else 0.0  # its interval is of the win rate
-            mid, low, high = rows["difference"].to_numpy(float), rows["ci_low"].to_numpy(float) - shift, rows["ci_high"].to_numpy(float) - shift
+            mid, low, high = (
+                rows["difference"].to_numpy(float),
+                rows["ci_low"].to_numpy(float) - shift,
+                rows["ci_high"].to_numpy(float) - shift,
+            )
             ok = ~np.isnan(low) & ~np.isnan(high) & ~np.isnan(mid)
             ax.errorbar(x[ok], mid[ok], yerr=[mid[ok] - low[ok], high[ok] - mid[ok]], fmt="o", capsize=3, color="C0")
             for day in x[~ok]:
@@ -168,7 +176,11 @@ def equity_figure(daily: pd.DataFrame) -> bytes:
     fig = Figure(figsize=WIDE)
     ax = fig.subplots()
     x = _dates(daily)
-    for column, label, style in (("policy_equity", "policy book", "o-"), ("base_equity", "base book", "s--"), ("spy_equity", "SPY", "^:")):
+    for column, label, style in (
+        ("policy_equity", "policy book", "o-"),
+        ("base_equity", "base book", "s--"),
+        ("spy_equity", "SPY", "^:"),
+    ):
         if len(daily):
             ax.plot(x, daily[column], style, label=label)
     if not len(daily):
@@ -192,7 +204,9 @@ def price_reward_figure(price: pd.DataFrame) -> bytes:
     ax = fig.subplots()
     x = _dates(price)
     if len(price):
-        reward, trained, waiting = (_column(price, c) for c in ("mean_price_reward", "price_notes_trained", "price_notes_waiting"))
+        reward, trained, waiting = (
+            _column(price, c) for c in ("mean_price_reward", "price_notes_trained", "price_notes_waiting")
+        )
         has = reward.notna().to_numpy() & (trained.fillna(0) > 0).to_numpy()
         ax.plot(x[has], reward[has], "o-", color="C4", label="mean price reward of the notes trained")
         for day, r, n, w, ok in zip(x, reward, trained, waiting, has):
@@ -225,12 +239,16 @@ def off_policy_figure(price: pd.DataFrame) -> bytes:
         limit = _column(price, "max_staleness").dropna()
         top = float(np.nanmax([high.max(), mean.max(), 1.0]))
         if len(limit):
-            left.axhline(float(limit.iloc[-1]), color="C3", linestyle="--", linewidth=1, label="max staleness (dropped above)")
+            left.axhline(
+                float(limit.iloc[-1]), color="C3", linestyle="--", linewidth=1, label="max staleness (dropped above)"
+            )
             top = max(top, float(limit.iloc[-1]))
         left.set_ylim(0, top * 1.35)  # room for the legend above the curves
         left.legend(fontsize=8, loc="upper left")
         right.plot(x, _column(price, "clip_fraction"), "o-", color="C1", label="clip fraction (the day's GSPO update)")
-        right.plot(x, _column(price, "is_truncated_fraction"), "s--", color="C6", label="IS ratio truncated (at the cap)")
+        right.plot(
+            x, _column(price, "is_truncated_fraction"), "s--", color="C6", label="IS ratio truncated (at the cap)"
+        )
         right.legend(fontsize=8, loc="upper left")
     else:
         for ax in (left, right):

@@ -38,7 +38,9 @@ SUMMARY_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
 SUMMARY_COLUMNS = list(SUMMARY_COLUMN_SCHEMA)
 
 
-def day_summary(day: str, headlines: pd.DataFrame, rollouts: pd.DataFrame, scores: pd.DataFrame, training: pd.DataFrame) -> dict:
+def day_summary(
+    day: str, headlines: pd.DataFrame, rollouts: pd.DataFrame, scores: pd.DataFrame, training: pd.DataFrame
+) -> dict:
     """One row: what came in, what was generated, how it was scored, how training went."""
     t = training.iloc[0].to_dict() if not training.empty else {}
     usable = scores[scores["usable"].astype(bool)] if not scores.empty else scores
@@ -95,10 +97,17 @@ def hit_rate_by_day(outcomes: pd.DataFrame) -> pd.DataFrame:
 
 
 OVER_DAYS_COLUMNS = {  # column -> header of the report's over-days table
-    "date": "day", "mean_price_reward": "price reward", "price_notes_trained": "notes on price",
-    "price_notes_waiting": "waiting", "staleness_mean": "staleness", "staleness_max": "max staleness",
-    "clip_fraction": "clip fraction", "is_truncated_fraction": "IS truncated", "policy_hit_rate": "hit rate policy",
-    "base_hit_rate": "hit rate base", "policy_calls": "matured calls",
+    "date": "day",
+    "mean_price_reward": "price reward",
+    "price_notes_trained": "notes on price",
+    "price_notes_waiting": "waiting",
+    "staleness_mean": "staleness",
+    "staleness_max": "max staleness",
+    "clip_fraction": "clip fraction",
+    "is_truncated_fraction": "IS truncated",
+    "policy_hit_rate": "hit rate policy",
+    "base_hit_rate": "hit rate base",
+    "policy_calls": "matured calls",
 }
 
 
@@ -125,9 +134,11 @@ def prices_note(source: str, prices_file: str | None, bundled: str | None) -> st
         return "Prices: Yahoo Finance closes (real)."
     path = Path(prices_file) if prices_file else None
     if path is not None and bundled is not None and path.resolve() == Path(bundled).resolve():
-        return ("Prices: the bundled real closes (sample_data/prices). No edge over the base is expected on them, and "
-                "none is claimed: expect the hit rate near 0.5 and the outcome labels to read 'no detectable difference'. A synthetic world "
-                "(`flywheel make-world`) is where the loop can show that it learns from prices.")
+        return (
+            "Prices: the bundled real closes (sample_data/prices). No edge over the base is expected on them, and "
+            "none is claimed: expect the hit rate near 0.5 and the outcome labels to read 'no detectable difference'. A synthetic world "
+            "(`flywheel make-world`) is where the loop can show that it learns from prices."
+        )
     if path is not None and path.with_name(path.name + ".world.json").exists():
         return f"Prices: a SYNTHETIC world, `{path.name}` (its rule and planted moves: `{path.name}.world.json`); no row is a real price."
     return f"Prices: file `{path.name if path else prices_file}`."

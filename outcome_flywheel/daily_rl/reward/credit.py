@@ -28,8 +28,9 @@ def call_token_mask(tokenizer: Any, response_ids: Sequence[int], response: str) 
     return mask if any(mask) else None
 
 
-def judged_token_advantages(reward: RewardConfig, n_tokens: int, relevance_advantage: float,
-                            call_mask: Sequence[bool] | None) -> list[float]:
+def judged_token_advantages(
+    reward: RewardConfig, n_tokens: int, relevance_advantage: float, call_mask: Sequence[bool] | None
+) -> list[float]:
     """The judged step's span-scoped advantages: share(relevance) * A_relevance on the call's line
     (the `note` part is the example's sequence advantage, share(note) * A_note)."""
     return token_advantages(n_tokens, [(reward.share("relevance"), relevance_advantage, call_mask)])

@@ -8,43 +8,47 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from outcome_flywheel.daily_rl.reward.signals import (
-    RewardConfig,
-)
+from outcome_flywheel.daily_rl.reward.signals import RewardConfig
 
 if TYPE_CHECKING:
     pass
 
 
-
-def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_advantage: float = 1e-8, with_keys: bool = False,
-                      reward: RewardConfig | None = None, tokenizer=None):
+def training_examples(
+    rollouts: pd.DataFrame,
+    scores: pd.DataFrame,
+    min_abs_advantage: float = 1e-8,
+    with_keys: bool = False,
+    reward: RewardConfig | None = None,
+    tokenizer=None,
+):
     """GSPO examples from the usable scored rollouts (notes whose every token's advantage is 0 carry no
     gradient); with `with_keys`, also each example's (note date, headline_id, rollout_index).
 
     Without `reward`: one advantage per note, `advantage` (whole-note signals only). With it and the
     policy's `tokenizer`: the note's advantage share(note) * advantage (the sequence part) and
     share(relevance) * relevance_advantage on the call's line's tokens (`credit.py`)."""
-    from outcome_flywheel.daily_rl.reward.credit import (
-        call_token_mask,
-        judged_token_advantages,
-    )
+    from outcome_flywheel.daily_rl.reward.credit import call_token_mask, judged_token_advantages
     from outcome_flywheel.models.train.gspo_config import GSPOExample
 
     if rollouts.empty or scores.empty:
         return ([], []) if with_keys else []
     columns = ["headline_id", "rollout_index", "advantage", "usable"]
     relevance = "relevance_advantage" in scores.columns
-    merged = rollouts.merge(scores[columns + (["relevance_advantage"] if relevance else [])],
-                            on=["headline_id", "rollout_index"], how="inner")
+    merged = rollouts.merge(
+        scores[columns + (["relevance_advantage"] if relevance else [])],
+        on=["headline_id", "rollout_index"],
+        how="inner",
+    )
     if not relevance:
         merged["relevance_advantage"] = 0.0
     merged["relevance_advantage"] = merged["relevance_advantage"].fillna(0.0)
     if reward is None:
         keep = merged["advantage"].abs() > min_abs_advantage
     else:
-        keep = (merged["advantage"].abs() * reward.share("note") > min_abs_advantage) | \
-               (merged["relevance_advantage"].abs() * reward.share("relevance") > min_abs_advantage)
+        keep = (merged["advantage"].abs() * reward.share("note") > min_abs_advantage) | (
+            merged["relevance_advantage"].abs() * reward.share("relevance") > min_abs_advantage
+        )
     merged = merged[merged["usable"] & keep]
     merged = merged[merged["response_ids"].map(len) > 0].sort_values(["headline_id", "rollout_index"])
     examples = []
@@ -54,9 +58,15 @@ def training_examples(rollouts: pd.DataFrame, scores: pd.DataFrame, min_abs_adva
         if reward is not None and reward.share("relevance") and float(r.relevance_advantage):
             mask = call_token_mask(tokenizer, ids, r.response) if tokenizer is not None else None
             token_adv = judged_token_advantages(reward, len(ids), float(r.relevance_advantage), mask)
-        examples.append(GSPOExample(
-            prompt=json.loads(r.prompt), response_ids=ids, behavior_logprobs=[float(x) for x in r.behavior_logprobs],
-            advantage=float(r.advantage) * (reward.share("note") if reward is not None else 1.0), token_advantages=token_adv))
+        examples.append(
+            GSPOExample(
+                prompt=json.loads(r.prompt),
+                response_ids=ids,
+                behavior_logprobs=[float(x) for x in r.behavior_logprobs],
+                advantage=float(r.advantage) * (reward.share("note") if reward is not None else 1.0),
+                token_advantages=token_adv,
+            )
+        )
     if with_keys:
         return examples, [(str(r.date), str(r.headline_id), int(r.rollout_index)) for r in merged.itertuples()]
     return examples

@@ -18,14 +18,16 @@ LEDGER_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "note_date": ("string", "The note's day (its rollouts partition)."),
     "headline_id": ("string", "The note's headline."),
     "rollout_index": ("int", "Which of the headline's notes."),
-    "step": ("string", (
-        "judged (immediate signals, the day after the note) or matured (price, when its outcome is known)."
-    )),
+    "step": (
+        "string",
+        ("judged (immediate signals, the day after the note) or matured (price, when its outcome is known)."),
+    ),
     "signals": ("string", "Comma-separated reward signals this row trained the note on."),
     "status": ("string", "trained or dropped; either way the note is settled for this step."),
-    "reason": ("string", (
-        "Why it was dropped (stale: N policy updates > limit; no_data: ...; the judge's unusable reason)."
-    )),
+    "reason": (
+        "string",
+        ("Why it was dropped (stale: N policy updates > limit; no_data: ...; the judge's unusable reason)."),
+    ),
     "policy_version": ("string", "D's parent: the policy the update started from (the one trained against)."),
     "behavior_policy_version": ("string", "The checkpoint that sampled the note (its behaviour log-probs)."),
     "staleness_updates": ("int", "Policy updates (weight changes) between the note's sampler and D's parent."),
@@ -42,8 +44,16 @@ NOTE_KEY = ["note_date", "headline_id", "rollout_index"]
 def ledger_frame(rows: list[dict]) -> pd.DataFrame:
     """Ledger rows in LEDGER_COLUMNS order with stable dtypes (an empty day too)."""
     frame = pd.DataFrame(rows, columns=LEDGER_COLUMNS)
-    return frame.astype({"rollout_index": "int64", "staleness_updates": "int64", "staleness_days": "int64",
-                         "signal_value": "float64", "advantage": "float64", "is_ratio": "float64"})
+    return frame.astype(
+        {
+            "rollout_index": "int64",
+            "staleness_updates": "int64",
+            "staleness_days": "int64",
+            "signal_value": "float64",
+            "advantage": "float64",
+            "is_ratio": "float64",
+        }
+    )
 
 
 def settled_notes(earlier: pd.DataFrame, step: str) -> set[tuple[str, str, int]]:

@@ -34,10 +34,14 @@ import numpy as np
 import pandas as pd
 
 from outcome_flywheel.daily_rl.notes.calls import calls_frame
-from outcome_flywheel.daily_rl.reward.ledger import settled_notes
 from outcome_flywheel.daily_rl.notes.outcomes import (
-    BENCHMARK, DEFAULT_COST_BPS, DEFAULT_HORIZON, outcome_rows, price_range,
+    BENCHMARK,
+    DEFAULT_COST_BPS,
+    DEFAULT_HORIZON,
+    outcome_rows,
+    price_range,
 )
+from outcome_flywheel.daily_rl.reward.ledger import settled_notes
 from outcome_flywheel.daily_rl.reward.signals import PriceReward, group_advantages
 from outcome_flywheel.trading_sessions import nyse_calendar
 
@@ -49,14 +53,28 @@ NEW_YORK = "America/New_York"
 class MaturedConfig:
     """How the delayed step picks and rewards matured notes."""
 
-    price: PriceReward = field(default_factory=PriceReward, metadata={"help": "The price signal's transform and values."})
-    max_staleness: int = field(default=DEFAULT_MAX_STALENESS, metadata={"help": (
-        "Most policy updates between the note's sampler and D's parent; staler groups are dropped (reason recorded).")})
-    horizon: int = field(default=DEFAULT_HORIZON, metadata={"help": "Sessions between entry and exit (FLYWHEEL_OUTCOME_HORIZON)."})
+    price: PriceReward = field(
+        default_factory=PriceReward, metadata={"help": "The price signal's transform and values."}
+    )
+    max_staleness: int = field(
+        default=DEFAULT_MAX_STALENESS,
+        metadata={
+            "help": (
+                "Most policy updates between the note's sampler and D's parent; staler groups are dropped (reason recorded)."
+            )
+        },
+    )
+    horizon: int = field(
+        default=DEFAULT_HORIZON, metadata={"help": "Sessions between entry and exit (FLYWHEEL_OUTCOME_HORIZON)."}
+    )
     cost_bps: float = field(default=DEFAULT_COST_BPS, metadata={"help": "Round-trip cost (FLYWHEEL_OUTCOME_COST_BPS)."})
 
     def __post_init__(self):
-        if isinstance(self.max_staleness, bool) or int(self.max_staleness) != self.max_staleness or self.max_staleness < 0:
+        if (
+            isinstance(self.max_staleness, bool)
+            or int(self.max_staleness) != self.max_staleness
+            or self.max_staleness < 0
+        ):
             raise ValueError(f"price_max_staleness must be a whole number >= 0, got {self.max_staleness!r}")
 
 
@@ -66,7 +84,7 @@ def longest_wait_days(horizon: int = DEFAULT_HORIZON) -> int:
     days after session S[i-1] up to S[i], entry is S[i] and exit S[i+h], so the wait is at most
     S[i+h] - S[i-1] (6 days for h = 1: the 2012 hurricane closure)."""
     sessions = nyse_calendar().sessions
-    gaps = sessions[horizon + 1:] - sessions[: len(sessions) - horizon - 1]
+    gaps = sessions[horizon + 1 :] - sessions[: len(sessions) - horizon - 1]
     return int(gaps.days.max())
 
 
@@ -105,8 +123,15 @@ class MaturedBatch:
 
 
 def matured_batch(
-    notes: pd.DataFrame, outcomes: pd.DataFrame, day: str, parent_version: str | None, checkpoints: dict[str, str],
-    config: MaturedConfig, advantage_scale: float, temperature: float | None, tokenizer=None,
+    notes: pd.DataFrame,
+    outcomes: pd.DataFrame,
+    day: str,
+    parent_version: str | None,
+    checkpoints: dict[str, str],
+    config: MaturedConfig,
+    advantage_scale: float,
+    temperature: float | None,
+    tokenizer=None,
 ) -> MaturedBatch:
     """Ledger rows and GSPO examples of the unsettled `notes` (rollout rows of earlier days) given their
     `outcomes` (same rows, in order: `outcome_rows` of their calls). `advantage_scale`: the price part's
@@ -117,17 +142,29 @@ def matured_batch(
 
     batch = MaturedBatch()
     frame = notes.reset_index(drop=True).assign(
-        o_status=outcomes["status"].to_numpy(), o_vs=outcomes["vs_spy_pct"].to_numpy(),
-        o_parse=outcomes["parse_status"].to_numpy(), o_why=outcomes["reason"].to_numpy())
+        o_status=outcomes["status"].to_numpy(),
+        o_vs=outcomes["vs_spy_pct"].to_numpy(),
+        o_parse=outcomes["parse_status"].to_numpy(),
+        o_why=outcomes["reason"].to_numpy(),
+    )
     for (note_day, headline_id), group in frame.groupby(["date", "headline_id"], sort=True):
         if (group["o_status"] == "pending").any():
             batch.waiting_notes += len(group)
             continue
         behavior = str(group["policy_version"].iloc[0])
         stale = staleness_updates(note_day, behavior, checkpoints, day)
-        base = dict(date=day, note_date=note_day, headline_id=headline_id, step="matured", signals="price",
-                    policy_version=parent_version, behavior_policy_version=behavior, staleness_updates=stale,
-                    staleness_days=(date.fromisoformat(day) - date.fromisoformat(note_day)).days, is_ratio=np.nan)
+        base = dict(
+            date=day,
+            note_date=note_day,
+            headline_id=headline_id,
+            step="matured",
+            signals="price",
+            policy_version=parent_version,
+            behavior_policy_version=behavior,
+            staleness_updates=stale,
+            staleness_days=(date.fromisoformat(day) - date.fromisoformat(note_day)).days,
+            is_ratio=np.nan,
+        )
         reason = None
         if stale > config.max_staleness:
             reason = f"stale: {stale} policy updates since the notes were sampled > price_max_staleness {config.max_staleness}"
@@ -135,27 +172,60 @@ def matured_batch(
             reason = f"sampled at temperature {group['temperature'].iloc[0]}, today's update trains at {temperature}"
         usable = group[group["o_status"] != "no_data"]
         values = [config.price.value(s, v, p) for s, v, p in zip(usable["o_status"], usable["o_vs"], usable["o_parse"])]
-        advantages = group_advantages(values) * advantage_scale if reason is None and len(values) else np.zeros(len(values))
+        advantages = (
+            group_advantages(values) * advantage_scale if reason is None and len(values) else np.zeros(len(values))
+        )
         for r in group[group["o_status"] == "no_data"].itertuples():
             batch.no_data_notes += 1
-            batch.ledger.append({**base, "rollout_index": int(r.rollout_index), "status": "dropped",
-                                 "reason": f"no_data: {r.o_why}", "signal_value": np.nan, "advantage": np.nan})
+            batch.ledger.append(
+                {
+                    **base,
+                    "rollout_index": int(r.rollout_index),
+                    "status": "dropped",
+                    "reason": f"no_data: {r.o_why}",
+                    "signal_value": np.nan,
+                    "advantage": np.nan,
+                }
+            )
         for r, value, adv in zip(usable.itertuples(), values, advantages):
-            batch.ledger.append({**base, "rollout_index": int(r.rollout_index), "status": "dropped" if reason else "trained",
-                                 "reason": reason, "signal_value": value, "advantage": np.nan if reason else float(adv)})
+            batch.ledger.append(
+                {
+                    **base,
+                    "rollout_index": int(r.rollout_index),
+                    "status": "dropped" if reason else "trained",
+                    "reason": reason,
+                    "signal_value": value,
+                    "advantage": np.nan if reason else float(adv),
+                }
+            )
             if reason is None and abs(adv) > 1e-8 and len(r.response_ids):
                 ids = [int(t) for t in r.response_ids]
                 span = call_token_mask(tokenizer, ids, r.response) if tokenizer is not None else None
-                batch.examples.append(GSPOExample(
-                    prompt=json.loads(r.prompt), response_ids=ids, behavior_logprobs=[float(x) for x in r.behavior_logprobs],
-                    advantage=0.0, token_advantages=price_token_advantages(len(ids), float(adv), span)))
+                batch.examples.append(
+                    GSPOExample(
+                        prompt=json.loads(r.prompt),
+                        response_ids=ids,
+                        behavior_logprobs=[float(x) for x in r.behavior_logprobs],
+                        advantage=0.0,
+                        token_advantages=price_token_advantages(len(ids), float(adv), span),
+                    )
+                )
                 batch.example_keys.append((note_day, headline_id, int(r.rollout_index)))
     return batch
 
 
-def collect_matured(warehouse, market_data, policy_version_of: Callable[[str], str | None], day: str, parent_version: str | None,
-                    config: MaturedConfig, advantage_scale: float, temperature: float | None,
-                    wall_clock: pd.Timestamp | None = None, tokenizer=None) -> MaturedBatch:
+def collect_matured(
+    warehouse,
+    market_data,
+    policy_version_of: Callable[[str], str | None],
+    day: str,
+    parent_version: str | None,
+    config: MaturedConfig,
+    advantage_scale: float,
+    temperature: float | None,
+    wall_clock: pd.Timestamp | None = None,
+    tokenizer=None,
+) -> MaturedBatch:
     """Read the window's notes and earlier ledgers, price the unsettled notes as of D, build the batch.
     Days of the window that were never run (first days, gaps) are simply absent. `policy_version_of(d)`:
     the version of day d's checkpoint, None where there is none."""
@@ -181,6 +251,8 @@ def collect_matured(warehouse, market_data, policy_version_of: Callable[[str], s
     table, _ = market_data.price_table(symbols, start, end, cutoff)
     outcomes = outcome_rows(calls.drop(columns=["response"]), table, cutoff, config.horizon, config.cost_bps)
     checkpoints = {d: v for d in days if (v := policy_version_of(d)) is not None}
-    result = matured_batch(notes, outcomes, day, parent_version, checkpoints, config, advantage_scale, temperature, tokenizer)
+    result = matured_batch(
+        notes, outcomes, day, parent_version, checkpoints, config, advantage_scale, temperature, tokenizer
+    )
     result.window = batch.window
     return result

@@ -63,11 +63,13 @@ def _shown_below(gap: float, limit: float) -> str:
 def _ordered(group: pd.DataFrame) -> pd.DataFrame:
     """Best first: reward, then structure, then the shorter note, then the lower index."""
     g = group.assign(_length=group["response"].str.len())
-    return g.sort_values(["reward", "structure_score", "_length", "rollout_index"], ascending=[False, False, True, True])
+    return g.sort_values(
+        ["reward", "structure_score", "_length", "rollout_index"], ascending=[False, False, True, True]
+    )
 
 
 def build_rollout_pairs(
-    scores: pd.DataFrame, rollouts: pd.DataFrame, min_reward_gap: float = DEFAULT_MIN_REWARD_GAP,
+    scores: pd.DataFrame, rollouts: pd.DataFrame, min_reward_gap: float = DEFAULT_MIN_REWARD_GAP
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(pairs, no_contrast) of one day's scores (rollout_scores(D)) and the notes they scored (rollouts(D-1))."""
     if not 0.0 <= min_reward_gap:
@@ -78,12 +80,25 @@ def build_rollout_pairs(
     merged = scores.merge(rollouts[cols], on=["headline_id", "rollout_index"], how="left", validate="one_to_one")
     pairs, none, seen = [], [], set()
     for headline_id, group in merged.groupby("headline_id", sort=True):
-        base = dict(date=group["date"].iloc[0], prediction_date=group["prediction_date"].iloc[0], headline_id=headline_id, notes=len(group))
+        base = dict(
+            date=group["date"].iloc[0],
+            prediction_date=group["prediction_date"].iloc[0],
+            headline_id=headline_id,
+            notes=len(group),
+        )
         if group["response"].isna().any():
-            none.append({**base, "reward_gap": float("nan"), "reason": "scored notes missing from the rollouts of the prediction day"})
+            none.append(
+                {
+                    **base,
+                    "reward_gap": float("nan"),
+                    "reason": "scored notes missing from the rollouts of the prediction day",
+                }
+            )
             continue
         if not bool(group["usable"].iloc[0]):
-            none.append({**base, "reward_gap": float("nan"), "reason": f"unusable group: {group['unusable_reason'].iloc[0]}"})
+            none.append(
+                {**base, "reward_gap": float("nan"), "reason": f"unusable group: {group['unusable_reason'].iloc[0]}"}
+            )
             continue
         if len(group) < 2:
             none.append({**base, "reward_gap": float("nan"), "reason": "fewer than 2 notes"})
@@ -92,7 +107,13 @@ def build_rollout_pairs(
         best, worst = ordered.iloc[0], ordered.iloc[-1]
         gap = float(best["reward"] - worst["reward"])
         if gap < min_reward_gap - REWARD_GAP_TOLERANCE:
-            none.append({**base, "reward_gap": gap, "reason": f"reward gap {_shown_below(gap, min_reward_gap)} < {min_reward_gap:g}"})
+            none.append(
+                {
+                    **base,
+                    "reward_gap": gap,
+                    "reason": f"reward gap {_shown_below(gap, min_reward_gap)} < {min_reward_gap:g}",
+                }
+            )
             continue
         if best["response"].strip() == worst["response"].strip():
             none.append({**base, "reward_gap": gap, "reason": "best and worst notes read the same"})
@@ -102,15 +123,33 @@ def build_rollout_pairs(
             none.append({**base, "reward_gap": gap, "reason": "duplicate of an earlier pair of the day"})
             continue
         seen.add(key)
-        pairs.append(dict(
-            pair_id=hashlib.sha256("|".join(str(x) for x in (base["date"], headline_id, best["rollout_index"], worst["rollout_index"])).encode()).hexdigest()[:16],
-            date=base["date"], prediction_date=base["prediction_date"], headline_id=headline_id, prompt=best["prompt"],
-            chosen=best["response"], rejected=worst["response"], chosen_rollout_index=int(best["rollout_index"]),
-            rejected_rollout_index=int(worst["rollout_index"]), chosen_reward=float(best["reward"]), rejected_reward=float(worst["reward"]),
-            reward_gap=gap, chosen_structure=float(best["structure_score"]), rejected_structure=float(worst["structure_score"]),
-            chosen_rank=int(best["rank"]), rejected_rank=int(worst["rank"]), seed=int(best["seed"]),
-            policy_version=str(best["policy_version"]), reward_weights=str(best.get("reward_weights", "")),
-        ))
+        pairs.append(
+            dict(
+                pair_id=hashlib.sha256(
+                    "|".join(
+                        str(x) for x in (base["date"], headline_id, best["rollout_index"], worst["rollout_index"])
+                    ).encode()
+                ).hexdigest()[:16],
+                date=base["date"],
+                prediction_date=base["prediction_date"],
+                headline_id=headline_id,
+                prompt=best["prompt"],
+                chosen=best["response"],
+                rejected=worst["response"],
+                chosen_rollout_index=int(best["rollout_index"]),
+                rejected_rollout_index=int(worst["rollout_index"]),
+                chosen_reward=float(best["reward"]),
+                rejected_reward=float(worst["reward"]),
+                reward_gap=gap,
+                chosen_structure=float(best["structure_score"]),
+                rejected_structure=float(worst["structure_score"]),
+                chosen_rank=int(best["rank"]),
+                rejected_rank=int(worst["rank"]),
+                seed=int(best["seed"]),
+                policy_version=str(best["policy_version"]),
+                reward_weights=str(best.get("reward_weights", "")),
+            )
+        )
     return pd.DataFrame(pairs, columns=PAIR_COLUMNS), pd.DataFrame(none, columns=NO_CONTRAST_COLUMNS)
 
 
@@ -119,17 +158,34 @@ def pair_exports(pairs: pd.DataFrame) -> dict[str, bytes]:
     format is pair i of the sidecar (rollout ids, scores, seed, policy version) and the files' sha256."""
     files: dict[str, bytes] = {}
     for fmt, make in EXPORT_FORMATS.items():
-        files[f"{fmt}.jsonl"] = jsonl_bytes(make(json.loads(r.prompt), r.chosen, r.rejected) for r in pairs.itertuples(index=False))
+        files[f"{fmt}.jsonl"] = jsonl_bytes(
+            make(json.loads(r.prompt), r.chosen, r.rejected) for r in pairs.itertuples(index=False)
+        )
     sidecar: dict[str, Any] = {
         "source": "rollout_pairs: best vs worst note of each judged group of the daily loop",
         "rows": int(len(pairs)),
         "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()},
         "pairs": [
             {
-                "pair_id": r.pair_id, "date": r.date, "prediction_date": r.prediction_date, "headline_id": r.headline_id,
-                "chosen": {"rollout_index": r.chosen_rollout_index, "reward": r.chosen_reward, "structure": r.chosen_structure, "rank": r.chosen_rank},
-                "rejected": {"rollout_index": r.rejected_rollout_index, "reward": r.rejected_reward, "structure": r.rejected_structure, "rank": r.rejected_rank},
-                "reward_gap": r.reward_gap, "seed": r.seed, "policy_version": r.policy_version,
+                "pair_id": r.pair_id,
+                "date": r.date,
+                "prediction_date": r.prediction_date,
+                "headline_id": r.headline_id,
+                "chosen": {
+                    "rollout_index": r.chosen_rollout_index,
+                    "reward": r.chosen_reward,
+                    "structure": r.chosen_structure,
+                    "rank": r.chosen_rank,
+                },
+                "rejected": {
+                    "rollout_index": r.rejected_rollout_index,
+                    "reward": r.rejected_reward,
+                    "structure": r.rejected_structure,
+                    "rank": r.rejected_rank,
+                },
+                "reward_gap": r.reward_gap,
+                "seed": r.seed,
+                "policy_version": r.policy_version,
                 "reward_weights": json.loads(r.reward_weights) if r.reward_weights else None,
             }
             for r in pairs.itertuples(index=False)

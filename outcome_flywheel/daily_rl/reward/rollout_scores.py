@@ -12,22 +12,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.judge.ranking import (
-    GroupJudgement,
-    JudgeGroup,
-    is_permutation,
-    rank_rewards,
-)
-from outcome_flywheel.daily_rl.partitions import DailyUpdateError, stable_seed
-from outcome_flywheel.daily_rl.reward.signals import (
-    RewardConfig,
-    group_advantages,
-    rank_reward,
-)
-
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.judge.ranking import GroupJudgement, JudgeGroup, is_permutation, rank_rewards
 from outcome_flywheel.daily_rl.notes.calls import calls_frame
 from outcome_flywheel.daily_rl.notes.relevance import relevance_column
+from outcome_flywheel.daily_rl.partitions import DailyUpdateError, stable_seed
+from outcome_flywheel.daily_rl.reward.signals import RewardConfig, group_advantages, rank_reward
 from outcome_flywheel.feedback.curation import note_ratings
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse
@@ -44,10 +34,13 @@ SCORE_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "judge_placed": ("bool", "The judge picked this note in some round (unplaced notes share one reward)."),
     "outcome_reward": ("float", "Rank reward 1 - (rank-1)/(N-1), in [0, 1]."),
     "structure_score": ("float", "Structure score of the note, in [0, 1]."),
-    "reward": ("float", (
-        "Weighted sum of the signals (reward_weights), clipped to reward_clip; default 0.5 * structure_score + 0.5 * "
-        "outcome_reward in [0, 1]."
-    )),
+    "reward": (
+        "float",
+        (
+            "Weighted sum of the signals (reward_weights), clipped to reward_clip; default 0.5 * structure_score + 0.5 * "
+            "outcome_reward in [0, 1]."
+        ),
+    ),
     "advantage": ("float", "Reward normalised within the headline's group (0 for unusable groups)."),
     "usable": ("bool", "The group is trained on (the judge answered and there were outcome headlines)."),
     "unusable_reason": ("string", "Why the group is not trained on; empty when usable."),
@@ -63,18 +56,27 @@ SCORE_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "judge_note_tokens": ("int", "The note's length in tokens, whitespace collapsed (0 when the judge was not asked)."),
     "judge_shown_tokens": ("int", "Tokens of the note the judge saw: its fair share of the judge's prompt budget."),
     "judge_truncated": ("bool", "The note was cut to fit the judge's prompt budget."),
-    "human_signal": ("float", (
-        "People's thumbs/stars on the note in [0, 1] (note_feedback of the notes' day, mean), when it has any: the "
-        "`human` reward signal."
-    )),
-    "relevance_signal": ("float", (
-        "1 if the call is on a company the headline names, 0 if not; empty when the headline names no known company: "
-        "the `relevance` signal."
-    )),
-    "relevance_advantage": ("float", (
-        "The `relevance` part's group-normalised advantage (trained on the call's line, times its share); 0 where "
-        "relevance is not weighted or the headline names no company."
-    )),
+    "human_signal": (
+        "float",
+        (
+            "People's thumbs/stars on the note in [0, 1] (note_feedback of the notes' day, mean), when it has any: the "
+            "`human` reward signal."
+        ),
+    ),
+    "relevance_signal": (
+        "float",
+        (
+            "1 if the call is on a company the headline names, 0 if not; empty when the headline names no known company: "
+            "the `relevance` signal."
+        ),
+    ),
+    "relevance_advantage": (
+        "float",
+        (
+            "The `relevance` part's group-normalised advantage (trained on the call's line, times its share); 0 where "
+            "relevance is not weighted or the headline names no company."
+        ),
+    ),
 }
 SCORE_COLUMNS = list(SCORE_COLUMN_SCHEMA)
 
@@ -86,23 +88,37 @@ class ScoringInput:
     frames: list[pd.DataFrame]  # the group's rollouts, in rollout_index order
 
 
-def judge_inputs(rollouts: pd.DataFrame, outcome_titles: Sequence[str], select_outcomes, seed: int, day: str) -> ScoringInput:
+def judge_inputs(
+    rollouts: pd.DataFrame, outcome_titles: Sequence[str], select_outcomes, seed: int, day: str
+) -> ScoringInput:
     """One judge group per headline of the previous day's rollouts."""
     groups, keys, frames = [], [], []
     for headline_id, frame in rollouts.groupby("headline_id", sort=True):
         frame = frame.sort_values("rollout_index")
         title = frame["title"].iloc[0]
-        groups.append(JudgeGroup(title, select_outcomes(title, list(outcome_titles)), list(frame["response"]),
-                                 stable_seed(seed, day, headline_id, "judge")))
+        groups.append(
+            JudgeGroup(
+                title,
+                select_outcomes(title, list(outcome_titles)),
+                list(frame["response"]),
+                stable_seed(seed, day, headline_id, "judge"),
+            )
+        )
         keys.append(headline_id)
         frames.append(frame)
     return ScoringInput(groups, keys, frames)
 
 
 def score_table(
-    inputs: ScoringInput, judgements: Sequence[GroupJudgement], day: str, prediction_date: str, outcome_date: str,
-    reward: RewardConfig | None = None, human: Mapping[tuple[str, int], float] | None = None,
-    relevance: Mapping[tuple[str, int], float | None] | None = None, scorer: Mapping[tuple[str, int], float] | None = None,
+    inputs: ScoringInput,
+    judgements: Sequence[GroupJudgement],
+    day: str,
+    prediction_date: str,
+    outcome_date: str,
+    reward: RewardConfig | None = None,
+    human: Mapping[tuple[str, int], float] | None = None,
+    relevance: Mapping[tuple[str, int], float | None] | None = None,
+    scorer: Mapping[tuple[str, int], float] | None = None,
 ) -> pd.DataFrame:
     """rollout_scores rows: rank -> rank reward, the configured weighted sum of the whole-note signals
     (default 0.5 structure + 0.5 rank reward, clipped to [0, 1]) and its group advantage (`advantage`),
@@ -131,8 +147,10 @@ def score_table(
         people = [human.get((key, int(i))) for i in frame["rollout_index"]]
         on_topic = [relevance.get((key, int(i))) for i in frame["rollout_index"]]
         rated = [scorer.get((key, int(i))) for i in frame["rollout_index"]]
-        rewards = [reward_config.combine({"structure": s, "judge_rank": o, "human": h, "relevance": r, "scorer": c})
-                   for s, o, h, r, c in zip(structure, outcome, people, on_topic, rated)]
+        rewards = [
+            reward_config.combine({"structure": s, "judge_rank": o, "human": h, "relevance": r, "scorer": c})
+            for s, o, h, r, c in zip(structure, outcome, people, on_topic, rated)
+        ]
         advantage = group_advantages(rewards) if judgement.usable else np.zeros(n)
         # `relevance` is its own part (it judges the call's line): normalised within the group where defined.
         defined = [r for r in on_topic if r is not None]
@@ -141,20 +159,37 @@ def score_table(
             relevance_adv = group_advantages([float(r) for r in on_topic])
         placed = set(judgement.picks)
         for k, rollout_index in enumerate(frame["rollout_index"]):
-            rows.append(dict(
-                date=day, prediction_date=prediction_date, outcome_headlines_date=outcome_date, headline_id=key,
-                rollout_index=int(rollout_index), rank=int(judgement.ranks[k]), judge_placed=k in placed,
-                outcome_reward=outcome[k], structure_score=structure[k], reward=rewards[k], advantage=float(advantage[k]),
-                usable=bool(judgement.usable), unusable_reason=judgement.unusable_reason,
-                judge_retries=int(judgement.retries), judge_fallback=bool(judgement.fallback),
-                judge_rounds_answered=int(judgement.rounds_answered), judge_first_position=judgement.first_position(k),
-                judge_presentation=json.dumps(judgement.shown), judge_answers=json.dumps(judgement.answers),
-                outcome_headlines_shown=json.dumps(group.outcome_headlines), **recorded,
-                judge_note_tokens=int(judgement.note_tokens[k]) if judgement.note_tokens else 0,
-                judge_shown_tokens=int(judgement.shown_tokens[k]) if judgement.shown_tokens else 0,
-                judge_truncated=judgement.truncated(k), human_signal=people[k], relevance_signal=on_topic[k],
-                relevance_advantage=float(relevance_adv[k]),
-            ))
+            rows.append(
+                dict(
+                    date=day,
+                    prediction_date=prediction_date,
+                    outcome_headlines_date=outcome_date,
+                    headline_id=key,
+                    rollout_index=int(rollout_index),
+                    rank=int(judgement.ranks[k]),
+                    judge_placed=k in placed,
+                    outcome_reward=outcome[k],
+                    structure_score=structure[k],
+                    reward=rewards[k],
+                    advantage=float(advantage[k]),
+                    usable=bool(judgement.usable),
+                    unusable_reason=judgement.unusable_reason,
+                    judge_retries=int(judgement.retries),
+                    judge_fallback=bool(judgement.fallback),
+                    judge_rounds_answered=int(judgement.rounds_answered),
+                    judge_first_position=judgement.first_position(k),
+                    judge_presentation=json.dumps(judgement.shown),
+                    judge_answers=json.dumps(judgement.answers),
+                    outcome_headlines_shown=json.dumps(group.outcome_headlines),
+                    **recorded,
+                    judge_note_tokens=int(judgement.note_tokens[k]) if judgement.note_tokens else 0,
+                    judge_shown_tokens=int(judgement.shown_tokens[k]) if judgement.shown_tokens else 0,
+                    judge_truncated=judgement.truncated(k),
+                    human_signal=people[k],
+                    relevance_signal=on_topic[k],
+                    relevance_advantage=float(relevance_adv[k]),
+                )
+            )
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
 
 
@@ -173,9 +208,17 @@ def position_bias(scores: pd.DataFrame) -> dict[str, dict[str, float]]:
 
 
 def score_previous_rollouts(
-    warehouse: Warehouse, models: ModelLoader, judge: Judge, day: str, prediction_day: str, outcome_day: str,
-    prev_rollouts: pd.DataFrame, reward: RewardConfig | None = None, universe: set[str] | None = None,
-    world_titles: Sequence[str] | None = None, scorer: Mapping[tuple[str, int], float] | None = None,
+    warehouse: Warehouse,
+    models: ModelLoader,
+    judge: Judge,
+    day: str,
+    prediction_day: str,
+    outcome_day: str,
+    prev_rollouts: pd.DataFrame,
+    reward: RewardConfig | None = None,
+    universe: set[str] | None = None,
+    world_titles: Sequence[str] | None = None,
+    scorer: Mapping[tuple[str, int], float] | None = None,
 ) -> pd.DataFrame:
     """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines, or,
     in a synthetic world, against `world_titles`, the world's own follow-ups of the headlines' companies
@@ -184,22 +227,36 @@ def score_previous_rollouts(
     if prev_rollouts.empty:
         return pd.DataFrame(columns=SCORE_COLUMNS)
     if not warehouse.exists("headlines", outcome_day):
-        raise DailyUpdateError(f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first")
+        raise DailyUpdateError(
+            f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first"
+        )
     outcome_titles = world_titles
     if outcome_titles is None:
         outcome_titles = list(warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
     judge_backend = judge.load(models)
     inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
     judgements = judge.rank(judge_backend, inputs.groups)
-    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human_signals(warehouse, prediction_day),
-                       relevance_signals(prev_rollouts, universe), scorer)
+    return score_table(
+        inputs,
+        judgements,
+        day,
+        prediction_day,
+        outcome_day,
+        reward,
+        human_signals(warehouse, prediction_day),
+        relevance_signals(prev_rollouts, universe),
+        scorer,
+    )
 
 
 def relevance_signals(rollouts: pd.DataFrame, universe: set[str] | None) -> dict[tuple[str, int], float | None]:
     """(headline_id, rollout_index) -> the `relevance` signal (None where the headline names no known company)."""
     calls = calls_frame(rollouts[["headline_id", "rollout_index", "title", "summary", "response"]], universe)
     values = relevance_column(calls)
-    return {(str(h), int(i)): (None if v != v else float(v)) for h, i, v in zip(calls["headline_id"], calls["rollout_index"], values)}
+    return {
+        (str(h), int(i)): (None if v != v else float(v))
+        for h, i, v in zip(calls["headline_id"], calls["rollout_index"], values)
+    }
 
 
 def human_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, int], float]:
@@ -209,4 +266,7 @@ def human_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, 
     if not warehouse.exists("note_feedback", prediction_day):
         return {}
     ratings = note_ratings(warehouse.read("note_feedback", prediction_day))
-    return {(str(h), int(i)): float(v) for h, i, v in zip(ratings["headline_id"], ratings["rollout_index"], ratings["rating"])}
+    return {
+        (str(h), int(i)): float(v)
+        for h, i, v in zip(ratings["headline_id"], ratings["rollout_index"], ratings["rating"])
+    }

@@ -34,7 +34,7 @@ REWARD_SIGNALS = {
     "relevance": "1 if the call is on a company the headline names, else 0 (daily_rl.relevance); only where it names one",
     "price": "the matured call's vs_spy_pct net of costs through PriceReward's logistic; trained when it matures",
     "scorer": "the online note scorer's sigmoid(score) of the note, its state as of the note's day (daily_rl.note_scorer); "
-              "off unless weighted, only where that state and the note's features exist",
+    "off unless weighted, only where that state and the note's features exist",
 }
 # Signals only some notes have. Where one is missing its weight drops out and the rest are
 # rescaled to the always-present signals' total weight, so rated and unrated notes share one scale
@@ -43,7 +43,14 @@ SPARSE_SIGNALS = ("human", "relevance", "scorer")
 # Signals known only days after the note (prices): trained in their own step when they mature.
 DELAYED_SIGNALS = ("price",)
 # What each signal judges: the whole note, or the trade call's line (`notes.calls.call_spans`).
-SIGNAL_SPANS = {"structure": "note", "judge_rank": "note", "human": "note", "scorer": "note", "relevance": "call", "price": "call"}
+SIGNAL_SPANS = {
+    "structure": "note",
+    "judge_rank": "note",
+    "human": "note",
+    "scorer": "note",
+    "relevance": "call",
+    "price": "call",
+}
 # The parts of a reward, each with its own group-normalised advantage: the whole-note signals summed
 # into R (same span, same time), and each call-line signal on its own (one immediate, one delayed).
 PARTS = ("note", "relevance", "price")
@@ -66,8 +73,13 @@ class RewardConfig:
     """How a note's reward is made from its named signals: a weighted sum, clipped to a range."""
 
     weights: Mapping[str, float] = field(
-        default_factory=lambda: {"structure": STRUCTURE_WEIGHT, "judge_rank": 1.0 - STRUCTURE_WEIGHT, "human": HUMAN_WEIGHT,
-                                 "relevance": RELEVANCE_WEIGHT, "price": PRICE_WEIGHT},
+        default_factory=lambda: {
+            "structure": STRUCTURE_WEIGHT,
+            "judge_rank": 1.0 - STRUCTURE_WEIGHT,
+            "human": HUMAN_WEIGHT,
+            "relevance": RELEVANCE_WEIGHT,
+            "price": PRICE_WEIGHT,
+        },
         metadata={"help": f"Weight of each named signal ({', '.join(REWARD_SIGNALS)}); a signal left out weighs 0."},
     )
     clip_min: float = field(default=0.0, metadata={"help": "The reward is clipped to [clip_min, clip_max]."})
@@ -82,15 +94,20 @@ class RewardConfig:
         if not any(float(w) != 0.0 for w in self.weights.values()):
             raise ValueError("at least one reward weight must be non-zero")
         if not (math.isfinite(self.clip_min) and math.isfinite(self.clip_max) and self.clip_min < self.clip_max):
-            raise ValueError(f"reward clip must be finite with clip_min < clip_max, got [{self.clip_min}, {self.clip_max}]")
+            raise ValueError(
+                f"reward clip must be finite with clip_min < clip_max, got [{self.clip_min}, {self.clip_max}]"
+            )
 
     def part_weights(self) -> dict[str, float]:
         """|weight| of each part: `note` = the note signals' (the dense ones', else the sparse ones'),
         `relevance` and `price` their own."""
         note = [k for k in self.weights if SIGNAL_SPANS[k] == "note"]
         dense = sum(abs(float(self.weights[k])) for k in note if k not in SPARSE_SIGNALS)
-        return {"note": dense or sum(abs(float(self.weights[k])) for k in note),
-                "relevance": abs(float(self.weights.get("relevance", 0.0))), "price": abs(float(self.weights.get("price", 0.0)))}
+        return {
+            "note": dense or sum(abs(float(self.weights[k])) for k in note),
+            "relevance": abs(float(self.weights.get("relevance", 0.0))),
+            "price": abs(float(self.weights.get("price", 0.0))),
+        }
 
     def share(self, part: str) -> float:
         """The part's share of the credit (`note`, `relevance` or `price`): its weight over all parts'. Each
@@ -139,9 +156,17 @@ class RewardConfig:
 class PriceReward:
     """The `price` signal of one note, in [0, 1], from its `rollout_outcomes` status and vs_spy_pct."""
 
-    scale_pct: float = field(default=1.0, metadata={"help": "Logistic scale in percentage points: vs_spy_pct = +scale -> 0.73."})
-    no_trade: float = field(default=0.45, metadata={"help": "A note that recommends no trade: below a costless coin flip (0.5), far above 0."})
-    unparseable: float = field(default=0.25, metadata={"help": "A note with no usable call (no side, no symbol, unknown symbol, ambiguous, empty)."})
+    scale_pct: float = field(
+        default=1.0, metadata={"help": "Logistic scale in percentage points: vs_spy_pct = +scale -> 0.73."}
+    )
+    no_trade: float = field(
+        default=0.45,
+        metadata={"help": "A note that recommends no trade: below a costless coin flip (0.5), far above 0."},
+    )
+    unparseable: float = field(
+        default=0.25,
+        metadata={"help": "A note with no usable call (no side, no symbol, unknown symbol, ambiguous, empty)."},
+    )
 
     def __post_init__(self):
         if not (math.isfinite(self.scale_pct) and self.scale_pct > 0):
@@ -151,7 +176,9 @@ class PriceReward:
             if not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise ValueError(f"price_{name} must be in [0, 1], got {value}")
 
-    def value(self, status: str, vs_spy_pct: float | None, parse_status: str | None = None, side: str | None = None) -> float | None:
+    def value(
+        self, status: str, vs_spy_pct: float | None, parse_status: str | None = None, side: str | None = None
+    ) -> float | None:
         """The signal, or None when the note may not train on price (pending: wait; no_data: never)."""
         if status == "matured":
             x = float(vs_spy_pct)

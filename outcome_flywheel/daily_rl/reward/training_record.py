@@ -24,9 +24,10 @@ PRICE_TRAINING_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "staleness_min": ("float", "Least policy updates since sampling over the trained groups."),
     "staleness_mean": ("float", "Mean of it over the trained groups."),
     "staleness_max": ("float", "Most of it over the trained groups."),
-    "is_ratio_mean": ("float", (
-        "Mean sequence IS ratio pi_parent / pi_behaviour of the price examples (before truncation)."
-    )),
+    "is_ratio_mean": (
+        "float",
+        ("Mean sequence IS ratio pi_parent / pi_behaviour of the price examples (before truncation)."),
+    ),
     "is_ratio_p05": ("float", "Its 5th percentile."),
     "is_ratio_p50": ("float", "Its median."),
     "is_ratio_p95": ("float", "Its 95th percentile."),
@@ -39,8 +40,15 @@ PRICE_TRAINING_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
 PRICE_TRAINING_COLUMNS = list(PRICE_TRAINING_COLUMN_SCHEMA)
 
 
-def judged_ledger(day: str, rollouts: pd.DataFrame, scores: pd.DataFrame, reward: RewardConfig,
-                  parent_version: str | None, is_ratios: dict, lineage: Sequence[str] = ()) -> list[dict]:
+def judged_ledger(
+    day: str,
+    rollouts: pd.DataFrame,
+    scores: pd.DataFrame,
+    reward: RewardConfig,
+    parent_version: str | None,
+    is_ratios: dict,
+    lineage: Sequence[str] = (),
+) -> list[dict]:
     """One `judged` ledger row per scored note of D-1: the immediate signals it was trained on
     (weighted and present), or dropped with the judge's reason when its group was unusable.
     `lineage`: the versions from the notes' sampler to the parent (a distilled parent: the
@@ -51,17 +59,32 @@ def judged_ledger(day: str, rollouts: pd.DataFrame, scores: pd.DataFrame, reward
     sampler = dict(zip(zip(rollouts["headline_id"], rollouts["rollout_index"].astype(int)), rollouts["policy_version"]))
     rows = []
     for r in scores.itertuples():
-        present = [s for s in weighted if not (s == "human" and _missing(r.human_signal))
-                   and not (s == "relevance" and _missing(r.relevance_signal))]
+        present = [
+            s
+            for s in weighted
+            if not (s == "human" and _missing(r.human_signal))
+            and not (s == "relevance" and _missing(r.relevance_signal))
+        ]
         key = (str(r.prediction_date), str(r.headline_id), int(r.rollout_index))
-        rows.append(dict(
-            date=day, note_date=r.prediction_date, headline_id=r.headline_id, rollout_index=int(r.rollout_index),
-            step="judged", signals=",".join(present), status="trained" if r.usable else "dropped",
-            reason=None if r.usable else (r.unusable_reason or "unusable group"), policy_version=parent_version,
-            behavior_policy_version=sampler.get((r.headline_id, int(r.rollout_index))),
-            staleness_updates=_distance(lineage, sampler.get((r.headline_id, int(r.rollout_index)))),
-            staleness_days=1, signal_value=float(r.reward), advantage=float(r.advantage), is_ratio=is_ratios.get(key, np.nan),
-        ))
+        rows.append(
+            dict(
+                date=day,
+                note_date=r.prediction_date,
+                headline_id=r.headline_id,
+                rollout_index=int(r.rollout_index),
+                step="judged",
+                signals=",".join(present),
+                status="trained" if r.usable else "dropped",
+                reason=None if r.usable else (r.unusable_reason or "unusable group"),
+                policy_version=parent_version,
+                behavior_policy_version=sampler.get((r.headline_id, int(r.rollout_index))),
+                staleness_updates=_distance(lineage, sampler.get((r.headline_id, int(r.rollout_index)))),
+                staleness_days=1,
+                signal_value=float(r.reward),
+                advantage=float(r.advantage),
+                is_ratio=is_ratios.get(key, np.nan),
+            )
+        )
     return rows
 
 
@@ -87,15 +110,23 @@ def price_training_row(day: str, ledger: pd.DataFrame, matured, stats, gspo, max
     q = np.percentile(ratios, [5, 50, 95]) if len(ratios) else [nan] * 3
     cap = gspo.tis_cap if gspo.tis_cap is not None else nan
     return dict(
-        date=day, price_groups_trained=int(groups.sum()), price_groups_dropped=int((~groups).sum()),
-        price_notes_trained=int(len(trained)), price_notes_waiting=int(matured.waiting_notes),
+        date=day,
+        price_groups_trained=int(groups.sum()),
+        price_groups_dropped=int((~groups).sum()),
+        price_notes_trained=int(len(trained)),
+        price_notes_waiting=int(matured.waiting_notes),
         price_notes_no_data=int(matured.no_data_notes),
         mean_price_reward=float(trained["signal_value"].mean()) if len(trained) else nan,
-        staleness_min=float(stale.min()) if len(stale) else nan, staleness_mean=float(stale.mean()) if len(stale) else nan,
+        staleness_min=float(stale.min()) if len(stale) else nan,
+        staleness_mean=float(stale.mean()) if len(stale) else nan,
         staleness_max=float(stale.max()) if len(stale) else nan,
-        is_ratio_mean=float(ratios.mean()) if len(ratios) else nan, is_ratio_p05=float(q[0]), is_ratio_p50=float(q[1]),
-        is_ratio_p95=float(q[2]), is_ratio_max=float(ratios.max()) if len(ratios) else nan,
+        is_ratio_mean=float(ratios.mean()) if len(ratios) else nan,
+        is_ratio_p05=float(q[0]),
+        is_ratio_p50=float(q[1]),
+        is_ratio_p95=float(q[2]),
+        is_ratio_max=float(ratios.max()) if len(ratios) else nan,
         is_truncated_fraction=float((ratios > cap).mean()) if len(ratios) else nan,
         clip_fraction=float(np.mean(stats.extra.get("clip_fraction", [nan]))) if stats else nan,
-        tis_cap=float(cap), max_staleness=float(max_staleness) if max_staleness is not None else nan,
+        tis_cap=float(cap),
+        max_staleness=float(max_staleness) if max_staleness is not None else nan,
     )

@@ -23,9 +23,11 @@ import re
 
 GOOD_NEWS = re.compile(
     r"\bbeats\b.*\bestimates\b|\bshare\s+buyback\b|\braises\b.*\bguidance\b|\bregulators\s+clear\b|\bwins\b.*\bcontract\b",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 BAD_NEWS = re.compile(
-    r"\bmisses\b.*\bestimates\b|\bcuts\s+outlook\b|\bantitrust\s+probe\b|\brecalls\b|\bsteps\s+down\b", re.IGNORECASE)
+    r"\bmisses\b.*\bestimates\b|\bcuts\s+outlook\b|\bantitrust\s+probe\b|\brecalls\b|\bsteps\s+down\b", re.IGNORECASE
+)
 
 
 def _direction(text: object) -> int:

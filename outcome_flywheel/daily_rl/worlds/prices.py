@@ -39,11 +39,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.feeds.source import DEFAULT_ARCHIVE, FeedSource
 from outcome_flywheel.daily_rl.feeds.headlines import build_headlines
-from outcome_flywheel.daily_rl.worlds.news import news_direction
+from outcome_flywheel.daily_rl.feeds.source import DEFAULT_ARCHIVE, FeedSource
 from outcome_flywheel.daily_rl.notes.outcomes import BENCHMARK, call_window
 from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
+from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.daily_rl.worlds.synthetic_feeds import company_mention, read_archive_manifest
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 from outcome_flywheel.settings import env, resolve_path
@@ -79,13 +79,19 @@ class WorldConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
         if self.move_pct < 0 or self.noise_pct < 0:
-            raise ValueError(f"move_pct and noise_pct must be >= 0 (a size and a standard deviation), got {self.move_pct}, {self.noise_pct}")
+            raise ValueError(
+                f"move_pct and noise_pct must be >= 0 (a size and a standard deviation), got {self.move_pct}, {self.noise_pct}"
+            )
         if abs(self.drift_pct) + self.move_pct + 6 * self.noise_pct >= 100:
-            raise ValueError("drift_pct, move_pct and noise_pct this large would take closes to zero or below: keep "
-                             f"|drift| + move + 6 * noise under 100 (got {abs(self.drift_pct) + self.move_pct + 6 * self.noise_pct:g})")
+            raise ValueError(
+                "drift_pct, move_pct and noise_pct this large would take closes to zero or below: keep "
+                f"|drift| + move + 6 * noise under 100 (got {abs(self.drift_pct) + self.move_pct + 6 * self.noise_pct:g})"
+            )
 
 
-def archive_events(archive_dir: str | Path = DEFAULT_ARCHIVE, tz: str = "America/New_York", max_headlines: int | None = None) -> pd.DataFrame:
+def archive_events(
+    archive_dir: str | Path = DEFAULT_ARCHIVE, tz: str = "America/New_York", max_headlines: int | None = None
+) -> pd.DataFrame:
     """The archive's headlines, one row per company each is about, with its news (+1, -1, 0) and the
     session a planted move lands on (EVENT_COLUMNS). `max_headlines`: each day's headlines as the loop
     reads them under that cap (FLYWHEEL_MAX_HEADLINES; the same ones the `headlines` asset keeps); None: all."""
@@ -96,14 +102,25 @@ def archive_events(archive_dir: str | Path = DEFAULT_ARCHIVE, tz: str = "America
     source = FeedSource(archive_dir=str(folder))
     rows = []
     for day in days:
-        headlines, _, _ = build_headlines(source.fetch(day), day, tz, max_headlines=10**9 if max_headlines is None else max_headlines)
+        headlines, _, _ = build_headlines(
+            source.fetch(day), day, tz, max_headlines=10**9 if max_headlines is None else max_headlines
+        )
         if headlines.empty:
             continue
         landing = call_window(day, 1)
         for h in headlines.itertuples(index=False):
             for symbol in headline_symbols(h.title, h.summary):
-                rows.append(dict(date=day, headline_id=h.headline_id, title=h.title, summary=h.summary, symbol=symbol,
-                                 news=news_direction(h.title, h.summary), move_session=landing.exit_date))
+                rows.append(
+                    dict(
+                        date=day,
+                        headline_id=h.headline_id,
+                        title=h.title,
+                        summary=h.summary,
+                        symbol=symbol,
+                        news=news_direction(h.title, h.summary),
+                        move_session=landing.exit_date,
+                    )
+                )
     return pd.DataFrame(rows, columns=EVENT_COLUMNS)
 
 
@@ -115,7 +132,9 @@ def planted_moves(events: pd.DataFrame, config: WorldConfig) -> pd.DataFrame:
     if sign == 0 or config.move_pct == 0 or news.empty:
         return pd.DataFrame(columns=PLANTED_COLUMNS)
     grouped = news.groupby(["move_session", "symbol"], sort=True)
-    out = pd.DataFrame({"net": grouped["news"].sum(), "headline_ids": grouped["headline_id"].agg(lambda s: "|".join(sorted(set(s))))}).reset_index()
+    out = pd.DataFrame(
+        {"net": grouped["news"].sum(), "headline_ids": grouped["headline_id"].agg(lambda s: "|".join(sorted(set(s))))}
+    ).reset_index()
     out = out[out["net"] != 0]
     out["direction"] = np.sign(out["net"]).astype(int) * sign
     out["move_pct"] = out["direction"] * float(config.move_pct)
@@ -143,8 +162,13 @@ def world_prices(config: WorldConfig, template: pd.DataFrame, planted: pd.DataFr
     return long.sort_values(["symbol", "date"]).reset_index(drop=True)[["date", "symbol", "close"]]
 
 
-def make_world(config: WorldConfig, archive_dir: str | Path = DEFAULT_ARCHIVE, template_file: str | Path = BUNDLED_PRICES,
-               tz: str = "America/New_York", max_headlines: int | None = None) -> tuple[pd.DataFrame, dict]:
+def make_world(
+    config: WorldConfig,
+    archive_dir: str | Path = DEFAULT_ARCHIVE,
+    template_file: str | Path = BUNDLED_PRICES,
+    tz: str = "America/New_York",
+    max_headlines: int | None = None,
+) -> tuple[pd.DataFrame, dict]:
     """(the world's closes, its manifest): the rule applied to the archive's headlines (each day's first
     `max_headlines`, as the loop reads them; None: all) over the template price file's dates and symbols
     (default: the bundled prices)."""
@@ -154,21 +178,34 @@ def make_world(config: WorldConfig, archive_dir: str | Path = DEFAULT_ARCHIVE, t
     events = archive_events(archive_dir, tz, max_headlines)
     planted = planted_moves(events, config)
     dates, symbols = set(template["date"]), set(template["symbol"])
-    landed = planted[planted["session"].isin(dates) & planted["symbol"].isin(symbols) & (planted["session"] > min(dates))]
+    landed = planted[
+        planted["session"].isin(dates) & planted["symbol"].isin(symbols) & (planted["session"] > min(dates))
+    ]
     prices = world_prices(config, template, landed)
     news = events[events["news"] != 0]
     feeds = read_archive_manifest(archive_dir)
     manifest = dict(
-        synthetic=True, note="SYNTHETIC prices written by `flywheel make-world`: no row is a real price.",
-        **asdict(config), rule=RULES[config.kind],
-        archive=str(resolve_path(str(archive_dir))), max_headlines=max_headlines, template=str(resolve_path(str(template_file))),
+        synthetic=True,
+        note="SYNTHETIC prices written by `flywheel make-world`: no row is a real price.",
+        **asdict(config),
+        rule=RULES[config.kind],
+        archive=str(resolve_path(str(archive_dir))),
+        max_headlines=max_headlines,
+        template=str(resolve_path(str(template_file))),
         synthetic_headlines=bool(feeds and feeds.get("synthetic")),
-        archive_manifest=None if feeds is None else {k: feeds.get(k) for k in ("seed", "days", "headlines_per_day", "first_day", "last_day")},
-        first_date=min(dates), last_date=max(dates), symbols=len(symbols),
-        headlines=int(events["headline_id"].nunique()), headlines_with_news=int(news["headline_id"].nunique()),
+        archive_manifest=None
+        if feeds is None
+        else {k: feeds.get(k) for k in ("seed", "days", "headlines_per_day", "first_day", "last_day")},
+        first_date=min(dates),
+        last_date=max(dates),
+        symbols=len(symbols),
+        headlines=int(events["headline_id"].nunique()),
+        headlines_with_news=int(news["headline_id"].nunique()),
         planted_moves=len(landed),
         not_planted=dict(
-            cancelled=int(len(news.groupby(["move_session", "symbol"])) - len(planted)) if RULE_SIGN[config.kind] and config.move_pct else 0,
+            cancelled=int(len(news.groupby(["move_session", "symbol"])) - len(planted))
+            if RULE_SIGN[config.kind] and config.move_pct
+            else 0,
             symbol_not_in_prices=int((~planted["symbol"].isin(symbols)).sum()),
             session_not_in_prices=int((~planted["session"].isin(dates) | (planted["session"] <= min(dates))).sum()),
         ),
@@ -187,7 +224,9 @@ def check_world_path(path: Path) -> Path:
     if path.is_dir():
         raise ValueError(f"world file {path} is a folder; give a file path ending in .csv")
     if path.suffix.lower() != ".csv":
-        raise ValueError(f"world file {path} must end in .csv (a world is written in the bundled price file's CSV format)")
+        raise ValueError(
+            f"world file {path} must end in .csv (a world is written in the bundled price file's CSV format)"
+        )
     return path
 
 
@@ -238,8 +277,13 @@ def _stated(name: str, move: float, market: float | None, when: str) -> str:
     return f"{name} shares {said}" + ("" if market is None else f" (market {market:+.1f}%)") + f" {when}"
 
 
-def world_outcome_titles(world: str | Path | None, headlines: pd.DataFrame, prediction_day: str, horizon: int = 1,
-                         outcome_day: str | None = None) -> list[str] | None:
+def world_outcome_titles(
+    world: str | Path | None,
+    headlines: pd.DataFrame,
+    prediction_day: str,
+    horizon: int = 1,
+    outcome_day: str | None = None,
+) -> list[str] | None:
     """What happened next, in a world: one follow-up title per company the prediction day's headlines are
     about (`notes.relevance.headline_symbols`), stating that company's move in the world's closes and naming it
     as the headline did (so `judge.outcome_context` puts it first); in symbol order. None when `world`
@@ -270,18 +314,25 @@ def world_outcome_titles(world: str | Path | None, headlines: pd.DataFrame, pred
         for symbol in headline_symbols(title, summary):
             names.setdefault(symbol, company_mention(title, symbol) or company_mention(summary, symbol) or symbol)
     out = []
-    for symbol in sorted(s for s in names if s in closes.columns):  # a company the world has no closes of: nothing to state
+    for symbol in sorted(
+        s for s in names if s in closes.columns
+    ):  # a company the world has no closes of: nothing to state
         name = names[symbol] if names[symbol] == symbol else f"{names[symbol]} ({symbol})"
         if window.exit_date <= cutoff:
             start, end = window.entry_date, window.exit_date
             when = f"from the {start} close to the {end} close, the call's window"
         elif last is not None and base is not None and last > base:
             start, end = base, last
-            when = (f"in the {end} session" if session_on_or_before((pd.Timestamp(end) - pd.Timedelta(days=1)).date().isoformat()) == base
-                    else f"from the {start} close to the {end} close") + f"; the call's exit close ({window.exit_date}) is not in yet"
+            when = (
+                f"in the {end} session"
+                if session_on_or_before((pd.Timestamp(end) - pd.Timedelta(days=1)).date().isoformat()) == base
+                else f"from the {start} close to the {end} close"
+            ) + f"; the call's exit close ({window.exit_date}) is not in yet"
         else:
-            out.append(f"{name} shares: no close yet since {prediction_day}; the call's window runs from the {window.entry_date} "
-                       f"close to the {window.exit_date} close (world prices, SYNTHETIC)")
+            out.append(
+                f"{name} shares: no close yet since {prediction_day}; the call's window runs from the {window.entry_date} "
+                f"close to the {window.exit_date} close (world prices, SYNTHETIC)"
+            )
             continue
         move = _move(closes, symbol, start, end)
         if move is not None and start <= cutoff and end <= cutoff:
@@ -289,7 +340,9 @@ def world_outcome_titles(world: str | Path | None, headlines: pd.DataFrame, pred
     return out
 
 
-def judge_outcome_titles(prices_file: str | Path | None, headlines: pd.DataFrame, prediction_day: str) -> list[str] | None:
+def judge_outcome_titles(
+    prices_file: str | Path | None, headlines: pd.DataFrame, prediction_day: str
+) -> list[str] | None:
     """For the scoring step: `world_outcome_titles` with the horizon of FLYWHEEL_OUTCOME_HORIZON and the
     judge of the day after `prediction_day`; None for a real price file (keep the archive's headlines)."""
     return world_outcome_titles(prices_file, headlines, prediction_day, int(env("FLYWHEEL_OUTCOME_HORIZON")))

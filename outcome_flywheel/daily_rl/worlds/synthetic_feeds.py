@@ -38,12 +38,12 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.notes.calls import COMPANY_TICKERS
-from outcome_flywheel.daily_rl.feeds.source import DEFAULT_ARCHIVE, FeedSource
 from outcome_flywheel.daily_rl.feeds.headlines import build_headlines
-from outcome_flywheel.daily_rl.worlds.news import news_direction
+from outcome_flywheel.daily_rl.feeds.source import DEFAULT_ARCHIVE, FeedSource
+from outcome_flywheel.daily_rl.notes.calls import COMPANY_TICKERS
 from outcome_flywheel.daily_rl.notes.outcomes import BENCHMARK, call_window
 from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
+from outcome_flywheel.daily_rl.worlds.news import news_direction
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 from outcome_flywheel.settings import resolve_path
 from outcome_flywheel.storage import atomic_write_bytes
@@ -103,12 +103,16 @@ def _archive_headlines(archive_dir: str | Path, tz: str) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def archive_templates(archive_dir: str | Path = DEFAULT_ARCHIVE, tz: str = "America/New_York") -> tuple[list[EventTemplate], dict[str, str]]:
+def archive_templates(
+    archive_dir: str | Path = DEFAULT_ARCHIVE, tz: str = "America/New_York"
+) -> tuple[list[EventTemplate], dict[str, str]]:
     """(the archive's event templates, sorted and unique; {symbol: the name the archive writes it by, the
     most common}). Only headlines whose filled-in template reads the same company and news are kept."""
     templates, names = set(), {}
     for h in _archive_headlines(archive_dir, tz).itertuples(index=False):
-        if h.summary.startswith("Follow-up") or MARK in h.title or h.title.isupper():  # isupper: the archive's shouted duplicates
+        if (
+            h.summary.startswith("Follow-up") or MARK in h.title or h.title.isupper()
+        ):  # isupper: the archive's shouted duplicates
             continue
         symbols, news = headline_symbols(h.title), news_direction(h.title)
         if len(symbols) != 1 or news == 0:
@@ -147,12 +151,20 @@ def check_days_fit(day_list: Sequence[str], prices: pd.DataFrame, horizon: int =
     for day in (day_list[0], day_list[-1]):
         w = call_window(day, horizon)
         if not (day >= first and w.exit_date <= last):
-            raise ValueError(f"day {day}'s call window ({w.entry_date}..{w.exit_date}, h={horizon}) is not inside the price "
-                             f"file's dates {first}..{last}: choose another start or fewer days")
+            raise ValueError(
+                f"day {day}'s call window ({w.entry_date}..{w.exit_date}, h={horizon}) is not inside the price "
+                f"file's dates {first}..{last}: choose another start or fewer days"
+            )
 
 
-def plan_headlines(day_list: Sequence[str], per_day: int, seed: int, templates: Sequence[EventTemplate],
-                   names: dict[str, str], tz: str = "America/New_York") -> pd.DataFrame:
+def plan_headlines(
+    day_list: Sequence[str],
+    per_day: int,
+    seed: int,
+    templates: Sequence[EventTemplate],
+    names: dict[str, str],
+    tz: str = "America/New_York",
+) -> pd.DataFrame:
     """Every synthetic headline (PLAN_COLUMNS), seeded: per day half good and half bad news, distinct
     companies, a company again inside one call window only with the same news, an event kind drawn evenly
     (then one of its templates), published 07:00-18:59 New York time."""
@@ -179,7 +191,9 @@ def plan_headlines(day_list: Sequence[str], per_day: int, seed: int, templates: 
             same = [s for s in symbols if taken.get(s) == sign and s not in today]
             pool = free or same
             if not pool:
-                raise ValueError(f"{per_day} headlines a day leave no company for {day} without clashing news: use fewer")
+                raise ValueError(
+                    f"{per_day} headlines a day leave no company for {day} without clashing news: use fewer"
+                )
             symbol = pool[int(rng.integers(len(pool)))]
             events = sorted(by_news[sign])
             choices = by_news[sign][events[int(rng.integers(len(events)))]]
@@ -189,29 +203,53 @@ def plan_headlines(day_list: Sequence[str], per_day: int, seed: int, templates: 
             taken[symbol] = sign
             today.add(symbol)
             local = datetime.fromisoformat(day).replace(tzinfo=zone) + timedelta(hours=7, minutes=int(minute))
-            rows.append(dict(date=day, symbol=symbol, company=names[symbol], news=sign, template=index,
-                             title=title, summary=summary, feed=FEEDS[i % len(FEEDS)], published=local))
+            rows.append(
+                dict(
+                    date=day,
+                    symbol=symbol,
+                    company=names[symbol],
+                    news=sign,
+                    template=index,
+                    title=title,
+                    summary=summary,
+                    feed=FEEDS[i % len(FEEDS)],
+                    published=local,
+                )
+            )
     return pd.DataFrame(rows, columns=PLAN_COLUMNS)
 
 
 def feed_xml(feed: str, day: str, items: pd.DataFrame) -> bytes:
     """One day's RSS 2.0 file of one feed, shaped like the bundled archive's."""
     name = feed.replace("-", " ").title()
-    out = ['<?xml version="1.0" encoding="utf-8"?>', '<rss version="2.0"><channel>',
-           f"<title>{name} {MARK}</title><link>https://example.com/{feed}</link>",
-           f"<description>{name}: SYNTHETIC headlines for a world (flywheel make-world), fictional events {MARK}</description>"]
+    out = [
+        '<?xml version="1.0" encoding="utf-8"?>',
+        '<rss version="2.0"><channel>',
+        f"<title>{name} {MARK}</title><link>https://example.com/{feed}</link>",
+        f"<description>{name}: SYNTHETIC headlines for a world (flywheel make-world), fictional events {MARK}</description>",
+    ]
     compact = day.replace("-", "")
     for n, r in enumerate(items.itertuples(index=False)):
-        out.append(f"<item><title>{escape(r.title)}</title><link>https://example.com/{feed}/{compact}-{n}</link>"
-                   f'<guid isPermaLink="false">synthetic-{feed}-{compact}-{n}</guid><description>{escape(r.summary)}</description>'
-                   f"<pubDate>{format_datetime(r.published)}</pubDate></item>")
+        out.append(
+            f"<item><title>{escape(r.title)}</title><link>https://example.com/{feed}/{compact}-{n}</link>"
+            f'<guid isPermaLink="false">synthetic-{feed}-{compact}-{n}</guid><description>{escape(r.summary)}</description>'
+            f"<pubDate>{format_datetime(r.published)}</pubDate></item>"
+        )
     out.append("</channel></rss>\n")
     return "\n".join(out).encode()
 
 
-def write_synthetic_archive(out_dir: str | Path, days: int = 60, per_day: int = 16, seed: int = 0, start: str | None = None,
-                            template_archive: str | Path = DEFAULT_ARCHIVE, prices_file: str | Path = BUNDLED_PRICES,
-                            tz: str = "America/New_York", horizon: int = 1) -> dict:
+def write_synthetic_archive(
+    out_dir: str | Path,
+    days: int = 60,
+    per_day: int = 16,
+    seed: int = 0,
+    start: str | None = None,
+    template_archive: str | Path = DEFAULT_ARCHIVE,
+    prices_file: str | Path = BUNDLED_PRICES,
+    tz: str = "America/New_York",
+    horizon: int = 1,
+) -> dict:
     """Write `days` × `per_day` SYNTHETIC headlines as `out_dir/YYYY-MM-DD/<feed>.xml` and the manifest
     `out_dir/synthetic_archive.json`; return the manifest. Every headline is read back through
     `build_headlines` and must come back whole, with its company and news (else RuntimeError)."""
@@ -231,13 +269,26 @@ def write_synthetic_archive(out_dir: str | Path, days: int = 60, per_day: int = 
     _check_read_back(out, plan, tz)
     used = plan.groupby("template").size()
     manifest = dict(
-        synthetic=True, note="SYNTHETIC headlines: fictional events written from the bundled archive's event templates; no "
-                             "headline is news. Written by `flywheel make-world --synthetic-days` (world_feeds.py).",
-        seed=seed, days=days, headlines_per_day=per_day, first_day=day_list[0], last_day=day_list[-1], horizon=horizon,
-        feeds=list(FEEDS), template_archive=str(resolve_path(str(template_archive))), prices_file=str(resolve_path(str(prices_file))),
-        headlines=len(plan), good_news=int((plan["news"] > 0).sum()), bad_news=int((plan["news"] < 0).sum()),
+        synthetic=True,
+        note="SYNTHETIC headlines: fictional events written from the bundled archive's event templates; no "
+        "headline is news. Written by `flywheel make-world --synthetic-days` (world_feeds.py).",
+        seed=seed,
+        days=days,
+        headlines_per_day=per_day,
+        first_day=day_list[0],
+        last_day=day_list[-1],
+        horizon=horizon,
+        feeds=list(FEEDS),
+        template_archive=str(resolve_path(str(template_archive))),
+        prices_file=str(resolve_path(str(prices_file))),
+        headlines=len(plan),
+        good_news=int((plan["news"] > 0).sum()),
+        bad_news=int((plan["news"] < 0).sum()),
         companies={s: names[s] for s in sorted(set(plan["symbol"]))},
-        templates=[dict(title=t.title, summary=t.summary, news=t.news, uses=int(used.get(i, 0))) for i, t in enumerate(templates)],
+        templates=[
+            dict(title=t.title, summary=t.summary, news=t.news, uses=int(used.get(i, 0)))
+            for i, t in enumerate(templates)
+        ],
     )
     atomic_write_bytes(out / MANIFEST_NAME, (json.dumps(manifest, indent=1) + "\n").encode())
     return manifest
@@ -262,8 +313,10 @@ def _check_read_back(folder: Path, plan: pd.DataFrame, tz: str) -> None:
     for day, want in plan.groupby("date", sort=True):
         got, quarantine, _ = build_headlines(source.fetch(day), day, tz, max_headlines=10**9)
         if len(quarantine) or sorted(got["title"]) != sorted(want["title"]):
-            raise RuntimeError(f"synthetic feeds of {day} do not read back whole: {len(got)} of {len(want)} kept, "
-                               f"{len(quarantine)} quarantined")
+            raise RuntimeError(
+                f"synthetic feeds of {day} do not read back whole: {len(got)} of {len(want)} kept, "
+                f"{len(quarantine)} quarantined"
+            )
         planned = dict(zip(want["title"], zip(want["symbol"], want["news"])))
         for h in got.itertuples(index=False):
             symbol, news = planned[h.title]
@@ -284,14 +337,18 @@ def archive_day_list(archive: str | Path | Sequence[str]) -> list[str]:
     return sorted(archive)
 
 
-def split_days(archive: str | Path | Sequence[str], validation: float = 0.2, test: float = 0.2) -> tuple[list[str], list[str], list[str]]:
+def split_days(
+    archive: str | Path | Sequence[str], validation: float = 0.2, test: float = 0.2
+) -> tuple[list[str], list[str], list[str]]:
     """(train, validation, test) days, in date order and by position: the first days train, the next
     `validation` share stops early, the last `test` share is held out, so no split learns from a later
     one's news. A cut never parts days whose calls share one window (h = 1: Friday to Sunday enter on
     Monday): it moves to the next day with a window of its own. `archive`: a folder or a list of days."""
     days = archive_day_list(archive)
     if not (0 <= validation < 1 and 0 <= test < 1 and validation + test < 1):
-        raise ValueError(f"validation and test are shares of the days, each in [0, 1) and together under 1; got {validation}, {test}")
+        raise ValueError(
+            f"validation and test are shares of the days, each in [0, 1) and together under 1; got {validation}, {test}"
+        )
     exits = [call_window(d, 1).exit_date for d in days]
 
     def cut(at: int) -> int:

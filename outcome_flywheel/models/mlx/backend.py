@@ -25,8 +25,15 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
+from outcome_flywheel.models.interface import (
+    ChatTokenizer,
+    LoraSettings,
+    Messages,
+    ModelBackend,
+    Sample,
+    SamplingConfig,
+)
 from outcome_flywheel.models.mlx import lora_convert
-from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
 from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
 from outcome_flywheel.models.mlx.sampling import sample_batch
 from outcome_flywheel.models.mlx.training import FRAMEWORK
@@ -74,7 +81,9 @@ class MLXBackend(ChatTokenizer, ModelBackend):
     def _sampling_context(self):
         return self._eval_mode()
 
-    def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+    def _sample_batch(
+        self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]
+    ) -> list[list[Sample]]:
         return sample_batch(self, prompt_ids, n, cfg, seeds)
 
     def lm_head(self, hidden: mx.array) -> mx.array:
@@ -95,8 +104,13 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         return picked.reshape(-1, picked.shape[-1])[mx.array(np.flatnonzero(mask.reshape(-1)))]
 
     def token_kl(
-        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
-        reference: "MLXBackend | None" = None, batch_size: int = 16, chunk_elements: int = CHUNK_ELEMENTS,
+        self,
+        prompts: Sequence[Messages],
+        responses: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        reference: "MLXBackend | None" = None,
+        batch_size: int = 16,
+        chunk_elements: int = CHUNK_ELEMENTS,
     ) -> list[np.ndarray]:
         """Exact KL(self || reference) over the vocabulary at every response position, at
         `temperature`, one array per response (as `TorchBackend.token_kl`). `reference` None =
@@ -115,7 +129,11 @@ class MLXBackend(ChatTokenizer, ModelBackend):
                 with self.adapter_disabled() if reference is None else contextlib.nullcontext():
                     ref_hidden = ref.response_hidden(p_ids, r_ids)
                     mx.eval(ref_hidden)  # while the adapter is off
-                flat = np.array(token_kl(hidden, self.lm_head, ref_hidden, ref.lm_head, temperature, self.vocab_size, chunk_elements))
+                flat = np.array(
+                    token_kl(
+                        hidden, self.lm_head, ref_hidden, ref.lm_head, temperature, self.vocab_size, chunk_elements
+                    )
+                )
                 bounds = np.cumsum([0] + [len(r) for r in r_ids])
                 out += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
         return out
@@ -144,7 +162,10 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         return inputs, gather_pos, targets, mask, keep
 
     def batch_logprobs(
-        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0,
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
         shared_prefix: bool = False,
     ) -> tuple[mx.array, mx.array]:
         """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
@@ -157,7 +178,9 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         """
         inputs, gather_pos, targets, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
         hidden = self._hidden_at(inputs, gather_pos, mask, keep)
-        flat = token_logprobs(hidden, self.lm_head, mx.array(targets[mask]), temperature, self.vocab_size, module=self.model)
+        flat = token_logprobs(
+            hidden, self.lm_head, mx.array(targets[mask]), temperature, self.vocab_size, module=self.model
+        )
         # back to [B, R]: masked slots read an appended zero (a differentiable gather)
         slots = np.full(mask.shape, int(mask.sum()), dtype=np.int32)
         slots[mask] = np.arange(int(mask.sum()), dtype=np.int32)
@@ -171,8 +194,12 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         return int(self.model.model.embed_tokens.weight.shape[0])
 
     def response_logprobs(
-        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True,
-        batch_size: int = 16, temperature: float = 1.0,
+        self,
+        prompts: Sequence[Messages],
+        responses: Sequence[Sequence[int]],
+        use_adapter: bool = True,
+        batch_size: int = 16,
+        temperature: float = 1.0,
     ) -> list[np.ndarray]:
         result: list[np.ndarray] = []
         ctx = contextlib.nullcontext() if use_adapter else self.adapter_disabled()
@@ -186,7 +213,9 @@ class MLXBackend(ChatTokenizer, ModelBackend):
                     result.append(logp_np[b, : len(r)].astype(np.float32))
         return result
 
-    def sequence_logps(self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]) -> mx.array:
+    def sequence_logps(
+        self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]
+    ) -> mx.array:
         """[B] log pi(completion | prompt): summed over tokens, and over segments (segments.py),
         every segment row in one forward pass; differentiable."""
         prompts, responses, owner = flatten_segments(prompt_ids, segment_ids)
@@ -236,26 +265,32 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         """mlx-lm keys (paths inside a block) of the linear layers named in `target_modules`."""
         targets = set(target_modules)
         keys = sorted(
-            name for name, m in self.model.layers[0].named_modules()
+            name
+            for name, m in self.model.layers[0].named_modules()
             if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets
         )
         if not keys:
             raise ValueError(f"none of {sorted(targets)} is a linear layer of this model")
         return keys
 
-    def _apply_lora(self, rank: int, scale: float, dropout: float, keys: Sequence[str], num_layers: int | None = None) -> None:
+    def _apply_lora(
+        self, rank: int, scale: float, dropout: float, keys: Sequence[str], num_layers: int | None = None
+    ) -> None:
         from mlx_lm.tuner.utils import linear_to_lora_layers
 
         self.model.freeze()
         linear_to_lora_layers(
-            self.model, num_layers or len(self.model.layers),
+            self.model,
+            num_layers or len(self.model.layers),
             {"rank": int(rank), "scale": float(scale), "dropout": float(dropout), "keys": list(keys)},
         )
 
     def add_lora(self, settings: LoraSettings) -> None:
         if self.has_adapter:
             return
-        self._apply_lora(settings.r, settings.alpha / settings.r, settings.dropout, self._lora_keys(settings.target_modules))
+        self._apply_lora(
+            settings.r, settings.alpha / settings.r, settings.dropout, self._lora_keys(settings.target_modules)
+        )
         self.lora_settings = settings
 
     def _load_adapter(self, path: Path) -> None:
@@ -264,7 +299,9 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         if layout == "peft":
             tensors, config = lora_convert.peft_to_mlx(tensors, config)
         params = config["lora_parameters"]
-        self._apply_lora(params["rank"], params["scale"], params.get("dropout", 0.0), params["keys"], config.get("num_layers"))
+        self._apply_lora(
+            params["rank"], params["scale"], params.get("dropout", 0.0), params["keys"], config.get("num_layers")
+        )
         expected = {name: v.shape for name, v in tree_flatten(self.model.trainable_parameters())}
         missing = sorted(set(expected) - set(tensors))
         unknown = sorted(set(tensors) - set(expected))
@@ -275,7 +312,9 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         mx.eval(self.model.parameters())
         scale, rank = float(params["scale"]), int(params["rank"])
         targets = tuple(sorted({k.rsplit(".", 1)[-1] for k in params["keys"]}))
-        self.lora_settings = LoraSettings(r=rank, alpha=scale * rank, dropout=float(params.get("dropout", 0.0)), target_modules=targets)
+        self.lora_settings = LoraSettings(
+            r=rank, alpha=scale * rank, dropout=float(params.get("dropout", 0.0)), target_modules=targets
+        )
 
     def adapter_tensors(self) -> dict[str, np.ndarray]:
         """The LoRA factors in mlx-lm naming, as float32 NumPy arrays."""
@@ -296,7 +335,8 @@ class MLXBackend(ChatTokenizer, ModelBackend):
                 "fine_tune_type": "lora",
                 "num_layers": len(self.model.layers),
                 "lora_parameters": {
-                    "rank": rank, "scale": float(module.scale),
+                    "rank": rank,
+                    "scale": float(module.scale),
                     "dropout": float(self.lora_settings.dropout if self.lora_settings else 0.0),
                     "keys": sorted({_block_key(name) for name, _ in self.lora_modules()}),
                 },
@@ -322,4 +362,3 @@ class MLXBackend(ChatTokenizer, ModelBackend):
 def _block_key(module_name: str) -> str:
     """`model.layers.3.self_attn.q_proj` -> `self_attn.q_proj` (mlx-lm's per-block LoRA key)."""
     return module_name.split(".layers.", 1)[1].split(".", 1)[1]
-

@@ -30,8 +30,13 @@ def selective_log_softmax(logits: mx.array, index: mx.array, temperature: float 
 
 
 def token_logprobs(
-    hidden: mx.array, head: Head, targets: mx.array, temperature: float = 1.0, vocab_size: int | None = None,
-    chunk_elements: int = CHUNK_ELEMENTS, module: nn.Module | None = None,
+    hidden: mx.array,
+    head: Head,
+    targets: mx.array,
+    temperature: float = 1.0,
+    vocab_size: int | None = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    module: nn.Module | None = None,
 ) -> mx.array:
     """Log-prob of each target token `[N]` from the hidden states predicting it (`[N, H]`). With
     `module` (the model whose trainable parameters the head uses), each chunk is checkpointed."""
@@ -53,8 +58,13 @@ def token_logprobs(
 
 
 def token_kl(
-    hidden_p: mx.array, head_p: Head, hidden_q: mx.array, head_q: Head, temperature: float = 1.0,
-    vocab_size: int | None = None, chunk_elements: int = CHUNK_ELEMENTS,
+    hidden_p: mx.array,
+    head_p: Head,
+    hidden_q: mx.array,
+    head_q: Head,
+    temperature: float = 1.0,
+    vocab_size: int | None = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> mx.array:
     """Exact KL(p || q) at each position `[N]` (both at `temperature`), a chunk of positions at a
     time; each chunk is evaluated before the next is built, so only one chunk's logits live."""

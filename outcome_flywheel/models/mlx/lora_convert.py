@@ -74,7 +74,9 @@ def _layer_split(module: str) -> tuple[int, str]:
     return int(match.group(1)), match.group(2)
 
 
-def peft_to_mlx(tensors: dict[str, np.ndarray], peft_config: dict[str, Any]) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+def peft_to_mlx(
+    tensors: dict[str, np.ndarray], peft_config: dict[str, Any]
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """PEFT state dict + config -> mlx-lm adapter tensors + mlx-lm adapter_config."""
     _check_peft_config(peft_config)
     out: dict[str, np.ndarray] = {}
@@ -223,7 +225,9 @@ def convert_dir(src: Path, dst: Path, direction: str, base_model_name_or_path: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m outcome_flywheel.models.mlx.lora_convert", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m outcome_flywheel.models.mlx.lora_convert", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("direction", choices=["peft-to-mlx", "mlx-to-peft"])
     parser.add_argument("src", type=Path, help="adapter folder to read")
     parser.add_argument("dst", type=Path, help="adapter folder to write (created)")

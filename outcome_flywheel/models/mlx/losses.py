@@ -41,7 +41,11 @@ def gspo_loss(
     is_weight, seq_clipped = None, None
     if behavior_logp is not None and tis_cap is not None:
         behaviour = behavior_logp.astype(logp.dtype)
-        is_ratio = mx.exp(old - behaviour) if objective == "token" else mx.exp(((old - behaviour) * maskf).sum(axis=-1) / lengths)
+        is_ratio = (
+            mx.exp(old - behaviour)
+            if objective == "token"
+            else mx.exp(((old - behaviour) * maskf).sum(axis=-1) / lengths)
+        )
         is_ratio = mx.stop_gradient(is_ratio)
         is_weight = mx.minimum(is_ratio, float(tis_cap))
     on = maskf > 0
@@ -60,11 +64,15 @@ def gspo_loss(
             s_clipped = mx.clip(s_i, 1.0 - sequence_clip[0], 1.0 + sequence_clip[1])
             sequence_term = -mx.minimum(s_i * seq_adv, s_clipped * seq_adv)
             if is_weight is not None:
-                seq_is = mx.stop_gradient(mx.exp(((old - behavior_logp.astype(logp.dtype)) * maskf).sum(axis=-1) / lengths))
+                seq_is = mx.stop_gradient(
+                    mx.exp(((old - behavior_logp.astype(logp.dtype)) * maskf).sum(axis=-1) / lengths)
+                )
                 sequence_term = sequence_term * mx.minimum(seq_is, float(tis_cap))
             loss = loss + sequence_term.mean()
             s_sg = mx.stop_gradient(s_i)
-            seq_clipped = ((s_sg < 1.0 - sequence_clip[0]) & (seq_adv < 0)) | ((s_sg > 1.0 + sequence_clip[1]) & (seq_adv > 0))
+            seq_clipped = ((s_sg < 1.0 - sequence_clip[0]) & (seq_adv < 0)) | (
+                (s_sg > 1.0 + sequence_clip[1]) & (seq_adv > 0)
+            )
         active = on & (token_adv != 0)
         ratio_sg = mx.stop_gradient(ratio)
         low, high = (ratio_sg < 1.0 - epsilon_low) & (token_adv < 0), (ratio_sg > 1.0 + epsilon_high) & (token_adv > 0)
@@ -74,7 +82,9 @@ def gspo_loss(
         ratio_max = mx.where(on, ratio_sg, -mx.inf).max()
     elif objective in ("gspo", "reward_weighted"):
         if advantages.ndim != 1:
-            raise ValueError(f"objective {objective!r} takes one advantage per sequence, got shape {tuple(advantages.shape)}")
+            raise ValueError(
+                f"objective {objective!r} takes one advantage per sequence, got shape {tuple(advantages.shape)}"
+            )
         ratio = mx.exp(((logp - old) * maskf).sum(axis=-1) / lengths)
         if objective == "gspo":
             clipped = mx.clip(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
@@ -86,7 +96,10 @@ def gspo_loss(
         loss = per_sequence.mean()
         active = mx.ones(advantages.shape, dtype=mx.bool_)  # per sequence: over all of them, as TRL
         ratio_sg = mx.stop_gradient(ratio)
-        low, high = (ratio_sg < 1.0 - epsilon_low) & (advantages < 0), (ratio_sg > 1.0 + epsilon_high) & (advantages > 0)
+        low, high = (
+            (ratio_sg < 1.0 - epsilon_low) & (advantages < 0),
+            (ratio_sg > 1.0 + epsilon_high) & (advantages > 0),
+        )
         ratio_mean, ratio_min, ratio_max = ratio_sg.mean(), ratio_sg.min(), ratio_sg.max()
     else:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
@@ -100,7 +113,8 @@ def gspo_loss(
             else:
                 loss = loss + float(kl_beta) * ((kl_tokens * maskf).sum(axis=-1) / lengths).mean()
     metrics = {
-        "clip_fraction": ((low | high) & active).astype(mx.float32).sum() / mx.maximum(active.astype(mx.float32).sum(), 1.0),
+        "clip_fraction": ((low | high) & active).astype(mx.float32).sum()
+        / mx.maximum(active.astype(mx.float32).sum(), 1.0),
         "ratio_mean": ratio_mean,
         "ratio_min": ratio_min,
         "ratio_max": ratio_max,
@@ -113,11 +127,17 @@ def gspo_loss(
     if is_weight is not None:
         if objective == "token":
             count = mx.maximum(on.sum(), 1)
-            metrics.update(is_ratio_mean=(is_ratio * maskf).sum() / count, is_ratio_max=mx.where(on, is_ratio, -mx.inf).max(),
-                           is_truncated_fraction=((is_ratio > float(tis_cap)) & on).astype(mx.float32).sum() / count)
+            metrics.update(
+                is_ratio_mean=(is_ratio * maskf).sum() / count,
+                is_ratio_max=mx.where(on, is_ratio, -mx.inf).max(),
+                is_truncated_fraction=((is_ratio > float(tis_cap)) & on).astype(mx.float32).sum() / count,
+            )
         else:
-            metrics.update(is_ratio_mean=is_ratio.mean(), is_ratio_max=is_ratio.max(),
-                           is_truncated_fraction=(is_ratio > float(tis_cap)).astype(mx.float32).mean())
+            metrics.update(
+                is_ratio_mean=is_ratio.mean(),
+                is_ratio_max=is_ratio.max(),
+                is_truncated_fraction=(is_ratio > float(tis_cap)).astype(mx.float32).mean(),
+            )
     return loss, metrics
 
 
@@ -141,7 +161,11 @@ def weighted_dpo_loss(
     logits = beta * (chosen_logratio - rejected_logratio)
     per_pair = -nn.log_sigmoid(logits)
     weights = weights.astype(per_pair.dtype)
-    norm = mx.maximum(weights.sum(), 1e-12) if mean_weight is None else mx.array(len(per_pair) * mean_weight, dtype=per_pair.dtype)
+    norm = (
+        mx.maximum(weights.sum(), 1e-12)
+        if mean_weight is None
+        else mx.array(len(per_pair) * mean_weight, dtype=per_pair.dtype)
+    )
     loss = (weights * per_pair).sum() / norm
     chosen_reward = mx.stop_gradient(beta * chosen_logratio)
     rejected_reward = mx.stop_gradient(beta * rejected_logratio)
@@ -159,5 +183,8 @@ def sft_loss(logp: mx.array, mask: mx.array) -> tuple[mx.array, dict[str, mx.arr
     maskf = mask.astype(logp.dtype)
     tokens = mx.maximum(maskf.sum(), 1.0)
     loss = -(logp * maskf).sum() / tokens
-    metrics = {"completion_tokens": mx.stop_gradient(tokens), "geometric_mean_token_prob": mx.stop_gradient(mx.exp(-loss))}
+    metrics = {
+        "completion_tokens": mx.stop_gradient(tokens),
+        "geometric_mean_token_prob": mx.stop_gradient(mx.exp(-loss)),
+    }
     return loss, metrics

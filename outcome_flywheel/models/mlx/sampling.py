@@ -23,7 +23,9 @@ def filter_logits(logits: mx.array, top_k: int, top_p: float) -> mx.array:
     if k == logits.shape[-1] and not uses_nucleus(top_p):
         return logits
     top = mx.topk(logits, k, axis=-1) if k < logits.shape[-1] else logits
-    threshold = mx.array(keep_thresholds(np.array(top.astype(mx.float32)), top_p).astype(np.float32)).astype(logits.dtype)
+    threshold = mx.array(keep_thresholds(np.array(top.astype(mx.float32)), top_p).astype(np.float32)).astype(
+        logits.dtype
+    )
     return mx.where(logits < threshold[:, None], mx.array(-float("inf"), dtype=logits.dtype), logits)
 
 
@@ -31,7 +33,9 @@ _split_keys = mx.vmap(lambda key: mx.random.split(key))
 _categorical = mx.vmap(lambda logits, key: mx.random.categorical(logits, key=key))
 
 
-def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+def sample_batch(
+    backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]
+) -> list[list[Sample]]:
     """`n` samples for each tokenised prompt of one forward batch (`MLXBackend._sample_batch`)."""
     from mlx_lm.models.cache import BatchKVCache
 
@@ -87,5 +91,7 @@ def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConf
     grouped: list[list[Sample]] = [[] for _ in prompt_ids]
     for r, (i, _) in enumerate(rows):
         finished = bool(tokens[r]) and tokens[r][-1] in backend.stop_ids
-        grouped[i].append(Sample(text=backend.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
+        grouped[i].append(
+            Sample(text=backend.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished)
+        )
     return grouped

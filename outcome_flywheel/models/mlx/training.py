@@ -33,7 +33,11 @@ def adamw(model: nn.Module, learning_rate: float, weight_decay: float = 0.0) -> 
 
 
 def train(
-    model: nn.Module, optimizer: optim.Optimizer, *, loss: LossFn, iterate_batches: Iterable[Any],
+    model: nn.Module,
+    optimizer: optim.Optimizer,
+    *,
+    loss: LossFn,
+    iterate_batches: Iterable[Any],
     max_grad_norm: float = 1.0,
 ) -> TrainStats:
     """One optimiser step per batch on the model's trainable parameters, gradients clipped to
@@ -76,7 +80,9 @@ def _checkpoint_names(model: nn.Module) -> dict[str, tuple[str, bool]]:
     names = {}
     for name, _ in tree_flatten(model.trainable_parameters()):
         match = _LORA.match(name)
-        names[name] = (f"{PEFT_PREFIX}{match['module']}.lora_{match['which'].upper()}.weight", True) if match else (name, False)
+        names[name] = (
+            (f"{PEFT_PREFIX}{match['module']}.lora_{match['which'].upper()}.weight", True) if match else (name, False)
+        )
     return names
 
 
@@ -101,7 +107,9 @@ def optimizer_state(optimizer: optim.AdamW, model: nn.Module) -> dict[str, np.nd
             value = flat.get(f"{name}.{ours}")
             if value is None and step:
                 raise ValueError(f"the optimiser has taken {step} steps but holds no state for {name}")
-            array = np.array(value.astype(mx.float32)) if value is not None else np.zeros(params[name].shape, np.float32)
+            array = (
+                np.array(value.astype(mx.float32)) if value is not None else np.zeros(params[name].shape, np.float32)
+            )
             pair.append(np.ascontiguousarray(array.T) if transposed else array)
         moments[saved] = tuple(pair)
     return flat_state(moments, step)
@@ -115,7 +123,10 @@ def load_optimizer_state(optimizer: optim.AdamW, model: nn.Module, tensors: Mapp
     the mismatch when the trainable parameters differ; nothing is changed then."""
     names = _checkpoint_names(model)
     params = dict(tree_flatten(model.trainable_parameters()))
-    shapes = {saved: tuple(params[name].shape[::-1] if transposed else params[name].shape) for name, (saved, transposed) in names.items()}
+    shapes = {
+        saved: tuple(params[name].shape[::-1] if transposed else params[name].shape)
+        for name, (saved, transposed) in names.items()
+    }
     step = check_state(tensors, shapes)
     if int(optimizer.state["step"].item()) != 0:
         raise ValueError("the optimiser has already stepped: load its state into a fresh one")
@@ -157,7 +168,17 @@ def free_memory(backend) -> int | None:
 
 
 FRAMEWORK = Framework(
-    name="mlx", seed=seed, inference=inference, to_numpy=to_numpy, as_array=as_array,
-    gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train, sft_loss=sft_loss,
-    optimizer_state=optimizer_state, load_optimizer_state=load_optimizer_state, free_memory=free_memory,
+    name="mlx",
+    seed=seed,
+    inference=inference,
+    to_numpy=to_numpy,
+    as_array=as_array,
+    gspo_loss=gspo_loss,
+    weighted_dpo_loss=weighted_dpo_loss,
+    adamw=adamw,
+    train=train,
+    sft_loss=sft_loss,
+    optimizer_state=optimizer_state,
+    load_optimizer_state=load_optimizer_state,
+    free_memory=free_memory,
 )

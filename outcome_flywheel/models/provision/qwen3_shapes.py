@@ -40,20 +40,46 @@ QWEN3_VOCAB = 151_936
 
 # Qwen/Qwen3-0.6B's config.json, the fields that fix the shape and the arithmetic.
 QWEN3_0_6B = dict(
-    vocab_size=QWEN3_VOCAB, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-    num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-    max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, hidden_act="silu",
+    vocab_size=QWEN3_VOCAB,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+    max_position_embeddings=40960,
+    rope_theta=1_000_000.0,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
     attention_bias=False,
 )
 
 SHAPES: dict[str, dict] = {
     "qwen3-0.6b": QWEN3_0_6B,
-    "wide-vocab-toy": dict(QWEN3_0_6B, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096),
+    "wide-vocab-toy": dict(
+        QWEN3_0_6B,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+    ),
     # vocab_size None: the fixture tokenizer's own size
-    "qwen3-tiny": dict(QWEN3_0_6B, vocab_size=None, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-                       tie_word_embeddings=False),
+    "qwen3-tiny": dict(
+        QWEN3_0_6B,
+        vocab_size=None,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -84,7 +110,12 @@ def model_config(shape: str, tokenizer):
 
 
 def build_model(
-    out_dir: str | Path, shape: str, dtype: str = "float32", device: str = "cpu", seed: int = 0, fill_vocab: bool = False,
+    out_dir: str | Path,
+    shape: str,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+    fill_vocab: bool = False,
 ) -> Path:
     """Write a randomly initialised model of `shape` with the fixture tokenizer into `out_dir` (a
     Hugging Face folder both backends load). Initialised on `device` in `dtype` (bf16 on CUDA for
@@ -100,7 +131,9 @@ def build_model(
     if fill_vocab and SHAPES[shape]["vocab_size"]:
         from tokenizers import AddedToken
 
-        tokenizer.add_tokens([AddedToken(f"<r{i}>", normalized=False) for i in range(SHAPES[shape]["vocab_size"] - len(tokenizer))])
+        tokenizer.add_tokens(
+            [AddedToken(f"<r{i}>", normalized=False) for i in range(SHAPES[shape]["vocab_size"] - len(tokenizer))]
+        )
     config = model_config(shape, tokenizer)
     torch.manual_seed(seed)
     with torch.device(device):
@@ -116,7 +149,13 @@ def build_model(
 def parameter_bytes(shape: str, bytes_per_parameter: int = 2) -> int:
     """Bytes of the weights of `shape` (tied embeddings counted once): what each decode step reads."""
     s = SHAPES[shape]
-    hidden, inter, heads, kv, head_dim = s["hidden_size"], s["intermediate_size"], s["num_attention_heads"], s["num_key_value_heads"], s["head_dim"]
+    hidden, inter, heads, kv, head_dim = (
+        s["hidden_size"],
+        s["intermediate_size"],
+        s["num_attention_heads"],
+        s["num_key_value_heads"],
+        s["head_dim"],
+    )
     attention = hidden * head_dim * (heads + 2 * kv) + heads * head_dim * hidden + 2 * head_dim  # q,k,v,o + q/k norms
     mlp = 3 * hidden * inter
     per_layer = attention + mlp + 2 * hidden

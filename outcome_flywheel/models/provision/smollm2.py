@@ -124,12 +124,18 @@ def build_smollm2(out_dir: Path, log=print) -> dict:
     missing, unexpected = plain.load_state_dict(gguf_model.state_dict(), strict=False)
     # Tied embeddings: lm_head.weight may be absent from the state dict and is tied on load.
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
-        raise RuntimeError(f"{NAME}: GGUF state dict does not fit LlamaForCausalLM (missing {missing}, unexpected {unexpected})")
+        raise RuntimeError(
+            f"{NAME}: GGUF state dict does not fit LlamaForCausalLM (missing {missing}, unexpected {unexpected})"
+        )
     plain.tie_weights()
     plain.eval()
     if not tokenizer.chat_template:
         raise RuntimeError(f"{NAME}: the GGUF carries no chat template")
-    eos = [i for i in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} if isinstance(i, int) and i >= 0]
+    eos = [
+        i
+        for i in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        if isinstance(i, int) and i >= 0
+    ]
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     plain.generation_config = GenerationConfig(eos_token_id=sorted(eos), pad_token_id=tokenizer.pad_token_id)

@@ -252,7 +252,9 @@ def read_build_info(model_dir: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def ensure_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(), rebuild: bool = False, log=print) -> tuple[dict, bool]:
+def ensure_tiny_local(
+    out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(), rebuild: bool = False, log=print
+) -> tuple[dict, bool]:
     """`(build info, built now?)`: builds unless `out_dir` already holds this config's build
     (same fingerprint: same config and corpus, hence the same weights)."""
     info = read_build_info(out_dir)

@@ -27,7 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from outcome_flywheel.models.serve.serving import (
-    CHECKPOINT_FILE, ModelServer, ModelUnavailable, adapter_digest, read_checkpoint,
+    CHECKPOINT_FILE,
+    ModelServer,
+    ModelUnavailable,
+    adapter_digest,
+    read_checkpoint,
 )
 from outcome_flywheel.settings import resolve_path
 from outcome_flywheel.storage import atomic_write_bytes, publish_dir
@@ -40,7 +44,14 @@ GGUF_FILE = "model.gguf"
 LLAMA_CPP_VARIABLE = "FLYWHEEL_LLAMA_CPP_DIR"
 CONVERTER = "convert_hf_to_gguf.py"
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "auto")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json", "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 class ExportError(RuntimeError):
@@ -69,8 +80,10 @@ def resolve_source(spec: str, loader: "ModelLoader") -> Source:
         return Source(found.kind, found.folder, found.version, found.info)
     path = Path(spec).expanduser()
     if not path.is_dir():
-        raise ExportError(f"{spec}: no such folder. Give a policy checkpoint (checkpoints/policy/<day>), a preference adapter "
-                          "(adapters/preference/<run>), a model folder, or `policy` / `preference` for the latest ones")
+        raise ExportError(
+            f"{spec}: no such folder. Give a policy checkpoint (checkpoints/policy/<day>), a preference adapter "
+            "(adapters/preference/<run>), a model folder, or `policy` / `preference` for the latest ones"
+        )
     path = path.resolve()
     if (path / CHECKPOINT_FILE).exists():
         info = read_checkpoint(path)
@@ -78,8 +91,10 @@ def resolve_source(spec: str, loader: "ModelLoader") -> Source:
             raise ExportError(f"{path / CHECKPOINT_FILE} is unreadable or names no checkpoint kind (base, lora, full)")
         trained_on = info.get("base_model")
         if trained_on and trained_on != loader.base_model and info["kind"] != "full":
-            raise ExportError(f"checkpoint {path} was trained on {trained_on!r}, not FLYWHEEL_BASE_MODEL={loader.base_model!r}: "
-                              f"set FLYWHEEL_BASE_MODEL={trained_on}")
+            raise ExportError(
+                f"checkpoint {path} was trained on {trained_on!r}, not FLYWHEEL_BASE_MODEL={loader.base_model!r}: "
+                f"set FLYWHEEL_BASE_MODEL={trained_on}"
+            )
         return Source(info["kind"], path, info.get("policy_version", path.name), info)
     if (path / "adapter_config.json").exists():
         return Source("adapter", path, f"adapter:{path.name}@{adapter_digest(path)}")
@@ -121,10 +136,19 @@ def export_merged(source: Source, out: str | Path, loader: "ModelLoader") -> dic
         for name in ("generation_config.json", "chat_template.jinja"):
             if not (staging / name).exists() and (base_dir / name).exists():
                 shutil.copy2(base_dir / name, staging / name)
-        record = {"source": str(source.folder), "kind": source.kind, "version": source.version, "merged_lora": source.has_adapter,
-                  "base_model": loader.base_model, "base_model_dir": str(base_dir), "dtype": "float32",
-                  "verified": source.info.get("verified"), "gate": source.info.get("gate"),
-                  "files": sorted(p.name for p in staging.iterdir()), "seconds": round(time.perf_counter() - started, 2)}
+        record = {
+            "source": str(source.folder),
+            "kind": source.kind,
+            "version": source.version,
+            "merged_lora": source.has_adapter,
+            "base_model": loader.base_model,
+            "base_model_dir": str(base_dir),
+            "dtype": "float32",
+            "verified": source.info.get("verified"),
+            "gate": source.info.get("gate"),
+            "files": sorted(p.name for p in staging.iterdir()),
+            "seconds": round(time.perf_counter() - started, 2),
+        }
         atomic_write_bytes(staging / EXPORT_FILE, json.dumps(record, indent=1).encode())
         publish_dir(staging, out)
     finally:
@@ -140,7 +164,11 @@ def _keep_config_fields(source: Path, saved: Path) -> None:
     if not source.exists():
         return
     original, written = json.loads(source.read_text()), json.loads(saved.read_text())
-    missing = {k: v for k, v in original.items() if k not in written and k not in ("torch_dtype", "dtype", "transformers_version", "_name_or_path")}
+    missing = {
+        k: v
+        for k, v in original.items()
+        if k not in written and k not in ("torch_dtype", "dtype", "transformers_version", "_name_or_path")
+    }
     if missing:
         atomic_write_bytes(saved, json.dumps({**written, **missing}, indent=2, sort_keys=True).encode())
 
@@ -163,9 +191,12 @@ def gguf_unavailable() -> str | None:
         return "the `gguf` package is not installed (pip install gguf)"
     if find_converter() is None:
         where = os.environ.get(LLAMA_CPP_VARIABLE)
-        return (f"{LLAMA_CPP_VARIABLE}={where} holds no {CONVERTER}" if where else
-                f"llama.cpp's {CONVERTER} is not installed: clone https://github.com/ggml-org/llama.cpp and set "
-                f"{LLAMA_CPP_VARIABLE} to it (an optional extra, docs/serving.md)")
+        return (
+            f"{LLAMA_CPP_VARIABLE}={where} holds no {CONVERTER}"
+            if where
+            else f"llama.cpp's {CONVERTER} is not installed: clone https://github.com/ggml-org/llama.cpp and set "
+            f"{LLAMA_CPP_VARIABLE} to it (an optional extra, docs/serving.md)"
+        )
     return None
 
 
@@ -216,7 +247,9 @@ def _restore_rope_base(gguf_file: Path, config_file: Path) -> None:
     os.replace(fixed, gguf_file)
 
 
-def export(spec: str, out: str | Path, loader: "ModelLoader", gguf: str = "auto", outtype: str = "f16") -> tuple[dict, str]:
+def export(
+    spec: str, out: str | Path, loader: "ModelLoader", gguf: str = "auto", outtype: str = "f16"
+) -> tuple[dict, str]:
     """The whole command: the merged folder, then the GGUF when asked (`gguf`: auto = when the
     converter is installed, always = fail without it, never). Returns (export.json's record, a
     sentence for the user)."""
@@ -227,8 +260,10 @@ def export(spec: str, out: str | Path, loader: "ModelLoader", gguf: str = "auto"
     source = resolve_source(spec, loader)
     record = export_merged(source, out, loader)
     out = Path(out).expanduser().resolve()
-    message = (f"wrote {out}: {source.version} ({source.kind}{', LoRA merged' if source.has_adapter else ''}), "
-               f"{len(record['files'])} files, {record['seconds']} s")
+    message = (
+        f"wrote {out}: {source.version} ({source.kind}{', LoRA merged' if source.has_adapter else ''}), "
+        f"{len(record['files'])} files, {record['seconds']} s"
+    )
     why = gguf_unavailable() if gguf != "never" else "--gguf never"
     if why is None:
         try:

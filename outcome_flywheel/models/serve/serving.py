@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Sequence
 from outcome_flywheel.models.interface import Messages, SamplingConfig
 
 if TYPE_CHECKING:
-    from outcome_flywheel.models.loader import ModelLoader
     from outcome_flywheel.models.interface import ModelBackend
+    from outcome_flywheel.models.loader import ModelLoader
 
 CHECKPOINTS = ("checkpoints", "policy")  # as outcome_flywheel.daily_rl.report.status.CHECKPOINTS
 ADAPTERS = ("adapters", "preference")  # as outcome_flywheel.preferences.status.ADAPTERS_DIR
@@ -108,8 +108,14 @@ def checkpoint_folders(root: Path) -> list[str]:
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted((p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
-                   and (p / CHECKPOINT_FILE).exists()), reverse=True)
+    return sorted(
+        (
+            p.name
+            for p in root.iterdir()
+            if p.is_dir() and not p.is_symlink() and not p.name.startswith(".") and (p / CHECKPOINT_FILE).exists()
+        ),
+        reverse=True,
+    )
 
 
 def latest_policy(root: Path) -> Candidate | None:
@@ -123,7 +129,14 @@ def latest_policy(root: Path) -> Candidate | None:
         info = read_checkpoint(root / name)
         if servable(info):
             version = info["policy_version"]
-            return Candidate("policy", version, f"{info.get('kind')}:{_weights_of(version)}", root / name, info.get("kind", "lora"), info)
+            return Candidate(
+                "policy",
+                version,
+                f"{info.get('kind')}:{_weights_of(version)}",
+                root / name,
+                info.get("kind", "lora"),
+                info,
+            )
     return None
 
 
@@ -158,7 +171,9 @@ class ModelServer:
             return None
         folder = link.resolve()
         try:
-            stamp = (str(folder),) + tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.glob("*.safetensors")))
+            stamp = (str(folder),) + tuple(
+                (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.glob("*.safetensors"))
+            )
         except FileNotFoundError:
             return None
         if len(stamp) == 1:
@@ -175,12 +190,16 @@ class ModelServer:
         if model_id == "policy":
             found = latest_policy(self.checkpoints)
             if found is None:
-                raise ModelUnavailable(f"no verified, accepted policy checkpoint under {self.checkpoints} yet "
-                                       "(the daily_update asset writes them)")
+                raise ModelUnavailable(
+                    f"no verified, accepted policy checkpoint under {self.checkpoints} yet "
+                    "(the daily_update asset writes them)"
+                )
             return found
         found = self._latest_adapter()
         if found is None:
-            raise ModelUnavailable(f"no preference adapter under {self.adapters} yet (the preference_adapter asset trains it)")
+            raise ModelUnavailable(
+                f"no preference adapter under {self.adapters} yet (the preference_adapter asset trains it)"
+            )
         return found
 
     def available(self) -> list[Candidate]:
@@ -218,8 +237,14 @@ class ModelServer:
                 backend.model.requires_grad_(False)  # served, never trained here: no autograd state kept
             loaded = LoadedModel(candidate, backend, time.time(), time.perf_counter() - started)
             self._loaded[model_id] = loaded  # later requests get it; in-flight ones keep the old
-            self.loads.append({"model": model_id, "version": candidate.version, "seconds": round(loaded.load_s, 3),
-                               "replaced": current.version if current else None})
+            self.loads.append(
+                {
+                    "model": model_id,
+                    "version": candidate.version,
+                    "seconds": round(loaded.load_s, 3),
+                    "replaced": current.version if current else None,
+                }
+            )
             return loaded
 
     # -- generating ------------------------------------------------------------------------------
@@ -227,16 +252,28 @@ class ModelServer:
         return getattr(loaded.backend, "context_length", None)
 
     def generate(
-        self, model_id: str, messages: Messages, max_tokens: int | None = None, temperature: float = 1.0,
-        top_p: float = 1.0, seed: int | None = None, ignore_eos: bool = False,
+        self,
+        model_id: str,
+        messages: Messages,
+        max_tokens: int | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        ignore_eos: bool = False,
     ) -> Completion:
         """One completion of `messages` on the model `model_id` serves now. ValueError: a request the
         model cannot take (over the token cap or its context), with the reason."""
         loaded = self.model(model_id)  # this reference keeps the weights alive until the reply
         prompt_ids = loaded.backend.prompt_ids(messages)
         budget = self._budget(loaded, len(prompt_ids), max_tokens)
-        config = SamplingConfig(temperature=temperature, top_p=top_p, top_k=0, max_new_tokens=budget,
-                                prompts_per_batch=1, ignore_eos=ignore_eos)
+        config = SamplingConfig(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=0,
+            max_new_tokens=budget,
+            prompts_per_batch=1,
+            ignore_eos=ignore_eos,
+        )
         started = time.perf_counter()
         with self._state_lock:
             self._in_flight[loaded.version] = self._in_flight.get(loaded.version, 0) + 1
@@ -248,12 +285,20 @@ class ModelServer:
                 self._in_flight[loaded.version] -= 1
                 if not self._in_flight[loaded.version]:
                     del self._in_flight[loaded.version]
-        return Completion(sample.text, len(prompt_ids), len(sample.token_ids), "stop" if sample.finished else "length",
-                          loaded.version, time.perf_counter() - started)
+        return Completion(
+            sample.text,
+            len(prompt_ids),
+            len(sample.token_ids),
+            "stop" if sample.finished else "length",
+            loaded.version,
+            time.perf_counter() - started,
+        )
 
     def _budget(self, loaded: LoadedModel, n_prompt: int, max_tokens: int | None) -> int:
         if max_tokens is not None and max_tokens > self.max_tokens:
-            raise ValueError(f"max_tokens={max_tokens} is over this server's cap of {self.max_tokens} tokens (FLYWHEEL_SERVE_MAX_TOKENS)")
+            raise ValueError(
+                f"max_tokens={max_tokens} is over this server's cap of {self.max_tokens} tokens (FLYWHEEL_SERVE_MAX_TOKENS)"
+            )
         context = self.context_length(loaded)
         room = context - n_prompt if context else None
         if room is not None and room < 1:
@@ -261,7 +306,9 @@ class ModelServer:
         if max_tokens is None:
             return min(self.max_tokens, room) if room is not None else self.max_tokens
         if room is not None and max_tokens > room:
-            raise ValueError(f"the messages take {n_prompt} tokens and max_tokens={max_tokens}: over the model's context of {context} tokens")
+            raise ValueError(
+                f"the messages take {n_prompt} tokens and max_tokens={max_tokens}: over the model's context of {context} tokens"
+            )
         return max_tokens
 
     @staticmethod
@@ -293,8 +340,19 @@ def tier_summary(data_dir: str | Path) -> str:
     infos = [read_checkpoint(server.checkpoints / d) or {} for d in days]
     rejected = sum(1 for i in infos if i.get("gate") == "rejected")
     unverified = sum(1 for i in infos if i.get("verified") is not True)
-    return (f"serving (/v1/chat/completions, hot swap on `latest`): {'; '.join(parts)} "
-            f"({len(days)} policy checkpoints: {rejected} rejected (their parent served instead), {unverified} unverified (never served))")
+    return (
+        f"serving (/v1/chat/completions, hot swap on `latest`): {'; '.join(parts)} "
+        f"({len(days)} policy checkpoints: {rejected} rejected (their parent served instead), {unverified} unverified (never served))"
+    )
 
 
-__all__: Sequence[str] = ("ModelServer", "ModelUnavailable", "Candidate", "LoadedModel", "Completion", "latest_policy", "servable", "tier_summary")
+__all__: Sequence[str] = (
+    "ModelServer",
+    "ModelUnavailable",
+    "Candidate",
+    "LoadedModel",
+    "Completion",
+    "latest_policy",
+    "servable",
+    "tier_summary",
+)

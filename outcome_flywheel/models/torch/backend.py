@@ -19,7 +19,7 @@ from outcome_flywheel.models.segments import flatten_segments
 from outcome_flywheel.models.torch.graph_sampler import GraphSampler
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
 from outcome_flywheel.models.torch.sampling import attention_kernels, left_padded, sample_batch
-from outcome_flywheel.models.torch.training import FRAMEWORK
+from outcome_flywheel.models.torch.training import FRAMEWORK, is_writer
 from outcome_flywheel.models.torch.vllm_sampling import SAMPLERS, VLLMEngine, needs_teacher_forcing, require_vllm
 
 
@@ -345,6 +345,9 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         self.model = get_peft_model(self.model, cfg)
 
     def save(self, path: Path) -> None:
+        """Writes nothing on a data-parallel rank other than 0 (`training.py`: rank 0 alone writes)."""
+        if not is_writer():
+            return
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)

@@ -61,7 +61,9 @@ def device_keep_thresholds(top_values: torch.Tensor, top_p: float) -> torch.Tens
     before = torch.cat([torch.zeros_like(probs[:, :1]), probs.cumsum(-1)[:, :-1]], dim=-1)
     # a tied token's mass "strictly above" is the mass before the first token of its tie group
     position = torch.arange(values.shape[1], device=values.device).expand_as(values)
-    starts_group = torch.cat([torch.ones_like(values[:, :1], dtype=torch.bool), values[:, 1:] != values[:, :-1]], dim=-1)
+    starts_group = torch.cat(
+        [torch.ones_like(values[:, :1], dtype=torch.bool), values[:, 1:] != values[:, :-1]], dim=-1
+    )
     group_start = torch.where(starts_group, position, 0).cummax(-1).values
     kept = (before.gather(-1, group_start) < top_p).sum(-1)
     return values.gather(-1, (kept.clamp(min=1) - 1)[:, None])[:, 0]
@@ -100,7 +102,19 @@ class GraphSampler:
     """One per loaded model (`TorchBackend.graph_sampler`)."""
 
     # Buffers the captured graphs read and write (made in `_ensure_capacity`), dropped by `close`.
-    BUFFERS = ("key_bias", "tokens", "positions", "write_at", "step", "logits", "uniforms", "done", "out_tokens", "out_logps", "out_alive")
+    BUFFERS = (
+        "key_bias",
+        "tokens",
+        "positions",
+        "write_at",
+        "step",
+        "logits",
+        "uniforms",
+        "done",
+        "out_tokens",
+        "out_logps",
+        "out_alive",
+    )
 
     def __init__(self, backend, use_graphs: bool | None = None):
         # A weak reference: the backend holds its sampler, so a strong one back would make a cycle,
@@ -170,7 +184,9 @@ class GraphSampler:
             return True
         free, _ = torch.cuda.mem_get_info(self.device)
         held = self._cache.nbytes if self._cache is not None else 0
-        need = StaticKVCache.bytes_needed(self.backend.model, batch_bucket(rows), length_bucket(length), self.backend.dtype)
+        need = StaticKVCache.bytes_needed(
+            self.backend.model, batch_bucket(rows), length_bucket(length), self.backend.dtype
+        )
         return need <= CACHE_MEMORY_SHARE * (free + held)
 
     # -- buffers and graphs -----------------------------------------------------------------
@@ -245,8 +261,18 @@ class GraphSampler:
         if rule.stop:
             self.done[:rows] |= torch.isin(chosen, stop)
         self.key_bias[:rows].index_fill_(1, self.write_at, 0.0)
-        self.logits[:rows].copy_(decode_step(self.backend.model, self._cache, rows, length, chosen, self.positions[:rows],
-                                             self.write_at, self.key_bias[:rows]))
+        self.logits[:rows].copy_(
+            decode_step(
+                self.backend.model,
+                self._cache,
+                rows,
+                length,
+                chosen,
+                self.positions[:rows],
+                self.write_at,
+                self.key_bias[:rows],
+            )
+        )
         self.positions[:rows] += 1
         self.write_at += 1
         self.step += 1
@@ -296,8 +322,16 @@ class GraphSampler:
         return min(length_bucket(width + step + 1), self._cache.length)
 
     # -- a call -----------------------------------------------------------------------------
-    def decode(self, prefill, rows_prompt: torch.Tensor, attention: torch.Tensor, next_positions: torch.Tensor,
-               uniforms: torch.Tensor | None, max_new_tokens: int, rule: SamplingRule):
+    def decode(
+        self,
+        prefill,
+        rows_prompt: torch.Tensor,
+        attention: torch.Tensor,
+        next_positions: torch.Tensor,
+        uniforms: torch.Tensor | None,
+        max_new_tokens: int,
+        rule: SamplingRule,
+    ):
         """Decode every row from a prefill (`sampling._prefill`): `rows_prompt[r]` is row r's prompt,
         `attention` / `next_positions` the prompts' mask `[prompts, width]` and next rotary position
         `[prompts]`, `uniforms` `[rows, max_new_tokens]` float64 (None when greedy). Returns
@@ -337,8 +371,9 @@ def sampling_rule(backend, cfg, vocab: int) -> SamplingRule:
     """The rule a call's `SamplingConfig` bakes into a graph."""
     return SamplingRule(
         temperature=float(cfg.temperature) if cfg.temperature > 0 else 0.0,
-        top_k=candidate_count(cfg.top_k, vocab), top_p=float(cfg.top_p) if cfg.temperature > 0 else 1.0,
-        banned=tuple(backend.banned_ids(cfg)), stop=tuple(sorted(backend.stop_ids)) if not cfg.ignore_eos else (),
+        top_k=candidate_count(cfg.top_k, vocab),
+        top_p=float(cfg.top_p) if cfg.temperature > 0 else 1.0,
+        banned=tuple(backend.banned_ids(cfg)),
+        stop=tuple(sorted(backend.stop_ids)) if not cfg.ignore_eos else (),
         pad=int(backend.tokenizer.pad_token_id),
     )
-

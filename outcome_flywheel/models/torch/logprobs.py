@@ -45,8 +45,13 @@ def _chunk_logprobs(head: Head, hidden: torch.Tensor, targets: torch.Tensor, tem
 
 
 def token_logprobs(
-    hidden: torch.Tensor, head: Head, targets: torch.Tensor, temperature: float = 1.0, vocab_size: int | None = None,
-    chunk_elements: int = CHUNK_ELEMENTS, module: torch.nn.Module | None = None,
+    hidden: torch.Tensor,
+    head: Head,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    vocab_size: int | None = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
+    module: torch.nn.Module | None = None,
 ) -> torch.Tensor:
     """Log-prob of each target token `[N]` from the hidden states that predict it (`hidden [N, H]`,
     `targets [N]`), at `temperature`. Differentiable; under autograd each chunk's logits are
@@ -68,8 +73,13 @@ def token_logprobs(
 
 
 def token_kl(
-    hidden_p: torch.Tensor, head_p: Head, hidden_q: torch.Tensor, head_q: Head, temperature: float = 1.0,
-    vocab_size: int | None = None, chunk_elements: int = CHUNK_ELEMENTS,
+    hidden_p: torch.Tensor,
+    head_p: Head,
+    hidden_q: torch.Tensor,
+    head_q: Head,
+    temperature: float = 1.0,
+    vocab_size: int | None = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> torch.Tensor:
     """Exact KL(p || q) = sum_v p(v) (log p(v) - log q(v)) at each position `[N]`, both
     distributions at `temperature`, from each model's final hidden states `[N, H]`. The full

@@ -55,7 +55,11 @@ def gspo_loss(
     with torch.no_grad():
         if behavior_logp is not None and tis_cap is not None:
             token_is = torch.exp(old - behavior_logp.to(logp.dtype))
-            is_ratio = token_is if objective == "token" else torch.exp(((old - behavior_logp.to(logp.dtype)) * maskf).sum(-1) / lengths)
+            is_ratio = (
+                token_is
+                if objective == "token"
+                else torch.exp(((old - behavior_logp.to(logp.dtype)) * maskf).sum(-1) / lengths)
+            )
             is_weight = torch.clamp(is_ratio, max=float(tis_cap))
     sequence_term = None
     if objective == "token":
@@ -77,13 +81,17 @@ def gspo_loss(
                     seq_is = torch.exp(((old - behavior_logp.to(logp.dtype)) * maskf).sum(-1) / lengths)
                 sequence_term = sequence_term * torch.clamp(seq_is, max=float(tis_cap))
             loss = loss + sequence_term.mean()
-            seq_clipped = ((s_i < 1.0 - sequence_clip[0]) & (seq_adv < 0)) | ((s_i > 1.0 + sequence_clip[1]) & (seq_adv > 0))
+            seq_clipped = ((s_i < 1.0 - sequence_clip[0]) & (seq_adv < 0)) | (
+                (s_i > 1.0 + sequence_clip[1]) & (seq_adv > 0)
+            )
         active = (maskf > 0) & (token_adv != 0)
         low, high = (ratio < 1.0 - epsilon_low) & (token_adv < 0), (ratio > 1.0 + epsilon_high) & (token_adv > 0)
         ratio_values = ratio[maskf > 0]
     elif objective in ("gspo", "reward_weighted"):
         if advantages.dim() != 1:
-            raise ValueError(f"objective {objective!r} takes one advantage per sequence, got shape {tuple(advantages.shape)}")
+            raise ValueError(
+                f"objective {objective!r} takes one advantage per sequence, got shape {tuple(advantages.shape)}"
+            )
         ratio = torch.exp(((logp - old) * maskf).sum(-1) / lengths)  # s_i
         if objective == "gspo":
             clipped = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
@@ -122,8 +130,11 @@ def gspo_loss(
             metrics["sequence_clip_fraction"] = float(seq_clipped.float().mean())
         if is_weight is not None:
             values = is_ratio[maskf > 0] if objective == "token" else is_ratio
-            metrics.update(is_ratio_mean=float(values.mean()), is_ratio_max=float(values.max()),
-                           is_truncated_fraction=float((values > float(tis_cap)).float().mean()))
+            metrics.update(
+                is_ratio_mean=float(values.mean()),
+                is_ratio_max=float(values.max()),
+                is_truncated_fraction=float((values > float(tis_cap)).float().mean()),
+            )
     return loss, metrics
 
 

@@ -42,7 +42,9 @@ def attention_kernels(device: torch.device):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def left_padded(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def left_padded(
+    prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(input_ids, attention_mask, position_ids)` of prompts padded on the left, so every row's
     next token sits in the last column; positions count real tokens only."""
     width = max(len(p) for p in prompt_ids)
@@ -55,17 +57,29 @@ def left_padded(prompt_ids: Sequence[Sequence[int]], pad: int, device: torch.dev
     return ids, attention, (attention.cumsum(-1) - 1).clamp(min=0)
 
 
-def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+def sample_batch(
+    backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]
+) -> list[list[Sample]]:
     """`n` samples for each tokenised prompt of one forward batch (`TorchBackend._sample_batch`)."""
     pad = backend.tokenizer.pad_token_id
     rows = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
     input_ids, attention, positions = left_padded(prompt_ids, pad, backend.device)
     # Each row's uniforms for every step, drawn up front from its own generator; sampling is
     # then one vectorised inverse-CDF lookup per step (no per-row multinomial calls).
-    uniforms = torch.stack([
-        torch.rand(cfg.max_new_tokens, generator=torch.Generator().manual_seed(row_seed(seeds[i], j)), dtype=torch.float64)
-        for i, j in rows
-    ]).to(backend.device) if cfg.temperature > 0 else None
+    uniforms = (
+        torch.stack(
+            [
+                torch.rand(
+                    cfg.max_new_tokens,
+                    generator=torch.Generator().manual_seed(row_seed(seeds[i], j)),
+                    dtype=torch.float64,
+                )
+                for i, j in rows
+            ]
+        ).to(backend.device)
+        if cfg.temperature > 0
+        else None
+    )
 
     with attention_kernels(backend.device):
         # The prompt is run once (the prefill); its KV cache then serves its n samples.
@@ -76,13 +90,17 @@ def sample_batch(backend, prompt_ids: list[list[int]], n: int, cfg: SamplingConf
         if engine is not None and not engine.unusable_reason(len(rows), input_ids.shape[1], cfg.max_new_tokens):
             rows_prompt = torch.tensor([i for i, _ in rows], dtype=torch.long, device=backend.device)
             rule = sampling_rule(backend, cfg, outputs.logits.shape[-1])
-            decoded = engine.decode(outputs, rows_prompt, attention, positions[:, -1] + 1, uniforms, cfg.max_new_tokens, rule)
+            decoded = engine.decode(
+                outputs, rows_prompt, attention, positions[:, -1] + 1, uniforms, cfg.max_new_tokens, rule
+            )
         else:
             decoded = _decode(backend, rows, n, cfg, outputs, attention, positions, uniforms)
     return _grouped(backend, prompt_ids, rows, *decoded)
 
 
-def _decode(backend, rows, n, cfg, outputs, attention, positions, uniforms) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _decode(
+    backend, rows, n, cfg, outputs, attention, positions, uniforms
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The eager decode loop over transformers' dynamic cache (CPU, MPS, and what the static
     sampler does not take): `(tokens, logps, alive)`, each `[rows, steps]`."""
     pad = backend.tokenizer.pad_token_id
@@ -117,7 +135,9 @@ def _decode(backend, rows, n, cfg, outputs, attention, positions, uniforms) -> t
         logps_now = torch.zeros(total, dtype=lse.dtype, device=backend.device)
         alive_now = torch.zeros(total, dtype=torch.bool, device=backend.device)
         tokens_now[active] = chosen
-        logps_now[active] = logits.gather(-1, chosen[:, None])[:, 0] / (cfg.temperature if cfg.temperature > 0 else 1.0) - lse
+        logps_now[active] = (
+            logits.gather(-1, chosen[:, None])[:, 0] / (cfg.temperature if cfg.temperature > 0 else 1.0) - lse
+        )
         alive_now[active] = True
         step_tokens.append(tokens_now)
         step_logps.append(logps_now)
@@ -131,8 +151,12 @@ def _decode(backend, rows, n, cfg, outputs, attention, positions, uniforms) -> t
             active, chosen, attention, next_pos = active[kept], chosen[kept], attention[kept], next_pos[kept]
         attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)
         outputs = backend.model(
-            input_ids=chosen[:, None], attention_mask=attention, position_ids=next_pos,
-            past_key_values=past, use_cache=True, logits_to_keep=1,
+            input_ids=chosen[:, None],
+            attention_mask=attention,
+            position_ids=next_pos,
+            past_key_values=past,
+            use_cache=True,
+            logits_to_keep=1,
             cache_position=torch.full((1,), attention.shape[1] - 1, dtype=torch.long, device=backend.device),
         )
         past = outputs.past_key_values
@@ -142,7 +166,9 @@ def _decode(backend, rows, n, cfg, outputs, attention, positions, uniforms) -> t
     return torch.stack(step_tokens, dim=1), torch.stack(step_logps, dim=1), torch.stack(step_alive, dim=1)
 
 
-def _grouped(backend, prompt_ids, rows, step_tokens: torch.Tensor, step_logps: torch.Tensor, step_alive: torch.Tensor) -> list[list[Sample]]:
+def _grouped(
+    backend, prompt_ids, rows, step_tokens: torch.Tensor, step_logps: torch.Tensor, step_alive: torch.Tensor
+) -> list[list[Sample]]:
     """Per prompt, its samples: each row's tokens and log-probs while it was alive."""
     # One device->host copy at the end instead of per-token reads inside the loop.
     total = len(rows)
@@ -154,5 +180,7 @@ def _grouped(backend, prompt_ids, rows, step_tokens: torch.Tensor, step_logps: t
     grouped: list[list[Sample]] = [[] for _ in prompt_ids]
     for r, (i, _) in enumerate(rows):
         finished = bool(tokens[r]) and tokens[r][-1] in backend.stop_ids
-        grouped[i].append(Sample(text=backend.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished))
+        grouped[i].append(
+            Sample(text=backend.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished)
+        )
     return grouped

@@ -32,8 +32,11 @@ def unsupported_reason(model) -> str:
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model type {config.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if layer_types != {"full_attention"} or (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-                                             and config.model_type == "mistral"):
+    if layer_types != {"full_attention"} or (
+        getattr(config, "sliding_window", None)
+        and getattr(config, "use_sliding_window", True)
+        and config.model_type == "mistral"
+    ):
         return "sliding-window attention"
     if getattr(config, "rope_scaling", None) and "dynamic" in str((config.rope_scaling or {}).get("rope_type", "")):
         return "dynamic RoPE scaling (its frequencies depend on the sequence length)"
@@ -45,7 +48,16 @@ class StaticKVCache:
     A step for `b` rows and a length bucket `l` uses the views `[:, :b, :, :l]`: a prefix of the
     same storage, so graphs captured for smaller buckets stay valid."""
 
-    def __init__(self, layers: int, batch: int, kv_heads: int, length: int, head_dim: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        layers: int,
+        batch: int,
+        kv_heads: int,
+        length: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         shape = (layers, batch, kv_heads, length, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
@@ -83,8 +95,17 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _attend(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-            length: int, write_at: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+def _attend(
+    attn,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    length: int,
+    write_at: torch.Tensor,
+    key_bias: torch.Tensor,
+) -> torch.Tensor:
     """One token's self-attention for every row: project, (q/k norm), rotate, write this token's key
     and value at `write_at`, attend to the cache's first `length` positions under `key_bias`."""
     rows, head_dim = x.shape[0], attn.head_dim
@@ -103,13 +124,22 @@ def _attend(attn, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: t
     # Query head h reads key-value head h // group (transformers' repeat_kv order): the group's
     # query heads become query positions of one key-value head, so no key or value is copied.
     q = q.reshape(rows, kv_heads, -1, head_dim)
-    out = F.scaled_dot_product_attention(q, keys[:, :, :length], values[:, :, :length],
-                                         attn_mask=key_bias[:, None, None, :length], scale=attn.scaling)
+    out = F.scaled_dot_product_attention(
+        q, keys[:, :, :length], values[:, :, :length], attn_mask=key_bias[:, None, None, :length], scale=attn.scaling
+    )
     return attn.o_proj(out.reshape(rows, 1, -1))
 
 
-def decode_step(model, cache: StaticKVCache, rows: int, length: int, tokens: torch.Tensor, positions: torch.Tensor,
-                write_at: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+def decode_step(
+    model,
+    cache: StaticKVCache,
+    rows: int,
+    length: int,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    write_at: torch.Tensor,
+    key_bias: torch.Tensor,
+) -> torch.Tensor:
     """Logits `[rows, vocab]` (float32) of the next token after `tokens` `[rows]`, each at its
     rotary `positions` `[rows]`; writes every layer's key/value at cache position `write_at` `[1]`;
     attends to cache positions `< length` where `key_bias` `[rows, >= length]` is 0 (-inf: padding,
@@ -119,8 +149,17 @@ def decode_step(model, cache: StaticKVCache, rows: int, length: int, tokens: tor
     hidden = inner.embed_tokens(tokens[:, None])
     cos, sin = inner.rotary_emb(hidden, positions[:, None])
     for index, layer in enumerate(inner.layers):
-        attended = _attend(layer.self_attn, layer.input_layernorm(hidden), cos, sin, cache.keys[index, :rows],
-                           cache.values[index, :rows], length, write_at, key_bias)
+        attended = _attend(
+            layer.self_attn,
+            layer.input_layernorm(hidden),
+            cos,
+            sin,
+            cache.keys[index, :rows],
+            cache.values[index, :rows],
+            length,
+            write_at,
+            key_bias,
+        )
         hidden = hidden + attended
         hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     return lm.lm_head(inner.norm(hidden))[:, 0].float()

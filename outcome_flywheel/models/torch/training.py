@@ -5,11 +5,16 @@ iterate_batches=...)`), and `FRAMEWORK`: what torch lends the shared trainers (`
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import sys
 import time
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
 from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
@@ -36,8 +41,14 @@ def train(
 
     `loss(model, batch)` returns the scalar loss and a dict of per-batch metrics; the metrics are
     collected into `TrainStats.extra[name]` as lists.
+
+    Data parallel (below, world size > 1): each rank's batch holds its shard of the
+    minibatch as parts scaled by their share of the whole minibatch (`train/shards.py`); the gradients
+    are summed across ranks before the clip and the step, and the loss and metrics gathered, so every
+    rank records and steps what one process would.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    _, ranks = world()
     stats = TrainStats()
     started = time.perf_counter()
     was_training = model.training
@@ -51,11 +62,18 @@ def train(
                 (value if scale == 1.0 else value * scale).backward()  # gradients add up in .grad
                 total += value.item() * scale
                 scaled.append((scale, metrics))
+            if ranks > 1:  # this rank's parts were scaled by their share of the whole minibatch: sum the ranks'
+                crash_if_asked()
+                reduce_gradients(params)
+                gathered = gather((total, scaled))
+                total, scaled = sum(t for t, _ in gathered), [item for _, s in gathered for item in s]
             grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
             optimizer.step()
             stats.record(total, float(grad_norm), merged_metrics(scaled))
     finally:
         model.train(was_training)
+    if ranks > 1:
+        check_same_weights(list(model.parameters()))
     stats.wall_s = time.perf_counter() - started
     return stats
 
@@ -148,8 +166,195 @@ def free_memory(backend) -> int | None:
     return int(free)
 
 
+# Data-parallel training over `torch.distributed` (torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR...).
+#
+# Every rank holds the whole model and the same optimiser state; each takes its shard of every minibatch
+# (`train/shards.py`), backpropagates its parts scaled by their share of the whole minibatch, and the
+# gradients are summed across ranks (`reduce_gradients`: one all-reduce per optimiser step, in buckets),
+# so every rank steps with the one-process minibatch gradient and the weights stay equal on all ranks.
+# DDP's reduction without its module wrapper: the trainers call the model through the backend's
+# log-prob functions (several forwards a step, a rank may hold no part of a minibatch), so the
+# gradients are reduced once after the step's backward passes rather than from DDP's hooks. Not FSDP:
+# tiny-local and 0.6B models (weights, grads and AdamW's moments) fit one card; FSDP shards those for
+# models that do not.
+#
+# Only rank 0 writes (`is_writer`; `TorchBackend.save` is a no-op elsewhere).
+#
+# Test hook: `FLYWHEEL_TRAIN_CRASH_RANK=<rank>` makes that rank SIGKILL itself after its first
+# data-parallel backward pass, before the all-reduce (a rank lost mid-step: the run must fail).
+
+CRASH_RANK_VARIABLE = "FLYWHEEL_TRAIN_CRASH_RANK"
+BUCKET_BYTES = 64 * 2**20  # gradients all-reduced per call (DDP's default bucket is 25 MiB)
+
+
+def initialised() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def world() -> tuple[int, int]:
+    """(rank, world size) of the initialised process group; (0, 1) without one. RuntimeError when the
+    launcher started several processes (WORLD_SIZE > 1) but no group was initialised: each would train
+    on the whole data and write the same outputs."""
+    if initialised():
+        return dist.get_rank(), dist.get_world_size()
+    size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if size > 1:
+        raise RuntimeError(f"WORLD_SIZE={size} but torch.distributed is not initialised: call "
+                           "outcome_flywheel.models.torch.training.init_from_env() before training")
+    return 0, 1
+
+
+def is_writer() -> bool:
+    """Whether this process may write outputs (checkpoints, adapters, moments, ledgers, reports): rank 0."""
+    return world()[0] == 0
+
+
+def init_from_env(device: str = "auto", timeout_s: float = 6 * 3600) -> tuple[int, int]:
+    """Initialise the default process group from torchrun's environment (a no-op when one is, or with
+    WORLD_SIZE <= 1): NCCL when the ranks train on CUDA (each on its LOCAL_RANK's card), else gloo."""
+    size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if size > 1 and not initialised():
+        cuda = torch.cuda.is_available() and device in ("auto", "cuda")
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s))
+    return world()
+
+
+def gather(obj: Any) -> list:
+    """Every rank's `obj` (picklable), in rank order; `[obj]` in one process."""
+    if not initialised() or dist.get_world_size() == 1:
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def crash_if_asked() -> None:
+    """The test hook (module docstring): SIGKILL this rank when it is the one named."""
+    value = os.environ.get(CRASH_RANK_VARIABLE, "").strip()
+    if value and initialised() and int(value) == dist.get_rank():
+        print(f"{CRASH_RANK_VARIABLE}={value}: rank {value} killing itself mid-step (SIGKILL)",
+              file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def reduce_gradients(params: Sequence[torch.nn.Parameter]) -> None:
+    """Sum every parameter's `.grad` across the ranks (in place, the same result on every rank). A
+    parameter without a gradient on some rank (it held no part of the minibatch) counts as zeros there;
+    one without a gradient on every rank keeps None, as in one process (AdamW skips it)."""
+    if not params:
+        return
+    device = params[0].device
+    has = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=device)
+    dist.all_reduce(has, op=dist.ReduceOp.MAX)
+    live = [p for p, h in zip(params, has.tolist()) if h]
+    for p in live:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for p in live:
+        if bucket and (size + p.grad.numel() * p.grad.element_size() > BUCKET_BYTES or p.grad.dtype != bucket[0].dtype
+                       or p.grad.device != bucket[0].device):
+            _all_reduce(bucket)
+            bucket, size = [], 0
+        bucket.append(p.grad)
+        size += p.grad.numel() * p.grad.element_size()
+    if bucket:
+        _all_reduce(bucket)
+
+
+def check_same_weights(params: Sequence[torch.nn.Parameter]) -> None:
+    """RuntimeError unless every rank holds the same weights after training, frozen ones too (by
+    per-parameter sums, exactly): a follower's copy of the policy gone wrong (`follow`) shows here."""
+    with torch.no_grad():
+        digest = [(float(p.double().sum()), float(p.double().abs().sum())) for p in params]
+    every = gather(digest)
+    if any(d != every[0] for d in every):
+        raise RuntimeError("data parallel: the ranks' weights differ after training "
+                           "(they did not start from the same policy)")
+
+
+def _all_reduce(grads: list[torch.Tensor]) -> None:
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+# -- a step's ranks > 0 join only its training (`steps/entry.py`) -------------------------------------
+# A step (the daily update, the preference adapter, distillation) runs its whole body on rank 0: judging,
+# sampling, the warehouse and checkpoint writes. Each trainer it calls is announced (`train/shards.py`):
+# rank 0 hands the other ranks the call (trainer, examples, config), the policy as it stands (base,
+# adapter layout, every weight, AdamW's saved moments, the torch generator's state for a fresh
+# adapter's init) and they run the same trainer on their shards; they write nothing and keep nothing.
+
+TRAINERS = {"gspo": ("outcome_flywheel.models.train.gspo", "train_gspo"),
+            "dpo": ("outcome_flywheel.models.train.dpo", "train_weighted_dpo"),
+            "sft": ("outcome_flywheel.models.train.sft", "train_sft")}
+
+
+def _control(obj: Any = None) -> Any:
+    """Rank 0's `obj`, on every rank."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _sync_weights(model: torch.nn.Module) -> None:
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0)
+
+
+def lead(trainer: str, backend: Any, args: tuple) -> None:
+    """Rank 0, as a trainer starts: the call and the policy to the other ranks (`follow`)."""
+    peft = getattr(backend.model, "peft_config", None)
+    spec = {"model_path": str(backend.model_path), "device": backend.device.type,
+            "dtype": str(backend.dtype).rsplit(".", 1)[-1],
+            "master_weights": bool(getattr(backend, "master_weights", False)),
+            "lora": peft[backend.model.active_adapter].to_dict() if peft else None,
+            # AdamW's saved moments: GSPO resumes them (DPO and SFT start fresh)
+            "moments": backend.optimizer_tensors if trainer == "gspo" else None, "rng": torch.get_rng_state()}
+    _control(("train", trainer, spec, args))
+    _sync_weights(backend.model)
+
+
+def finish() -> None:
+    """Rank 0, its step done: the other ranks' `follow` returns."""
+    _control(("done",))
+
+
+def follow(policy: Callable[[Mapping], Any]) -> int:
+    """Ranks > 0 of a step: run each trainer rank 0 announces, on a copy of its policy (`policy(spec)`: a
+    `TorchBackend` of rank 0's base, device type, dtype), until it is done; the number of trainings joined."""
+    import importlib
+
+    joined = 0
+    while True:
+        message = _control()
+        if message[0] == "done":
+            return joined
+        _, trainer, spec, args = message
+        backend = policy(spec)
+        if spec["lora"] is not None:
+            from peft import get_peft_config, get_peft_model
+
+            config = dict(spec["lora"], inference_mode=False)
+            backend.model = get_peft_model(backend.model, get_peft_config(config))
+        _sync_weights(backend.model)
+        backend.optimizer_tensors = spec["moments"]
+        torch.set_rng_state(spec["rng"])
+        module, name = TRAINERS[trainer]
+        getattr(importlib.import_module(module), name)(backend, *args)
+        joined += 1
+
+
 FRAMEWORK = Framework(
     name="torch", seed=seed, inference=inference, to_numpy=to_numpy, as_array=as_array,
     gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train, sft_loss=sft_loss,
     optimizer_state=optimizer_state, load_optimizer_state=load_optimizer_state, free_memory=free_memory,
+    world=world, gather=gather,
 )

@@ -59,9 +59,14 @@ def needs_teacher_forcing(config: SamplingConfig) -> bool:
 def request_params(config: SamplingConfig, seed: int, banned_tokens: Sequence[str] = ()) -> dict:
     """`SamplingParams` keyword arguments of one sample (`n=1`), as plain values."""
     params = dict(
-        n=1, seed=int(seed), max_tokens=int(config.max_new_tokens), ignore_eos=bool(config.ignore_eos), logprobs=0,
+        n=1,
+        seed=int(seed),
+        max_tokens=int(config.max_new_tokens),
+        ignore_eos=bool(config.ignore_eos),
+        logprobs=0,
         temperature=float(config.temperature) if config.temperature > 0 else 0.0,
-        top_k=int(config.top_k) if config.top_k else -1, top_p=float(config.top_p) if uses_nucleus(config.top_p) else 1.0,
+        top_k=int(config.top_k) if config.top_k else -1,
+        top_p=float(config.top_p) if uses_nucleus(config.top_p) else 1.0,
         skip_special_tokens=True,
     )
     if banned_tokens:
@@ -101,8 +106,13 @@ class VLLMEngine:
 
         self.model_path = str(model_path)
         self.llm = LLM(
-            model=self.model_path, dtype="bfloat16", seed=0, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
-            enable_lora=enable_lora, max_lora_rank=MAX_LORA_RANK, logprobs_mode="processed_logprobs",
+            model=self.model_path,
+            dtype="bfloat16",
+            seed=0,
+            gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+            enable_lora=enable_lora,
+            max_lora_rank=MAX_LORA_RANK,
+            logprobs_mode="processed_logprobs",
         )
 
     @classmethod
@@ -113,8 +123,13 @@ class VLLMEngine:
         return cls._engines[key]
 
     def generate(
-        self, prompt_ids: Sequence[Sequence[int]], n: int, config: SamplingConfig, seeds: Sequence[int],
-        adapter_path: str | Path | None = None, banned_tokens: Sequence[str] = (),
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        n: int,
+        config: SamplingConfig,
+        seeds: Sequence[int],
+        adapter_path: str | Path | None = None,
+        banned_tokens: Sequence[str] = (),
     ) -> list[list[tuple[list[int], list[float]]]]:
         """`n` samples per prompt: (token ids, log-probs) grouped by prompt."""
         from vllm import SamplingParams

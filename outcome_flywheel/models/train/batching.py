@@ -16,7 +16,9 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 
 
-def batch_plan(keys: Sequence[Hashable], batch_size: int, epochs: int, seed: int, group_by_prompt: bool = True) -> list[list[int]]:
+def batch_plan(
+    keys: Sequence[Hashable], batch_size: int, epochs: int, seed: int, group_by_prompt: bool = True
+) -> list[list[int]]:
     """Minibatches of item indices for `epochs` passes over `len(keys)` items.
 
     With `group_by_prompt`, items with equal keys form a group and whole groups are shuffled (in
@@ -56,7 +58,9 @@ class EncodedExample:
         return list(self.token_advantages) if self.token_advantages is not None else [0.0] * len(self.response_ids)
 
 
-def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[[Any], list[int]]) -> list[list[EncodedExample]]:
+def gspo_minibatches(
+    examples: Sequence[Any], config: Any, prompt_ids: Callable[[Any], list[int]]
+) -> list[list[EncodedExample]]:
     """The minibatches GSPO takes its steps on: the examples with a response, checked (one
     behaviour log-prob per token), tokenised (each distinct prompt once) and laid out by
     `batch_plan` from `config` (a `gspo_config.GSPOConfig`)."""
@@ -73,10 +77,24 @@ def gspo_minibatches(examples: Sequence[Any], config: Any, prompt_ids: Callable[
         key = repr(ex.prompt)
         if key not in cache:
             cache[key] = prompt_ids(ex.prompt)
-        encoded.append(EncodedExample(cache[key], list(ex.response_ids), list(ex.behavior_logprobs), float(ex.advantage), position,
-                                      None if token_advantages is None else [float(a) for a in token_advantages]))
+        encoded.append(
+            EncodedExample(
+                cache[key],
+                list(ex.response_ids),
+                list(ex.behavior_logprobs),
+                float(ex.advantage),
+                position,
+                None if token_advantages is None else [float(a) for a in token_advantages],
+            )
+        )
     batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
-    plan = batch_plan([tuple(e.prompt_ids) for e in encoded], batch_size, config.epochs, config.seed, group_by_prompt=shares_prefix(config))
+    plan = batch_plan(
+        [tuple(e.prompt_ids) for e in encoded],
+        batch_size,
+        config.epochs,
+        config.seed,
+        group_by_prompt=shares_prefix(config),
+    )
     return [[encoded[i] for i in index] for index in plan]
 
 

@@ -19,6 +19,7 @@ from outcome_flywheel.models.train.batching import batch_plan
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.train.memory import accumulated_steps, part_count, token_limit
 from outcome_flywheel.models.segments import encode_segments
+from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
@@ -28,6 +29,8 @@ REFERENCE_BATCH = 32  # pairs per no-grad reference pass
 
 def train_weighted_dpo(backend: ModelBackend, pairs: Sequence["PreferencePair"], config: "WeightedDPOConfig") -> TrainStats:
     """LoRA weighted DPO on `backend`; adds a fresh adapter if it has none."""
+    rank, world = ranks(backend.framework)  # data parallel under torchrun (shards.py); mlx refuses several
+    announce("dpo", backend, pairs, config)  # a step's other ranks join this training (shards.py)
     backend.prepare_for_training(keep_moments=False)
     if not pairs:
         raise ValueError("no preference pairs to train on")
@@ -59,10 +62,11 @@ def train_weighted_dpo(backend: ModelBackend, pairs: Sequence["PreferencePair"],
     # n_part / n, so the parts add up to the minibatch's loss.
     limit = token_limit(backend)
     cost = [2 * (len(prompt_ids[i]) + max(sum(map(len, chosen_ids[i])), sum(map(len, rejected_ids[i])))) for i in range(len(pairs))]
-    steps = accumulated_steps(plan, cost.__getitem__, lambda i: 1.0, limit)
+    steps = (accumulated_steps(plan, cost.__getitem__, lambda i: 1.0, limit) if world == 1
+             else sharded_steps(plan, cost.__getitem__, lambda i: 1.0, limit, rank, world))
     optimizer = fw.adamw(backend.model, config.learning_rate)
     stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
-    stats.extra.update(micro_batches=part_count(steps), token_limit=limit)
+    stats.extra.update(micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, processes=world)
     stats.extra["config"] = config.as_dict()
     stats.extra["n_pairs"] = len(pairs)
     return stats

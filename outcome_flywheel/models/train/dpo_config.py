@@ -32,13 +32,26 @@ class WeightedDPOConfig:
     line, a smaller beta and a longer, faster run learn every consistent synthetic operator
     (benchmarks/flywheel_auc.py; figures in docs/flywheel.md)."""
 
-    beta: float = field(default=0.02, metadata={"help": "DPO temperature: how far the adapter may move from the base per unit of preference; also the scale of the style score sigma(beta * margin)."})
+    beta: float = field(
+        default=0.02,
+        metadata={
+            "help": "DPO temperature: how far the adapter may move from the base per unit of preference; also the scale of the style score sigma(beta * margin)."
+        },
+    )
     learning_rate: float = field(default=1e-3, metadata={"help": "AdamW learning rate of the LoRA weights."})
     batch_size: int = field(default=8, metadata={"help": "Pairs per optimiser step."})
     epochs: int = field(default=8, metadata={"help": "Passes over the training pairs."})
-    lora: LoraSettings = field(default_factory=lambda: LoraSettings(r=8, alpha=16), metadata={"help": "LoRA rank, alpha, dropout and target modules."})
+    lora: LoraSettings = field(
+        default_factory=lambda: LoraSettings(r=8, alpha=16),
+        metadata={"help": "LoRA rank, alpha, dropout and target modules."},
+    )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip."})
-    completion_unit: str = field(default="line", metadata={"help": "`line`: a plan's log-prob is the sum over its lines, each a response to the prompt (segments.py); `sequence`: the whole completion, plain DPO."})
+    completion_unit: str = field(
+        default="line",
+        metadata={
+            "help": "`line`: a plan's log-prob is the sum over its lines, each a response to the prompt (segments.py); `sequence`: the whole completion, plain DPO."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seeds the LoRA init and the batch order."})
 
     def __post_init__(self) -> None:

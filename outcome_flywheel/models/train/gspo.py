@@ -31,6 +31,7 @@ import numpy as np
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
 from outcome_flywheel.models.train.memory import split_by_tokens, token_limit
+from outcome_flywheel.models.train.shards import announce, gather, ranks, shard
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
@@ -44,6 +45,8 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     Adds a fresh LoRA adapter when `config.lora` is set and the policy has none (the first trained
     day); with `lora=None` every weight trains, in fp32 (`use_master_weights`).
     """
+    rank, world = ranks(backend.framework)  # data parallel under torchrun (shards.py); mlx refuses several
+    announce("gspo", backend, examples, config)  # a step's other ranks join this training (shards.py)
     backend.prepare_for_training(keep_moments=True)
     fw = backend.framework
     batches = gspo_minibatches(examples, config, backend.prompt_ids)  # validates before any change
@@ -58,9 +61,12 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
             [b.prompt_ids for b in batch], [b.response_ids for b in batch], config.temperature, shared_prefix=share
         )
 
-    # Within the memory budget: each minibatch in parts whose gradients add up to its own (memory.py)
+    # This rank's shard of each minibatch (whole prompt groups, shards.py), within the memory budget in
+    # parts whose gradients add up to its own (memory.py)
     limit = token_limit(backend)
-    parts_of = [split_by_tokens(batch, [len(b.prompt_ids) + len(b.response_ids) for b in batch], limit) for batch in batches]
+    mine = [shard(batch, [tuple(b.prompt_ids) for b in batch], rank, world) for batch in batches]
+    parts_of = [split_by_tokens(own, [len(b.prompt_ids) + len(b.response_ids) for b in own], limit) if own else []
+                for own in mine]
     micros = [part for parts in parts_of for part in parts]
     recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and not computes_in_float32(backend))
     eps_low, eps_high = config.clip_band()
@@ -70,6 +76,10 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base).
     with_reference = config.kl_beta > 0 and backend.has_adapter
     old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(backend, micros, logprobs, recompute, with_reference)
+    if world > 1:  # the statistics over every rank's examples
+        gathered = gather(fw, (behavior_gaps, is_ratios))
+        behavior_gaps = [g for gaps, _ in gathered for g in gaps]
+        is_ratios = {i: r for _, ratios in gathered for i, r in ratios.items()}
     tis = config.tis_cap is not None and recompute  # with stored pi_old the IS ratio is 1 by construction
     behavior_by_batch = [
         fw.as_array(backend, padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch)))
@@ -110,7 +120,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         # Per example (by its position in `examples`): exp(mean_t(log pi_old - log pi_behaviour)), before truncation.
         stats.extra["is_ratio_by_example"] = [is_ratios.get(i, float("nan")) for i in range(len(examples))]
     stats.extra.update(epoch_sizes(batches, config.epochs))
-    stats.extra.update(micro_batches=len(micros), token_limit=limit)
+    stats.extra.update(micro_batches=sum(gather(fw, len(micros))), token_limit=limit, processes=world)
     return stats
 
 
@@ -119,10 +129,11 @@ def indexed_steps(batches: Sequence[Sequence[EncodedExample]], parts_of: Sequenc
     `Accumulated` step, each scaled by its share of the minibatch's sequences. A part's loss is the
     minibatch loss's form over its own sequences (means over sequences; the token sums over the
     part's sequences x the update's longest response, Dr. GRPO's normaliser), so the scaled sum is
-    exactly the whole minibatch's loss, and its gradient the minibatch's."""
+    exactly the whole minibatch's loss, and its gradient the minibatch's. Data parallel: `parts_of` holds
+    this rank's shard's parts only (none: an empty step), scaled alike, so the ranks' sum is the minibatch's."""
     steps, index = [], 0
     for batch, parts in zip(batches, parts_of):
-        if len(parts) == 1:
+        if len(parts) == 1 and len(parts[0]) == len(batch):
             steps.append((index, parts[0]))
         else:
             steps.append(Accumulated(tuple((index + k, part) for k, part in enumerate(parts)),

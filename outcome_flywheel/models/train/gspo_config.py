@@ -59,23 +59,92 @@ OLD_LOGPROBS = ("auto", "stored", "recompute")
 class GSPOConfig:
     """GSPO settings; the one source of truth for their defaults."""
 
-    objective: str = field(default="token", metadata={"help": "`token`: the token-level clipped surrogate over signal-scoped advantages (DAPO's loss and clip-higher, Dr. GRPO's constant normaliser); `gspo`: the clipped sequence ratio (whole-note signals only); `reward_weighted`: -A_i * mean_t log pi_theta (the original loop's update, GSPO's gradient at ratio 1)."})
-    learning_rate: float = field(default=2e-3, metadata={"help": "AdamW learning rate. LoRA on tiny-local needs a large step to move in one epoch a day (benchmarks/daily_learning.py); for a 0.6B+ model start near 1e-5 (full) / 1e-4 (LoRA)."})
-    epsilon_low: float | None = field(default=None, metadata={"help": "Lower clip band of the ratio, 1 - eps_low; None = the objective's own: 0.2 per token (`token`, DAPO), 3e-4 per sequence (`gspo`, the paper)."})
-    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clip band of the ratio, 1 + eps_high; None = the objective's own: 0.28 per token (`token`, DAPO's clip-higher), 4e-4 per sequence (`gspo`)."})
-    sequence_epsilon_low: float = field(default=3e-4, metadata={"help": "`token` objective: lower band of the whole-note part's sequence ratio (GSPO's, the paper's 3e-4)."})
-    sequence_epsilon_high: float = field(default=4e-4, metadata={"help": "`token` objective: upper band of the whole-note part's sequence ratio (the paper's 4e-4)."})
-    kl_beta: float = field(default=0.0, metadata={"help": "Weight beta of the KL-to-base penalty (k3 estimator per token, pi_ref = the LoRA adapter switched off); 0 = none, the default: at 0.04 (TRL's old GRPO default) and 0.01 the sides did not move in 11 days of a `news` world on tiny-local (docs/daily_rl.md, \"Credit\"). A full fine-tune (lora=None) holds no base in memory and trains without it (recorded as kl_reference)."})
+    objective: str = field(
+        default="token",
+        metadata={
+            "help": "`token`: the token-level clipped surrogate over signal-scoped advantages (DAPO's loss and clip-higher, Dr. GRPO's constant normaliser); `gspo`: the clipped sequence ratio (whole-note signals only); `reward_weighted`: -A_i * mean_t log pi_theta (the original loop's update, GSPO's gradient at ratio 1)."
+        },
+    )
+    learning_rate: float = field(
+        default=2e-3,
+        metadata={
+            "help": "AdamW learning rate. LoRA on tiny-local needs a large step to move in one epoch a day (benchmarks/daily_learning.py); for a 0.6B+ model start near 1e-5 (full) / 1e-4 (LoRA)."
+        },
+    )
+    epsilon_low: float | None = field(
+        default=None,
+        metadata={
+            "help": "Lower clip band of the ratio, 1 - eps_low; None = the objective's own: 0.2 per token (`token`, DAPO), 3e-4 per sequence (`gspo`, the paper)."
+        },
+    )
+    epsilon_high: float | None = field(
+        default=None,
+        metadata={
+            "help": "Upper clip band of the ratio, 1 + eps_high; None = the objective's own: 0.28 per token (`token`, DAPO's clip-higher), 4e-4 per sequence (`gspo`)."
+        },
+    )
+    sequence_epsilon_low: float = field(
+        default=3e-4,
+        metadata={
+            "help": "`token` objective: lower band of the whole-note part's sequence ratio (GSPO's, the paper's 3e-4)."
+        },
+    )
+    sequence_epsilon_high: float = field(
+        default=4e-4,
+        metadata={"help": "`token` objective: upper band of the whole-note part's sequence ratio (the paper's 4e-4)."},
+    )
+    kl_beta: float = field(
+        default=0.0,
+        metadata={
+            "help": 'Weight beta of the KL-to-base penalty (k3 estimator per token, pi_ref = the LoRA adapter switched off); 0 = none, the default: at 0.04 (TRL\'s old GRPO default) and 0.01 the sides did not move in 11 days of a `news` world on tiny-local (docs/daily_rl.md, "Credit"). A full fine-tune (lora=None) holds no base in memory and trains without it (recorded as kl_reference).'
+        },
+    )
     batch_size: int = field(default=16, metadata={"help": "Sequences per padded minibatch (one AdamW step each)."})
-    epochs: int = field(default=4, metadata={"help": "Passes over the examples. 4: in a `news` world on tiny-local, 1 epoch left the sides where the base had them after 11 days, 4 moved them (docs/daily_rl.md, \"Credit\"); the per-token band bounds each pass."})
+    epochs: int = field(
+        default=4,
+        metadata={
+            "help": 'Passes over the examples. 4: in a `news` world on tiny-local, 1 epoch left the sides where the base had them after 11 days, 4 moved them (docs/daily_rl.md, "Credit"); the per-token band bounds each pass.'
+        },
+    )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip."})
-    lora: LoraSettings | None = field(default_factory=LoraSettings, metadata={"help": "LoRA rank, alpha, dropout and target modules of a fresh adapter; None = full fine-tune."})
-    seed: int = field(default=0, metadata={"help": "Shuffles the minibatch order (the LoRA init draws from the framework's generator, seeded by the caller)."})
-    temperature: float = field(default=1.0, metadata={"help": "The rollouts' sampling temperature: logits are divided by it in the pi_old and pi_theta passes."})
-    share_prompt_prefix: bool = field(default=True, metadata={"help": "A headline's rollouts share its prompt: keep a prompt group in one minibatch and (torch) run the prompt once, expanding its KV cache (gradients flow through it)."})
-    one_at_a_time: bool = field(default=False, metadata={"help": "The original loop's way, one sequence per forward and step (for the benchmark)."})
-    tis_cap: float | None = field(default=2.0, metadata={"help": "Truncation cap C of the behaviour IS weight min(pi_old / pi_behaviour, C): per token (`token`), per sequence as a length-normalised ratio (`gspo`); TRL's and verl's default cap 2.0; None = no correction. Needs recomputed pi_old."})
-    old_logprobs: str = field(default="recompute", metadata={"help": "pi_old: `recompute` = one no-grad pass of the training forward over the behaviour policy before the first step (ratio exactly 1 in any precision); `stored` = the behaviour log-probs saved at generation (within 1e-4 in fp32, off by more than the clip band in bf16); `auto` = stored in fp32, recomputed otherwise."})
+    lora: LoraSettings | None = field(
+        default_factory=LoraSettings,
+        metadata={"help": "LoRA rank, alpha, dropout and target modules of a fresh adapter; None = full fine-tune."},
+    )
+    seed: int = field(
+        default=0,
+        metadata={
+            "help": "Shuffles the minibatch order (the LoRA init draws from the framework's generator, seeded by the caller)."
+        },
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "The rollouts' sampling temperature: logits are divided by it in the pi_old and pi_theta passes."
+        },
+    )
+    share_prompt_prefix: bool = field(
+        default=True,
+        metadata={
+            "help": "A headline's rollouts share its prompt: keep a prompt group in one minibatch and (torch) run the prompt once, expanding its KV cache (gradients flow through it)."
+        },
+    )
+    one_at_a_time: bool = field(
+        default=False,
+        metadata={"help": "The original loop's way, one sequence per forward and step (for the benchmark)."},
+    )
+    tis_cap: float | None = field(
+        default=2.0,
+        metadata={
+            "help": "Truncation cap C of the behaviour IS weight min(pi_old / pi_behaviour, C): per token (`token`), per sequence as a length-normalised ratio (`gspo`); TRL's and verl's default cap 2.0; None = no correction. Needs recomputed pi_old."
+        },
+    )
+    old_logprobs: str = field(
+        default="recompute",
+        metadata={
+            "help": "pi_old: `recompute` = one no-grad pass of the training forward over the behaviour policy before the first step (ratio exactly 1 in any precision); `stored` = the behaviour log-probs saved at generation (within 1e-4 in fp32, off by more than the clip band in bf16); `auto` = stored in fp32, recomputed otherwise."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -88,17 +157,20 @@ class GSPOConfig:
             raise ValueError(f"kl_beta must be a finite number >= 0, got {self.kl_beta!r}")
         for name in ("epsilon_low", "epsilon_high", "sequence_epsilon_low", "sequence_epsilon_high"):
             value = getattr(self, name)
-            if value is not None and not (0.0 <= float(value) < 1.0 if name.endswith("low") else 0.0 <= float(value) < float("inf")):
+            if value is not None and not (
+                0.0 <= float(value) < 1.0 if name.endswith("low") else 0.0 <= float(value) < float("inf")
+            ):
                 raise ValueError(f"{name} must be >= 0 (and epsilon_low < 1), got {value!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
 
-
     def clip_band(self) -> tuple[float, float]:
         """(eps_low, eps_high) in force: the ones set, else the objective's own (`DEFAULT_CLIP`)."""
         low, high = DEFAULT_CLIP[self.objective]
-        return (low if self.epsilon_low is None else float(self.epsilon_low),
-                high if self.epsilon_high is None else float(self.epsilon_high))
+        return (
+            low if self.epsilon_low is None else float(self.epsilon_low),
+            high if self.epsilon_high is None else float(self.epsilon_high),
+        )
 
 
 @dataclass
@@ -107,6 +179,17 @@ class GSPOExample:
 
     prompt: Messages = field(metadata={"help": "The chat messages the response answers."})
     response_ids: list[int] = field(metadata={"help": "The sampled response's token ids."})
-    behavior_logprobs: list[float] = field(metadata={"help": "Per response token, under the policy that sampled it, at its sampling temperature."})
-    advantage: float = field(metadata={"help": "The whole-note part: group-normalised reward within the headline's rollouts (times its share), trained through the sequence ratio."})
-    token_advantages: list[float] | None = field(default=None, metadata={"help": "The span-scoped parts per response token: the sum over them of share x group-normalised advantage x whether the token lies in the part's span (rewards.token_advantages), trained through the per-token ratio (objective `token`); None = none."})
+    behavior_logprobs: list[float] = field(
+        metadata={"help": "Per response token, under the policy that sampled it, at its sampling temperature."}
+    )
+    advantage: float = field(
+        metadata={
+            "help": "The whole-note part: group-normalised reward within the headline's rollouts (times its share), trained through the sequence ratio."
+        }
+    )
+    token_advantages: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "The span-scoped parts per response token: the sum over them of share x group-normalised advantage x whether the token lies in the part's span (rewards.token_advantages), trained through the per-token ratio (objective `token`); None = none."
+        },
+    )

@@ -78,8 +78,9 @@ def split_by_tokens(items: Sequence[Any], lengths: Sequence[int], limit: int | N
     return parts
 
 
-def accumulated_steps(plan: Sequence[Sequence[int]], cost: Callable[[int], int], share: Callable[[int], float],
-                      limit: int | None) -> list:
+def accumulated_steps(
+    plan: Sequence[Sequence[int]], cost: Callable[[int], int], share: Callable[[int], float], limit: int | None
+) -> list:
     """One optimiser step per minibatch of item indices: the minibatch whole, or its parts within
     `limit` tokens (`cost(i)`: item i's padded tokens) as an `Accumulated` step, each part scaled by
     its items' `share` over the minibatch's (pairs for DPO, completion tokens for SFT)."""
@@ -89,7 +90,11 @@ def accumulated_steps(plan: Sequence[Sequence[int]], cost: Callable[[int], int],
     for idx in plan:
         parts = split_by_tokens(idx, [cost(i) for i in idx], limit)
         total = sum(share(i) for i in idx)
-        steps.append(idx if len(parts) == 1 else Accumulated(tuple(parts), tuple(sum(share(i) for i in p) / total for p in parts)))
+        steps.append(
+            idx
+            if len(parts) == 1
+            else Accumulated(tuple(parts), tuple(sum(share(i) for i in p) / total for p in parts))
+        )
     return steps
 
 

@@ -60,5 +60,7 @@ def check_state(tensors: Mapping[str, np.ndarray], shapes: Mapping[str, tuple[in
     wrong = [(k, tuple(np.shape(tensors[k])), s) for k, s in expected.items() if tuple(np.shape(tensors[k])) != s]
     if wrong:
         examples = ", ".join(f"{k}: saved {a} vs {b} here" for k, a, b in wrong[:3])
-        raise ValueError(f"optimizer state does not fit the trainable parameters: {len(wrong)} shapes differ ({examples})")
+        raise ValueError(
+            f"optimizer state does not fit the trainable parameters: {len(wrong)} shapes differ ({examples})"
+        )
     return int(step.reshape(()))

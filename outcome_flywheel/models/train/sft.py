@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Sequence
 from outcome_flywheel.models.train.batching import batch_plan
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.train.memory import accumulated_steps, part_count, token_limit
+from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
@@ -42,6 +43,8 @@ def sft_batch_loss(backend: ModelBackend, contexts, completions, idx: Sequence[i
 
 def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "SFTConfig") -> TrainStats:
     """LoRA SFT on `backend`; adds a fresh adapter if it has none (else trains the one it has)."""
+    rank, world = ranks(backend.framework)  # data parallel under torchrun (shards.py); mlx refuses several
+    announce("sft", backend, examples, config)  # a step's other ranks join this training (shards.py)
     backend.prepare_for_training(keep_moments=False)
     if not examples:
         raise ValueError("no SFT examples to train on")
@@ -57,10 +60,12 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
     # Within the memory budget (memory.py): a part's loss is the mean over its own completion tokens,
     # scaled by its share of the minibatch's, so the parts add up to the minibatch's token mean.
     limit = token_limit(backend)
-    steps = accumulated_steps(plan, lambda i: len(contexts[i]) + len(completions[i]), lambda i: len(completions[i]), limit)
+    cost, share = (lambda i: len(contexts[i]) + len(completions[i])), (lambda i: len(completions[i]))
+    steps = (accumulated_steps(plan, cost, share, limit) if world == 1
+             else sharded_steps(plan, cost, share, limit, rank, world))
     optimizer = fw.adamw(backend.model, config.learning_rate)
     stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
-    stats.extra.update(micro_batches=part_count(steps), token_limit=limit)
+    stats.extra.update(micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, processes=world)
     stats.extra["config"] = config.as_dict()
     stats.extra["n_examples"] = len(examples)
     stats.extra["completion_tokens"] = sum(len(c) for c in completions)

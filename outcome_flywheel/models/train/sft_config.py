@@ -24,7 +24,12 @@ class SFTConfig:
     learning_rate: float = field(default=5e-4, metadata={"help": "AdamW learning rate of the LoRA weights."})
     batch_size: int = field(default=8, metadata={"help": "Examples per optimiser step."})
     epochs: int = field(default=2, metadata={"help": "Passes over a phase's examples."})
-    lora: LoraSettings = field(default_factory=lambda: LoraSettings(r=8, alpha=16), metadata={"help": "LoRA rank, alpha, dropout and target modules (kept when the policy already has an adapter)."})
+    lora: LoraSettings = field(
+        default_factory=lambda: LoraSettings(r=8, alpha=16),
+        metadata={
+            "help": "LoRA rank, alpha, dropout and target modules (kept when the policy already has an adapter)."
+        },
+    )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip."})
     max_completion_tokens: int = field(default=512, metadata={"help": "Completions are cut to this many tokens."})
     seed: int = field(default=0, metadata={"help": "Seeds the LoRA init and the batch order."})
@@ -46,5 +51,7 @@ class SFTExample:
 
     prompt: Messages = field(metadata={"help": "The chat messages."})
     completion: str = field(metadata={"help": "The target text (the only tokens with a loss)."})
-    prefix: str = field(default="", metadata={"help": "Text the assistant turn starts with, read but not learned (masked)."})
+    prefix: str = field(
+        default="", metadata={"help": "Text the assistant turn starts with, read but not learned (masked)."}
+    )
     end_turn: bool = field(default=True, metadata={"help": "Append the end-of-turn token to the completion (learned)."})
