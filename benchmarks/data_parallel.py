@@ -29,20 +29,28 @@ def data(backend, n: int):
     from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
     from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
 
-    prompts = [[{"role": "user", "content": f"Headline {i}: shares of company {i} moved today. Write a note."}]
-               for i in range(max(1, n // 4))]
-    texts = [f"Call: {'Buy' if i % 2 else 'Sell'} company {i % 7}. Reason: the move" + " and more" * (i % 5)
-             for i in range(n)]
+    prompts = [
+        [{"role": "user", "content": f"Headline {i}: shares of company {i} moved today. Write a note."}]
+        for i in range(max(1, n // 4))
+    ]
+    texts = [
+        f"Call: {'Buy' if i % 2 else 'Sell'} company {i % 7}. Reason: the move" + " and more" * (i % 5)
+        for i in range(n)
+    ]
     responses = [backend.encode_response(t) for t in texts]
     gspo_prompts = [prompts[i // 4 % len(prompts)] for i in range(n)]
     behaviour = backend.response_logprobs(gspo_prompts, responses)
-    gspo = [GSPOExample(p, r, [float(x) for x in b], (-1.0) ** i * (0.2 + i % 3), token_advantages=[0.1] * len(r))
-            for i, (p, r, b) in enumerate(zip(gspo_prompts, responses, behaviour))]
+    gspo = [
+        GSPOExample(p, r, [float(x) for x in b], (-1.0) ** i * (0.2 + i % 3), token_advantages=[0.1] * len(r))
+        for i, (p, r, b) in enumerate(zip(gspo_prompts, responses, behaviour))
+    ]
     pairs = [PreferencePair(prompts[i % len(prompts)], texts[i], texts[(i + 1) % n], 0.5 + i % 3) for i in range(n)]
     sft = [SFTExample(prompts[i % len(prompts)], texts[i]) for i in range(n)]
-    return {"gspo": (gspo, GSPOConfig(batch_size=16, epochs=1)),
-            "dpo": (pairs, WeightedDPOConfig(batch_size=16, epochs=1)),
-            "sft": (sft, SFTConfig(batch_size=16, epochs=1))}
+    return {
+        "gspo": (gspo, GSPOConfig(batch_size=16, epochs=1)),
+        "dpo": (pairs, WeightedDPOConfig(batch_size=16, epochs=1)),
+        "sft": (sft, SFTConfig(batch_size=16, epochs=1)),
+    }
 
 
 def worker(model: str, device: str, n: int, out: Path) -> None:
@@ -66,8 +74,11 @@ def worker(model: str, device: str, n: int, out: Path) -> None:
             torch.distributed.barrier()
         started = time.perf_counter()
         stats = train[name](backend, items, config)
-        figures[name] = {"train_s": round(time.perf_counter() - started, 3), "steps": stats.steps,
-                         "losses": [round(x, 6) for x in stats.losses]}
+        figures[name] = {
+            "train_s": round(time.perf_counter() - started, 3),
+            "steps": stats.steps,
+            "losses": [round(x, 6) for x in stats.losses],
+        }
     if rank == 0:
         out.write_text(json.dumps({"processes": world, **figures}))
 
@@ -75,12 +86,34 @@ def worker(model: str, device: str, n: int, out: Path) -> None:
 def run(processes: int, model: str, device: str, n: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node",
-                   str(processes), "-m", "benchmarks.data_parallel", "--worker", str(out), "--model", model,
-                   "--device", device, "--examples", str(n)]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            str(processes),
+            "-m",
+            "benchmarks.data_parallel",
+            "--worker",
+            str(out),
+            "--model",
+            model,
+            "--device",
+            device,
+            "--examples",
+            str(n),
+        ]
         started = time.perf_counter()
-        done = subprocess.run(command, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
-                              env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+            env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+        )
         if done.returncode != 0:
             raise SystemExit(f"{processes} process(es) failed:\n{done.stderr[-3000:]}")
         figures = json.loads(out.read_text())
@@ -105,11 +138,18 @@ def main() -> None:
         return
     one = run(1, args.model, args.device, args.examples)
     many = run(args.processes, args.model, args.device, args.examples)
-    result = {"benchmark": "data_parallel", "model": Path(args.model).name, "device": args.device,
-              "examples": args.examples, "omp_threads_per_process": int(os.environ.get("OMP_NUM_THREADS", "1")),
-              "cpus": os.cpu_count(), "one": one, "many": many,
-              "speedup": {t: round(one[t]["train_s"] / max(many[t]["train_s"], 1e-9), 3) for t in TRAINERS},
-              "max_loss_gap": max(abs(a - b) for t in TRAINERS for a, b in zip(one[t]["losses"], many[t]["losses"]))}
+    result = {
+        "benchmark": "data_parallel",
+        "model": Path(args.model).name,
+        "device": args.device,
+        "examples": args.examples,
+        "omp_threads_per_process": int(os.environ.get("OMP_NUM_THREADS", "1")),
+        "cpus": os.cpu_count(),
+        "one": one,
+        "many": many,
+        "speedup": {t: round(one[t]["train_s"] / max(many[t]["train_s"], 1e-9), 3) for t in TRAINERS},
+        "max_loss_gap": max(abs(a - b) for t in TRAINERS for a, b in zip(one[t]["losses"], many[t]["losses"])),
+    }
     print(json.dumps(result))
 
 

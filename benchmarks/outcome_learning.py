@@ -492,7 +492,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from outcome_flywheel.cli import quiet_libraries
+    from outcome_flywheel.cli_arguments import quiet_libraries
 
     torch.set_num_threads(args.threads)  # on a shared box, more threads than free cores slow every step down
 

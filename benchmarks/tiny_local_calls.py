@@ -81,7 +81,7 @@ def archive_headlines(archive: Path = ARCHIVE, tz: str = "America/New_York") -> 
 
 def sample_notes(model_dir: Path, headlines: pd.DataFrame, samples: int, seed: int = 0) -> pd.DataFrame:
     """`samples` notes per headline from the model in `model_dir`, sampled as the daily loop's rollouts."""
-    from outcome_flywheel.daily_rl.day import TINY_LOCAL_MAX_NEW_TOKENS
+    from outcome_flywheel.daily_rl.day_settings import TINY_LOCAL_MAX_NEW_TOKENS
     from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING, generation_seed
     from outcome_flywheel.models.loader import load_backend
     from outcome_flywheel.models.prompts import trading_note_messages

@@ -3,7 +3,8 @@
 import pandas as pd
 import pytest
 
-from outcome_flywheel.daily_rl.notes.calls import CALL_COLUMNS, COMPANY_TICKERS, TradeCall, calls_frame, parse_call
+from outcome_flywheel.daily_rl.notes.calls import CALL_COLUMNS, TradeCall, calls_frame, parse_call
+from outcome_flywheel.daily_rl.notes.companies import COMPANY_TICKERS
 from outcome_flywheel.settings import PROJECT_ROOT
 
 UNIVERSE = sorted(pd.read_csv(PROJECT_ROOT / "sample_data" / "prices" / "daily_close.csv")["symbol"].unique())

@@ -38,8 +38,10 @@ def gspo_full_case(backend):
 
     prompts, responses, weights, _ = gspo_case(backend)
     behaviour = backend.response_logprobs(prompts, responses)
-    examples = [GSPOExample(p, r, [float(x) for x in b], a, token_advantages=[0.5 * a] * len(r))
-                for p, r, b, a in zip(prompts, responses, behaviour, ADVANTAGES)]
+    examples = [
+        GSPOExample(p, r, [float(x) for x in b], a, token_advantages=[0.5 * a] * len(r))
+        for p, r, b, a in zip(prompts, responses, behaviour, ADVANTAGES)
+    ]
     config = GSPOConfig(batch_size=6, epochs=1, temperature=1.0, lora=None)
     return prompts, responses, weights, lambda be: train_gspo(be, examples, config)
 
@@ -67,7 +69,7 @@ def spy(backend, seen: list) -> None:
 
         def wrapped(prompts, rows, *args, _original=original, _name=name, **kwargs):
             if torch.is_grad_enabled():
-                seen.extend(row_key(r) for r in (rows[len(rows) // 2:] if _name == "sequence_logps" else rows))
+                seen.extend(row_key(r) for r in (rows[len(rows) // 2 :] if _name == "sequence_logps" else rows))
             return _original(prompts, rows, *args, **kwargs)
 
         setattr(backend, name, wrapped)
@@ -115,15 +117,24 @@ def train_one(trainer: str, model_dir: Path, out: Path) -> dict:
     every = distributed.gather({"seen": seen, "digest": digest})
     rows = example_keys(trainer, backend, responses)
     result = {
-        "losses": stats.losses, "grad_norms": stats.grad_norms, "steps": stats.steps,
-        "metrics": {k: v for k, v in stats.extra.items() if isinstance(v, list) and v and isinstance(v[0], float)
-                    and k != "is_ratio_by_example"},
+        "losses": stats.losses,
+        "grad_norms": stats.grad_norms,
+        "steps": stats.steps,
+        "metrics": {
+            k: v
+            for k, v in stats.extra.items()
+            if isinstance(v, list) and v and isinstance(v[0], float) and k != "is_ratio_by_example"
+        },
         "seen": [sorted({rows.index(s) for s in e["seen"] if s in rows}) for e in every],
-        "digests": [e["digest"] for e in every], "world": world,
+        "digests": [e["digest"] for e in every],
+        "world": world,
     }
     if rank == 0:
-        np.savez(out / f"{trainer}-w{world}.npz", **{f"g:{k}": v for k, v in grads.items()},
-                 **{f"w:{k}": v for k, v in weights_now.items()})
+        np.savez(
+            out / f"{trainer}-w{world}.npz",
+            **{f"g:{k}": v for k, v in grads.items()},
+            **{f"w:{k}": v for k, v in weights_now.items()},
+        )
     return result
 
 
@@ -178,9 +189,25 @@ def torchrun(out: Path, model_dir: Path, trainers, **env) -> subprocess.Complete
     environ = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_TRAIN_MEMORY_GIB"}
     environ.update(OMP_NUM_THREADS="1", **env)
     return subprocess.run(
-        command + ["--standalone", "--nnodes", "1", "--nproc_per_node", "2", "-m", "tests.test_data_parallel",
-                   str(out), str(model_dir), ",".join(trainers)],
-        cwd=PROJECT_ROOT, env=environ, capture_output=True, text=True, timeout=900)
+        command
+        + [
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "tests.test_data_parallel",
+            str(out),
+            str(model_dir),
+            ",".join(trainers),
+        ],
+        cwd=PROJECT_ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def one_process(out: Path, model_dir: Path, trainers, monkeypatch) -> dict:
@@ -347,8 +374,17 @@ def test_mlx_refuses_several_processes(monkeypatch):
     from outcome_flywheel.models.interface import Framework
     from outcome_flywheel.models.train.shards import ranks
 
-    fw = Framework(name="mlx", seed=None, inference=None, to_numpy=None, as_array=None, gspo_loss=None,
-                   weighted_dpo_loss=None, adamw=None, train=None)
+    fw = Framework(
+        name="mlx",
+        seed=None,
+        inference=None,
+        to_numpy=None,
+        as_array=None,
+        gspo_loss=None,
+        weighted_dpo_loss=None,
+        adamw=None,
+        train=None,
+    )
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="WORLD_SIZE=2: mlx trains in one process"):
         ranks(fw)
@@ -384,8 +420,14 @@ def test_a_dagster_daily_update_under_torchrun_trains_on_two_processes(tmp_path,
     res = {**daily_resources(root, max_headlines=2), "step_runner": runner}
     instance = dg.DagsterInstance.ephemeral()
     for day in DAYS:
-        result = dg.materialize([headlines, daily_update], partition_key=day, resources=res, run_config=SMALL,
-                                instance=instance, raise_on_error=False)
+        result = dg.materialize(
+            [headlines, daily_update],
+            partition_key=day,
+            resources=res,
+            run_config=SMALL,
+            instance=instance,
+            raise_on_error=False,
+        )
         assert result.success, _logs(instance, result)[-4000:]
     logs = _logs(instance, result)
     assert "data parallel: 2 processes trained gspo" in logs, logs[-4000:]

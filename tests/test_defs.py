@@ -362,7 +362,7 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
     import functools
 
     from assets.daily_rl.daily_update import RUN_CONFIG_DESCRIPTIONS, DailyUpdateConfig
-    from outcome_flywheel.daily_rl.day import RUN_CONFIG_PATHS, DailyUpdateSettings
+    from outcome_flywheel.daily_rl.day_settings import RUN_CONFIG_PATHS, DailyUpdateSettings
     from resources.settings import path_field
 
     def at(settings, path):

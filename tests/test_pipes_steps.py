@@ -4,14 +4,18 @@ its stderr and leaves `latest` where it was, and a re-run succeeds; each launche
 (python, accelerate, torchrun) starts a step that reaches Dagster; the Kubernetes pod the k8s
 runner would send (no cluster here: the pod spec is built and checked, never submitted)."""
 
-
 import json
 import os
 import sys
 
 import dagster as dg
 import pytest
-from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, DAGSTER_PIPES_MESSAGES_ENV_VAR, PipesDefaultContextLoader, decode_param
+from dagster_pipes import (
+    DAGSTER_PIPES_CONTEXT_ENV_VAR,
+    DAGSTER_PIPES_MESSAGES_ENV_VAR,
+    PipesDefaultContextLoader,
+    decode_param,
+)
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
@@ -59,15 +63,27 @@ def daily(tmp_path_factory, tiny_model_dir):
         mp.setenv("OMP_NUM_THREADS", "1")  # the step process's torch threads on the shared CPU
         res = {**daily_resources(root, max_headlines=2), "step_runner": SUBPROCESS}
         instance = dg.DagsterInstance.ephemeral()
-        runs = {"first": dg.materialize([headlines, daily_update], partition_key=DAYS[0], resources=res, run_config=SMALL, instance=instance)}
+        runs = {
+            "first": dg.materialize(
+                [headlines, daily_update], partition_key=DAYS[0], resources=res, run_config=SMALL, instance=instance
+            )
+        }
         runs["latest_after_first"] = _latest(root)
         mp.setenv(CRASH_VARIABLE, "train")
-        runs["killed"] = dg.materialize([headlines, daily_update], partition_key=DAYS[1], resources=res, run_config=SMALL,
-                                        instance=instance, raise_on_error=False)
+        runs["killed"] = dg.materialize(
+            [headlines, daily_update],
+            partition_key=DAYS[1],
+            resources=res,
+            run_config=SMALL,
+            instance=instance,
+            raise_on_error=False,
+        )
         runs["latest_after_kill"] = _latest(root)
         runs["day_published_after_kill"] = (root / "checkpoints" / "policy" / DAYS[1]).exists()
         mp.delenv(CRASH_VARIABLE)
-        runs["rerun"] = dg.materialize([daily_update], partition_key=DAYS[1], resources=res, run_config=SMALL, instance=instance)
+        runs["rerun"] = dg.materialize(
+            [daily_update], partition_key=DAYS[1], resources=res, run_config=SMALL, instance=instance
+        )
         yield root, res, instance, runs
 
 
@@ -86,8 +102,11 @@ def test_a_subprocess_step_reports_logs_metadata_and_checks_through_pipes(daily)
     assert meta["policy_checkpoint"]["kind"].value == "base"
     assert meta["policy_checkpoint"]["path"].value == str(root / "checkpoints" / "policy" / DAYS[0])
     assert meta["rollouts"]["example"].value.startswith("```")  # markdown kept its type through Pipes
-    checks = {(c.asset_key.to_user_string(), c.check_name): c for c in result.get_asset_check_evaluations()
-              if c.asset_key.to_user_string() != "headlines"}
+    checks = {
+        (c.asset_key.to_user_string(), c.check_name): c
+        for c in result.get_asset_check_evaluations()
+        if c.asset_key.to_user_string() != "headlines"
+    }
     assert len(checks) == 5 and all(c.passed for c in checks.values())
     assert checks[("rollouts", "generated_by_own_checkpoint")].metadata["version_matches"].value is True
     assert runs["latest_after_first"] == DAYS[0]
@@ -103,7 +122,9 @@ def test_a_killed_training_fails_the_step_with_its_stderr_and_latest_stays(daily
     assert runs["latest_after_kill"] == DAYS[0]
     assert f"{CRASH_VARIABLE}=train: training started, killing" in _logs(instance, result)  # its last Pipes log line
     assert not runs["day_published_after_kill"]  # the day's checkpoint folder was never published
-    assert not any(e.asset_key.to_user_string() == "policy_checkpoint" for e in result.get_asset_materialization_events())
+    assert not any(
+        e.asset_key.to_user_string() == "policy_checkpoint" for e in result.get_asset_materialization_events()
+    )
 
 
 def test_the_re_run_after_a_kill_succeeds_and_moves_latest(daily):
@@ -119,8 +140,21 @@ def test_the_re_run_after_a_kill_succeeds_and_moves_latest(daily):
 
 def test_an_error_in_the_step_process_fails_the_step_with_its_message_and_traceback(daily):
     root, res, instance, runs = daily
-    missing = {"ops": {"daily_update": {"config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-20"}}}}
-    result = dg.materialize([daily_update], partition_key=DAYS[1], resources=res, run_config=missing, instance=instance, raise_on_error=False)
+    missing = {
+        "ops": {
+            "daily_update": {
+                "config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-20"}
+            }
+        }
+    }
+    result = dg.materialize(
+        [daily_update],
+        partition_key=DAYS[1],
+        resources=res,
+        run_config=missing,
+        instance=instance,
+        raise_on_error=False,
+    )
     assert not result.success
     message = _failure(result)
     assert "step daily_update exited with status 1: DailyUpdateError:" in message and "2025-11-20" in message
@@ -141,10 +175,17 @@ def test_a_killed_dpo_training_is_recorded_and_latest_stays(tmp_path, warehouse,
         except json.JSONDecodeError:  # the bundled log holds a few broken lines on purpose
             continue
     log = tmp_path / "audit.jsonl"
-    log.write_text("".join(json.dumps(r) + "\n" for r in records if isinstance(r.get("ts"), str) and FIRST <= r["ts"][:10] <= LAST))
+    log.write_text(
+        "".join(json.dumps(r) + "\n" for r in records if isinstance(r.get("ts"), str) and FIRST <= r["ts"][:10] <= LAST)
+    )
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the step process's torch threads on the shared CPU
-    res = {"warehouse": warehouse, "model_backend": model_backend, "audit_log": AuditLog(path=str(log)),
-           "market_data": MarketData(data_dir=str(data_dir)), "step_runner": SUBPROCESS}
+    res = {
+        "warehouse": warehouse,
+        "model_backend": model_backend,
+        "audit_log": AuditLog(path=str(log)),
+        "market_data": MarketData(data_dir=str(data_dir)),
+        "step_runner": SUBPROCESS,
+    }
     assert dg.materialize([operator_decisions, decision_outcomes], resources=res, tags=RANGE).success
     assert dg.materialize([dpo_dataset], resources=res).success
     pool = warehouse.read("dpo_dataset")
@@ -180,11 +221,32 @@ def test_launcher_command_lines():
     module = "outcome_flywheel.daily_rl.day_step"
     assert StepLaunch(python="/py").command("daily_update") == ["/py", "-m", module]
     assert StepLaunch(launcher="accelerate", processes=4, python="/py").command("daily_update") == [
-        "/py", "-m", "accelerate.commands.launch", "--num_machines", "1", "--num_processes", "4",
-        "--mixed_precision", "no", "--dynamo_backend", "no", "-m", module]
+        "/py",
+        "-m",
+        "accelerate.commands.launch",
+        "--num_machines",
+        "1",
+        "--num_processes",
+        "4",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        module,
+    ]
     assert StepLaunch(launcher="torchrun", processes=2, python="/py").command("preference_adapter") == [
-        "/py", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1", "--nproc_per_node", "2",
-        "-m", "outcome_flywheel.preferences.adapter_step"]
+        "/py",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "outcome_flywheel.preferences.adapter_step",
+    ]
     with pytest.raises(ValueError, match="one process"):
         StepLaunch(launcher="python", processes=2)
     with pytest.raises(ValueError, match="launcher 'mpirun'"):
@@ -193,7 +255,11 @@ def test_launcher_command_lines():
         StepLaunch().command("nope")
     # locally the orchestrator's interpreter; in a pod the image's
     assert StepRunnerResource(launcher="torchrun").command("probe")[0] == sys.executable
-    assert StepRunnerResource(runner="k8s", k8s_image="x").command("probe")[:3] == ["python", "-m", "outcome_flywheel.steps.probe"]
+    assert StepRunnerResource(runner="k8s", k8s_image="x").command("probe")[:3] == [
+        "python",
+        "-m",
+        "outcome_flywheel.steps.probe",
+    ]
 
 
 @dg.asset
@@ -246,36 +312,74 @@ def _pod(runner: StepRunnerResource, extras: dict, environ: dict):
 
 
 def test_the_k8s_pod_carries_image_command_gpu_env_and_the_data_volume():
-    runner = StepRunnerResource(runner="k8s", k8s_image="registry.example/flywheel:1.0", k8s_namespace="ml", k8s_gpus=2,
-                                k8s_cpu="8", k8s_memory="32Gi", k8s_data_pvc="flywheel-data", launcher="torchrun", processes=2)
-    environ = {"FLYWHEEL_WAREHOUSE_URL": "s3://lake/flywheel", "FLYWHEEL_DATA_DIR": "/home/me/data", "AWS_ACCESS_KEY_ID": "k",
-               "FLYWHEEL_STEP_RUNNER": "k8s", "HOME": "/home/me", "PATH": "/usr/bin"}
-    extras = {"warehouse": {"data_dir": "/home/me/data", "warehouse_url": "s3://lake/flywheel"},
-              "market_data": {"prices_file": str(PROJECT_ROOT / "sample_data" / "prices" / "daily_close.csv"), "data_dir": "/home/me/data"}}
+    runner = StepRunnerResource(
+        runner="k8s",
+        k8s_image="registry.example/flywheel:1.0",
+        k8s_namespace="ml",
+        k8s_gpus=2,
+        k8s_cpu="8",
+        k8s_memory="32Gi",
+        k8s_data_pvc="flywheel-data",
+        launcher="torchrun",
+        processes=2,
+    )
+    environ = {
+        "FLYWHEEL_WAREHOUSE_URL": "s3://lake/flywheel",
+        "FLYWHEEL_DATA_DIR": "/home/me/data",
+        "AWS_ACCESS_KEY_ID": "k",
+        "FLYWHEEL_STEP_RUNNER": "k8s",
+        "HOME": "/home/me",
+        "PATH": "/usr/bin",
+    }
+    extras = {
+        "warehouse": {"data_dir": "/home/me/data", "warehouse_url": "s3://lake/flywheel"},
+        "market_data": {
+            "prices_file": str(PROJECT_ROOT / "sample_data" / "prices" / "daily_close.csv"),
+            "data_dir": "/home/me/data",
+        },
+    }
     args = runner.k8s_arguments("daily_update", environ)
     assert args["image"] == "registry.example/flywheel:1.0" and args["namespace"] == "ml"
     pod = _pod(runner, extras, environ)
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "registry.example/flywheel:1.0"
-    assert container["command"] == ["python", "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                                    "--nproc_per_node", "2", "-m", "outcome_flywheel.daily_rl.day_step"]
+    assert container["command"] == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "outcome_flywheel.daily_rl.day_step",
+    ]
     assert container["resources"]["limits"] == {GPU_RESOURCE: "2", "cpu": "8", "memory": "32Gi"}
     assert container["resources"]["requests"] == {"cpu": "8", "memory": "32Gi"}
     assert pod["spec"]["restart_policy"] == "Never"
     assert {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in [
-        {k: v for k, v in t.items() if v is not None} for t in pod["spec"]["tolerations"]]
+        {k: v for k, v in t.items() if v is not None} for t in pod["spec"]["tolerations"]
+    ]
     assert container["volume_mounts"][0]["mount_path"] == "/data"
     assert pod["spec"]["volumes"][0]["persistent_volume_claim"]["claim_name"] == "flywheel-data"
     assert pod["metadata"]["labels"]["flywheel/step"] == "daily_update"
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["FLYWHEEL_WAREHOUSE_URL"] == "s3://lake/flywheel" and env["AWS_ACCESS_KEY_ID"] == "k"
-    assert env["FLYWHEEL_DATA_DIR"] == "/data" and "FLYWHEEL_STEP_RUNNER" not in env and "HOME" not in env and "PATH" not in env
+    assert (
+        env["FLYWHEEL_DATA_DIR"] == "/data"
+        and "FLYWHEEL_STEP_RUNNER" not in env
+        and "HOME" not in env
+        and "PATH" not in env
+    )
     # the Pipes bootstrap: the context (with the extras) in the env, messages on the pod's stderr (read from its logs)
     assert decode_param(env[DAGSTER_PIPES_MESSAGES_ENV_VAR]) == {"stdio": "stderr"}
     context = decode_param(env[DAGSTER_PIPES_CONTEXT_ENV_VAR])[PipesDefaultContextLoader.DIRECT_KEY]
     assert context["partition_key"] == "2025-11-04"
     assert context["extras"]["warehouse"] == {"data_dir": "/data", "warehouse_url": "s3://lake/flywheel"}
-    assert context["extras"]["market_data"]["prices_file"] == "sample_data/prices/daily_close.csv"  # the image's own copy
+    assert (
+        context["extras"]["market_data"]["prices_file"] == "sample_data/prices/daily_close.csv"
+    )  # the image's own copy
 
 
 def test_k8s_credentials_from_a_secret_and_no_gpu():
@@ -296,7 +400,9 @@ def test_the_runner_comes_from_the_environment_and_bad_values_are_named():
     runner = StepRunnerResource.from_env({})
     assert (runner.runner, runner.launcher, runner.processes) == ("subprocess", "python", 1)
     with pytest.raises(SettingsError) as err:
-        StepRunnerResource.from_env({"FLYWHEEL_STEP_RUNNER": "ray", "FLYWHEEL_STEP_LAUNCHER": "mpirun", "FLYWHEEL_STEP_PROCESSES": "0"})
+        StepRunnerResource.from_env(
+            {"FLYWHEEL_STEP_RUNNER": "ray", "FLYWHEEL_STEP_LAUNCHER": "mpirun", "FLYWHEEL_STEP_PROCESSES": "0"}
+        )
     for text in ("FLYWHEEL_STEP_RUNNER='ray'", "FLYWHEEL_STEP_LAUNCHER='mpirun'", "FLYWHEEL_STEP_PROCESSES='0'"):
         assert text in str(err.value)
     with pytest.raises(SettingsError, match="FLYWHEEL_K8S_IMAGE is unset"):
@@ -308,7 +414,7 @@ def test_the_runner_comes_from_the_environment_and_bad_values_are_named():
 
 
 def test_payloads_round_trip_and_refuse_what_cannot_travel():
-    from outcome_flywheel.daily_rl.day import DailyUpdateSettings
+    from outcome_flywheel.daily_rl.day_settings import DailyUpdateSettings
     from outcome_flywheel.models.train.gspo_config import GSPOConfig
 
     settings = DailyUpdateSettings(rollouts_per_headline=3, gspo=GSPOConfig(lora=None, tis_cap=None))

@@ -12,13 +12,8 @@ import pytest
 from assets.daily_rl.baseline import baseline_rollouts
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from outcome_flywheel.daily_rl.policy.prompt_evolver import (
-    EvolverConfig,
-    PromptEvolver,
-    interval,
-    tier_summary,
-    variant_table,
-)
+from outcome_flywheel.daily_rl.policy.prompt_evolver import EvolverConfig, PromptEvolver, interval, tier_summary
+from outcome_flywheel.daily_rl.policy.prompt_tables import variant_table
 from outcome_flywheel.daily_rl.policy.prompt_variants import (
     BASE_SPEC,
     IMPLIED_RULES,

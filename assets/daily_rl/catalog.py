@@ -4,7 +4,7 @@ described beside their columns in the module that writes the table and only gath
 from __future__ import annotations
 
 from outcome_flywheel.daily_rl.evaluation.ab import PREFERENCE_COLUMN_SCHEMA
-from outcome_flywheel.daily_rl.policy.prompt_evolver import EXPERIENCE_COLUMN_SCHEMA, VARIANT_COLUMN_SCHEMA
+from outcome_flywheel.daily_rl.policy.prompt_tables import EXPERIENCE_COLUMN_SCHEMA, VARIANT_COLUMN_SCHEMA
 from outcome_flywheel.daily_rl.reward.ledger import LEDGER_COLUMN_SCHEMA
 from outcome_flywheel.daily_rl.reward.pairs import PAIR_COLUMN_SCHEMA
 from outcome_flywheel.daily_rl.reward.training_record import PRICE_TRAINING_COLUMN_SCHEMA

@@ -15,9 +15,9 @@ from pydantic import Field
 
 from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, check_specs, column_names, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.day import RUN_CONFIG_PATHS, DailyUpdateSettings
+from outcome_flywheel.daily_rl.day_settings import RUN_CONFIG_PATHS, DailyUpdateSettings
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
-from outcome_flywheel.daily_rl.policy.prompt_evolver import VARIANT_COLUMNS
+from outcome_flywheel.daily_rl.policy.prompt_tables import VARIANT_COLUMNS
 from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS
 from outcome_flywheel.daily_rl.policy.verify import DAILY_UPDATE_CHECKS
 from outcome_flywheel.daily_rl.reward.matured import longest_wait_days

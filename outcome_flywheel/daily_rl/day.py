@@ -21,25 +21,18 @@ In order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
 from datetime import date
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.partitions import stable_seed
-from outcome_flywheel.daily_rl.reward.signals import RewardConfig
-
-if TYPE_CHECKING:
-    pass
-
-import time
-from dataclasses import field
-
+from outcome_flywheel.daily_rl.day_settings import DailyUpdateSettings, check_objective
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.daily_rl.note_scorer.signal import scorer_signals
-from outcome_flywheel.daily_rl.partitions import DailyUpdateError, previous_day
+from outcome_flywheel.daily_rl.partitions import DailyUpdateError, previous_day, stable_seed
 from outcome_flywheel.daily_rl.policy.checkpoints import (
     UnverifiedCheckpoint,
     behaviour_versions,
@@ -49,8 +42,8 @@ from outcome_flywheel.daily_rl.policy.checkpoints import (
     read_checkpoint,
     republish_parent,
 )
-from outcome_flywheel.daily_rl.policy.gate import GateConfig, GateResult, gate_update, not_trained
-from outcome_flywheel.daily_rl.policy.prompt_evolver import EvolverConfig, PromptEvolver, heldout_scorer, prompt_writer
+from outcome_flywheel.daily_rl.policy.gate import GateResult, gate_update, not_trained
+from outcome_flywheel.daily_rl.policy.prompt_evolver import PromptEvolver, heldout_scorer, prompt_writer
 from outcome_flywheel.daily_rl.policy.rollouts import (
     ROLLOUT_SAMPLING,
     check_behaviour_policy,
@@ -61,15 +54,13 @@ from outcome_flywheel.daily_rl.policy.rollouts import (
 from outcome_flywheel.daily_rl.policy.verify import verify_day
 from outcome_flywheel.daily_rl.reward.examples import training_examples
 from outcome_flywheel.daily_rl.reward.ledger import ledger_frame
-from outcome_flywheel.daily_rl.reward.matured import MaturedBatch, MaturedConfig, collect_matured
+from outcome_flywheel.daily_rl.reward.matured import MaturedBatch, collect_matured
 from outcome_flywheel.daily_rl.reward.rollout_scores import score_previous_rollouts
-from outcome_flywheel.daily_rl.reward.signals import SIGNAL_SPANS, PriceReward
 from outcome_flywheel.daily_rl.reward.training_record import judged_ledger, price_training_row
 from outcome_flywheel.daily_rl.worlds.prices import judge_outcome_titles
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.gspo_config import GSPOConfig
-from outcome_flywheel.settings import env
 from outcome_flywheel.storage import Warehouse
 
 
@@ -79,125 +70,6 @@ def quartiles(values: Sequence[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     q1, med, q3 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
     return float(med), float(q3 - q1)
-
-
-TINY_LOCAL_MAX_NEW_TOKENS = 160  # tiny-local's notes end within ~80 tokens
-
-
-DEFAULT_ROLLOUTS_PER_HEADLINE = 8
-
-
-DEFAULT_MAX_NEW_TOKENS = 512
-
-
-@dataclass
-class DailyUpdateSettings:
-    """What one day's update does; the `daily_update` run config overrides any of these."""
-
-    outcome_headlines_date: str | None = field(
-        default=None,
-        metadata={
-            "help": (
-                "Override re-run: score the previous day's rollouts against the headlines of this day (YYYY-MM-DD, must be "
-                "materialised) instead of the partition's own day."
-            )
-        },
-    )
-    rollouts_per_headline: int | None = field(
-        default=None,
-        metadata={
-            "help": (
-                f"Notes sampled per headline; None = FLYWHEEL_ROLLOUTS_PER_HEADLINE, else {DEFAULT_ROLLOUTS_PER_HEADLINE}."
-            )
-        },
-    )
-    max_new_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": (
-                f"Token budget per note; None = FLYWHEEL_MAX_NEW_TOKENS, else {DEFAULT_MAX_NEW_TOKENS} "
-                f"({TINY_LOCAL_MAX_NEW_TOKENS} on tiny-local)."
-            )
-        },
-    )
-    gspo: GSPOConfig = field(
-        default_factory=GSPOConfig,
-        metadata={"help": "The GSPO trainer's settings (seed and temperature are set per day)."},
-    )
-    reward: RewardConfig = field(
-        default_factory=RewardConfig, metadata={"help": "How each note's reward is made from its signals."}
-    )
-    gate: GateConfig = field(default_factory=GateConfig, metadata={"help": "The evaluation gate's thresholds."})
-    price: PriceReward = field(
-        default_factory=PriceReward,
-        metadata={"help": "The price signal's transform and no_trade / unparseable values."},
-    )
-    max_staleness: int | None = field(
-        default=None,
-        metadata={
-            "help": (
-                "Most policy updates between a matured note's sampler and D's parent; None = FLYWHEEL_PRICE_MAX_STALENESS, else 4."
-            )
-        },
-    )
-    prompt_evolver: EvolverConfig = field(
-        default_factory=EvolverConfig, metadata={"help": "The prompt evolver's bandit (tier 1b)."}
-    )
-
-    def matured(self) -> MaturedConfig:
-        """The delayed step's settings: the price transform, the staleness limit, the outcome horizon and cost."""
-        stale = self.max_staleness if self.max_staleness is not None else int(env("FLYWHEEL_PRICE_MAX_STALENESS"))
-        return MaturedConfig(
-            price=self.price,
-            max_staleness=stale,
-            horizon=int(env("FLYWHEEL_OUTCOME_HORIZON")),
-            cost_bps=float(env("FLYWHEEL_OUTCOME_COST_BPS")),
-        )
-
-    def sizes(self, models: ModelLoader) -> tuple[int, int]:
-        """(rollouts per headline, max new tokens) after the environment and the model's defaults."""
-        n = self.rollouts_per_headline or int(env("FLYWHEEL_ROLLOUTS_PER_HEADLINE", str(DEFAULT_ROLLOUTS_PER_HEADLINE)))
-        default_tokens = str(TINY_LOCAL_MAX_NEW_TOKENS if models.is_tiny_local else DEFAULT_MAX_NEW_TOKENS)
-        return n, self.max_new_tokens or int(env("FLYWHEEL_MAX_NEW_TOKENS", default_tokens))
-
-
-# The `daily_update` run config, flat: run-config field -> the `DailyUpdateSettings` field it overrides, as a
-# dotted path into a nested section. The asset derives each field's type, default and help from that dataclass
-# field, and the settings of a run from the fields given (resources/settings.py); a new setting a run may
-# override is its dataclass field and one line here. None: the asset's own field (a full fine-tune sets
-# gspo.lora to None, not a value of a LoRA field).
-RUN_CONFIG_PATHS: dict[str, str | None] = {
-    "outcome_headlines_date": "outcome_headlines_date",
-    "rollouts_per_headline": "rollouts_per_headline",
-    "max_new_tokens": "max_new_tokens",
-    "objective": "gspo.objective",
-    "learning_rate": "gspo.learning_rate",
-    "batch_size": "gspo.batch_size",
-    "epochs": "gspo.epochs",
-    "kl_beta": "gspo.kl_beta",
-    "epsilon_low": "gspo.epsilon_low",
-    "epsilon_high": "gspo.epsilon_high",
-    "full_fine_tune": None,
-    "lora_r": "gspo.lora.r",
-    "lora_alpha": "gspo.lora.alpha",
-    "reward_weights": "reward.weights",
-    "reward_clip_min": "reward.clip_min",
-    "reward_clip_max": "reward.clip_max",
-    "gate_enabled": "gate.enabled",
-    "gate_max_kl_to_parent": "gate.max_kl_to_parent",
-    "gate_max_kl_to_base": "gate.max_kl_to_base",
-    "gate_max_probe_regression": "gate.max_probe_regression",
-    "gate_probe_headlines": "gate.probe_headlines",
-    "price_scale_pct": "price.scale_pct",
-    "price_no_trade": "price.no_trade",
-    "price_unparseable": "price.unparseable",
-    "price_max_staleness": "max_staleness",
-    "tis_cap": "gspo.tis_cap",
-    "prompt_evolver_enabled": "prompt_evolver.enabled",
-    "prompt_evolver_epsilon": "prompt_evolver.epsilon",
-    "prompt_evolver_trials_per_variant": "prompt_evolver.trials_per_variant",
-    "prompt_evolver_heldout_samples": "prompt_evolver.heldout_samples",
-}
 
 
 @dataclass
@@ -224,17 +96,6 @@ class DailyUpdateResult:
     checks: dict[str, dict] = field(default_factory=dict)
     prompt_variants: pd.DataFrame = field(default_factory=pd.DataFrame)  # the prompt evolver's state of D
     prompt_events: list[str] = field(default_factory=list)
-
-
-def check_objective(settings: DailyUpdateSettings) -> None:
-    """A sequence-level objective spreads one advantage over the whole note: it cannot give the call's
-    line alone what `price` and `relevance` say about it, so it trains whole-note signals only."""
-    scoped = sorted(k for k, w in settings.reward.weights.items() if SIGNAL_SPANS[k] != "note" and float(w) != 0.0)
-    if settings.gspo.objective != "token" and scoped:
-        raise DailyUpdateError(
-            f"objective {settings.gspo.objective!r} trains whole-note signals only, but {scoped} judge the trade call's line: "
-            f"use objective 'token' (the default), or set their reward_weights to 0"
-        )
 
 
 def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:

@@ -15,9 +15,10 @@ import time
 
 import pandas as pd
 
-from outcome_flywheel.daily_rl.day import DailyUpdateResult, DailyUpdateSettings, run_daily_update
+from outcome_flywheel.daily_rl.day import DailyUpdateResult, run_daily_update
+from outcome_flywheel.daily_rl.day_settings import DailyUpdateSettings
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
-from outcome_flywheel.daily_rl.policy.prompt_evolver import variant_table
+from outcome_flywheel.daily_rl.policy.prompt_tables import variant_table
 from outcome_flywheel.daily_rl.policy.verify import DAILY_UPDATE_CHECKS, UPDATE_ACCEPTED_BY_GATE, gate_check
 from outcome_flywheel.daily_rl.reward.rollout_scores import position_bias
 from outcome_flywheel.market_data import MarketData

@@ -130,7 +130,9 @@ class Framework:
     gspo_loss: Callable[..., tuple[Any, dict]]
     weighted_dpo_loss: Callable[..., tuple[Any, dict]]
     adamw: Callable[..., Any]  # (model, learning_rate) -> optimiser of the trainable parameters
-    train: Callable[..., "TrainStats"]  # (model, optimizer, *, loss, iterate_batches, max_grad_norm); a batch may be `Accumulated`
+    train: Callable[
+        ..., "TrainStats"
+    ]  # (model, optimizer, *, loss, iterate_batches, max_grad_norm); a batch may be `Accumulated`
     sft_loss: Callable[..., tuple[Any, dict]] | None = None  # (logp, mask) -> completion-only NLL (sft.py)
     # AdamW's moments kept across days beside the checkpoint (`ModelBackend.optimizer_tensors`):
     # (optimizer, model) -> {"<weight name as saved>.exp_avg" / ".exp_avg_sq": float32, "step": int64 []},
@@ -275,7 +277,11 @@ class ModelBackend(ABC):
         from safetensors.numpy import save_file
 
         file.parent.mkdir(parents=True, exist_ok=True)
-        save_file({k: np.asarray(v, order="C") for k, v in self.optimizer_tensors.items()}, str(file), metadata={"format": "np"})
+        save_file(
+            {k: np.asarray(v, order="C") for k, v in self.optimizer_tensors.items()},
+            str(file),
+            metadata={"format": "np"},
+        )
 
     # -- text and tokens ----------------------------------------------------------------
     @abstractmethod
@@ -317,15 +323,24 @@ class ModelBackend(ABC):
 
     @abstractmethod
     def response_logprobs(
-        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True,
-        batch_size: int = 16, temperature: float = 1.0,
+        self,
+        prompts: Sequence[Messages],
+        responses: Sequence[Sequence[int]],
+        use_adapter: bool = True,
+        batch_size: int = 16,
+        temperature: float = 1.0,
     ) -> list[np.ndarray]:
         """Teacher-forced per-token log-probs of each response given its prompt, at `temperature`."""
 
     @abstractmethod
     def token_kl(
-        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
-        reference: "ModelBackend | None" = None, batch_size: int = 16, chunk_elements: int = 2**25,
+        self,
+        prompts: Sequence[Messages],
+        responses: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        reference: "ModelBackend | None" = None,
+        batch_size: int = 16,
+        chunk_elements: int = 2**25,
     ) -> list[np.ndarray]:
         """Exact KL(self || reference) over the vocabulary at each response position, both at
         `temperature`, one array per response; `reference` None = self with its adapter off."""
@@ -354,13 +369,18 @@ class ModelBackend(ABC):
     # -- training (the trainers are framework-neutral; see `Framework`) -----------------------
     @abstractmethod
     def batch_logprobs(
-        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0,
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
         shared_prefix: bool = False,
     ) -> tuple[Any, Any]:
         """Differentiable teacher-forced log-probs at `temperature`: `(logp, mask)`, `[B, max_len]`."""
 
     @abstractmethod
-    def sequence_logps(self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]) -> Any:
+    def sequence_logps(
+        self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]
+    ) -> Any:
         """Differentiable `[B]` log pi(completion | prompt), summed over tokens and segments (segments.py)."""
 
     @abstractmethod

@@ -24,7 +24,11 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Mapping
 
 from dagster_pipes import (
-    PipesContext, PipesDefaultContextLoader, PipesDefaultMessageWriter, PipesEnvVarParamsLoader, PipesMappingParamsLoader,
+    PipesContext,
+    PipesDefaultContextLoader,
+    PipesDefaultMessageWriter,
+    PipesEnvVarParamsLoader,
+    PipesMappingParamsLoader,
     PipesParamsLoader,
 )
 
@@ -61,14 +65,18 @@ def open_step(params_loader: PipesParamsLoader | None = None, distributed: bool 
     """
     loader = params_loader or PipesEnvVarParamsLoader()
     if not loader.is_dagster_pipes_process():
-        raise StepError("not launched through Dagster Pipes (DAGSTER_PIPES_CONTEXT is unset): steps are started by "
-                        "their assets' step runner (resources/steps.py), not by hand")
+        raise StepError(
+            "not launched through Dagster Pipes (DAGSTER_PIPES_CONTEXT is unset): steps are started by "
+            "their assets' step runner (resources/steps.py), not by hand"
+        )
     if world_size() > 1 and not distributed:
-        raise StepError(f"WORLD_SIZE={world_size()}: this step would run its whole body (sampling, judging, the "
-                        "warehouse and checkpoint writes) in every process; only the training steps "
-                        f"({', '.join(DATA_PARALLEL_STEPS)}) run data-parallel, rank 0 alone running the step, "
-                        "and only when started by `main`: launch it with FLYWHEEL_STEP_PROCESSES=1 "
-                        "(docs/pipes.md, multi-GPU)")
+        raise StepError(
+            f"WORLD_SIZE={world_size()}: this step would run its whole body (sampling, judging, the "
+            "warehouse and checkpoint writes) in every process; only the training steps "
+            f"({', '.join(DATA_PARALLEL_STEPS)}) run data-parallel, rank 0 alone running the step, "
+            "and only when started by `main`: launch it with FLYWHEEL_STEP_PROCESSES=1 "
+            "(docs/pipes.md, multi-GPU)"
+        )
     if rank() != 0:
         yield None
         return
@@ -144,8 +152,10 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
     try:
         with open_step(distributed=True) as pipes:
             run_guarded(step, pipes, run)
-            pipes.log.info(f"data parallel: {world_size()} processes trained {', '.join(joined) or 'nothing'} "
-                           "(rank 0 ran the step and wrote its outputs)")
+            pipes.log.info(
+                f"data parallel: {world_size()} processes trained {', '.join(joined) or 'nothing'} "
+                "(rank 0 ran the step and wrote its outputs)"
+            )
     finally:
         LEADERS.remove(lead)
     dp.finish()
@@ -155,17 +165,28 @@ def _policy(spec: Mapping) -> object:
     """A follower's copy of rank 0's base model (`training.follow` lays rank 0's adapter and weights on it)."""
     from outcome_flywheel.models.torch.backend import TorchBackend
 
-    return TorchBackend(spec["model_path"], device=spec["device"], dtype=spec["dtype"],
-                        master_weights=spec["master_weights"])
+    return TorchBackend(
+        spec["model_path"], device=spec["device"], dtype=spec["dtype"], master_weights=spec["master_weights"]
+    )
 
 
 def run_guarded(step: str, pipes: PipesContext | None, run: Callable[[PipesContext | None], None]) -> None:
     """Run the step; a training step (`training_audit.TRAINING_STEPS`) under the single trainer lock,
     with its `training_audit` row written however it ends (docs/tiers.md, "Safety")."""
-    from outcome_flywheel.training_audit import TRAINING_STEPS, audited_training, daily_gate_from_warehouse, step_audit_inputs
+    from outcome_flywheel.training_audit import (
+        TRAINING_STEPS,
+        audited_training,
+        daily_gate_from_warehouse,
+        step_audit_inputs,
+    )
 
     extras = dict(pipes.extras or {}) if pipes is not None else {}
-    if pipes is None or step not in TRAINING_STEPS or extras.get("action", "train") != "train" or "warehouse" not in extras:
+    if (
+        pipes is None
+        or step not in TRAINING_STEPS
+        or extras.get("action", "train") != "train"
+        or "warehouse" not in extras
+    ):
         run(pipes)
         return
     from outcome_flywheel.steps.codec import from_payload
@@ -175,8 +196,9 @@ def run_guarded(step: str, pipes: PipesContext | None, run: Callable[[PipesConte
     tier, partition = TRAINING_STEPS[step], pipes.partition_key if pipes.is_partition_step else None
     training_id = extras.get("training_id") or f"{tier}:{pipes.run_id}:{partition or ''}"
     trigger = extras.get("trigger") or f"run {pipes.run_id[:8]} ({pipes.job_name or 'asset materialization'})"
-    with audited_training(warehouse, tier, training_id, trigger, step_audit_inputs(step, extras, partition),
-                          log=pipes.log.info) as entry:
+    with audited_training(
+        warehouse, tier, training_id, trigger, step_audit_inputs(step, extras, partition), log=pipes.log.info
+    ) as entry:
         run(pipes)
         if step == "daily_update":  # its gate's verdict is in the day's policy_training row
             entry.gate_verdict, entry.gate_reason, figures = daily_gate_from_warehouse(warehouse, partition)

@@ -15,6 +15,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from outcome_flywheel.daily_rl.notes.companies import _candidates
 from outcome_flywheel.daily_rl.notes.structure import _header_pattern
 
 
@@ -35,101 +36,6 @@ class TradeCall:
 
 CALL_COLUMNS: list[str] = [f.name for f in fields(TradeCall)]
 
-_NAMES = {  # ticker -> "|"-separated names; every symbol of sample_data/prices plus a few large caps
-    "AAPL": "Apple",
-    "ABBV": "AbbVie",
-    "AMGN": "Amgen",
-    "AMZN": "Amazon|Amazon.com",
-    "AXP": "American Express",
-    "BA": "Boeing",
-    "BAC": "Bank of America|BofA",
-    "BLK": "BlackRock",
-    "C": "Citigroup|Citi|Citibank",
-    "CAT": "Caterpillar",
-    "CMCSA": "Comcast",
-    "COST": "Costco",
-    "CRM": "Salesforce",
-    "CSCO": "Cisco|Cisco Systems",
-    "CVX": "Chevron",
-    "DIS": "Disney|Walt Disney",
-    "GE": "GE Aerospace|General Electric",
-    "GOOGL": "Alphabet|Google",
-    "GS": "Goldman Sachs|Goldman",
-    "HD": "Home Depot",
-    "IBM": "International Business Machines",
-    "INTC": "Intel",
-    "JNJ": "Johnson & Johnson|Johnson and Johnson|J&J",
-    "JPM": "JPMorgan|JPMorgan Chase|JP Morgan|J.P. Morgan",
-    "KO": "Coca-Cola|Coca Cola|Coke",
-    "LLY": "Eli Lilly|Lilly",
-    "LMT": "Lockheed Martin|Lockheed",
-    "MCD": "McDonald's|McDonalds",
-    "META": "Meta|Meta Platforms|Facebook",
-    "MRK": "Merck",
-    "MS": "Morgan Stanley",
-    "MSFT": "Microsoft",
-    "NFLX": "Netflix",
-    "NKE": "Nike",
-    "NOW": "ServiceNow",
-    "NVDA": "Nvidia",
-    "ORCL": "Oracle",
-    "PEP": "PepsiCo|Pepsi",
-    "PFE": "Pfizer",
-    "PG": "Procter & Gamble|Procter and Gamble|P&G",
-    "QCOM": "Qualcomm",
-    "QQQ": "Invesco QQQ|Nasdaq-100 ETF|Nasdaq 100 ETF",
-    "SPY": "SPDR S&P 500 ETF|SPDR S&P 500|S&P 500 ETF|SPDR",
-    "T": "AT&T",
-    "TMO": "Thermo Fisher|Thermo Fisher Scientific",
-    "TXN": "Texas Instruments",
-    "UNH": "UnitedHealth|UnitedHealth Group|United Health",
-    "UPS": "United Parcel Service",
-    "VZ": "Verizon",
-    "WFC": "Wells Fargo",
-    "WMT": "Walmart|Wal-Mart",
-    "XOM": "Exxon Mobil|ExxonMobil|Exxon",
-    "TSLA": "Tesla",
-    "AVGO": "Broadcom",
-    "AMD": "Advanced Micro Devices",
-    "BRK-B": "Berkshire Hathaway",
-    "V": "Visa",
-    "MA": "Mastercard",
-    "ADBE": "Adobe",
-    "SBUX": "Starbucks",
-    "GEV": "GE Vernova",
-    "GEHC": "GE HealthCare",
-    "MU": "Micron",
-    "GM": "General Motors",
-    "UBER": "Uber",
-    "PLTR": "Palantir",
-}
-COMPANY_TICKERS: dict[str, str] = {n.lower(): t for t, names in _NAMES.items() for n in names.split("|")}
-
-# Tickers that are also English words: read only in ticker form ($NOW, (T), NYSE: C), never bare.
-_TICKER_FORM_ONLY = set(
-    "A C T V F MA MS ALL ON NOW KEY LOW ARE CAN HAS ANY SEE WELL BIG ONE TWO GO BE SO DO UP".split()
-)
-# All-caps words that are never tickers (outside an exchange prefix): acronyms, note and market words.
-_NOT_TICKERS = set(
-    "I AN AND THE OR OF TO IN AT BY FOR IS IT AS IF NO NOT WE OUR BUT YES NEW OUT TOP HIGH AI US USA USD EUR GBP "
-    "JPY CNY CEO CFO COO CTO EPS ETF ETFS IPO FDA SEC FTC DOJ EU UK GDP CPI PPI PCE FOMC FED ECB BOJ GPU GPUS CPU "
-    "API EV EVS ESG YOY QOQ YTD FY TTM EBIT ROI ROE ROIC FCF PE PEG DCF ATH ATL RSI MACD SMA EMA VWAP ATR OTC NYSE "
-    "AMEX LLC INC CORP LTD PLC CO OK NB PS RE VS ETA TBD NFA IMO FYI ASAP BPS PCT AUM NAV IRR OPEX CAPEX GAAP TAM "
-    "SAAS LLM LLMS ML IP HR OEM SKU DTC ARPU KPI KPIS OPEC WTI LNG REIT SPAC NFT BTC ETH FX IV VIX SPX NDX DJIA DOW "
-    "TL DR TLDR NA BUY SELL LONG SHORT HOLD TRADE NOTE RISK RISKS STOP LOSS SIZE TIME ENTRY EXIT PRICE NONE PASS "
-    "WAIT AVOID BULL BEAR DOWN CALL CALLS PUT PUTS NEWS WEEK DAY DAYS Q".split()
-)
-_NAME_RE = re.compile(
-    r"(?<![\w&])("
-    + "|".join(re.escape(n).replace(r"\ ", r"\s+") for n in sorted(COMPANY_TICKERS, key=len, reverse=True))
-    + r")(?![\w&])",
-    re.IGNORECASE,
-)
-_T = r"[A-Z]{1,5}(?:[.-][A-Z])?"
-_TICKER_RE = re.compile(
-    rf"(?:NYSE\s*Arca|NYSEARCA|NYSE|NASDAQ|Nasdaq|AMEX|Cboe|CBOE)\s*:\s*(?P<ex>{_T})\b|\$(?P<dollar>{_T})\b"
-    rf"|\(\s*(?P<paren>{_T})\s*[),]|(?<![\w$&'.-])(?P<bare>[A-Z]{{2,5}})(?![\w&]|[-.]\w)"
-)
 
 # Header names per field; a line is tried against the longest names first.
 _HEADERS = {
@@ -157,46 +63,75 @@ _HEADERS = {
         "Headline",
     ),
 }
+
+
 _HEADER_PATTERNS = sorted(
     ((n, key, _header_pattern(n)) for key, ns in _HEADERS.items() for n in ns), key=lambda t: -len(t[0])
 )
+
+
 # Lines that open some other section: a markdown heading or a bold label such as "**Entry:**".
 _OTHER_HEADER = re.compile(r"^\s*#{1,6}\s|^[ \t>\-•\d.)]*\*\*[^*\n]{1,40}?(?::\s*\*\*|\*\*\s*:)")
 
+
 _LONG = r"buy(?:ing)?|long|overweight|accumulate|accumulating|bullish"
+
+
 _SHORT = r"sell(?:ing)?|short(?:ing)?|underweight|bearish"
+
+
 _NONE = (
     r"not?[\s-]+(?:new\s+)?(?:trade|position|action)|hold(?:\s+off)?|sidelines|stand\s+aside|stay\s+(?:out|flat)"
     r"|avoid|pass|wait|neutral|do\s+nothing"
 )
+
+
 # "short-term", "long run", "sell-off", "buy-side", "buy-back", "short of", "as long as", "in short" take no side.
 _NOT_SIDE = (
     r"(?![\s-]*(?:term|run\b|lived|dated|haul|horizon|time|while|period|squeeze|interest|sellers?|covering"
     r"|float|history|standing|ago|enough|since|of\b|off\b|side\b|back\b|pressure))"
 )
+
+
 _SIDE_RE = re.compile(
     rf"(?<!\bas )(?<!\bso )(?<!\bhow )(?<!\bfor )(?<!\bin )\b(?:(?P<long>{_LONG})|(?P<short>{_SHORT}))\b{_NOT_SIDE}"
     rf"|\b(?P<none>{_NONE})\b(?!-)",
     re.IGNORECASE,
 )
+
+
 _NEGATION = re.compile(
     r"(?:\bnot|n't|\bnever|\bno|\bavoid|\bagainst|\brather\s+than|\binstead\s+of|\bwithout)"
     r"\s+(?:[\w'-]+\s+){0,2}$",
     re.IGNORECASE,
 )
+
+
 _PUTS = re.compile(r"\s*(?:[\w$.-]+\s+){0,3}?puts?\b", re.IGNORECASE)  # "buy XOM puts" is a bet on a fall
+
+
 _CLAUSE_BREAK = re.compile(r"[.;:,!?\n()\[\]|—–]")
 
+
 _NUM = r"\d+(?:\.\d+)?"
+
+
 _PCT_UNIT = r"(?:%|\s*percent\b|\s*pct\b)"
+
+
 _PCT_RE = re.compile(rf"({_NUM}){_PCT_UNIT}?\s*(?:-|–|—|to)\s*({_NUM}){_PCT_UNIT}|({_NUM}){_PCT_UNIT}", re.IGNORECASE)
+
+
 # A price: "$185", "$1,250.50", or a bare "185" / "185.50" that is not a count of days, ATRs, moving-average days...
 _PRICE_RE = re.compile(
     r"\$\s*(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)|(?<![\w.$,-])(\d+\.\d+|\d{2,})(?![\w%]|[.,]\d|\s*(?:[-–×]"
     r"|x\b|atr|sd\b|std|sigma|day|week|month|session|hour|times|tick|point|pts|bps|basis|dma|sma|ema|ma\b|%|percent))",
     re.IGNORECASE,
 )
+
+
 _STOP_INLINE = re.compile(r"\bstop(?:[\s-]*loss(?:es)?)?\b(?P<rest>[^\n]*)", re.IGNORECASE)
+
 
 _AMOUNTS = {
     "a": 1,
@@ -217,6 +152,8 @@ _AMOUNTS = {
     "few": 3,
     "several": 4,
 }
+
+
 _UNIT_DAYS = {
     "hour": 1 / 24,
     "session": 1.0,
@@ -229,12 +166,18 @@ _UNIT_DAYS = {
     "year": 365.0,
     "yr": 365.0,
 }
+
+
 _AMOUNT = r"\d+(?:\.\d+)?|" + "|".join(sorted(_AMOUNTS, key=len, reverse=True))
+
+
 _SPAN_RE = re.compile(
     rf"\b(?P<a>{_AMOUNT})(?:\s+of)?(?:\s*(?:-|–|—|to)\s*(?P<b>{_AMOUNT}))?[\s-]*\+?\s*(?:trading[\s-]+)?"
     rf"(?P<unit>hour|session|day|week|wk|month|mo|quarter|year|yr)s?\b",
     re.IGNORECASE,
 )
+
+
 _SPAN_JOIN = re.compile(r"\s*(?:-|–|—|to)\s*$")
 
 
@@ -304,28 +247,6 @@ def _side_in(text: str) -> tuple[str, str | None] | None:
             return kind, None
     negated = [p for k, _, p in hits if k == "neg"]
     return ("none", f"advises against it (negated {negated[0]!r})") if negated else None
-
-
-def _candidates(text: str, universe: set[str] | None) -> list[tuple[int, str, bool, bool]]:
-    """(position, ticker, known, strong) for each symbol in `text`. Strong: a company name or a ticker form
-    ($X, (X), NYSE: X); a bare all-caps word is weak, as it may be jargon the lists do not cover."""
-    found = []
-    masked = list(text)
-    for m in _NAME_RE.finditer(text):
-        if m.group(0)[0].isalpha() and not m.group(0)[0].isupper():
-            continue  # names are written capitalised; "apple" in prose is not Apple
-        found.append((m.start(), COMPANY_TICKERS[re.sub(r"\s+", " ", m.group(0).lower())], True))
-        masked[m.start() : m.end()] = " " * (m.end() - m.start())  # so "GE Vernova" is not also GE
-    for m in _TICKER_RE.finditer("".join(masked)):
-        form, sym = m.lastgroup, m.group(m.lastgroup)
-        if form == "bare" and (sym in _NOT_TICKERS or sym in _TICKER_FORM_ONLY):
-            continue
-        if form in ("dollar", "paren") and sym in _NOT_TICKERS and sym not in _TICKER_FORM_ONLY:
-            continue
-        if form == "paren" and len(sym) == 1 and (sym not in _TICKER_FORM_ONLY or sym == "A"):
-            continue  # "(A)", "(B)" list items
-        found.append((m.start(), sym.replace(".", "-"), form != "bare"))
-    return [(p, s, universe is None or s in universe, strong) for p, s, strong in sorted(found)]
 
 
 def _symbol(regions: list[str], universe: set[str] | None) -> tuple[str, bool] | None:

@@ -19,7 +19,7 @@ import math
 
 import pandas as pd
 
-from outcome_flywheel.daily_rl.notes.calls import COMPANY_TICKERS, _candidates
+from outcome_flywheel.daily_rl.notes.companies import COMPANY_TICKERS, _candidates
 
 KNOWN_SYMBOLS: frozenset[str] = frozenset(COMPANY_TICKERS.values())
 

@@ -40,7 +40,7 @@ import pandas as pd
 
 from outcome_flywheel.daily_rl.feeds.headlines import build_headlines
 from outcome_flywheel.daily_rl.feeds.source import DEFAULT_ARCHIVE, FeedSource
-from outcome_flywheel.daily_rl.notes.calls import COMPANY_TICKERS
+from outcome_flywheel.daily_rl.notes.companies import COMPANY_TICKERS
 from outcome_flywheel.daily_rl.notes.outcomes import BENCHMARK, call_window
 from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
 from outcome_flywheel.daily_rl.worlds.news import news_direction

@@ -14,7 +14,14 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from outcome_flywheel.models.interface import ChatTokenizer, LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
+from outcome_flywheel.models.interface import (
+    ChatTokenizer,
+    LoraSettings,
+    Messages,
+    ModelBackend,
+    Sample,
+    SamplingConfig,
+)
 from outcome_flywheel.models.segments import flatten_segments
 from outcome_flywheel.models.torch.graph_sampler import GraphSampler
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
@@ -38,8 +45,14 @@ class TorchBackend(ChatTokenizer, ModelBackend):
     framework = FRAMEWORK
 
     def __init__(
-        self, model_path: str | Path, adapter_path: str | Path | None = None, device: str = "auto",
-        trainable: bool = True, dtype: str = "auto", master_weights: bool = False, sampler: str = "torch",
+        self,
+        model_path: str | Path,
+        adapter_path: str | Path | None = None,
+        device: str = "auto",
+        trainable: bool = True,
+        dtype: str = "auto",
+        master_weights: bool = False,
+        sampler: str = "torch",
         static_decode: bool | None = None,
     ):
         """`dtype` is the compute precision: "auto" = bf16 on CUDA, fp32 elsewhere (CPU has no fast
@@ -67,7 +80,9 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         self._graph_sampler: GraphSampler | None = None
         self.weights_on_disk = (self.model_path, self.adapter_path)
         self._load_tokenizer()
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32 if self.master_weights else self.dtype)
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, dtype=torch.float32 if self.master_weights else self.dtype
+        )
         if self.adapter_path is not None:
             from peft import PeftModel
 
@@ -123,12 +138,16 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         with torch.inference_mode(), self.autocast():
             yield
 
-    def _sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+    def _sample_batch(
+        self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]
+    ) -> list[list[Sample]]:
         if self.sampler == "vllm" and self.weights_on_disk is not None:
             return self._vllm_sample_batch(prompt_ids, n, cfg, seeds)
         return sample_batch(self, prompt_ids, n, cfg, seeds)
 
-    def _vllm_sample_batch(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]) -> list[list[Sample]]:
+    def _vllm_sample_batch(
+        self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig, seeds: Sequence[int]
+    ) -> list[list[Sample]]:
         """vLLM samples the files this policy's weights are; pi_old per `vllm_sampling.needs_teacher_forcing`."""
         model_path, adapter = self.weights_on_disk
         engine = VLLMEngine.for_model(model_path, enable_lora=adapter is not None)
@@ -139,17 +158,32 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             forced: list[list[float]] = []
             for start in range(0, len(flat), 16):
                 chunk = flat[start : start + 16]
-                logp, mask = self.batch_logprobs([prompt_ids[i] for i, _ in chunk], [ids or [self.tokenizer.pad_token_id] for _, ids in chunk], cfg.temperature)
+                logp, mask = self.batch_logprobs(
+                    [prompt_ids[i] for i, _ in chunk],
+                    [ids or [self.tokenizer.pad_token_id] for _, ids in chunk],
+                    cfg.temperature,
+                )
                 forced += [logp[b][mask[b]].double().tolist()[: len(ids)] for b, (_, ids) in enumerate(chunk)]
             it = iter(forced)
             grouped = [[(ids, next(it)) for ids, _ in group] for group in grouped]
         return [
-            [Sample(text=self.decode(ids), token_ids=ids, logprobs=logps, finished=bool(ids) and ids[-1] in self.stop_ids) for ids, logps in group]
+            [
+                Sample(
+                    text=self.decode(ids),
+                    token_ids=ids,
+                    logprobs=logps,
+                    finished=bool(ids) and ids[-1] in self.stop_ids,
+                )
+                for ids, logps in group
+            ]
             for group in grouped
         ]
 
     def batch_logprobs(
-        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0,
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
         shared_prefix: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
@@ -205,11 +239,18 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         # right padding of the responses is invisible to real tokens (causal attention)
         full_attention = torch.cat([attention.index_select(0, index), torch.ones_like(responses)], dim=-1)
         response_positions = positions[:, -1:].index_select(0, index) + 1 + torch.arange(length, device=device)[None, :]
-        rest = inner(input_ids=responses[:, :-1], attention_mask=full_attention[:, :-1],
-                     position_ids=response_positions[:, :-1], past_key_values=cache, use_cache=True).last_hidden_state
+        rest = inner(
+            input_ids=responses[:, :-1],
+            attention_mask=full_attention[:, :-1],
+            position_ids=response_positions[:, :-1],
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
         return torch.cat([first[:, None, :], rest], dim=1), responses, mask
 
-    def _response_layout(self, prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _response_layout(
+        self, prompt_ids, response_ids
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """For right-padded `prompt + response` rows: the (row, column) of the position predicting
         each response token, response 0's tokens first; those tokens; and the `[B, R]` mask."""
         rows, cols, targets = [], [], []
@@ -236,7 +277,9 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         with self.autocast():
             return self.lm_head(hidden)
 
-    def sequence_logps(self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]) -> torch.Tensor:
+    def sequence_logps(
+        self, prompt_ids: Sequence[Sequence[int]], segment_ids: Sequence[Sequence[Sequence[int]]]
+    ) -> torch.Tensor:
         """[B] log pi(completion | prompt): summed over tokens, and over segments (segments.py),
         every segment row in one forward pass; differentiable."""
         prompts, responses, owner = flatten_segments(prompt_ids, segment_ids)
@@ -245,7 +288,9 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         index = torch.tensor(owner, device=per_row.device)
         return per_row.new_zeros(len(prompt_ids)).index_add(0, index, per_row)
 
-    def _right_padded(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _right_padded(
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(input_ids, attention_mask)` of `prompt + response` rows, right-padded, on the device."""
         seqs = [list(p) + list(r) for p, r in zip(prompt_ids, response_ids)]
         input_ids = torch.full((len(seqs), max(len(s) for s in seqs)), self.tokenizer.pad_token_id, dtype=torch.long)
@@ -262,7 +307,9 @@ class TorchBackend(ChatTokenizer, ModelBackend):
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._causal_lm().get_output_embeddings()(hidden)
 
-    def response_hidden(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+    def response_hidden(
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]
+    ) -> torch.Tensor:
         """Final hidden states at the positions that predict each response token, `[sum |r|, H]`,
         rows in order (response 0's tokens, then response 1's...)."""
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
@@ -273,8 +320,13 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
     @torch.no_grad()
     def token_kl(
-        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], temperature: float = 1.0,
-        reference: "TorchBackend | None" = None, batch_size: int = 16, chunk_elements: int = CHUNK_ELEMENTS,
+        self,
+        prompts: Sequence[Messages],
+        responses: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        reference: "TorchBackend | None" = None,
+        batch_size: int = 16,
+        chunk_elements: int = CHUNK_ELEMENTS,
     ) -> list[np.ndarray]:
         """Exact KL(self || reference) = sum_v p(v) (log p(v) - log q(v)) over the vocabulary at
         every response position, both distributions at `temperature`; one array per response.
@@ -294,7 +346,9 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             hidden = self.response_hidden(p_ids, r_ids)
             with self.adapter_disabled() if reference is None else contextlib.nullcontext():
                 ref_hidden = ref.response_hidden(p_ids, r_ids)
-            per_token = token_kl(hidden, self._head, ref_hidden, ref._head, temperature, self.vocab_size, chunk_elements)
+            per_token = token_kl(
+                hidden, self._head, ref_hidden, ref._head, temperature, self.vocab_size, chunk_elements
+            )
             flat = per_token.cpu().double().numpy()
             bounds = np.cumsum([0] + [len(r) for r in r_ids])
             out += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
@@ -302,8 +356,12 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
     @torch.no_grad()
     def response_logprobs(
-        self, prompts: Sequence[Messages], responses: Sequence[Sequence[int]], use_adapter: bool = True,
-        batch_size: int = 16, temperature: float = 1.0,
+        self,
+        prompts: Sequence[Messages],
+        responses: Sequence[Sequence[int]],
+        use_adapter: bool = True,
+        batch_size: int = 16,
+        temperature: float = 1.0,
     ) -> list[np.ndarray]:
         result: list[np.ndarray] = []
         ctx = contextlib.nullcontext() if use_adapter else self.adapter_disabled()
@@ -339,8 +397,11 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
         self.weights_on_disk = None  # a fresh adapter lives in memory until saved
         cfg = LoraConfig(
-            r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-            target_modules=list(settings.target_modules), task_type="CAUSAL_LM",
+            r=settings.r,
+            lora_alpha=settings.alpha,
+            lora_dropout=settings.dropout,
+            target_modules=list(settings.target_modules),
+            task_type="CAUSAL_LM",
         )
         self.model = get_peft_model(self.model, cfg)
 

@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
-from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
 from outcome_flywheel.models.torch.losses import gspo_loss, sft_loss, weighted_dpo_loss
+from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
 
 LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]]
 
@@ -32,7 +32,11 @@ def adamw(model: torch.nn.Module, learning_rate: float, weight_decay: float = 0.
 
 
 def train(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, loss: LossFn, iterate_batches: Iterable[Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    loss: LossFn,
+    iterate_batches: Iterable[Any],
     max_grad_norm: float = 1.0,
 ) -> TrainStats:
     """One optimiser step per batch, gradients clipped to `max_grad_norm` (norm recorded before
@@ -110,11 +114,15 @@ def optimizer_state(optimizer: torch.optim.AdamW, model: torch.nn.Module) -> dic
             for key in MOMENTS
         )
     if len(steps) > 1:
-        raise ValueError(f"the parameters have taken different numbers of steps {sorted(steps)}: one step count cannot hold them")
+        raise ValueError(
+            f"the parameters have taken different numbers of steps {sorted(steps)}: one step count cannot hold them"
+        )
     return flat_state(moments, steps.pop() if steps else 0)
 
 
-def load_optimizer_state(optimizer: torch.optim.AdamW, model: torch.nn.Module, tensors: Mapping[str, np.ndarray]) -> None:
+def load_optimizer_state(
+    optimizer: torch.optim.AdamW, model: torch.nn.Module, tensors: Mapping[str, np.ndarray]
+) -> None:
     """`optimizer_state`'s tensors into a fresh `adamw(model, lr)` before its first step (its own
     learning rate and other settings stay). ValueError naming the mismatch when the trainable
     parameters differ; nothing is changed then."""
@@ -122,10 +130,14 @@ def load_optimizer_state(optimizer: torch.optim.AdamW, model: torch.nn.Module, t
     step = check_state(tensors, {name: tuple(p.shape) for name, p in params})
     if any(optimizer.state.get(p) for _, p in params):
         raise ValueError("the optimiser has already stepped: load its state into a fresh one")
-    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32  # as torch's AdamW keeps `step`
+    scalar = (
+        torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    )  # as torch's AdamW keeps `step`
     state = {
-        index: {"step": torch.tensor(float(step), dtype=scalar),
-                **{key: torch.tensor(np.asarray(tensors[f"{name}.{key}"])) for key in MOMENTS}}
+        index: {
+            "step": torch.tensor(float(step), dtype=scalar),
+            **{key: torch.tensor(np.asarray(tensors[f"{name}.{key}"])) for key in MOMENTS},
+        }
         for index, (name, _) in enumerate(params)
     }
     # load_state_dict puts the moments on each parameter's device and dtype (and `step` where
@@ -199,8 +211,10 @@ def world() -> tuple[int, int]:
         return dist.get_rank(), dist.get_world_size()
     size = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if size > 1:
-        raise RuntimeError(f"WORLD_SIZE={size} but torch.distributed is not initialised: call "
-                           "outcome_flywheel.models.torch.training.init_from_env() before training")
+        raise RuntimeError(
+            f"WORLD_SIZE={size} but torch.distributed is not initialised: call "
+            "outcome_flywheel.models.torch.training.init_from_env() before training"
+        )
     return 0, 1
 
 
@@ -234,8 +248,11 @@ def crash_if_asked() -> None:
     """The test hook (module docstring): SIGKILL this rank when it is the one named."""
     value = os.environ.get(CRASH_RANK_VARIABLE, "").strip()
     if value and initialised() and int(value) == dist.get_rank():
-        print(f"{CRASH_RANK_VARIABLE}={value}: rank {value} killing itself mid-step (SIGKILL)",
-              file=sys.stderr, flush=True)
+        print(
+            f"{CRASH_RANK_VARIABLE}={value}: rank {value} killing itself mid-step (SIGKILL)",
+            file=sys.stderr,
+            flush=True,
+        )
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -255,8 +272,11 @@ def reduce_gradients(params: Sequence[torch.nn.Parameter]) -> None:
     bucket: list[torch.Tensor] = []
     size = 0
     for p in live:
-        if bucket and (size + p.grad.numel() * p.grad.element_size() > BUCKET_BYTES or p.grad.dtype != bucket[0].dtype
-                       or p.grad.device != bucket[0].device):
+        if bucket and (
+            size + p.grad.numel() * p.grad.element_size() > BUCKET_BYTES
+            or p.grad.dtype != bucket[0].dtype
+            or p.grad.device != bucket[0].device
+        ):
             _all_reduce(bucket)
             bucket, size = [], 0
         bucket.append(p.grad)
@@ -272,8 +292,9 @@ def check_same_weights(params: Sequence[torch.nn.Parameter]) -> None:
         digest = [(float(p.double().sum()), float(p.double().abs().sum())) for p in params]
     every = gather(digest)
     if any(d != every[0] for d in every):
-        raise RuntimeError("data parallel: the ranks' weights differ after training "
-                           "(they did not start from the same policy)")
+        raise RuntimeError(
+            "data parallel: the ranks' weights differ after training (they did not start from the same policy)"
+        )
 
 
 def _all_reduce(grads: list[torch.Tensor]) -> None:
@@ -292,9 +313,11 @@ def _all_reduce(grads: list[torch.Tensor]) -> None:
 # adapter layout, every weight, AdamW's saved moments, the torch generator's state for a fresh
 # adapter's init) and they run the same trainer on their shards; they write nothing and keep nothing.
 
-TRAINERS = {"gspo": ("outcome_flywheel.models.train.gspo", "train_gspo"),
-            "dpo": ("outcome_flywheel.models.train.dpo", "train_weighted_dpo"),
-            "sft": ("outcome_flywheel.models.train.sft", "train_sft")}
+TRAINERS = {
+    "gspo": ("outcome_flywheel.models.train.gspo", "train_gspo"),
+    "dpo": ("outcome_flywheel.models.train.dpo", "train_weighted_dpo"),
+    "sft": ("outcome_flywheel.models.train.sft", "train_sft"),
+}
 
 
 def _control(obj: Any = None) -> Any:
@@ -312,12 +335,16 @@ def _sync_weights(model: torch.nn.Module) -> None:
 def lead(trainer: str, backend: Any, args: tuple) -> None:
     """Rank 0, as a trainer starts: the call and the policy to the other ranks (`follow`)."""
     peft = getattr(backend.model, "peft_config", None)
-    spec = {"model_path": str(backend.model_path), "device": backend.device.type,
-            "dtype": str(backend.dtype).rsplit(".", 1)[-1],
-            "master_weights": bool(getattr(backend, "master_weights", False)),
-            "lora": peft[backend.model.active_adapter].to_dict() if peft else None,
-            # AdamW's saved moments: GSPO resumes them (DPO and SFT start fresh)
-            "moments": backend.optimizer_tensors if trainer == "gspo" else None, "rng": torch.get_rng_state()}
+    spec = {
+        "model_path": str(backend.model_path),
+        "device": backend.device.type,
+        "dtype": str(backend.dtype).rsplit(".", 1)[-1],
+        "master_weights": bool(getattr(backend, "master_weights", False)),
+        "lora": peft[backend.model.active_adapter].to_dict() if peft else None,
+        # AdamW's saved moments: GSPO resumes them (DPO and SFT start fresh)
+        "moments": backend.optimizer_tensors if trainer == "gspo" else None,
+        "rng": torch.get_rng_state(),
+    }
     _control(("train", trainer, spec, args))
     _sync_weights(backend.model)
 
@@ -353,8 +380,19 @@ def follow(policy: Callable[[Mapping], Any]) -> int:
 
 
 FRAMEWORK = Framework(
-    name="torch", seed=seed, inference=inference, to_numpy=to_numpy, as_array=as_array,
-    gspo_loss=gspo_loss, weighted_dpo_loss=weighted_dpo_loss, adamw=adamw, train=train, sft_loss=sft_loss,
-    optimizer_state=optimizer_state, load_optimizer_state=load_optimizer_state, free_memory=free_memory,
-    world=world, gather=gather,
+    name="torch",
+    seed=seed,
+    inference=inference,
+    to_numpy=to_numpy,
+    as_array=as_array,
+    gspo_loss=gspo_loss,
+    weighted_dpo_loss=weighted_dpo_loss,
+    adamw=adamw,
+    train=train,
+    sft_loss=sft_loss,
+    optimizer_state=optimizer_state,
+    load_optimizer_state=load_optimizer_state,
+    free_memory=free_memory,
+    world=world,
+    gather=gather,
 )

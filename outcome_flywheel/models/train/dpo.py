@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from outcome_flywheel.models.train.batching import batch_plan
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
-from outcome_flywheel.models.train.memory import accumulated_steps, part_count, token_limit
 from outcome_flywheel.models.segments import encode_segments
+from outcome_flywheel.models.train.batching import batch_plan
+from outcome_flywheel.models.train.memory import accumulated_steps, part_count, token_limit
 from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
 if TYPE_CHECKING:
@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 REFERENCE_BATCH = 32  # pairs per no-grad reference pass
 
 
-def train_weighted_dpo(backend: ModelBackend, pairs: Sequence["PreferencePair"], config: "WeightedDPOConfig") -> TrainStats:
+def train_weighted_dpo(
+    backend: ModelBackend, pairs: Sequence["PreferencePair"], config: "WeightedDPOConfig"
+) -> TrainStats:
     """LoRA weighted DPO on `backend`; adds a fresh adapter if it has none."""
     rank, world = ranks(backend.framework)  # data parallel under torchrun (shards.py); mlx refuses several
     announce("dpo", backend, pairs, config)  # a step's other ranks join this training (shards.py)
@@ -52,8 +54,13 @@ def train_weighted_dpo(backend: ModelBackend, pairs: Sequence["PreferencePair"],
         logps = backend.sequence_logps(p + p, [chosen_ids[i] for i in idx] + [rejected_ids[i] for i in idx])
         n = len(idx)
         return fw.weighted_dpo_loss(
-            logps[:n], logps[n:], fw.as_array(backend, ref_chosen[idx]), fw.as_array(backend, ref_rejected[idx]),
-            fw.as_array(backend, weights[idx]), config.beta, mean_weight,
+            logps[:n],
+            logps[n:],
+            fw.as_array(backend, ref_chosen[idx]),
+            fw.as_array(backend, ref_rejected[idx]),
+            fw.as_array(backend, weights[idx]),
+            config.beta,
+            mean_weight,
         )
 
     plan = batch_plan(range(len(pairs)), config.batch_size, config.epochs, config.seed, group_by_prompt=False)
@@ -61,9 +68,15 @@ def train_weighted_dpo(backend: ModelBackend, pairs: Sequence["PreferencePair"],
     # the rejected completion; a part's loss is over its own pairs (n_part x mean weight), scaled by
     # n_part / n, so the parts add up to the minibatch's loss.
     limit = token_limit(backend)
-    cost = [2 * (len(prompt_ids[i]) + max(sum(map(len, chosen_ids[i])), sum(map(len, rejected_ids[i])))) for i in range(len(pairs))]
-    steps = (accumulated_steps(plan, cost.__getitem__, lambda i: 1.0, limit) if world == 1
-             else sharded_steps(plan, cost.__getitem__, lambda i: 1.0, limit, rank, world))
+    cost = [
+        2 * (len(prompt_ids[i]) + max(sum(map(len, chosen_ids[i])), sum(map(len, rejected_ids[i]))))
+        for i in range(len(pairs))
+    ]
+    steps = (
+        accumulated_steps(plan, cost.__getitem__, lambda i: 1.0, limit)
+        if world == 1
+        else sharded_steps(plan, cost.__getitem__, lambda i: 1.0, limit, rank, world)
+    )
     optimizer = fw.adamw(backend.model, config.learning_rate)
     stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
     stats.extra.update(micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, processes=world)

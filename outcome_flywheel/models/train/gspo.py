@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
+from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
 from outcome_flywheel.models.train.memory import split_by_tokens, token_limit
 from outcome_flywheel.models.train.shards import announce, gather, ranks, shard
 
@@ -65,25 +65,38 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     # parts whose gradients add up to its own (memory.py)
     limit = token_limit(backend)
     mine = [shard(batch, [tuple(b.prompt_ids) for b in batch], rank, world) for batch in batches]
-    parts_of = [split_by_tokens(own, [len(b.prompt_ids) + len(b.response_ids) for b in own], limit) if own else []
-                for own in mine]
+    parts_of = [
+        split_by_tokens(own, [len(b.prompt_ids) + len(b.response_ids) for b in own], limit) if own else []
+        for own in mine
+    ]
     micros = [part for parts in parts_of for part in parts]
-    recompute = config.old_logprobs == "recompute" or (config.old_logprobs == "auto" and not computes_in_float32(backend))
+    recompute = config.old_logprobs == "recompute" or (
+        config.old_logprobs == "auto" and not computes_in_float32(backend)
+    )
     eps_low, eps_high = config.clip_band()
     if config.objective != "token" and any(not per_sequence_advantage(b) for batch in batches for b in batch):
-        raise ValueError(f"objective {config.objective!r} takes one advantage per note, but some examples have span-scoped "
-                         "token advantages (price / relevance judge the call's line): use objective 'token'")
+        raise ValueError(
+            f"objective {config.objective!r} takes one advantage per note, but some examples have span-scoped "
+            "token advantages (price / relevance judge the call's line): use objective 'token'"
+        )
     # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base).
     with_reference = config.kl_beta > 0 and backend.has_adapter
-    old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(backend, micros, logprobs, recompute, with_reference)
+    old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(
+        backend, micros, logprobs, recompute, with_reference
+    )
     if world > 1:  # the statistics over every rank's examples
         gathered = gather(fw, (behavior_gaps, is_ratios))
         behavior_gaps = [g for gaps, _ in gathered for g in gaps]
         is_ratios = {i: r for _, ratios in gathered for i, r in ratios.items()}
     tis = config.tis_cap is not None and recompute  # with stored pi_old the IS ratio is 1 by construction
-    behavior_by_batch = [
-        fw.as_array(backend, padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch)))
-        for batch in micros] if tis else [None] * len(micros)
+    behavior_by_batch = (
+        [
+            fw.as_array(backend, padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch)))
+            for batch in micros
+        ]
+        if tis
+        else [None] * len(micros)
+    )
     # Dr. GRPO's constant normaliser: every minibatch divides by its sequences x the update's longest response.
     longest = max((len(b.response_ids) for batch in batches for b in batch), default=1)
 
@@ -93,26 +106,56 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         width = max(len(b.response_ids) for b in batch)
         sequence = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
         if config.objective == "token":  # span-scoped parts per token, the whole-note part per sequence
-            return fw.gspo_loss(logp, old_by_batch[index], mask, fw.as_array(backend, padded([b.advantages_row() for b in batch], width)),
-                                eps_low, eps_high, "token", behavior_by_batch[index], config.tis_cap if tis else None,
-                                ref_by_batch[index], config.kl_beta if with_reference else 0.0, float(len(batch) * longest),
-                                sequence, (config.sequence_epsilon_low, config.sequence_epsilon_high))
-        return fw.gspo_loss(logp, old_by_batch[index], mask, sequence, eps_low, eps_high, config.objective,
-                            behavior_by_batch[index], config.tis_cap if tis else None, ref_by_batch[index],
-                            config.kl_beta if with_reference else 0.0)
+            return fw.gspo_loss(
+                logp,
+                old_by_batch[index],
+                mask,
+                fw.as_array(backend, padded([b.advantages_row() for b in batch], width)),
+                eps_low,
+                eps_high,
+                "token",
+                behavior_by_batch[index],
+                config.tis_cap if tis else None,
+                ref_by_batch[index],
+                config.kl_beta if with_reference else 0.0,
+                float(len(batch) * longest),
+                sequence,
+                (config.sequence_epsilon_low, config.sequence_epsilon_high),
+            )
+        return fw.gspo_loss(
+            logp,
+            old_by_batch[index],
+            mask,
+            sequence,
+            eps_low,
+            eps_high,
+            config.objective,
+            behavior_by_batch[index],
+            config.tis_cap if tis else None,
+            ref_by_batch[index],
+            config.kl_beta if with_reference else 0.0,
+        )
 
     stats = TrainStats()
     if batches:
         optimizer = fw.adamw(backend.model, config.learning_rate)
         moments = resume_moments(backend, optimizer)
-        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=indexed_steps(batches, parts_of),
-                         max_grad_norm=config.max_grad_norm)
+        stats = fw.train(
+            backend.model,
+            optimizer,
+            loss=loss,
+            iterate_batches=indexed_steps(batches, parts_of),
+            max_grad_norm=config.max_grad_norm,
+        )
         stats.extra["optimizer_moments"] = moments
         if fw.optimizer_state is not None:  # saved with the checkpoint: the next day continues from them
             backend.optimizer_tensors = fw.optimizer_state(optimizer, backend.model)
     stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
-    stats.extra["kl_reference"] = "base (adapter off)" if with_reference else (
-        "none: kl_beta = 0" if not config.kl_beta else "none: a full fine-tune holds no base model in memory")
+    stats.extra["kl_reference"] = (
+        "base (adapter off)"
+        if with_reference
+        else ("none: kl_beta = 0" if not config.kl_beta else "none: a full fine-tune holds no base model in memory")
+    )
     if behavior_gaps:
         # How far the sampler's stored log-probs sit from the training forward (per-sequence mean).
         stats.extra["behavior_logprob_gap_max"] = float(max(behavior_gaps))
@@ -124,7 +167,9 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     return stats
 
 
-def indexed_steps(batches: Sequence[Sequence[EncodedExample]], parts_of: Sequence[Sequence[Sequence[EncodedExample]]]) -> list:
+def indexed_steps(
+    batches: Sequence[Sequence[EncodedExample]], parts_of: Sequence[Sequence[Sequence[EncodedExample]]]
+) -> list:
     """One optimiser step per minibatch: `(part index, part)` when it is whole, else its parts as an
     `Accumulated` step, each scaled by its share of the minibatch's sequences. A part's loss is the
     minibatch loss's form over its own sequences (means over sequences; the token sums over the
@@ -136,8 +181,12 @@ def indexed_steps(batches: Sequence[Sequence[EncodedExample]], parts_of: Sequenc
         if len(parts) == 1 and len(parts[0]) == len(batch):
             steps.append((index, parts[0]))
         else:
-            steps.append(Accumulated(tuple((index + k, part) for k, part in enumerate(parts)),
-                                     tuple(len(part) / len(batch) for part in parts)))
+            steps.append(
+                Accumulated(
+                    tuple((index + k, part) for k, part in enumerate(parts)),
+                    tuple(len(part) / len(batch) for part in parts),
+                )
+            )
         index += len(parts)
     return steps
 
@@ -162,7 +211,10 @@ def per_sequence_advantage(example: EncodedExample) -> bool:
 
 
 def old_logprobs(
-    backend: ModelBackend, batches: Sequence[Sequence[EncodedExample]], logprobs: LogprobFn, recompute: bool,
+    backend: ModelBackend,
+    batches: Sequence[Sequence[EncodedExample]],
+    logprobs: LogprobFn,
+    recompute: bool,
     reference: bool = False,
 ) -> tuple[list[Any], list[float], dict[int, float], list[Any]]:
     """pi_old of every minibatch, as the framework's arrays, the per-sequence mean gaps between

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from outcome_flywheel.models.train.batching import batch_plan
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
+from outcome_flywheel.models.train.batching import batch_plan
 from outcome_flywheel.models.train.memory import accumulated_steps, part_count, token_limit
 from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
 
 
-def encode_sft(backend: ModelBackend, examples: Sequence["SFTExample"], max_completion_tokens: int) -> tuple[list, list]:
+def encode_sft(
+    backend: ModelBackend, examples: Sequence["SFTExample"], max_completion_tokens: int
+) -> tuple[list, list]:
     """(context ids, completion ids) per example: the chat prompt plus the prefix; the completion
     (cut to `max_completion_tokens`) with the end-of-turn token when `end_turn`."""
     contexts, completions = [], []
@@ -61,8 +63,11 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
     # scaled by its share of the minibatch's, so the parts add up to the minibatch's token mean.
     limit = token_limit(backend)
     cost, share = (lambda i: len(contexts[i]) + len(completions[i])), (lambda i: len(completions[i]))
-    steps = (accumulated_steps(plan, cost, share, limit) if world == 1
-             else sharded_steps(plan, cost, share, limit, rank, world))
+    steps = (
+        accumulated_steps(plan, cost, share, limit)
+        if world == 1
+        else sharded_steps(plan, cost, share, limit, rank, world)
+    )
     optimizer = fw.adamw(backend.model, config.learning_rate)
     stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
     stats.extra.update(micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, processes=world)

@@ -31,8 +31,10 @@ def ranks(framework: Any) -> tuple[int, int]:
         return framework.world()
     size = int(os.environ.get("WORLD_SIZE", "1") or 1)
     if size > 1:
-        raise RuntimeError(f"WORLD_SIZE={size}: {framework.name} trains in one process (it has no torchrun or "
-                           "data-parallel training); launch one process (FLYWHEEL_STEP_PROCESSES=1)")
+        raise RuntimeError(
+            f"WORLD_SIZE={size}: {framework.name} trains in one process (it has no torchrun or "
+            "data-parallel training); launch one process (FLYWHEEL_STEP_PROCESSES=1)"
+        )
     return 0, 1
 
 
@@ -71,8 +73,15 @@ def shard(items: Sequence[Any], keys: Sequence[Hashable], rank: int, world: int)
     return [items[p] for p in sorted(mine)]
 
 
-def sharded_steps(plan: Sequence[Sequence[int]], cost: Callable[[int], int], share: Callable[[int], float],
-                  limit: int | None, rank: int, world: int, key: Callable[[int], Hashable] = lambda i: i) -> list:
+def sharded_steps(
+    plan: Sequence[Sequence[int]],
+    cost: Callable[[int], int],
+    share: Callable[[int], float],
+    limit: int | None,
+    rank: int,
+    world: int,
+    key: Callable[[int], Hashable] = lambda i: i,
+) -> list:
     """`memory.accumulated_steps` for this rank: each minibatch of item indices reduced to its shard, cut
     within `limit` tokens, each part scaled by its `share` over the whole minibatch's (an empty
     `Accumulated` when the rank holds none of it)."""
