@@ -15,14 +15,14 @@ LOCK := requirements.lock
 
 setup: $(STAMP) .dagster/dagster.yaml browser
 
-# Debian's chromium and chromium-driver for the browser test (tests/test_browser.py, `make browser-test`),
+# Debian's chromium and chromium-driver for the browser test (tests/service/test_browser.py, `make browser-test`),
 # installed where apt-get is (as root, or with sudo); elsewhere (macOS) the browser test is skipped.
 APT_SUDO = $$( [ "$$(id -u)" = 0 ] || echo sudo )
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || ! command -v apt-get >/dev/null || { \
 	  $(APT_SUDO) apt-get install -y -q chromium chromium-driver >/dev/null || { \
 	    $(APT_SUDO) apt-get update -q >/dev/null && $(APT_SUDO) apt-get install -y -q chromium chromium-driver >/dev/null; } || \
-	  echo "setup: could not install chromium and chromium-driver with apt-get: tests/test_browser.py will fail until they are" >&2; }
+	  echo "setup: could not install chromium and chromium-driver with apt-get: tests/service/test_browser.py will fail until they are" >&2; }
 
 # torch first, chosen per machine, so the project's own `torch>=2.4` is already met and pip
 # never swaps in the registry's default build (several GB of CUDA wheels) on a CPU-only box.

@@ -4,7 +4,7 @@ Every table asset writes Parquet files with a DuckDB view of the same name (`war
 `table_metadata(table, columns)` gives its `dagster/column_schema` (a column per name of the
 method's column constant, in that order, typed and described here or, for most daily_rl tables,
 beside the constant in the module that writes the table) and `dagster/table_name`.
-`tests/test_defs.py` checks that every column of every table has a description here.
+`tests/pipelines/test_defs.py` checks that every column of every table has a description here.
 """
 
 from __future__ import annotations

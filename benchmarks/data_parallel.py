@@ -1,6 +1,6 @@
 """Data-parallel training, 1 process against N (torchrun, gloo on CPU / NCCL on CUDA): the wall time of
 GSPO, weighted DPO and SFT on tiny-local (or --model), the same data and minibatches in each, and the
-final losses (which agree within fp32 rounding, tests/test_data_parallel.py).
+final losses (which agree within fp32 rounding, tests/models/train/test_data_parallel.py).
 
     python -m benchmarks.data_parallel [--processes 2] [--examples 48] [--model PATH] [--device cpu]
 

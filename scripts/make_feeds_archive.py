@@ -330,7 +330,7 @@ def build(out: Path = OUT, first_day: date = FIRST_DAY, days: int = DAYS, seed: 
         "  follow-up says the market is closed and states the last session's real move with that session named:\n"
         '  "Markets closed Saturday; AAPL shares last rose 1.3% in the 2025-11-21 session".\n\n'
         '(The fresh headline template "... cuts outlook, shares slide after hours" is part of the fictional events; it\n'
-        "is not a close-to-close statement and follow-ups do not repeat it.) `tests/test_feeds_archive.py` checks\n"
+        "is not a close-to-close statement and follow-ups do not repeat it.) `tests/daily_rl/feeds/test_feeds_archive.py` checks\n"
         "every readable move statement against the prices.\n\n"
         "Some files and entries are broken on purpose (truncated XML, an HTML error page, entries without title or\n"
         "date, absurd dates, duplicates, yesterday's items) to exercise the quarantine.\n",

@@ -19,7 +19,8 @@ SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "production: the production shape on real servers (make up / make down, tests/test_production.py)"
+        "markers",
+        "production: the production shape on real servers (make up / make down, tests/deploy/test_production.py)",
     )
     config.addinivalue_line(
         "markers", "slow: a real-model loop of minutes; `make test-slow` runs them, CI's second stage (.ci/run)"

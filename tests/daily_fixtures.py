@@ -29,6 +29,6 @@ def daily_resources(root: Path, max_headlines: int = 3, prices_file: str = str(B
         feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
         judge=Judge(),
         market_data=MarketData(data_dir=str(root), prices_file=prices_file),
-        # the step's code over Pipes in the test's process: fast; tests/test_pipes_steps.py runs the subprocess
+        # the step's code over Pipes in the test's process: fast; tests/pipelines/test_pipes_steps.py runs the subprocess
         step_runner=StepRunnerResource(runner="in_process"),
     )

@@ -9,7 +9,7 @@ and the logits themselves are made from the final hidden states a chunk of token
 checkpointing), so autograd keeps only the hidden states, `[N, H]`, never `[N, V]`.
 
 `plain_token_logprobs` is the textbook computation, kept as the reference the tests compare with
-(tests/test_selective_logprobs.py) and the "before" of `benchmarks/logprob_memory.py`.
+(tests/models/test_selective_logprobs.py) and the "before" of `benchmarks/logprob_memory.py`.
 """
 
 from __future__ import annotations

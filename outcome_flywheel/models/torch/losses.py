@@ -1,5 +1,5 @@
 """The trainers' losses in PyTorch; `mlx/losses.py` is their mirror, formula for formula (parity
-tests: tests/test_models_parity.py). Formulas and references: `gspo_config.py`, `dpo_config.py`."""
+tests: tests/models/test_models_parity.py). Formulas and references: `gspo_config.py`, `dpo_config.py`."""
 
 from __future__ import annotations
 

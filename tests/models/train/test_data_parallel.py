@@ -1,0 +1,439 @@
+"""Data-parallel training under torchrun (`models/torch/training.py`, `models/train/shards.py`): GSPO
+(the token objective with its whole-note part), weighted DPO and SFT in 2 processes (gloo, CPU) take
+the same step as in 1 process on the same minibatch: the same loss, gradient and weights, within what
+fp32 rounding allows between two batch shapes of one forward (the bounds of tests/models/train/test_micro_batches.py,
+tests/tolerances.py; the all-reduce only reorders one more sum).
+
+Each rank's shard is checked directly (the examples each rank's gradient passes saw: disjoint, together
+the minibatch, a GSPO prompt group on one rank), and `FLYWHEEL_DEBUG_WRONG_SHARD=0` (both ranks train
+rank 0's shard) must fail the equality: the bounds are tight enough to see it. Rank 1 writes nothing
+(`TorchBackend.save` is called on every rank; only rank 0's folder appears), and a rank killed mid-step
+(`FLYWHEEL_TRAIN_CRASH_RANK=1`) fails the run with a nonzero exit and the reason, publishing nothing.
+
+This file is also the worker torchrun starts: `python -m tests.models.train.test_data_parallel OUT MODEL TRAINERS`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests import PROJECT_ROOT
+
+TRAINERS = ("gspo", "dpo", "sft", "gspo_full")  # gspo_full: every weight trains (lora=None, fp32 master weights)
+
+
+def gspo_full_case(backend):
+    """tests/test_micro_batches.gspo_case with a full fine-tune (every weight trains, no adapter)."""
+    from outcome_flywheel.models.train.gspo import train_gspo
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
+    from tests.models.train.test_micro_batches import ADVANTAGES, gspo_case
+
+    prompts, responses, weights, _ = gspo_case(backend)
+    behaviour = backend.response_logprobs(prompts, responses)
+    examples = [
+        GSPOExample(p, r, [float(x) for x in b], a, token_advantages=[0.5 * a] * len(r))
+        for p, r, b, a in zip(prompts, responses, behaviour, ADVANTAGES)
+    ]
+    config = GSPOConfig(batch_size=6, epochs=1, temperature=1.0, lora=None)
+    return prompts, responses, weights, lambda be: train_gspo(be, examples, config)
+
+
+def cases():
+    from tests.models.train.test_micro_batches import dpo_case, gspo_case, sft_case
+
+    return {"gspo": gspo_case, "dpo": dpo_case, "sft": sft_case, "gspo_full": gspo_full_case}
+
+
+def row_key(row) -> str:
+    """A response (token ids) or a completion's segments (lists of ids) as a string."""
+    if row and isinstance(row[0], (list, tuple)):
+        return repr([list(map(int, s)) for s in row])
+    return repr(list(map(int, row)))
+
+
+def spy(backend, seen: list) -> None:
+    """Record the rows each gradient-carrying forward of the trainer took (the rank's shard): GSPO's and
+    SFT's responses, DPO's rejected completions (the second half of its one forward over both)."""
+    import torch
+
+    for name in ("batch_logprobs", "sequence_logps"):
+        original = getattr(backend, name)
+
+        def wrapped(prompts, rows, *args, _original=original, _name=name, **kwargs):
+            if torch.is_grad_enabled():
+                seen.extend(row_key(r) for r in (rows[len(rows) // 2 :] if _name == "sequence_logps" else rows))
+            return _original(prompts, rows, *args, **kwargs)
+
+        setattr(backend, name, wrapped)
+
+
+def example_keys(trainer: str, backend, responses) -> list[str]:
+    """Each example's key as `spy` records it (DPO: the pairs of tests/test_micro_batches.dpo_case)."""
+    if trainer != "dpo":  # GSPO's responses, SFT's completions
+        return [row_key(r) for r in responses]
+    from outcome_flywheel.models.segments import encode_segments
+    from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
+    from tests.mlx_fixtures import RESPONSES
+
+    unit = WeightedDPOConfig().completion_unit
+    rejected = [RESPONSES[(i + 1) % 3] + " now" * i for i in range(4)]
+    return [row_key(encode_segments(backend.encode_response, text, unit)) for text in rejected]
+
+
+def train_one(trainer: str, model_dir: Path, out: Path) -> dict:
+    """One optimiser step of `trainer` on the fixed case, in this process's data-parallel group; every
+    rank's figures, what each rank's forwards saw and its weights' digest; rank 0 keeps grads and weights."""
+    import torch
+
+    from outcome_flywheel.models.loader import load_backend
+    from outcome_flywheel.models.torch import training as distributed
+
+    rank, world = distributed.world()
+    backend = load_backend("torch", model_dir, device="cpu")
+    prompts, responses, weights, train = cases()[trainer](backend)
+    if os.environ.get("DP_TEST_PERTURB_RANK") == str(rank):  # a rank whose copy of the policy is off
+        import torch
+
+        with torch.no_grad():
+            next(backend.model.parameters()).view(-1)[0] += 1e-3
+    seen: list = []
+    spy(backend, seen)
+    backend.framework.seed(1)
+    stats = train(backend)
+    params = dict(backend.model.named_parameters())
+    trainable = {k: p for k, p in params.items() if p.requires_grad}
+    grads = {k: p.grad.detach().double().numpy() for k, p in trainable.items() if p.grad is not None}
+    weights_now = {k: p.detach().double().numpy() for k, p in trainable.items()}
+    digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in trainable.values())).hexdigest()
+    backend.save(out / "checkpoint" / trainer / f"rank{rank}")  # only rank 0 writes
+    every = distributed.gather({"seen": seen, "digest": digest})
+    rows = example_keys(trainer, backend, responses)
+    result = {
+        "losses": stats.losses,
+        "grad_norms": stats.grad_norms,
+        "steps": stats.steps,
+        "metrics": {
+            k: v
+            for k, v in stats.extra.items()
+            if isinstance(v, list) and v and isinstance(v[0], float) and k != "is_ratio_by_example"
+        },
+        "seen": [sorted({rows.index(s) for s in e["seen"] if s in rows}) for e in every],
+        "digests": [e["digest"] for e in every],
+        "world": world,
+    }
+    if rank == 0:
+        np.savez(
+            out / f"{trainer}-w{world}.npz",
+            **{f"g:{k}": v for k, v in grads.items()},
+            **{f"w:{k}": v for k, v in weights_now.items()},
+        )
+    return result
+
+
+def led_sft(model_dir: Path, lead: bool) -> float:
+    """SFT on a policy that already carries a trained-looking adapter, as a step's rank 0 runs it; with
+    `lead`, the other ranks join through `training.follow` (the step's way, steps/entry.py). Its loss."""
+    import torch
+
+    from outcome_flywheel.models.interface import LoraSettings
+    from outcome_flywheel.models.loader import load_backend
+    from outcome_flywheel.models.torch import training as dp
+    from outcome_flywheel.models.train.shards import LEADERS
+
+    backend = load_backend("torch", model_dir, device="cpu")
+    backend.framework.seed(5)
+    backend.add_lora(LoraSettings(r=4, alpha=8))
+    with torch.no_grad():  # B = 0 at init: give the adapter weights of its own
+        for name, p in backend.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(len(name)))
+    _, _, _, train = cases()["sft"](backend)
+    LEADERS.extend([dp.lead] if lead else [])
+    try:
+        return train(backend).losses[0]
+    finally:
+        LEADERS.clear()
+
+
+def worker(out: Path, model_dir: Path, trainers: list[str]) -> None:
+    """torchrun's entry: every trainer in turn; rank 0 publishes the results once all trained."""
+    from outcome_flywheel.models.torch import training as distributed
+
+    rank, world = distributed.init_from_env("cpu")
+    if trainers == ["follow"]:  # rank 0 leads an SFT on its adapter-bearing policy, the others follow
+        if rank == 0:
+            loss = led_sft(model_dir, lead=True)
+            distributed.finish()
+            (out / "follow.json").write_text(json.dumps({"loss": loss}))
+        else:
+            from outcome_flywheel.steps.entry import _policy
+
+            assert distributed.follow(_policy) == 1
+        return
+    results = {t: train_one(t, model_dir, out) for t in trainers}
+    if rank == 0:
+        (out / f"results-w{world}.json").write_text(json.dumps(results))
+
+
+def torchrun(out: Path, model_dir: Path, trainers, **env) -> subprocess.CompletedProcess:
+    run = Path(sys.executable).with_name("torchrun")
+    command = [str(run)] if run.exists() else [sys.executable, "-m", "torch.distributed.run"]
+    environ = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_TRAIN_MEMORY_GIB"}
+    environ.update(OMP_NUM_THREADS="1", **env)
+    return subprocess.run(
+        command
+        + [
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "tests.models.train.test_data_parallel",
+            str(out),
+            str(model_dir),
+            ",".join(trainers),
+        ],
+        cwd=PROJECT_ROOT,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def one_process(out: Path, model_dir: Path, trainers, monkeypatch) -> dict:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("FLYWHEEL_TRAIN_MEMORY_GIB", raising=False)
+    return {t: train_one(t, model_dir, out) for t in trainers}
+
+
+def bounds_of(trainer: str, model_dir: Path) -> tuple[float, float]:
+    """(loss, gradient) bounds of two fp32 evaluations of the case's step (tests/models/train/test_micro_batches.py)."""
+    from outcome_flywheel.models.loader import load_backend
+    from tests.models.train.test_micro_batches import bounds
+
+    backend = load_backend("torch", model_dir, device="cpu")
+    prompts, responses, weights, _ = cases()[trainer](backend)
+    if trainer != "gspo_full":
+        from outcome_flywheel.models.interface import LoraSettings
+
+        backend.framework.seed(1)
+        backend.add_lora(LoraSettings())
+    return bounds(backend, prompts, responses, weights)
+
+
+def weight_bound(g: np.ndarray, w: np.ndarray, grad_bound: float, lr: float) -> np.ndarray:
+    """Per weight, how far one AdamW step (its first: u = lr g / (|g| + eps), g the clipped gradient)
+    moves between two gradients within `grad_bound` of each other (a clip by factors within it of each
+    other at most doubles that): |du/dg| = lr eps / (|g| + eps)^2 over the interval, never above 2 lr,
+    plus the rounding of w + u."""
+    eps, d = 1e-8, 2.0 * grad_bound
+    near = np.maximum(np.abs(g) - d, 0.0)
+    return np.minimum(lr * eps * d / (near + eps) ** 2, 2.0 * lr) + 4 * 2.0**-24 * (np.abs(w) + lr)
+
+
+def compare(trainer: str, one: dict, two: dict, out: Path, loss_bound: float, grad_bound: float) -> list[str]:
+    """What differs between the 1- and 2-process steps beyond the bounds (empty: the same update)."""
+    problems = []
+    if abs(one["losses"][0] - two["losses"][0]) > loss_bound:
+        problems.append(f"loss {one['losses']} vs {two['losses']} (bound {loss_bound:.3g})")
+    if abs(one["grad_norms"][0] - two["grad_norms"][0]) > grad_bound:
+        problems.append(f"grad norm {one['grad_norms']} vs {two['grad_norms']} (bound {grad_bound:.3g})")
+    a, b = np.load(out / f"{trainer}-w1.npz"), np.load(out / f"{trainer}-w2.npz")
+    grads = [k for k in a.files if k.startswith("g:")]
+    diff = math.sqrt(sum(float(((a[k] - b[k]) ** 2).sum()) for k in grads))
+    if set(grads) != {k for k in b.files if k.startswith("g:")} or diff > 2 * grad_bound:
+        problems.append(f"gradients differ by {diff:.3g} (bound {2 * grad_bound:.3g})")
+    for k in (k for k in a.files if k.startswith("w:")):
+        bound = weight_bound(a["g:" + k[2:]], a[k], grad_bound, learning_rate(trainer))
+        if np.any(np.abs(a[k] - b[k]) > bound):
+            problems.append(f"weights {k[2:]} differ by {float(np.abs(a[k] - b[k]).max()):.3g}")
+            break
+    # metrics that are means over sequences or pairs (the shares the ranks' parts are weighted by): a
+    # log-prob of tiny-local is within ~1e-5 of another fp32 evaluation (tests/tolerances.py); a wrong
+    # shard moves these by ~1e-2 or more (not rewards_accuracy: a step function of margins that start at 0)
+    for name in ("mean_logp", "rewards_margin", "rewards_chosen", "rewards_rejected"):
+        if name in one["metrics"] and abs(one["metrics"][name][0] - two["metrics"][name][0]) > 1e-4:
+            problems.append(f"{name} {one['metrics'][name]} vs {two['metrics'][name]}")
+    return problems
+
+
+def learning_rate(trainer: str) -> float:
+    """The case's AdamW learning rate (tests/models/train/test_micro_batches.py's cases take the configs' defaults)."""
+    from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig
+    from outcome_flywheel.models.train.sft_config import SFTConfig
+
+    configs = {"gspo": GSPOConfig, "dpo": WeightedDPOConfig, "sft": SFTConfig, "gspo_full": GSPOConfig}
+    return configs[trainer]().learning_rate
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, tmp_path_factory):
+    """The 2-process run of all three trainers (torchrun, gloo) and the 1-process reference."""
+    out = tmp_path_factory.mktemp("dp")
+    done = torchrun(out, tiny_model_dir, TRAINERS)
+    assert done.returncode == 0, done.stderr[-4000:]
+    mp = pytest.MonkeyPatch()
+    try:
+        one = one_process(out, tiny_model_dir, TRAINERS, mp)
+    finally:
+        mp.undo()
+    two = json.loads((out / "results-w2.json").read_text())
+    return out, one, two
+
+
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_two_processes_take_the_one_process_step(runs, tiny_model_dir, trainer):
+    out, one, two = runs
+    one, two = one[trainer], two[trainer]
+    assert two["world"] == 2 and one["world"] == 1 and one["steps"] == two["steps"] == 1
+    loss_bound, grad_bound = bounds_of(trainer, tiny_model_dir)
+    assert compare(trainer, one, two, out, loss_bound, grad_bound) == []
+    # both ranks hold the same weights after the step
+    assert len(set(two["digests"])) == 1
+    # the shards: disjoint, together every example, uneven where the groups are
+    seen = two["seen"]
+    assert not set(seen[0]) & set(seen[1]) and sorted(seen[0] + seen[1]) == list(range(len(one["seen"][0])))
+    assert sorted(map(len, seen)) == {"gspo": [2, 4], "dpo": [2, 2], "sft": [2, 3], "gspo_full": [2, 4]}[trainer]
+    if trainer.startswith("gspo"):  # a prompt group (example i and i + 3 share PROMPTS[i % 3]) stays on one rank
+        assert all((i in s) == (i + 3 in s) for s in seen for i in range(3))
+    # rank 0 alone wrote its checkpoint
+    assert (out / "checkpoint" / trainer / "rank0").is_dir() and not (out / "checkpoint" / trainer / "rank1").exists()
+
+
+@pytest.fixture(scope="module")
+def micro_runs(runs, tiny_model_dir, tmp_path_factory):
+    """The 2-process run again, each rank's shard in micro-batches of one sequence (memory.py)."""
+    out = tmp_path_factory.mktemp("dp-micro")
+    done = torchrun(out, tiny_model_dir, TRAINERS[:3], FLYWHEEL_TRAIN_MEMORY_GIB="1e-6")
+    assert done.returncode == 0, done.stderr[-4000:]
+    for trainer in TRAINERS[:3]:
+        (out / f"{trainer}-w1.npz").write_bytes((runs[0] / f"{trainer}-w1.npz").read_bytes())
+    return out, runs[1], json.loads((out / "results-w2.json").read_text())
+
+
+@pytest.mark.parametrize("trainer", TRAINERS[:3])
+def test_micro_batches_on_two_processes_take_the_one_process_step(micro_runs, tiny_model_dir, trainer):
+    out, one, two = micro_runs
+    loss_bound, grad_bound = bounds_of(trainer, tiny_model_dir)
+    assert compare(trainer, one[trainer], two[trainer], out, loss_bound, grad_bound) == []
+    assert len(set(two[trainer]["digests"])) == 1
+
+
+def test_a_wrong_shard_fails_the_equality(runs, tiny_model_dir, tmp_path):
+    """Both ranks on rank 0's shard (FLYWHEEL_DEBUG_WRONG_SHARD=0): the same checks must see it."""
+    out, one, _ = runs
+    done = torchrun(tmp_path, tiny_model_dir, ["dpo"], FLYWHEEL_DEBUG_WRONG_SHARD="0")
+    assert done.returncode == 0, done.stderr[-4000:]
+    wrong = json.loads((tmp_path / "results-w2.json").read_text())["dpo"]
+    assert wrong["seen"][0] == wrong["seen"][1] == runs[2]["dpo"]["seen"][0]
+    (tmp_path / "dpo-w1.npz").write_bytes((out / "dpo-w1.npz").read_bytes())
+    loss_bound, grad_bound = bounds_of("dpo", tiny_model_dir)
+    problems = compare("dpo", one["dpo"], wrong, tmp_path, loss_bound, grad_bound)
+    assert any(p.startswith("loss") for p in problems) and any(p.startswith("gradients") for p in problems), problems
+
+
+def test_a_rank_killed_mid_step_fails_the_run_and_publishes_nothing(tiny_model_dir, tmp_path):
+    done = torchrun(tmp_path, tiny_model_dir, ["sft"], FLYWHEEL_TRAIN_CRASH_RANK="1")
+    assert done.returncode != 0
+    assert "FLYWHEEL_TRAIN_CRASH_RANK=1: rank 1 killing itself mid-step" in done.stderr
+    assert "SIGKILL" in done.stderr or "exitcode" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "results-w2.json").exists() and not (tmp_path / "checkpoint").exists()
+
+
+def test_followers_mirror_an_adapter_bearing_policy(tiny_model_dir, tmp_path, monkeypatch):
+    """A step's rank 1 joins rank 0's trainer on a copy of its policy (base, adapter layout and weights):
+    the weights agree on both ranks after training (else `check_same_weights` fails the run) and the loss
+    is the one-process loss."""
+    done = torchrun(tmp_path, tiny_model_dir, ["follow"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("FLYWHEEL_TRAIN_MEMORY_GIB", raising=False)
+    one = led_sft(tiny_model_dir, lead=False)
+    loss_bound, _ = bounds_of("sft", tiny_model_dir)
+    assert abs(json.loads((tmp_path / "follow.json").read_text())["loss"] - one) <= loss_bound
+
+
+def test_ranks_that_start_from_different_weights_fail_the_run(tiny_model_dir, tmp_path):
+    done = torchrun(tmp_path, tiny_model_dir, ["sft"], DP_TEST_PERTURB_RANK="1")
+    assert done.returncode != 0 and "the ranks' weights differ after training" in done.stderr, done.stderr[-3000:]
+    assert not (tmp_path / "results-w2.json").exists()
+
+
+def test_mlx_refuses_several_processes(monkeypatch):
+    from outcome_flywheel.models.interface import Framework
+    from outcome_flywheel.models.train.shards import ranks
+
+    fw = Framework(
+        name="mlx",
+        seed=None,
+        inference=None,
+        to_numpy=None,
+        as_array=None,
+        gspo_loss=None,
+        weighted_dpo_loss=None,
+        adamw=None,
+        train=None,
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="WORLD_SIZE=2: mlx trains in one process"):
+        ranks(fw)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert ranks(fw) == (0, 1)
+
+
+def test_shards_keep_groups_and_cover_the_minibatch():
+    from outcome_flywheel.models.train.shards import shard
+
+    items, keys = list(range(7)), ["a", "b", "a", "c", "c", "c", "d"]
+    parts = [shard(items, keys, r, 2) for r in range(2)]
+    assert parts == [[0, 2, 6], [1, 3, 4, 5]] and shard(items, keys, 0, 1) == items
+    assert [shard(list(range(5)), range(5), r, 2) for r in range(2)] == [[0, 2, 4], [1, 3]]  # DistributedSampler's
+
+
+def test_a_dagster_daily_update_under_torchrun_trains_on_two_processes(tmp_path, tiny_model_dir, monkeypatch):
+    """The daily_update step launched as 2 processes (FLYWHEEL_STEP_LAUNCHER=torchrun, PROCESSES=2): rank 0
+    runs the day and reports through Pipes, rank 1 joins its GSPO training (steps/entry.py)."""
+    import dagster as dg
+
+    from assets.daily_rl.daily_update import daily_update
+    from assets.daily_rl.headlines import headlines
+    from resources.steps import StepRunnerResource
+    from tests.daily_fixtures import daily_resources, linked_data_dir
+    from tests.pipelines.test_pipes_steps import DAYS, SMALL, _latest, _logs
+
+    root = linked_data_dir(tmp_path, tiny_model_dir)
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(root))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("FLYWHEEL_TRAIN_MEMORY_GIB", raising=False)
+    runner = StepRunnerResource(runner="subprocess", launcher="torchrun", processes=2)
+    res = {**daily_resources(root, max_headlines=2), "step_runner": runner}
+    instance = dg.DagsterInstance.ephemeral()
+    for day in DAYS:
+        result = dg.materialize(
+            [headlines, daily_update],
+            partition_key=day,
+            resources=res,
+            run_config=SMALL,
+            instance=instance,
+            raise_on_error=False,
+        )
+        assert result.success, _logs(instance, result)[-4000:]
+    logs = _logs(instance, result)
+    assert "data parallel: 2 processes trained gspo" in logs, logs[-4000:]
+    assert _latest(root) == DAYS[1]
+
+
+if __name__ == "__main__":
+    worker(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split(","))

@@ -1,0 +1,474 @@
+"""Heavy steps as Dagster Pipes processes (resources/steps.py, docs/pipes.md): a real subprocess
+reports logs, metadata and checks through Pipes; a training killed with SIGKILL fails the step with
+its stderr and leaves `latest` where it was, and a re-run succeeds; each launcher's command line
+(python, accelerate, torchrun) starts a step that reaches Dagster; the Kubernetes pod the k8s
+runner would send (no cluster here: the pod spec is built and checked, never submitted)."""
+
+import json
+import os
+import sys
+
+import dagster as dg
+import pytest
+from dagster_pipes import (
+    DAGSTER_PIPES_CONTEXT_ENV_VAR,
+    DAGSTER_PIPES_MESSAGES_ENV_VAR,
+    PipesDefaultContextLoader,
+    decode_param,
+)
+
+from assets.daily_rl.daily_update import daily_update
+from assets.daily_rl.headlines import headlines
+from assets.preferences.adapter import HISTORY_TABLE, preference_adapter
+from assets.preferences.dataset import dpo_dataset
+from assets.preferences.decisions import operator_decisions
+from assets.preferences.outcomes import decision_outcomes
+from outcome_flywheel.market_data import MarketData
+from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
+from outcome_flywheel.settings import PROJECT_ROOT, SettingsError
+from outcome_flywheel.steps.codec import StepPayloadError, from_payload, to_payload
+from outcome_flywheel.steps.entry import CRASH_VARIABLE
+from outcome_flywheel.steps.launch import StepLaunch, passthrough_env
+from resources.steps import GPU_RESOURCE, StepRunnerResource, check_fields, exit_status
+from tests.daily_fixtures import daily_resources, linked_data_dir
+
+DAYS = ["2025-11-03", "2025-11-04"]
+SMALL = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 2, "max_new_tokens": 24, "batch_size": 8}}}}
+SUBPROCESS = StepRunnerResource(runner="subprocess")
+
+
+def _logs(instance, result) -> str:
+    return "\n".join(entry.user_message for entry in instance.all_logs(result.run_id))
+
+
+def _failure(result) -> str:
+    failure = [e for e in result.all_events if e.is_step_failure][0]
+    return failure.step_failure_data.error.message + str(failure.step_failure_data.user_failure_data)
+
+
+def _latest(root) -> str | None:
+    link = root / "checkpoints" / "policy" / "latest"
+    return link.resolve().name if link.is_symlink() else None
+
+
+# -- daily_update in a real subprocess ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def daily(tmp_path_factory, tiny_model_dir):
+    """DAYS[0] through the subprocess runner; DAYS[1]'s training is then killed, then re-run."""
+    root = linked_data_dir(tmp_path_factory.mktemp("pipes"), tiny_model_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLYWHEEL_DATA_DIR", str(root))
+        mp.setenv("OMP_NUM_THREADS", "1")  # the step process's torch threads on the shared CPU
+        res = {**daily_resources(root, max_headlines=2), "step_runner": SUBPROCESS}
+        instance = dg.DagsterInstance.ephemeral()
+        runs = {
+            "first": dg.materialize(
+                [headlines, daily_update], partition_key=DAYS[0], resources=res, run_config=SMALL, instance=instance
+            )
+        }
+        runs["latest_after_first"] = _latest(root)
+        mp.setenv(CRASH_VARIABLE, "train")
+        runs["killed"] = dg.materialize(
+            [headlines, daily_update],
+            partition_key=DAYS[1],
+            resources=res,
+            run_config=SMALL,
+            instance=instance,
+            raise_on_error=False,
+        )
+        runs["latest_after_kill"] = _latest(root)
+        runs["day_published_after_kill"] = (root / "checkpoints" / "policy" / DAYS[1]).exists()
+        mp.delenv(CRASH_VARIABLE)
+        runs["rerun"] = dg.materialize(
+            [daily_update], partition_key=DAYS[1], resources=res, run_config=SMALL, instance=instance
+        )
+        yield root, res, instance, runs
+
+
+def test_a_subprocess_step_reports_logs_metadata_and_checks_through_pipes(daily):
+    root, res, instance, runs = daily
+    result = runs["first"]
+    assert result.success
+    logs = _logs(instance, result)
+    # the step's own log line, written in another process and carried back by Pipes
+    line = next(entry for entry in logs.splitlines() if entry.startswith(f"daily_update {DAYS[0]}: tiny-local"))
+    assert int(line.rsplit("process ", 1)[1]) != os.getpid()
+    assert "[pipes] external process successfully opened dagster pipes" in logs
+    meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
+    assert set(meta) >= {"headlines", "rollout_scores", "policy_checkpoint", "rollouts"}
+    assert meta["rollouts"]["dagster/row_count"].value == 4 and meta["rollouts"]["rollouts_per_headline"].value == 2
+    assert meta["policy_checkpoint"]["kind"].value == "base"
+    assert meta["policy_checkpoint"]["path"].value == str(root / "checkpoints" / "policy" / DAYS[0])
+    assert meta["rollouts"]["example"].value.startswith("```")  # markdown kept its type through Pipes
+    checks = {
+        (c.asset_key.to_user_string(), c.check_name): c
+        for c in result.get_asset_check_evaluations()
+        if c.asset_key.to_user_string() != "headlines"
+    }
+    assert len(checks) == 5 and all(c.passed for c in checks.values())
+    assert checks[("rollouts", "generated_by_own_checkpoint")].metadata["version_matches"].value is True
+    assert runs["latest_after_first"] == DAYS[0]
+
+
+def test_a_killed_training_fails_the_step_with_its_stderr_and_latest_stays(daily):
+    root, res, instance, runs = daily
+    result = runs["killed"]
+    assert not result.success
+    message = _failure(result)
+    assert "step daily_update was killed by SIGKILL" in message
+    assert f"{CRASH_VARIABLE}=train: training started; SIGKILL" in message  # the stderr tail
+    assert runs["latest_after_kill"] == DAYS[0]
+    assert f"{CRASH_VARIABLE}=train: training started, killing" in _logs(instance, result)  # its last Pipes log line
+    assert not runs["day_published_after_kill"]  # the day's checkpoint folder was never published
+    assert not any(
+        e.asset_key.to_user_string() == "policy_checkpoint" for e in result.get_asset_materialization_events()
+    )
+
+
+def test_the_re_run_after_a_kill_succeeds_and_moves_latest(daily):
+    root, res, instance, runs = daily
+    result = runs["rerun"]
+    assert result.success
+    assert _latest(root) == DAYS[1]
+    meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
+    assert meta["policy_checkpoint"]["trained"].value is True and meta["policy_checkpoint"]["steps"].value >= 1
+    assert meta["rollout_scores"]["dagster/row_count"].value == 4
+    assert all(c.passed for c in result.get_asset_check_evaluations() if c.check_name != "update_accepted_by_gate")
+
+
+def test_an_error_in_the_step_process_fails_the_step_with_its_message_and_traceback(daily):
+    root, res, instance, runs = daily
+    missing = {
+        "ops": {
+            "daily_update": {
+                "config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-20"}
+            }
+        }
+    }
+    result = dg.materialize(
+        [daily_update],
+        partition_key=DAYS[1],
+        resources=res,
+        run_config=missing,
+        instance=instance,
+        raise_on_error=False,
+    )
+    assert not result.success
+    message = _failure(result)
+    assert "step daily_update exited with status 1: DailyUpdateError:" in message and "2025-11-20" in message
+    assert "Traceback (most recent call last)" in message  # the stderr tail
+    assert _latest(root) == DAYS[1]
+
+
+# -- preference_adapter: the killed DPO training ----------------------------------------------
+
+
+def test_a_killed_dpo_training_is_recorded_and_latest_stays(tmp_path, warehouse, model_backend, data_dir, monkeypatch):
+    from tests.preferences.test_flywheel_assets import FIRST, LAST, RANGE
+
+    records = []
+    for line in BUNDLED_AUDIT_LOG.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # the bundled log holds a few broken lines on purpose
+            continue
+    log = tmp_path / "audit.jsonl"
+    log.write_text(
+        "".join(json.dumps(r) + "\n" for r in records if isinstance(r.get("ts"), str) and FIRST <= r["ts"][:10] <= LAST)
+    )
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the step process's torch threads on the shared CPU
+    res = {
+        "warehouse": warehouse,
+        "model_backend": model_backend,
+        "audit_log": AuditLog(path=str(log)),
+        "market_data": MarketData(data_dir=str(data_dir)),
+        "step_runner": SUBPROCESS,
+    }
+    assert dg.materialize([operator_decisions, decision_outcomes], resources=res, tags=RANGE).success
+    assert dg.materialize([dpo_dataset], resources=res).success
+    pool = warehouse.read("dpo_dataset")
+    backups = warehouse.store.folder / "backups_dpo_dataset"
+    cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}
+    monkeypatch.setenv(CRASH_VARIABLE, "train")
+    killed = dg.materialize([preference_adapter], resources=res, run_config=cfg, raise_on_error=False)
+    assert not killed.success and "step preference_adapter was killed by SIGKILL" in _failure(killed)
+    adapters = warehouse.path("adapters", "preference")
+    assert not (adapters / "latest").exists()
+    assert not list(adapters.glob(".staging-*")) if adapters.exists() else True
+    hist = warehouse.read_all(HISTORY_TABLE)
+    assert hist["status"].tolist() == ["failed"] and "killed by SIGKILL" in hist["error"][0]
+    # The step was killed inside its pool backup: the asset wrote the pool back from the copy and
+    # removed it (it stayed for good before), folder and all.
+    assert "dpo_dataset restored from backups_dpo_dataset run=" in hist["error"][0]
+    assert warehouse.partitions("backups_dpo_dataset") == [] and not backups.exists()
+    assert warehouse.read("dpo_dataset").equals(pool)
+    monkeypatch.delenv(CRASH_VARIABLE)
+    again = dg.materialize([preference_adapter], resources=res, run_config=cfg)
+    assert again.success and (adapters / "latest").is_symlink()
+    assert not backups.exists()  # a success leaves no copy and no empty run= folder
+    hist = warehouse.read_all(HISTORY_TABLE).sort_values("started_at")
+    assert hist["status"].tolist() == ["failed", "succeeded"] and hist["steps"].iloc[-1] >= 1
+    check = again.get_asset_check_evaluations()[0]
+    assert check.check_name == "loss_is_finite" and check.passed  # reported by the step through Pipes
+
+
+# -- launchers ---------------------------------------------------------------------------------
+
+
+def test_launcher_command_lines():
+    module = "outcome_flywheel.daily_rl.day_step"
+    assert StepLaunch(python="/py").command("daily_update") == ["/py", "-m", module]
+    assert StepLaunch(launcher="accelerate", processes=4, python="/py").command("daily_update") == [
+        "/py",
+        "-m",
+        "accelerate.commands.launch",
+        "--num_machines",
+        "1",
+        "--num_processes",
+        "4",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        module,
+    ]
+    assert StepLaunch(launcher="torchrun", processes=2, python="/py").command("preference_adapter") == [
+        "/py",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "outcome_flywheel.preferences.adapter_step",
+    ]
+    with pytest.raises(ValueError, match="one process"):
+        StepLaunch(launcher="python", processes=2)
+    with pytest.raises(ValueError, match="launcher 'mpirun'"):
+        StepLaunch(launcher="mpirun")
+    with pytest.raises(ValueError, match="unknown step 'nope'"):
+        StepLaunch().command("nope")
+    # locally the orchestrator's interpreter; in a pod the image's
+    assert StepRunnerResource(launcher="torchrun").command("probe")[0] == sys.executable
+    assert StepRunnerResource(runner="k8s", k8s_image="x").command("probe")[:3] == [
+        "python",
+        "-m",
+        "outcome_flywheel.steps.probe",
+    ]
+
+
+@dg.asset
+def probe_step(context: dg.AssetExecutionContext, step_runner: StepRunnerResource):
+    invocation = step_runner.run_step(context, "probe", {"hello": "pipes"})
+    probes = [m["probe"] for m in invocation.get_custom_messages() if "probe" in m]
+    yield dg.MaterializeResult(metadata={"probe": dg.MetadataValue.json(probes[-1])})
+
+
+@pytest.mark.parametrize("launcher", ["python", "accelerate", "torchrun"])
+def test_each_launcher_starts_a_step_that_reaches_dagster(launcher, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_PROBE_SEEN", "yes")  # the run's environment reaches the step
+    result = dg.materialize([probe_step], resources={"step_runner": StepRunnerResource(launcher=launcher)})
+    assert result.success
+    probe = result.get_asset_materialization_events()[0].materialization.metadata["probe"].value
+    assert probe["rank"] == 0 and probe["world_size"] == 1 and probe["extras"] == {"hello": "pipes"}
+    assert probe["passed_env"] == {"FLYWHEEL_PROBE_SEEN": "yes"} and probe["pid"] != os.getpid()
+
+
+def test_a_trainer_step_refuses_several_processes(monkeypatch):
+    """A step body opened for one process refuses several: N copies would each write the day's outputs
+    (docs/pipes.md). The training steps run data-parallel instead, rank 0 alone running the step
+    (`entry.main`, tests/models/train/test_data_parallel.py)."""
+    from outcome_flywheel.steps.entry import StepError, open_step
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(StepError, match="WORLD_SIZE=2"):
+        with open_step(_FakeLoader()):
+            pass
+
+
+class _FakeLoader:
+    def is_dagster_pipes_process(self) -> bool:
+        return True
+
+
+# -- Kubernetes: the pod spec, without a cluster ---------------------------------------------
+
+
+def _pod(runner: StepRunnerResource, extras: dict, environ: dict):
+    pods = []
+
+    @dg.asset(partitions_def=dg.StaticPartitionsDefinition(["2025-11-04"]))
+    def gpu_step(context: dg.AssetExecutionContext):
+        pods.append(runner.k8s_pod(context, "daily_update", extras, environ))
+        return dg.MaterializeResult()
+
+    assert dg.materialize([gpu_step], partition_key="2025-11-04").success
+    return pods[0].to_dict()
+
+
+def test_the_k8s_pod_carries_image_command_gpu_env_and_the_data_volume():
+    runner = StepRunnerResource(
+        runner="k8s",
+        k8s_image="registry.example/flywheel:1.0",
+        k8s_namespace="ml",
+        k8s_gpus=2,
+        k8s_cpu="8",
+        k8s_memory="32Gi",
+        k8s_data_pvc="flywheel-data",
+        launcher="torchrun",
+        processes=2,
+    )
+    environ = {
+        "FLYWHEEL_WAREHOUSE_URL": "s3://lake/flywheel",
+        "FLYWHEEL_DATA_DIR": "/home/me/data",
+        "AWS_ACCESS_KEY_ID": "k",
+        "FLYWHEEL_STEP_RUNNER": "k8s",
+        "HOME": "/home/me",
+        "PATH": "/usr/bin",
+    }
+    extras = {
+        "warehouse": {"data_dir": "/home/me/data", "warehouse_url": "s3://lake/flywheel"},
+        "market_data": {
+            "prices_file": str(PROJECT_ROOT / "sample_data" / "prices" / "daily_close.csv"),
+            "data_dir": "/home/me/data",
+        },
+    }
+    args = runner.k8s_arguments("daily_update", environ)
+    assert args["image"] == "registry.example/flywheel:1.0" and args["namespace"] == "ml"
+    pod = _pod(runner, extras, environ)
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "registry.example/flywheel:1.0"
+    assert container["command"] == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "outcome_flywheel.daily_rl.day_step",
+    ]
+    assert container["resources"]["limits"] == {GPU_RESOURCE: "2", "cpu": "8", "memory": "32Gi"}
+    assert container["resources"]["requests"] == {"cpu": "8", "memory": "32Gi"}
+    assert pod["spec"]["restart_policy"] == "Never"
+    assert {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in [
+        {k: v for k, v in t.items() if v is not None} for t in pod["spec"]["tolerations"]
+    ]
+    assert container["volume_mounts"][0]["mount_path"] == "/data"
+    assert pod["spec"]["volumes"][0]["persistent_volume_claim"]["claim_name"] == "flywheel-data"
+    assert pod["metadata"]["labels"]["flywheel/step"] == "daily_update"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["FLYWHEEL_WAREHOUSE_URL"] == "s3://lake/flywheel" and env["AWS_ACCESS_KEY_ID"] == "k"
+    assert (
+        env["FLYWHEEL_DATA_DIR"] == "/data"
+        and "FLYWHEEL_STEP_RUNNER" not in env
+        and "HOME" not in env
+        and "PATH" not in env
+    )
+    # the Pipes bootstrap: the context (with the extras) in the env, messages on the pod's stderr (read from its logs)
+    assert decode_param(env[DAGSTER_PIPES_MESSAGES_ENV_VAR]) == {"stdio": "stderr"}
+    context = decode_param(env[DAGSTER_PIPES_CONTEXT_ENV_VAR])[PipesDefaultContextLoader.DIRECT_KEY]
+    assert context["partition_key"] == "2025-11-04"
+    assert context["extras"]["warehouse"] == {"data_dir": "/data", "warehouse_url": "s3://lake/flywheel"}
+    assert (
+        context["extras"]["market_data"]["prices_file"] == "sample_data/prices/daily_close.csv"
+    )  # the image's own copy
+
+
+def test_k8s_credentials_from_a_secret_and_no_gpu():
+    runner = StepRunnerResource(runner="k8s", k8s_image="img", k8s_gpus=0, k8s_env_secret="flywheel-s3")
+    pod = _pod(runner, {}, {"AWS_SECRET_ACCESS_KEY": "s", "FLYWHEEL_SEED": "3"})
+    (container,) = pod["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert "AWS_SECRET_ACCESS_KEY" not in env and env["FLYWHEEL_SEED"] == "3"
+    assert container["env_from"][0]["secret_ref"]["name"] == "flywheel-s3"
+    assert container.get("resources") is None and not pod["spec"].get("tolerations") and not pod["spec"].get("volumes")
+    assert container["command"] == ["python", "-m", "outcome_flywheel.daily_rl.day_step"]
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+def test_the_runner_comes_from_the_environment_and_bad_values_are_named():
+    runner = StepRunnerResource.from_env({})
+    assert (runner.runner, runner.launcher, runner.processes) == ("subprocess", "python", 1)
+    with pytest.raises(SettingsError) as err:
+        StepRunnerResource.from_env(
+            {"FLYWHEEL_STEP_RUNNER": "ray", "FLYWHEEL_STEP_LAUNCHER": "mpirun", "FLYWHEEL_STEP_PROCESSES": "0"}
+        )
+    for text in ("FLYWHEEL_STEP_RUNNER='ray'", "FLYWHEEL_STEP_LAUNCHER='mpirun'", "FLYWHEEL_STEP_PROCESSES='0'"):
+        assert text in str(err.value)
+    with pytest.raises(SettingsError, match="FLYWHEEL_K8S_IMAGE is unset"):
+        StepRunnerResource.from_env({"FLYWHEEL_STEP_RUNNER": "k8s"})
+    # each variable alone loads; the pair is refused when a step starts
+    StepRunnerResource.from_env({"FLYWHEEL_STEP_PROCESSES": "2"})  # loads: an EnvVar, resolved when a run starts
+    assert "accelerate or torchrun" in check_fields(StepRunnerResource(processes=2))[0]
+    assert check_fields(StepRunnerResource(launcher="torchrun", processes=2)) == []
+
+
+def test_payloads_round_trip_and_refuse_what_cannot_travel():
+    from outcome_flywheel.daily_rl.day_settings import DailyUpdateSettings
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig
+
+    settings = DailyUpdateSettings(rollouts_per_headline=3, gspo=GSPOConfig(lora=None, tis_cap=None))
+    assert from_payload(DailyUpdateSettings, json.loads(json.dumps(to_payload(settings)))) == settings
+    assert from_payload(DailyUpdateSettings, to_payload(DailyUpdateSettings())).gspo.lora.target_modules[0] == "q_proj"
+    with pytest.raises(StepPayloadError, match="not a settings dataclass"):
+        to_payload(object())
+    with pytest.raises(StepPayloadError, match="no field"):
+        from_payload(DailyUpdateSettings, {"rollouts": 3})
+
+
+def test_exit_status_names_kills():
+    assert exit_status(-9) == "was killed by SIGKILL (out of memory, or killed), exit status -9"
+    assert exit_status(137).startswith("was killed by SIGKILL") and exit_status(1) == "exited with status 1"
+
+
+def test_passthrough_env_keeps_settings_and_credentials_only():
+    env = passthrough_env({"FLYWHEEL_DATA_DIR": "d", "AWS_REGION": "r", "HF_HOME": "h", "HOME": "x", "SECRET": "y"})
+    assert env == {"AWS_REGION": "r", "FLYWHEEL_DATA_DIR": "d", "HF_HOME": "h"}
+
+
+def test_a_message_read_while_it_is_written_is_handled_once_it_is_whole():
+    """The step writes a message; the run's reader thread may read the file mid-line. Dagster's own
+    file reader then fails on the half line (a succeeded step lost its checks); ours waits for the
+    newline. Real thread and file: the line is written in two halves with a pause between."""
+    import json
+    import threading
+    import time
+
+    from resources.steps import WholeLineTempFileMessageReader
+
+    class Handler:
+        def __init__(self):
+            self.messages, self.errors = [], []
+
+        def handle_message(self, message):
+            self.messages.append(message)
+
+        def report_pipes_framework_exception(self, origin, exc_info):
+            self.errors.append((origin, exc_info[1]))
+
+    handler = Handler()
+    message = {"__dagster_pipes_version": "0.1", "method": "log", "params": {"message": "x" * 3000, "level": "INFO"}}
+    line = json.dumps(message) + "\n"
+    with WholeLineTempFileMessageReader().read_messages(handler) as params:
+        path = params["path"]
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(line[:1737])
+            f.flush()
+            time.sleep(0.2)  # the reader polls every 10 ms: it reads the half line
+            f.write(line[1737:])
+            f.flush()
+        deadline = time.time() + 10
+        while not handler.messages and time.time() < deadline:
+            time.sleep(0.01)
+    assert handler.errors == [] and handler.messages == [message]
+    assert not any(t.name.startswith("Thread") and t.is_alive() and "reader" in str(t) for t in threading.enumerate())
