@@ -147,7 +147,10 @@ def run_daily_update(
     universe = market_data.universe() if market_data is not None else None
     prices_file = market_data.prices_file if market_data is not None and market_data.source == "file" else None
     scorer = scorer_signals(warehouse, prediction_day) if float(settings.reward.weights.get("scorer", 0.0)) else None
-    world_titles = judge_outcome_titles(prices_file, prev_rollouts, prediction_day) if prices_file else None
+    # a world names its own follow-ups of the notes' headlines (none to name on the first day)
+    world_titles = (
+        judge_outcome_titles(prices_file, prev_rollouts, prediction_day) if prices_file and len(prev_rollouts) else None
+    )
     scores = score_previous_rollouts(
         warehouse,
         models,
