@@ -109,8 +109,9 @@ def mirrored(cls: type, name: str, optional: bool = False, **extra) -> Any:
 
 
 def set_fields(config: Any, names: list[str] | tuple[str, ...]) -> dict:
-    """The fields of a run config that were given (not None), for `dataclasses.replace`."""
-    return {n: getattr(config, n) for n in names if getattr(config, n) is not None}
+    """The fields of a run config that were given (not None), for `dataclasses.replace`: a flat run
+    config whose every field is the dataclass field of its name (`run_config_overrides`)."""
+    return run_config_overrides(config, {n: n for n in names})
 
 
 # -- a flat run config over nested dataclasses ------------------------------------------------------

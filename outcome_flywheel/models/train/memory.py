@@ -79,22 +79,26 @@ def split_by_tokens(items: Sequence[Any], lengths: Sequence[int], limit: int | N
 
 
 def accumulated_steps(
-    plan: Sequence[Sequence[int]], cost: Callable[[int], int], share: Callable[[int], float], limit: int | None
+    plan: Sequence[Sequence[int]],
+    cost: Callable[[int], int],
+    share: Callable[[int], float],
+    limit: int | None,
+    keep: Callable[[Sequence[int]], list[int]] | None = None,
 ) -> list:
     """One optimiser step per minibatch of item indices: the minibatch whole, or its parts within
     `limit` tokens (`cost(i)`: item i's padded tokens) as an `Accumulated` step, each part scaled by
-    its items' `share` over the minibatch's (pairs for DPO, completion tokens for SFT)."""
+    its items' `share` over the minibatch's (pairs for DPO, completion tokens for SFT). `keep(idx)`:
+    the items of the minibatch this process trains on (a data-parallel rank's shard, `shards.py`);
+    their parts are still scaled over the whole minibatch, and a rank holding none gets an empty step."""
     from outcome_flywheel.models.interface import Accumulated
 
     steps = []
     for idx in plan:
-        parts = split_by_tokens(idx, [cost(i) for i in idx], limit)
+        mine = list(idx) if keep is None else keep(idx)
+        parts = split_by_tokens(mine, [cost(i) for i in mine], limit) if mine else []
         total = sum(share(i) for i in idx)
-        steps.append(
-            idx
-            if len(parts) == 1
-            else Accumulated(tuple(parts), tuple(sum(share(i) for i in p) / total for p in parts))
-        )
+        scaled = Accumulated(tuple(parts), tuple(sum(share(i) for i in p) / total for p in parts))
+        steps.append(idx if keep is None and len(parts) == 1 else scaled)
     return steps
 
 

@@ -18,8 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Hashable, Sequence
 
-from outcome_flywheel.models.interface import Accumulated
-from outcome_flywheel.models.train.memory import split_by_tokens
+from outcome_flywheel.models.train.memory import accumulated_steps
 
 WRONG_SHARD_VARIABLE = "FLYWHEEL_DEBUG_WRONG_SHARD"
 
@@ -85,10 +84,4 @@ def sharded_steps(
     """`memory.accumulated_steps` for this rank: each minibatch of item indices reduced to its shard, cut
     within `limit` tokens, each part scaled by its `share` over the whole minibatch's (an empty
     `Accumulated` when the rank holds none of it)."""
-    steps = []
-    for idx in plan:
-        mine = shard(idx, [key(i) for i in idx], rank, world)
-        parts = split_by_tokens(mine, [cost(i) for i in mine], limit) if mine else []
-        total = sum(share(i) for i in idx)
-        steps.append(Accumulated(tuple(parts), tuple(sum(share(i) for i in p) / total for p in parts)))
-    return steps
+    return accumulated_steps(plan, cost, share, limit, keep=lambda idx: shard(idx, [key(i) for i in idx], rank, world))
