@@ -111,8 +111,8 @@ def main(step: str, run: Callable[[PipesContext | None], None], distributed: boo
     """The process entry point: run the step; exit 1 with the traceback on stderr when it fails.
 
     A training step (`DATA_PARALLEL_STEPS`) launched as several processes (torchrun) runs data-parallel:
-    rank 0 runs the step (its Pipes, its writes) and each trainer it calls is joined by the other ranks,
-    which write nothing (`run_data_parallel`)."""
+    rank 0 runs the step (its Pipes, its writes) and each trainer it calls (and the daily update's rollout
+    sampling) is joined by the other ranks, which write nothing (`run_data_parallel`)."""
     install_crash_hook(os.environ.get(CRASH_VARIABLE, ""))
     try:
         if world_size() > 1 and step in DATA_PARALLEL_STEPS and not distributed:
@@ -126,13 +126,14 @@ def main(step: str, run: Callable[[PipesContext | None], None], distributed: boo
         sys.exit(1)
 
 
-# The steps whose only use of several processes is their trainer (GSPO, weighted DPO, SFT on torch)
+# The steps whose only use of several processes is their trainer (GSPO, weighted DPO, SFT on torch) and,
+# for the daily update, its rollout sampling
 DATA_PARALLEL_STEPS = ("daily_update", "preference_adapter", "distillation")
 
 
 def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> None:
-    """The step on rank 0, its trainers joined by the other ranks (models/torch/training.py: `lead`,
-    `follow`). Rank 0 tells the others it is done only when the step succeeded; when it fails it exits 1
+    """The step on rank 0, its trainers and rollout sampling joined by the other ranks
+    (models/torch/training.py: `lead`, `follow`). Rank 0 tells the others it is done only when the step succeeded; when it fails it exits 1
     and the launcher (torchrun) stops the other ranks, so none waits on it. A framework without data
     parallelism (mlx) refuses in its trainer (models/train/shards.py)."""
     from outcome_flywheel.models.torch import training as dp
@@ -152,9 +153,10 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
     try:
         with open_step(distributed=True) as pipes:
             run_guarded(step, pipes, run)
+            trained = [call for call in joined if call != "sample"]
             pipes.log.info(
-                f"data parallel: {world_size()} processes trained {', '.join(joined) or 'nothing'} "
-                "(rank 0 ran the step and wrote its outputs)"
+                f"data parallel: {world_size()} processes trained {', '.join(trained) or 'nothing'} and "
+                f"sampled {joined.count('sample')} time(s) (rank 0 ran the step and wrote its outputs)"
             )
     finally:
         LEADERS.remove(lead)
@@ -162,11 +164,17 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
 
 
 def _policy(spec: Mapping) -> object:
-    """A follower's copy of rank 0's base model (`training.follow` lays rank 0's adapter and weights on it)."""
+    """A follower's copy of rank 0's base model and sampler (`training.follow` lays rank 0's adapter and
+    weights on it)."""
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     return TorchBackend(
-        spec["model_path"], device=spec["device"], dtype=spec["dtype"], master_weights=spec["master_weights"]
+        spec["model_path"],
+        device=spec["device"],
+        dtype=spec["dtype"],
+        master_weights=spec["master_weights"],
+        sampler=spec.get("sampler", "torch"),
+        static_decode=spec.get("static_decode"),
     )
 
 

@@ -15,6 +15,7 @@ from outcome_flywheel.daily_rl.notes.structure import structure_score
 from outcome_flywheel.daily_rl.partitions import stable_seed
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.prompts import BASE_PROMPT_VERSION, SYSTEM_PROMPT, note_messages
+from outcome_flywheel.models.train.shards import sample_across_ranks
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.interface import ModelBackend
@@ -97,10 +98,12 @@ def sample_rollouts(
     prompt_versions: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Rollout rows: `n` samples of each prompt with its group seed (`headlines` gives id, title, summary);
-    `prompt_versions[i]`: the prompt evolver's variant prompt i was written with (default: the base prompt)."""
+    `prompt_versions[i]`: the prompt evolver's variant prompt i was written with (default: the base prompt).
+    In a data-parallel step the prompts are shared out across its ranks, each sampling its own with their
+    seeds (`train/shards.sample_across_ranks`): the same notes as one process."""
     versions = list(prompt_versions) if prompt_versions is not None else [BASE_PROMPT_VERSION] * len(prompts)
     config = replace(ROLLOUT_SAMPLING, max_new_tokens=max_new_tokens)
-    samples = policy.sample(prompts, n, config, seeds)
+    samples = sample_across_ranks(policy, prompts, n, config, seeds)  # a step's ranks share them (torchrun)
     rows = []
     for (_, h), prompt, group_seed, group, version in zip(headlines.iterrows(), prompts, seeds, samples, versions):
         for k, s in enumerate(group):

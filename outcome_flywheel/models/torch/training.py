@@ -306,17 +306,19 @@ def _all_reduce(grads: list[torch.Tensor]) -> None:
         offset += g.numel()
 
 
-# -- a step's ranks > 0 join only its training (`steps/entry.py`) -------------------------------------
+# -- a step's ranks > 0 join only its training and its rollout sampling (`steps/entry.py`) -----------------
 # A step (the daily update, the preference adapter, distillation) runs its whole body on rank 0: judging,
-# sampling, the warehouse and checkpoint writes. Each trainer it calls is announced (`train/shards.py`):
-# rank 0 hands the other ranks the call (trainer, examples, config), the policy as it stands (base,
-# adapter layout, every weight, AdamW's saved moments, the torch generator's state for a fresh
-# adapter's init) and they run the same trainer on their shards; they write nothing and keep nothing.
+# the gate, the warehouse and checkpoint writes. Each trainer it calls, and the day's rollout sampling,
+# is announced (`train/shards.py`): rank 0 hands the other ranks the call (trainer or sampling, its
+# arguments), the policy as it stands (base, adapter layout, every weight, AdamW's saved moments, the
+# torch generator's state for a fresh adapter's init, the sampler) and they make the same call on their
+# shards; they write nothing and keep nothing.
 
-TRAINERS = {
+SHARED_CALLS = {
     "gspo": ("outcome_flywheel.models.train.gspo", "train_gspo"),
     "dpo": ("outcome_flywheel.models.train.dpo", "train_weighted_dpo"),
     "sft": ("outcome_flywheel.models.train.sft", "train_sft"),
+    "sample": ("outcome_flywheel.models.train.shards", "sample_across_ranks"),
 }
 
 
@@ -333,7 +335,7 @@ def _sync_weights(model: torch.nn.Module) -> None:
 
 
 def lead(trainer: str, backend: Any, args: tuple) -> None:
-    """Rank 0, as a trainer starts: the call and the policy to the other ranks (`follow`)."""
+    """Rank 0, as a trainer (or the sampling) starts: the call and the policy to the other ranks (`follow`)."""
     peft = getattr(backend.model, "peft_config", None)
     spec = {
         "model_path": str(backend.model_path),
@@ -344,6 +346,9 @@ def lead(trainer: str, backend: Any, args: tuple) -> None:
         # AdamW's saved moments: GSPO resumes them (DPO and SFT start fresh)
         "moments": backend.optimizer_tensors if trainer == "gspo" else None,
         "rng": torch.get_rng_state(),
+        "sampler": getattr(backend, "sampler", "torch"),
+        "static_decode": bool(getattr(backend, "static_decode", False)),
+        "training": bool(backend.model.training),
     }
     _control(("train", trainer, spec, args))
     _sync_weights(backend.model)
@@ -355,8 +360,9 @@ def finish() -> None:
 
 
 def follow(policy: Callable[[Mapping], Any]) -> int:
-    """Ranks > 0 of a step: run each trainer rank 0 announces, on a copy of its policy (`policy(spec)`: a
-    `TorchBackend` of rank 0's base, device type, dtype), until it is done; the number of trainings joined."""
+    """Ranks > 0 of a step: make each call rank 0 announces (a trainer, the sampling) on a copy of its
+    policy (`policy(spec)`: a `TorchBackend` of rank 0's base, device type, dtype and sampler), until it
+    is done; the number of calls joined. Each copy is dropped, its sampler's memory released, after its call."""
     import importlib
 
     joined = 0
@@ -372,10 +378,13 @@ def follow(policy: Callable[[Mapping], Any]) -> int:
             config = dict(spec["lora"], inference_mode=False)
             backend.model = get_peft_model(backend.model, get_peft_config(config))
         _sync_weights(backend.model)
+        backend.model.train(spec["training"])
         backend.optimizer_tensors = spec["moments"]
         torch.set_rng_state(spec["rng"])
-        module, name = TRAINERS[trainer]
+        module, name = SHARED_CALLS[trainer]
         getattr(importlib.import_module(module), name)(backend, *args)
+        backend.release_inference_state()
+        del backend
         joined += 1
 
 

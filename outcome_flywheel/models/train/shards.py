@@ -1,5 +1,5 @@
-"""Data-parallel shards of the trainers' minibatches, written once for both frameworks (torch under
-torchrun does it, `torch/training.py`; mlx trains in one process and refuses several).
+"""Data-parallel shards of the trainers' minibatches and of rollout sampling's prompts, written once for
+both frameworks (torch under torchrun does it, `torch/training.py`; mlx runs one process and refuses several).
 
 Every rank builds the same batching plan (same seed), then takes its shard of each minibatch: whole
 groups (a GSPO prompt group is never split across ranks; DPO's pairs and SFT's examples are groups of
@@ -9,6 +9,11 @@ memory budget (`memory.py`) and each part's loss scaled by its share of the whol
 (sequences, pairs, or completion tokens), so the parts of all ranks add up to the minibatch's loss and,
 summed across ranks, to its gradient: the one-process update.
 
+Sampling (`sample_across_ranks`): prompt i to rank i mod world, each rank sampling its prompts with their
+own seeds on its own copy of the policy, every rank's samples gathered back into prompt order. A prompt's
+samples depend only on its seed and the weights, so they are one process's: the same tokens, the
+behaviour log-probs within fp32 rounding of a batch of another shape (`sampling.logprob_tolerance`).
+
 Test hook: `FLYWHEEL_DEBUG_WRONG_SHARD=<rank>` makes every rank take that rank's shard (a wrong
 sharding the equality tests must catch).
 """
@@ -16,9 +21,12 @@ sharding the equality tests must catch).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 from outcome_flywheel.models.train.memory import accumulated_steps
+
+if TYPE_CHECKING:
+    from outcome_flywheel.models.interface import Messages, ModelBackend, Sample, SamplingConfig
 
 WRONG_SHARD_VARIABLE = "FLYWHEEL_DEBUG_WRONG_SHARD"
 
@@ -41,8 +49,9 @@ LEADERS: list[Callable[[str, Any, tuple], None]] = []  # set on a step's rank 0 
 
 
 def announce(trainer: str, backend: Any, *args: Any) -> None:
-    """A trainer starts: on a step's rank 0, hand its call to the other ranks (`torch/training.follow`),
-    which then run the same trainer on their shards. Nothing elsewhere (every rank calls the trainer)."""
+    """A trainer (or `sample_across_ranks`) starts: on a step's rank 0, hand its call to the other ranks
+    (`torch/training.follow`), which then run the same call on their shards. Nothing elsewhere (every
+    rank makes the call)."""
     for lead in LEADERS:
         lead(trainer, backend, args)
 
@@ -85,3 +94,34 @@ def sharded_steps(
     within `limit` tokens, each part scaled by its `share` over the whole minibatch's (an empty
     `Accumulated` when the rank holds none of it)."""
     return accumulated_steps(plan, cost, share, limit, keep=lambda idx: shard(idx, [key(i) for i in idx], rank, world))
+
+
+def sample_across_ranks(
+    backend: "ModelBackend", prompts: Sequence["Messages"], n: int, config: "SamplingConfig", seeds: Sequence[int]
+) -> list[list["Sample"]]:
+    """`backend.sample(prompts, n, config, seeds)` shared out across a step's ranks (module docstring):
+    each rank samples its prompts, every rank returns all of them in prompt order. RuntimeError when the
+    ranks' shards do not cover the prompts once each."""
+    announce("sample", backend, list(prompts), n, config, list(seeds))
+    rank, world = ranks(backend.framework)
+    if world == 1:
+        return backend.sample(prompts, n, config, seeds)
+    if len(seeds) != len(prompts):
+        raise ValueError("one seed per prompt")
+    positions = list(range(len(prompts)))
+    mine = shard(positions, positions, rank, world)
+    samples = backend.sample([prompts[i] for i in mine], n, config, [seeds[i] for i in mine]) if mine else []
+    out: dict[int, list] = {}
+    repeated = set()
+    for taken, groups in gather(backend.framework, (mine, samples)):
+        for i, group in zip(taken, groups):
+            if i in out:
+                repeated.add(i)
+            out[i] = group
+    missing = sorted(set(positions) - set(out))
+    if missing or repeated:
+        raise RuntimeError(
+            f"data parallel sampling: prompts {missing} sampled by no rank, {sorted(repeated)} by several "
+            f"(world {world}): the ranks' shards must cover the prompts once each"
+        )
+    return [out[i] for i in positions]

@@ -10,6 +10,9 @@ rank 0's shard) must fail the equality: the bounds are tight enough to see it. R
 (`TorchBackend.save` is called on every rank; only rank 0's folder appears), and a rank killed mid-step
 (`FLYWHEEL_TRAIN_CRASH_RANK=1`) fails the run with a nonzero exit and the reason, publishing nothing.
 
+Rollout sampling across the ranks gives the one-process notes (same tokens, log-probs within their bound),
+and a wrong sampling shard fails the run.
+
 This file is also the worker torchrun starts: `python -m tests.models.train.test_data_parallel OUT MODEL TRAINERS`.
 """
 
@@ -164,11 +167,81 @@ def led_sft(model_dir: Path, lead: bool) -> float:
         LEADERS.clear()
 
 
+SAMPLED_HEADLINES = 5  # odd: the ranks' shards differ in size
+SAMPLES_PER_HEADLINE, SAMPLED_TOKENS = 3, 24
+
+
+def sampling_policy(model_dir: Path):
+    """tiny-local with an adapter of its own (B drawn, not zero): a follower must mirror it to sample the same notes."""
+    import torch
+
+    from outcome_flywheel.models.interface import LoraSettings
+    from outcome_flywheel.models.loader import load_backend
+
+    backend = load_backend("torch", model_dir, device="cpu")
+    backend.framework.seed(5)
+    backend.add_lora(LoraSettings(r=4, alpha=8))
+    with torch.no_grad():
+        for name, p in backend.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.05, generator=torch.Generator().manual_seed(len(name)))
+    return backend
+
+
+def sampled_headlines():
+    import pandas as pd
+
+    words = ["Chipmaker beats estimates", "Oil slides on supply glut", "Bank raises its dividend"]
+    return pd.DataFrame(
+        {
+            "headline_id": [f"h{i}" for i in range(SAMPLED_HEADLINES)],
+            "title": [words[i % 3] + " again" * i for i in range(SAMPLED_HEADLINES)],
+            "summary": ["Shares moved after the report." * (1 + i % 2) for i in range(SAMPLED_HEADLINES)],
+        }
+    )
+
+
+def sample_day(model_dir: Path, lead: bool):
+    """The day's rollouts of `sampled_headlines` on `sampling_policy`, as the daily step samples them; with
+    `lead`, on rank 0 of a data-parallel step (the other ranks sample their shares through `training.follow`)."""
+    from outcome_flywheel.daily_rl.policy.rollouts import generate_rollouts
+    from outcome_flywheel.models.torch import training as dp
+    from outcome_flywheel.models.train.shards import LEADERS
+
+    backend = sampling_policy(model_dir)
+    LEADERS.extend([dp.lead] if lead else [])
+    try:
+        return generate_rollouts(
+            backend, sampled_headlines(), "2026-03-02", 11, SAMPLES_PER_HEADLINE, SAMPLED_TOKENS, "v"
+        )
+    finally:
+        LEADERS.clear()
+
+
 def worker(out: Path, model_dir: Path, trainers: list[str]) -> None:
     """torchrun's entry: every trainer in turn; rank 0 publishes the results once all trained."""
     from outcome_flywheel.models.torch import training as distributed
 
     rank, world = distributed.init_from_env("cpu")
+    if trainers == ["sample"]:  # rank 0 samples a day's rollouts, the others sample their shares
+        if rank == 0:
+            rollouts = sample_day(model_dir, lead=True)
+            distributed.finish()
+            rollouts.to_parquet(out / "rollouts-w2.parquet")
+        else:
+            from outcome_flywheel.steps.entry import _policy
+
+            seeds: list[int] = []
+
+            def recorded(spec):  # the seeds of the prompts this rank sampled itself
+                backend = _policy(spec)
+                sample = backend.sample
+                backend.sample = lambda prompts, n, config, s: seeds.extend(s) or sample(prompts, n, config, s)
+                return backend
+
+            assert distributed.follow(recorded) == 1
+            (out / f"rank{rank}-seeds.json").write_text(json.dumps(seeds))
+        return
     if trainers == ["follow"]:  # rank 0 leads an SFT on its adapter-bearing policy, the others follow
         if rank == 0:
             loss = led_sft(model_dir, lead=True)
@@ -402,9 +475,11 @@ def test_shards_keep_groups_and_cover_the_minibatch():
     assert [shard(list(range(5)), range(5), r, 2) for r in range(2)] == [[0, 2, 4], [1, 3]]  # DistributedSampler's
 
 
-def test_a_dagster_daily_update_under_torchrun_trains_on_two_processes(tmp_path, tiny_model_dir, monkeypatch):
+def test_a_dagster_daily_update_under_torchrun_trains_and_samples_on_two_processes(
+    tmp_path, tiny_model_dir, monkeypatch
+):
     """The daily_update step launched as 2 processes (FLYWHEEL_STEP_LAUNCHER=torchrun, PROCESSES=2): rank 0
-    runs the day and reports through Pipes, rank 1 joins its GSPO training (steps/entry.py)."""
+    runs the day and reports through Pipes, rank 1 joins its GSPO training and its rollout sampling (steps/entry.py)."""
     import dagster as dg
 
     from assets.daily_rl.daily_update import daily_update
@@ -431,8 +506,69 @@ def test_a_dagster_daily_update_under_torchrun_trains_on_two_processes(tmp_path,
         )
         assert result.success, _logs(instance, result)[-4000:]
     logs = _logs(instance, result)
-    assert "data parallel: 2 processes trained gspo" in logs, logs[-4000:]
+    assert "data parallel: 2 processes trained gspo and sampled 1 time(s)" in logs, logs[-4000:]
     assert _latest(root) == DAYS[1]
+    # each day's notes, sampled by both ranks, are those one process samples from the day's checkpoint
+    # with the stored prompts and seeds: the same tokens (log-probs: test_two_processes_sample_the_one_process_notes)
+    from dataclasses import replace
+
+    from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, read_checkpoint
+    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for day in DAYS:
+        rollouts = res["warehouse"].read("rollouts", partition=day)
+        folder = root / "checkpoints" / "policy" / day
+        policy = load_policy(res["model_backend"], folder, read_checkpoint(folder))
+        groups = rollouts.groupby("headline_id", sort=False)
+        firsts = groups.first()
+        n = int(groups.size().iloc[0])
+        config = replace(ROLLOUT_SAMPLING, max_new_tokens=int(firsts["max_new_tokens"].iloc[0]))
+        samples = policy.sample([json.loads(p) for p in firsts["prompt"]], n, config, list(firsts["seed"]))
+        assert [list(r) for r in rollouts["response_ids"]] == [list(s.token_ids) for g in samples for s in g], day
+
+
+def test_two_processes_sample_the_one_process_notes(tiny_model_dir, tmp_path, monkeypatch):
+    """Rollout sampling shared out across a step's 2 ranks (`shards.sample_across_ranks`): rank 1 samples
+    its headlines itself, on its copy of rank 0's adapter-bearing policy, and rank 0 gathers the notes one
+    process samples from the same headlines and seeds: the same tokens, and behaviour log-probs within
+    the fp32 bound of two forwards of different batch shapes (tests/tolerances.py)."""
+    from outcome_flywheel.daily_rl.policy.rollouts import generation_seed
+    from tests.tolerances import assert_logprobs_close, logprob_tolerances
+
+    done = torchrun(tmp_path, tiny_model_dir, ["sample"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    import pandas as pd
+
+    two = pd.read_parquet(tmp_path / "rollouts-w2.parquet")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    one = sample_day(tiny_model_dir, lead=False)
+    assert len(one) == len(two) == SAMPLED_HEADLINES * SAMPLES_PER_HEADLINE
+    key = ["headline_id", "rollout_index"]
+    assert list(two[key].itertuples(index=False)) == list(one[key].itertuples(index=False))
+    assert [list(r) for r in two["response_ids"]] == [list(r) for r in one["response_ids"]]
+    assert list(two["response"]) == list(one["response"]) and list(two["seed"]) == list(one["seed"])
+    backend = sampling_policy(tiny_model_dir)
+    prompts = [json.loads(p) for p in one["prompt"]]
+    responses = [list(r) for r in one["response_ids"]]
+    bounds = logprob_tolerances(backend, prompts, responses, temperature=0.8)
+    assert_logprobs_close(
+        [list(x) for x in two["behavior_logprobs"]], [list(x) for x in one["behavior_logprobs"]], bounds
+    )
+    ids = list(one["headline_id"].drop_duplicates())
+    rank1 = sorted(json.loads((tmp_path / "rank1-seeds.json").read_text()))
+    assert rank1 == sorted(generation_seed(11, "2026-03-02", h) for h in ids[1::2])  # headlines 1 and 3
+    assert not list(tmp_path.glob("rank1-*.parquet"))
+
+
+def test_a_wrong_sampling_shard_fails_the_run(tiny_model_dir, tmp_path):
+    """Both ranks sampling rank 0's headlines leave the others unsampled: the run fails with the reason."""
+    done = torchrun(tmp_path, tiny_model_dir, ["sample"], FLYWHEEL_DEBUG_WRONG_SHARD="0")
+    assert done.returncode != 0
+    assert "data parallel sampling: prompts [1, 3] sampled by no rank, [0, 2, 4] by several" in done.stderr, (
+        done.stderr[-3000:]
+    )
+    assert not (tmp_path / "rollouts-w2.parquet").exists()
 
 
 if __name__ == "__main__":
