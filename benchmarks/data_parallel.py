@@ -1,8 +1,10 @@
-"""Data-parallel training, 1 process against N (torchrun, gloo on CPU / NCCL on CUDA): the wall time of
-GSPO, weighted DPO and SFT on tiny-local (or --model), the same data and minibatches in each, and the
-final losses (which agree within fp32 rounding, tests/models/train/test_data_parallel.py).
+"""Data-parallel training and rollout sampling, 1 process against N (torchrun, gloo on CPU / NCCL on
+CUDA): the wall time of GSPO, weighted DPO and SFT on tiny-local (or --model), the same data and
+minibatches in each, and the final losses (which agree within fp32 rounding,
+tests/models/train/test_data_parallel.py); then the day's rollout sampling (`shards.sample_across_ranks`:
+--headlines prompts x 4 notes of 64 tokens, each rank its share) and whether the notes' tokens are the same.
 
-    python -m benchmarks.data_parallel [--processes 2] [--examples 48] [--model PATH] [--device cpu]
+    python -m benchmarks.data_parallel [--processes 2] [--examples 48] [--headlines 16] [--model PATH] [--device cpu]
 
 Each configuration runs in its own `torchrun --standalone` (so both pay the same start-up); a trainer's
 time is its call alone (the model loaded, the process group up). Prints one JSON object on its last line.
@@ -12,12 +14,14 @@ On a CPU, N processes share the machine's cores: set OMP_NUM_THREADS per process
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 TRAINERS = ("gspo", "dpo", "sft")
@@ -53,7 +57,29 @@ def data(backend, n: int):
     }
 
 
-def worker(model: str, device: str, n: int, out: Path) -> None:
+SAMPLES_PER_HEADLINE, SAMPLED_TOKENS = 4, 64
+
+
+def sample(backend, headlines: int) -> tuple[float, list]:
+    """The rollout sampling of `headlines` prompts on this process's share: (seconds, every note's tokens)."""
+    import torch
+
+    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
+    from outcome_flywheel.models.train.shards import sample_across_ranks
+
+    prompts = [
+        [{"role": "user", "content": f"Headline {i}: company {i} " + "reported results " * (1 + i % 4)}]
+        for i in range(headlines)
+    ]
+    config = replace(ROLLOUT_SAMPLING, max_new_tokens=SAMPLED_TOKENS, ignore_eos=True)  # a fixed load
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    started = time.perf_counter()
+    groups = sample_across_ranks(backend, prompts, SAMPLES_PER_HEADLINE, config, [1000 + i for i in range(headlines)])
+    return time.perf_counter() - started, [[list(s.token_ids) for s in g] for g in groups]
+
+
+def worker(model: str, device: str, n: int, headlines: int, out: Path) -> None:
     """torchrun's entry: each trainer on a fresh backend, timed; rank 0 writes the figures."""
     import torch
 
@@ -79,11 +105,17 @@ def worker(model: str, device: str, n: int, out: Path) -> None:
             "steps": stats.steps,
             "losses": [round(x, 6) for x in stats.losses],
         }
+    seconds, notes = sample(load_backend("torch", model, device=device), headlines)
+    figures["sample"] = {
+        "sample_s": round(seconds, 3),
+        "tokens": sum(len(t) for g in notes for t in g),
+        "notes_sha256": hashlib.sha256(json.dumps(notes).encode()).hexdigest()[:16],
+    }
     if rank == 0:
         out.write_text(json.dumps({"processes": world, **figures}))
 
 
-def run(processes: int, model: str, device: str, n: int) -> dict:
+def run(processes: int, model: str, device: str, n: int, headlines: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
         command = [
@@ -105,6 +137,8 @@ def run(processes: int, model: str, device: str, n: int) -> dict:
             device,
             "--examples",
             str(n),
+            "--headlines",
+            str(headlines),
         ]
         started = time.perf_counter()
         done = subprocess.run(
@@ -125,6 +159,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--examples", type=int, default=48)
+    parser.add_argument("--headlines", type=int, default=16, help="prompts of the sampling part (4 notes each)")
     parser.add_argument("--model", default=None, help="a model folder (default: tiny-local, built if needed)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -134,10 +169,10 @@ def main() -> None:
 
         args.model = str(cached_tiny_local())
     if args.worker:
-        worker(args.model, args.device, args.examples, Path(args.worker))
+        worker(args.model, args.device, args.examples, args.headlines, Path(args.worker))
         return
-    one = run(1, args.model, args.device, args.examples)
-    many = run(args.processes, args.model, args.device, args.examples)
+    one = run(1, args.model, args.device, args.examples, args.headlines)
+    many = run(args.processes, args.model, args.device, args.examples, args.headlines)
     result = {
         "benchmark": "data_parallel",
         "model": Path(args.model).name,
@@ -149,6 +184,8 @@ def main() -> None:
         "many": many,
         "speedup": {t: round(one[t]["train_s"] / max(many[t]["train_s"], 1e-9), 3) for t in TRAINERS},
         "max_loss_gap": max(abs(a - b) for t in TRAINERS for a, b in zip(one[t]["losses"], many[t]["losses"])),
+        "sample_speedup": round(one["sample"]["sample_s"] / max(many["sample"]["sample_s"], 1e-9), 3),
+        "same_notes": one["sample"]["notes_sha256"] == many["sample"]["notes_sha256"],
     }
     print(json.dumps(result))
 
