@@ -35,6 +35,9 @@ from outcome_flywheel.steps.launch import StepLaunch, passthrough_env
 RUNNERS = ("subprocess", "in_process", "k8s")
 GPU_RESOURCE = "nvidia.com/gpu"
 DATA_VOLUME = "flywheel-data"
+# Several processes in a pod talk through /dev/shm (NCCL's intra-node transport, gloo, torch's tensor
+# sharing); a container's own is 64 MiB, which NCCL outgrows: mount a memory-backed one instead.
+SHM_VOLUME = "dshm"
 # variable -> (field, default: the settings module's, else empty); an empty variable counts as unset
 VARIABLES = {
     name: (field, DEFAULTS.get(name, ""))
@@ -165,6 +168,9 @@ class StepRunnerResource(dg.ConfigurableResource):
         if self.k8s_data_pvc:
             container["volume_mounts"] = [{"name": DATA_VOLUME, "mount_path": self.k8s_data_mount}]
             spec["volumes"] = [{"name": DATA_VOLUME, "persistent_volume_claim": {"claim_name": self.k8s_data_pvc}}]
+        if self.processes > 1 and self.launcher != "python":
+            container.setdefault("volume_mounts", []).append({"name": SHM_VOLUME, "mount_path": "/dev/shm"})
+            spec.setdefault("volumes", []).append({"name": SHM_VOLUME, "empty_dir": {"medium": "Memory"}})
         if self.k8s_gpus:  # GPU nodes are commonly tainted so that only GPU pods land there
             spec["tolerations"] = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
         return {
@@ -243,6 +249,18 @@ def check_environment(environ: Mapping[str, str], run_time: bool = False) -> lis
         problems.append(
             f"FLYWHEEL_STEP_PROCESSES={values['FLYWHEEL_STEP_PROCESSES']}: the python launcher starts one process; "
             "set FLYWHEEL_STEP_LAUNCHER=accelerate or torchrun"
+        )
+    if (
+        run_time
+        and values["FLYWHEEL_STEP_RUNNER"] == "k8s"
+        and values["FLYWHEEL_K8S_GPUS"] not in ("", "0")
+        and values["FLYWHEEL_STEP_PROCESSES"] not in ("", "1")
+        and values["FLYWHEEL_K8S_GPUS"] != values["FLYWHEEL_STEP_PROCESSES"]
+    ):
+        problems.append(
+            f"FLYWHEEL_STEP_PROCESSES={values['FLYWHEEL_STEP_PROCESSES']} with FLYWHEEL_K8S_GPUS="
+            f"{values['FLYWHEEL_K8S_GPUS']}: a pod's ranks take one GPU each (its LOCAL_RANK's card); "
+            "request as many GPUs as processes"
         )
     return problems
 

@@ -299,7 +299,12 @@ class _FakeLoader:
 # -- Kubernetes: the pod spec, without a cluster ---------------------------------------------
 
 
-def _pod(runner: StepRunnerResource, extras: dict, environ: dict):
+def _pod(runner: StepRunnerResource, extras: dict, environ: dict) -> dict:
+    return pod_model(runner, extras, environ).to_dict()
+
+
+def pod_model(runner: StepRunnerResource, extras: dict, environ: dict):
+    """The `V1Pod` the runner would submit for a daily_update step of partition 2025-11-04."""
     pods = []
 
     @dg.asset(partitions_def=dg.StaticPartitionsDefinition(["2025-11-04"]))
@@ -308,7 +313,7 @@ def _pod(runner: StepRunnerResource, extras: dict, environ: dict):
         return dg.MaterializeResult()
 
     assert dg.materialize([gpu_step], partition_key="2025-11-04").success
-    return pods[0].to_dict()
+    return pods[0]
 
 
 def test_the_k8s_pod_carries_image_command_gpu_env_and_the_data_volume():
