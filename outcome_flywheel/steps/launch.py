@@ -58,11 +58,16 @@ class StepLaunch:
         n = str(int(self.processes))
         if self.launcher == "accelerate":
             # --num_machines 1 and the mixed precision given: accelerate asks for neither then, and
-            # never reads a stale `accelerate config` file's values for them.
+            # never reads a stale `accelerate config` file's values for them. --multi_gpu for several:
+            # without it accelerate starts N processes only where it sees several GPUs, and one
+            # process elsewhere (one GPU, a CPU), silently; with it, torch.distributed.run starts N
+            # (the ranks pick NCCL or gloo themselves, models/torch/training.init_from_env).
+            several = ["--multi_gpu"] if int(self.processes) > 1 else []
             return [
                 self.python,
                 "-m",
                 "accelerate.commands.launch",
+                *several,
                 "--num_machines",
                 "1",
                 "--num_processes",

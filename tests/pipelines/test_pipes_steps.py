@@ -224,6 +224,7 @@ def test_launcher_command_lines():
         "/py",
         "-m",
         "accelerate.commands.launch",
+        "--multi_gpu",
         "--num_machines",
         "1",
         "--num_processes",

@@ -257,25 +257,17 @@ def worker(out: Path, model_dir: Path, trainers: list[str]) -> None:
         (out / f"results-w{world}.json").write_text(json.dumps(results))
 
 
-def torchrun(out: Path, model_dir: Path, trainers, **env) -> subprocess.CompletedProcess:
-    run = Path(sys.executable).with_name("torchrun")
-    command = [str(run)] if run.exists() else [sys.executable, "-m", "torch.distributed.run"]
+def torchrun(out: Path, model_dir: Path, trainers, launcher: str = "torchrun", **env) -> subprocess.CompletedProcess:
+    """This file's worker in 2 processes, started by the project's own command line for `launcher`
+    (`steps/launch.py`: torchrun, or accelerate), its step module swapped for the worker."""
+    from outcome_flywheel.steps.launch import StepLaunch
+
+    command = StepLaunch(launcher=launcher, processes=2, python=sys.executable).command("daily_update")
+    assert command[-2:] == ["-m", "outcome_flywheel.daily_rl.day_step"]
     environ = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_TRAIN_MEMORY_GIB"}
     environ.update(OMP_NUM_THREADS="1", **env)
     return subprocess.run(
-        command
-        + [
-            "--standalone",
-            "--nnodes",
-            "1",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "tests.models.train.test_data_parallel",
-            str(out),
-            str(model_dir),
-            ",".join(trainers),
-        ],
+        command[:-1] + ["tests.models.train.test_data_parallel", str(out), str(model_dir), ",".join(trainers)],
         cwd=PROJECT_ROOT,
         env=environ,
         capture_output=True,
@@ -383,6 +375,18 @@ def test_two_processes_take_the_one_process_step(runs, tiny_model_dir, trainer):
         assert all((i in s) == (i + 3 in s) for s in seen for i in range(3))
     # rank 0 alone wrote its checkpoint
     assert (out / "checkpoint" / trainer / "rank0").is_dir() and not (out / "checkpoint" / trainer / "rank1").exists()
+
+
+def test_accelerate_starts_two_processes_that_take_the_one_process_step(runs, tiny_model_dir, tmp_path):
+    """`FLYWHEEL_STEP_LAUNCHER=accelerate` with 2 processes on a CPU: 2 ranks (accelerate without
+    --multi_gpu would start one), and the one-process SFT step."""
+    done = torchrun(tmp_path, tiny_model_dir, ["sft"], launcher="accelerate")
+    assert done.returncode == 0, done.stderr[-4000:]
+    two = json.loads((tmp_path / "results-w2.json").read_text())["sft"]
+    assert two["world"] == 2 and sorted(map(len, two["seen"])) == [2, 3]
+    (tmp_path / "sft-w1.npz").write_bytes((runs[0] / "sft-w1.npz").read_bytes())
+    loss_bound, grad_bound = bounds_of("sft", tiny_model_dir)
+    assert compare("sft", runs[1]["sft"], two, tmp_path, loss_bound, grad_bound) == []
 
 
 @pytest.fixture(scope="module")
