@@ -153,10 +153,11 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
     try:
         with open_step(distributed=True) as pipes:
             run_guarded(step, pipes, run)
-            trained = [call for call in joined if call != "sample"]
+            trained = ", ".join(call for call in joined if call != "sample") or "nothing"
+            sampled = " and sampled the rollouts" if "sample" in joined else ""
             pipes.log.info(
-                f"data parallel: {world_size()} processes trained {', '.join(trained) or 'nothing'} and "
-                f"sampled {joined.count('sample')} time(s) (rank 0 ran the step and wrote its outputs)"
+                f"data parallel: {world_size()} processes trained {trained}{sampled} "
+                "(rank 0 ran the step and wrote its outputs)"
             )
     finally:
         LEADERS.remove(lead)

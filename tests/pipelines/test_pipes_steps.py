@@ -165,7 +165,9 @@ def test_an_error_in_the_step_process_fails_the_step_with_its_message_and_traceb
 # -- preference_adapter: the killed DPO training ----------------------------------------------
 
 
-def test_a_killed_dpo_training_is_recorded_and_latest_stays(tmp_path, warehouse, model_backend, data_dir, monkeypatch):
+def preference_pool(tmp_path, warehouse, model_backend, data_dir, step_runner) -> dict:
+    """The preference flywheel's resources over the bundled audit log's range, its `dpo_dataset` made:
+    what `preference_adapter` trains from."""
     from tests.preferences.test_flywheel_assets import FIRST, LAST, RANGE
 
     records = []
@@ -178,16 +180,21 @@ def test_a_killed_dpo_training_is_recorded_and_latest_stays(tmp_path, warehouse,
     log.write_text(
         "".join(json.dumps(r) + "\n" for r in records if isinstance(r.get("ts"), str) and FIRST <= r["ts"][:10] <= LAST)
     )
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the step process's torch threads on the shared CPU
     res = {
         "warehouse": warehouse,
         "model_backend": model_backend,
         "audit_log": AuditLog(path=str(log)),
         "market_data": MarketData(data_dir=str(data_dir)),
-        "step_runner": SUBPROCESS,
+        "step_runner": step_runner,
     }
     assert dg.materialize([operator_decisions, decision_outcomes], resources=res, tags=RANGE).success
     assert dg.materialize([dpo_dataset], resources=res).success
+    return res
+
+
+def test_a_killed_dpo_training_is_recorded_and_latest_stays(tmp_path, warehouse, model_backend, data_dir, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the step process's torch threads on the shared CPU
+    res = preference_pool(tmp_path, warehouse, model_backend, data_dir, SUBPROCESS)
     pool = warehouse.read("dpo_dataset")
     backups = warehouse.store.folder / "backups_dpo_dataset"
     cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}

@@ -510,7 +510,7 @@ def test_a_dagster_daily_update_under_torchrun_trains_and_samples_on_two_process
         )
         assert result.success, _logs(instance, result)[-4000:]
     logs = _logs(instance, result)
-    assert "data parallel: 2 processes trained gspo and sampled 1 time(s)" in logs, logs[-4000:]
+    assert "data parallel: 2 processes trained gspo and sampled the rollouts" in logs, logs[-4000:]
     assert _latest(root) == DAYS[1]
     # each day's notes, sampled by both ranks, are those one process samples from the day's checkpoint
     # with the stored prompts and seeds: the same tokens (log-probs: test_two_processes_sample_the_one_process_notes)
@@ -573,6 +573,36 @@ def test_a_wrong_sampling_shard_fails_the_run(tiny_model_dir, tmp_path):
         done.stderr[-3000:]
     )
     assert not (tmp_path / "rollouts-w2.parquet").exists()
+
+
+def test_a_dagster_preference_adapter_under_torchrun_trains_dpo_on_two_processes(
+    tmp_path, warehouse, model_backend, data_dir, monkeypatch
+):
+    """The preference_adapter step as 2 processes: rank 0 runs the step and rank 1 joins its weighted
+    DPO; one adapter, one history row, the pool untouched."""
+    import dagster as dg
+
+    from assets.preferences.adapter import HISTORY_TABLE, preference_adapter
+    from resources.steps import StepRunnerResource
+    from tests.pipelines.test_pipes_steps import _logs, preference_pool
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("FLYWHEEL_TRAIN_MEMORY_GIB", raising=False)
+    runner = StepRunnerResource(runner="subprocess", launcher="torchrun", processes=2)
+    res = preference_pool(tmp_path, warehouse, model_backend, data_dir, runner)
+    pool = warehouse.read("dpo_dataset")
+    instance = dg.DagsterInstance.ephemeral()
+    cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}
+    result = dg.materialize(
+        [preference_adapter], resources=res, run_config=cfg, instance=instance, raise_on_error=False
+    )
+    assert result.success, _logs(instance, result)[-4000:]
+    assert "data parallel: 2 processes trained dpo (rank 0 ran" in _logs(instance, result)
+    adapters = warehouse.path("adapters", "preference")
+    assert (adapters / "latest").is_symlink() and not list(adapters.glob(".staging-*"))
+    hist = warehouse.read_all(HISTORY_TABLE)
+    assert hist["status"].tolist() == ["succeeded"] and hist["steps"].iloc[0] >= 1
+    assert warehouse.read("dpo_dataset").equals(pool)
 
 
 if __name__ == "__main__":
