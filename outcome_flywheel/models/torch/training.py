@@ -334,6 +334,32 @@ def _sync_weights(model: torch.nn.Module) -> None:
         dist.broadcast(tensor.data, src=0)
 
 
+def _layout(arrays: Mapping[str, np.ndarray] | None) -> list[tuple[str, tuple[int, ...], str]] | None:
+    """(name, shape, dtype) of each array: what the other ranks allocate before `_broadcast_arrays`."""
+    if arrays is None:
+        return None
+    return [(name, tuple(np.shape(a)), np.asarray(a).dtype.str) for name, a in arrays.items()]
+
+
+def _broadcast_arrays(
+    arrays: Mapping[str, np.ndarray] | None, layout: list | None, device: torch.device
+) -> dict[str, np.ndarray] | None:
+    """Rank 0's `arrays` on every rank, one tensor broadcast each over `device` (the process group's:
+    CUDA under NCCL). Not pickled with the control message: AdamW's moments of a full fine-tune are
+    twice the weights (4.8 GB at 0.6B), which a pickle would copy whole into host and device memory."""
+    if layout is None:
+        return None
+    out = {}
+    for name, shape, dtype in layout:
+        if arrays is not None:
+            tensor = torch.from_numpy(np.array(arrays[name], order="C")).to(device)  # 0-d stays 0-d
+        else:
+            tensor = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype, device=device)
+        dist.broadcast(tensor, src=0)
+        out[name] = arrays[name] if arrays is not None else tensor.cpu().numpy()
+    return out
+
+
 def lead(trainer: str, backend: Any, args: tuple) -> None:
     """Rank 0, as a trainer (or the sampling) starts: the call and the policy to the other ranks (`follow`)."""
     peft = getattr(backend.model, "peft_config", None)
@@ -343,8 +369,9 @@ def lead(trainer: str, backend: Any, args: tuple) -> None:
         "dtype": str(backend.dtype).rsplit(".", 1)[-1],
         "master_weights": bool(getattr(backend, "master_weights", False)),
         "lora": peft[backend.model.active_adapter].to_dict() if peft else None,
-        # AdamW's saved moments: GSPO resumes them (DPO and SFT start fresh)
-        "moments": backend.optimizer_tensors if trainer == "gspo" else None,
+        # the layout of AdamW's saved moments, sent as tensors after the weights: GSPO resumes them
+        # (DPO and SFT start fresh)
+        "moments": _layout(backend.optimizer_tensors if trainer == "gspo" else None),
         "rng": torch.get_rng_state(),
         "sampler": getattr(backend, "sampler", "torch"),
         "static_decode": bool(getattr(backend, "static_decode", False)),
@@ -352,6 +379,12 @@ def lead(trainer: str, backend: Any, args: tuple) -> None:
     }
     _control(("train", trainer, spec, args))
     _sync_weights(backend.model)
+    _broadcast_arrays(backend.optimizer_tensors if spec["moments"] else None, spec["moments"], _wire(backend))
+
+
+def _wire(backend: Any) -> torch.device:
+    """Where the process group's tensors travel: the backend's CUDA card under NCCL, else the CPU (gloo)."""
+    return backend.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
 def finish() -> None:
@@ -379,7 +412,7 @@ def follow(policy: Callable[[Mapping], Any]) -> int:
             backend.model = get_peft_model(backend.model, get_peft_config(config))
         _sync_weights(backend.model)
         backend.model.train(spec["training"])
-        backend.optimizer_tensors = spec["moments"]
+        backend.optimizer_tensors = _broadcast_arrays(None, spec["moments"], _wire(backend))
         torch.set_rng_state(spec["rng"])
         module, name = SHARED_CALLS[trainer]
         getattr(importlib.import_module(module), name)(backend, *args)

@@ -167,6 +167,23 @@ def led_sft(model_dir: Path, lead: bool) -> float:
         LEADERS.clear()
 
 
+def resumed_gspo(model_dir: Path, parent: Path, lead: bool) -> list[float]:
+    """The GSPO case again on `parent` (an adapter saved with its AdamW moments), as a step's rank 0
+    runs it; with `lead`, the other ranks join through `training.follow`. Its losses."""
+    from outcome_flywheel.models.loader import load_backend
+    from outcome_flywheel.models.torch import training as dp
+    from outcome_flywheel.models.train.shards import LEADERS
+
+    backend = load_backend("torch", model_dir, adapter_path=parent, device="cpu")
+    assert backend.optimizer_tensors is not None
+    _, _, _, train = cases()["gspo"](backend)
+    LEADERS.extend([dp.lead] if lead else [])
+    try:
+        return train(backend).losses
+    finally:
+        LEADERS.clear()
+
+
 SAMPLED_HEADLINES = 5  # odd: the ranks' shards differ in size
 SAMPLES_PER_HEADLINE, SAMPLED_TOKENS = 3, 24
 
@@ -223,6 +240,16 @@ def worker(out: Path, model_dir: Path, trainers: list[str]) -> None:
     from outcome_flywheel.models.torch import training as distributed
 
     rank, world = distributed.init_from_env("cpu")
+    if trainers == ["resume"]:  # rank 0 leads a GSPO that resumes saved AdamW moments; the others follow
+        if rank == 0:
+            loss = resumed_gspo(model_dir, Path(os.environ["DP_TEST_PARENT"]), lead=True)
+            distributed.finish()
+            (out / "resume.json").write_text(json.dumps({"loss": loss}))
+        else:
+            from outcome_flywheel.steps.entry import _policy
+
+            assert distributed.follow(_policy) == 1
+        return
     if trainers == ["sample"]:  # rank 0 samples a day's rollouts, the others sample their shares
         if rank == 0:
             rollouts = sample_day(model_dir, lead=True)
@@ -440,6 +467,27 @@ def test_followers_mirror_an_adapter_bearing_policy(tiny_model_dir, tmp_path, mo
     one = led_sft(tiny_model_dir, lead=False)
     loss_bound, _ = bounds_of("sft", tiny_model_dir)
     assert abs(json.loads((tmp_path / "follow.json").read_text())["loss"] - one) <= loss_bound
+
+
+def test_followers_resume_the_saved_adamw_moments(tiny_model_dir, tmp_path, monkeypatch):
+    """A GSPO resuming its parent's AdamW moments: rank 0 sends them to the other ranks as tensors (not in
+    the pickled control message). A rank without them would take another step: its weights would differ
+    from rank 0's and the run fail (`check_same_weights`)."""
+    from outcome_flywheel.models.loader import load_backend
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("FLYWHEEL_TRAIN_MEMORY_GIB", raising=False)
+    backend = load_backend("torch", tiny_model_dir, device="cpu")
+    backend.framework.seed(1)
+    cases()["gspo"](backend)[3](backend)
+    parent = tmp_path / "parent"
+    backend.save(parent)
+    done = torchrun(tmp_path, tiny_model_dir, ["resume"], DP_TEST_PARENT=str(parent))
+    assert done.returncode == 0, done.stderr[-4000:]
+    one = resumed_gspo(tiny_model_dir, parent, lead=False)
+    loss_bound, _ = bounds_of("gspo", tiny_model_dir)
+    two = json.loads((tmp_path / "resume.json").read_text())["loss"]
+    assert len(one) == len(two) and all(abs(a - b) <= loss_bound for a, b in zip(one, two))
 
 
 def test_ranks_that_start_from_different_weights_fail_the_run(tiny_model_dir, tmp_path):
