@@ -133,9 +133,9 @@ DATA_PARALLEL_STEPS = ("daily_update", "preference_adapter", "distillation")
 
 def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> None:
     """The step on rank 0, its trainers and rollout sampling joined by the other ranks
-    (models/torch/training.py: `lead`, `follow`). Rank 0 tells the others it is done only when the step succeeded; when it fails it exits 1
-    and the launcher (torchrun) stops the other ranks, so none waits on it. A framework without data
-    parallelism (mlx) refuses in its trainer (models/train/shards.py)."""
+    (models/torch/training.py: `lead`, `follow`). Rank 0 tells the others it is done only when the step
+    succeeded; when it fails it exits 1 and the launcher (torchrun) stops the other ranks, so none waits
+    on it. A framework without data parallelism (mlx) refuses in its trainer (models/train/shards.py)."""
     from outcome_flywheel.models.torch import training as dp
     from outcome_flywheel.models.train.shards import LEADERS
 

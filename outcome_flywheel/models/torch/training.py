@@ -351,10 +351,9 @@ def _broadcast_arrays(
         return None
     out = {}
     for name, shape, dtype in layout:
-        if arrays is not None:
-            tensor = torch.from_numpy(np.array(arrays[name], order="C")).to(device)  # 0-d stays 0-d
-        else:
-            tensor = torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype=np.dtype(dtype))).dtype, device=device)
+        # np.array keeps a 0-d array (the step count) 0-d, where np.ascontiguousarray would make it 1-d
+        array = np.array(arrays[name], order="C") if arrays is not None else np.empty(shape, dtype=np.dtype(dtype))
+        tensor = torch.from_numpy(array).to(device)
         dist.broadcast(tensor, src=0)
         out[name] = arrays[name] if arrays is not None else tensor.cpu().numpy()
     return out
