@@ -10,12 +10,6 @@ import sys
 
 import dagster as dg
 import pytest
-from dagster_pipes import (
-    DAGSTER_PIPES_CONTEXT_ENV_VAR,
-    DAGSTER_PIPES_MESSAGES_ENV_VAR,
-    PipesDefaultContextLoader,
-    decode_param,
-)
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
@@ -25,11 +19,11 @@ from assets.preferences.decisions import operator_decisions
 from assets.preferences.outcomes import decision_outcomes
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
-from outcome_flywheel.settings import PROJECT_ROOT, SettingsError
+from outcome_flywheel.settings import SettingsError
 from outcome_flywheel.steps.codec import StepPayloadError, from_payload, to_payload
 from outcome_flywheel.steps.entry import CRASH_VARIABLE
 from outcome_flywheel.steps.launch import StepLaunch, passthrough_env
-from resources.steps import GPU_RESOURCE, StepRunnerResource, check_fields, exit_status
+from resources.steps import StepRunnerResource, check_fields, exit_status
 from tests.daily_fixtures import daily_resources, linked_data_dir
 
 DAYS = ["2025-11-03", "2025-11-04"]
@@ -302,108 +296,6 @@ def test_a_trainer_step_refuses_several_processes(monkeypatch):
 class _FakeLoader:
     def is_dagster_pipes_process(self) -> bool:
         return True
-
-
-# -- Kubernetes: the pod spec, without a cluster ---------------------------------------------
-
-
-def _pod(runner: StepRunnerResource, extras: dict, environ: dict) -> dict:
-    return pod_model(runner, extras, environ).to_dict()
-
-
-def pod_model(runner: StepRunnerResource, extras: dict, environ: dict):
-    """The `V1Pod` the runner would submit for a daily_update step of partition 2025-11-04."""
-    pods = []
-
-    @dg.asset(partitions_def=dg.StaticPartitionsDefinition(["2025-11-04"]))
-    def gpu_step(context: dg.AssetExecutionContext):
-        pods.append(runner.k8s_pod(context, "daily_update", extras, environ))
-        return dg.MaterializeResult()
-
-    assert dg.materialize([gpu_step], partition_key="2025-11-04").success
-    return pods[0]
-
-
-def test_the_k8s_pod_carries_image_command_gpu_env_and_the_data_volume():
-    runner = StepRunnerResource(
-        runner="k8s",
-        k8s_image="registry.example/flywheel:1.0",
-        k8s_namespace="ml",
-        k8s_gpus=2,
-        k8s_cpu="8",
-        k8s_memory="32Gi",
-        k8s_data_pvc="flywheel-data",
-        launcher="torchrun",
-        processes=2,
-    )
-    environ = {
-        "FLYWHEEL_WAREHOUSE_URL": "s3://lake/flywheel",
-        "FLYWHEEL_DATA_DIR": "/home/me/data",
-        "AWS_ACCESS_KEY_ID": "k",
-        "FLYWHEEL_STEP_RUNNER": "k8s",
-        "HOME": "/home/me",
-        "PATH": "/usr/bin",
-    }
-    extras = {
-        "warehouse": {"data_dir": "/home/me/data", "warehouse_url": "s3://lake/flywheel"},
-        "market_data": {
-            "prices_file": str(PROJECT_ROOT / "sample_data" / "prices" / "daily_close.csv"),
-            "data_dir": "/home/me/data",
-        },
-    }
-    args = runner.k8s_arguments("daily_update", environ)
-    assert args["image"] == "registry.example/flywheel:1.0" and args["namespace"] == "ml"
-    pod = _pod(runner, extras, environ)
-    (container,) = pod["spec"]["containers"]
-    assert container["image"] == "registry.example/flywheel:1.0"
-    assert container["command"] == [
-        "python",
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "outcome_flywheel.daily_rl.day_step",
-    ]
-    assert container["resources"]["limits"] == {GPU_RESOURCE: "2", "cpu": "8", "memory": "32Gi"}
-    assert container["resources"]["requests"] == {"cpu": "8", "memory": "32Gi"}
-    assert pod["spec"]["restart_policy"] == "Never"
-    assert {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in [
-        {k: v for k, v in t.items() if v is not None} for t in pod["spec"]["tolerations"]
-    ]
-    assert container["volume_mounts"][0]["mount_path"] == "/data"
-    assert pod["spec"]["volumes"][0]["persistent_volume_claim"]["claim_name"] == "flywheel-data"
-    assert pod["metadata"]["labels"]["flywheel/step"] == "daily_update"
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["FLYWHEEL_WAREHOUSE_URL"] == "s3://lake/flywheel" and env["AWS_ACCESS_KEY_ID"] == "k"
-    assert (
-        env["FLYWHEEL_DATA_DIR"] == "/data"
-        and "FLYWHEEL_STEP_RUNNER" not in env
-        and "HOME" not in env
-        and "PATH" not in env
-    )
-    # the Pipes bootstrap: the context (with the extras) in the env, messages on the pod's stderr (read from its logs)
-    assert decode_param(env[DAGSTER_PIPES_MESSAGES_ENV_VAR]) == {"stdio": "stderr"}
-    context = decode_param(env[DAGSTER_PIPES_CONTEXT_ENV_VAR])[PipesDefaultContextLoader.DIRECT_KEY]
-    assert context["partition_key"] == "2025-11-04"
-    assert context["extras"]["warehouse"] == {"data_dir": "/data", "warehouse_url": "s3://lake/flywheel"}
-    assert (
-        context["extras"]["market_data"]["prices_file"] == "sample_data/prices/daily_close.csv"
-    )  # the image's own copy
-
-
-def test_k8s_credentials_from_a_secret_and_no_gpu():
-    runner = StepRunnerResource(runner="k8s", k8s_image="img", k8s_gpus=0, k8s_env_secret="flywheel-s3")
-    pod = _pod(runner, {}, {"AWS_SECRET_ACCESS_KEY": "s", "FLYWHEEL_SEED": "3"})
-    (container,) = pod["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert "AWS_SECRET_ACCESS_KEY" not in env and env["FLYWHEEL_SEED"] == "3"
-    assert container["env_from"][0]["secret_ref"]["name"] == "flywheel-s3"
-    assert container.get("resources") is None and not pod["spec"].get("tolerations") and not pod["spec"].get("volumes")
-    assert container["command"] == ["python", "-m", "outcome_flywheel.daily_rl.day_step"]
 
 
 # -- settings ----------------------------------------------------------------------------------
