@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -386,9 +387,28 @@ def exit_status(code: int) -> str:
     return f"exited with status {code}"
 
 
+# torchrun's (and accelerate's, which runs it) summary of a failed launch: the first process to fail
+LAUNCH_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL
+)
+
+
+def launch_root_cause(stderr_tail: str) -> str | None:
+    """The process a multi-process launch lost first, in words ("rank 1 was killed by SIGKILL ..."), from
+    the launcher's summary at the end of its stderr; None when there is none (one process, no launcher)."""
+    found = LAUNCH_ROOT_CAUSE.search(stderr_tail or "")
+    return f"rank {found.group(1)} {exit_status(int(found.group(2)))}" if found else None
+
+
 def step_failure(step: str, how: str, messages, stderr_tail: str) -> dg.Failure:
+    """The step's failure: how it ended and why. Under a launcher of several processes the first rank
+    lost leads (rank 0's own error then is most often the broken collective that followed: "Connection
+    reset by peer")."""
     errors = [m[ERROR_KEY] for m in messages if isinstance(m, dict) and ERROR_KEY in m]
-    description = f"step {step} {how}" + (f": {errors[-1]}" if errors else "")
+    cause = launch_root_cause(stderr_tail)
+    description = f"step {step} {how}" + (f": {cause} first" if cause else "")
+    if errors:
+        description += f"{'; rank 0 reported' if cause else ''}: {errors[-1]}"
     if stderr_tail:
         description += f"\n\nlast lines of its stderr:\n{stderr_tail}"
     metadata = {"step": step, "how": how}

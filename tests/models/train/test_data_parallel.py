@@ -531,14 +531,17 @@ def test_a_dagster_daily_update_under_torchrun_trains_and_samples_on_two_process
     tmp_path, tiny_model_dir, monkeypatch
 ):
     """The daily_update step launched as 2 processes (FLYWHEEL_STEP_LAUNCHER=torchrun, PROCESSES=2): rank 0
-    runs the day and reports through Pipes, rank 1 joins its GSPO training and its rollout sampling (steps/entry.py)."""
+    runs the day and reports through Pipes, rank 1 joins its GSPO training and its rollout sampling
+    (steps/entry.py). A rank killed mid-step fails the step with the reason and leaves `latest`; the
+    re-run succeeds."""
     import dagster as dg
 
     from assets.daily_rl.daily_update import daily_update
     from assets.daily_rl.headlines import headlines
+    from outcome_flywheel.models.torch.training import CRASH_RANK_VARIABLE
     from resources.steps import StepRunnerResource
     from tests.daily_fixtures import daily_resources, linked_data_dir
-    from tests.pipelines.test_pipes_steps import DAYS, SMALL, _latest, _logs
+    from tests.pipelines.test_pipes_steps import DAYS, SMALL, _failure, _latest, _logs
 
     root = linked_data_dir(tmp_path, tiny_model_dir)
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(root))
@@ -547,8 +550,9 @@ def test_a_dagster_daily_update_under_torchrun_trains_and_samples_on_two_process
     runner = StepRunnerResource(runner="subprocess", launcher="torchrun", processes=2)
     res = {**daily_resources(root, max_headlines=2), "step_runner": runner}
     instance = dg.DagsterInstance.ephemeral()
-    for day in DAYS:
-        result = dg.materialize(
+
+    def run_day(day: str):
+        return dg.materialize(
             [headlines, daily_update],
             partition_key=day,
             resources=res,
@@ -556,7 +560,22 @@ def test_a_dagster_daily_update_under_torchrun_trains_and_samples_on_two_process
             instance=instance,
             raise_on_error=False,
         )
-        assert result.success, _logs(instance, result)[-4000:]
+
+    result = run_day(DAYS[0])
+    assert result.success, _logs(instance, result)[-4000:]
+    # day 2 trains: rank 1 killed in its first step fails the step with the reason, and `latest` stays
+    monkeypatch.setenv(CRASH_RANK_VARIABLE, "1")
+    killed = run_day(DAYS[1])
+    assert not killed.success
+    failure = _failure(killed)
+    # the rank lost first leads; what rank 0 saw of it follows when it could report before torchrun
+    # stopped it (a race: its broken collective, or nothing)
+    headline = failure.split("\n")[0]
+    assert "step daily_update exited with status 1: rank 1 was killed by SIGKILL" in headline, failure[-3000:]
+    assert _latest(root) == DAYS[0] and not (root / "checkpoints" / "policy" / DAYS[1]).exists()
+    monkeypatch.delenv(CRASH_RANK_VARIABLE)
+    result = run_day(DAYS[1])
+    assert result.success, _logs(instance, result)[-4000:]
     logs = _logs(instance, result)
     assert "data parallel: 2 processes trained gspo and sampled the rollouts" in logs, logs[-4000:]
     assert _latest(root) == DAYS[1]
