@@ -2,7 +2,7 @@
 `dpo_config.WeightedDPOConfig`, `dpo_config.PreferencePair`).
 
 The trainer body is here: the seeded LoRA init, the completions' segments, the reference
-log-probs (the base, adapter off, once before any update), the batching plan (`batching.batch_plan`
+log-probs (the base, adapter off, once before any update; shared out across data-parallel ranks), the batching plan (`batching.batch_plan`
 over single pairs) and the dataset's mean weight that every minibatch is normalised by. The
 framework supplies only its log-prob function (`backend.sequence_logps`), its loss
 (`weighted_dpo_loss` in `torch/losses.py` / `mlx/losses.py`) and its loop (`train` in
@@ -24,8 +24,6 @@ from outcome_flywheel.models.train.shards import announce, gather, ranks, sharde
 if TYPE_CHECKING:
     from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
 
-REFERENCE_BATCH = 32  # pairs per no-grad reference pass
-
 
 def train_weighted_dpo(
     backend: ModelBackend, pairs: Sequence["PreferencePair"], config: "WeightedDPOConfig"
@@ -46,7 +44,9 @@ def train_weighted_dpo(
     rejected_ids = [encode_segments(backend.encode_response, p.rejected, config.completion_unit) for p in pairs]
     weights = np.array([float(p.weight) for p in pairs], dtype=np.float32)
     mean_weight = float(weights.mean())
-    ref_chosen, ref_rejected = reference_logps(backend, prompt_ids, chosen_ids, rejected_ids)
+    ref_chosen, ref_rejected, reference_passes = reference_logps(
+        backend, prompt_ids, chosen_ids, rejected_ids, config.reference_batch_size, rank, world
+    )
 
     def loss(model, idx: list[int]):
         p = [prompt_ids[i] for i in idx]
@@ -80,20 +80,36 @@ def train_weighted_dpo(
     optimizer = fw.adamw(backend.model, config.learning_rate)
     stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
     stats.extra.update(micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, processes=world)
+    stats.extra["reference_batches_by_rank"] = gather(fw, reference_passes)
     stats.extra["config"] = config.as_dict()
     stats.extra["n_pairs"] = len(pairs)
     return stats
 
 
-def reference_logps(backend: ModelBackend, prompt_ids, chosen_ids, rejected_ids) -> tuple[np.ndarray, np.ndarray]:
-    """`[N]` float32 log ref(chosen | prompt) and log ref(rejected | prompt): the base (adapter off),
-    no gradients, `REFERENCE_BATCH` pairs at a time (chosen and rejected in separate passes)."""
+def reference_logps(
+    backend: ModelBackend, prompt_ids, chosen_ids, rejected_ids, batch_size: int, rank: int = 0, world: int = 1
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """`[N]` float32 log ref(chosen | prompt) and log ref(rejected | prompt): the base (adapter off), no
+    gradients, `batch_size` pairs at a time (chosen and rejected in separate passes), and how many of
+    those batches this rank computed. With several ranks, batch k is rank k mod world's and every rank
+    gathers all of them: the same batches as one process, so the same values, at 1/world of the work."""
     fw = backend.framework
-    ref_chosen = np.empty(len(prompt_ids), dtype=np.float32)
-    ref_rejected = np.empty(len(prompt_ids), dtype=np.float32)
+    n = len(prompt_ids)
+    starts = list(range(0, n, batch_size))
+    mine = {}
     with fw.inference(backend), backend.adapter_disabled():
-        for start in range(0, len(prompt_ids), REFERENCE_BATCH):
-            sl = slice(start, start + REFERENCE_BATCH)
-            ref_chosen[sl] = fw.to_numpy(backend.sequence_logps(prompt_ids[sl], chosen_ids[sl]))
-            ref_rejected[sl] = fw.to_numpy(backend.sequence_logps(prompt_ids[sl], rejected_ids[sl]))
-    return ref_chosen, ref_rejected
+        for start in starts[rank::world]:
+            sl = slice(start, start + batch_size)
+            mine[start] = (
+                fw.to_numpy(backend.sequence_logps(prompt_ids[sl], chosen_ids[sl])),
+                fw.to_numpy(backend.sequence_logps(prompt_ids[sl], rejected_ids[sl])),
+            )
+    batches = {start: values for part in gather(fw, mine) for start, values in part.items()}
+    if sorted(batches) != starts:
+        raise RuntimeError(f"data parallel: reference batches {sorted(set(starts) - set(batches))} computed by no rank")
+    ref_chosen = np.empty(n, dtype=np.float32)
+    ref_rejected = np.empty(n, dtype=np.float32)
+    for start, (chosen, rejected) in batches.items():
+        ref_chosen[start : start + len(chosen)] = chosen
+        ref_rejected[start : start + len(rejected)] = rejected
+    return ref_chosen, ref_rejected, len(mine)

@@ -53,10 +53,18 @@ class WeightedDPOConfig:
         },
     )
     seed: int = field(default=0, metadata={"help": "Seeds the LoRA init and the batch order."})
+    reference_batch_size: int = field(
+        default=32,
+        metadata={
+            "help": "Pairs per no-grad pass of the reference log-probs, computed once before training (TRL's precompute_ref_batch_size); in data-parallel training each rank takes every N-th batch."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.completion_unit not in COMPLETION_UNITS:
             raise ValueError(f"completion_unit must be one of {COMPLETION_UNITS}, got {self.completion_unit!r}")
+        if self.reference_batch_size < 1:
+            raise ValueError(f"reference_batch_size must be >= 1, got {self.reference_batch_size}")
 
     @classmethod
     def with_overrides(cls, **overrides) -> "WeightedDPOConfig":

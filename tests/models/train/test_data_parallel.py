@@ -132,6 +132,7 @@ def train_one(trainer: str, model_dir: Path, out: Path) -> dict:
         "seen": [sorted({rows.index(s) for s in e["seen"] if s in rows}) for e in every],
         "digests": [e["digest"] for e in every],
         "world": world,
+        "reference_batches": stats.extra.get("reference_batches_by_rank"),
     }
     if rank == 0:
         np.savez(
@@ -398,6 +399,8 @@ def test_two_processes_take_the_one_process_step(runs, tiny_model_dir, trainer):
     seen = two["seen"]
     assert not set(seen[0]) & set(seen[1]) and sorted(seen[0] + seen[1]) == list(range(len(one["seen"][0])))
     assert sorted(map(len, seen)) == {"gspo": [2, 4], "dpo": [2, 2], "sft": [2, 3], "gspo_full": [2, 4]}[trainer]
+    if trainer == "dpo":  # the reference pass, 2 batches of 2 pairs: one each
+        assert one["reference_batches"] == [2] and two["reference_batches"] == [1, 1]
     if trainer.startswith("gspo"):  # a prompt group (example i and i + 3 share PROMPTS[i % 3]) stays on one rank
         assert all((i in s) == (i + 3 in s) for s in seen for i in range(3))
     # rank 0 alone wrote its checkpoint

@@ -54,7 +54,7 @@ def dpo_case(backend):
         PreferencePair(PROMPTS[i % 3], RESPONSES[i % 3], RESPONSES[(i + 1) % 3] + " now" * i, w)
         for i, w in enumerate([1.0, 3.0, 0.3, 1.5])
     ]
-    config = WeightedDPOConfig(epochs=1, batch_size=4)
+    config = WeightedDPOConfig(epochs=1, batch_size=4, reference_batch_size=2)  # two reference passes
     mean_weight = np.mean([p.weight for p in pairs])
     prompts, responses, weights = [], [], []
     for p in pairs:  # each line of chosen and rejected is a response to the prompt (segments.py)
