@@ -91,28 +91,12 @@ def test_flywheel_materialises_end_to_end_with_mlx(data_dir, warehouse, mlx_back
     from assets.preferences.decisions import operator_decisions
     from assets.preferences.evaluation import holdout_eval, style_drift
     from assets.preferences.outcomes import decision_outcomes
-    from outcome_flywheel.market_data import MarketData
-    from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
     from outcome_flywheel.preferences.style_match import score_candidates, scoring_settings
+    from tests.flywheel_fixtures import bundled_decisions, flywheel_resources, write_log
 
     first, last = "2025-12-01", "2025-12-19"  # ~18 decisions: one DPO step of <=16 pairs
-    lines = []
-    for line in BUNDLED_AUDIT_LOG.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # the bundled log holds a few broken lines on purpose
-            continue
-        if isinstance(record.get("ts"), str) and first <= record["ts"][:10] <= last:
-            lines.append(json.dumps(record))
-    log = tmp_path / "audit.jsonl"
-    log.write_text("\n".join(lines) + "\n")
-    resources = {
-        "warehouse": warehouse,
-        "model_backend": mlx_backend_resource,
-        "audit_log": AuditLog(path=str(log)),
-        "market_data": MarketData(data_dir=str(data_dir)),
-        "step_runner": StepRunnerResource(runner="in_process"),
-    }
+    log = write_log(tmp_path / "audit.jsonl", bundled_decisions(first, last))
+    resources = flywheel_resources(warehouse, mlx_backend_resource, log, data_dir)
     instance = dg.DagsterInstance.ephemeral()
     tags = {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}
     assert dg.materialize(

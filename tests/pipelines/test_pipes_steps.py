@@ -17,8 +17,6 @@ from assets.preferences.adapter import HISTORY_TABLE, preference_adapter
 from assets.preferences.dataset import dpo_dataset
 from assets.preferences.decisions import operator_decisions
 from assets.preferences.outcomes import decision_outcomes
-from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
 from outcome_flywheel.settings import SettingsError
 from outcome_flywheel.steps.codec import StepPayloadError, from_payload, to_payload
 from outcome_flywheel.steps.entry import CRASH_VARIABLE
@@ -162,25 +160,11 @@ def test_an_error_in_the_step_process_fails_the_step_with_its_message_and_traceb
 def preference_pool(tmp_path, warehouse, model_backend, data_dir, step_runner) -> dict:
     """The preference flywheel's resources over the bundled audit log's range, its `dpo_dataset` made:
     what `preference_adapter` trains from."""
+    from tests.flywheel_fixtures import bundled_decisions, flywheel_resources, write_log
     from tests.preferences.test_flywheel_assets import FIRST, LAST, RANGE
 
-    records = []
-    for line in BUNDLED_AUDIT_LOG.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # the bundled log holds a few broken lines on purpose
-            continue
-    log = tmp_path / "audit.jsonl"
-    log.write_text(
-        "".join(json.dumps(r) + "\n" for r in records if isinstance(r.get("ts"), str) and FIRST <= r["ts"][:10] <= LAST)
-    )
-    res = {
-        "warehouse": warehouse,
-        "model_backend": model_backend,
-        "audit_log": AuditLog(path=str(log)),
-        "market_data": MarketData(data_dir=str(data_dir)),
-        "step_runner": step_runner,
-    }
+    log = write_log(tmp_path / "audit.jsonl", bundled_decisions(FIRST, LAST))
+    res = flywheel_resources(warehouse, model_backend, log, data_dir, step_runner)
     assert dg.materialize([operator_decisions, decision_outcomes], resources=res, tags=RANGE).success
     assert dg.materialize([dpo_dataset], resources=res).success
     return res

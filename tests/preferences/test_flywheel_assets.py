@@ -14,11 +14,8 @@ from assets.preferences.decisions import operator_decisions
 from assets.preferences.evaluation import holdout_eval, style_drift
 from assets.preferences.outcomes import decision_outcomes, pending_partitions_ready
 from outcome_flywheel.cli import flywheel_status, style_score
-from outcome_flywheel.market_data import MarketData
-from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
 from pipelines.preferences import flywheel_outcomes_schedule, training_decision
-from resources.steps import StepRunnerResource
-from tests.flywheel_fixtures import one_thread  # noqa: F401
+from tests.flywheel_fixtures import bundled_decisions, flywheel_resources, one_thread, write_log  # noqa: F401
 from tests.tolerances import margin_tolerances
 
 FIRST, LAST = "2025-11-17", "2026-01-08"
@@ -28,32 +25,17 @@ RANGE = {"dagster/asset_partition_range_start": FIRST, "dagster/asset_partition_
 @pytest.fixture()
 def small_log(tmp_path):
     """The bundled sample's decisions of FIRST..LAST, plus a bad line and a repeated id."""
-    lines = []
-    for line in BUNDLED_AUDIT_LOG.read_text().splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj.get("ts"), str) and FIRST <= obj["ts"][:10] <= LAST:
-            lines.append(json.dumps(obj))
+    lines = bundled_decisions(FIRST, LAST)
     lines.insert(3, '{"decision_id": "broken", "ts": ')
     again = json.loads(lines[0])
     again["reason"] = "corrected"
     lines.append(json.dumps(again))
-    path = tmp_path / "audit.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_log(tmp_path / "audit.jsonl", lines)
 
 
 @pytest.fixture()
 def resources(small_log, warehouse, model_backend, data_dir):
-    return {
-        "warehouse": warehouse,
-        "model_backend": model_backend,
-        "audit_log": AuditLog(path=str(small_log)),
-        "market_data": MarketData(data_dir=str(data_dir)),
-        "step_runner": StepRunnerResource(runner="in_process"),
-    }
+    return flywheel_resources(warehouse, model_backend, small_log, data_dir)
 
 
 def _decisions_and_outcomes(resources, instance=None):

@@ -292,31 +292,14 @@ def test_flywheel_on_smollm2(smol_data_dir, offline, backend, tmp_path):
     from assets.preferences.evaluation import holdout_eval, style_drift
     from assets.preferences.outcomes import decision_outcomes
     from outcome_flywheel.cli import style_score
-    from outcome_flywheel.market_data import MarketData
-    from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
     from outcome_flywheel.storage import Warehouse
-    from resources.steps import StepRunnerResource
+    from tests.flywheel_fixtures import bundled_decisions, flywheel_resources, write_log
 
     first, last = "2025-12-01", "2025-12-19"  # ~18 decisions: one DPO step of <=16 pairs
-    records = []
-    for line in BUNDLED_AUDIT_LOG.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # the bundled log holds a few broken lines on purpose
-            continue
-        if isinstance(record.get("ts"), str) and first <= record["ts"][:10] <= last:
-            records.append(json.dumps(record))
-    log = tmp_path / "audit.jsonl"
-    log.write_text("\n".join(records) + "\n")
     warehouse = Warehouse(data_dir=str(smol_data_dir))
     loader = ModelLoader(data_dir=str(smol_data_dir), base_model=NAME, backend=backend, device="cpu")
-    resources = {
-        "warehouse": warehouse,
-        "model_backend": loader,
-        "audit_log": AuditLog(path=str(log)),
-        "market_data": MarketData(data_dir=str(smol_data_dir)),
-        "step_runner": StepRunnerResource(runner="in_process"),
-    }
+    log = write_log(tmp_path / "audit.jsonl", bundled_decisions(first, last))
+    resources = flywheel_resources(warehouse, loader, log, smol_data_dir)
     instance = dg.DagsterInstance.ephemeral()
     tags = {"dagster/asset_partition_range_start": first, "dagster/asset_partition_range_end": last}
     assert dg.materialize(
