@@ -24,6 +24,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from outcome_flywheel.steps.launch import StepLaunch
+
 TRAINERS = ("gspo", "dpo", "sft")
 
 
@@ -118,28 +120,11 @@ def worker(model: str, device: str, n: int, headlines: int, out: Path) -> None:
 def run(processes: int, model: str, device: str, n: int, headlines: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes",
-            "1",
-            "--nproc_per_node",
-            str(processes),
-            "-m",
+        command = StepLaunch(launcher="torchrun", processes=processes, python=sys.executable).module_command(
             "benchmarks.data_parallel",
-            "--worker",
-            str(out),
-            "--model",
-            model,
-            "--device",
-            device,
-            "--examples",
-            str(n),
-            "--headlines",
-            str(headlines),
-        ]
+            *("--worker", str(out), "--model", model, "--device", device),
+            *("--examples", str(n), "--headlines", str(headlines)),
+        )
         started = time.perf_counter()
         done = subprocess.run(
             command,

@@ -54,7 +54,11 @@ class StepLaunch:
 
     def command(self, step: str) -> list[str]:
         """The argv that runs `step`."""
-        module = step_module(step)
+        return self.module_command(step_module(step))
+
+    def module_command(self, module: str, *args: str) -> list[str]:
+        """The argv that runs `python -m module args...` under this launcher (a step, or a benchmark's
+        or test's own worker)."""
         n = str(int(self.processes))
         if self.launcher == "accelerate":
             # --num_machines 1 and the mixed precision given: accelerate asks for neither then, and
@@ -78,6 +82,7 @@ class StepLaunch:
                 "no",
                 "-m",
                 module,
+                *args,
             ]
         if self.launcher == "torchrun":
             return [
@@ -91,8 +96,9 @@ class StepLaunch:
                 n,
                 "-m",
                 module,
+                *args,
             ]
-        return [self.python, "-m", module]
+        return [self.python, "-m", module, *args]
 
 
 def passthrough_env(environ: Mapping[str, str]) -> dict[str, str]:

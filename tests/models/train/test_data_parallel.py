@@ -287,21 +287,15 @@ def worker(out: Path, model_dir: Path, trainers: list[str]) -> None:
 
 def torchrun(out: Path, model_dir: Path, trainers, launcher: str = "torchrun", **env) -> subprocess.CompletedProcess:
     """This file's worker in 2 processes, started by the project's own command line for `launcher`
-    (`steps/launch.py`: torchrun, or accelerate), its step module swapped for the worker."""
+    (`steps/launch.py`: torchrun, or accelerate)."""
     from outcome_flywheel.steps.launch import StepLaunch
 
-    command = StepLaunch(launcher=launcher, processes=2, python=sys.executable).command("daily_update")
-    assert command[-2:] == ["-m", "outcome_flywheel.daily_rl.day_step"]
+    command = StepLaunch(launcher=launcher, processes=2, python=sys.executable).module_command(
+        "tests.models.train.test_data_parallel", str(out), str(model_dir), ",".join(trainers)
+    )
     environ = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_TRAIN_MEMORY_GIB"}
     environ.update(OMP_NUM_THREADS="1", **env)
-    return subprocess.run(
-        command[:-1] + ["tests.models.train.test_data_parallel", str(out), str(model_dir), ",".join(trainers)],
-        cwd=PROJECT_ROOT,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return subprocess.run(command, cwd=PROJECT_ROOT, env=environ, capture_output=True, text=True, timeout=900)
 
 
 def one_process(out: Path, model_dir: Path, trainers, monkeypatch) -> dict:
