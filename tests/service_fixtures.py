@@ -124,3 +124,15 @@ def publish_adapter(root: Path, name: str, seed: int) -> Path:
     )
     atomic_symlink(folder, root.joinpath(*ADAPTERS_DIR, "latest"))
     return folder
+
+
+def service_environment(monkeypatch, root: Path, home: Path) -> None:
+    """The variables a live service's Dagster runs read: the instance home, the data dir and audit log
+    of `root`, torch on one thread (the shared 2-core machine)."""
+    for name, value in {
+        "DAGSTER_HOME": str(home),
+        "FLYWHEEL_DATA_DIR": str(root),
+        "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
+        "OMP_NUM_THREADS": "1",
+    }.items():
+        monkeypatch.setenv(name, value)

@@ -15,7 +15,7 @@ import pytest
 from outcome_flywheel.storage import Warehouse
 from scripts.browser_test import CHROMEDRIVER, CHROMIUM, run_in_browser
 from tests.daily_history_fixtures import write_history
-from tests.service_fixtures import TOKEN, make_state, make_world, publish_adapter
+from tests.service_fixtures import TOKEN, make_state, make_world, publish_adapter, service_environment
 
 MISSING = [tool for tool in (CHROMIUM, CHROMEDRIVER) if not Path(tool).exists()]
 # Where apt-get is (CI, every Debian machine) `make setup` installs the browser: missing there, the test
@@ -37,13 +37,7 @@ def test_the_pages_in_a_browser(tmp_path, tiny_model_dir, monkeypatch):
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    for name, value in {
-        "DAGSTER_HOME": str(home),
-        "FLYWHEEL_DATA_DIR": str(root),
-        "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
-        "OMP_NUM_THREADS": "1",
-    }.items():
-        monkeypatch.setenv(name, value)
+    service_environment(monkeypatch, root, home)
     summary = run_in_browser(make_state(root), TOKEN, tmp_path / "shots", materialize_timeout=240)
     assert summary["passed"] and summary["style_panel"]["score"].endswith("%")
     shots = sorted((tmp_path / "shots").glob("*.png"))

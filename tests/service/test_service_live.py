@@ -17,7 +17,7 @@ from outcome_flywheel.settings import settings_problems
 from pipelines.launch import LAUNCH_TAG, REPOSITORY_TAG
 from service.config import ServiceConfig
 from service.main import banner, start_in_thread
-from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, make_world
+from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, make_world, service_environment
 
 DECISION = {
     "decision_id": "web-live-1",
@@ -37,13 +37,7 @@ def live(tmp_path_factory, tiny_model_dir):
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     with pytest.MonkeyPatch.context() as mp:
         # The worker process reads the same settings the service does.
-        for name, value in {
-            "DAGSTER_HOME": str(home),
-            "FLYWHEEL_DATA_DIR": str(root),
-            "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
-            "OMP_NUM_THREADS": "1",
-        }.items():
-            mp.setenv(name, value)
+        service_environment(mp, root, home)
         state = make_state(root)  # its config: ServiceConfig's defaults, the host included
         server, url = start_in_thread(state)
         yield {"state": state, "root": root, "address": server.servers[0].sockets[0].getsockname(), "url": url}

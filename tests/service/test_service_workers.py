@@ -17,7 +17,7 @@ from outcome_flywheel.settings import PROJECT_ROOT
 from pipelines.launch import LAUNCH_TAG, REPOSITORY_TAG, WORKER_TAG, process_alive, process_identity
 from service import launching
 from tests import PROJECT_ROOT
-from tests.service_fixtures import make_state, make_world
+from tests.service_fixtures import make_state, make_world, service_environment
 
 
 def _wait_for(what, timeout: float, step: float = 0.2):
@@ -37,13 +37,7 @@ def instance_world(tmp_path, tiny_model_dir, monkeypatch):
     home.mkdir()
     # The project's instance settings: every pool (duckdb included) has limit 1.
     (home / "dagster.yaml").write_text((PROJECT_ROOT / "scripts" / "dagster.yaml").read_text())
-    for name, value in {
-        "DAGSTER_HOME": str(home),
-        "FLYWHEEL_DATA_DIR": str(root),
-        "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
-        "OMP_NUM_THREADS": "1",
-    }.items():
-        monkeypatch.setenv(name, value)
+    service_environment(monkeypatch, root, home)
     state = make_state(root)
     yield state, root
     for worker in state.workers:
