@@ -232,36 +232,13 @@ def build_headlines(
     unique = []
     for row in rows:
         if row["headline_id"] in seen:
-            quarantine.append(
-                dict(
-                    date=day,
-                    feed_file=row["feed_file"],
-                    source=row["source"],
-                    entry_index=-1,
-                    title=row["title"][:300],
-                    published=str(row["published_at"]),
-                    reason="duplicate",
-                    detail=f"same title as headline {row['headline_id']} from {seen[row['headline_id']]}",
-                )
-            )
-            _move_kept_to_quarantined(sources, row["feed_file"])
+            detail = f"same title as headline {row['headline_id']} from {seen[row['headline_id']]}"
+            _set_aside(quarantine, sources, row, day, "duplicate", detail)
             continue
         seen[row["headline_id"]] = row["feed_file"]
         unique.append(row)
     for row in unique[max_headlines:]:
-        quarantine.append(
-            dict(
-                date=day,
-                feed_file=row["feed_file"],
-                source=row["source"],
-                entry_index=-1,
-                title=row["title"][:300],
-                published=str(row["published_at"]),
-                reason="over_cap",
-                detail=f"more than {max_headlines} headlines on {day}",
-            )
-        )
-        _move_kept_to_quarantined(sources, row["feed_file"])
+        _set_aside(quarantine, sources, row, day, "over_cap", f"more than {max_headlines} headlines on {day}")
     unique = unique[:max_headlines]
     return (
         pd.DataFrame(unique, columns=HEADLINE_COLUMNS),
@@ -274,6 +251,24 @@ def feed_failures(quarantine: pd.DataFrame) -> list[dict]:
     """The feeds that gave nothing at all (fetch failed, not a feed, ...): feed, reason, detail."""
     rows = quarantine[quarantine["reason"].isin(FEED_LEVEL_REASONS)] if not quarantine.empty else quarantine
     return [dict(feed=r.feed_file, reason=r.reason, detail=r.detail) for r in rows.itertuples()]
+
+
+def _set_aside(quarantine: list, sources: list, row: dict, day: str, reason: str, detail: str) -> None:
+    """A parsed headline that is not kept (a duplicate, over the cap): its quarantine row, and its feed's
+    counts moved from kept to quarantined."""
+    quarantine.append(
+        dict(
+            date=day,
+            feed_file=row["feed_file"],
+            source=row["source"],
+            entry_index=-1,
+            title=row["title"][:300],
+            published=str(row["published_at"]),
+            reason=reason,
+            detail=detail,
+        )
+    )
+    _move_kept_to_quarantined(sources, row["feed_file"])
 
 
 def _move_kept_to_quarantined(sources: list[dict], feed_file: str) -> None:
