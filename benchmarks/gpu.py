@@ -109,8 +109,9 @@ def headline_prompts(backend, count: int, target_tokens: int) -> list[list[dict]
 
 
 def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
-    """One timed call of a sampler at the load: "torch" (the static-cache, graph-captured sampler,
-    its capture and warm-up timed apart), "torch-eager" (the eager loop), "hf_generate", "vllm"."""
+    """One timed call of a sampler at the load: "torch" (the static-cache, graph-captured sampler with
+    its step's pieces fused; capture, compile and warm-up timed apart), "torch-unfused" (the same
+    without fusion), "torch-eager" (the eager loop), "hf_generate", "vllm"."""
     from outcome_flywheel.models.interface import SamplingConfig
     from outcome_flywheel.models.torch.graph_sampler import sampling_rule
 
@@ -126,7 +127,11 @@ def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
     if sampler == "hf_generate":
         return _time_hf_generate(backend, prompts, n, config)
     backend.sampler = "vllm" if sampler == "vllm" else "torch"
-    backend.static_decode = sampler == "torch" and device.type == "cuda"
+    backend.static_decode = sampler in ("torch", "torch-unfused") and device.type == "cuda"
+    fuse = False if sampler == "torch-unfused" else None
+    if backend.fuse_decode != fuse:  # a sampler of the other kind: its graphs go, new ones are captured
+        backend.release_inference_state()
+        backend.fuse_decode = fuse
     backend.sample(prompts[:2], 2, SamplingConfig(**{**config.__dict__, "max_new_tokens": 8}), seeds=[0, 1])  # warm-up
     out: dict = {}
     engine = backend.graph_sampler
@@ -140,6 +145,8 @@ def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
             capture_and_warmup_s=round(time.perf_counter() - started, 2),
             graphs=engine.stats.captures,
             static_cache_gib=round(engine.stats.cache_bytes / 2**30, 2),
+            fused=engine.kernels.fused and not engine.kernels.failure,
+            **({"fusion_failure": engine.kernels.failure} if engine.kernels.failure else {}),
         )
         captured = engine.stats.captures
     _sync(device)
@@ -150,6 +157,9 @@ def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
     if engine is not None:
         out.update(captures_in_timed_call=engine.stats.captures - captured, fallbacks=dict(engine.stats.fallbacks))
     backend.sampler, backend.static_decode = "torch", device.type == "cuda"
+    if fuse is not None:
+        backend.release_inference_state()
+        backend.fuse_decode = None
     tokens = sum(len(s.token_ids) for g in groups for s in g)
     return {
         "seconds": round(seconds, 2),
@@ -281,14 +291,14 @@ def time_judge(backend, prompts, texts) -> dict:
     }
 
 
-def profile_samplers(backend, prompts, n, steps) -> dict:
-    """Where a decode step's time goes, the project's sampler against `generate` (the top kernels and CPU ops)."""
+def profile_samplers(backend, prompts, n, steps, samplers) -> dict:
+    """Where a decode step's time goes in each of `samplers` (the top kernels and CPU ops)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if backend.device.type == "cuda" else [])
     out = {}
-    for sampler in ("torch", "torch-eager", "hf_generate"):
-        time_generation(backend, prompts, n, 4, sampler)  # warm-up
+    for sampler in samplers:
+        time_generation(backend, prompts, n, 64, sampler)  # warm-up: captures and compiles stay out
         with profile(activities=activities) as prof:
             timed = time_generation(backend, prompts, n, steps, sampler)
         timed.pop("groups", None)
@@ -316,7 +326,14 @@ def main(argv=None) -> dict:
         default=0,
         help="profile this many decode steps of each sampler (torch.profiler) and stop",
     )
-    parser.add_argument("--skip", default="", help="comma list of parts to skip: eager,hf_generate,vllm,training,judge")
+    parser.add_argument(
+        "--profile-samplers",
+        default="torch,torch-unfused,torch-eager,hf_generate",
+        help="the samplers --profile-steps profiles, comma-separated",
+    )
+    parser.add_argument(
+        "--skip", default="", help="comma list of parts to skip: unfused,eager,hf_generate,vllm,training,judge"
+    )
     args = parser.parse_args(argv)
 
     from outcome_flywheel.models.provision.qwen3_shapes import benchmark_model
@@ -364,7 +381,9 @@ def main(argv=None) -> dict:
         result["prompt_tokens_mean"] = round(float(np.mean(prompt_lengths)), 1)
 
         if args.profile_steps:
-            return profile_samplers(backend, prompts, args.rollouts, args.profile_steps)
+            return profile_samplers(
+                backend, prompts, args.rollouts, args.profile_steps, args.profile_samplers.split(",")
+            )
         own = time_generation(backend, prompts, args.rollouts, args.new_tokens, "torch")
         groups = own.pop("groups")
         texts = note_texts(backend, groups)
@@ -373,6 +392,20 @@ def main(argv=None) -> dict:
             f"project sampler (static cache + CUDA graphs on CUDA): {own['tokens_per_s']} output tokens/s "
             f"({own['output_tokens']} tokens in {own['seconds']} s; capture and warm-up {own.get('capture_and_warmup_s')} s, once per model load)"
         )
+        if "unfused" not in skip and cuda:
+            unfused = time_generation(backend, prompts, args.rollouts, args.new_tokens, "torch-unfused")
+            unfused_groups = unfused.pop("groups")
+            result["unfused_sampler"] = unfused
+            result["fused_vs_unfused"] = round(own["tokens_per_s"] / unfused["tokens_per_s"], 2)
+            result["bf16_rows_identical_to_unfused"] = round(
+                float(
+                    np.mean([a.token_ids == b.token_ids for g, h in zip(groups, unfused_groups) for a, b in zip(g, h)])
+                ),
+                3,
+            )
+            print(
+                f"unfused static sampler: {unfused['tokens_per_s']} output tokens/s; fused/unfused = {result['fused_vs_unfused']}x"
+            )
         if "eager" not in skip and cuda:
             eager = time_generation(backend, prompts, args.rollouts, args.new_tokens, "torch-eager")
             eager_groups = eager.pop("groups")
@@ -398,6 +431,8 @@ def main(argv=None) -> dict:
                 roofline_s=round(ideal, 2),
                 sampler_roofline_fraction=round(ideal / own["seconds"], 3),
             )
+            if "unfused_sampler" in result:
+                result["unfused_roofline_fraction"] = round(ideal / result["unfused_sampler"]["seconds"], 3)
             if "eager_sampler" in result:
                 result["eager_roofline_fraction"] = round(ideal / result["eager_sampler"]["seconds"], 3)
             print(

@@ -16,7 +16,8 @@ from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.provision.qwen3_shapes import build_model, qwen3_tokenizer
 from outcome_flywheel.models.sampling import keep_thresholds, logprob_tolerance
-from outcome_flywheel.models.torch.graph_sampler import batch_bucket, device_keep_thresholds, length_bucket
+from outcome_flywheel.models.torch.fused_decode import device_keep_thresholds
+from outcome_flywheel.models.torch.graph_sampler import batch_bucket, length_bucket
 from outcome_flywheel.models.torch.static_cache import unsupported_reason
 from outcome_flywheel.models.train.gspo import train_gspo
 from tests.tolerances import logprob_tolerances, worst_ratio
@@ -67,10 +68,14 @@ def llama_dir(tmp_path_factory):
     return out
 
 
-def _backends(model_dir, device, lora: bool = False):
+def _backends(model_dir, device, lora: bool = False, fuse_decode: bool | None = None):
+    """The eager sampler and the static one (its pieces fused or not: None, where it captures graphs)."""
     from outcome_flywheel.models.torch.backend import TorchBackend
 
-    pair = [TorchBackend(model_dir, device=device, dtype="float32", static_decode=flag) for flag in (False, True)]
+    pair = [
+        TorchBackend(model_dir, device=device, dtype="float32", static_decode=flag, fuse_decode=fuse_decode)
+        for flag in (False, True)
+    ]
     if lora:
         for backend in pair:
             torch.manual_seed(
@@ -213,13 +218,17 @@ def test_buckets_and_the_cache_is_reused_then_grown(qwen3_dir):
 def test_models_the_static_step_cannot_run_keep_the_eager_sampler():
     from transformers import GPT2Config, MistralConfig, Qwen3Config
 
-    class Holder:
-        def __init__(self, config):
-            self.config = config
+    class Holder(torch.nn.Module):
+        def __init__(self, config, norm=None):
+            super().__init__()
+            self.config, self.norm = config, norm
 
     assert "not one of" in unsupported_reason(Holder(GPT2Config()))
     assert unsupported_reason(Holder(MistralConfig(sliding_window=64))) == "sliding-window attention"
     assert unsupported_reason(Holder(Qwen3Config())) == ""
+    # the step's fused pieces are SiLU's gate and transformers' RMSNorm
+    assert "MLP activation 'gelu'" in unsupported_reason(Holder(Qwen3Config(hidden_act="gelu")))
+    assert "RMSNorm" in unsupported_reason(Holder(Qwen3Config(), norm=torch.nn.LayerNorm(8)))
 
 
 def test_training_frees_the_static_cache_and_the_trained_policy_samples_as_the_eager_one(qwen3_dir):

@@ -54,13 +54,15 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         master_weights: bool = False,
         sampler: str = "torch",
         static_decode: bool | None = None,
+        fuse_decode: bool | None = None,
     ):
         """`dtype` is the compute precision: "auto" = bf16 on CUDA, fp32 elsewhere (CPU has no fast
         bf16 path, and the parity tests need fp32), or a name. `master_weights` keeps the weights
         in fp32 and computes in `dtype` under autocast (full fine-tuning: see `use_master_weights`).
         `static_decode`: the project's sampler decodes over a static KV cache with CUDA graphs
         (`graph_sampler.py`); None = on CUDA only (elsewhere the same step runs without graphs
-        when asked, for tests)."""
+        when asked, for tests). `fuse_decode`: that step's norms, rotations and gates compiled into
+        one kernel each (`fused_decode.py`); None = where it captures graphs."""
         from transformers import AutoModelForCausalLM
 
         self.model_path = Path(model_path)
@@ -77,6 +79,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             require_vllm()
         self.sampler = sampler
         self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
+        self.fuse_decode = fuse_decode
         self._graph_sampler: GraphSampler | None = None
         self.weights_on_disk = (self.model_path, self.adapter_path)
         self._load_tokenizer()
@@ -114,7 +117,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         if not self.static_decode:
             return None
         if self._graph_sampler is None:
-            self._graph_sampler = GraphSampler(self)
+            self._graph_sampler = GraphSampler(self, fuse=self.fuse_decode)
         return self._graph_sampler
 
     def release_inference_state(self) -> None:

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from outcome_flywheel.models.sampling import candidate_count, uses_nucleus
+from outcome_flywheel.models.sampling import candidate_count
+from outcome_flywheel.models.torch.fused_decode import DecodeKernels
 from outcome_flywheel.models.torch.static_cache import StaticKVCache, causal_lm, decode_step, unsupported_reason
 
 LENGTH_BUCKET = 128
@@ -41,6 +42,18 @@ MIN_GRAPH_TOKENS = 32
 CACHE_MEMORY_SHARE = 0.5
 
 
+_CAPTURE_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+
+
+def capture_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The one side stream every capture on `device` warms up on: cuBLAS keeps a workspace for each
+    stream it has run on until the process ends, so a new stream per capture would leave one behind
+    each time (memory a long-lived server never gets back)."""
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[device]
+
+
 def batch_bucket(rows: int) -> int:
     """The padded batch a graph is captured for: powers of two to 16, then multiples of 16."""
     return 1 << max(rows - 1, 0).bit_length() if rows <= 16 else -(-rows // 16) * 16
@@ -48,25 +61,6 @@ def batch_bucket(rows: int) -> int:
 
 def length_bucket(length: int) -> int:
     return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
-
-
-def device_keep_thresholds(top_values: torch.Tensor, top_p: float) -> torch.Tensor:
-    """`models.sampling.keep_thresholds` on the device: the smallest kept logit per row `[B]`, from
-    each row's top-k logits in descending order `[B, k]`; float64 as on the host; no host copy."""
-    values = top_values.double()
-    if not uses_nucleus(top_p):
-        return values[:, -1]
-    probs = torch.exp(values - values[:, :1])
-    probs = probs / probs.sum(-1, keepdim=True)
-    before = torch.cat([torch.zeros_like(probs[:, :1]), probs.cumsum(-1)[:, :-1]], dim=-1)
-    # a tied token's mass "strictly above" is the mass before the first token of its tie group
-    position = torch.arange(values.shape[1], device=values.device).expand_as(values)
-    starts_group = torch.cat(
-        [torch.ones_like(values[:, :1], dtype=torch.bool), values[:, 1:] != values[:, :-1]], dim=-1
-    )
-    group_start = torch.where(starts_group, position, 0).cummax(-1).values
-    kept = (before.gather(-1, group_start) < top_p).sum(-1)
-    return values.gather(-1, (kept.clamp(min=1) - 1)[:, None])[:, 0]
 
 
 @dataclass(frozen=True)
@@ -116,12 +110,16 @@ class GraphSampler:
         "out_alive",
     )
 
-    def __init__(self, backend, use_graphs: bool | None = None):
+    def __init__(self, backend, use_graphs: bool | None = None, fuse: bool | None = None):
+        """`use_graphs`: capture each step in a CUDA graph (None: on CUDA). `fuse`: compile the
+        step's norms, rotations and gates into one kernel each (`fused_decode.py`; None: with graphs,
+        where launches set the step's time)."""
         # A weak reference: the backend holds its sampler, so a strong one back would make a cycle,
         # and a dropped backend's cache and graphs would wait for the garbage collector.
         self._backend = weakref.ref(backend)
         self.device = backend.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        self.kernels = DecodeKernels(fused=self.use_graphs if fuse is None else fuse)
         self.stats = EngineStats()
         self._cache: StaticKVCache | None = None
         self._graphs: dict[tuple, object] = {}
@@ -237,22 +235,10 @@ class GraphSampler:
     def _sample_step(self, rows: int, length: int, rule: SamplingRule) -> None:
         """Pick every row's token from `self.logits`, record it, then run it through the model: the
         body a graph captures. Mirrors `sampling._decode` step for step."""
-        logits = self.logits[:rows]
-        scaled = logits / rule.temperature if not rule.greedy else logits
-        lse = torch.logsumexp(scaled, dim=-1)
         banned, stop = self._rule_tensors(rule)
-        if rule.banned:
-            scaled = scaled.index_fill(-1, banned, float("-inf"))
-        if rule.greedy:
-            chosen = scaled.argmax(-1)
-        else:
-            if rule.top_k < scaled.shape[-1] or uses_nucleus(rule.top_p):
-                threshold = device_keep_thresholds(torch.topk(scaled, rule.top_k, dim=-1).values, rule.top_p)
-                scaled = scaled.masked_fill(scaled < threshold.to(scaled.dtype)[:, None], float("-inf"))
-            cdf = scaled.softmax(-1).double().cumsum(-1)
-            target = self.uniforms[:rows].index_select(1, self.step) * cdf[:, -1:]
-            chosen = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)[:, 0]
-        logp = logits.gather(-1, chosen[:, None])[:, 0] / (rule.temperature if not rule.greedy else 1.0) - lse
+        logits = self.logits[:rows]
+        uniforms = self.uniforms[:rows].index_select(1, self.step) if not rule.greedy else None
+        chosen, logp = self.kernels.pick_tokens(logits, uniforms, banned, rule)
         alive = ~self.done[:rows]
         chosen = torch.where(alive, chosen, rule.pad)
         self.out_tokens[:rows].index_copy_(1, self.step, chosen[:, None])
@@ -261,7 +247,7 @@ class GraphSampler:
         if rule.stop:
             self.done[:rows] |= torch.isin(chosen, stop)
         self.key_bias[:rows].index_fill_(1, self.write_at, 0.0)
-        self.logits[:rows].copy_(
+        self.logits[:rows].copy_(  # read into float32 as it is copied: no float32 copy in between
             decode_step(
                 self.backend.model,
                 self._cache,
@@ -271,6 +257,7 @@ class GraphSampler:
                 self.positions[:rows],
                 self.write_at,
                 self.key_bias[:rows],
+                self.kernels,
             )
         )
         self.positions[:rows] += 1
@@ -283,7 +270,7 @@ class GraphSampler:
         self._rule_tensors(rule)
         self.write_at.zero_()
         self.step.zero_()
-        stream = torch.cuda.Stream(self.device)
+        stream = capture_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from outcome_flywheel.models.torch.fused_decode import DecodeKernels
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
@@ -40,6 +42,11 @@ def unsupported_reason(model) -> str:
         return "sliding-window attention"
     if getattr(config, "rope_scaling", None) and "dynamic" in str((config.rope_scaling or {}).get("rope_type", "")):
         return "dynamic RoPE scaling (its frequencies depend on the sequence length)"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"MLP activation {config.hidden_act!r} (the step's gate is SiLU's)"
+    norms = [m for m in causal_lm(model).modules() if type(m).__name__.endswith("Norm")]
+    if not all(hasattr(m, "variance_epsilon") and hasattr(m, "weight") for m in norms):
+        return "norms other than transformers' RMSNorm"
     return ""
 
 
@@ -90,11 +97,6 @@ class StaticKVCache:
         return self.keys.numel() * self.keys.element_size() * 2
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def _attend(
     attn,
     x: torch.Tensor,
@@ -105,29 +107,23 @@ def _attend(
     length: int,
     write_at: torch.Tensor,
     key_bias: torch.Tensor,
+    kernels: DecodeKernels,
 ) -> torch.Tensor:
     """One token's self-attention for every row: project, (q/k norm), rotate, write this token's key
     and value at `write_at`, attend to the cache's first `length` positions under `key_bias`."""
-    rows, head_dim = x.shape[0], attn.head_dim
-    q = attn.q_proj(x).view(rows, 1, -1, head_dim)
-    k = attn.k_proj(x).view(rows, 1, -1, head_dim)
-    v = attn.v_proj(x).view(rows, 1, -1, head_dim)
-    if hasattr(attn, "q_norm"):  # Qwen3: RMS norm per head before the rotation
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [rows, heads, 1, head_dim]
-    cos, sin = cos[:, None], sin[:, None]
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
+    rows, kv_heads = x.shape[0], keys.shape[1]
+    qk_norms = (
+        (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.variance_epsilon)
+        if hasattr(attn, "q_norm")
+        else (None, None, 0.0)
+    )
+    q, k = kernels.rotate_queries_and_keys(attn.q_proj(x), attn.k_proj(x), cos, sin, *qk_norms, kv_heads)
     keys.index_copy_(2, write_at, k)
-    values.index_copy_(2, write_at, v)
-    kv_heads = keys.shape[1]
-    # Query head h reads key-value head h // group (transformers' repeat_kv order): the group's
-    # query heads become query positions of one key-value head, so no key or value is copied.
-    q = q.reshape(rows, kv_heads, -1, head_dim)
+    values.index_copy_(2, write_at, attn.v_proj(x).view(rows, kv_heads, 1, -1))
     out = F.scaled_dot_product_attention(
         q, keys[:, :, :length], values[:, :, :length], attn_mask=key_bias[:, None, None, :length], scale=attn.scaling
     )
-    return attn.o_proj(out.reshape(rows, 1, -1))
+    return attn.o_proj(out.reshape(rows, -1))
 
 
 def decode_step(
@@ -139,19 +135,23 @@ def decode_step(
     positions: torch.Tensor,
     write_at: torch.Tensor,
     key_bias: torch.Tensor,
+    kernels: DecodeKernels,
 ) -> torch.Tensor:
-    """Logits `[rows, vocab]` (float32) of the next token after `tokens` `[rows]`, each at its
+    """Logits `[rows, vocab]` (in the model's dtype) of the next token after `tokens` `[rows]`, each at its
     rotary `positions` `[rows]`; writes every layer's key/value at cache position `write_at` `[1]`;
     attends to cache positions `< length` where `key_bias` `[rows, >= length]` is 0 (-inf: padding,
-    positions not written yet)."""
+    positions not written yet). The norms, rotations and gates run through `kernels` (fused or not);
+    the residual add is fused with the norm after it."""
     lm = causal_lm(model)
     inner = lm.model
-    hidden = inner.embed_tokens(tokens[:, None])
-    cos, sin = inner.rotary_emb(hidden, positions[:, None])
+    hidden = inner.embed_tokens(tokens)  # [rows, hidden]: one token a row
+    cos, sin = inner.rotary_emb(hidden[:, None], positions[:, None])
+    first = inner.layers[0].input_layernorm
+    normed = kernels.rms_norm(hidden, first.weight, first.variance_epsilon)
     for index, layer in enumerate(inner.layers):
         attended = _attend(
             layer.self_attn,
-            layer.input_layernorm(hidden),
+            normed,
             cos,
             sin,
             cache.keys[index, :rows],
@@ -159,7 +159,12 @@ def decode_step(
             length,
             write_at,
             key_bias,
+            kernels,
         )
-        hidden = hidden + attended
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return lm.lm_head(inner.norm(hidden))[:, 0].float()
+        post = layer.post_attention_layernorm
+        hidden, normed = kernels.add_rms_norm(hidden, attended, post.weight, post.variance_epsilon)
+        mlp = layer.mlp
+        delta = mlp.down_proj(kernels.silu_gate(mlp.gate_proj(normed), mlp.up_proj(normed)))
+        after = inner.layers[index + 1].input_layernorm if index + 1 < len(inner.layers) else inner.norm
+        hidden, normed = kernels.add_rms_norm(hidden, delta, after.weight, after.variance_epsilon)
+    return lm.lm_head(normed)
