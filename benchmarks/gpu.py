@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import tempfile
 import time
@@ -145,8 +146,8 @@ def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
             capture_and_warmup_s=round(time.perf_counter() - started, 2),
             graphs=engine.stats.captures,
             static_cache_gib=round(engine.stats.cache_bytes / 2**30, 2),
-            fused=engine.kernels.fused and not engine.kernels.failure,
-            **({"fusion_failure": engine.kernels.failure} if engine.kernels.failure else {}),
+            fused_pieces=engine.kernels.fused_pieces,
+            **({"fusion_failures": dict(engine.kernels.failures)} if engine.kernels.failures else {}),
         )
         captured = engine.stats.captures
     _sync(device)
@@ -213,7 +214,7 @@ def note_texts(backend, groups) -> list[list[str]]:
     ]  # no special or think ids
 
 
-def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) -> dict:
+def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int, gspo_epochs: int | None = None) -> dict:
     from outcome_flywheel.daily_rl.reward.signals import group_advantages
     from outcome_flywheel.models.torch.backend import TorchBackend
     from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
@@ -228,7 +229,12 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int) 
     for name, lora in (("lora", GSPOConfig().lora), ("full", None)):
         policy = TorchBackend(model_dir, device=str(device))
         _peak_reset(device)
-        config = GSPOConfig(lora=lora, temperature=0.8, learning_rate=1e-4 if lora else 1e-5)
+        config = GSPOConfig(
+            lora=lora,
+            temperature=0.8,
+            learning_rate=1e-4 if lora else 1e-5,
+            **({"epochs": gspo_epochs} if gspo_epochs else {}),
+        )
         _sync(device)
         started = time.perf_counter()
         stats = train_gspo(policy, examples, config)
@@ -320,6 +326,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=512)
     parser.add_argument("--dpo-pairs", type=int, default=200)
+    parser.add_argument("--gspo-epochs", type=int, default=None, help="GSPO's passes (default: GSPOConfig's)")
     parser.add_argument(
         "--profile-steps",
         type=int,
@@ -459,7 +466,8 @@ def main(argv=None) -> dict:
         # part is measured in a clean state, and what a dropped backend kept is reported
         result["allocated_after_sampler_dropped_gib"] = _allocated_gib(device)
         if "training" not in skip:
-            result.update(time_training(model_dir, device, prompts, groups, texts, args.dpo_pairs))
+            result.update(time_training(model_dir, device, prompts, groups, texts, args.dpo_pairs, args.gspo_epochs))
+            result["train_memory_gib_setting"] = os.environ.get("FLYWHEEL_TRAIN_MEMORY_GIB") or "default (80% of free)"
             print(
                 f"GSPO on {result['gspo_rollouts']} rollouts: LoRA {result['gspo_lora_s']} s (peak {result['gspo_lora_peak_gib']} GiB), "
                 f"full {result['gspo_full_s']} s (peak {result['gspo_full_peak_gib']} GiB); DPO on {result['dpo_pairs']} pairs: {result['dpo_s']} s"

@@ -25,7 +25,8 @@ from outcome_flywheel.models.interface import (
 from outcome_flywheel.models.segments import flatten_segments
 from outcome_flywheel.models.torch.graph_sampler import GraphSampler
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
-from outcome_flywheel.models.torch.sampling import attention_kernels, left_padded, sample_batch
+from outcome_flywheel.models.torch.sampling import left_padded, sample_batch
+from outcome_flywheel.models.torch.static_cache import attention_kernels
 from outcome_flywheel.models.torch.training import FRAMEWORK, is_writer
 from outcome_flywheel.models.torch.vllm_sampling import SAMPLERS, VLLMEngine, needs_teacher_forcing, require_vllm
 

@@ -100,54 +100,53 @@ def device_keep_thresholds(top_values: torch.Tensor, top_p: float) -> torch.Tens
     return values.gather(-1, (kept.clamp(min=1) - 1)[:, None])[:, 0]
 
 
-def pick_tokens(
-    logits: torch.Tensor, uniforms: torch.Tensor | None, banned: torch.Tensor, rule
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every row's next token from its logits `[rows, vocab]` (float32) under `rule` (a
-    `graph_sampler.SamplingRule`), and its pi_old (log-softmax of logits / T over the whole
-    vocabulary): `sampling._decode`'s pick, on the device. The temperature, the think ban
-    (`banned` ids), the top-k / top-p threshold, then the inverse-CDF lookup of each row's uniform
-    (`uniforms` `[rows, 1]` float64) over the vocabulary in token order."""
+def filtered_probs(logits: torch.Tensor, banned: torch.Tensor, rule) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distribution a row's token is drawn from, and the log-normaliser of its pi_old, from
+    logits `[rows, vocab]` (float32) under `rule` (a `graph_sampler.SamplingRule`): temperature, the
+    think ban (`banned` ids), the top-k / top-p threshold, softmax (the eager sampler's order).
+    Greedy: the banned-filtered logits themselves (their argmax is the pick)."""
     scaled = logits / rule.temperature if not rule.greedy else logits
     lse = torch.logsumexp(scaled, dim=-1)
     if rule.banned:
         scaled = scaled.index_fill(-1, banned, float("-inf"))
     if rule.greedy:
-        chosen = scaled.argmax(-1)
-    else:
-        if rule.top_k < scaled.shape[-1] or uses_nucleus(rule.top_p):
-            threshold = device_keep_thresholds(torch.topk(scaled, rule.top_k, dim=-1).values, rule.top_p)
-            scaled = scaled.masked_fill(scaled < threshold.to(scaled.dtype)[:, None], float("-inf"))
-        cdf = scaled.softmax(-1).double().cumsum(-1)
-        chosen = torch.searchsorted(cdf, uniforms * cdf[:, -1:]).clamp(max=cdf.shape[-1] - 1)[:, 0]
-    logp = logits.gather(-1, chosen[:, None])[:, 0] / (rule.temperature if not rule.greedy else 1.0) - lse
-    return chosen, logp
+        return scaled, lse
+    if rule.top_k < scaled.shape[-1] or uses_nucleus(rule.top_p):
+        threshold = device_keep_thresholds(torch.topk(scaled, rule.top_k, dim=-1).values, rule.top_p)
+        scaled = scaled.masked_fill(scaled < threshold.to(scaled.dtype)[:, None], float("-inf"))
+    return scaled.softmax(-1), lse
 
 
 class DecodeKernels:
     """The functions above as the step calls them: compiled (one fused kernel each, on the device
-    the step runs on) or as written. A compile that fails (no Triton, no C compiler) is logged once
-    and the step goes on unfused: the same arithmetic, more launches."""
+    the step runs on) or as written. A piece whose compile fails (no Triton, no C compiler, a shape
+    the compiler cannot generate) is logged and runs unfused from then on: the same arithmetic,
+    more launches; the others stay fused."""
 
-    NAMES = ("rms_norm", "add_rms_norm", "rotate_queries_and_keys", "silu_gate", "pick_tokens")
+    NAMES = ("rms_norm", "add_rms_norm", "rotate_queries_and_keys", "silu_gate", "filtered_probs")
 
     def __init__(self, fused: bool, compile=torch.compile):
         self.fused = fused
-        self.failure = ""  # why the compiled pieces are not used ("" while they are)
+        self.failures: dict[str, str] = {}  # piece -> why it runs unfused
         for name in self.NAMES:
             plain = globals()[name]
             if fused:
-                plain = self._or_plain(plain, compile(plain, fullgraph=True, options={"emulate_precision_casts": True}))
+                options = {"emulate_precision_casts": True}
+                plain = self._or_plain(name, plain, compile(plain, fullgraph=True, options=options))
             setattr(self, name, plain)
 
-    def _or_plain(self, plain, compiled):
+    @property
+    def fused_pieces(self) -> list[str]:
+        return [name for name in self.NAMES if self.fused and name not in self.failures]
+
+    def _or_plain(self, name, plain, compiled):
         def call(*args):
-            if not self.failure:
+            if name not in self.failures:
                 try:
                     return compiled(*args)
                 except Exception as error:  # the compiler's, not the arithmetic's: plain reproduces a real one
-                    self.failure = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-                    log.warning("decode step not fused (%s): its pieces run unfused", self.failure)
+                    self.failures[name] = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                    log.warning("decode step: %s not fused (%s), it runs unfused", name, self.failures[name])
             return plain(*args)
 
         return call

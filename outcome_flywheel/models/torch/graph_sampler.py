@@ -32,7 +32,13 @@ import torch
 
 from outcome_flywheel.models.sampling import candidate_count
 from outcome_flywheel.models.torch.fused_decode import DecodeKernels
-from outcome_flywheel.models.torch.static_cache import StaticKVCache, causal_lm, decode_step, unsupported_reason
+from outcome_flywheel.models.torch.static_cache import (
+    StaticKVCache,
+    attention_kernels,
+    causal_lm,
+    decode_step,
+    unsupported_reason,
+)
 
 LENGTH_BUCKET = 128
 STOP_CHECK_EVERY = 16
@@ -238,7 +244,7 @@ class GraphSampler:
         banned, stop = self._rule_tensors(rule)
         logits = self.logits[:rows]
         uniforms = self.uniforms[:rows].index_select(1, self.step) if not rule.greedy else None
-        chosen, logp = self.kernels.pick_tokens(logits, uniforms, banned, rule)
+        chosen, logp = pick_tokens(self.kernels, logits, uniforms, banned, rule)
         alive = ~self.done[:rows]
         chosen = torch.where(alive, chosen, rule.pad)
         self.out_tokens[:rows].index_copy_(1, self.step, chosen[:, None])
@@ -287,7 +293,13 @@ class GraphSampler:
 
     def prepare(self, rows: int, width: int, max_new_tokens: int, rule: SamplingRule) -> None:
         """Allocate the cache and capture every graph a call of this shape needs (what the first
-        call of a shape pays; the benchmark times it on its own)."""
+        call of a shape pays; the benchmark times it on its own). Whoever calls, the step is
+        captured without autograd (a graph recorded with it would keep every step's activations)
+        and with the decode's attention kernels."""
+        with torch.inference_mode(), attention_kernels(self.device):
+            self._prepare(rows, width, max_new_tokens, rule)
+
+    def _prepare(self, rows: int, width: int, max_new_tokens: int, rule: SamplingRule) -> None:
         self._ensure_capacity(rows, width + max_new_tokens)
         if not self.use_graphs:
             return
@@ -323,8 +335,12 @@ class GraphSampler:
         `attention` / `next_positions` the prompts' mask `[prompts, width]` and next rotary position
         `[prompts]`, `uniforms` `[rows, max_new_tokens]` float64 (None when greedy). Returns
         `(tokens, logps, alive)`, each `[rows, steps]`, on the device."""
+        with torch.inference_mode(), attention_kernels(self.device):
+            return self._decode(prefill, rows_prompt, attention, next_positions, uniforms, max_new_tokens, rule)
+
+    def _decode(self, prefill, rows_prompt, attention, next_positions, uniforms, max_new_tokens, rule):
         rows, width = len(rows_prompt), attention.shape[1]
-        self.prepare(rows, width, max_new_tokens, rule)
+        self._prepare(rows, width, max_new_tokens, rule)
         bucket = batch_bucket(rows) if self.use_graphs else rows
         cache = self._cache
         cache.fill_prefix(prefill.past_key_values, rows_prompt)
@@ -352,6 +368,28 @@ class GraphSampler:
         self.stats.calls += 1
         self.stats.steps += steps
         return self.out_tokens[:rows, :steps], self.out_logps[:rows, :steps], self.out_alive[:rows, :steps]
+
+
+def pick_tokens(
+    kernels: DecodeKernels,
+    logits: torch.Tensor,
+    uniforms: torch.Tensor | None,
+    banned: torch.Tensor,
+    rule: SamplingRule,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's next token from its logits `[rows, vocab]` (float32) and its pi_old (log-softmax
+    of logits / T over the whole vocabulary): `sampling._decode`'s pick on the device. The filtered
+    distribution comes from `kernels.filtered_probs` (fused where compiled); the inverse-CDF lookup
+    of each row's uniform (`[rows, 1]` float64) over the vocabulary in token order stays eager:
+    Inductor cannot generate a float64 scan this long (CUDA, torch 2.11)."""
+    probs, lse = kernels.filtered_probs(logits, banned, rule)
+    if rule.greedy:
+        chosen = probs.argmax(-1)
+    else:
+        cdf = probs.double().cumsum(-1)
+        chosen = torch.searchsorted(cdf, uniforms * cdf[:, -1:]).clamp(max=cdf.shape[-1] - 1)[:, 0]
+    logp = logits.gather(-1, chosen[:, None])[:, 0] / (rule.temperature if not rule.greedy else 1.0) - lse
+    return chosen, logp
 
 
 def sampling_rule(backend, cfg, vocab: int) -> SamplingRule:

@@ -8,7 +8,6 @@ temperature T reproduces (`batch_logprobs(..., temperature=T)`) and GSPO's pi_ol
 
 from __future__ import annotations
 
-import contextlib
 from typing import Sequence
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from outcome_flywheel.models.interface import Sample, SamplingConfig
 from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
 from outcome_flywheel.models.torch.graph_sampler import sampling_rule
+from outcome_flywheel.models.torch.static_cache import attention_kernels
 
 
 def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -28,18 +28,6 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     # to the host first: MPS has no float64 (keep_thresholds works in float64 on the host)
     threshold = torch.from_numpy(keep_thresholds(top.float().cpu().numpy(), top_p)).to(logits.dtype).to(logits.device)
     return logits.masked_fill(logits < threshold[:, None], float("-inf"))
-
-
-def attention_kernels(device: torch.device):
-    """Scaled-dot-product attention without cuDNN's kernel on CUDA: cuDNN builds an execution plan
-    for every new key length, ~3 ms of CPU per layer call in a decode loop (measured on an H100,
-    benchmarks/gpu.py --profile-steps), which made decoding CPU-bound. Flash / memory-efficient
-    attention need no plan. A no-op elsewhere."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def left_padded(

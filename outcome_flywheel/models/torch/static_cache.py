@@ -15,12 +15,27 @@ else keeps the eager sampler (`unsupported_reason`).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
 from outcome_flywheel.models.torch.fused_decode import DecodeKernels
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def attention_kernels(device: torch.device):
+    """Scaled-dot-product attention without cuDNN's kernel on CUDA: cuDNN builds an execution plan
+    for every new key length, ~3 ms of CPU per layer call in a decode loop (measured on an H100,
+    benchmarks/gpu.py --profile-steps), which made decoding CPU-bound. Flash / memory-efficient
+    attention need no plan. A no-op elsewhere. The static step is captured under it too: its
+    graphs then never hold a cuDNN plan's workspace."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def causal_lm(model):

@@ -6,15 +6,27 @@ by its share of the minibatch's (`interface.Accumulated`), so the sum is the min
 The budget: `FLYWHEEL_TRAIN_MEMORY_GIB` when set (also on the CPU), else what the accelerator has
 free when the training starts (`Framework.free_memory`: CUDA's free memory, or Metal's recommended
 working set less what is in use) times `FREE_SHARE`; none on the CPU, whose memory the operating
-system shares out (set the variable there).
+system shares out (set the variable there). It is what a step may add to the loaded model: the
+gradients and AdamW's moments of the weights that train come out of it first, the activations get
+the rest, so a step's peak is about the model plus the budget.
 
-The cost of a token: the activations autograd keeps for the backward pass. Korthikanti et al. 2022
-("Reducing Activation Recomputation in Large Transformer Models") count 34 h bytes per token and
-layer at 16 bits for a GPT block with a 4h MLP, i.e. ~17 values of width h. For a Qwen-style block
-(q/k/v/o, RMSNorms, a SwiGLU MLP of width i) the tensors kept are ~10 h + 4 i values per token and
-layer (the norms' inputs, q, k, v, the attention output and its projection's input, the MLP's
-input, gate, up, their activation and product); the head's log-softmax runs in chunks and is left
-out. An estimate, not a measurement: the peak a GPU shows is the place to check it (benchmarks.gpu).
+The cost of a token: the activations autograd keeps for the backward pass of a Llama / Qwen block,
+counted tensor by tensor (`tests/models/train/test_micro_batches.py` checks the count against what
+`torch.autograd.graph.saved_tensors_hooks` sees), per token and layer, with h the width, q and k
+the query and key-value widths (heads x head dim), i the MLP's width and e the compute dtype's bytes:
+- the two RMSNorms' float32 copies, 2 x 4h, and Qwen3's per-head q/k norms', 4(q + k);
+- the rotated queries and the attention's output, 2 x q e; the rotated keys and the values, 2 x k e;
+- the MLP's gate, up and activation, 3 x i e;
+- what the weights' gradients need. Full fine-tuning: each projection's input, e(2h + i) besides
+  the attention's output, and each norm's output, e(2h + q + k).
+  LoRA: each adapter's input, which PEFT casts to the adapter's float32 one layer at a time
+  (5h + q + i values in float32 with all seven projections adapted, the project's default), or in
+  the compute dtype when the adapter is kept in it (e(2h + i): the inputs are shared), and each
+  adapter's rank-r output, 7r (no LoRA dropout, the project's default).
+On an H200 (qwen3-0.6b, bf16, LoRA) this is 92 KB per token and layer; the count it replaced,
+Korthikanti et al. 2022's ~(10h + 4i) e for a GPT block, was 45 KB, and the GSPO peaks measured
+there, ~85-91 KB, were twice the budget. The head's log-softmax runs in checkpointed chunks and is
+left out. MLX keeps another set (its LoRA does not cast the input); the count is torch's.
 """
 
 from __future__ import annotations
@@ -29,7 +41,9 @@ FREE_SHARE = 0.8  # of the free memory: the allocator's fragmentation and the op
 
 
 def budget_bytes(backend: Any) -> int | None:
-    """The activation budget of one optimiser step in bytes, or None (no limit: whole minibatches)."""
+    """The activation budget of one optimiser step in bytes, or None (no limit: whole minibatches):
+    the step's memory (the setting, or a share of what is free) less the gradients and AdamW
+    moments of the weights that train (`training_state_bytes`)."""
     value = os.environ.get(MEMORY_VARIABLE, "").strip()
     if value:
         try:
@@ -38,19 +52,62 @@ def budget_bytes(backend: Any) -> int | None:
             raise ValueError(f"{MEMORY_VARIABLE}={value!r}: a number of GiB") from err
         if not 0 < gib < float("inf"):
             raise ValueError(f"{MEMORY_VARIABLE}={value!r}: a number of GiB above 0")
-        return int(gib * 2**30)
+        return max(1, int(gib * 2**30) - training_state_bytes(backend))
     free = backend.framework.free_memory(backend) if backend.framework.free_memory is not None else None
-    return int(free * FREE_SHARE) if free else None
+    return max(1, int(free * FREE_SHARE) - training_state_bytes(backend)) if free else None
+
+
+def training_state_bytes(backend: Any) -> int:
+    """A gradient and AdamW's two moments for each weight that trains, in its dtype (float32 for a
+    LoRA adapter or master weights): 3x those weights' bytes, held through the step."""
+    model = backend.model
+    if hasattr(model, "named_parameters"):  # torch
+        return 3 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return 3 * sum(array.nbytes for array in _leaves(model.trainable_parameters()))  # mlx
+
+
+def _leaves(tree):
+    """The arrays of an mlx parameter tree (nested dicts and lists)."""
+    if isinstance(tree, dict):
+        return [leaf for value in tree.values() for leaf in _leaves(value)]
+    if isinstance(tree, (list, tuple)):
+        return [leaf for value in tree for leaf in _leaves(value)]
+    return [tree]
 
 
 def bytes_per_token(backend: Any) -> int:
     """Activation bytes one token of a training forward keeps for the backward (module docstring)."""
     config = json.loads((Path(backend.model_path) / "config.json").read_text())
     config = config.get("text_config", config)  # multimodal configs nest the language model's
-    hidden = int(config["hidden_size"])
-    width = int(config.get("intermediate_size") or 4 * hidden)
-    element = 4 if "float32" in str(backend.dtype) else 2
-    return int(config["num_hidden_layers"]) * (10 * hidden + 4 * width) * element
+    h = int(config["hidden_size"])
+    i = int(config.get("intermediate_size") or 4 * h)
+    heads = int(config.get("num_attention_heads") or 1)
+    head_dim = int(config.get("head_dim") or h // heads)
+    q, k = heads * head_dim, int(config.get("num_key_value_heads") or heads) * head_dim
+    e = 4 if "float32" in str(backend.dtype) else 2
+    per_layer = 2 * 4 * h + 2 * q * e + 2 * k * e + 3 * i * e
+    if config.get("model_type") == "qwen3":
+        per_layer += 4 * (q + k)
+    adapter = adapter_layout(backend)
+    if adapter is None:  # the projections' inputs (the attention's output is one, counted), the norms' outputs
+        per_layer += e * (2 * h + i) + e * (2 * h + (q + k if config.get("model_type") == "qwen3" else 0))
+    else:
+        element, rank = adapter
+        per_layer += element * (5 * h + q + i) if element > e else e * (2 * h + i)
+        per_layer += 7 * rank * element  # each adapter's A output
+    return int(config["num_hidden_layers"]) * per_layer
+
+
+def adapter_layout(backend: Any) -> tuple[int, int] | None:
+    """`(bytes per value, rank)` of the LoRA adapter (PEFT keeps it in float32 under a bf16 model),
+    or None when every weight trains."""
+    if not backend.has_adapter:
+        return None
+    model = getattr(backend, "model", None)
+    for name, parameter in getattr(model, "named_parameters", lambda: [])():
+        if "lora_A" in name:
+            return parameter.element_size(), int(parameter.shape[0])
+    return (4 if "float32" in str(backend.dtype) else 2), 0  # MLX: its adapter in the model's dtype
 
 
 def token_limit(backend: Any) -> int | None:
