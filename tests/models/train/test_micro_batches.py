@@ -177,6 +177,13 @@ def test_the_budget_splits_by_padded_tokens_and_says_what_it_is(tiny_model_dir, 
     adapter = sum(p.numel() * 4 for name, p in backend.model.named_parameters() if "lora_" in name)
     assert training_state_bytes(backend) == 3 * adapter and 0 < adapter < weights / 10
     assert token_limit(backend) == (2**30 - 3 * adapter) // bytes_per_token(backend)
+    # full fine-tuning over float32 master weights under bf16 autocast: autocast's bf16 copy of each too
+    from outcome_flywheel.models.torch.backend import TorchBackend
+
+    master = TorchBackend(tiny_model_dir, device="cpu", dtype="bfloat16", master_weights=True)
+    master.use_master_weights()
+    count = sum(p.numel() for p in master.model.parameters())
+    assert training_state_bytes(master) == 3 * 4 * count + 2 * count
     for bad in ("0", "-1", "lots", "inf"):
         monkeypatch.setenv(MEMORY_VARIABLE, bad)
         with pytest.raises(ValueError, match=MEMORY_VARIABLE):
