@@ -154,9 +154,9 @@ def test_five_hot_swaps_keep_cuda_memory_flat(tmp_path, cuda_model_dir):
 
     root = tmp_path / "data"
     (root / "models").mkdir(parents=True)
-    (root / "models" / "wide").symlink_to(cuda_model_dir)
-    publisher = PolicyPublisher(root, base_model="wide")
-    server = ModelServer(ModelLoader(data_dir=str(root), base_model="wide", backend="torch", device="cuda"), root)
+    base = str(cuda_model_dir)  # a local folder as the base model (a bare name would be a hub id)
+    publisher = PolicyPublisher(root, base_model=base)
+    server = ModelServer(ModelLoader(data_dir=str(root), base_model=base, backend="torch", device="cuda"), root)
     levels, graph_calls = [], 0
     for day in range(3, 9):  # a first load, then five swaps
         publisher.publish(f"2025-11-{day:02d}", seed=day)

@@ -3,9 +3,11 @@ plain tensor functions so that `torch.compile` can fuse each into one kernel.
 
 Why: at a decode step's shapes (a few hundred rows of one token) every RMS norm, rotation and
 gate is a handful of tiny kernels, and on a GPU their launches, not the bytes they move, set the
-step's time: a Qwen3 layer ran ~57 kernels, 1,600 a step. Fused, a layer runs about 15 (the
-projections, the cache writes, attention and one kernel per piece below). Profiled with
-`python -m benchmarks.gpu --profile-steps 32`.
+step's time: counted from the code, a Qwen3 layer ran ~57 kernels, 1,600 a step, and the profile
+(`python -m benchmarks.gpu --profile-steps 32`, an H200) showed them, 3 to 5 µs each, as most of
+the time besides attention. Fused, a layer runs about 15 (the projections, the cache writes,
+attention and one kernel per piece below): 1.29x the day's sampling on that H200. The token
+pick's filtering (temperature, think ban, top-k / top-p, softmax) is one more piece.
 
 Each function is the module's own arithmetic, op for op (transformers' `Qwen3RMSNorm` /
 `LlamaRMSNorm`, `rotate_half` rotary, `LlamaMLP`'s gate), so unfused (`DecodeKernels(fused=False)`)
@@ -117,6 +119,17 @@ def filtered_probs(logits: torch.Tensor, banned: torch.Tensor, rule) -> tuple[to
     return scaled.softmax(-1), lse
 
 
+COMPILE_OPTIONS = {"fullgraph": True, "options": {"emulate_precision_casts": True}}
+_COMPILED: dict = {}
+
+
+def _compiled(name: str):
+    """The process's one compiled version of piece `name` (compiled at its first call)."""
+    if name not in _COMPILED:
+        _COMPILED[name] = torch.compile(globals()[name], **COMPILE_OPTIONS)
+    return _COMPILED[name]
+
+
 class DecodeKernels:
     """The functions above as the step calls them: compiled (one fused kernel each, on the device
     the step runs on) or as written. A piece whose compile fails (no Triton, no C compiler, a shape
@@ -125,14 +138,16 @@ class DecodeKernels:
 
     NAMES = ("rms_norm", "add_rms_norm", "rotate_queries_and_keys", "silu_gate", "filtered_probs")
 
-    def __init__(self, fused: bool, compile=torch.compile):
+    def __init__(self, fused: bool, compile=None):
+        """`compile`: how a piece is compiled (None: `torch.compile`, once per process for every
+        sampler, so a server's hot swaps reuse the kernels instead of compiling again)."""
         self.fused = fused
         self.failures: dict[str, str] = {}  # piece -> why it runs unfused
         for name in self.NAMES:
             plain = globals()[name]
             if fused:
-                options = {"emulate_precision_casts": True}
-                plain = self._or_plain(name, plain, compile(plain, fullgraph=True, options=options))
+                compiled = _compiled(name) if compile is None else compile(plain, **COMPILE_OPTIONS)
+                plain = self._or_plain(name, plain, compiled)
             setattr(self, name, plain)
 
     @property
