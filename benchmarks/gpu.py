@@ -38,6 +38,8 @@ from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.gspo import train_gspo
 
 VLLM_ANCHOR_TOKENS_S = 12_000
+# The static sampler's variants: (fuse_decode, decode_attention) of `TorchBackend`.
+STATIC_VARIANTS = {"torch": (None, "sdpa"), "torch-unfused": (False, "sdpa"), "torch-flex": (None, "flex")}
 
 
 def _sync(device) -> None:
@@ -112,7 +114,8 @@ def headline_prompts(backend, count: int, target_tokens: int) -> list[list[dict]
 def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
     """One timed call of a sampler at the load: "torch" (the static-cache, graph-captured sampler with
     its step's pieces fused; capture, compile and warm-up timed apart), "torch-unfused" (the same
-    without fusion), "torch-eager" (the eager loop), "hf_generate", "vllm"."""
+    without fusion), "torch-flex" (fused, FlexAttention as the step's attention), "torch-eager" (the
+    eager loop), "hf_generate", "vllm"."""
     from outcome_flywheel.models.interface import SamplingConfig
     from outcome_flywheel.models.torch.graph_sampler import sampling_rule
 
@@ -128,11 +131,11 @@ def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
     if sampler == "hf_generate":
         return _time_hf_generate(backend, prompts, n, config)
     backend.sampler = "vllm" if sampler == "vllm" else "torch"
-    backend.static_decode = sampler in ("torch", "torch-unfused") and device.type == "cuda"
-    fuse = False if sampler == "torch-unfused" else None
-    if backend.fuse_decode != fuse:  # a sampler of the other kind: its graphs go, new ones are captured
+    backend.static_decode = sampler in STATIC_VARIANTS and device.type == "cuda"
+    variant = STATIC_VARIANTS.get(sampler, STATIC_VARIANTS["torch"])
+    if (backend.fuse_decode, backend.decode_attention) != variant:  # another kind: its graphs go, new ones are captured
         backend.release_inference_state()
-        backend.fuse_decode = fuse
+        backend.fuse_decode, backend.decode_attention = variant
     backend.sample(prompts[:2], 2, SamplingConfig(**{**config.__dict__, "max_new_tokens": 8}), seeds=[0, 1])  # warm-up
     out: dict = {}
     engine = backend.graph_sampler
@@ -158,9 +161,9 @@ def time_generation(backend, prompts, n, new_tokens, sampler: str) -> dict:
     if engine is not None:
         out.update(captures_in_timed_call=engine.stats.captures - captured, fallbacks=dict(engine.stats.fallbacks))
     backend.sampler, backend.static_decode = "torch", device.type == "cuda"
-    if fuse is not None:
+    if variant != STATIC_VARIANTS["torch"]:
         backend.release_inference_state()
-        backend.fuse_decode = None
+        backend.fuse_decode, backend.decode_attention = STATIC_VARIANTS["torch"]
     tokens = sum(len(s.token_ids) for g in groups for s in g)
     return {
         "seconds": round(seconds, 2),
@@ -339,7 +342,7 @@ def main(argv=None) -> dict:
         help="the samplers --profile-steps profiles, comma-separated",
     )
     parser.add_argument(
-        "--skip", default="", help="comma list of parts to skip: unfused,eager,hf_generate,vllm,training,judge"
+        "--skip", default="", help="comma list of parts to skip: unfused,flex,eager,hf_generate,vllm,training,judge"
     )
     args = parser.parse_args(argv)
 
@@ -413,6 +416,14 @@ def main(argv=None) -> dict:
             print(
                 f"unfused static sampler: {unfused['tokens_per_s']} output tokens/s; fused/unfused = {result['fused_vs_unfused']}x"
             )
+        if "flex" not in skip and cuda:
+            flex = time_generation(backend, prompts, args.rollouts, args.new_tokens, "torch-flex")
+            flex.pop("groups")
+            result["flex_sampler"] = flex
+            result["flex_vs_sdpa"] = round(flex["tokens_per_s"] / own["tokens_per_s"], 2)
+            print(
+                f"static sampler, FlexAttention: {flex['tokens_per_s']} output tokens/s; flex/sdpa = {result['flex_vs_sdpa']}x"
+            )
         if "eager" not in skip and cuda:
             eager = time_generation(backend, prompts, args.rollouts, args.new_tokens, "torch-eager")
             eager_groups = eager.pop("groups")
@@ -438,6 +449,8 @@ def main(argv=None) -> dict:
                 roofline_s=round(ideal, 2),
                 sampler_roofline_fraction=round(ideal / own["seconds"], 3),
             )
+            if "flex_sampler" in result:
+                result["flex_roofline_fraction"] = round(ideal / result["flex_sampler"]["seconds"], 3)
             if "unfused_sampler" in result:
                 result["unfused_roofline_fraction"] = round(ideal / result["unfused_sampler"]["seconds"], 3)
             if "eager_sampler" in result:

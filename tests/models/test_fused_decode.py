@@ -51,6 +51,22 @@ def test_fused_step_writes_the_eager_samplers_tokens(qwen3_dir, llama_dir, devic
         assert kernels.fused_pieces == list(DecodeKernels.NAMES), kernels.failures  # it really ran compiled
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_flex_attention_in_the_step_writes_the_eager_samplers_tokens(qwen3_dir, device):
+    """FlexAttention as the step's attention (an option not yet measured on a GPU), pieces unfused."""
+    config = RULES["top-k+top-p"]
+    eager, flex = _backends(qwen3_dir, device, fuse_decode=False, decode_attention="flex")
+    _assert_same(
+        eager.sample(PROMPTS, 3, config, seeds=[4, 5, 6]),
+        flex.sample(PROMPTS, 3, config, seeds=[4, 5, 6]),
+        eager,
+        config,
+    )
+    assert flex.graph_sampler.kernels.fused_pieces == ["flex_attention"], flex.graph_sampler.kernels.failures
+    with pytest.raises(ValueError, match="decode_attention must be one of"):
+        _backends(qwen3_dir, device, decode_attention="flash")
+
+
 def test_a_piece_the_compiler_fails_runs_unfused_and_right_and_the_others_stay_fused(caplog):
     def compile_all_but_the_norm(plain, **options):
         def compiled(*args):

@@ -68,12 +68,12 @@ def llama_dir(tmp_path_factory):
     return out
 
 
-def _backends(model_dir, device, lora: bool = False, fuse_decode: bool | None = None):
-    """The eager sampler and the static one (its pieces fused or not: None, where it captures graphs)."""
+def _backends(model_dir, device, lora: bool = False, **static):
+    """The eager sampler and the static one (`static`: its settings, e.g. `fuse_decode`)."""
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     pair = [
-        TorchBackend(model_dir, device=device, dtype="float32", static_decode=flag, fuse_decode=fuse_decode)
+        TorchBackend(model_dir, device=device, dtype="float32", static_decode=flag, **(static if flag else {}))
         for flag in (False, True)
     ]
     if lora:

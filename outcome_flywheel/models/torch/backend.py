@@ -23,6 +23,7 @@ from outcome_flywheel.models.interface import (
     SamplingConfig,
 )
 from outcome_flywheel.models.segments import flatten_segments
+from outcome_flywheel.models.torch.fused_decode import DecodeKernels
 from outcome_flywheel.models.torch.graph_sampler import GraphSampler
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
 from outcome_flywheel.models.torch.sampling import left_padded, sample_batch
@@ -56,6 +57,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         sampler: str = "torch",
         static_decode: bool | None = None,
         fuse_decode: bool | None = None,
+        decode_attention: str = "sdpa",
     ):
         """`dtype` is the compute precision: "auto" = bf16 on CUDA, fp32 elsewhere (CPU has no fast
         bf16 path, and the parity tests need fp32), or a name. `master_weights` keeps the weights
@@ -63,7 +65,8 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         `static_decode`: the project's sampler decodes over a static KV cache with CUDA graphs
         (`graph_sampler.py`); None = on CUDA only (elsewhere the same step runs without graphs
         when asked, for tests). `fuse_decode`: that step's norms, rotations and gates compiled into
-        one kernel each (`fused_decode.py`); None = where it captures graphs."""
+        one kernel each (`fused_decode.py`); None = where it captures graphs. `decode_attention`:
+        that step's attention kernel, "sdpa" or "flex" (FlexAttention, not yet measured on a GPU)."""
         from transformers import AutoModelForCausalLM
 
         self.model_path = Path(model_path)
@@ -81,6 +84,9 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         self.sampler = sampler
         self.static_decode = self.device.type == "cuda" if static_decode is None else bool(static_decode)
         self.fuse_decode = fuse_decode
+        if decode_attention not in DecodeKernels.ATTENTION:
+            raise ValueError(f"decode_attention must be one of {DecodeKernels.ATTENTION}, got {decode_attention!r}")
+        self.decode_attention = decode_attention
         self._graph_sampler: GraphSampler | None = None
         self.weights_on_disk = (self.model_path, self.adapter_path)
         self._load_tokenizer()
@@ -118,7 +124,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         if not self.static_decode:
             return None
         if self._graph_sampler is None:
-            self._graph_sampler = GraphSampler(self, fuse=self.fuse_decode)
+            self._graph_sampler = GraphSampler(self, fuse=self.fuse_decode, attention=self.decode_attention)
         return self._graph_sampler
 
     def release_inference_state(self) -> None:

@@ -78,6 +78,34 @@ def rotate_queries_and_keys(
     return q.reshape(rows, kv_heads, -1, head_dim), k
 
 
+def sdpa_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """One token's attention for every row, `[rows, kv_heads, group, head_dim]`: a key-value head's
+    query heads as its query positions (no key or value copied), keys `[rows, kv_heads, length,
+    head_dim]` under `key_bias` `[rows, length]` (0 or -inf). PyTorch's flash / memory-efficient kernel."""
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=key_bias[:, None, None, :], scale=scale)
+
+
+def flex_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, key_bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """`sdpa_attention`'s result through FlexAttention (compiled: its decoding kernel splits the keys
+    across blocks), the bias added to each score. Unmeasured on a GPU so far: `DecodeKernels`'
+    `attention="flex"`, `benchmarks.gpu`'s torch-flex row."""
+    from torch.nn.attention.flex_attention import flex_attention as flex
+
+    rows, kv_heads, group, head_dim = q.shape
+
+    def biased(score, batch, head, query, key):
+        return score + key_bias[batch, key]
+
+    out = flex(
+        q.reshape(rows, kv_heads * group, 1, head_dim), keys, values, score_mod=biased, enable_gqa=True, scale=scale
+    )
+    return out.reshape(rows, kv_heads, group, head_dim)
+
+
 def silu_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """`LlamaMLP`'s gate with SiLU, the activation of every supported model type."""
     return F.silu(gate) * up
@@ -137,11 +165,16 @@ class DecodeKernels:
     more launches; the others stay fused."""
 
     NAMES = ("rms_norm", "add_rms_norm", "rotate_queries_and_keys", "silu_gate", "filtered_probs")
+    ATTENTION = ("sdpa", "flex")
 
-    def __init__(self, fused: bool, compile=None):
+    def __init__(self, fused: bool, compile=None, attention: str = "sdpa"):
         """`compile`: how a piece is compiled (None: `torch.compile`, once per process for every
-        sampler, so a server's hot swaps reuse the kernels instead of compiling again)."""
-        self.fused = fused
+        sampler, so a server's hot swaps reuse the kernels instead of compiling again).
+        `attention`: "sdpa" (PyTorch's kernel, one launch already) or "flex" (FlexAttention,
+        compiled whether or not the other pieces are; on failure, "sdpa")."""
+        if attention not in self.ATTENTION:
+            raise ValueError(f"decode attention must be one of {self.ATTENTION}, got {attention!r}")
+        self.fused, self.attention_kernel = fused, attention
         self.failures: dict[str, str] = {}  # piece -> why it runs unfused
         for name in self.NAMES:
             plain = globals()[name]
@@ -149,10 +182,19 @@ class DecodeKernels:
                 compiled = _compiled(name) if compile is None else compile(plain, **COMPILE_OPTIONS)
                 plain = self._or_plain(name, plain, compiled)
             setattr(self, name, plain)
+        self.attention = sdpa_attention
+        if attention == "flex":
+            compiled = _compiled("flex_attention") if compile is None else compile(flex_attention, **COMPILE_OPTIONS)
+            self.attention = self._or_plain("flex_attention", sdpa_attention, compiled)
 
     @property
     def fused_pieces(self) -> list[str]:
-        return [name for name in self.NAMES if self.fused and name not in self.failures]
+        pieces = [name for name in self.NAMES if self.fused]
+        return [
+            name
+            for name in pieces + ["flex_attention"] * (self.attention_kernel == "flex")
+            if name not in self.failures
+        ]
 
     def _or_plain(self, name, plain, compiled):
         def call(*args):

@@ -116,16 +116,17 @@ class GraphSampler:
         "out_alive",
     )
 
-    def __init__(self, backend, use_graphs: bool | None = None, fuse: bool | None = None):
+    def __init__(self, backend, use_graphs: bool | None = None, fuse: bool | None = None, attention: str = "sdpa"):
         """`use_graphs`: capture each step in a CUDA graph (None: on CUDA). `fuse`: compile the
         step's norms, rotations and gates into one kernel each (`fused_decode.py`; None: with graphs,
-        where launches set the step's time)."""
+        where launches set the step's time). `attention`: the step's attention kernel, "sdpa" or
+        "flex" (`fused_decode.DecodeKernels`)."""
         # A weak reference: the backend holds its sampler, so a strong one back would make a cycle,
         # and a dropped backend's cache and graphs would wait for the garbage collector.
         self._backend = weakref.ref(backend)
         self.device = backend.device
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
-        self.kernels = DecodeKernels(fused=self.use_graphs if fuse is None else fuse)
+        self.kernels = DecodeKernels(fused=self.use_graphs if fuse is None else fuse, attention=attention)
         self.stats = EngineStats()
         self._cache: StaticKVCache | None = None
         self._graphs: dict[tuple, object] = {}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-import torch.nn.functional as F
 
 from outcome_flywheel.models.torch.fused_decode import DecodeKernels
 
@@ -135,9 +134,7 @@ def _attend(
     q, k = kernels.rotate_queries_and_keys(attn.q_proj(x), attn.k_proj(x), cos, sin, *qk_norms, kv_heads)
     keys.index_copy_(2, write_at, k)
     values.index_copy_(2, write_at, attn.v_proj(x).view(rows, kv_heads, 1, -1))
-    out = F.scaled_dot_product_attention(
-        q, keys[:, :, :length], values[:, :, :length], attn_mask=key_bias[:, None, None, :length], scale=attn.scaling
-    )
+    out = kernels.attention(q, keys[:, :, :length], values[:, :, :length], key_bias[:, :length], attn.scaling)
     return attn.o_proj(out.reshape(rows, -1))
 
 
