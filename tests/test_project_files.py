@@ -28,7 +28,11 @@ def test_setup_installs_the_locked_versions():
     pins = _locked()
     assert {"torch", "transformers", "dagster", "peft", "trl", "numpy"} <= set(pins)
     assert all(re.fullmatch(r"[0-9][0-9A-Za-z.!]*", v) for v in pins.values()), "pins are plain versions"
-    installed = {d.metadata["Name"].lower().replace("_", "-"): d.version for d in metadata.distributions()}
+    # the first of each name on sys.path, the one `import` finds: setuptools, once imported (Inductor's
+    # C++ build does), appends its _vendor folder, whose older platformdirs and tomli come later
+    installed: dict[str, str] = {}
+    for dist in metadata.distributions():
+        installed.setdefault(dist.metadata["Name"].lower().replace("_", "-"), dist.version)
     mismatched = {
         name: (version, installed[name])
         for name, version in pins.items()
