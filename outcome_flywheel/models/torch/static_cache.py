@@ -28,8 +28,8 @@ def attention_kernels(device: torch.device):
     """Scaled-dot-product attention without cuDNN's kernel on CUDA: cuDNN builds an execution plan
     for every new key length, ~3 ms of CPU per layer call in a decode loop (measured on an H100,
     benchmarks/gpu.py --profile-steps), which made decoding CPU-bound. Flash / memory-efficient
-    attention need no plan. A no-op elsewhere. The static step is captured under it too: its
-    graphs then never hold a cuDNN plan's workspace."""
+    attention need no plan. A no-op elsewhere. The static step is captured under it too, so its
+    graphs never take cuDNN's attention, whose plan cache keeps a workspace."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -23,9 +23,9 @@ the query and key-value widths (heads x head dim), i the MLP's width and e the c
   (5h + q + i values in float32 with all seven projections adapted, the project's default), or in
   the compute dtype when the adapter is kept in it (e(2h + i): the inputs are shared), and each
   adapter's rank-r output, 7r (no LoRA dropout, the project's default).
-On an H200 (qwen3-0.6b, bf16, LoRA) this is 92 KB per token and layer; the count it replaced,
-Korthikanti et al. 2022's ~(10h + 4i) e for a GPT block, was 45 KB, and the GSPO peaks measured
-there, ~85-91 KB, were twice the budget. The head's log-softmax runs in checkpointed chunks and is
+For qwen3-0.6b in bf16 with LoRA this is 92 KB per token and layer. The count it replaced,
+Korthikanti et al. 2022's ~(10h + 4i) e for a GPT block, gave 45 KB, while the GSPO and DPO peaks
+measured on an H200 came to ~85-91 KB: a budget's minibatches peaked at twice what it allowed. The head's log-softmax runs in checkpointed chunks and is
 left out. MLX keeps another set (its LoRA does not cast the input); the count is torch's.
 """
 
