@@ -144,6 +144,9 @@ class Framework:
     load_optimizer_state: Callable[[Any, Any, Mapping[str, np.ndarray]], None] | None = None
     # backend -> bytes the accelerator has free now, None where there is no such figure (the CPU)
     free_memory: Callable[[Any], int | None] | None = None
+    # backend -> bytes of the weights that train now (a LoRA adapter, or every weight): what their
+    # gradients and AdamW moments take (`train/memory.py`)
+    trainable_bytes: Callable[[Any], int] | None = None
     # Data parallelism (torch under torchrun, `torch/training.py`): () -> (rank, world size) of the
     # initialised process group ((0, 1) without one), and obj -> every rank's obj in rank order. None: the
     # framework trains in one process only (mlx) and the trainers refuse WORLD_SIZE > 1 (`train/shards.py`).

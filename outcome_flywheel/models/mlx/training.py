@@ -167,6 +167,11 @@ def free_memory(backend) -> int | None:
     return max(0, int(info["max_recommended_working_set_size"]) - int(active))
 
 
+def trainable_bytes(backend) -> int:
+    """Bytes of the trainable parameters (a LoRA adapter, or the unfrozen model)."""
+    return int(sum(v.nbytes for _, v in tree_flatten(backend.model.trainable_parameters())))
+
+
 FRAMEWORK = Framework(
     name="mlx",
     seed=seed,
@@ -181,4 +186,5 @@ FRAMEWORK = Framework(
     optimizer_state=optimizer_state,
     load_optimizer_state=load_optimizer_state,
     free_memory=free_memory,
+    trainable_bytes=trainable_bytes,
 )

@@ -178,6 +178,11 @@ def free_memory(backend) -> int | None:
     return int(free)
 
 
+def trainable_bytes(backend) -> int:
+    """Bytes of the parameters that require gradients."""
+    return sum(p.numel() * p.element_size() for p in backend.model.parameters() if p.requires_grad)
+
+
 # Data-parallel training over `torch.distributed` (torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR...).
 #
 # Every rank holds the whole model and the same optimiser state; each takes its shard of every minibatch
@@ -434,6 +439,7 @@ FRAMEWORK = Framework(
     optimizer_state=optimizer_state,
     load_optimizer_state=load_optimizer_state,
     free_memory=free_memory,
+    trainable_bytes=trainable_bytes,
     world=world,
     gather=gather,
 )

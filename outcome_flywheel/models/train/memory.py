@@ -63,28 +63,15 @@ def training_state_bytes(backend: Any) -> int:
     over float32 master weights the compute-dtype copy autocast keeps of each through the forward
     and backward (measured on an H200 before it was counted: full fine-tuning of qwen3-0.6b under a
     14 GiB setting peaked 2.2 GiB above the model plus the setting)."""
-    model = backend.model
-    if hasattr(model, "named_parameters"):  # torch
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        state = 3 * sum(p.numel() * p.element_size() for p in trainable)
-        if getattr(backend, "master_weights", False):
-            itemsize = element_bytes(backend.dtype)
-            state += itemsize * sum(p.numel() for p in trainable)
-        return state
-    return 3 * sum(array.nbytes for array in _leaves(model.trainable_parameters()))  # mlx
+    trainable = backend.framework.trainable_bytes(backend)
+    state = 3 * trainable
+    if getattr(backend, "master_weights", False):  # float32 weights, 4 bytes a value
+        state += trainable // 4 * element_bytes(backend.dtype)
+    return state
 
 
 def element_bytes(dtype: Any) -> int:
     return 4 if "float32" in str(dtype) else 2
-
-
-def _leaves(tree):
-    """The arrays of an mlx parameter tree (nested dicts and lists)."""
-    if isinstance(tree, dict):
-        return [leaf for value in tree.values() for leaf in _leaves(value)]
-    if isinstance(tree, (list, tuple)):
-        return [leaf for value in tree for leaf in _leaves(value)]
-    return [tree]
 
 
 def bytes_per_token(backend: Any) -> int:
