@@ -147,6 +147,9 @@ class Framework:
     # backend -> bytes of the weights that train now (a LoRA adapter, or every weight): what their
     # gradients and AdamW moments take (`train/memory.py`)
     trainable_bytes: Callable[[Any], int] | None = None
+    # float32 logits one chunk of the head's log-softmax holds (`logprobs.CHUNK_ELEMENTS`): a fixed
+    # part of a training step's memory (`train/memory.py`); None: not counted
+    logit_chunk_elements: int | None = None
     # Data parallelism (torch under torchrun, `torch/training.py`): () -> (rank, world size) of the
     # initialised process group ((0, 1) without one), and obj -> every rank's obj in rank order. None: the
     # framework trains in one process only (mlx) and the trainers refuse WORLD_SIZE > 1 (`train/shards.py`).

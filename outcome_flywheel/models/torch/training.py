@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
+from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS
 from outcome_flywheel.models.torch.losses import gspo_loss, sft_loss, weighted_dpo_loss
 from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
 
@@ -24,11 +25,17 @@ LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]]
 
 
 def adamw(model: torch.nn.Module, learning_rate: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
-    """AdamW over the model's trainable parameters (no weight decay by default)."""
+    """AdamW over the model's trainable parameters (no weight decay by default), fused where torch
+    has the kernel (CUDA, CPU, MPS): one kernel per step and no temporaries, where the default
+    multi-tensor path on CUDA makes one the size of every trainable weight (the second moments'
+    square roots: 2.2 GiB for a full fine-tune of qwen3-0.6b, on top of the budget's count)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("no trainable parameters")
-    return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+    try:
+        return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, fused=True)
+    except RuntimeError:  # a device or dtype without the fused kernel: the default path
+        return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
 
 
 def train(
@@ -440,6 +447,7 @@ FRAMEWORK = Framework(
     load_optimizer_state=load_optimizer_state,
     free_memory=free_memory,
     trainable_bytes=trainable_bytes,
+    logit_chunk_elements=CHUNK_ELEMENTS,
     world=world,
     gather=gather,
 )

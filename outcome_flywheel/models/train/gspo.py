@@ -30,7 +30,7 @@ import numpy as np
 
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
-from outcome_flywheel.models.train.memory import split_by_tokens, token_limit
+from outcome_flywheel.models.train.memory import prompt_row_share, split_by_cost, token_limit
 from outcome_flywheel.models.train.shards import announce, gather, ranks, shard
 
 if TYPE_CHECKING:
@@ -65,10 +65,8 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     # parts whose gradients add up to its own (memory.py)
     limit = token_limit(backend)
     mine = [shard(batch, [tuple(b.prompt_ids) for b in batch], rank, world) for batch in batches]
-    parts_of = [
-        split_by_tokens(own, [len(b.prompt_ids) + len(b.response_ids) for b in own], limit) if own else []
-        for own in mine
-    ]
+    cost = part_tokens(prompt_row_share(backend) if share and limit is not None else None)
+    parts_of = [split_by_cost(own, cost, limit) for own in mine]
     micros = [part for parts in parts_of for part in parts]
     recompute = config.old_logprobs == "recompute" or (
         config.old_logprobs == "auto" and not computes_in_float32(backend)
@@ -189,6 +187,22 @@ def indexed_steps(
             )
         index += len(parts)
     return steps
+
+
+def part_tokens(row_share: float | None) -> Callable[[list[EncodedExample]], float]:
+    """A part's padded size in whole tokens (`memory.py`): every row prompt plus response at the longest
+    length, or with the prompt shared (`row_share`: what a prompt token costs a row beside the prompt's
+    own pass) each distinct prompt once at the longest prompt, the responses at the longest response,
+    and each row's copy of the prompt's keys and values."""
+
+    def cost(part: list[EncodedExample]) -> float:
+        if row_share is None:
+            return len(part) * max(len(b.prompt_ids) + len(b.response_ids) for b in part)
+        prompt = max(len(b.prompt_ids) for b in part)
+        distinct = len({tuple(b.prompt_ids) for b in part})
+        return distinct * prompt + len(part) * (max(len(b.response_ids) for b in part) + row_share * prompt)
+
+    return cost
 
 
 def resume_moments(backend: ModelBackend, optimizer: Any) -> str:

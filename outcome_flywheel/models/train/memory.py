@@ -6,9 +6,11 @@ by its share of the minibatch's (`interface.Accumulated`), so the sum is the min
 The budget: `FLYWHEEL_TRAIN_MEMORY_GIB` when set (also on the CPU), else what the accelerator has
 free when the training starts (`Framework.free_memory`: CUDA's free memory, or Metal's recommended
 working set less what is in use) times `FREE_SHARE`; none on the CPU, whose memory the operating
-system shares out (set the variable there). It is what a step may add to the loaded model: the
-gradients and AdamW's moments of the weights that train come out of it first, the activations get
-the rest, so a step's peak is about the model plus the budget.
+system shares out (set the variable there). It is what a step may add to the loaded model: what
+the step holds whatever its batch comes out of it first (the gradients and AdamW's moments of the
+weights that train), then the head's log-softmax chunk, and the activations get the rest, so a
+step's peak is the model plus the budget at most. `tests/models/train/test_training_peak.py`
+counts the live tensors of whole GSPO, DPO and SFT steps on the CPU and holds them to it.
 
 The cost of a token: the activations autograd keeps for the backward pass of a Llama / Qwen block,
 counted tensor by tensor (`tests/models/train/test_micro_batches.py` checks the count against what
@@ -25,25 +27,31 @@ the query and key-value widths (heads x head dim), i the MLP's width and e the c
   adapter's rank-r output, 7r (no LoRA dropout, the project's default).
 For qwen3-0.6b in bf16 with LoRA this is 92 KB per token and layer. The count it replaced,
 Korthikanti et al. 2022's ~(10h + 4i) e for a GPT block, gave 45 KB, while the GSPO and DPO peaks
-measured on an H200 came to ~85-91 KB: a budget's minibatches peaked at twice what it allowed. The head's log-softmax runs in checkpointed chunks and is
-left out. MLX keeps another set (its LoRA does not cast the input); the count is torch's.
+measured on an H200 came to ~85-91 KB: a budget's minibatches peaked at twice what it allowed.
+With the prompt shared (GSPO's prompt groups), a prompt token costs a whole token once per distinct
+prompt and its keys and values per row (`prompt_row_share`). The head's log-softmax runs in
+checkpointed chunks: up to a chunk, its cost grows with the tokens (`head_bytes`). MLX keeps another set (its LoRA does not cast the
+input); the count is torch's.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+log = logging.getLogger(__name__)
 
 MEMORY_VARIABLE = "FLYWHEEL_TRAIN_MEMORY_GIB"
 FREE_SHARE = 0.8  # of the free memory: the allocator's fragmentation and the optimiser's first step need room
 
 
 def budget_bytes(backend: Any) -> int | None:
-    """The activation budget of one optimiser step in bytes, or None (no limit: whole minibatches):
-    the step's memory (the setting, or a share of what is free) less the gradients and AdamW
-    moments of the weights that train (`training_state_bytes`)."""
+    """What one optimiser step may add to the loaded model, less the gradients and AdamW moments of
+    the weights that train (`training_state_bytes`): the bytes left for activations and the head's
+    chunk, or None (no limit: whole minibatches)."""
     value = os.environ.get(MEMORY_VARIABLE, "").strip()
     if value:
         try:
@@ -52,9 +60,57 @@ def budget_bytes(backend: Any) -> int | None:
             raise ValueError(f"{MEMORY_VARIABLE}={value!r}: a number of GiB") from err
         if not 0 < gib < float("inf"):
             raise ValueError(f"{MEMORY_VARIABLE}={value!r}: a number of GiB above 0")
-        return max(1, int(gib * 2**30) - training_state_bytes(backend))
+        return int(gib * 2**30) - training_state_bytes(backend)
     free = backend.framework.free_memory(backend) if backend.framework.free_memory is not None else None
-    return max(1, int(free * FREE_SHARE) - training_state_bytes(backend)) if free else None
+    return int(free * FREE_SHARE) - training_state_bytes(backend) if free else None
+
+
+def token_limit(backend: Any) -> int | None:
+    """Tokens (sequences x padded length) one forward may hold within the budget; None = no limit.
+    A part of n tokens takes n x `bytes_per_token` of activations and the head's chunk at n tokens
+    (`head_bytes`). When the budget leaves less than one token, each sequence goes alone, the least
+    memory the trainer can take, and a warning says what the step holds whatever its batch."""
+    budget = budget_bytes(backend)
+    if budget is None:
+        return None
+    per_token, head_per_token, chunk = bytes_per_token(backend), head_bytes(backend, 1), head_rows(backend)
+    if budget >= (per_token + head_per_token) * chunk:  # past a whole chunk the head costs no more
+        return int((budget - head_per_token * chunk) // per_token)
+    tokens = budget // (per_token + head_per_token)
+    if tokens < 1:
+        value = os.environ.get(MEMORY_VARIABLE, "").strip()
+        log.warning(
+            "%s leaves nothing for activations: a training step of this model holds %.2f GiB of gradients "
+            "and AdamW moments of the trainable weights and up to %.2f GiB for the head's log-softmax "
+            "whatever its batch; training one sequence at a time",
+            f"{MEMORY_VARIABLE}={value}" if value else f"{FREE_SHARE:.0%} of the free memory",
+            training_state_bytes(backend) / 2**30,
+            head_bytes(backend) / 2**30,
+        )
+    return max(1, int(tokens))
+
+
+# float32 copies of one chunk's logits alive at once in its backward pass (torch/logprobs.py): the
+# scaled logits logsumexp keeps, the exp of its gradient and their product, gather's scattered
+# gradient; counted live by tests/models/train/test_training_peak.py.
+HEAD_CHUNK_COPIES = 4
+
+
+def head_rows(backend: Any) -> int:
+    """Tokens in one chunk of the head's log-softmax (at most the framework's `logit_chunk_elements`
+    float32 logits); 0 when the framework does not say."""
+    elements = backend.framework.logit_chunk_elements
+    if not elements:
+        return 0
+    return max(1, elements // max(1, int(model_config(backend).get("vocab_size") or 1)))
+
+
+def head_bytes(backend: Any, tokens: int | None = None) -> int:
+    """The head's share of a step at `tokens` tokens (None: any number): its log-softmax runs a
+    chunk at a time, recomputed in the backward pass, so one chunk's copies are alive at any moment
+    however long the batch."""
+    rows = head_rows(backend) if tokens is None else min(head_rows(backend), int(tokens))
+    return HEAD_CHUNK_COPIES * 4 * rows * int(model_config(backend).get("vocab_size") or 0)
 
 
 def training_state_bytes(backend: Any) -> int:
@@ -74,15 +130,18 @@ def element_bytes(dtype: Any) -> int:
     return 4 if "float32" in str(dtype) else 2
 
 
+def model_config(backend: Any) -> dict:
+    """The language model's config.json (multimodal configs nest it as `text_config`)."""
+    config = json.loads((Path(backend.model_path) / "config.json").read_text())
+    return config.get("text_config", config)
+
+
 def bytes_per_token(backend: Any) -> int:
     """Activation bytes one token of a training forward keeps for the backward (module docstring)."""
-    config = json.loads((Path(backend.model_path) / "config.json").read_text())
-    config = config.get("text_config", config)  # multimodal configs nest the language model's
+    config = model_config(backend)
     h = int(config["hidden_size"])
     i = int(config.get("intermediate_size") or 4 * h)
-    heads = int(config.get("num_attention_heads") or 1)
-    head_dim = int(config.get("head_dim") or h // heads)
-    q, k = heads * head_dim, int(config.get("num_key_value_heads") or heads) * head_dim
+    q, k = attention_widths(config)
     e = element_bytes(backend.dtype)
     per_layer = 2 * 4 * h + 2 * q * e + 2 * k * e + 3 * i * e
     if config.get("model_type") == "qwen3":
@@ -97,6 +156,22 @@ def bytes_per_token(backend: Any) -> int:
     return int(config["num_hidden_layers"]) * per_layer
 
 
+def attention_widths(config: dict) -> tuple[int, int]:
+    """(query width, key-value width): heads x head dim."""
+    heads = int(config.get("num_attention_heads") or 1)
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    return heads * head_dim, int(config.get("num_key_value_heads") or heads) * head_dim
+
+
+def prompt_row_share(backend: Any) -> float:
+    """A shared prompt's token, per response row, as a share of a whole token's cost: with the prompt
+    run once (`shared_prefix_logprobs`), each row keeps only its keys and values (2 x k e a layer,
+    the cache the responses attend to); the prompt's own activations are counted once per distinct prompt."""
+    config = model_config(backend)
+    _, k = attention_widths(config)
+    return int(config["num_hidden_layers"]) * 2 * k * element_bytes(backend.dtype) / bytes_per_token(backend)
+
+
 def adapter_layout(backend: Any) -> tuple[int, int] | None:
     """`(bytes per value, rank)` of the LoRA adapter (PEFT keeps it in float32 under a bf16 model),
     or None when every weight trains."""
@@ -109,29 +184,36 @@ def adapter_layout(backend: Any) -> tuple[int, int] | None:
     return element_bytes(backend.dtype), 0  # MLX: its adapter in the model's dtype
 
 
-def token_limit(backend: Any) -> int | None:
-    """Tokens (sequences x padded length) one forward may hold within the budget; None = no limit."""
-    budget = budget_bytes(backend)
-    return None if budget is None else max(1, budget // bytes_per_token(backend))
-
-
 def split_by_tokens(items: Sequence[Any], lengths: Sequence[int], limit: int | None) -> list[list[Any]]:
     """`items` in order, cut into consecutive parts whose padded size (count x longest length) is at
     most `limit` tokens; a part holds one item at least (a sequence longer than the limit alone)."""
-    if limit is None:
-        return [list(items)]
-    parts: list[list[Any]] = []
+    sizes = [int(n) for n in lengths]
+    parts = split_by_cost(list(range(len(items))), lambda part: len(part) * max(sizes[i] for i in part), limit)
+    return [[items[i] for i in part] for part in parts]
+
+
+def split_by_cost(items: Sequence[Any], cost: Callable[[list[Any]], float], limit: int | None) -> list[list[Any]]:
+    """`items` in order, cut into the fewest consecutive parts whose `cost(part)` (tokens; it must
+    grow as a part grows) is at most `limit`, as even in size as that count allows: equal parts
+    pad less and peak lower than a full part and a remainder. A part holds one item at least."""
+    if limit is None or not items:
+        return [list(items)] if items else []
+    greedy: list[list[Any]] = []
     part: list[Any] = []
-    longest = 0
-    for item, length in zip(items, lengths):
-        if part and (len(part) + 1) * max(longest, length) > limit:
-            parts.append(part)
-            part, longest = [], 0
+    for item in items:
+        if part and cost(part + [item]) > limit:
+            greedy.append(part)
+            part = []
         part.append(item)
-        longest = max(longest, int(length))
-    if part:
-        parts.append(part)
-    return parts
+    greedy.append(part)
+    count = len(greedy)
+    if count > 1:
+        size, extra = divmod(len(items), count)
+        bounds = [k * size + min(k, extra) for k in range(count + 1)]
+        even = [list(items[a:b]) for a, b in zip(bounds, bounds[1:])]
+        if all(len(p) == 1 or cost(p) <= limit for p in even):
+            return even
+    return greedy
 
 
 def accumulated_steps(

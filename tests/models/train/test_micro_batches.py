@@ -24,6 +24,8 @@ from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.train.memory import (
     MEMORY_VARIABLE,
     bytes_per_token,
+    head_bytes,
+    split_by_cost,
     split_by_tokens,
     token_limit,
     training_state_bytes,
@@ -159,24 +161,44 @@ def test_micro_batches_give_the_minibatch_update_in_mlx(tiny_model_dir, monkeypa
     assert abs(parts.grad_norms[0] - whole.grad_norms[0]) <= grad_bound
 
 
-def test_the_budget_splits_by_padded_tokens_and_says_what_it_is(tiny_model_dir, monkeypatch):
+def test_the_budget_splits_by_padded_tokens_and_says_what_it_is(tiny_model_dir, monkeypatch, caplog):
     assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 5], None) == [[1, 2, 3, 4]]
     assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 5], 60) == [[1, 2], [3, 4]]  # 3 x 30 > 60, 2 x 30 fits
     assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 5], 50) == [[1, 2], [3], [4]]  # 2 x 30 > 50
     assert split_by_tokens([1, 2], [100, 100], 10) == [[1], [2]]  # a sequence over the limit goes alone
+    assert split_by_tokens([7, 7, 7], [10, 20, 30], 40) == [[7, 7], [7]]  # equal items keep their own lengths
+    # the fewest parts, as even as they can be: 5 + 5 rows, not 9 + 1
+    assert split_by_tokens(list(range(10)), [10] * 10, 90) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    # even parts that would not fit keep the greedy cut: 3 x 30 > 60 for [10, 10, 30]
+    assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 30], 60) == [[1, 2], [3, 4]]
+    # any growing cost: greedy needs 4 parts ([0, 1, 2], [3], [4], [5]); 2 + 2 + 1 + 1 fit too
+    assert split_by_cost(list(range(6)), lambda part: sum(part) + 1, 6) == [[0, 1], [2, 3], [4], [5]]
     backend = load_backend("torch", tiny_model_dir, device="cpu")
     monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
     assert token_limit(backend) is None  # the CPU: no budget unless one is set
-    monkeypatch.setenv(MEMORY_VARIABLE, "1")
+    monkeypatch.setenv(MEMORY_VARIABLE, "4")  # past a whole chunk's tokens
     per_token = bytes_per_token(backend)
-    # the step's gradients and AdamW moments come out of the budget first: every weight, then an adapter's
+    # the step's gradients and AdamW moments come out of the budget first: every weight, then an
+    # adapter's; then the head's chunk (float32 logits of 2**25 at most, four copies), then activations
     weights = sum(p.numel() * 4 for p in backend.model.parameters())
+    vocab = backend.vocab_size
+    chunk = 4 * 4 * (2**25 // vocab) * vocab
+    assert head_bytes(backend) == chunk and head_bytes(backend, 10) == 4 * 4 * 10 * vocab
     assert training_state_bytes(backend) == 3 * weights
-    assert token_limit(backend) == (2**30 - 3 * weights) // per_token
+    assert token_limit(backend) == (4 * 2**30 - 3 * weights - chunk) // per_token
     backend.add_lora(LoraSettings(r=4, alpha=8))
     adapter = sum(p.numel() * 4 for name, p in backend.model.named_parameters() if "lora_" in name)
     assert training_state_bytes(backend) == 3 * adapter and 0 < adapter < weights / 10
-    assert token_limit(backend) == (2**30 - 3 * adapter) // bytes_per_token(backend)
+    assert token_limit(backend) == (4 * 2**30 - 3 * adapter - chunk) // bytes_per_token(backend)
+    # below a whole chunk the head costs per token: a budget of 10 tokens' activations and head
+    ten = 3 * adapter + 10 * (bytes_per_token(backend) + 4 * 4 * vocab)
+    monkeypatch.setenv(MEMORY_VARIABLE, repr(ten / 2**30))
+    assert token_limit(backend) == 10
+    # a setting that leaves nothing for activations: one sequence at a time, and a warning that says why
+    monkeypatch.setenv(MEMORY_VARIABLE, "1e-6")
+    with caplog.at_level("WARNING", logger="outcome_flywheel.models.train.memory"):
+        assert token_limit(backend) == 1
+    assert "leaves nothing for activations" in caplog.text and "AdamW" in caplog.text
     # full fine-tuning over float32 master weights under bf16 autocast: autocast's bf16 copy of each too
     from outcome_flywheel.models.torch.backend import TorchBackend
 

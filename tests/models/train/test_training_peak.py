@@ -1,0 +1,111 @@
+"""A training step's peak within `FLYWHEEL_TRAIN_MEMORY_GIB` (models/train/memory.py), counted on the
+CPU: every tensor a whole GSPO, DPO or SFT run makes is followed until it is freed
+(`tests/live_memory.py`), and the most alive at once, over the loaded model, must not pass the
+setting. The model is Qwen3 at its real vocabulary (151,936: the head's log-softmax chunk is as
+large as on qwen3-0.6b) with a small body, in bf16 as on a GPU; the setting is what the step holds
+whatever its batch plus about half the minibatch's activations, so the budget binds (micro-batches)
+and a cost left out of the count (the head's chunk, the second moments' square roots of a
+multi-tensor AdamW, autocast's weight copies) shows as a peak over it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from outcome_flywheel.models.provision import qwen3_shapes
+from outcome_flywheel.models.torch.backend import TorchBackend
+from outcome_flywheel.models.train.dpo import train_weighted_dpo
+from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
+from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
+from outcome_flywheel.models.train.memory import (
+    MEMORY_VARIABLE,
+    bytes_per_token,
+    head_bytes,
+    training_state_bytes,
+)
+from outcome_flywheel.models.train.sft import train_sft
+from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
+from tests.live_memory import LiveTensorBytes
+
+PROBE = dict(
+    qwen3_shapes.QWEN3_0_6B,
+    num_hidden_layers=2,
+    hidden_size=256,
+    intermediate_size=768,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    max_position_embeddings=4096,
+)
+WORDS = "the market rose on strong earnings while bonds fell and oil was flat".split()
+
+
+@pytest.fixture(scope="module")
+def probe_dir(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(qwen3_shapes, "SHAPES", {**qwen3_shapes.SHAPES, "peak-probe": PROBE})
+        return qwen3_shapes.build_model(tmp_path_factory.mktemp("peak") / "model", "peak-probe", dtype="bfloat16")
+
+
+def prompt(k: int) -> list[dict]:
+    return [{"role": "user", "content": f"headline {k}: " + " ".join(WORDS * 4)}]
+
+
+def text(rng, words: int) -> str:
+    return " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), words))
+
+
+def gspo(backend, rng, full: bool):
+    examples = [
+        GSPOExample(prompt(k), ids, [-3.0] * len(ids), float(rng.normal()))
+        for k in range(2)
+        for ids in (rng.integers(10, 1000, int(rng.integers(90, 140))).tolist() for _ in range(4))
+    ]
+    config = GSPOConfig(lora=None if full else GSPOConfig().lora, batch_size=8, epochs=1, temperature=0.8)
+    if full:
+        backend.use_master_weights()
+    else:
+        backend.add_lora(config.lora)
+    tokens = sum(len(backend.prompt_ids(e.prompt)) + len(e.response_ids) for e in examples)
+    return tokens, lambda: train_gspo(backend, examples, config)
+
+
+def dpo(backend, rng):
+    pairs = [PreferencePair(prompt(i % 2), text(rng, 90), text(rng, 70), 1.0) for i in range(4)]
+    config = WeightedDPOConfig(epochs=1, batch_size=4, completion_unit="sequence")
+    backend.add_lora(config.lora)
+    tokens = 2 * sum(len(backend.prompt_ids(p.prompt)) + 2 * len(backend.encode_response(p.chosen)) for p in pairs)
+    return tokens, lambda: train_weighted_dpo(backend, pairs, config)
+
+
+def sft(backend, rng):
+    examples = [SFTExample(prompt(i % 2), text(rng, 110)) for i in range(6)]
+    config = SFTConfig(epochs=1, batch_size=6)
+    backend.add_lora(config.lora)
+    tokens = sum(len(backend.prompt_ids(e.prompt)) + len(backend.encode_response(e.completion)) for e in examples)
+    return tokens, lambda: train_sft(backend, examples, config)
+
+
+CASES = {
+    "gspo-lora": lambda b, rng: gspo(b, rng, full=False),
+    "gspo-full": lambda b, rng: gspo(b, rng, full=True),
+    "dpo": dpo,
+    "sft": sft,
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_training_steps_peak_stays_within_the_setting(probe_dir, monkeypatch, case):
+    backend = TorchBackend(probe_dir, device="cpu", dtype="bfloat16", master_weights=case == "gspo-full")
+    tokens, train = CASES[case](backend, np.random.default_rng(0))
+    # what the step holds whatever its batch, and about half of the minibatch's activations
+    setting = training_state_bytes(backend) + head_bytes(backend) + bytes_per_token(backend) * tokens // 2
+    monkeypatch.setenv(MEMORY_VARIABLE, repr(setting / 2**30))
+    backend.framework.seed(0)
+    tracker = LiveTensorBytes(list(backend.model.parameters()) + list(backend.model.buffers()))
+    with tracker:
+        stats = train()
+    assert stats.steps == 1 and stats.extra["micro_batches"] >= 2, stats.extra  # the budget binds
+    print(f"{case}: peak {tracker.peak / 2**20:.1f} MiB at {tracker.peak_op}, setting {setting / 2**20:.1f} MiB")
+    assert tracker.peak <= setting, (tracker.peak / 2**20, setting / 2**20, tracker.peak_op)
