@@ -15,8 +15,8 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
-from outcome_flywheel.models.mlx.lora_convert import PEFT_PREFIX
 from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS
+from outcome_flywheel.models.mlx.lora_convert import PEFT_PREFIX
 from outcome_flywheel.models.mlx.losses import gspo_loss, sft_loss, weighted_dpo_loss
 from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
 

@@ -18,12 +18,7 @@ from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
 from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
-from outcome_flywheel.models.train.memory import (
-    MEMORY_VARIABLE,
-    bytes_per_token,
-    head_bytes,
-    training_state_bytes,
-)
+from outcome_flywheel.models.train.memory import MEMORY_VARIABLE, bytes_per_token, head_bytes, training_state_bytes
 from outcome_flywheel.models.train.sft import train_sft
 from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
 from tests.live_memory import LiveTensorBytes
