@@ -26,15 +26,14 @@ LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]]
 
 def adamw(model: torch.nn.Module, learning_rate: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
     """AdamW over the model's trainable parameters (no weight decay by default), fused where torch
-    has the kernel (CUDA, CPU, MPS): one kernel per step and no temporaries, where the default
-    multi-tensor path on CUDA makes one the size of every trainable weight (the second moments'
-    square roots: 2.2 GiB for a full fine-tune of qwen3-0.6b, on top of the budget's count)."""
+    has the kernel: CUDA's default multi-tensor path makes a temporary the size of every trainable
+    weight (the second moments' square roots; 2.2 GiB on a full fine-tune of qwen3-0.6b)."""
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("no trainable parameters")
     try:
         return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, fused=True)
-    except RuntimeError:  # a device or dtype without the fused kernel: the default path
+    except RuntimeError:  # a device or dtype without the kernel
         return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
 
 
@@ -137,9 +136,8 @@ def load_optimizer_state(
     step = check_state(tensors, {name: tuple(p.shape) for name, p in params})
     if any(optimizer.state.get(p) for _, p in params):
         raise ValueError("the optimiser has already stepped: load its state into a fresh one")
-    scalar = (
-        torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-    )  # as torch's AdamW keeps `step`
+    # as torch's AdamW keeps `step`
+    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
     state = {
         index: {
             "step": torch.tensor(float(step), dtype=scalar),
@@ -181,8 +179,7 @@ def free_memory(backend) -> int | None:
     device = torch.device(backend.device)
     if device.type != "cuda":
         return None
-    free, _total = torch.cuda.mem_get_info(device)
-    return int(free)
+    return int(torch.cuda.mem_get_info(device)[0])
 
 
 def trainable_bytes(backend) -> int:
