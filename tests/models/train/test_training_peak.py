@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from outcome_flywheel.models.provision import qwen3_shapes
 from outcome_flywheel.models.torch.backend import TorchBackend
@@ -90,17 +91,43 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_a_training_steps_peak_stays_within_the_setting(probe_dir, monkeypatch, case):
-    backend = TorchBackend(probe_dir, device="cpu", dtype="bfloat16", master_weights=case == "gspo-full")
+def prepared(probe_dir, monkeypatch, case: str, device: str):
+    """The case's backend and run, under a setting of what the step holds whatever its batch plus
+    about half of the minibatch's activations."""
+    backend = TorchBackend(probe_dir, device=device, dtype="bfloat16", master_weights=case == "gspo-full")
     tokens, train = CASES[case](backend, np.random.default_rng(0))
-    # what the step holds whatever its batch, and about half of the minibatch's activations
     setting = training_state_bytes(backend) + head_bytes(backend) + bytes_per_token(backend) * tokens // 2
     monkeypatch.setenv(MEMORY_VARIABLE, repr(setting / 2**30))
     backend.framework.seed(0)
+    return backend, train, setting
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_training_steps_peak_stays_within_the_setting(probe_dir, monkeypatch, case):
+    backend, train, setting = prepared(probe_dir, monkeypatch, case, "cpu")
     tracker = LiveTensorBytes(list(backend.model.parameters()) + list(backend.model.buffers()))
     with tracker:
         stats = train()
     assert stats.steps == 1 and stats.extra["micro_batches"] >= 2, stats.extra  # the budget binds
     print(f"{case}: peak {tracker.peak / 2**20:.1f} MiB at {tracker.peak_op}, setting {setting / 2**20:.1f} MiB")
     assert tracker.peak <= setting, (tracker.peak / 2**20, setting / 2**20, tracker.peak_op)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_training_steps_cuda_peak_stays_within_the_setting(probe_dir, monkeypatch, case):
+    """The same on CUDA, by the caching allocator's own peak over what was allocated before the run:
+    its kernels (cuBLAS, fused AdamW, memory-efficient attention) and its rounding of blocks are what
+    a GPU's budget meets. Bound: the setting plus cuBLAS's workspace, which the first matrix product
+    on the stream allocates whatever the batch (32 MiB at most: PyTorch's size on Hopper, less elsewhere)."""
+    backend, train, setting = prepared(probe_dir, monkeypatch, case, "cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    stats = train()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert stats.steps == 1 and stats.extra["micro_batches"] >= 2, stats.extra
+    print(f"{case} (CUDA): peak {peak / 2**20:.1f} MiB over the model, setting {setting / 2**20:.1f} MiB")
+    assert peak <= setting + 32 * 2**20, (peak / 2**20, setting / 2**20)
