@@ -236,32 +236,48 @@ def old_logprobs(
     exp(mean_t(recomputed - stored)) by its index (both empty when not recomputed), and with
     `reference` pi_ref's log-probs (the adapter switched off; else None per minibatch).
 
-    Recomputed: one no-grad pass of the training forward, before any update (the policy has not
-    moved yet, so this is pi_old); stored: the behaviour log-probs saved at generation."""
+    Recomputed: no-grad passes of the training forward, before any update (the policy has not
+    moved yet, so this is pi_old); stored: the behaviour log-probs saved at generation. pi_old is one
+    policy, so each example's is computed once, in the first (micro-)batch that holds it, which is
+    the first epoch's arrangement, where its training forward sees the same batch and s_i = 1 exactly
+    at the first step; later epochs reuse those values instead of a pass over the data each epoch.
+    pi_ref (the base) is likewise one set of values per example."""
     fw = backend.framework
-    old_by_batch: list[Any] = []
-    ref_by_batch: list[Any] = []
+    old_rows: dict[int, np.ndarray] = {}
+    ref_rows: dict[int, np.ndarray] = {}
     gaps: list[float] = []
     ratios: dict[int, float] = {}
     with fw.inference(backend):
         for batch in batches:
+            new = [k for k, b in enumerate(batch) if b.index not in (old_rows if recompute else ref_rows)]
+            if not new or not (recompute or reference):
+                continue
             if reference:
                 with backend.adapter_disabled():
                     ref, _ = logprobs(batch)
-                ref_by_batch.append(fw.as_array(backend, fw.to_numpy(ref).astype(np.float32)))
-            else:
-                ref_by_batch.append(None)
-            stored = padded([b.behavior_logprobs for b in batch], max(len(b.response_ids) for b in batch))
+                ref = fw.to_numpy(ref).astype(np.float32)
+                ref_rows.update({batch[k].index: ref[k, : len(batch[k].response_ids)] for k in new})
             if not recompute:
-                old_by_batch.append(fw.as_array(backend, stored))
                 continue
             old, mask = logprobs(batch)
             old, mask = fw.to_numpy(old).astype(np.float32), fw.to_numpy(mask)
-            lengths = np.maximum(mask.sum(-1), 1)
-            signed = ((old - stored) * mask).sum(-1) / lengths
-            gaps += [float(g) for g in np.abs(signed)]
-            ratios.update({b.index: float(np.exp(g)) for b, g in zip(batch, signed)})
-            old_by_batch.append(fw.as_array(backend, old))
+            stored = padded([b.behavior_logprobs for b in batch], old.shape[1])
+            signed = ((old - stored) * mask).sum(-1) / np.maximum(mask.sum(-1), 1)
+            for k in new:
+                old_rows[batch[k].index] = old[k, : len(batch[k].response_ids)]
+                gaps.append(float(abs(signed[k])))
+                ratios[batch[k].index] = float(np.exp(signed[k]))
+
+    def arrays(rows: dict[int, np.ndarray] | None, stored: bool = False) -> list[Any]:
+        out = []
+        for batch in batches:
+            width = max(len(b.response_ids) for b in batch)
+            values = [b.behavior_logprobs for b in batch] if stored else [rows[b.index] for b in batch]
+            out.append(fw.as_array(backend, padded(values, width)))
+        return out
+
+    old_by_batch = arrays(old_rows, stored=not recompute)
+    ref_by_batch = arrays(ref_rows) if reference else [None] * len(batches)
     return old_by_batch, gaps, ratios, ref_by_batch
 
 

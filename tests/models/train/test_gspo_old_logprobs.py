@@ -63,3 +63,52 @@ def test_bf16_recomputes_pi_old_so_clipping_is_not_active_before_any_step(torch_
     assert stats.extra["behavior_logprob_gap_max"] > 1e-4
     # pi_old recomputed by the same bf16 forward: ratio exactly 1 (1e-6 only covers the fp32 mean)
     assert abs(stats.extra["ratio_mean"][0] - 1.0) < 1e-6 and stats.extra["clip_fraction"][0] == 0.0
+
+
+def test_pi_old_is_computed_once_per_example_whatever_the_epochs():
+    """pi_old is one policy: each example's log-probs come from the first batch that holds it (the
+    first epoch's arrangement, where the training forward meets the same batch) and later epochs'
+    arrangements reuse them, bit for bit, with no pass of their own; pi_ref likewise."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from outcome_flywheel.models.torch.training import FRAMEWORK
+    from outcome_flywheel.models.train.batching import EncodedExample
+    from outcome_flywheel.models.train.gspo import old_logprobs
+
+    rng = np.random.default_rng(0)
+    examples = [
+        EncodedExample([1, 2], rng.integers(5, 50, n).tolist(), list(rng.normal(size=n)), 1.0, index=i)
+        for i, n in enumerate([3, 5, 2, 4])
+    ]
+    passes = []
+
+    def logprobs(batch):  # a batch-dependent result, as bf16 kernels can give: the pass is told apart
+        passes.append([b.index for b in batch])
+        width = max(len(b.response_ids) for b in batch)
+        values = torch.zeros(len(batch), width)
+        for k, b in enumerate(batch):
+            values[k, : len(b.response_ids)] = -1.0 - b.index - 0.01 * len(passes)
+        return values, values != 0
+
+    backend = SimpleNamespace(
+        framework=FRAMEWORK,
+        model=torch.nn.Linear(1, 1),
+        device=torch.device("cpu"),
+        adapter_disabled=contextlib.nullcontext,
+    )
+    e0, e1, e2, e3 = examples
+    epochs = [[e0, e1], [e2, e3], [e1, e2], [e3, e0]]  # two epochs, rearranged
+    old, gaps, ratios, ref = old_logprobs(backend, epochs, logprobs, recompute=True, reference=True)
+    # pi_ref and pi_old: one pass each per first-epoch batch, none for the second epoch
+    assert passes == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert sorted(ratios) == [0, 1, 2, 3] and len(gaps) == 4
+    row = {}
+    for batch, values in zip(epochs[:2], old[:2]):
+        for k, b in enumerate(batch):
+            row[b.index] = values[k, : len(b.response_ids)]
+    for batch, values in zip(epochs[2:], old[2:]):
+        for k, b in enumerate(batch):
+            assert torch.equal(values[k, : len(b.response_ids)], row[b.index])
+            assert torch.all(values[k, len(b.response_ids) :] == 0)
+    assert torch.equal(ref[2][0, :5], ref[0][1, :5])  # e1's pi_ref, first seen in batch 0
