@@ -52,13 +52,15 @@ def text(rng, words: int) -> str:
     return " ".join(WORDS[i] for i in rng.integers(0, len(WORDS), words))
 
 
-def gspo(backend, rng, full: bool):
+def gspo(backend, rng, full: bool, shared: bool = True):
     examples = [
         GSPOExample(prompt(k), ids, [-3.0] * len(ids), float(rng.normal()))
         for k in range(2)
         for ids in (rng.integers(10, 1000, int(rng.integers(90, 140))).tolist() for _ in range(4))
     ]
-    config = GSPOConfig(lora=None if full else GSPOConfig().lora, batch_size=8, epochs=1, temperature=0.8)
+    config = GSPOConfig(
+        lora=None if full else GSPOConfig().lora, batch_size=8, epochs=1, temperature=0.8, share_prompt_prefix=shared
+    )
     if full:
         backend.use_master_weights()
     else:
@@ -86,6 +88,7 @@ def sft(backend, rng):
 CASES = {
     "gspo-lora": lambda b, rng: gspo(b, rng, full=False),
     "gspo-full": lambda b, rng: gspo(b, rng, full=True),
+    "gspo-lora-unshared": lambda b, rng: gspo(b, rng, full=False, shared=False),  # each row runs its prompt
     "dpo": dpo,
     "sft": sft,
 }
