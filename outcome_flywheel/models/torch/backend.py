@@ -117,6 +117,27 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
+    @property
+    def adapter_autocast(self) -> bool:
+        """Whether a float32 LoRA adapter (PEFT's default) sits on a half-precision model."""
+        if self.master_weights or self.dtype == torch.float32 or not self.has_adapter:
+            return False
+        return any(p.dtype == torch.float32 for n, p in self.model.named_parameters() if "lora_A" in n)
+
+    def forward_precision(self):
+        """A teacher-forced forward: `autocast`, and over a float32 LoRA adapter on a half-precision
+        model autocast with PEFT's float32 cast of each adapter's input off (autocast casts the adapter's
+        weights): the adapters keep the inputs their base layers hold, not float32 copies (45 % of a
+        LoRA token's activations on qwen3-0.6b, `train/memory.py`); weights and updates stay float32."""
+        if not self.adapter_autocast:
+            return self.autocast()
+        from peft.helpers import disable_input_dtype_casting
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
+        stack.enter_context(disable_input_dtype_casting(self.model))
+        return stack
+
     # -- inference ----------------------------------------------------------------------
     @property
     def graph_sampler(self) -> "GraphSampler | None":
@@ -208,7 +229,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         if shared_prefix:
             return self.shared_prefix_logprobs(prompt_ids, response_ids, temperature)
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
-        with self.autocast(), attention_kernels(self.device):
+        with self.forward_precision(), attention_kernels(self.device):
             hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention).last_hidden_state
         rows, cols, targets, mask = self._response_layout(prompt_ids, response_ids)
         flat = token_logprobs(hidden[rows, cols], self._head, targets, temperature, self.vocab_size)
@@ -220,7 +241,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         """Same result as `batch_logprobs` (`(logp, mask)`, `[B, T]`), computing each distinct prompt
         once: the prompts run left-padded with a KV cache, the cache rows are gathered per response
         (differentiable indexing), then the responses run on top of it."""
-        with self.autocast(), attention_kernels(self.device):
+        with self.forward_precision(), attention_kernels(self.device):
             hidden, responses, mask = self._shared_prefix_hidden(prompt_ids, response_ids)
         flat = token_logprobs(hidden[mask], self._head, responses[mask], temperature, self.vocab_size)
         return self._scatter_rows(flat, mask), mask
@@ -323,7 +344,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         """Final hidden states at the positions that predict each response token, `[sum |r|, H]`,
         rows in order (response 0's tokens, then response 1's...)."""
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
-        with self.autocast(), attention_kernels(self.device):
+        with self.forward_precision(), attention_kernels(self.device):
             hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention).last_hidden_state
         rows, cols, _, _ = self._response_layout(prompt_ids, response_ids)
         return hidden[rows, cols]
@@ -374,8 +395,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         temperature: float = 1.0,
     ) -> list[np.ndarray]:
         result: list[np.ndarray] = []
-        ctx = contextlib.nullcontext() if use_adapter else self.adapter_disabled()
-        with ctx:
+        with contextlib.nullcontext() if use_adapter else self.adapter_disabled():
             for start in range(0, len(prompts), batch_size):
                 p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
                 r_ids = [list(r) for r in responses[start : start + batch_size]]
@@ -394,10 +414,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
     @contextlib.contextmanager
     def adapter_disabled(self) -> Iterator[None]:
         """The base model's view: the reference policy for DPO and KL."""
-        if self.has_adapter:
-            with self.model.disable_adapter():
-                yield
-        else:
+        with self.model.disable_adapter() if self.has_adapter else contextlib.nullcontext():
             yield
 
     def add_lora(self, settings: LoraSettings) -> None:

@@ -23,9 +23,12 @@ the query and key-value widths (heads x head dim), i the MLP's width and e the c
   the attention's output, and each norm's output, e(2h + q + k).
   LoRA: each adapter's input, which PEFT casts to the adapter's float32 one layer at a time
   (5h + q + i values in float32 with all seven projections adapted, the project's default), or in
-  the compute dtype when the adapter is kept in it (e(2h + i): the inputs are shared), and each
-  adapter's rank-r output, 7r (no LoRA dropout, the project's default).
-For qwen3-0.6b in bf16 with LoRA this is 92 KB per token and layer. The count it replaced,
+  the compute dtype when the adapter is kept in it or its products run under autocast with that
+  cast off, as torch's training forward runs a float32 adapter on a bf16 model
+  (`TorchBackend.forward_precision`; e(2h + i): the inputs are shared), and each adapter's rank-r
+  output, 7r (no LoRA dropout, the project's default).
+For qwen3-0.6b in bf16 with LoRA this is 61 KB per token and layer (92 KB with PEFT's float32
+copies, before `forward_precision`). The count it replaced,
 Korthikanti et al. 2022's ~(10h + 4i) e for a GPT block, gave 45 KB, while the GSPO and DPO peaks
 measured on an H200 came to ~85-91 KB: a budget's minibatches peaked at twice what it allowed.
 With the prompt shared (GSPO's prompt groups), a prompt token costs a whole token once per distinct
@@ -115,14 +118,13 @@ def head_bytes(backend: Any, tokens: int | None = None) -> int:
 
 def training_state_bytes(backend: Any) -> int:
     """What a step holds besides activations: a gradient and AdamW's two moments for each weight
-    that trains, in its dtype (float32 for a LoRA adapter or master weights), and under autocast
-    over float32 master weights the compute-dtype copy autocast keeps of each through the forward
-    and backward (measured on an H200 before it was counted: full fine-tuning of qwen3-0.6b under a
-    14 GiB setting peaked 2.2 GiB above the model plus the setting)."""
+    that trains, in its dtype (float32 for a LoRA adapter or master weights), and where autocast
+    runs float32 weights in the compute dtype (master weights; torch's float32 adapter on a bf16
+    model) the compute-dtype copy it keeps of each through the forward and backward."""
     trainable = backend.framework.trainable_bytes(backend)
     state = 3 * trainable
-    if getattr(backend, "master_weights", False):  # float32 weights, 4 bytes a value
-        state += trainable // 4 * element_bytes(backend.dtype)
+    if getattr(backend, "master_weights", False) or getattr(backend, "adapter_autocast", False):
+        state += trainable // 4 * element_bytes(backend.dtype)  # float32 weights, 4 bytes a value
     return state
 
 
@@ -151,6 +153,8 @@ def bytes_per_token(backend: Any) -> int:
         per_layer += e * (2 * h + i) + e * (2 * h + (q + k if config.get("model_type") == "qwen3" else 0))
     else:
         element, rank = adapter
+        if getattr(backend, "adapter_autocast", False):  # its products in the compute dtype (torch's forward_precision)
+            element = e
         per_layer += element * (5 * h + q + i) if element > e else e * (2 * h + i)
         per_layer += 7 * rank * element  # each adapter's A output
     return int(config["num_hidden_layers"]) * per_layer
