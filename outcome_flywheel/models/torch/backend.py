@@ -26,6 +26,7 @@ from outcome_flywheel.models.segments import flatten_segments
 from outcome_flywheel.models.torch.fused_decode import DecodeKernels
 from outcome_flywheel.models.torch.graph_sampler import GraphSampler
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
+from outcome_flywheel.models.torch.precision import adapter_autocast, forward_precision, uses_lean_norms
 from outcome_flywheel.models.torch.sampling import left_padded, sample_batch
 from outcome_flywheel.models.torch.static_cache import attention_kernels
 from outcome_flywheel.models.torch.training import FRAMEWORK, is_writer
@@ -119,24 +120,15 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
     @property
     def adapter_autocast(self) -> bool:
-        """Whether a float32 LoRA adapter (PEFT's default) sits on a half-precision model."""
-        if self.master_weights or self.dtype == torch.float32 or not self.has_adapter:
-            return False
-        return any(p.dtype == torch.float32 for n, p in self.model.named_parameters() if "lora_A" in n)
+        return adapter_autocast(self)
+
+    @property
+    def lean_norms(self) -> bool:
+        return uses_lean_norms(self)
 
     def forward_precision(self):
-        """A teacher-forced forward: `autocast`, and over a float32 LoRA adapter on a half-precision
-        model autocast with PEFT's float32 cast of each adapter's input off (autocast casts the adapter's
-        weights): the adapters keep the inputs their base layers hold, not float32 copies (45 % of a
-        LoRA token's activations on qwen3-0.6b, `train/memory.py`); weights and updates stay float32."""
-        if not self.adapter_autocast:
-            return self.autocast()
-        from peft.helpers import disable_input_dtype_casting
-
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
-        stack.enter_context(disable_input_dtype_casting(self.model))
-        return stack
+        """A teacher-forced forward's precision and what it keeps (`precision.py`)."""
+        return forward_precision(self)
 
     # -- inference ----------------------------------------------------------------------
     @property

@@ -16,19 +16,21 @@ The cost of a token: the activations autograd keeps for the backward pass of a L
 counted tensor by tensor (`tests/models/train/test_micro_batches.py` checks the count against what
 `torch.autograd.graph.saved_tensors_hooks` sees), per token and layer, with h the width, q and k
 the query and key-value widths (heads x head dim), i the MLP's width and e the compute dtype's bytes:
-- the two RMSNorms' float32 copies, 2 x 4h, and Qwen3's per-head q/k norms', 4(q + k);
+- the two RMSNorms' float32 copies, 2 x 4h, and Qwen3's per-head q/k norms', 4(q + k); their inputs
+  as they came where torch's training forward keeps those instead (`torch/precision.py`, half
+  precision: 2eh, or 2 x 4h over float32 master weights, whose residual stream is float32, and e(q + k));
 - the rotated queries and the attention's output, 2 x q e; the rotated keys and the values, 2 x k e;
 - the MLP's gate, up and activation, 3 x i e;
 - what the weights' gradients need. Full fine-tuning: each projection's input, e(2h + i) besides
-  the attention's output, and each norm's output, e(2h + q + k).
+  the attention's output, and each norm's output, e(2h + q + k) (not kept by torch's lean norms).
   LoRA: each adapter's input, which PEFT casts to the adapter's float32 one layer at a time
   (5h + q + i values in float32 with all seven projections adapted, the project's default), or in
   the compute dtype when the adapter is kept in it or its products run under autocast with that
   cast off, as torch's training forward runs a float32 adapter on a bf16 model
   (`TorchBackend.forward_precision`; e(2h + i): the inputs are shared), and each adapter's rank-r
   output, 7r (no LoRA dropout, the project's default).
-For qwen3-0.6b in bf16 with LoRA this is 61 KB per token and layer (92 KB with PEFT's float32
-copies, before `forward_precision`). The count it replaced,
+For qwen3-0.6b in bf16 with LoRA this is 51 KB per token and layer (92 KB with PEFT's float32
+copies and transformers' norms, before `torch/precision.py`). The count it replaced,
 Korthikanti et al. 2022's ~(10h + 4i) e for a GPT block, gave 45 KB, while the GSPO and DPO peaks
 measured on an H200 came to ~85-91 KB: a budget's minibatches peaked at twice what it allowed.
 With the prompt shared (GSPO's prompt groups), a prompt token costs a whole token once per distinct
@@ -145,12 +147,14 @@ def bytes_per_token(backend: Any) -> int:
     i = int(config.get("intermediate_size") or 4 * h)
     q, k = attention_widths(config)
     e = element_bytes(backend.dtype)
-    per_layer = 2 * 4 * h + 2 * q * e + 2 * k * e + 3 * i * e
-    if config.get("model_type") == "qwen3":
-        per_layer += 4 * (q + k)
+    qk = q + k if config.get("model_type") == "qwen3" else 0  # Qwen3's per-head q/k norms
+    lean = getattr(backend, "lean_norms", False)  # torch/precision.py: a norm keeps its input as it came
+    residual = 4 if getattr(backend, "master_weights", False) else e  # the residual stream's bytes
+    per_layer = 2 * (residual if lean else 4) * h + (e if lean else 4) * qk
+    per_layer += 2 * q * e + 2 * k * e + 3 * i * e
     adapter = adapter_layout(backend)
     if adapter is None:  # the projections' inputs (the attention's output is one, counted), the norms' outputs
-        per_layer += e * (2 * h + i) + e * (2 * h + (q + k if config.get("model_type") == "qwen3" else 0))
+        per_layer += e * (2 * h + i) + (0 if lean else e * (2 * h + qk))
     else:
         element, rank = adapter
         if getattr(backend, "adapter_autocast", False):  # its products in the compute dtype (torch's forward_precision)

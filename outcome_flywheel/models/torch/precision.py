@@ -1,0 +1,100 @@
+"""How a teacher-forced (training) forward computes on a half-precision model, and the memory that
+saves (`train/memory.py` counts what is kept):
+
+- Over float32 master weights (full fine-tuning), autocast in the compute dtype.
+- Over a float32 LoRA adapter (PEFT's default on a bf16 model), autocast too, with PEFT's cast of
+  each adapter's input to float32 turned off: autocast casts the adapter's weights instead, so an
+  adapter keeps for its backward the bf16 input its base layer already holds, not a float32 copy
+  (31 KB of a LoRA token's 92 a layer on qwen3-0.6b), as a bf16 autocast run of PEFT computes anyway.
+  The weights, their gradients and AdamW's moments stay float32.
+- RMSNorm keeps its input as it came for the backward pass instead of the float32 copy
+  transformers' RMSNorm makes (10 KB more): `RMSNormFunction`, whose forward is transformers'
+  arithmetic op for op (`LlamaRMSNorm`, `Qwen2RMSNorm`, `Qwen3RMSNorm`, `MistralRMSNorm` are one
+  formula), so the values are the same bit for bit, and whose backward recomputes the float32
+  normalisation from the kept input and the row's reciprocal root (the standard RMSNorm gradient,
+  as fused training kernels such as Liger's do), equal to autograd's to float32 rounding.
+The sampler keeps the modules as they are (PEFT's float32 adapter arithmetic, transformers' norms).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Iterator
+
+import torch
+
+NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """`weight * (x32 * rsqrt(mean(x32^2) + eps)).to(x.dtype)` with x32 = x in float32."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.to(torch.float32)
+        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return weight * (x32 * rstd).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        normed = x.to(torch.float32) * rstd
+        grad_weight = None
+        if ctx.needs_input_grad[1]:  # autograd's mul: the product in the weight's dtype, summed over the rows
+            grad_weight = (grad * normed.to(x.dtype)).to(weight.dtype)
+            grad_weight = grad_weight.reshape(-1, grad_weight.shape[-1]).sum(0)
+        # back through the cast to x's dtype, then d/dx of x32 * rsqrt(mean(x32^2) + eps)
+        grad_normed = (grad * weight).to(x.dtype).to(torch.float32)
+        grad_x = rstd * (grad_normed - normed * (grad_normed * normed).mean(-1, keepdim=True))
+        return grad_x.to(x.dtype), grad_weight, None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return RMSNormFunction.apply(x, weight, eps)
+
+
+def _forward(module: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    return rms_norm(hidden_states, module.weight, module.variance_epsilon)
+
+
+@contextlib.contextmanager
+def lean_norms(model: torch.nn.Module) -> Iterator[None]:
+    """Within: every RMSNorm of `NORMS` in `model` runs through `rms_norm` (an instance `forward`
+    shadows the class's; removed after, whatever happens inside)."""
+    patched = [m for m in model.modules() if type(m).__name__ in NORMS and "forward" not in vars(m)]
+    for module in patched:
+        module.forward = functools.partial(_forward, module)
+    try:
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+
+
+def adapter_autocast(backend) -> bool:
+    """Whether a float32 LoRA adapter sits on a half-precision model (not over master weights)."""
+    if backend.master_weights or backend.dtype == torch.float32 or not backend.has_adapter:
+        return False
+    return any(p.dtype == torch.float32 for n, p in backend.model.named_parameters() if "lora_A" in n)
+
+
+def forward_precision(backend) -> contextlib.ExitStack:
+    """The context of a teacher-forced forward of `backend` (a `TorchBackend`): the module docstring."""
+    stack = contextlib.ExitStack()
+    if adapter_autocast(backend):
+        from peft.helpers import disable_input_dtype_casting
+
+        stack.enter_context(torch.autocast(device_type=backend.device.type, dtype=backend.dtype))
+        stack.enter_context(disable_input_dtype_casting(backend.model))
+    else:
+        stack.enter_context(backend.autocast())
+    if uses_lean_norms(backend):
+        stack.enter_context(lean_norms(backend.model))
+    return stack
+
+
+def uses_lean_norms(backend) -> bool:
+    """Whether the forward's RMSNorms keep their inputs (a half-precision model of `NORMS`)."""
+    return backend.dtype != torch.float32 and any(type(m).__name__ in NORMS for m in backend.model.modules())
