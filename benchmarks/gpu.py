@@ -320,14 +320,32 @@ def profile_samplers(backend, prompts, n, steps, samplers) -> dict:
     return out
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def load_arguments(parser: argparse.ArgumentParser, headlines: int) -> None:
+    """The arguments that set the load (benchmarks.training_profile takes them too)."""
     parser.add_argument("--smoke", action="store_true", help="the tiny version (always, without CUDA)")
     parser.add_argument("--shape", default="qwen3-0.6b")
-    parser.add_argument("--headlines", type=int, default=30)
+    parser.add_argument("--headlines", type=int, default=headlines)
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=512)
+
+
+def run_header(benchmark: str, smoke: bool, shape: str) -> dict:
+    """What every figure of a run depends on: the machine, the device, torch, the model's shape."""
+    cuda = torch.cuda.is_available()
+    return {
+        "benchmark": benchmark,
+        "smoke": smoke,
+        "machine": platform.node(),
+        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
+        "torch": torch.__version__,
+        "shape": shape,
+    }
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    load_arguments(parser, headlines=30)
     parser.add_argument("--dpo-pairs", type=int, default=200)
     parser.add_argument("--gspo-epochs", type=int, default=None, help="GSPO's passes (default: GSPOConfig's)")
     parser.add_argument(
@@ -370,12 +388,7 @@ def main(argv=None) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     skip = set(filter(None, args.skip.split(",")))
     result: dict = {
-        "benchmark": "gpu",
-        "smoke": smoke,
-        "machine": platform.node(),
-        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
-        "torch": torch.__version__,
-        "shape": args.shape,
+        **run_header("gpu", smoke, args.shape),
         "headlines": args.headlines,
         "rollouts": args.rollouts,
         "new_tokens": args.new_tokens,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.gpu import _peak_gib, _peak_reset, _sync, headline_prompts
+from benchmarks.gpu import _peak_gib, _peak_reset, _sync, headline_prompts, load_arguments, run_header
 from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.memory import MEMORY_VARIABLE
 
@@ -94,12 +93,7 @@ def timed_run(model_dir, device, examples, lora: bool, setting: str | None, prof
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="the tiny version (always, without CUDA)")
-    parser.add_argument("--shape", default="qwen3-0.6b")
-    parser.add_argument("--headlines", type=int, default=2)
-    parser.add_argument("--rollouts", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=200)
-    parser.add_argument("--new-tokens", type=int, default=512)
+    load_arguments(parser, headlines=2)
     parser.add_argument("--skip", default="", help="comma list: lora,full")
     args = parser.parse_args(argv)
 
@@ -118,12 +112,7 @@ def main(argv=None) -> dict:
     device = torch.device("cuda" if cuda else "cpu")
     skip = set(filter(None, args.skip.split(",")))
     result: dict = {
-        "benchmark": "training_profile",
-        "smoke": smoke,
-        "machine": platform.node(),
-        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
-        "torch": torch.__version__,
-        "shape": args.shape,
+        **run_header("training_profile", smoke, args.shape),
         "rows": args.headlines * args.rollouts,
         "new_tokens": args.new_tokens,
         "setting_gib": setting,

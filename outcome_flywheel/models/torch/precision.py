@@ -80,19 +80,20 @@ def adapter_autocast(backend) -> bool:
     return any(p.dtype == torch.float32 for n, p in backend.model.named_parameters() if "lora_A" in n)
 
 
-def forward_precision(backend) -> contextlib.ExitStack:
+@contextlib.contextmanager
+def forward_precision(backend) -> Iterator[None]:
     """The context of a teacher-forced forward of `backend` (a `TorchBackend`): the module docstring."""
-    stack = contextlib.ExitStack()
-    if adapter_autocast(backend):
-        from peft.helpers import disable_input_dtype_casting
+    with contextlib.ExitStack() as stack:
+        if adapter_autocast(backend):
+            from peft.helpers import disable_input_dtype_casting
 
-        stack.enter_context(torch.autocast(device_type=backend.device.type, dtype=backend.dtype))
-        stack.enter_context(disable_input_dtype_casting(backend.model))
-    else:
-        stack.enter_context(backend.autocast())
-    if uses_lean_norms(backend):
-        stack.enter_context(lean_norms(backend.model))
-    return stack
+            stack.enter_context(torch.autocast(device_type=backend.device.type, dtype=backend.dtype))
+            stack.enter_context(disable_input_dtype_casting(backend.model))
+        else:
+            stack.enter_context(backend.autocast())
+        if uses_lean_norms(backend):
+            stack.enter_context(lean_norms(backend.model))
+        yield
 
 
 def uses_lean_norms(backend) -> bool:

@@ -35,8 +35,8 @@ Korthikanti et al. 2022's ~(10h + 4i) e for a GPT block, gave 45 KB, while the G
 measured on an H200 came to ~85-91 KB: a budget's minibatches peaked at twice what it allowed.
 With the prompt shared (GSPO's prompt groups), a prompt token costs a whole token once per distinct
 prompt and its keys and values per row (`prompt_row_share`). The head's log-softmax runs in
-checkpointed chunks: up to a chunk, its cost grows with the tokens (`head_bytes`). MLX keeps another set (its LoRA does not cast the
-input); the count is torch's.
+checkpointed chunks: up to a chunk, its cost grows with the tokens (`head_bytes`). MLX keeps
+another set (its LoRA does not cast the input); the count is torch's.
 """
 
 from __future__ import annotations
