@@ -228,6 +228,8 @@ class ModelBackend(ABC):
     """One loaded policy. Implementations: `TorchBackend`, `MLXBackend`."""
 
     name: str = "abstract"
+    # batch_logprobs(shared_prefix=True) runs each distinct prompt once (torch); else every row whole (mlx)
+    runs_shared_prefix: bool = False
     framework: Framework
     model_path: Path
     adapter_path: Path | None

@@ -46,6 +46,7 @@ def resolve_device(device: str = "auto") -> torch.device:
 class TorchBackend(ChatTokenizer, ModelBackend):
     name = "torch"
     framework = FRAMEWORK
+    runs_shared_prefix = True
 
     def __init__(
         self,
@@ -306,7 +307,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         """[B] log pi(completion | prompt): summed over tokens, and over segments (segments.py),
         every segment row in one forward pass; differentiable."""
         prompts, responses, owner = flatten_segments(prompt_ids, segment_ids)
-        logp, mask = self.batch_logprobs(prompts, responses)
+        logp, mask = self.batch_logprobs(prompts, responses, shared_prefix=True)  # a prompt once for its rows
         per_row = (logp * mask).sum(-1)
         index = torch.tensor(owner, device=per_row.device)
         return per_row.new_zeros(len(prompt_ids)).index_add(0, index, per_row)

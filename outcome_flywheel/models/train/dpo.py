@@ -18,7 +18,13 @@ import numpy as np
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.segments import encode_segments
 from outcome_flywheel.models.train.batching import batch_plan
-from outcome_flywheel.models.train.memory import accumulated_steps, part_count, token_limit
+from outcome_flywheel.models.train.memory import (
+    accumulated_steps,
+    forward_tokens,
+    part_count,
+    prompt_row_share,
+    token_limit,
+)
 from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
 if TYPE_CHECKING:
@@ -64,18 +70,21 @@ def train_weighted_dpo(
         )
 
     plan = batch_plan(range(len(pairs)), config.batch_size, config.epochs, config.seed, group_by_prompt=False)
-    # Within the memory budget (memory.py): a pair's forward holds its prompt with the chosen and with
-    # the rejected completion; a part's loss is over its own pairs (n_part x mean weight), scaled by
-    # n_part / n, so the parts add up to the minibatch's loss.
+    # Within the memory budget (memory.py): a pair's forward holds a row per segment of its chosen and
+    # of its rejected completion (each line with `completion_unit="line"`), all on its prompt; a part's
+    # loss is over its own pairs (n_part x mean weight), scaled by n_part / n, so the parts add up to
+    # the minibatch's loss.
     limit = token_limit(backend)
-    cost = [
-        2 * (len(prompt_ids[i]) + max(sum(map(len, chosen_ids[i])), sum(map(len, rejected_ids[i]))))
-        for i in range(len(pairs))
-    ]
+    row_share = prompt_row_share(backend)
+
+    def cost(part: list[int]) -> float:
+        rows = [(prompt_ids[i], segment) for i in part for segment in (*chosen_ids[i], *rejected_ids[i])]
+        return forward_tokens([p for p, _ in rows], [len(segment) for _, segment in rows], row_share)
+
     steps = (
-        accumulated_steps(plan, cost.__getitem__, lambda i: 1.0, limit)
+        accumulated_steps(plan, cost, lambda i: 1.0, limit)
         if world == 1
-        else sharded_steps(plan, cost.__getitem__, lambda i: 1.0, limit, rank, world)
+        else sharded_steps(plan, cost, lambda i: 1.0, limit, rank, world)
     )
     optimizer = fw.adamw(backend.model, config.learning_rate)
     stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)

@@ -30,7 +30,7 @@ import numpy as np
 
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
-from outcome_flywheel.models.train.memory import prompt_row_share, split_by_cost, token_limit
+from outcome_flywheel.models.train.memory import forward_tokens, prompt_row_share, split_by_cost, token_limit
 from outcome_flywheel.models.train.shards import announce, gather, ranks, shard
 
 if TYPE_CHECKING:
@@ -190,17 +190,10 @@ def indexed_steps(
 
 
 def part_tokens(row_share: float | None) -> Callable[[list[EncodedExample]], float]:
-    """A part's padded size in whole tokens (`memory.py`): every row prompt plus response at the longest
-    length, or with the prompt shared (`row_share`: what a prompt token costs a row beside the prompt's
-    own pass) each distinct prompt once at the longest prompt, the responses at the longest response,
-    and each row's copy of the prompt's keys and values."""
+    """A part's padded size in whole tokens (`memory.forward_tokens`), its prompts shared when `row_share` says so."""
 
     def cost(part: list[EncodedExample]) -> float:
-        if row_share is None:
-            return len(part) * max(len(b.prompt_ids) + len(b.response_ids) for b in part)
-        prompt = max(len(b.prompt_ids) for b in part)
-        distinct = len({tuple(b.prompt_ids) for b in part})
-        return distinct * prompt + len(part) * (max(len(b.response_ids) for b in part) + row_share * prompt)
+        return forward_tokens([b.prompt_ids for b in part], [len(b.response_ids) for b in part], row_share)
 
     return cost
 

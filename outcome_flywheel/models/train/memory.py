@@ -171,13 +171,28 @@ def attention_widths(config: dict) -> tuple[int, int]:
     return heads * head_dim, int(config.get("num_key_value_heads") or heads) * head_dim
 
 
-def prompt_row_share(backend: Any) -> float:
+def prompt_row_share(backend: Any) -> float | None:
     """A shared prompt's token, per response row, as a share of a whole token's cost: with the prompt
     run once (`shared_prefix_logprobs`), each row keeps only its keys and values (2 x k e a layer,
-    the cache the responses attend to); the prompt's own activations are counted once per distinct prompt."""
+    the cache the responses attend to); the prompt's own activations are counted once per distinct
+    prompt. None where the backend runs every row's prompt (`ModelBackend.runs_shared_prefix`)."""
+    if not getattr(backend, "runs_shared_prefix", False):
+        return None
     config = model_config(backend)
     _, k = attention_widths(config)
     return int(config["num_hidden_layers"]) * 2 * k * element_bytes(backend.dtype) / bytes_per_token(backend)
+
+
+def forward_tokens(prompts: Sequence[Sequence[int]], response_lengths: Sequence[int], row_share: float | None) -> float:
+    """A forward's padded size in whole tokens, one row per prompt and response: each row prompt plus
+    response at the longest row, or with the prompt shared (`row_share`, `prompt_row_share`) each
+    distinct prompt once at the longest prompt, every response at the longest response, and each
+    row's copy of its prompt's keys and values."""
+    if row_share is None:
+        return len(prompts) * max(len(p) + int(r) for p, r in zip(prompts, response_lengths))
+    prompt = max(len(p) for p in prompts)
+    distinct = len({tuple(p) for p in prompts})
+    return distinct * prompt + len(prompts) * (max(response_lengths) + row_share * prompt)
 
 
 def adapter_layout(backend: Any) -> tuple[int, int] | None:
@@ -190,14 +205,6 @@ def adapter_layout(backend: Any) -> tuple[int, int] | None:
         if "lora_A" in name:
             return parameter.element_size(), int(parameter.shape[0])
     return element_bytes(backend.dtype), 0  # MLX: its adapter in the model's dtype
-
-
-def split_by_tokens(items: Sequence[Any], lengths: Sequence[int], limit: int | None) -> list[list[Any]]:
-    """`items` in order, cut into consecutive parts whose padded size (count x longest length) is at
-    most `limit` tokens; a part holds one item at least (a sequence longer than the limit alone)."""
-    sizes = [int(n) for n in lengths]
-    parts = split_by_cost(list(range(len(items))), lambda part: len(part) * max(sizes[i] for i in part), limit)
-    return [[items[i] for i in part] for part in parts]
 
 
 def split_by_cost(items: Sequence[Any], cost: Callable[[list[Any]], float], limit: int | None) -> list[list[Any]]:
@@ -226,22 +233,23 @@ def split_by_cost(items: Sequence[Any], cost: Callable[[list[Any]], float], limi
 
 def accumulated_steps(
     plan: Sequence[Sequence[int]],
-    cost: Callable[[int], int],
+    cost: Callable[[list[int]], float],
     share: Callable[[int], float],
     limit: int | None,
     keep: Callable[[Sequence[int]], list[int]] | None = None,
 ) -> list:
     """One optimiser step per minibatch of item indices: the minibatch whole, or its parts within
-    `limit` tokens (`cost(i)`: item i's padded tokens) as an `Accumulated` step, each part scaled by
-    its items' `share` over the minibatch's (pairs for DPO, completion tokens for SFT). `keep(idx)`:
-    the items of the minibatch this process trains on (a data-parallel rank's shard, `shards.py`);
-    their parts are still scaled over the whole minibatch, and a rank holding none gets an empty step."""
+    `limit` tokens (`cost(part)`: the padded tokens of a forward over those items, `forward_tokens`)
+    as an `Accumulated` step, each part scaled by its items' `share` over the minibatch's (pairs for
+    DPO, completion tokens for SFT). `keep(idx)`: the items of the minibatch this process trains on
+    (a data-parallel rank's shard, `shards.py`); their parts are still scaled over the whole
+    minibatch, and a rank holding none gets an empty step."""
     from outcome_flywheel.models.interface import Accumulated
 
     steps = []
     for idx in plan:
         mine = list(idx) if keep is None else keep(idx)
-        parts = split_by_tokens(mine, [cost(i) for i in mine], limit) if mine else []
+        parts = split_by_cost(mine, cost, limit)
         total = sum(share(i) for i in idx)
         scaled = Accumulated(tuple(parts), tuple(sum(share(i) for i in p) / total for p in parts))
         steps.append(idx if keep is None and len(parts) == 1 else scaled)

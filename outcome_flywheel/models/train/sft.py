@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import batch_plan
-from outcome_flywheel.models.train.memory import accumulated_steps, part_count, token_limit
+from outcome_flywheel.models.train.memory import accumulated_steps, forward_tokens, part_count, token_limit
 from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
 if TYPE_CHECKING:
@@ -62,7 +62,11 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
     # Within the memory budget (memory.py): a part's loss is the mean over its own completion tokens,
     # scaled by its share of the minibatch's, so the parts add up to the minibatch's token mean.
     limit = token_limit(backend)
-    cost, share = (lambda i: len(contexts[i]) + len(completions[i])), (lambda i: len(completions[i]))
+    share = lambda i: len(completions[i])  # noqa: E731
+
+    def cost(part: list[int]) -> float:  # one row an example, its context run whole
+        return forward_tokens([contexts[i] for i in part], [len(completions[i]) for i in part], None)
+
     steps = (
         accumulated_steps(plan, cost, share, limit)
         if world == 1

@@ -83,7 +83,7 @@ def shard(items: Sequence[Any], keys: Sequence[Hashable], rank: int, world: int)
 
 def sharded_steps(
     plan: Sequence[Sequence[int]],
-    cost: Callable[[int], int],
+    cost: Callable[[list[int]], float],
     share: Callable[[int], float],
     limit: int | None,
     rank: int,

@@ -24,9 +24,9 @@ from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.train.memory import (
     MEMORY_VARIABLE,
     bytes_per_token,
+    forward_tokens,
     head_bytes,
     split_by_cost,
-    split_by_tokens,
     token_limit,
     training_state_bytes,
 )
@@ -161,6 +161,13 @@ def test_micro_batches_give_the_minibatch_update_in_mlx(tiny_model_dir, monkeypa
     assert abs(parts.grad_norms[0] - whole.grad_norms[0]) <= grad_bound
 
 
+def split_by_tokens(items, lengths, limit):
+    """Items cut by their padded size, count x longest (`memory.forward_tokens` without a shared prompt)."""
+    sizes = dict(zip(range(len(items)), lengths))
+    parts = split_by_cost(list(range(len(items))), lambda part: len(part) * max(sizes[i] for i in part), limit)
+    return [[items[i] for i in part] for part in parts]
+
+
 def test_the_budget_splits_by_padded_tokens_and_says_what_it_is(tiny_model_dir, monkeypatch, caplog):
     assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 5], None) == [[1, 2, 3, 4]]
     assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 5], 60) == [[1, 2], [3, 4]]  # 3 x 30 > 60, 2 x 30 fits
@@ -171,6 +178,11 @@ def test_the_budget_splits_by_padded_tokens_and_says_what_it_is(tiny_model_dir, 
     assert split_by_tokens(list(range(10)), [10] * 10, 90) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
     # even parts that would not fit keep the greedy cut: 3 x 30 > 60 for [10, 10, 30]
     assert split_by_tokens([1, 2, 3, 4], [10, 10, 30, 30], 60) == [[1, 2], [3, 4]]
+    # a forward's padded tokens: rows of prompt + response at the longest row; or the prompt shared,
+    # once per distinct prompt, each row its response and its share of the prompt's keys and values
+    prompts, lengths = [[1, 2, 3], [1, 2, 3], [4, 5]], [10, 6, 8]
+    assert forward_tokens(prompts, lengths, None) == 3 * 13
+    assert forward_tokens(prompts, lengths, 0.25) == 2 * 3 + 3 * (10 + 0.25 * 3)
     # any growing cost: greedy needs 4 parts ([0, 1, 2], [3], [4], [5]); 2 + 2 + 1 + 1 fit too
     assert split_by_cost(list(range(6)), lambda part: sum(part) + 1, 6) == [[0, 1], [2, 3], [4], [5]]
     backend = load_backend("torch", tiny_model_dir, device="cpu")

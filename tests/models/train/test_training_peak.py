@@ -69,11 +69,20 @@ def gspo(backend, rng, full: bool, shared: bool = True):
     return tokens, lambda: train_gspo(backend, examples, config)
 
 
-def dpo(backend, rng):
-    pairs = [PreferencePair(prompt(i % 2), text(rng, 90), text(rng, 70), 1.0) for i in range(4)]
-    config = WeightedDPOConfig(epochs=1, batch_size=4, completion_unit="sequence")
+def dpo(backend, rng, unit: str = "sequence"):
+    lines = lambda: "\n".join(text(rng, int(n)) for n in rng.integers(8, 20, 4))  # noqa: E731
+    pairs = [PreferencePair(prompt(i % 2), lines(), lines(), 1.0) for i in range(4)]
+    config = WeightedDPOConfig(epochs=1, batch_size=4, completion_unit=unit)
     backend.add_lora(config.lora)
-    tokens = 2 * sum(len(backend.prompt_ids(p.prompt)) + 2 * len(backend.encode_response(p.chosen)) for p in pairs)
+    # "sequence": a row for the chosen and one for the rejected, each on its prompt; "line": a row per
+    # line, all on the pair's prompt, which torch runs once (about the prompt and the lines' tokens)
+    prompt_runs = 2 if unit == "sequence" else 1
+    tokens = sum(
+        prompt_runs * len(backend.prompt_ids(p.prompt))
+        + len(backend.encode_response(p.chosen))
+        + len(backend.encode_response(p.rejected))
+        for p in pairs
+    )
     return tokens, lambda: train_weighted_dpo(backend, pairs, config)
 
 
@@ -90,6 +99,7 @@ CASES = {
     "gspo-full": lambda b, rng: gspo(b, rng, full=True),
     "gspo-lora-unshared": lambda b, rng: gspo(b, rng, full=False, shared=False),  # each row runs its prompt
     "dpo": dpo,
+    "dpo-lines": lambda b, rng: dpo(b, rng, unit="line"),  # the default: each line a response to the prompt
     "sft": sft,
 }
 
