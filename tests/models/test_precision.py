@@ -107,7 +107,7 @@ def test_a_float32_adapter_on_a_bf16_model_trains_under_autocast_with_float32_we
     prompts, responses = [[5, 17, 40, 99]] * 2, [[3, 250, 7, 8, 9], [11, 12]]
     tokens, heads = 2 * 9, backend.model.config.num_attention_heads  # 2 rows of 4 + 5 tokens
 
-    def float32_saved(forward) -> list[int]:
+    def float32_saved(forward) -> tuple:
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
             out = forward()
