@@ -2,7 +2,9 @@
 peak statistic gives on CUDA, without one. A `TorchDispatchMode` sees every op's outputs; a
 storage made inside the mode counts until the last tensor on it is gone (a weak reference to the
 storage), and the largest sum seen is the peak. Storages that existed before (the model's weights
-and buffers, passed in) are left out: the peak is what the code under the mode added."""
+and buffers, passed in) are left out: the peak is what the code under the mode added. What it cannot
+see: a kernel's own scratch memory that never becomes an op's output (cuBLAS's workspace, a fused
+kernel's buffers), which the CUDA case of test_training_peak.py bounds by the allocator's peak."""
 
 from __future__ import annotations
 
