@@ -114,6 +114,8 @@ def test_a_float32_adapter_on_a_bf16_model_trains_under_autocast_with_float32_we
         return out, [t.numel() for t in saved if t.dtype == torch.float32]
 
     (logp, mask), sizes = float32_saved(lambda: backend.batch_logprobs(prompts, responses))
+    tuner_layers = [m for m in backend.model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    assert tuner_layers and all(m.cast_input_dtype_enabled for m in tuner_layers)  # PEFT's cast back on
     assert max(sizes) <= tokens * heads  # per-row scalars only (norms' roots, attention's log-sum-exp)
     # the modules as they are keep float32 copies a token wide: PEFT's adapter inputs, the norms'
     ids = torch.tensor([prompts[0] + responses[0]] * 2)
