@@ -30,11 +30,16 @@ from outcome_flywheel.models.sampling import uses_nucleus
 log = logging.getLogger(__name__)
 
 
+def inverse_rms(h: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(h^2) + eps) over the last axis, as transformers' RMSNorm computes it (`h` float32)."""
+    return torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' RMSNorm (Llama, Qwen2, Qwen3, Mistral): in float32, cast back, then scaled."""
     dtype = x.dtype
     h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    h = h * inverse_rms(h, eps)
     return weight * h.to(dtype)
 
 

@@ -384,13 +384,17 @@ def pick_tokens(
     of each row's uniform (`[rows, 1]` float64) over the vocabulary in token order stays eager:
     Inductor cannot generate a float64 scan this long (CUDA, torch 2.11)."""
     probs, lse = kernels.filtered_probs(logits, banned, rule)
-    if rule.greedy:
-        chosen = probs.argmax(-1)
-    else:
-        cdf = probs.double().cumsum(-1)
-        chosen = torch.searchsorted(cdf, uniforms * cdf[:, -1:]).clamp(max=cdf.shape[-1] - 1)[:, 0]
+    chosen = probs.argmax(-1) if rule.greedy else inverse_cdf(probs, uniforms)
     logp = logits.gather(-1, chosen[:, None])[:, 0] / (rule.temperature if not rule.greedy else 1.0) - lse
     return chosen, logp
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Each row's token `[rows]` from its filtered distribution `[rows, vocab]` and uniform `[rows, 1]`:
+    the first token, in token order, whose cumulative mass (float64) reaches u x the row's total, so a
+    filtered (zero-mass) token never wins. The eager and the static sampler's draw."""
+    cdf = probs.double().cumsum(-1)
+    return torch.searchsorted(cdf, uniforms * cdf[:, -1:]).clamp(max=cdf.shape[-1] - 1)[:, 0]
 
 
 def sampling_rule(backend, cfg, vocab: int) -> SamplingRule:

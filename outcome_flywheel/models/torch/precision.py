@@ -25,6 +25,8 @@ from typing import Iterator
 
 import torch
 
+from outcome_flywheel.models.torch.fused_decode import inverse_rms
+
 NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
 
 
@@ -34,7 +36,7 @@ class RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x32 = x.to(torch.float32)
-        rstd = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        rstd = inverse_rms(x32, eps)
         ctx.save_for_backward(x, weight, rstd)
         return weight * (x32 * rstd).to(x.dtype)
 

@@ -14,7 +14,7 @@ import torch
 
 from outcome_flywheel.models.interface import Sample, SamplingConfig
 from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
-from outcome_flywheel.models.torch.graph_sampler import sampling_rule
+from outcome_flywheel.models.torch.graph_sampler import inverse_cdf, sampling_rule
 from outcome_flywheel.models.torch.static_cache import attention_kernels
 
 
@@ -115,10 +115,7 @@ def _decode(
             chosen = scaled.argmax(-1)
         else:
             probs = filter_logits(scaled, cfg.top_k, cfg.top_p).softmax(-1)
-            cdf = probs.double().cumsum(-1)
-            # First token whose cumulative mass reaches u * total: filtered (zero-mass) tokens never win.
-            target = uniforms[active, step : step + 1] * cdf[:, -1:]
-            chosen = torch.searchsorted(cdf, target).clamp(max=cdf.shape[-1] - 1)[:, 0]
+            chosen = inverse_cdf(probs, uniforms[active, step : step + 1])
         tokens_now = torch.full((total,), pad, dtype=torch.long, device=backend.device)
         logps_now = torch.zeros(total, dtype=lse.dtype, device=backend.device)
         alive_now = torch.zeros(total, dtype=torch.bool, device=backend.device)

@@ -261,16 +261,12 @@ def old_logprobs(
                 gaps.append(float(abs(signed[k])))
                 ratios[batch[k].index] = float(np.exp(signed[k]))
 
-    def arrays(rows: dict[int, np.ndarray] | None, stored: bool = False) -> list[Any]:
-        out = []
-        for batch in batches:
-            width = max(len(b.response_ids) for b in batch)
-            values = [b.behavior_logprobs for b in batch] if stored else [rows[b.index] for b in batch]
-            out.append(fw.as_array(backend, padded(values, width)))
-        return out
+    def arrays(row_of: Callable[[EncodedExample], Sequence[float]]) -> list[Any]:  # a batch's rows, padded
+        width = lambda batch: max(len(b.response_ids) for b in batch)  # noqa: E731
+        return [fw.as_array(backend, padded([row_of(b) for b in batch], width(batch))) for batch in batches]
 
-    old_by_batch = arrays(old_rows, stored=not recompute)
-    ref_by_batch = arrays(ref_rows) if reference else [None] * len(batches)
+    old_by_batch = arrays(lambda b: old_rows[b.index] if recompute else b.behavior_logprobs)
+    ref_by_batch = arrays(lambda b: ref_rows[b.index]) if reference else [None] * len(batches)
     return old_by_batch, gaps, ratios, ref_by_batch
 
 
