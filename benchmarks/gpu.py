@@ -36,6 +36,7 @@ import torch
 
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.memory import MEMORY_VARIABLE
 
 VLLM_ANCHOR_TOKENS_S = 12_000
 # The static sampler's variants: (fuse_decode, decode_attention) of `TorchBackend`.
@@ -462,12 +463,9 @@ def main(argv=None) -> dict:
                 roofline_s=round(ideal, 2),
                 sampler_roofline_fraction=round(ideal / own["seconds"], 3),
             )
-            if "flex_sampler" in result:
-                result["flex_roofline_fraction"] = round(ideal / result["flex_sampler"]["seconds"], 3)
-            if "unfused_sampler" in result:
-                result["unfused_roofline_fraction"] = round(ideal / result["unfused_sampler"]["seconds"], 3)
-            if "eager_sampler" in result:
-                result["eager_roofline_fraction"] = round(ideal / result["eager_sampler"]["seconds"], 3)
+            for other in ("flex", "unfused", "eager"):
+                if f"{other}_sampler" in result:
+                    result[f"{other}_roofline_fraction"] = round(ideal / result[f"{other}_sampler"]["seconds"], 3)
             print(
                 f"decode roofline at {bandwidth} GB/s: {ideal:.2f} s; the sampler reaches {ideal / own['seconds']:.1%} of it"
             )
@@ -493,7 +491,7 @@ def main(argv=None) -> dict:
         result["allocated_after_sampler_dropped_gib"] = _allocated_gib(device)
         if "training" not in skip:
             result.update(time_training(model_dir, device, prompts, groups, texts, args.dpo_pairs, args.gspo_epochs))
-            result["train_memory_gib_setting"] = os.environ.get("FLYWHEEL_TRAIN_MEMORY_GIB") or "default (80% of free)"
+            result["train_memory_gib_setting"] = os.environ.get(MEMORY_VARIABLE) or "default (80% of free)"
             print(
                 f"GSPO on {result['gspo_rollouts']} rollouts: LoRA {result['gspo_lora_s']} s (peak {result['gspo_lora_peak_gib']} GiB), "
                 f"full {result['gspo_full_s']} s (peak {result['gspo_full_peak_gib']} GiB); DPO on {result['dpo_pairs']} pairs: {result['dpo_s']} s"
