@@ -173,6 +173,7 @@ def run_world(
     extra_config: dict | None = None,
     train_seed: int = 0,
     archive: Path | None = None,
+    device: str = "cpu",
 ) -> dict:
     import dagster as dg
 
@@ -201,7 +202,7 @@ def run_world(
         res["feeds"] = FeedSource(archive_dir=str(archive), max_headlines=headlines, data_dir=str(data))
     # the training seed: sampling, minibatch order and the LoRA init (the model folder is built once, seed 0)
     res["model_backend"] = ModelLoader(
-        data_dir=str(data), base_model=model, backend="torch", device="cpu", seed=train_seed
+        data_dir=str(data), base_model=model, backend="torch", device=device, seed=train_seed
     )
     warehouse = res["warehouse"]
     default_weights = dict(RewardConfig().weights)
@@ -310,6 +311,7 @@ def run(
     extra_config: dict | None = None,
     train_seeds: tuple[int, ...] = (0, 1, 2),
     synthetic_days: int = 0,
+    device: str = "cpu",
 ) -> dict:
     from outcome_flywheel.daily_rl.reward.signals import RewardConfig
 
@@ -351,6 +353,7 @@ def run(
                 extra_config,
                 train_seed,
                 archive,
+                device,
             )
             print_world(results[kind])  # as each world ends: a long run stopped early keeps what it has
         runs.append(results)
@@ -487,10 +490,23 @@ def main() -> None:
         "--config", default=None, help="JSON object of other daily_update run-config fields, e.g. '{\"kl_beta\": 0}'"
     )
     parser.add_argument(
+        "--device",
+        default="cpu",
+        help="the torch device of the policy and judge: cpu (the figures' default), auto, cuda, cuda:N or mps; "
+        "auto and cuda compute in bf16 (FLYWHEEL_DTYPE's auto)",
+    )
+    parser.add_argument(
         "--out-dir", default=None, help="where the worlds and their data dirs go (default: a temp folder)"
     )
     args = parser.parse_args()
     import torch
+
+    from outcome_flywheel.cli_arguments import CliError, require_device
+
+    try:
+        require_device(args.device)
+    except CliError as err:
+        parser.error(str(err))
 
     from outcome_flywheel.cli_arguments import quiet_libraries
 
@@ -518,6 +534,7 @@ def main() -> None:
         json.loads(args.config) if args.config else None,
         tuple(int(x) for x in args.train_seeds.split(",") if x.strip()),
         args.synthetic_days,
+        args.device,
     )
     print(json.dumps(summary, default=str))
 

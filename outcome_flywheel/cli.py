@@ -41,7 +41,7 @@ from outcome_flywheel.cli_arguments import (
     _parse_json,
     _Parser,
     _positive_int,
-    _require_device,
+    require_device,
     quiet_libraries,
     require_settings,
     unknown_variables,
@@ -57,6 +57,7 @@ STYLE_VARIABLES = (
     "FLYWHEEL_BASE_MODEL",
     "FLYWHEEL_BACKEND",
     "FLYWHEEL_DEVICE",
+    "FLYWHEEL_DTYPE",
     "FLYWHEEL_SEED",
     "FLYWHEEL_PREFERENCE_CONTEXT",
 )
@@ -138,7 +139,7 @@ def cmd_style_score(args: argparse.Namespace) -> int:
     require_settings(STYLE_VARIABLES)
     orders = parse_orders(args.orders)
     context = _json_object(args.context, "--context")
-    _require_device(os.environ.get("FLYWHEEL_DEVICE") or DEFAULTS["FLYWHEEL_DEVICE"])
+    require_device(os.environ.get("FLYWHEEL_DEVICE") or DEFAULTS["FLYWHEEL_DEVICE"])
     print(json.dumps(style_score(orders, context, args.text, args.adapter)))
     return 0
 

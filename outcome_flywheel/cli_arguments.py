@@ -108,7 +108,7 @@ def _json_object(value: str, flag: str) -> dict[str, Any]:
     return data
 
 
-def _require_device(device: str) -> None:
+def require_device(device: str) -> None:
     """CliError when FLYWHEEL_DEVICE names an accelerator this machine's torch does not have."""
     if device.startswith("cuda"):
         import torch

@@ -27,6 +27,7 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_BACKEND": "torch",
     "FLYWHEEL_SAMPLER": "torch",
     "FLYWHEEL_DEVICE": "auto",
+    "FLYWHEEL_DTYPE": "auto",
     "FLYWHEEL_SEED": "0",
     "FLYWHEEL_TIMEZONE": "America/New_York",
     "FLYWHEEL_MAX_HEADLINES": "30",
@@ -205,6 +206,7 @@ RULES: dict[str, Rule] = {
         "auto, cpu, cuda, cuda:N (N = 0, 1, ...) or mps",
         lambda v: None if re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", v) else "unknown device",
     ),
+    "FLYWHEEL_DTYPE": one_of("auto", "float32", "bfloat16", "float16"),
     "FLYWHEEL_SEED": integer(0, 2**32 - 1),  # numpy's seeds stop at 2**32 - 1
     "FLYWHEEL_START_DATE": Rule("a date YYYY-MM-DD, e.g. 2025-01-01", _date),
     "FLYWHEEL_DAILY_RL_START_DATE": Rule("a date YYYY-MM-DD, e.g. 2025-11-03", _date),

@@ -12,12 +12,14 @@ class ModelBackendResource(DataclassResource[ModelLoader]):
         "backend": "FLYWHEEL_BACKEND",
         "sampler": "FLYWHEEL_SAMPLER",
         "device": "FLYWHEEL_DEVICE",
+        "dtype": "FLYWHEEL_DTYPE",
         "seed": "FLYWHEEL_SEED",
     }
     base_model: str = mirrored(ModelLoader, "base_model")
     backend: str = mirrored(ModelLoader, "backend")
     device: str = mirrored(ModelLoader, "device")
     sampler: str = mirrored(ModelLoader, "sampler")
+    dtype: str = mirrored(ModelLoader, "dtype")
     seed: int = mirrored(ModelLoader, "seed")
     data_dir: str = mirrored(ModelLoader, "data_dir")
 
@@ -28,6 +30,7 @@ class ModelBackendResource(DataclassResource[ModelLoader]):
             backend=env_or_default("FLYWHEEL_BACKEND"),
             sampler=env_or_default("FLYWHEEL_SAMPLER"),
             device=env_or_default("FLYWHEEL_DEVICE"),
+            dtype=env_or_default("FLYWHEEL_DTYPE"),
             seed=env_int_or_default("FLYWHEEL_SEED"),
             data_dir=env_or_default("FLYWHEEL_DATA_DIR"),
         )

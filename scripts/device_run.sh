@@ -45,7 +45,10 @@ for name in ('pipelines.definitions', 'scripts.demo_real', 'benchmarks.outcome_l
       mkdir -p /tmp/dagster-real && cp -n scripts/dagster.yaml /tmp/dagster-real/dagster.yaml
       DAGSTER_HOME=/tmp/dagster-real FLYWHEEL_DATA_DIR=/tmp/data-real timeout 240 python3 -m scripts.demo_real 2>&1 \
         | tee "$OUT/demo_real.log" | tail -20
-      timeout 300 python3 -m benchmarks.outcome_learning --model smollm2-135m-instruct 2>&1 \
+      tar czf "$OUT/data-real-warehouse.tgz" -C /tmp data-real/warehouse 2>/dev/null  # the checks' rows, if it fails
+      # two worlds, 4 days (2 train), one training seed: what fits the GPU session's minutes
+      timeout 300 python3 -m benchmarks.outcome_learning --model smollm2-135m-instruct --device cuda \
+        --worlds news,inverted --days 4 --train-days 2 --train-seeds 0 --headlines 4 --max-new-tokens 96 2>&1 \
         | tee "$OUT/outcome_learning.log" | tail -25 ;;
   esac
   echo "== $part done at $SECONDS s"

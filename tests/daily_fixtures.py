@@ -21,11 +21,15 @@ def linked_data_dir(parent: Path, tiny_model_dir: Path) -> Path:
     return root
 
 
-def daily_resources(root: Path, max_headlines: int = 3, prices_file: str = str(BUNDLED_PRICES)) -> dict:
+def daily_resources(
+    root: Path, max_headlines: int = 3, prices_file: str = str(BUNDLED_PRICES), dtype: str = "auto"
+) -> dict:
     """The daily_rl group's resources on `root`, as plain objects (torch on CPU, the bundled archive and prices)."""
     return dict(
         warehouse=Warehouse(data_dir=str(root)),
-        model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
+        model_backend=ModelLoader(
+            data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu", dtype=dtype
+        ),
         feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
         judge=Judge(),
         market_data=MarketData(data_dir=str(root), prices_file=prices_file),

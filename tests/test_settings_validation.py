@@ -23,6 +23,7 @@ BAD = [
     ("FLYWHEEL_BACKEND", "Torch", ["torch", "mlx"]),
     ("FLYWHEEL_DEVICE", "gpu", ["auto", "cpu", "cuda", "cuda:N", "mps"]),
     ("FLYWHEEL_DEVICE", "cuda:x", ["cuda:N"]),
+    ("FLYWHEEL_DTYPE", "bf16", ["auto", "float32", "bfloat16", "float16"]),
     ("FLYWHEEL_MARKET_DATA", "yahoo", ["file", "yfinance"]),
     ("FLYWHEEL_SEED", "abc", ["integer", "0", "4294967295"]),
     ("FLYWHEEL_SEED", "1.5", ["integer"]),
@@ -64,6 +65,7 @@ def test_a_bad_value_is_rejected_with_its_name_and_the_allowed_values(name, valu
 GOOD = {
     "FLYWHEEL_BACKEND": ["torch", "mlx"],
     "FLYWHEEL_DEVICE": ["auto", "cpu", "cuda", "cuda:0", "cuda:1", "mps"],
+    "FLYWHEEL_DTYPE": ["auto", "float32", "bfloat16", "float16"],
     "FLYWHEEL_MARKET_DATA": ["file", "yfinance"],
     "FLYWHEEL_SEED": ["0", "42", "4294967295"],
     "FLYWHEEL_START_DATE": ["2025-01-01", "2024-02-29"],

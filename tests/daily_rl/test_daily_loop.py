@@ -77,6 +77,25 @@ def test_three_days_in_order(loop):
     assert (root / "reports" / "daily_rl" / DAYS[2] / "reward.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_two_days_in_bf16_pass_the_checkpoint_check_against_a_float32_reload(tmp_path, tiny_model_dir, monkeypatch):
+    """FLYWHEEL_DTYPE=bfloat16 (what `auto` gives on CUDA): the loop samples, trains and reloads in
+    bf16, and `generated_by_own_checkpoint` measures the stored log-probs against the checkpoint
+    reloaded in float32 (a fixed bf16 tolerance failed SmolLM2's first day on an H200)."""
+    root = linked_data_dir(tmp_path, tiny_model_dir)
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(root))
+    res = daily_resources(root, dtype="bfloat16")
+    for day in DAYS[:2]:
+        result = _run(res, day, assets=(headlines, daily_update))
+        assert result.success
+        check = next(e for e in result.get_asset_check_evaluations() if e.check_name == "generated_by_own_checkpoint")
+        meta = {k: v.value for k, v in check.metadata.items()}
+        assert check.passed and meta["compute_dtype"] == "bfloat16" and meta["version_matches"], meta
+        # a float32 reference was computed: bf16 teacher forcing is measurably off it
+        assert meta["rounding_mean_abs_gap"] > 0 and meta["worst_gap_over_tolerance"] <= 1.0, meta
+    info = json.loads((root / "checkpoints" / "policy" / DAYS[1] / "checkpoint.json").read_text())
+    assert info["kind"] == "lora" and info["verified"]
+
+
 def test_rerun_of_a_partition_keeps_row_counts_and_scores(loop):
     root, res, _ = loop
     wh = res["warehouse"]

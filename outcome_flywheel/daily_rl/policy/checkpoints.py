@@ -122,14 +122,15 @@ def weights_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def load_policy(model_backend, folder: Path | None, info: dict | None) -> "ModelBackend":
-    """A checkpoint as a trainable policy (`models` is a `ModelLoader`)."""
+def load_policy(model_backend, folder: Path | None, info: dict | None, dtype: str | None = None) -> "ModelBackend":
+    """A checkpoint as a trainable policy (`models` is a `ModelLoader`); `dtype`: its compute
+    precision (None: the loader's FLYWHEEL_DTYPE)."""
     if info is None or info["kind"] == "base":
-        return model_backend.load()
+        return model_backend.load(dtype=dtype)
     if info["kind"] == "lora":
-        return model_backend.load(adapter_path=folder)
+        return model_backend.load(adapter_path=folder, dtype=dtype)
     if info["kind"] == "full":  # trained with fp32 master weights: keep them (see use_master_weights)
-        return model_backend.load(model_path=folder, master_weights=True)
+        return model_backend.load(model_path=folder, master_weights=True, dtype=dtype)
     raise ValueError(f"unknown checkpoint kind {info['kind']!r} in {folder}")
 
 

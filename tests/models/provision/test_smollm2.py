@@ -153,6 +153,37 @@ def test_pi_old_equals_teacher_forcing_within_the_fp32_tolerance(smol_torch, smo
     assert abs(stats.extra["ratio_mean"][0] - 1.0) <= ratio_tol and np.isfinite(stats.losses).all()
 
 
+def test_the_checkpoint_check_holds_in_bf16_and_fails_other_weights(smollm2_dir, smol_torch):
+    """The H200's failure, on the CPU: SmolLM2's bf16 sampler (the static step CUDA captures, here
+    without graphs) against teacher forcing of the same weights. The check measures both against
+    float32 and passes; the weights with every MLP's down projection 10% larger fail it."""
+    from outcome_flywheel.daily_rl.policy.verify import logprob_reproduction
+    from outcome_flywheel.models.sampling import LOGPROB_TOLERANCE
+    from outcome_flywheel.models.torch.backend import TorchBackend
+
+    bf16 = TorchBackend(smollm2_dir, device="cpu", dtype="bfloat16", static_decode=True)
+    config = SamplingConfig(temperature=0.8, top_p=0.95, top_k=50, max_new_tokens=64)
+    samples = [s for group in bf16.sample(PROMPTS, 4, config, seeds=[5, 6]) for s in group]
+    prompts, ids = [PROMPTS[i // 4] for i in range(len(samples))], [s.token_ids for s in samples]
+    stored = [s.logprobs for s in samples]
+
+    def reproduction(policy, reference):
+        forced = policy.response_logprobs(prompts, ids, temperature=0.8)
+        return logprob_reproduction(stored, forced, reference.response_logprobs(prompts, ids, temperature=0.8))
+
+    same = reproduction(bf16, smol_torch)
+    # bf16's rounding is what it measures (far above the float32 tolerance), and it passes
+    assert same["passed"] and same["rounding_mean_abs_gap"] > 10 * LOGPROB_TOLERANCE["float32"], same
+    other32 = TorchBackend(smollm2_dir, device="cpu")
+    with torch.no_grad():
+        for backend in (bf16, other32):
+            for name, p in backend.model.named_parameters():
+                if name.endswith("mlp.down_proj.weight"):
+                    p.mul_(1.1)
+    other = reproduction(bf16, other32)
+    assert not other["passed"] and other["worst_gap_over_tolerance"] > 1.5, other
+
+
 @pytest.mark.slow  # 100 s here: the second CI stage (make test-slow)
 def test_torch_and_mlx_agree_on_ids_and_logprobs(smollm2_dir, smol_torch, torch_samples):
     pytest.importorskip("mlx.core", reason="mlx is not importable here (the `mlx` extra)")
