@@ -41,8 +41,8 @@ from outcome_flywheel.cli_arguments import (
     _parse_json,
     _Parser,
     _positive_int,
-    require_device,
     quiet_libraries,
+    require_device,
     require_settings,
     unknown_variables,
 )
