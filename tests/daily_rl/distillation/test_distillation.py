@@ -267,3 +267,21 @@ def test_a_distilled_checkpoint_is_the_parent_of_the_next_day_and_a_rerun_reprod
     assert dg.materialize([daily_update], partition_key=nxt, resources=res, run_config=config).success
     again = read_checkpoint(root / "checkpoints" / "policy" / nxt)
     assert again["parent_checkpoint"] == distilled.checkpoint and again["policy_version"] == info["policy_version"]
+
+
+def test_a_distilled_checkpoint_verifies_in_bf16(tmp_path, tiny_model_dir, monkeypatch):
+    """FLYWHEEL_DTYPE=bfloat16: the distilled checkpoint reloaded from disk gives the trained weights'
+    log-probs back within verify_distilled's 1e-3 (the same arithmetic on both sides: a float32
+    adapter under autocast), and `latest` moves to it."""
+    root = linked_data_dir(tmp_path, tiny_model_dir)
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(root))
+    res = daily_resources(root, max_headlines=4, dtype="bfloat16")
+    assert dg.materialize([headlines, daily_update], partition_key=DAY, resources=res, run_config=SMALL).success
+    res["warehouse"].write(SAMPLES_TABLE, _samples(6), partition=DAY)
+    config = DistillConfig(
+        sft=SFTConfig(learning_rate=5e-4, epochs=1, batch_size=4), gate=GateConfig(enabled=False), ab_headlines=2
+    )
+    distilled = run_distillation(res["warehouse"], res["model_backend"], "bf16", config, log=lambda m: None)
+    assert distilled.checkpoint == f"{DAY}.distill-bf16"
+    info = read_checkpoint(root / "checkpoints" / "policy" / distilled.checkpoint)
+    assert info["verified"] and (root / "checkpoints" / "policy" / "latest").resolve().name == distilled.checkpoint
