@@ -21,6 +21,7 @@ from outcome_flywheel.models.train.batching import batch_plan
 from outcome_flywheel.models.train.memory import (
     accumulated_steps,
     forward_tokens,
+    mask_share,
     part_count,
     prompt_row_share,
     token_limit,
@@ -75,11 +76,11 @@ def train_weighted_dpo(
     # loss is over its own pairs (n_part x mean weight), scaled by n_part / n, so the parts add up to
     # the minibatch's loss.
     limit = token_limit(backend)
-    row_share = prompt_row_share(backend)
+    row_share, mask = prompt_row_share(backend), mask_share(backend)
 
     def cost(part: list[int]) -> float:
         rows = [(prompt_ids[i], segment) for i in part for segment in (*chosen_ids[i], *rejected_ids[i])]
-        return forward_tokens([p for p, _ in rows], [len(segment) for _, segment in rows], row_share)
+        return forward_tokens([p for p, _ in rows], [len(segment) for _, segment in rows], row_share, mask)
 
     steps = (
         accumulated_steps(plan, cost, lambda i: 1.0, limit)

@@ -30,7 +30,13 @@ import numpy as np
 
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
-from outcome_flywheel.models.train.memory import forward_tokens, prompt_row_share, split_by_cost, token_limit
+from outcome_flywheel.models.train.memory import (
+    forward_tokens,
+    mask_share,
+    prompt_row_share,
+    split_by_cost,
+    token_limit,
+)
 from outcome_flywheel.models.train.shards import announce, gather, ranks, shard
 
 if TYPE_CHECKING:
@@ -65,7 +71,10 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     # parts whose gradients add up to its own (memory.py)
     limit = token_limit(backend)
     mine = [shard(batch, [tuple(b.prompt_ids) for b in batch], rank, world) for batch in batches]
-    cost = part_tokens(prompt_row_share(backend) if share and limit is not None else None)
+    cost = part_tokens(
+        prompt_row_share(backend) if share and limit is not None else None,
+        mask_share(backend) if limit is not None else 0.0,
+    )
     parts_of = [split_by_cost(own, cost, limit) for own in mine]
     micros = [part for parts in parts_of for part in parts]
     recompute = config.old_logprobs == "recompute" or (
@@ -189,11 +198,12 @@ def indexed_steps(
     return steps
 
 
-def part_tokens(row_share: float | None) -> Callable[[list[EncodedExample]], float]:
-    """A part's padded size in whole tokens (`memory.forward_tokens`), its prompts shared when `row_share` says so."""
+def part_tokens(row_share: float | None, mask: float = 0.0) -> Callable[[list[EncodedExample]], float]:
+    """A part's padded size in whole tokens (`memory.forward_tokens`), its prompts shared when
+    `row_share` says so, its attention masks at `mask` (`memory.mask_share`)."""
 
     def cost(part: list[EncodedExample]) -> float:
-        return forward_tokens([b.prompt_ids for b in part], [len(b.response_ids) for b in part], row_share)
+        return forward_tokens([b.prompt_ids for b in part], [len(b.response_ids) for b in part], row_share, mask)
 
     return cost
 

@@ -19,7 +19,10 @@ the query and key-value widths (heads x head dim), i the MLP's width and e the c
 - the two RMSNorms' float32 copies, 2 x 4h, and Qwen3's per-head q/k norms', 4(q + k); their inputs
   as they came where torch's training forward keeps those instead (`torch/precision.py`, half
   precision: 2eh, or 2 x 4h over float32 master weights, whose residual stream is float32, and e(q + k));
-- the rotated queries and the attention's output, 2 x q e; the rotated keys and the values, 2 x k e;
+- the rotated queries and the attention's output, 2 x q e; the keys and values as attention keeps
+  them, 2 x q e: with a mask (padding, a shared prompt) transformers' SDPA path repeats each
+  key-value head for its query heads (`repeat_kv`) and the kernel keeps those copies (2 x k e
+  without a mask, which the count then overstates);
 - the MLP's gate, up and activation, 3 x i e;
 - what the weights' gradients need. Full fine-tuning: each projection's input, e(2h + i) besides
   the attention's output, and each norm's output, e(2h + q + k) (not kept by torch's lean norms).
@@ -29,13 +32,15 @@ the query and key-value widths (heads x head dim), i the MLP's width and e the c
   cast off, as torch's training forward runs a float32 adapter on a bf16 model
   (`TorchBackend.forward_precision`; e(2h + i): the inputs are shared), and each adapter's rank-r
   output, 7r (no LoRA dropout, the project's default).
-For qwen3-0.6b in bf16 with LoRA this is 51 KB per token and layer (92 KB with PEFT's float32
-copies and transformers' norms, before `torch/precision.py`). The count it replaced,
+For qwen3-0.6b in bf16 with LoRA this is 55 KB per token and layer (92 KB with PEFT's float32
+copies and transformers' norms, before `torch/precision.py`; 51 KB with keys and values at their own
+width, which left an H200's GSPO peak ~1.5 GiB over the budget at 16 x 717 tokens of 28 layers). The count it replaced,
 Korthikanti et al. 2022's ~(10h + 4i) e for a GPT block, gave 45 KB, while the GSPO and DPO peaks
 measured on an H200 came to ~85-91 KB: a budget's minibatches peaked at twice what it allowed.
 With the prompt shared (GSPO's prompt groups), a prompt token costs a whole token once per distinct
 prompt and its keys and values per row (`prompt_row_share`). The head's log-softmax runs in
-checkpointed chunks: up to a chunk, its cost grows with the tokens (`head_bytes`). MLX keeps
+checkpointed chunks: up to a chunk, its cost grows with the tokens (`head_bytes`). The attention
+mask's additive copy, one a layer, is quadratic in the length and counted by the rows' lengths (`mask_share`). MLX keeps
 another set (its LoRA does not cast the input); the count is torch's.
 """
 
@@ -151,7 +156,7 @@ def bytes_per_token(backend: Any) -> int:
     lean = getattr(backend, "lean_norms", False)  # torch/precision.py: a norm keeps its input as it came
     residual = 4 if getattr(backend, "master_weights", False) else e  # the residual stream's bytes
     per_layer = 2 * (residual if lean else 4) * h + (e if lean else 4) * qk
-    per_layer += 2 * q * e + 2 * k * e + 3 * i * e
+    per_layer += 2 * q * e + 2 * q * e + 3 * i * e  # queries and output; keys and values repeated to q
     adapter = adapter_layout(backend)
     if adapter is None:  # the projections' inputs (the attention's output is one, counted), the norms' outputs
         per_layer += e * (2 * h + i) + (0 if lean else e * (2 * h + qk))
@@ -173,26 +178,41 @@ def attention_widths(config: dict) -> tuple[int, int]:
 
 def prompt_row_share(backend: Any) -> float | None:
     """A shared prompt's token, per response row, as a share of a whole token's cost: with the prompt
-    run once (`shared_prefix_logprobs`), each row keeps only its keys and values (2 x k e a layer,
-    the cache the responses attend to); the prompt's own activations are counted once per distinct
+    run once (`shared_prefix_logprobs`), each row keeps only its keys and values (the cache the
+    responses attend to, repeated to the query heads under the mask: 2 x q e a layer); the prompt's own activations are counted once per distinct
     prompt. None where the backend runs every row's prompt (`ModelBackend.runs_shared_prefix`)."""
     if not getattr(backend, "runs_shared_prefix", False):
         return None
     config = model_config(backend)
-    _, k = attention_widths(config)
-    return int(config["num_hidden_layers"]) * 2 * k * element_bytes(backend.dtype) / bytes_per_token(backend)
+    q, _ = attention_widths(config)
+    return int(config["num_hidden_layers"]) * 2 * q * element_bytes(backend.dtype) / bytes_per_token(backend)
 
 
-def forward_tokens(prompts: Sequence[Sequence[int]], response_lengths: Sequence[int], row_share: float | None) -> float:
+def mask_share(backend: Any) -> float:
+    """One element of a forward's attention mask, as a share of a whole token's cost: PyTorch's SDPA
+    turns the boolean mask into an additive one in the compute dtype at every layer's call and keeps
+    it for the backward (queries x keys a row, `layers` copies). Quadratic in the length, so it
+    counts by the rows' query and key lengths (`forward_tokens`), not per token."""
+    config = model_config(backend)
+    return int(config["num_hidden_layers"]) * element_bytes(backend.dtype) / bytes_per_token(backend)
+
+
+def forward_tokens(
+    prompts: Sequence[Sequence[int]], response_lengths: Sequence[int], row_share: float | None, mask: float = 0.0
+) -> float:
     """A forward's padded size in whole tokens, one row per prompt and response: each row prompt plus
     response at the longest row, or with the prompt shared (`row_share`, `prompt_row_share`) each
     distinct prompt once at the longest prompt, every response at the longest response, and each
-    row's copy of its prompt's keys and values."""
+    row's copy of its prompt's keys and values. `mask` (`mask_share`): the attention masks' elements,
+    queries x keys for each row of each pass, in the same units."""
     if row_share is None:
-        return len(prompts) * max(len(p) + int(r) for p, r in zip(prompts, response_lengths))
+        width = max(len(p) + int(r) for p, r in zip(prompts, response_lengths))
+        return len(prompts) * width * (1 + mask * width)
     prompt = max(len(p) for p in prompts)
+    response = max(response_lengths)
     distinct = len({tuple(p) for p in prompts})
-    return distinct * prompt + len(prompts) * (max(response_lengths) + row_share * prompt)
+    masks = distinct * prompt * prompt + len(prompts) * response * (prompt + response)
+    return distinct * prompt + len(prompts) * (response + row_share * prompt) + mask * masks
 
 
 def adapter_layout(backend: Any) -> tuple[int, int] | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import batch_plan
-from outcome_flywheel.models.train.memory import accumulated_steps, forward_tokens, part_count, token_limit
+from outcome_flywheel.models.train.memory import accumulated_steps, forward_tokens, mask_share, part_count, token_limit
 from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
 if TYPE_CHECKING:
@@ -64,8 +64,10 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
     limit = token_limit(backend)
     share = lambda i: len(completions[i])  # noqa: E731
 
+    mask = mask_share(backend)
+
     def cost(part: list[int]) -> float:  # one row an example, its context run whole
-        return forward_tokens([contexts[i] for i in part], [len(completions[i]) for i in part], None)
+        return forward_tokens([contexts[i] for i in part], [len(completions[i]) for i in part], None, mask)
 
     steps = (
         accumulated_steps(plan, cost, share, limit)

@@ -26,6 +26,7 @@ from outcome_flywheel.models.train.memory import (
     bytes_per_token,
     forward_tokens,
     head_bytes,
+    mask_share,
     split_by_cost,
     token_limit,
     training_state_bytes,
@@ -246,9 +247,11 @@ def _saved_bytes(backend, prompts, responses) -> int:
 def test_a_tokens_estimated_cost_is_what_autograd_saves_per_layer(tmp_path, dtype, lora):
     """The budget's count per token and layer (memory.py) against the tensors autograd really
     saves, on Qwen3 blocks with LoRA (PEFT's float32 adapter under bf16, and in fp32) and with every
-    weight training: one layer's share, the two-layer model less the one-layer one, for 4 x 96
-    tokens. Left out of the count: the per-row scalars (the norms' scales, attention's log-sum-exp),
-    4(2 + 2 heads + kv heads) bytes per token and layer."""
+    weight training: one layer's share, the two-layer model less the one-layer one, for 4 rows padded
+    to 96 tokens (one response shorter: a padding mask, as training batches have, under which
+    transformers repeats the keys and values for the query heads, and SDPA keeps an additive copy of
+    the mask a layer: `memory.mask_share`). Left out of the count: the per-row scalars (the norms'
+    scales, attention's log-sum-exp), 4(2 + 2 heads + kv heads) bytes per token and layer."""
     import torch
 
     from outcome_flywheel.models.provision import qwen3_shapes
@@ -256,7 +259,7 @@ def test_a_tokens_estimated_cost_is_what_autograd_saves_per_layer(tmp_path, dtyp
 
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, 400, 32).tolist()] * 4
-    responses = [rng.integers(10, 400, 64).tolist() for _ in range(4)]
+    responses = [rng.integers(10, 400, n).tolist() for n in (64, 64, 64, 40)]
     counted, estimated, weight_copies = {}, {}, {}
     for layers in (1, 2):
         shape = dict(
@@ -272,12 +275,14 @@ def test_a_tokens_estimated_cost_is_what_autograd_saves_per_layer(tmp_path, dtyp
         backend.prepare_for_training(keep_moments=False)
         torch.manual_seed(0)
         counted[layers] = _saved_bytes(backend, prompts, responses)
-        estimated[layers] = bytes_per_token(backend)
+        # the forward's activations by the count: its padded tokens and its masks' elements
+        lengths = [len(r) for r in responses]
+        estimated[layers] = bytes_per_token(backend) * forward_tokens(prompts, lengths, None, mask_share(backend))
         # autocast's compute-dtype copy of a float32 adapter's weights: a layer's, whatever the tokens
         weight_copies[layers] = training_state_bytes(backend) - 3 * backend.framework.trainable_bytes(backend)
-    tokens = sum(len(p) + len(r) for p, r in zip(prompts, responses))
+    tokens = len(prompts) * max(len(p) + len(r) for p, r in zip(prompts, responses))  # padded
     per_layer = (counted[2] - counted[1] - (weight_copies[2] - weight_copies[1])) / tokens
-    estimate = estimated[2] - estimated[1]
+    estimate = (estimated[2] - estimated[1]) / tokens
     config = shape
     scalars = 4 * (2 + 2 * config["num_attention_heads"] + config["num_key_value_heads"])
     assert estimate <= per_layer <= estimate + scalars, (per_layer, estimate)
