@@ -192,15 +192,15 @@ def reconcile_dead_runs(instance: dg.DagsterInstance) -> list[str]:
         identity = executor_of(run)
         if identity is None or process_alive(identity):
             continue
+        # What Dagster's run monitoring does for the daemon's runs (`free_slots_after_run_end_seconds`),
+        # before the failure is reported: whoever sees the run failed finds its slots free.
+        if instance.event_log_storage.supports_global_concurrency_limits:
+            instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
         who = "worker" if WORKER_TAG in run.tags else "process that ran it"
         instance.report_run_failed(
             run, f"the {who} ({identity.split(':')[0]}) is gone: failed by reconciliation, its pool slots freed"
         )
         failed.append(run.run_id)
-    # What Dagster's run monitoring does for the daemon's runs (`free_slots_after_run_end_seconds`).
-    if failed and instance.event_log_storage.supports_global_concurrency_limits:
-        for run_id in failed:
-            instance.event_log_storage.free_concurrency_slots_for_run(run_id)
     queued_launches(instance)  # drops the files nobody holds
     return failed
 
