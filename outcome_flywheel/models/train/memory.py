@@ -33,15 +33,16 @@ the query and key-value widths (heads x head dim), i the MLP's width and e the c
   (`TorchBackend.forward_precision`; e(2h + i): the inputs are shared), and each adapter's rank-r
   output, 7r (no LoRA dropout, the project's default).
 For qwen3-0.6b in bf16 with LoRA this is 55 KB per token and layer (92 KB with PEFT's float32
-copies and transformers' norms, before `torch/precision.py`; 51 KB with keys and values at their own
-width, which left an H200's GSPO peak ~1.5 GiB over the budget at 16 x 717 tokens of 28 layers). The count it replaced,
-Korthikanti et al. 2022's ~(10h + 4i) e for a GPT block, gave 45 KB, while the GSPO and DPO peaks
-measured on an H200 came to ~85-91 KB: a budget's minibatches peaked at twice what it allowed.
+copies and transformers' norms, before `torch/precision.py`; 51 KB with keys and values at their
+own width, which with the masks below left an H200's GSPO peak ~1.5 GiB over the budget at 16 x 717
+tokens of 28 layers). The count it replaced, Korthikanti et al. 2022's ~(10h + 4i) e for a GPT
+block, gave 45 KB, while the GSPO and DPO peaks measured on an H200 came to ~85-91 KB: a budget's
+minibatches peaked at twice what it allowed.
 With the prompt shared (GSPO's prompt groups), a prompt token costs a whole token once per distinct
 prompt and its keys and values per row (`prompt_row_share`). The head's log-softmax runs in
 checkpointed chunks: up to a chunk, its cost grows with the tokens (`head_bytes`). The attention
-mask's additive copy, one a layer, is quadratic in the length and counted by the rows' lengths (`mask_share`). MLX keeps
-another set (its LoRA does not cast the input); the count is torch's.
+mask's additive copy, one a layer, is quadratic in the length and counted by the rows' lengths
+(`mask_share`). MLX keeps another set (its LoRA does not cast the input); the count is torch's.
 """
 
 from __future__ import annotations
@@ -179,8 +180,9 @@ def attention_widths(config: dict) -> tuple[int, int]:
 def prompt_row_share(backend: Any) -> float | None:
     """A shared prompt's token, per response row, as a share of a whole token's cost: with the prompt
     run once (`shared_prefix_logprobs`), each row keeps only its keys and values (the cache the
-    responses attend to, repeated to the query heads under the mask: 2 x q e a layer); the prompt's own activations are counted once per distinct
-    prompt. None where the backend runs every row's prompt (`ModelBackend.runs_shared_prefix`)."""
+    responses attend to, repeated to the query heads under the mask: 2 x q e a layer); the prompt's
+    own activations are counted once per distinct prompt. None where the backend runs every row's
+    prompt (`ModelBackend.runs_shared_prefix`)."""
     if not getattr(backend, "runs_shared_prefix", False):
         return None
     config = model_config(backend)
