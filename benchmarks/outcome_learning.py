@@ -501,14 +501,12 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from outcome_flywheel.cli_arguments import CliError, require_device
+    from outcome_flywheel.cli_arguments import CliError, quiet_libraries, require_device
 
     try:
         require_device(args.device)
     except CliError as err:
         parser.error(str(err))
-
-    from outcome_flywheel.cli_arguments import quiet_libraries
 
     torch.set_num_threads(args.threads)  # on a shared box, more threads than free cores slow every step down
 

@@ -123,12 +123,13 @@ def verify_day(
     else:  # the same files in float32 (a second load, after the first is dropped): see logprob_reproduction
         reference = teacher_forced(load_policy(models, ckpt_root / day, on_disk, dtype="float32"), sample)
     reproduction = logprob_reproduction(list(sample["behavior_logprobs"]), forced, reference)
+    reproduced = reproduction.pop("passed")  # the rest is the check's metadata
     checks = {
         RANKS_ARE_PERMUTATIONS.name: {"passed": bool(ranks_ok), "metadata": {}},
         REWARDS_IN_RANGE.name: {"passed": rewards_ok, "metadata": describe_rewards(scores)},
         LOADS_AND_GENERATES.name: {"passed": bool(probe.strip()), "metadata": {"sample": probe[:200]}},
         GENERATED_BY_OWN_CHECKPOINT.name: {
-            "passed": bool(own_version and reproduction.pop("passed")),
+            "passed": bool(own_version and reproduced),
             "metadata": {
                 "checkpoint_version": str(on_disk.get("policy_version")),
                 "version_matches": own_version,
