@@ -4,6 +4,7 @@ budget to cost at most 1.3x the whole minibatch's time, and the H200 measured 1.
 2.8x (full fine-tuning) without saying why. The last line is one JSON object.
 
     FLYWHEEL_TRAIN_MEMORY_GIB=14 python -m benchmarks.training_profile    # CUDA: 2 prompts x 8 x 512 tokens
+    python -m benchmarks.training_profile --memory OUT/                   # CUDA: what is alive at the peak
     python -m benchmarks.training_profile --smoke                         # qwen3-tiny (what the CPU runs)
 
 Per trainer (GSPO LoRA, GSPO full fine-tune over fp32 master weights) and per plan (whole: no
@@ -11,15 +12,25 @@ budget; parts: the setting, 14 GiB unless `FLYWHEEL_TRAIN_MEMORY_GIB` says other
 run, then a timed run under `torch.profiler` on a fresh backend: its seconds, micro-batches and peak,
 and the kernels and CPU ops that took the most time. Responses are random ids of the full length
 (no sampling: the load, not the text, sets the time).
+
+`--memory DIR` (CUDA) asks instead where a budgeted step's peak goes, beyond what `memory.py` counts:
+the parts plan runs under CUDA's allocator history (`torch.cuda.memory._record_memory_history`,
+Python stacks), the history is replayed to the moment of the peak, and the blocks alive then are
+summed by the first frame of this project, transformers or PEFT that allocated them (the backward
+pass allocates on autograd's thread, which has no Python frame). The snapshot goes to DIR, gzipped,
+for `python -m torch.cuda._memory_viz`.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import pickle
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +41,8 @@ from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.memory import MEMORY_VARIABLE
 
 DEFAULT_SETTING_GIB = "14"  # about what the default budget gives on a 24 GB card
+FRAME_MARKERS = ("/outcome_flywheel/", "/transformers/", "/peft/")
+NO_FRAME = "(no Python frame: autograd's backward thread, or C++)"
 
 
 def gspo_examples(backend, prompts, rollouts: int, new_tokens: int):
@@ -91,10 +104,99 @@ def timed_run(model_dir, device, examples, lora: bool, setting: str | None, prof
     return out
 
 
+def live_at_peak(trace: list[dict]) -> tuple[int, dict[str, list[int]]]:
+    """Replays an allocator history (oldest first): the most bytes allocated during it beyond what
+    was allocated before it began, and the blocks alive at that moment, summed by the frame that
+    allocated them ({key: [bytes, blocks]}). A block counts from its alloc to its free_requested,
+    as torch.cuda.max_memory_allocated counts it; frees of blocks allocated before the history
+    are credited back, so the baseline can fall below zero."""
+    live: dict[int, dict] = {}
+    now = peak = 0
+    peak_live: dict[int, dict] = {}
+    for event in trace:
+        action = event.get("action")
+        if action == "alloc":
+            live[event["addr"]] = event
+            now += event["size"]
+            if now > peak:
+                peak, peak_live = now, dict(live)
+        elif action == "free_requested":
+            now -= event["size"]
+            live.pop(event["addr"], None)
+    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for event in peak_live.values():
+        group = groups[allocation_site(event.get("frames") or [])]
+        group[0] += event["size"]
+        group[1] += 1
+    return peak, dict(groups)
+
+
+def allocation_site(frames: list[dict]) -> str:
+    """The innermost frame of this project, transformers or PEFT ("file:line function"), else the
+    innermost frame, else NO_FRAME."""
+    for frame in frames:
+        filename = frame.get("filename", "")
+        if any(marker in filename for marker in FRAME_MARKERS):
+            return f"{'/'.join(Path(filename).parts[-2:])}:{frame.get('line')} {frame.get('name')}"
+    if frames:
+        return f"{Path(frames[0].get('filename', '?')).name}:{frames[0].get('line')} {frames[0].get('name')}"
+    return NO_FRAME
+
+
+def memory_run(model_dir, device, examples, lora: bool, setting: str, out_dir: Path, name: str) -> dict:
+    """One budgeted GSPO step under the allocator's history (module docstring): the peak beyond the
+    loaded model, the count's figures for it, and the blocks alive at the peak by allocation site."""
+    from outcome_flywheel.models.torch.backend import TorchBackend
+    from outcome_flywheel.models.train import memory
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig
+
+    os.environ[MEMORY_VARIABLE] = setting
+    backend = TorchBackend(model_dir, device=str(device))
+    config = GSPOConfig(
+        lora=GSPOConfig().lora if lora else None,
+        batch_size=len(examples),
+        epochs=1,
+        temperature=0.8,
+        learning_rate=1e-4 if lora else 1e-5,
+    )
+    backend.framework.seed(0)
+    _peak_reset(device)
+    before = torch.cuda.memory_allocated()
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=400_000)
+    try:
+        stats = train_gspo(backend, examples, config)
+        _sync(device)
+        snapshot = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    trace = snapshot["device_traces"][torch.cuda.current_device()]
+    peak, groups = live_at_peak(trace)
+    with gzip.open(out_dir / f"{name}_memory_snapshot.pickle.gz", "wb") as handle:
+        pickle.dump(snapshot, handle)
+    out = {
+        "peak_over_start_gib": round((torch.cuda.max_memory_allocated() - before) / 2**30, 3),
+        "replayed_peak_gib": round(peak / 2**30, 3),
+        "trace_events": len(trace),  # 400,000: the ring buffer wrapped, the replay is partial
+        "micro_batches": stats.extra.get("micro_batches"),
+        "token_limit": stats.extra.get("token_limit"),
+        "budget_gib": round((memory.budget_bytes(backend) or 0) / 2**30, 3),
+        "state_gib": round(memory.training_state_bytes(backend) / 2**30, 3),
+        "bytes_per_token": memory.bytes_per_token(backend),
+        "head_gib": round(memory.head_bytes(backend) / 2**30, 3),
+        "at_peak_by_site_mib": {
+            site: [round(size / 2**20, 1), blocks]
+            for site, (size, blocks) in sorted(groups.items(), key=lambda item: -item[1][0])[:25]
+        },
+    }
+    del backend
+    return out
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     load_arguments(parser, headlines=2)
     parser.add_argument("--skip", default="", help="comma list: lora,full")
+    parser.add_argument("--memory", type=Path, help="(CUDA) a folder: where the budgeted step's peak goes, instead")
     args = parser.parse_args(argv)
 
     from outcome_flywheel.models.provision.qwen3_shapes import benchmark_model
@@ -125,6 +227,17 @@ def main(argv=None) -> dict:
         del probe
         for trainer in ("lora", "full"):
             if trainer in skip:
+                continue
+            if args.memory is not None:
+                if not cuda:
+                    raise SystemExit("--memory reads CUDA's allocator: it needs a CUDA device")
+                args.memory.mkdir(parents=True, exist_ok=True)
+                timed_run(model_dir, device, examples, trainer == "lora", setting, profile=False)  # warm-up
+                run = memory_run(model_dir, device, examples, trainer == "lora", setting, args.memory, trainer)
+                print(f"== GSPO {trainer}, at the peak by allocation site (MiB, blocks):")
+                for site, (mib, blocks) in run["at_peak_by_site_mib"].items():
+                    print(f"{mib:10.1f} {blocks:6d}  {site}")
+                result[f"{trainer}_memory"] = run
                 continue
             for plan, memory in (("whole", None), ("parts", setting)):
                 timed_run(model_dir, device, examples, trainer == "lora", memory, profile=False)  # warm-up

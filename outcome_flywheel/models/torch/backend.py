@@ -241,6 +241,8 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
     def _shared_prefix_hidden(self, prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Final hidden states predicting every response token `[B, T, H]`, the responses and their mask."""
+        from outcome_flywheel.models.torch.prefix_cache import PromptPrefixCache  # imports transformers
+
         inner, device, pad = self._causal_lm().model, self.device, self.tokenizer.pad_token_id
         unique: dict[tuple[int, ...], int] = {}
         rows = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
@@ -249,7 +251,10 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         index = torch.tensor(rows, device=device)
         first = out.last_hidden_state[:, -1, :].index_select(0, index)  # predicts each response's first token
         cache = out.past_key_values
-        cache.batch_select_indices(index)
+        if PromptPrefixCache.applies_to(cache):  # each layer gathers its prompt rows; nothing is stored
+            cache = PromptPrefixCache(cache, index)
+        else:
+            cache.batch_select_indices(index)
 
         length = max(len(r) for r in response_ids)
         responses = torch.full((len(rows), length), pad, dtype=torch.long)
