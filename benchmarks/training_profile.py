@@ -10,7 +10,8 @@ budget to cost at most 1.3x the whole minibatch's time, and the H200 measured 1.
 Per trainer (GSPO LoRA, GSPO full fine-tune over fp32 master weights) and per plan (whole: no
 budget; parts: the setting, 14 GiB unless `FLYWHEEL_TRAIN_MEMORY_GIB` says otherwise): a warm-up
 run, then a timed run under `torch.profiler` on a fresh backend: its seconds, micro-batches and peak,
-and the kernels and CPU ops that took the most time. Responses are random ids of the full length
+the host's and the device's own time and the kernel launches (an H200 showed parts costing host time,
++47 % for 2 parts of LoRA GSPO, while the kernels' time rose 7 %), and the ops that took the most time. Responses are random ids of the full length
 (no sampling: the load, not the text, sets the time).
 
 `--memory DIR` (CUDA) asks instead where a budgeted step's peak goes, beyond what `memory.py` counts:
@@ -41,6 +42,7 @@ from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.memory import MEMORY_VARIABLE
 
 DEFAULT_SETTING_GIB = "14"  # about what the default budget gives on a 24 GB card
+KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel")  # the runtime's and the driver's
 FRAME_MARKERS = ("/outcome_flywheel/", "/transformers/", "/peft/")
 NO_FRAME = "(no Python frame: autograd's backward thread, or C++)"
 
@@ -95,6 +97,11 @@ def timed_run(model_dir, device, examples, lora: bool, setting: str | None, prof
         "peak_gib": _peak_gib(device),
     }
     if prof is not None:
+        events = prof.key_averages()
+        # a launch-bound step shows as host time growing with the parts while the device's stays
+        out["self_cpu_s"] = round(sum(e.self_cpu_time_total for e in events) / 1e6, 3)
+        out["self_device_s"] = round(sum(e.self_device_time_total for e in events) / 1e6, 3)
+        out["kernel_launches"] = sum(e.count for e in events if e.key in KERNEL_LAUNCHES)
         sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
         out["top_kernels"] = prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=70)
         out["top_cpu_ops"] = prof.key_averages().table(
@@ -244,7 +251,8 @@ def main(argv=None) -> dict:
                 run = timed_run(model_dir, device, examples, trainer == "lora", memory, profile=True)
                 print(
                     f"== GSPO {trainer}, {plan}: {run['seconds']} s, {run['micro_batches']} micro-batches, "
-                    f"peak {run['peak_gib']} GiB"
+                    f"peak {run['peak_gib']} GiB; host {run['self_cpu_s']} s, device {run['self_device_s']} s, "
+                    f"{run['kernel_launches']} kernel launches"
                 )
                 print(run.pop("top_kernels"))
                 print(run.pop("top_cpu_ops"))

@@ -48,7 +48,7 @@ for name in ('pipelines.definitions', 'scripts.demo_real', 'benchmarks.outcome_l
       cat "$part1" "$part2" > "$wheel"
       python3 -m pip install -q --no-index --no-deps --target /tmp/site "$wheel" || exit 1
       mkdir -p /tmp/dagster-real && cp -n scripts/dagster.yaml /tmp/dagster-real/dagster.yaml
-      DAGSTER_HOME=/tmp/dagster-real FLYWHEEL_DATA_DIR=/tmp/data-real timeout 240 python3 -m scripts.demo_real 2>&1 \
+      DAGSTER_HOME=/tmp/dagster-real FLYWHEEL_DATA_DIR=/tmp/data-real timeout 330 python3 -m scripts.demo_real 2>&1 \
         | tee "$OUT/demo_real.log" | tail -20
       tar czf "$OUT/data-real-warehouse.tgz" -C /tmp data-real/warehouse 2>/dev/null ;;  # the checks' rows, if it fails
     learning)

@@ -50,8 +50,16 @@ MIRRORED = {
     ],
 }
 # CUDA engines of the torch backend only, with no mlx mirror: vLLM, and the static-cache sampler
-# captured in CUDA graphs (MLX keeps its own sampler).
-TORCH_ONLY = {"vllm_sampling.py", "graph_sampler.py", "static_cache.py", "fused_decode.py", "precision.py"}
+# captured in CUDA graphs (MLX keeps its own sampler); the shared prompt's read-only cache (MLX runs
+# every row's prompt, `runs_shared_prefix`).
+TORCH_ONLY = {
+    "vllm_sampling.py",
+    "graph_sampler.py",
+    "static_cache.py",
+    "fused_decode.py",
+    "precision.py",
+    "prefix_cache.py",
+}
 # MLX's adapter format and PEFT's, converted both ways (torch reads PEFT's directly).
 MLX_ONLY = {"lora_convert.py"}
 

@@ -136,14 +136,18 @@ def test_torch_teacher_forcing_equals_plain_at_wide_vocabulary(wide_model):
             assert float(logp[b][~mask[b]].detach().abs().sum()) == 0.0
 
 
-def test_torch_teacher_forcing_gradients_equal_plain(wide_model):
+@pytest.mark.parametrize("shared", [False, True])
+def test_torch_teacher_forcing_gradients_equal_plain(wide_model, shared):
+    """Shared: the first prompt runs once for two responses, which read it through
+    `torch/prefix_cache.py` (its gradient is the sum over both)."""
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     backend = TorchBackend(wide_model, device="cpu")
     rng = np.random.default_rng(1)
-    prompts, responses = [_ids(rng, 6), _ids(rng, 11)], [_ids(rng, 20), _ids(rng, 13)]
+    first = _ids(rng, 6)
+    prompts, responses = [first, _ids(rng, 11), first], [_ids(rng, 20), _ids(rng, 13), _ids(rng, 9)]
     params = [p for p in backend.model.parameters()]
-    logp, mask = backend.batch_logprobs(prompts, responses)
+    logp, mask = backend.batch_logprobs(prompts, responses, shared_prefix=shared)
     got = torch.autograd.grad(logp.sum(), params, allow_unused=True)
     want = torch.autograd.grad(
         sum(t.sum() for t in _torch_plain(backend, prompts, responses, 1.0)), params, allow_unused=True

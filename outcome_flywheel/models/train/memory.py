@@ -35,9 +35,12 @@ the query and key-value widths (heads x head dim), i the MLP's width and e the c
 For qwen3-0.6b in bf16 with LoRA this is 55 KB per token and layer (92 KB with PEFT's float32
 copies and transformers' norms, before `torch/precision.py`; 51 KB with keys and values at their
 own width, which with the masks below left an H200's GSPO peak ~1.5 GiB over the budget at 16 x 717
-tokens of 28 layers). The count it replaced, Korthikanti et al. 2022's ~(10h + 4i) e for a GPT
-block, gave 45 KB, while the GSPO and DPO peaks measured on an H200 came to ~85-91 KB: a budget's
-minibatches peaked at twice what it allowed.
+tokens of 28 layers, the rest of it transformers' cache grown by the responses' forward, which
+`torch/prefix_cache.py` no longer keeps). With all of it, a budgeted LoRA GSPO step's peak on an
+H200 (8 rows of 712 positions, 28 layers) came to 7.25 GiB by CUDA's allocator history, 7.26
+counted (`benchmarks.training_profile --memory`). The count it replaced, Korthikanti et al. 2022's
+~(10h + 4i) e for a GPT block, gave 45 KB, while the GSPO and DPO peaks measured on an H200 came to
+~85-91 KB: a budget's minibatches peaked at twice what it allowed.
 With the prompt shared (GSPO's prompt groups), a prompt token costs a whole token once per distinct
 prompt and its keys and values per row (`prompt_row_share`). The head's log-softmax runs in
 checkpointed chunks: up to a chunk, its cost grows with the tokens (`head_bytes`). The attention
