@@ -10,9 +10,9 @@ budget to cost at most 1.3x the whole minibatch's time, and the H200 measured 1.
 Per trainer (GSPO LoRA, GSPO full fine-tune over fp32 master weights) and per plan (whole: no
 budget; parts: the setting, 14 GiB unless `FLYWHEEL_TRAIN_MEMORY_GIB` says otherwise): a warm-up
 run, then a timed run under `torch.profiler` on a fresh backend: its seconds, micro-batches and peak,
-the host's and the device's own time and the kernel launches (an H200 showed parts costing host time,
-+47 % for 2 parts of LoRA GSPO, while the kernels' time rose 7 %), and the ops that took the most time. Responses are random ids of the full length
-(no sampling: the load, not the text, sets the time).
+the host's and the device's own time and the kernel launches (on an H200, 2 parts of a LoRA GSPO step
+took 47 % more host time than the whole and 7 % more kernel time), and the ops that took the most
+time. Responses are random ids of the full length (no sampling: the load, not the text, sets the time).
 
 `--memory DIR` (CUDA) asks instead where a budgeted step's peak goes, beyond what `memory.py` counts:
 the parts plan runs under CUDA's allocator history (`torch.cuda.memory._record_memory_history`,

@@ -1,6 +1,7 @@
 """The real path on CUDA (skipped elsewhere): bf16 selective log-probs, the sampler's pi_old
 against teacher forcing, a GSPO step, and vLLM's returned log-probs against teacher forcing
-(within the bf16 tolerance the loop's checkpoint check uses, `sampling.logprob_tolerance`)."""
+(within `sampling.logprob_tolerance`'s bf16 row, which holds for these models of a few layers; the
+loop's checkpoint check, for any depth, measures both against a float32 reload: policy/verify.py)."""
 
 from __future__ import annotations
 
