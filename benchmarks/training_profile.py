@@ -59,7 +59,9 @@ def gspo_examples(backend, prompts, rollouts: int, new_tokens: int):
     ]
 
 
-def timed_run(model_dir, device, examples, lora: bool, setting: str | None, profile: bool) -> dict:
+def fresh_step(model_dir, device, examples, lora: bool, setting: str | None):
+    """A fresh backend under `setting` (None: no budget) and the config of one GSPO step over all of
+    `examples`, the peak statistic reset: (backend, config)."""
     from outcome_flywheel.models.torch.backend import TorchBackend
     from outcome_flywheel.models.train.gspo_config import GSPOConfig
 
@@ -77,6 +79,11 @@ def timed_run(model_dir, device, examples, lora: bool, setting: str | None, prof
     )
     backend.framework.seed(0)
     _peak_reset(device)
+    return backend, config
+
+
+def timed_run(model_dir, device, examples, lora: bool, setting: str | None, profile: bool) -> dict:
+    backend, config = fresh_step(model_dir, device, examples, lora, setting)
     activities = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []
     )
@@ -153,21 +160,9 @@ def allocation_site(frames: list[dict]) -> str:
 def memory_run(model_dir, device, examples, lora: bool, setting: str, out_dir: Path, name: str) -> dict:
     """One budgeted GSPO step under the allocator's history (module docstring): the peak beyond the
     loaded model, the count's figures for it, and the blocks alive at the peak by allocation site."""
-    from outcome_flywheel.models.torch.backend import TorchBackend
     from outcome_flywheel.models.train import memory
-    from outcome_flywheel.models.train.gspo_config import GSPOConfig
 
-    os.environ[MEMORY_VARIABLE] = setting
-    backend = TorchBackend(model_dir, device=str(device))
-    config = GSPOConfig(
-        lora=GSPOConfig().lora if lora else None,
-        batch_size=len(examples),
-        epochs=1,
-        temperature=0.8,
-        learning_rate=1e-4 if lora else 1e-5,
-    )
-    backend.framework.seed(0)
-    _peak_reset(device)
+    backend, config = fresh_step(model_dir, device, examples, lora, setting)
     before = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=400_000)
     try:
