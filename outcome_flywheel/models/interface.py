@@ -230,6 +230,8 @@ class ModelBackend(ABC):
     name: str = "abstract"
     # batch_logprobs(shared_prefix=True) runs each distinct prompt once (torch); else every row whole (mlx)
     runs_shared_prefix: bool = False
+    # `recomputing` recomputes the layers' activations in the backward pass (train/memory.py's plan)
+    recomputes_layers: bool = False
     framework: Framework
     model_path: Path
     adapter_path: Path | None
@@ -403,6 +405,13 @@ class ModelBackend(ABC):
         if not keep_moments:
             self.optimizer_tensors = None
         self.release_inference_state()
+
+    def recomputing(self, on: bool = True) -> ContextManager[None]:
+        """Within: a training forward keeps each layer's input only and recomputes its activations
+        in the backward pass (`recomputes_layers`); a no-op when not `on`."""
+        if on:
+            raise ValueError(f"the {self.name} backend does not recompute its layers' activations")
+        return contextlib.nullcontext()
 
     def release_inference_state(self) -> None:
         """Free what sampling keeps between calls that training needs the memory of (torch on

@@ -47,6 +47,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
     name = "torch"
     framework = FRAMEWORK
     runs_shared_prefix = True
+    recomputes_layers = True
 
     def __init__(
         self,
@@ -130,6 +131,12 @@ class TorchBackend(ChatTokenizer, ModelBackend):
     def forward_precision(self):
         """A teacher-forced forward's precision and what it keeps (`precision.py`)."""
         return forward_precision(self)
+
+    def recomputing(self, on: bool = True):
+        """Within: the decoder layers recompute their activations in the backward pass (`recompute.py`)."""
+        from outcome_flywheel.models.torch.recompute import recomputing  # imports transformers
+
+        return recomputing(self, on)
 
     # -- inference ----------------------------------------------------------------------
     @property
@@ -223,7 +230,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             return self.shared_prefix_logprobs(prompt_ids, response_ids, temperature)
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
         with self.forward_precision(), attention_kernels(self.device):
-            hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention, use_cache=False).last_hidden_state
         rows, cols, targets, mask = self._response_layout(prompt_ids, response_ids)
         flat = token_logprobs(hidden[rows, cols], self._head, targets, temperature, self.vocab_size)
         return self._scatter_rows(flat, mask), mask
@@ -241,13 +248,19 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
     def _shared_prefix_hidden(self, prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Final hidden states predicting every response token `[B, T, H]`, the responses and their mask."""
-        from outcome_flywheel.models.torch.prefix_cache import PromptPrefixCache  # imports transformers
+        from outcome_flywheel.models.torch.prefix_cache import PromptForwardCache, PromptPrefixCache  # transformers
 
         inner, device, pad = self._causal_lm().model, self.device, self.tokenizer.pad_token_id
         unique: dict[tuple[int, ...], int] = {}
         rows = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
         ids, attention, positions = left_padded(list(unique), pad, device)
-        out = inner(input_ids=ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        out = inner(
+            input_ids=ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=PromptForwardCache(config=inner.config),
+            use_cache=True,
+        )
         index = torch.tensor(rows, device=device)
         first = out.last_hidden_state[:, -1, :].index_select(0, index)  # predicts each response's first token
         cache = out.past_key_values
@@ -343,7 +356,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         rows in order (response 0's tokens, then response 1's...)."""
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
         with self.forward_precision(), attention_kernels(self.device):
-            hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention).last_hidden_state
+            hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention, use_cache=False).last_hidden_state
         rows, cols, _, _ = self._response_layout(prompt_ids, response_ids)
         return hidden[rows, cols]
 

@@ -1,4 +1,5 @@
-"""A shared prompt's keys and values as the response rows of a teacher-forced forward read them.
+"""A shared prompt's keys and values as the response rows of a teacher-forced forward read them,
+and as its own forward makes them.
 
 `TorchBackend.shared_prefix_logprobs` runs each distinct prompt once with a cache, then every
 response on top of its prompt. Handed transformers' own cache, the responses' forward would grow it
@@ -14,7 +15,7 @@ attention reads it (or as long as attention itself keeps it for the backward, wh
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 
 class PromptPrefixCache(Cache):
@@ -36,3 +37,16 @@ class PromptPrefixCache(Cache):
         keys = torch.cat([layer.keys.index_select(0, self.rows), key_states], dim=-2)
         values = torch.cat([layer.values.index_select(0, self.rows), value_states], dim=-2)
         return keys, values
+
+
+class PromptForwardCache(DynamicCache):
+    """A shared prompt's own forward, from an empty cache: transformers' cache, except that a layer
+    run again (its activations recomputed in the backward pass, `recompute.py`) gets back the keys
+    and values it has just made instead of appending them a second time. The stored ones, which
+    the responses read, stay the forward's. Each layer is updated once by the forward, so a second
+    update of a layer is the recomputation."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if layer_idx < len(self.layers) and self.layers[layer_idx].is_initialized:
+            return key_states, value_states  # the prompt's forward starts empty: what the first update returned
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)

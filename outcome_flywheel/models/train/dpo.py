@@ -19,12 +19,11 @@ from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.segments import encode_segments
 from outcome_flywheel.models.train.batching import batch_plan
 from outcome_flywheel.models.train.memory import (
+    ForwardCosts,
     accumulated_steps,
     forward_tokens,
-    mask_share,
+    memory_plan,
     part_count,
-    prompt_row_share,
-    token_limit,
 )
 from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
@@ -75,21 +74,28 @@ def train_weighted_dpo(
     # of its rejected completion (each line with `completion_unit="line"`), all on its prompt; a part's
     # loss is over its own pairs (n_part x mean weight), scaled by n_part / n, so the parts add up to
     # the minibatch's loss.
-    limit = token_limit(backend)
-    row_share, mask = prompt_row_share(backend), mask_share(backend)
+    def cost_at(costs: ForwardCosts):
+        def cost(part: list[int]) -> float:
+            rows = [(prompt_ids[i], segment) for i in part for segment in (*chosen_ids[i], *rejected_ids[i])]
+            return forward_tokens([p for p, _ in rows], [len(segment) for _, segment in rows], *costs)
 
-    def cost(part: list[int]) -> float:
-        rows = [(prompt_ids[i], segment) for i in part for segment in (*chosen_ids[i], *rejected_ids[i])]
-        return forward_tokens([p for p, _ in rows], [len(segment) for _, segment in rows], row_share, mask)
+        return cost
 
+    memory = memory_plan(backend, plan, cost_at, shared=True)
+    cost, limit = cost_at(memory.costs), memory.limit
     steps = (
         accumulated_steps(plan, cost, lambda i: 1.0, limit)
         if world == 1
         else sharded_steps(plan, cost, lambda i: 1.0, limit, rank, world)
     )
     optimizer = fw.adamw(backend.model, config.learning_rate)
-    stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
-    stats.extra.update(micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, processes=world)
+    with backend.recomputing(memory.recompute):
+        stats = fw.train(
+            backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm
+        )
+    stats.extra.update(
+        micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, recompute=memory.recompute, processes=world
+    )
     stats.extra["reference_batches_by_rank"] = gather(fw, reference_passes)
     stats.extra["config"] = config.as_dict()
     stats.extra["n_pairs"] = len(pairs)

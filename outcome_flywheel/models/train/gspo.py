@@ -30,13 +30,7 @@ import numpy as np
 
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
-from outcome_flywheel.models.train.memory import (
-    forward_tokens,
-    mask_share,
-    prompt_row_share,
-    split_by_cost,
-    token_limit,
-)
+from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, split_by_cost
 from outcome_flywheel.models.train.shards import announce, gather, ranks, shard
 
 if TYPE_CHECKING:
@@ -69,13 +63,9 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
 
     # This rank's shard of each minibatch (whole prompt groups, shards.py), within the memory budget in
     # parts whose gradients add up to its own (memory.py)
-    limit = token_limit(backend)
     mine = [shard(batch, [tuple(b.prompt_ids) for b in batch], rank, world) for batch in batches]
-    cost = part_tokens(
-        prompt_row_share(backend) if share and limit is not None else None,
-        mask_share(backend) if limit is not None else 0.0,
-    )
-    parts_of = [split_by_cost(own, cost, limit) for own in mine]
+    memory = memory_plan(backend, mine, part_tokens, share)
+    parts_of = [split_by_cost(own, part_tokens(memory.costs), memory.limit) for own in mine]
     micros = [part for parts in parts_of for part in parts]
     recompute = config.old_logprobs == "recompute" or (
         config.old_logprobs == "auto" and not computes_in_float32(backend)
@@ -147,13 +137,14 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     if batches:
         optimizer = fw.adamw(backend.model, config.learning_rate)
         moments = resume_moments(backend, optimizer)
-        stats = fw.train(
-            backend.model,
-            optimizer,
-            loss=loss,
-            iterate_batches=indexed_steps(batches, parts_of),
-            max_grad_norm=config.max_grad_norm,
-        )
+        with backend.recomputing(memory.recompute):
+            stats = fw.train(
+                backend.model,
+                optimizer,
+                loss=loss,
+                iterate_batches=indexed_steps(batches, parts_of),
+                max_grad_norm=config.max_grad_norm,
+            )
         stats.extra["optimizer_moments"] = moments
         if fw.optimizer_state is not None:  # saved with the checkpoint: the next day continues from them
             backend.optimizer_tensors = fw.optimizer_state(optimizer, backend.model)
@@ -170,7 +161,9 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         # Per example (by its position in `examples`): exp(mean_t(log pi_old - log pi_behaviour)), before truncation.
         stats.extra["is_ratio_by_example"] = [is_ratios.get(i, float("nan")) for i in range(len(examples))]
     stats.extra.update(epoch_sizes(batches, config.epochs))
-    stats.extra.update(micro_batches=sum(gather(fw, len(micros))), token_limit=limit, processes=world)
+    stats.extra.update(
+        micro_batches=sum(gather(fw, len(micros))), token_limit=memory.limit, recompute=memory.recompute, processes=world
+    )
     return stats
 
 
@@ -198,12 +191,11 @@ def indexed_steps(
     return steps
 
 
-def part_tokens(row_share: float | None, mask: float = 0.0) -> Callable[[list[EncodedExample]], float]:
-    """A part's padded size in whole tokens (`memory.forward_tokens`), its prompts shared when
-    `row_share` says so, its attention masks at `mask` (`memory.mask_share`)."""
+def part_tokens(costs: ForwardCosts) -> Callable[[list[EncodedExample]], float]:
+    """A part's padded size in whole tokens (`memory.forward_tokens` at `costs`)."""
 
     def cost(part: list[EncodedExample]) -> float:
-        return forward_tokens([b.prompt_ids for b in part], [len(b.response_ids) for b in part], row_share, mask)
+        return forward_tokens([b.prompt_ids for b in part], [len(b.response_ids) for b in part], *costs)
 
     return cost
 

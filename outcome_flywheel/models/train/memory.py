@@ -54,7 +54,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +79,15 @@ def budget_bytes(backend: Any) -> int | None:
     return int(free * FREE_SHARE) - training_state_bytes(backend) if free else None
 
 
-def token_limit(backend: Any) -> int | None:
+def token_limit(backend: Any, recompute: bool = False) -> int | None:
     """Tokens (sequences x padded length) one forward may hold within the budget; None = no limit.
-    A part of n tokens takes n x `bytes_per_token` of activations and the head's chunk at n tokens
+    A part of n tokens takes n x `bytes_per_token` (at `recompute`) of activations and the head's chunk at n tokens
     (`head_bytes`). When the budget leaves less than one token, each sequence goes alone, the least
     memory the trainer can take, and a warning says what the step holds whatever its batch."""
     budget = budget_bytes(backend)
     if budget is None:
         return None
-    per_token, head_per_token, chunk = bytes_per_token(backend), head_bytes(backend, 1), head_rows(backend)
+    per_token, head_per_token, chunk = bytes_per_token(backend, recompute), head_bytes(backend, 1), head_rows(backend)
     if budget >= (per_token + head_per_token) * chunk:  # past a whole chunk the head costs no more
         return int((budget - head_per_token * chunk) // per_token)
     tokens = budget // (per_token + head_per_token)
@@ -149,8 +149,23 @@ def model_config(backend: Any) -> dict:
     return config.get("text_config", config)
 
 
-def bytes_per_token(backend: Any) -> int:
-    """Activation bytes one token of a training forward keeps for the backward (module docstring)."""
+def bytes_per_token(backend: Any, recompute: bool = False) -> int:
+    """Activation bytes one token of a training forward keeps for the backward (module docstring).
+    `recompute` (`torch/recompute.py`): each layer keeps only its input, one layer's activations
+    are alive at a time (recomputed for its backward), and what the layers share counts once: the
+    last layer's output, the final norm's output and the head's gathered rows, the rotary cos and sin."""
+    config = model_config(backend)
+    layers = int(config["num_hidden_layers"])
+    if not recompute:
+        return layers * layer_bytes(backend)
+    h, e = int(config["hidden_size"]), element_bytes(backend.dtype)
+    residual = 4 if getattr(backend, "master_weights", False) else e
+    head_dim = int(config.get("head_dim") or h // int(config.get("num_attention_heads") or 1))
+    return (layers + 1) * residual * h + 2 * e * h + 2 * head_dim * e + layer_bytes(backend)
+
+
+def layer_bytes(backend: Any) -> int:
+    """What one layer keeps per token for its backward (module docstring)."""
     config = model_config(backend)
     h = int(config["hidden_size"])
     i = int(config.get("intermediate_size") or 4 * h)
@@ -170,7 +185,7 @@ def bytes_per_token(backend: Any) -> int:
             element = e
         per_layer += element * (5 * h + q + i) if element > e else e * (2 * h + i)
         per_layer += 7 * rank * element  # each adapter's A output
-    return int(config["num_hidden_layers"]) * per_layer
+    return per_layer
 
 
 def attention_widths(config: dict) -> tuple[int, int]:
@@ -202,14 +217,50 @@ def mask_share(backend: Any) -> float:
     return int(config["num_hidden_layers"]) * element_bytes(backend.dtype) / bytes_per_token(backend)
 
 
+class ForwardCosts(NamedTuple):
+    """A training forward's memory in whole tokens (`bytes_per_token` at the plan's `recompute`):
+    `row_share` a shared prompt's position per response row (None: every row runs its prompt),
+    `mask` an attention-mask element, `prompt` a position of a shared prompt's own forward."""
+
+    row_share: float | None
+    mask: float = 0.0
+    prompt: float = 1.0
+
+
+def forward_costs(backend: Any, shared: bool, recompute: bool = False) -> ForwardCosts:
+    """The costs of `forward_tokens` for `backend`'s training forward, its prompts run once per
+    distinct prompt when `shared` and the backend does (`prompt_row_share`), its layers recomputed
+    when `recompute`: then one layer's copy of each row's prompt keys and values and of the mask
+    (SDPA's additive copy; transformers' boolean mask, a byte an element, is kept for the
+    recomputation) is alive at a time, and a shared prompt's position costs a token and its cache,
+    every layer's keys and values, which the responses read."""
+    row_share = prompt_row_share(backend) if shared else None
+    if not recompute:
+        return ForwardCosts(row_share, mask_share(backend))
+    config = model_config(backend)
+    plain, token = bytes_per_token(backend), bytes_per_token(backend, recompute=True)
+    layers, e = int(config["num_hidden_layers"]), element_bytes(backend.dtype)
+    cache = layers * 2 * attention_widths(config)[1] * e
+    return ForwardCosts(
+        None if row_share is None else row_share * plain / layers / token,
+        (e + 1) / token,
+        (token + cache) / token,
+    )
+
+
 def forward_tokens(
-    prompts: Sequence[Sequence[int]], response_lengths: Sequence[int], row_share: float | None, mask: float = 0.0
+    prompts: Sequence[Sequence[int]],
+    response_lengths: Sequence[int],
+    row_share: float | None,
+    mask: float = 0.0,
+    prompt_cost: float = 1.0,
 ) -> float:
     """A forward's padded size in whole tokens, one row per prompt and response: each row prompt plus
     response at the longest row, or with the prompt shared (`row_share`, `prompt_row_share`) each
-    distinct prompt once at the longest prompt, every response at the longest response, and each
-    row's copy of its prompt's keys and values. `mask` (`mask_share`): the attention masks' elements,
-    queries x keys for each row of each pass, in the same units."""
+    distinct prompt once at the longest prompt (a position at `prompt_cost`, `ForwardCosts`), every
+    response at the longest response, and each row's copy of its prompt's keys and values. `mask`
+    (`mask_share`): the attention masks' elements, queries x keys for each row of each pass, in the
+    same units."""
     if row_share is None:
         width = max(len(p) + int(r) for p, r in zip(prompts, response_lengths))
         return len(prompts) * width * (1 + mask * width)
@@ -217,7 +268,7 @@ def forward_tokens(
     response = max(response_lengths)
     distinct = len({tuple(p) for p in prompts})
     masks = distinct * prompt * prompt + len(prompts) * response * (prompt + response)
-    return distinct * prompt + len(prompts) * (response + row_share * prompt) + mask * masks
+    return distinct * prompt * prompt_cost + len(prompts) * (response + row_share * prompt) + mask * masks
 
 
 def adapter_layout(backend: Any) -> tuple[int, int] | None:
@@ -230,6 +281,57 @@ def adapter_layout(backend: Any) -> tuple[int, int] | None:
         if "lora_A" in name:
             return parameter.element_size(), int(parameter.shape[0])
     return element_bytes(backend.dtype), 0  # MLX: its adapter in the model's dtype
+
+
+RECOMPUTE_VARIABLE = "FLYWHEEL_TRAIN_RECOMPUTE"
+RECOMPUTE_CHOICES = ("auto", "always", "never")
+
+
+class MemoryPlan(NamedTuple):
+    """How a trainer's minibatches meet the budget: the tokens a part may hold (None: whole), the
+    costs its parts are measured by, and whether the layers recompute their activations."""
+
+    limit: int | None
+    costs: ForwardCosts
+    recompute: bool
+
+
+def recompute_setting() -> str:
+    """`FLYWHEEL_TRAIN_RECOMPUTE`: `auto` (the default), `always` or `never`."""
+    value = os.environ.get(RECOMPUTE_VARIABLE, "").strip().lower() or "auto"
+    if value not in RECOMPUTE_CHOICES:
+        raise ValueError(f"{RECOMPUTE_VARIABLE}={value!r}: one of {', '.join(RECOMPUTE_CHOICES)}")
+    return value
+
+
+def memory_plan(
+    backend: Any,
+    minibatches: Sequence[Sequence[Any]],
+    cost_of: Callable[[ForwardCosts], Callable[[list[Any]], float]],
+    shared: bool,
+) -> MemoryPlan:
+    """The plan for `minibatches` (items `cost_of(costs)` measures) under the budget. `auto`: the
+    layers recompute (`torch/recompute.py`) when that takes the minibatches in fewer parts than
+    keeping every activation would, one more forward a step against the launches of each part
+    beyond the first; `always` / `never` as they say (`always` on a backend without recomputation:
+    ValueError). `shared`: a part's prompts run once per distinct prompt (`forward_costs`)."""
+    setting = recompute_setting()
+    plain = MemoryPlan(token_limit(backend), forward_costs(backend, shared), False)
+    if not getattr(backend, "recomputes_layers", False):
+        if setting == "always":
+            raise ValueError(f"{RECOMPUTE_VARIABLE}=always: the {backend.name} backend does not recompute its layers")
+        return plain
+    if setting == "never" or (setting == "auto" and plain.limit is None):
+        return plain
+    recompute = MemoryPlan(token_limit(backend, recompute=True), forward_costs(backend, shared, True), True)
+    if setting == "always":
+        return recompute
+
+    def parts(plan: MemoryPlan) -> int:
+        cost = cost_of(plan.costs)
+        return sum(len(split_by_cost(list(batch), cost, plan.limit)) for batch in minibatches)
+
+    return recompute if parts(recompute) < parts(plain) else plain
 
 
 def split_by_cost(items: Sequence[Any], cost: Callable[[list[Any]], float], limit: int | None) -> list[list[Any]]:

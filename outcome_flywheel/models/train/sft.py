@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import batch_plan
-from outcome_flywheel.models.train.memory import accumulated_steps, forward_tokens, mask_share, part_count, token_limit
+from outcome_flywheel.models.train.memory import ForwardCosts, accumulated_steps, forward_tokens, memory_plan, part_count
 from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
 if TYPE_CHECKING:
@@ -61,22 +61,29 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
     plan = batch_plan(range(len(examples)), config.batch_size, config.epochs, config.seed, group_by_prompt=False)
     # Within the memory budget (memory.py): a part's loss is the mean over its own completion tokens,
     # scaled by its share of the minibatch's, so the parts add up to the minibatch's token mean.
-    limit = token_limit(backend)
     share = lambda i: len(completions[i])  # noqa: E731
 
-    mask = mask_share(backend)
+    def cost_at(costs: ForwardCosts):
+        def cost(part: list[int]) -> float:  # one row an example, its context run whole
+            return forward_tokens([contexts[i] for i in part], [len(completions[i]) for i in part], *costs)
 
-    def cost(part: list[int]) -> float:  # one row an example, its context run whole
-        return forward_tokens([contexts[i] for i in part], [len(completions[i]) for i in part], None, mask)
+        return cost
 
+    memory = memory_plan(backend, plan, cost_at, shared=False)
+    cost, limit = cost_at(memory.costs), memory.limit
     steps = (
         accumulated_steps(plan, cost, share, limit)
         if world == 1
         else sharded_steps(plan, cost, share, limit, rank, world)
     )
     optimizer = fw.adamw(backend.model, config.learning_rate)
-    stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
-    stats.extra.update(micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, processes=world)
+    with backend.recomputing(memory.recompute):
+        stats = fw.train(
+            backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm
+        )
+    stats.extra.update(
+        micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, recompute=memory.recompute, processes=world
+    )
     stats.extra["config"] = config.as_dict()
     stats.extra["n_examples"] = len(examples)
     stats.extra["completion_tokens"] = sum(len(c) for c in completions)

@@ -23,10 +23,13 @@ from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 from outcome_flywheel.models.train.memory import (
     MEMORY_VARIABLE,
+    RECOMPUTE_VARIABLE,
     bytes_per_token,
+    forward_costs,
     forward_tokens,
     head_bytes,
     mask_share,
+    memory_plan,
     split_by_cost,
     token_limit,
     training_state_bytes,
@@ -137,6 +140,48 @@ def test_micro_batches_give_the_minibatch_update_in_torch(tiny_model_dir, monkey
     # by a share of it); GSPO's first loss is ~0 (its advantages sum to ~0), its gradient says it
     assert abs(whole.losses[0]) / 6 > loss_bound or trainer == "gspo"
     assert whole.grad_norms[0] / 6 > grad_bound
+
+
+@pytest.mark.parametrize("trainer", sorted(CASES))
+def test_recomputed_layers_give_the_minibatch_update_in_torch(tiny_model_dir, monkeypatch, trainer):
+    """`FLYWHEEL_TRAIN_RECOMPUTE=always` (`torch/recompute.py`): the whole minibatch, each decoder
+    layer's activations recomputed in the backward pass, gives the loss and gradients of keeping
+    them (fp32, within the bounds above); and it did recompute: the layers ran more forwards, a
+    whole number of passes over every layer more."""
+    from outcome_flywheel.models.torch.recompute import decoder_layers
+
+    monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
+    runs = {}
+    for setting in ("never", "always"):
+        monkeypatch.setenv(RECOMPUTE_VARIABLE, setting)
+        backend = load_backend("torch", tiny_model_dir, device="cpu")
+        layers = decoder_layers(backend.model)
+        layer_type, calls = type(layers[0]), []
+        original = layer_type.forward
+
+        def counted(self, *args, _original=original, **kwargs):
+            calls.append(1)
+            return _original(self, *args, **kwargs)
+
+        layer_type.forward = counted
+        try:
+            prompts, responses, weights, train = CASES[trainer](backend)
+            backend.framework.seed(1)
+            stats = train(backend)
+        finally:
+            layer_type.forward = original
+        grads = {n: p.grad.detach().clone() for n, p in backend.model.named_parameters() if p.grad is not None}
+        runs[setting] = stats, grads, len(calls)
+    (kept, g_kept, calls_kept), (recomputed, g_recomputed, calls_recomputed) = runs["never"], runs["always"]
+    assert kept.extra["recompute"] is False and recomputed.extra["recompute"] is True
+    assert kept.extra["micro_batches"] == recomputed.extra["micro_batches"] == 1
+    extra = calls_recomputed - calls_kept
+    assert extra > 0 and extra % len(layers) == 0, (calls_kept, calls_recomputed, len(layers))
+    loss_bound, grad_bound = bounds(backend, prompts, responses, weights)
+    assert abs(recomputed.losses[0] - kept.losses[0]) <= loss_bound, (recomputed.losses, kept.losses)
+    difference = np.sqrt(sum(float(((g_recomputed[k] - g_kept[k]).double() ** 2).sum()) for k in g_kept))
+    assert set(g_recomputed) == set(g_kept) and difference <= grad_bound, (difference, grad_bound)
+    print(f"{trainer}: {calls_kept} layer forwards kept, {calls_recomputed} recomputed; gradient gap {difference:.2e}")
 
 
 @pytest.mark.parametrize("trainer", sorted(CASES))
@@ -286,3 +331,43 @@ def test_a_tokens_estimated_cost_is_what_autograd_saves_per_layer(tmp_path, dtyp
     config = shape
     scalars = 4 * (2 + 2 * config["num_attention_heads"] + config["num_key_value_heads"])
     assert estimate <= per_layer <= estimate + scalars, (per_layer, estimate)
+
+
+def test_the_plan_recomputes_when_that_takes_fewer_parts(tiny_model_dir, monkeypatch):
+    """`memory.memory_plan`: `auto` recomputes the layers only where the budget binds and recomputing
+    takes the minibatches in fewer parts; `never` and `always` as they say; a bad setting, or
+    `always` on a backend that cannot recompute, is a ValueError that names the variable."""
+    backend = load_backend("torch", tiny_model_dir, device="cpu")
+    rows = [([1] * 20, 60)] * 8
+    minibatches = [rows]
+
+    def cost_of(costs):
+        return lambda part: forward_tokens([p for p, _ in part], [r for _, r in part], *costs)
+
+    monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
+    monkeypatch.delenv(RECOMPUTE_VARIABLE, raising=False)
+    assert memory_plan(backend, minibatches, cost_of, shared=True) == (None, forward_costs(backend, True), False)
+    plain, recomputed = bytes_per_token(backend), bytes_per_token(backend, recompute=True)
+    assert recomputed < plain
+    head = head_bytes(backend, 1)  # a token's share of the head below a whole chunk
+    # whole either way (the masks take a few tokens more); about 3 parts kept, fewer recomputed
+    for tokens, expected in ((8 * 88, False), (8 * 80 // 3, True)):
+        setting = training_state_bytes(backend) + (head + plain) * tokens
+        monkeypatch.setenv(MEMORY_VARIABLE, repr(setting / 2**30))
+        assert token_limit(backend) == tokens
+        plan = memory_plan(backend, minibatches, cost_of, shared=False)
+        assert plan.recompute is expected, (tokens, plan)
+        assert plan.limit == token_limit(backend, recompute=expected)
+        monkeypatch.setenv(RECOMPUTE_VARIABLE, "never")
+        assert memory_plan(backend, minibatches, cost_of, shared=False).recompute is False
+        monkeypatch.setenv(RECOMPUTE_VARIABLE, "always")
+        assert memory_plan(backend, minibatches, cost_of, shared=False).recompute is True
+        monkeypatch.delenv(RECOMPUTE_VARIABLE)
+    monkeypatch.setenv(RECOMPUTE_VARIABLE, "sometimes")
+    with pytest.raises(ValueError, match=f"{RECOMPUTE_VARIABLE}='sometimes'"):
+        memory_plan(backend, minibatches, cost_of, shared=False)
+    mlx = pytest.importorskip("outcome_flywheel.models.mlx.backend")
+    monkeypatch.setenv(RECOMPUTE_VARIABLE, "always")
+    with pytest.raises(ValueError, match="does not recompute"):
+        memory_plan(load_backend("mlx", tiny_model_dir), minibatches, cost_of, shared=False)
+    assert mlx.MLXBackend.recomputes_layers is False

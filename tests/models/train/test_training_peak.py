@@ -19,7 +19,13 @@ from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
 from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
-from outcome_flywheel.models.train.memory import MEMORY_VARIABLE, bytes_per_token, head_bytes, training_state_bytes
+from outcome_flywheel.models.train.memory import (
+    MEMORY_VARIABLE,
+    RECOMPUTE_VARIABLE,
+    bytes_per_token,
+    head_bytes,
+    training_state_bytes,
+)
 from outcome_flywheel.models.train.sft import train_sft
 from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
 from tests.live_memory import LiveTensorBytes
@@ -104,13 +110,15 @@ CASES = {
 }
 
 
-def prepared(probe_dir, monkeypatch, case: str, device: str):
+def prepared(probe_dir, monkeypatch, case: str, device: str, recompute: str = "never", share: float = 0.5):
     """The case's backend and run, under a setting of what the step holds whatever its batch plus
-    about half of the minibatch's activations."""
+    about `share` of the minibatch's activations (`recompute`: as the plan keeps them)."""
     backend = TorchBackend(probe_dir, device=device, dtype="bfloat16", master_weights=case == "gspo-full")
     tokens, train = CASES[case](backend, np.random.default_rng(0))
-    setting = training_state_bytes(backend) + head_bytes(backend) + bytes_per_token(backend) * tokens // 2
+    per_token = bytes_per_token(backend, recompute=recompute == "always")
+    setting = training_state_bytes(backend) + head_bytes(backend) + int(per_token * tokens * share)
     monkeypatch.setenv(MEMORY_VARIABLE, repr(setting / 2**30))
+    monkeypatch.setenv(RECOMPUTE_VARIABLE, recompute)
     backend.framework.seed(0)
     return backend, train, setting
 
@@ -144,6 +152,40 @@ def test_a_training_steps_cuda_peak_stays_within_the_setting(probe_dir, monkeypa
     assert stats.steps == 1 and stats.extra["micro_batches"] >= 2, stats.extra
     print(f"{case} (CUDA): peak {peak / 2**20:.1f} MiB over the model, setting {setting / 2**20:.1f} MiB")
     assert peak <= setting + 32 * 2**20, (peak / 2**20, setting / 2**20)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_recomputed_steps_peak_stays_within_the_setting(tmp_path_factory, monkeypatch, case):
+    """The same with the layers recomputed (`torch/recompute.py`, `FLYWHEEL_TRAIN_RECOMPUTE=always`),
+    on a deeper probe whose head runs in small chunks, so that the layers' share of the peak shows
+    (at the real chunk the head's 510 MiB would hide it): each layer's input kept, one layer's
+    activations at a time. The budget still binds, and keeping every activation under the same
+    setting takes more parts."""
+    from dataclasses import replace
+    from functools import partial
+
+    from outcome_flywheel.models.torch import backend as torch_backend
+    from outcome_flywheel.models.torch.logprobs import token_logprobs
+    from outcome_flywheel.models.torch.training import FRAMEWORK
+
+    deep = dict(PROBE, num_hidden_layers=8)
+    monkeypatch.setattr(qwen3_shapes, "SHAPES", {**qwen3_shapes.SHAPES, "recompute-probe": deep})
+    model_dir = qwen3_shapes.build_model(tmp_path_factory.mktemp("deep") / "m", "recompute-probe", dtype="bfloat16")
+    chunk = 2**20  # float32 logits: 6 tokens a chunk at this vocabulary
+    monkeypatch.setattr(torch_backend, "token_logprobs", partial(token_logprobs, chunk_elements=chunk))
+    monkeypatch.setattr(TorchBackend, "framework", replace(FRAMEWORK, logit_chunk_elements=chunk))
+    # three quarters of the activations as the plan counts them: every case then takes 2 parts (at a
+    # half, DPO's padded pairs go one a part whichever the plan)
+    backend, train, setting = prepared(model_dir, monkeypatch, case, "cpu", recompute="always", share=0.75)
+    tracker = LiveTensorBytes(list(backend.model.parameters()) + list(backend.model.buffers()))
+    with tracker:
+        stats = train()
+    assert stats.extra["recompute"] is True and stats.extra["micro_batches"] >= 2, stats.extra
+    print(f"{case} recomputed: peak {tracker.peak / 2**20:.1f} MiB at {tracker.peak_op}, setting {setting / 2**20:.1f} MiB")
+    assert tracker.peak <= setting, (tracker.peak / 2**20, setting / 2**20, tracker.peak_op)
+    backend, train, _ = prepared(model_dir, monkeypatch, case, "cpu", recompute="never")
+    monkeypatch.setenv(MEMORY_VARIABLE, repr(setting / 2**30))  # the same setting
+    assert train().extra["micro_batches"] > stats.extra["micro_batches"]
 
 
 def test_the_allocator_replay_finds_what_is_alive_at_the_peak():
