@@ -1,18 +1,21 @@
-"""Where one GSPO minibatch's time goes, taken whole and in the memory budget's micro-batches
-(`models/train/memory.py`), on the qwen3-0.6b shape (random weights, bf16, CUDA): issue 30 asks the
-budget to cost at most 1.3x the whole minibatch's time, and the H200 measured 1.45x (LoRA) and
-2.8x (full fine-tuning) without saying why. The last line is one JSON object.
+"""Where one GSPO or DPO minibatch's time goes, taken whole, in the memory budget's micro-batches
+(`models/train/memory.py`) and with the layers recomputed (`torch/recompute.py`), on the qwen3-0.6b
+shape (random weights, bf16, CUDA): issue 30 asks the budget to cost at most 1.3x the whole
+minibatch's time, and the H200 measured 1.45x (LoRA) and 2.8x (full fine-tuning) in parts. The last
+line is one JSON object.
 
     FLYWHEEL_TRAIN_MEMORY_GIB=14 python -m benchmarks.training_profile    # CUDA: 2 prompts x 8 x 512 tokens
     python -m benchmarks.training_profile --memory OUT/                   # CUDA: what is alive at the peak
     python -m benchmarks.training_profile --smoke                         # qwen3-tiny (what the CPU runs)
 
-Per trainer (GSPO LoRA, GSPO full fine-tune over fp32 master weights) and per plan (whole: no
-budget; parts: the setting, 14 GiB unless `FLYWHEEL_TRAIN_MEMORY_GIB` says otherwise): a warm-up
-run, then a timed run under `torch.profiler` on a fresh backend: its seconds, micro-batches and peak,
-the host's and the device's own time and the kernel launches (on an H200, 2 parts of a LoRA GSPO step
-took 47 % more host time than the whole and 7 % more kernel time), and the ops that took the most
-time. Responses are random ids of the full length (no sampling: the load, not the text, sets the time).
+Per trainer (GSPO LoRA, GSPO full fine-tune over fp32 master weights, weighted DPO over a LoRA
+adapter on pairs of the same responses) and per plan (whole: no budget; parts: the setting, 14 GiB
+unless `FLYWHEEL_TRAIN_MEMORY_GIB` says otherwise, every activation kept; recompute: the same
+setting, the layers recomputed): a warm-up run, then a timed run under `torch.profiler` on a fresh
+backend: its seconds, micro-batches and peak, the host's and the device's own time and the kernel
+launches (on an H200, 2 parts of a LoRA GSPO step took 47 % more host time than the whole and 7 %
+more kernel time), and the ops that took the most time. Responses are random ids of the full length
+(no sampling: the load, not the text, sets the time).
 
 `--memory DIR` (CUDA) asks instead where a budgeted step's peak goes, beyond what `memory.py` counts:
 the parts plan runs under CUDA's allocator history (`torch.cuda.memory._record_memory_history`,
@@ -39,12 +42,18 @@ import torch
 
 from benchmarks.gpu import _peak_gib, _peak_reset, _sync, headline_prompts, load_arguments, run_header
 from outcome_flywheel.models.train.gspo import train_gspo
-from outcome_flywheel.models.train.memory import MEMORY_VARIABLE
+from outcome_flywheel.models.train.memory import MEMORY_VARIABLE, RECOMPUTE_VARIABLE
 
 DEFAULT_SETTING_GIB = "14"  # about what the default budget gives on a 24 GB card
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel")  # the runtime's and the driver's
 FRAME_MARKERS = ("/outcome_flywheel/", "/transformers/", "/peft/")
 NO_FRAME = "(no Python frame: autograd's backward thread, or C++)"
+# (name, under the setting, FLYWHEEL_TRAIN_RECOMPUTE): the minibatch whole without a budget; in the
+# setting's micro-batches, every activation kept; whole (or in fewer parts) with the layers recomputed
+PLANS = (("whole", False, "never"), ("parts", True, "never"), ("recompute", True, "always"))
+# GSPO over a LoRA adapter and as a full fine-tune over float32 master weights; weighted DPO (LoRA) over
+# pairs of the same responses
+TRAINERS = {"lora": "GSPO LoRA", "full": "GSPO full fine-tune", "dpo": "weighted DPO LoRA"}
 
 
 def gspo_examples(backend, prompts, rollouts: int, new_tokens: int):
@@ -59,31 +68,54 @@ def gspo_examples(backend, prompts, rollouts: int, new_tokens: int):
     ]
 
 
-def fresh_step(model_dir, device, examples, lora: bool, setting: str | None):
-    """A fresh backend under `setting` (None: no budget) and the config of one GSPO step over all of
-    `examples`, the peak statistic reset: (backend, config)."""
+def dpo_pairs(backend, examples):
+    """Preference pairs over the GSPO examples' prompts, the chosen and rejected their responses as text."""
+    from outcome_flywheel.models.train.dpo_config import PreferencePair
+
+    texts = [backend.tokenizer.decode(e.response_ids) for e in examples]
+    return [
+        PreferencePair(examples[2 * k].prompt, texts[2 * k], texts[2 * k + 1], 1.0) for k in range(len(examples) // 2)
+    ]
+
+
+def fresh_step(model_dir, device, examples, trainer: str, setting: str | None, recompute: str = "never"):
+    """A fresh backend under `setting` (None: no budget) and `recompute` (`FLYWHEEL_TRAIN_RECOMPUTE`),
+    and one optimiser step of `trainer` (`TRAINERS`) over all of `examples` (DPO: their pairs), the
+    peak statistic reset: (backend, a call that runs the step and returns its stats)."""
     from outcome_flywheel.models.torch.backend import TorchBackend
+    from outcome_flywheel.models.train.dpo import train_weighted_dpo
+    from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
     from outcome_flywheel.models.train.gspo_config import GSPOConfig
 
     if setting is None:
         os.environ.pop(MEMORY_VARIABLE, None)
     else:
         os.environ[MEMORY_VARIABLE] = setting
+    os.environ[RECOMPUTE_VARIABLE] = recompute
     backend = TorchBackend(model_dir, device=str(device))
-    config = GSPOConfig(
-        lora=GSPOConfig().lora if lora else None,
-        batch_size=len(examples),
-        epochs=1,
-        temperature=0.8,
-        learning_rate=1e-4 if lora else 1e-5,
-    )
+    if trainer == "dpo":
+        pairs = dpo_pairs(backend, examples)
+        config = WeightedDPOConfig(epochs=1, batch_size=len(pairs), completion_unit="sequence")
+        step = lambda: train_weighted_dpo(backend, pairs, config)  # noqa: E731
+    else:
+        lora = trainer == "lora"
+        config = GSPOConfig(
+            lora=GSPOConfig().lora if lora else None,
+            batch_size=len(examples),
+            epochs=1,
+            temperature=0.8,
+            learning_rate=1e-4 if lora else 1e-5,
+        )
+        step = lambda: train_gspo(backend, examples, config)  # noqa: E731
     backend.framework.seed(0)
     _peak_reset(device)
-    return backend, config
+    return backend, step
 
 
-def timed_run(model_dir, device, examples, lora: bool, setting: str | None, profile: bool) -> dict:
-    backend, config = fresh_step(model_dir, device, examples, lora, setting)
+def timed_run(
+    model_dir, device, examples, trainer: str, setting: str | None, profile: bool, recompute: str = "never"
+) -> dict:
+    backend, step = fresh_step(model_dir, device, examples, trainer, setting, recompute)
     activities = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else []
     )
@@ -92,15 +124,16 @@ def timed_run(model_dir, device, examples, lora: bool, setting: str | None, prof
     started = time.perf_counter()
     if prof is not None:
         with prof:
-            stats = train_gspo(backend, examples, config)
+            stats = step()
             _sync(device)
     else:
-        stats = train_gspo(backend, examples, config)
+        stats = step()
         _sync(device)
     out = {
         "seconds": round(time.perf_counter() - started, 3),
         "micro_batches": stats.extra.get("micro_batches"),
         "token_limit": stats.extra.get("token_limit"),
+        "recompute": stats.extra.get("recompute"),
         "peak_gib": _peak_gib(device),
     }
     if prof is not None:
@@ -157,23 +190,23 @@ def allocation_site(frames: list[dict]) -> str:
     return NO_FRAME
 
 
-def memory_run(model_dir, device, examples, lora: bool, setting: str, out_dir: Path, name: str) -> dict:
+def memory_run(model_dir, device, examples, trainer: str, setting: str, out_dir: Path) -> dict:
     """One budgeted GSPO step under the allocator's history (module docstring): the peak beyond the
     loaded model, the count's figures for it, and the blocks alive at the peak by allocation site."""
     from outcome_flywheel.models.train import memory
 
-    backend, config = fresh_step(model_dir, device, examples, lora, setting)
+    backend, step = fresh_step(model_dir, device, examples, trainer, setting)
     before = torch.cuda.memory_allocated()
     torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=400_000)
     try:
-        stats = train_gspo(backend, examples, config)
+        stats = step()
         _sync(device)
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
     trace = snapshot["device_traces"][torch.cuda.current_device()]
     peak, groups = live_at_peak(trace)
-    with gzip.open(out_dir / f"{name}_memory_snapshot.pickle.gz", "wb") as handle:
+    with gzip.open(out_dir / f"{trainer}_memory_snapshot.pickle.gz", "wb") as handle:
         pickle.dump(snapshot, handle)
     out = {
         "peak_over_start_gib": round((torch.cuda.max_memory_allocated() - before) / 2**30, 3),
@@ -197,7 +230,7 @@ def memory_run(model_dir, device, examples, lora: bool, setting: str, out_dir: P
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     load_arguments(parser, headlines=2)
-    parser.add_argument("--skip", default="", help="comma list: lora,full")
+    parser.add_argument("--skip", default="", help=f"comma list of {','.join(TRAINERS)}")
     parser.add_argument("--memory", type=Path, help="(CUDA) a folder: where the budgeted step's peak goes, instead")
     args = parser.parse_args(argv)
 
@@ -227,34 +260,37 @@ def main(argv=None) -> dict:
         prompts = headline_prompts(probe, args.headlines, args.prompt_tokens)
         examples = gspo_examples(probe, prompts, args.rollouts, args.new_tokens)
         del probe
-        for trainer in ("lora", "full"):
-            if trainer in skip:
+        for trainer in TRAINERS:
+            if trainer in skip or (trainer == "dpo" and args.memory is not None):
                 continue
             if args.memory is not None:
                 if not cuda:
                     raise SystemExit("--memory reads CUDA's allocator: it needs a CUDA device")
                 args.memory.mkdir(parents=True, exist_ok=True)
-                timed_run(model_dir, device, examples, trainer == "lora", setting, profile=False)  # warm-up
-                run = memory_run(model_dir, device, examples, trainer == "lora", setting, args.memory, trainer)
-                print(f"== GSPO {trainer}, at the peak by allocation site (MiB, blocks):")
+                timed_run(model_dir, device, examples, trainer, setting, profile=False)  # warm-up
+                run = memory_run(model_dir, device, examples, trainer, setting, args.memory)
+                print(f"== {TRAINERS[trainer]}, at the peak by allocation site (MiB, blocks):")
                 for site, (mib, blocks) in run["at_peak_by_site_mib"].items():
                     print(f"{mib:10.1f} {blocks:6d}  {site}")
                 result[f"{trainer}_memory"] = run
                 continue
-            for plan, memory in (("whole", None), ("parts", setting)):
-                timed_run(model_dir, device, examples, trainer == "lora", memory, profile=False)  # warm-up
-                run = timed_run(model_dir, device, examples, trainer == "lora", memory, profile=True)
+            for plan, memory, recompute in PLANS:
+                memory = setting if memory else None
+                timed_run(model_dir, device, examples, trainer, memory, False, recompute)  # warm-up
+                run = timed_run(model_dir, device, examples, trainer, memory, True, recompute)
                 print(
-                    f"== GSPO {trainer}, {plan}: {run['seconds']} s, {run['micro_batches']} micro-batches, "
+                    f"== {TRAINERS[trainer]}, {plan}: {run['seconds']} s, {run['micro_batches']} micro-batches, "
                     f"peak {run['peak_gib']} GiB; host {run['self_cpu_s']} s, device {run['self_device_s']} s, "
                     f"{run['kernel_launches']} kernel launches"
                 )
                 print(run.pop("top_kernels"))
                 print(run.pop("top_cpu_ops"))
                 result[f"{trainer}_{plan}"] = run
-            whole, parts = result[f"{trainer}_whole"]["seconds"], result[f"{trainer}_parts"]["seconds"]
-            result[f"{trainer}_parts_over_whole"] = round(parts / whole, 2)
+            whole = result[f"{trainer}_whole"]["seconds"]
+            for plan in ("parts", "recompute"):
+                result[f"{trainer}_{plan}_over_whole"] = round(result[f"{trainer}_{plan}"]["seconds"] / whole, 2)
     os.environ.pop(MEMORY_VARIABLE, None)
+    os.environ.pop(RECOMPUTE_VARIABLE, None)
     print(json.dumps(result))
     return result
 

@@ -59,6 +59,7 @@ TORCH_ONLY = {
     "fused_decode.py",
     "precision.py",
     "prefix_cache.py",
+    "recompute.py",
 }
 # MLX's adapter format and PEFT's, converted both ways (torch reads PEFT's directly).
 MLX_ONLY = {"lora_convert.py"}

@@ -27,7 +27,7 @@ from outcome_flywheel.models.torch.fused_decode import DecodeKernels
 from outcome_flywheel.models.torch.graph_sampler import GraphSampler
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
 from outcome_flywheel.models.torch.precision import adapter_autocast, forward_precision, uses_lean_norms
-from outcome_flywheel.models.torch.sampling import left_padded, sample_batch
+from outcome_flywheel.models.torch.sampling import sample_batch
 from outcome_flywheel.models.torch.static_cache import attention_kernels
 from outcome_flywheel.models.torch.training import FRAMEWORK, is_writer
 from outcome_flywheel.models.torch.vllm_sampling import SAMPLERS, VLLMEngine, needs_teacher_forcing, require_vllm
@@ -230,7 +230,11 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             return self.shared_prefix_logprobs(prompt_ids, response_ids, temperature)
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
         with self.forward_precision(), attention_kernels(self.device):
-            hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention, use_cache=False).last_hidden_state
+            hidden = (
+                self._causal_lm()
+                .model(input_ids=input_ids, attention_mask=attention, use_cache=False)
+                .last_hidden_state
+            )
         rows, cols, targets, mask = self._response_layout(prompt_ids, response_ids)
         flat = token_logprobs(hidden[rows, cols], self._head, targets, temperature, self.vocab_size)
         return self._scatter_rows(flat, mask), mask
@@ -241,54 +245,12 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         """Same result as `batch_logprobs` (`(logp, mask)`, `[B, T]`), computing each distinct prompt
         once: the prompts run left-padded with a KV cache, the cache rows are gathered per response
         (differentiable indexing), then the responses run on top of it."""
+        from outcome_flywheel.models.torch.prefix_cache import shared_prefix_hidden  # imports transformers
+
         with self.forward_precision(), attention_kernels(self.device):
-            hidden, responses, mask = self._shared_prefix_hidden(prompt_ids, response_ids)
+            hidden, responses, mask = shared_prefix_hidden(self, prompt_ids, response_ids)
         flat = token_logprobs(hidden[mask], self._head, responses[mask], temperature, self.vocab_size)
         return self._scatter_rows(flat, mask), mask
-
-    def _shared_prefix_hidden(self, prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Final hidden states predicting every response token `[B, T, H]`, the responses and their mask."""
-        from outcome_flywheel.models.torch.prefix_cache import PromptForwardCache, PromptPrefixCache  # transformers
-
-        inner, device, pad = self._causal_lm().model, self.device, self.tokenizer.pad_token_id
-        unique: dict[tuple[int, ...], int] = {}
-        rows = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
-        ids, attention, positions = left_padded(list(unique), pad, device)
-        out = inner(
-            input_ids=ids,
-            attention_mask=attention,
-            position_ids=positions,
-            past_key_values=PromptForwardCache(config=inner.config),
-            use_cache=True,
-        )
-        index = torch.tensor(rows, device=device)
-        first = out.last_hidden_state[:, -1, :].index_select(0, index)  # predicts each response's first token
-        cache = out.past_key_values
-        if PromptPrefixCache.applies_to(cache):  # each layer gathers its prompt rows; nothing is stored
-            cache = PromptPrefixCache(cache, index)
-        else:
-            cache.batch_select_indices(index)
-
-        length = max(len(r) for r in response_ids)
-        responses = torch.full((len(rows), length), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), length), dtype=torch.bool)
-        for b, r in enumerate(response_ids):
-            responses[b, : len(r)] = torch.tensor(list(r))
-            mask[b, : len(r)] = True
-        responses, mask = responses.to(device), mask.to(device)
-        if length == 1:
-            return first[:, None, :], responses, mask
-        # right padding of the responses is invisible to real tokens (causal attention)
-        full_attention = torch.cat([attention.index_select(0, index), torch.ones_like(responses)], dim=-1)
-        response_positions = positions[:, -1:].index_select(0, index) + 1 + torch.arange(length, device=device)[None, :]
-        rest = inner(
-            input_ids=responses[:, :-1],
-            attention_mask=full_attention[:, :-1],
-            position_ids=response_positions[:, :-1],
-            past_key_values=cache,
-            use_cache=True,
-        ).last_hidden_state
-        return torch.cat([first[:, None, :], rest], dim=1), responses, mask
 
     def _response_layout(
         self, prompt_ids, response_ids
@@ -356,7 +318,11 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         rows in order (response 0's tokens, then response 1's...)."""
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
         with self.forward_precision(), attention_kernels(self.device):
-            hidden = self._causal_lm().model(input_ids=input_ids, attention_mask=attention, use_cache=False).last_hidden_state
+            hidden = (
+                self._causal_lm()
+                .model(input_ids=input_ids, attention_mask=attention, use_cache=False)
+                .last_hidden_state
+            )
         rows, cols, _, _ = self._response_layout(prompt_ids, response_ids)
         return hidden[rows, cols]
 

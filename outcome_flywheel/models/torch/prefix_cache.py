@@ -2,7 +2,7 @@
 and as its own forward makes them.
 
 `TorchBackend.shared_prefix_logprobs` runs each distinct prompt once with a cache, then every
-response on top of its prompt. Handed transformers' own cache, the responses' forward would grow it
+response on top of its prompt (`shared_prefix_hidden`). Handed transformers' own cache, the responses' forward would grow it
 at every layer (`DynamicLayer.update` concatenates and stores): keys and values of every row's prompt
 and response, alive until the forward returns, 2 x (key-value width) values a position and layer
 beyond what autograd keeps. On an H200 they were the only cost of a budgeted GSPO step's peak that
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+
+from outcome_flywheel.models.torch.sampling import left_padded
 
 
 class PromptPrefixCache(Cache):
@@ -50,3 +52,44 @@ class PromptForwardCache(DynamicCache):
         if layer_idx < len(self.layers) and self.layers[layer_idx].is_initialized:
             return key_states, value_states  # the prompt's forward starts empty: what the first update returned
         return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+
+
+def shared_prefix_hidden(backend, prompt_ids, response_ids) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Final hidden states predicting every response token `[B, T, H]`, the responses and their mask,
+    for `backend` (a `TorchBackend`): each distinct prompt run once, left-padded, then the responses
+    on top of it, right-padded (invisible to real tokens under causal attention)."""
+    inner, device, pad = backend._causal_lm().model, backend.device, backend.tokenizer.pad_token_id
+    unique: dict[tuple[int, ...], int] = {}
+    rows = [unique.setdefault(tuple(p), len(unique)) for p in prompt_ids]
+    ids, attention, positions = left_padded(list(unique), pad, device)
+    cache = PromptForwardCache(config=inner.config)
+    read = PromptPrefixCache.applies_to(cache)  # else a sliding window's layers: transformers' cache, grown
+    if not read:
+        cache = DynamicCache(config=inner.config)
+    out = inner(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache, use_cache=True)
+    index = torch.tensor(rows, device=device)
+    first = out.last_hidden_state[:, -1, :].index_select(0, index)  # predicts each response's first token
+    if read:  # each layer gathers its prompt rows; nothing is stored
+        cache = PromptPrefixCache(cache, index)
+    else:
+        cache.batch_select_indices(index)
+
+    length = max(len(r) for r in response_ids)
+    responses = torch.full((len(rows), length), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.bool)
+    for b, r in enumerate(response_ids):
+        responses[b, : len(r)] = torch.tensor(list(r))
+        mask[b, : len(r)] = True
+    responses, mask = responses.to(device), mask.to(device)
+    if length == 1:
+        return first[:, None, :], responses, mask
+    full_attention = torch.cat([attention.index_select(0, index), torch.ones_like(responses)], dim=-1)
+    response_positions = positions[:, -1:].index_select(0, index) + 1 + torch.arange(length, device=device)[None, :]
+    rest = inner(
+        input_ids=responses[:, :-1],
+        attention_mask=full_attention[:, :-1],
+        position_ids=response_positions[:, :-1],
+        past_key_values=cache,
+        use_cache=True,
+    ).last_hidden_state
+    return torch.cat([first[:, None, :], rest], dim=1), responses, mask

@@ -24,7 +24,12 @@ from typing import Any, Iterator
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from outcome_flywheel.models.torch.precision import adapter_autocast, adapter_input_cast_off, lean_norms, uses_lean_norms
+from outcome_flywheel.models.torch.precision import (
+    adapter_autocast,
+    adapter_input_cast_off,
+    lean_norms,
+    uses_lean_norms,
+)
 from outcome_flywheel.models.torch.static_cache import attention_kernels
 
 

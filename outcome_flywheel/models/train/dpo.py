@@ -70,6 +70,7 @@ def train_weighted_dpo(
         )
 
     plan = batch_plan(range(len(pairs)), config.batch_size, config.epochs, config.seed, group_by_prompt=False)
+
     # Within the memory budget (memory.py): a pair's forward holds a row per segment of its chosen and
     # of its rejected completion (each line with `completion_unit="line"`), all on its prompt; a part's
     # loss is over its own pairs (n_part x mean weight), scaled by n_part / n, so the parts add up to
@@ -90,9 +91,7 @@ def train_weighted_dpo(
     )
     optimizer = fw.adamw(backend.model, config.learning_rate)
     with backend.recomputing(memory.recompute):
-        stats = fw.train(
-            backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm
-        )
+        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
     stats.extra.update(
         micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, recompute=memory.recompute, processes=world
     )

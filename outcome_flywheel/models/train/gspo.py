@@ -162,7 +162,10 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         stats.extra["is_ratio_by_example"] = [is_ratios.get(i, float("nan")) for i in range(len(examples))]
     stats.extra.update(epoch_sizes(batches, config.epochs))
     stats.extra.update(
-        micro_batches=sum(gather(fw, len(micros))), token_limit=memory.limit, recompute=memory.recompute, processes=world
+        micro_batches=sum(gather(fw, len(micros))),
+        token_limit=memory.limit,
+        recompute=memory.recompute,
+        processes=world,
     )
     return stats
 

@@ -242,9 +242,7 @@ def forward_costs(backend: Any, shared: bool, recompute: bool = False) -> Forwar
     layers, e = int(config["num_hidden_layers"]), element_bytes(backend.dtype)
     cache = layers * 2 * attention_widths(config)[1] * e
     return ForwardCosts(
-        None if row_share is None else row_share * plain / layers / token,
-        (e + 1) / token,
-        (token + cache) / token,
+        None if row_share is None else row_share * plain / layers / token, (e + 1) / token, (token + cache) / token
     )
 
 

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Sequence
 
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import batch_plan
-from outcome_flywheel.models.train.memory import ForwardCosts, accumulated_steps, forward_tokens, memory_plan, part_count
+from outcome_flywheel.models.train.memory import (
+    ForwardCosts,
+    accumulated_steps,
+    forward_tokens,
+    memory_plan,
+    part_count,
+)
 from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
 if TYPE_CHECKING:
@@ -78,9 +84,7 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
     )
     optimizer = fw.adamw(backend.model, config.learning_rate)
     with backend.recomputing(memory.recompute):
-        stats = fw.train(
-            backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm
-        )
+        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
     stats.extra.update(
         micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, recompute=memory.recompute, processes=world
     )

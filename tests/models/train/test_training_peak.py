@@ -154,13 +154,13 @@ def test_a_training_steps_cuda_peak_stays_within_the_setting(probe_dir, monkeypa
     assert peak <= setting + 32 * 2**20, (peak / 2**20, setting / 2**20)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_a_recomputed_steps_peak_stays_within_the_setting(tmp_path_factory, monkeypatch, case):
-    """The same with the layers recomputed (`torch/recompute.py`, `FLYWHEEL_TRAIN_RECOMPUTE=always`),
+def recomputed(tmp_path_factory, monkeypatch, case: str, device: str):
+    """`prepared` with the layers recomputed (`torch/recompute.py`, `FLYWHEEL_TRAIN_RECOMPUTE=always`),
     on a deeper probe whose head runs in small chunks, so that the layers' share of the peak shows
     (at the real chunk the head's 510 MiB would hide it): each layer's input kept, one layer's
-    activations at a time. The budget still binds, and keeping every activation under the same
-    setting takes more parts."""
+    activations at a time. Three quarters of the activations as the plan counts them: every case
+    then takes 2 parts (at a half, DPO's padded pairs go one a part whichever the plan). Also a run
+    of the same step keeping every activation under the same setting: (backend, train, setting, kept)."""
     from dataclasses import replace
     from functools import partial
 
@@ -174,18 +174,50 @@ def test_a_recomputed_steps_peak_stays_within_the_setting(tmp_path_factory, monk
     chunk = 2**20  # float32 logits: 6 tokens a chunk at this vocabulary
     monkeypatch.setattr(torch_backend, "token_logprobs", partial(token_logprobs, chunk_elements=chunk))
     monkeypatch.setattr(TorchBackend, "framework", replace(FRAMEWORK, logit_chunk_elements=chunk))
-    # three quarters of the activations as the plan counts them: every case then takes 2 parts (at a
-    # half, DPO's padded pairs go one a part whichever the plan)
-    backend, train, setting = prepared(model_dir, monkeypatch, case, "cpu", recompute="always", share=0.75)
+
+    def kept():
+        monkeypatch.setenv(RECOMPUTE_VARIABLE, "never")
+        return CASES[case](
+            TorchBackend(model_dir, device=device, dtype="bfloat16", master_weights="full" in case),
+            np.random.default_rng(0),
+        )[1]()
+
+    backend, train, setting = prepared(model_dir, monkeypatch, case, device, recompute="always", share=0.75)
+    return backend, train, setting, kept
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_recomputed_steps_peak_stays_within_the_setting(tmp_path_factory, monkeypatch, case):
+    """The layers recomputed (`recomputed`): the peak within the setting, the budget still binding,
+    and keeping every activation under the same setting takes more parts."""
+    backend, train, setting, kept = recomputed(tmp_path_factory, monkeypatch, case, "cpu")
     tracker = LiveTensorBytes(list(backend.model.parameters()) + list(backend.model.buffers()))
     with tracker:
         stats = train()
     assert stats.extra["recompute"] is True and stats.extra["micro_batches"] >= 2, stats.extra
-    print(f"{case} recomputed: peak {tracker.peak / 2**20:.1f} MiB at {tracker.peak_op}, setting {setting / 2**20:.1f} MiB")
+    print(
+        f"{case} recomputed: peak {tracker.peak / 2**20:.1f} MiB at {tracker.peak_op}, setting {setting / 2**20:.1f} MiB"
+    )
     assert tracker.peak <= setting, (tracker.peak / 2**20, setting / 2**20, tracker.peak_op)
-    backend, train, _ = prepared(model_dir, monkeypatch, case, "cpu", recompute="never")
-    monkeypatch.setenv(MEMORY_VARIABLE, repr(setting / 2**30))  # the same setting
-    assert train().extra["micro_batches"] > stats.extra["micro_batches"]
+    assert kept().extra["micro_batches"] > stats.extra["micro_batches"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_recomputed_steps_cuda_peak_stays_within_the_setting(tmp_path_factory, monkeypatch, case):
+    """The same on CUDA, by the allocator's peak (bound as in the CUDA case above): the recomputation
+    in the backward pass takes the forward's kernels (`attention_kernels`) and precision."""
+    backend, train, setting, _ = recomputed(tmp_path_factory, monkeypatch, case, "cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    stats = train()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    assert stats.extra["recompute"] is True and stats.extra["micro_batches"] >= 2, stats.extra
+    print(f"{case} recomputed (CUDA): peak {peak / 2**20:.1f} MiB over the model, setting {setting / 2**20:.1f} MiB")
+    assert peak <= setting + 32 * 2**20, (peak / 2**20, setting / 2**20)
 
 
 def test_the_allocator_replay_finds_what_is_alive_at_the_peak():
@@ -216,6 +248,7 @@ def test_the_responses_forward_leaves_no_grown_prompt_cache_at_its_peak(tmp_path
     cache that stores nothing, so past what the forward keeps for the backward only one layer's
     transients are alive at once. Grown as transformers' own cache grows, every layer would add its
     rows' keys and values at the full length (on an H200, 0.63 GiB of a GSPO step's 7.4)."""
+    from outcome_flywheel.models.torch.prefix_cache import shared_prefix_hidden
     from outcome_flywheel.models.torch.static_cache import attention_kernels
 
     deep = dict(PROBE, num_hidden_layers=12, hidden_size=128, intermediate_size=256, head_dim=32)
@@ -228,7 +261,7 @@ def test_the_responses_forward_leaves_no_grown_prompt_cache_at_its_peak(tmp_path
     responses = [rng.integers(10, 1000, 120).tolist() for _ in prompts]
     tracker = LiveTensorBytes(list(backend.model.parameters()) + list(backend.model.buffers()))
     with tracker, backend.forward_precision(), attention_kernels(backend.device):
-        hidden, _, _ = backend._shared_prefix_hidden(prompts, responses)
+        hidden, _, _ = shared_prefix_hidden(backend, prompts, responses)
         kept = sum(size for ref, size in tracker.live.values() if not ref.expired())
     positions = len(prompts[0]) + 120
     grown_layer = 2 * deep["num_key_value_heads"] * deep["head_dim"] * 2 * len(prompts) * positions
