@@ -50,6 +50,7 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_PROD_HOME": ".dagster-prod",
     "FLYWHEEL_WEBSERVER_PORT": "3030",
     "FLYWHEEL_DAILY_SCHEDULE": "auto",
+    "FLYWHEEL_TRAIN_RECOMPUTE": "auto",
 }
 
 
@@ -260,6 +261,8 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_TRAINER_LOCK_LEASE_S": Rule("a number of seconds >= 0.1, e.g. 60", _lease),
     # training within a memory budget (models/train/memory.py); empty = what the accelerator has free
     "FLYWHEEL_TRAIN_MEMORY_GIB": Rule("empty (the accelerator's free memory) or a number of GiB > 0, e.g. 16", _gib),
+    # the layers' activations recomputed in the backward pass where that takes fewer micro-batches (memory.py)
+    "FLYWHEEL_TRAIN_RECOMPUTE": one_of("auto", "always", "never"),
     # `make up` (deploy/, docs/deploy.md); FLYWHEEL_PG_PORT / FLYWHEEL_CODE_SERVER_PORT unset = a free port
     "FLYWHEEL_PG_PORT": integer(1, 65535),
     "FLYWHEEL_CODE_SERVER_PORT": integer(1, 65535),

@@ -37,6 +37,7 @@ LIGHT = [
 # Per mirrored file, what both frameworks define with the same parameters.
 MIRRORED = {
     "losses.py": ["gspo_loss", "weighted_dpo_loss"],
+    "recompute.py": ["decoder_layers", "recomputing"],
     "training.py": ["adamw", "train", "inference", "to_numpy", "as_array", "seed"],
     "sampling.py": ["filter_logits", "sample_batch"],
     "logprobs.py": [
@@ -59,7 +60,6 @@ TORCH_ONLY = {
     "fused_decode.py",
     "precision.py",
     "prefix_cache.py",
-    "recompute.py",
 }
 # MLX's adapter format and PEFT's, converted both ways (torch reads PEFT's directly).
 MLX_ONLY = {"lora_convert.py"}

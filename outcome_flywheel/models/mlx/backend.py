@@ -35,6 +35,7 @@ from outcome_flywheel.models.interface import (
 )
 from outcome_flywheel.models.mlx import lora_convert
 from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
+from outcome_flywheel.models.mlx.recompute import recomputing
 from outcome_flywheel.models.mlx.sampling import sample_batch
 from outcome_flywheel.models.mlx.training import FRAMEWORK
 from outcome_flywheel.models.segments import flatten_segments
@@ -45,6 +46,7 @@ DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 class MLXBackend(ChatTokenizer, ModelBackend):
     name = "mlx"
     framework = FRAMEWORK
+    recomputes_layers = True
 
     def __init__(self, model_path: str | Path, adapter_path: str | Path | None = None, dtype: str = "auto"):
         from mlx_lm.utils import load_model
@@ -244,6 +246,10 @@ class MLXBackend(ChatTokenizer, ModelBackend):
     @property
     def has_adapter(self) -> bool:
         return bool(self.lora_modules())
+
+    def recomputing(self, on: bool = True):
+        """Within: the decoder layers recompute their activations in the backward pass (`recompute.py`)."""
+        return recomputing(self, on)
 
     @contextlib.contextmanager
     def adapter_disabled(self) -> Iterator[None]:

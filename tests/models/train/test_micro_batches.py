@@ -185,6 +185,46 @@ def test_recomputed_layers_give_the_minibatch_update_in_torch(tiny_model_dir, mo
 
 
 @pytest.mark.parametrize("trainer", sorted(CASES))
+def test_recomputed_layers_give_the_minibatch_update_in_mlx(tiny_model_dir, monkeypatch, trainer):
+    """The same in MLX (`mlx/recompute.py`, `mlx.nn.utils.checkpoint` on each decoder layer): the loss
+    and gradient norm of keeping the activations, within the torch model's bounds, and more layer calls."""
+    pytest.importorskip("mlx.core")
+    from outcome_flywheel.models.mlx.recompute import decoder_layers
+
+    if trainer not in BOUNDS:  # run alone: the same bounds, from the torch model
+        reference = load_backend("torch", tiny_model_dir, device="cpu")
+        BOUNDS[trainer] = bounds(reference, *CASES[trainer](reference)[:3])
+    loss_bound, grad_bound = BOUNDS[trainer]
+    monkeypatch.delenv(MEMORY_VARIABLE, raising=False)
+    runs = {}
+    for setting in ("never", "always"):
+        monkeypatch.setenv(RECOMPUTE_VARIABLE, setting)
+        backend = load_backend("mlx", tiny_model_dir)
+        layer_type, calls = type(decoder_layers(backend.model)[0]), []
+        original = layer_type.__call__
+
+        def counted(self, *args, _original=original, **kwargs):
+            calls.append(1)
+            return _original(self, *args, **kwargs)
+
+        layer_type.__call__ = counted
+        try:
+            train = CASES[trainer](backend)[3]
+            backend.framework.seed(1)
+            stats = train(backend)
+        finally:
+            layer_type.__call__ = original
+        runs[setting] = stats, len(calls)
+    (kept, calls_kept), (recomputed, calls_recomputed) = runs["never"], runs["always"]
+    assert kept.extra["recompute"] is False and recomputed.extra["recompute"] is True
+    assert kept.extra["micro_batches"] == recomputed.extra["micro_batches"] == 1
+    assert calls_recomputed > calls_kept, (calls_kept, calls_recomputed)
+    assert abs(recomputed.losses[0] - kept.losses[0]) <= loss_bound
+    assert abs(recomputed.grad_norms[0] - kept.grad_norms[0]) <= grad_bound
+    print(f"{trainer} (mlx): {calls_kept} layer calls kept, {calls_recomputed} recomputed")
+
+
+@pytest.mark.parametrize("trainer", sorted(CASES))
 def test_micro_batches_give_the_minibatch_update_in_mlx(tiny_model_dir, monkeypatch, trainer):
     pytest.importorskip("mlx.core")
     if trainer not in BOUNDS:  # run alone: the same bounds, from the torch model
@@ -366,8 +406,9 @@ def test_the_plan_recomputes_when_that_takes_fewer_parts(tiny_model_dir, monkeyp
     monkeypatch.setenv(RECOMPUTE_VARIABLE, "sometimes")
     with pytest.raises(ValueError, match=f"{RECOMPUTE_VARIABLE}='sometimes'"):
         memory_plan(backend, minibatches, cost_of, shared=False)
-    mlx = pytest.importorskip("outcome_flywheel.models.mlx.backend")
     monkeypatch.setenv(RECOMPUTE_VARIABLE, "always")
+    backend.recomputes_layers = False  # a backend without recomputation (both of the project's have it)
     with pytest.raises(ValueError, match="does not recompute"):
-        memory_plan(load_backend("mlx", tiny_model_dir), minibatches, cost_of, shared=False)
-    assert mlx.MLXBackend.recomputes_layers is False
+        memory_plan(backend, minibatches, cost_of, shared=False)
+    with pytest.raises(ValueError, match="does not recompute"):
+        super(type(backend), backend).recomputing(True)
