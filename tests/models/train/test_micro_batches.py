@@ -11,6 +11,8 @@ wrong scale on a part (say n_part / n forgotten) moves the loss by a factor, far
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -142,6 +144,23 @@ def test_micro_batches_give_the_minibatch_update_in_torch(tiny_model_dir, monkey
     assert whole.grad_norms[0] / 6 > grad_bound
 
 
+@contextlib.contextmanager
+def counted_calls(cls: type, method: str):
+    """Within: every call of `cls.method` is counted in the yielded list (one item a call)."""
+    calls: list[int] = []
+    original = getattr(cls, method)
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    setattr(cls, method, counted)
+    try:
+        yield calls
+    finally:
+        setattr(cls, method, original)
+
+
 @pytest.mark.parametrize("trainer", sorted(CASES))
 def test_recomputed_layers_give_the_minibatch_update_in_torch(tiny_model_dir, monkeypatch, trainer):
     """`FLYWHEEL_TRAIN_RECOMPUTE=always` (`torch/recompute.py`): the whole minibatch, each decoder
@@ -156,20 +175,10 @@ def test_recomputed_layers_give_the_minibatch_update_in_torch(tiny_model_dir, mo
         monkeypatch.setenv(RECOMPUTE_VARIABLE, setting)
         backend = load_backend("torch", tiny_model_dir, device="cpu")
         layers = decoder_layers(backend.model)
-        layer_type, calls = type(layers[0]), []
-        original = layer_type.forward
-
-        def counted(self, *args, _original=original, **kwargs):
-            calls.append(1)
-            return _original(self, *args, **kwargs)
-
-        layer_type.forward = counted
-        try:
+        with counted_calls(type(layers[0]), "forward") as calls:
             prompts, responses, weights, train = CASES[trainer](backend)
             backend.framework.seed(1)
             stats = train(backend)
-        finally:
-            layer_type.forward = original
         grads = {n: p.grad.detach().clone() for n, p in backend.model.named_parameters() if p.grad is not None}
         runs[setting] = stats, grads, len(calls)
     (kept, g_kept, calls_kept), (recomputed, g_recomputed, calls_recomputed) = runs["never"], runs["always"]
@@ -200,20 +209,10 @@ def test_recomputed_layers_give_the_minibatch_update_in_mlx(tiny_model_dir, monk
     for setting in ("never", "always"):
         monkeypatch.setenv(RECOMPUTE_VARIABLE, setting)
         backend = load_backend("mlx", tiny_model_dir)
-        layer_type, calls = type(decoder_layers(backend.model)[0]), []
-        original = layer_type.__call__
-
-        def counted(self, *args, _original=original, **kwargs):
-            calls.append(1)
-            return _original(self, *args, **kwargs)
-
-        layer_type.__call__ = counted
-        try:
+        with counted_calls(type(decoder_layers(backend.model)[0]), "__call__") as calls:
             train = CASES[trainer](backend)[3]
             backend.framework.seed(1)
             stats = train(backend)
-        finally:
-            layer_type.__call__ = original
         runs[setting] = stats, len(calls)
     (kept, calls_kept), (recomputed, calls_recomputed) = runs["never"], runs["always"]
     assert kept.extra["recompute"] is False and recomputed.extra["recompute"] is True

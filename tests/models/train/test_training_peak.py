@@ -142,16 +142,21 @@ def test_a_training_steps_cuda_peak_stays_within_the_setting(probe_dir, monkeypa
     a GPU's budget meets. Bound: the setting plus cuBLAS's workspace, which the first matrix product
     on the stream allocates whatever the batch (32 MiB at most: PyTorch's size on Hopper, less elsewhere)."""
     backend, train, setting = prepared(probe_dir, monkeypatch, case, "cuda")
+    stats, peak = cuda_peak(train)
+    assert stats.steps == 1 and stats.extra["micro_batches"] >= 2, stats.extra
+    print(f"{case} (CUDA): peak {peak / 2**20:.1f} MiB over the model, setting {setting / 2**20:.1f} MiB")
+    assert peak <= setting + 32 * 2**20, (peak / 2**20, setting / 2**20)
+
+
+def cuda_peak(train):
+    """`train()`'s stats and the most CUDA's allocator held during it beyond what it held before."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
     stats = train()
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    assert stats.steps == 1 and stats.extra["micro_batches"] >= 2, stats.extra
-    print(f"{case} (CUDA): peak {peak / 2**20:.1f} MiB over the model, setting {setting / 2**20:.1f} MiB")
-    assert peak <= setting + 32 * 2**20, (peak / 2**20, setting / 2**20)
+    return stats, torch.cuda.max_memory_allocated() - before
 
 
 def recomputed(tmp_path_factory, monkeypatch, case: str, device: str):
@@ -208,13 +213,7 @@ def test_a_recomputed_steps_cuda_peak_stays_within_the_setting(tmp_path_factory,
     """The same on CUDA, by the allocator's peak (bound as in the CUDA case above): the recomputation
     in the backward pass takes the forward's kernels (`attention_kernels`) and precision."""
     backend, train, setting, _ = recomputed(tmp_path_factory, monkeypatch, case, "cuda")
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    stats = train()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    stats, peak = cuda_peak(train)
     assert stats.extra["recompute"] is True and stats.extra["micro_batches"] >= 2, stats.extra
     print(f"{case} recomputed (CUDA): peak {peak / 2**20:.1f} MiB over the model, setting {setting / 2**20:.1f} MiB")
     assert peak <= setting + 32 * 2**20, (peak / 2**20, setting / 2**20)
