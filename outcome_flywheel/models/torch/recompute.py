@@ -11,9 +11,9 @@ restored for the recomputation). Not transformers' `gradient_checkpointing_enabl
 `past_key_values` of the responses' forward (their shared prompt, `prefix_cache.py`). A layer is
 recomputed only where running it again leaves its cache as it was: no cache, the responses'
 read-only `PromptPrefixCache`, or the prompt's own `PromptForwardCache`; any other cache would be
-grown twice. The recomputation runs in the
-backward pass, outside the forward's `precision.forward_precision` and `attention_kernels`
-contexts, so it enters the same ones for its layer: the recomputed tensors match the kept ones.
+grown twice. The recomputation runs in the backward pass, outside the forward's
+`precision.forward_precision` and `attention_kernels` contexts, so it enters the same ones for its
+layer: the recomputed tensors match the kept ones.
 """
 
 from __future__ import annotations

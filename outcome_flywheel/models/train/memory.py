@@ -50,9 +50,9 @@ mask's additive copy, one a layer, is quadratic in the length and counted by the
 Recomputation (`FLYWHEEL_TRAIN_RECOMPUTE`, `memory_plan`; `torch/recompute.py`, `mlx/recompute.py`):
 each layer keeps its input only and runs its forward again when the backward pass reaches it, so a
 token costs the layers' inputs (the residual stream's bytes x h each) and one layer's activations
-(`bytes_per_token(recompute=True)`: 113 KB on qwen3-0.6b with LoRA in bf16, against 1.4 MB). The count adds
-the head's chunk and one layer's activations although they are never alive together, so it
-overstates. `auto` takes it where it needs fewer parts than keeping everything: a part repeats the
+(`bytes_per_token(recompute=True)`: 113 KB on qwen3-0.6b with LoRA in bf16, against 1.4 MB). The
+count adds the head's chunk and one layer's activations although they are never alive together, so
+it overstates. `auto` takes it where it needs fewer parts than keeping everything: a part repeats the
 step's launches, recomputation one forward. On an H200 at a 13.5 GiB setting (16 rows of ~712
 positions) a LoRA GSPO step took 2.37 s recomputed, 2.42 s whole and 3.80 s in 2 parts, and the full
 fine-tune 3.12 s recomputed, 4.17 s whole and 4.75 s in 4 parts (`benchmarks.training_profile`); a
@@ -94,8 +94,8 @@ def budget_bytes(backend: Any) -> int | None:
 
 def token_limit(backend: Any, recompute: bool = False) -> int | None:
     """Tokens (sequences x padded length) one forward may hold within the budget; None = no limit.
-    A part of n tokens takes n x `bytes_per_token` (at `recompute`) of activations and the head's chunk at n tokens
-    (`head_bytes`). When the budget leaves less than one token, each sequence goes alone, the least
+    A part of n tokens takes n x `bytes_per_token` (at `recompute`) of activations and the head's
+    chunk at n tokens (`head_bytes`). When the budget leaves less than one token, each sequence goes alone, the least
     memory the trainer can take, and a warning says what the step holds whatever its batch."""
     budget = budget_bytes(backend)
     if budget is None:
