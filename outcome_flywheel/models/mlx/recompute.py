@@ -47,9 +47,9 @@ def recomputing(backend: Any, on: bool = True) -> Iterator[None]:
 
 def _recomputed_call(original, chosen: set[int]):
     @functools.wraps(original)
-    def call(layer, x, mask=None, cache=None):
-        if id(layer) not in chosen or cache is not None:
-            return original(layer, x, mask, cache)
+    def call(layer, x, mask=None, cache=None, **kwargs):
+        if id(layer) not in chosen or cache is not None or kwargs:  # sampling, or a layer this does not know
+            return original(layer, x, mask, cache, **kwargs)
         return nn.utils.checkpoint(layer, functools.partial(original, layer))(x, mask)
 
     return call

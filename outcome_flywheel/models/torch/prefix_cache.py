@@ -2,14 +2,15 @@
 and as its own forward makes them.
 
 `TorchBackend.shared_prefix_logprobs` runs each distinct prompt once with a cache, then every
-response on top of its prompt (`shared_prefix_hidden`). Handed transformers' own cache, the responses' forward would grow it
-at every layer (`DynamicLayer.update` concatenates and stores): keys and values of every row's prompt
-and response, alive until the forward returns, 2 x (key-value width) values a position and layer
-beyond what autograd keeps. On an H200 they were the only cost of a budgeted GSPO step's peak that
-`models/train/memory.py` did not count (0.63 GiB of 7.4 at 8 rows of 712 positions on qwen3-0.6b).
-Here each layer's update returns its prompt rows (gathered per response, differentiably) with the
-new keys and values appended and stores nothing, so the concatenation lives only while the layer's
-attention reads it (or as long as attention itself keeps it for the backward, which the count has).
+response on top of its prompt (`shared_prefix_hidden`). Handed transformers' own cache, the
+responses' forward would grow it at every layer (`DynamicLayer.update` concatenates and stores):
+keys and values of every row's prompt and response, alive until the forward returns, 2 x
+(key-value width) values a position and layer beyond what autograd keeps. On an H200 they were the
+only cost of a budgeted GSPO step's peak that `models/train/memory.py` did not count (0.63 GiB of
+7.4 at 8 rows of 712 positions on qwen3-0.6b). Here each layer's update returns its prompt rows
+(gathered per response, differentiably) with the new keys and values appended and stores nothing,
+so the concatenation lives only while the layer's attention reads it (or as long as attention
+itself keeps it for the backward, which the count has).
 """
 
 from __future__ import annotations
