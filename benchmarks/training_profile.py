@@ -274,8 +274,8 @@ def main(argv=None) -> dict:
                     print(f"{mib:10.1f} {blocks:6d}  {site}")
                 result[f"{trainer}_memory"] = run
                 continue
-            for plan, memory, recompute in PLANS:
-                memory = setting if memory else None
+            for plan, budgeted, recompute in PLANS:
+                memory = setting if budgeted else None
                 timed_run(model_dir, device, examples, trainer, memory, False, recompute)  # warm-up
                 run = timed_run(model_dir, device, examples, trainer, memory, True, recompute)
                 print(

@@ -14,13 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import batch_plan
-from outcome_flywheel.models.train.memory import (
-    ForwardCosts,
-    accumulated_steps,
-    forward_tokens,
-    memory_plan,
-    part_count,
-)
+from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, part_count
 from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
 
 if TYPE_CHECKING:
@@ -76,17 +70,15 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
         return cost
 
     memory = memory_plan(backend, plan, cost_at, shared=False)
-    cost, limit = cost_at(memory.costs), memory.limit
-    steps = (
-        accumulated_steps(plan, cost, share, limit)
-        if world == 1
-        else sharded_steps(plan, cost, share, limit, rank, world)
-    )
+    steps = sharded_steps(plan, cost_at(memory.costs), share, memory.limit, rank, world)
     optimizer = fw.adamw(backend.model, config.learning_rate)
     with backend.recomputing(memory.recompute):
         stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
     stats.extra.update(
-        micro_batches=sum(gather(fw, part_count(steps))), token_limit=limit, recompute=memory.recompute, processes=world
+        micro_batches=sum(gather(fw, part_count(steps))),
+        token_limit=memory.limit,
+        recompute=memory.recompute,
+        processes=world,
     )
     stats.extra["config"] = config.as_dict()
     stats.extra["n_examples"] = len(examples)

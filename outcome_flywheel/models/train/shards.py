@@ -92,7 +92,9 @@ def sharded_steps(
 ) -> list:
     """`memory.accumulated_steps` for this rank: each minibatch of item indices reduced to its shard, cut
     within `limit` tokens, each part scaled by its `share` over the whole minibatch's (an empty
-    `Accumulated` when the rank holds none of it)."""
+    `Accumulated` when the rank holds none of it). One process: `accumulated_steps` itself."""
+    if world == 1:
+        return accumulated_steps(plan, cost, share, limit)
     return accumulated_steps(plan, cost, share, limit, keep=lambda idx: shard(idx, [key(i) for i in idx], rank, world))
 
 
