@@ -30,6 +30,7 @@ from outcome_flywheel.models.torch.precision import (
     lean_norms,
     uses_lean_norms,
 )
+from outcome_flywheel.models.torch.prefix_cache import PromptForwardCache, PromptPrefixCache
 from outcome_flywheel.models.torch.static_cache import attention_kernels
 
 
@@ -81,6 +82,4 @@ def _recomputed_forward(layer: torch.nn.Module, backend: Any):
 
 
 def _recomputable(cache: Any) -> bool:
-    from outcome_flywheel.models.torch.prefix_cache import PromptForwardCache, PromptPrefixCache  # transformers
-
     return cache is None or isinstance(cache, (PromptPrefixCache, PromptForwardCache))
