@@ -18,8 +18,8 @@ import numpy as np
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.segments import encode_segments
 from outcome_flywheel.models.train.batching import batch_plan
-from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, part_count
-from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
+from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens
+from outcome_flywheel.models.train.shards import announce, gather, ranks, train_budgeted
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
@@ -76,16 +76,8 @@ def train_weighted_dpo(
 
         return cost
 
-    memory = memory_plan(backend, plan, cost_at, shared=True)
-    steps = sharded_steps(plan, cost_at(memory.costs), lambda i: 1.0, memory.limit, rank, world)
-    optimizer = fw.adamw(backend.model, config.learning_rate)
-    with backend.recomputing(memory.recompute):
-        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
-    stats.extra.update(
-        micro_batches=sum(gather(fw, part_count(steps))),
-        token_limit=memory.limit,
-        recompute=memory.recompute,
-        processes=world,
+    stats = train_budgeted(
+        backend, plan, loss, cost_at, lambda i: 1.0, True, config.learning_rate, config.max_grad_norm
     )
     stats.extra["reference_batches_by_rank"] = gather(fw, reference_passes)
     stats.extra["config"] = config.as_dict()

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Sequence
 
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import batch_plan
-from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, part_count
-from outcome_flywheel.models.train.shards import announce, gather, ranks, sharded_steps
+from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens
+from outcome_flywheel.models.train.shards import announce, ranks, train_budgeted
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
@@ -45,7 +45,7 @@ def sft_batch_loss(backend: ModelBackend, contexts, completions, idx: Sequence[i
 
 def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "SFTConfig") -> TrainStats:
     """LoRA SFT on `backend`; adds a fresh adapter if it has none (else trains the one it has)."""
-    rank, world = ranks(backend.framework)  # data parallel under torchrun (shards.py); mlx refuses several
+    ranks(backend.framework)  # data parallel under torchrun (shards.py); mlx refuses several, before any work
     announce("sft", backend, examples, config)  # a step's other ranks join this training (shards.py)
     backend.prepare_for_training(keep_moments=False)
     if not examples:
@@ -69,17 +69,7 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
 
         return cost
 
-    memory = memory_plan(backend, plan, cost_at, shared=False)
-    steps = sharded_steps(plan, cost_at(memory.costs), share, memory.limit, rank, world)
-    optimizer = fw.adamw(backend.model, config.learning_rate)
-    with backend.recomputing(memory.recompute):
-        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=config.max_grad_norm)
-    stats.extra.update(
-        micro_batches=sum(gather(fw, part_count(steps))),
-        token_limit=memory.limit,
-        recompute=memory.recompute,
-        processes=world,
-    )
+    stats = train_budgeted(backend, plan, loss, cost_at, share, False, config.learning_rate, config.max_grad_norm)
     stats.extra["config"] = config.as_dict()
     stats.extra["n_examples"] = len(examples)
     stats.extra["completion_tokens"] = sum(len(c) for c in completions)

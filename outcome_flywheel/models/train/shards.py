@@ -23,10 +23,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
-from outcome_flywheel.models.train.memory import accumulated_steps
+from outcome_flywheel.models.train.memory import ForwardCosts, accumulated_steps, memory_plan, part_count
 
 if TYPE_CHECKING:
-    from outcome_flywheel.models.interface import Messages, ModelBackend, Sample, SamplingConfig
+    from outcome_flywheel.models.interface import Messages, ModelBackend, Sample, SamplingConfig, TrainStats
 
 WRONG_SHARD_VARIABLE = "FLYWHEEL_DEBUG_WRONG_SHARD"
 
@@ -96,6 +96,36 @@ def sharded_steps(
     if world == 1:
         return accumulated_steps(plan, cost, share, limit)
     return accumulated_steps(plan, cost, share, limit, keep=lambda idx: shard(idx, [key(i) for i in idx], rank, world))
+
+
+def train_budgeted(
+    backend: "ModelBackend",
+    plan: Sequence[Sequence[int]],
+    loss: Callable,
+    cost_at: Callable[[ForwardCosts], Callable[[list[int]], float]],
+    share: Callable[[int], float],
+    shared: bool,
+    learning_rate: float,
+    max_grad_norm: float,
+) -> "TrainStats":
+    """One AdamW step per minibatch of item indices in `plan` (DPO's pairs, SFT's examples), this
+    rank's shard of each within the memory budget (`memory.memory_plan`: parts whose `share`-scaled
+    losses add up to the minibatch's, or the layers recomputed), `loss(model, idx)` a part's; the
+    plan's figures in the stats (micro-batches over every rank, token limit, recomputation)."""
+    fw = backend.framework
+    rank, world = ranks(fw)
+    memory = memory_plan(backend, plan, cost_at, shared)
+    steps = sharded_steps(plan, cost_at(memory.costs), share, memory.limit, rank, world)
+    optimizer = fw.adamw(backend.model, learning_rate)
+    with backend.recomputing(memory.recompute):
+        stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=max_grad_norm)
+    stats.extra.update(
+        micro_batches=sum(gather(fw, part_count(steps))),
+        token_limit=memory.limit,
+        recompute=memory.recompute,
+        processes=world,
+    )
+    return stats
 
 
 def sample_across_ranks(
