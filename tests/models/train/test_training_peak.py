@@ -123,6 +123,15 @@ def prepared(probe_dir, monkeypatch, case: str, device: str, recompute: str = "n
     return backend, train, setting
 
 
+@pytest.fixture(scope="module")
+def deep_dir(tmp_path_factory):
+    """`recomputed`'s probe: `PROBE` with 8 layers, built once for its cases."""
+    with pytest.MonkeyPatch.context() as patch:
+        deep = dict(PROBE, num_hidden_layers=8)
+        patch.setattr(qwen3_shapes, "SHAPES", {**qwen3_shapes.SHAPES, "recompute-probe": deep})
+        return qwen3_shapes.build_model(tmp_path_factory.mktemp("deep") / "m", "recompute-probe", dtype="bfloat16")
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_training_steps_peak_stays_within_the_setting(probe_dir, monkeypatch, case):
     backend, train, setting = prepared(probe_dir, monkeypatch, case, "cpu")
@@ -159,13 +168,13 @@ def cuda_peak(train):
     return stats, torch.cuda.max_memory_allocated() - before
 
 
-def recomputed(tmp_path_factory, monkeypatch, case: str, device: str):
+def recomputed(model_dir, monkeypatch, case: str, device: str):
     """`prepared` with the layers recomputed (`torch/recompute.py`, `FLYWHEEL_TRAIN_RECOMPUTE=always`),
-    on a deeper probe whose head runs in small chunks, so that the layers' share of the peak shows
-    (at the real chunk the head's 510 MiB would hide it): each layer's input kept, one layer's
-    activations at a time. Three quarters of the activations as the plan counts them: every case
-    then takes 2 parts (at a half, DPO's padded pairs go one a part whichever the plan). Also a run
-    of the same step keeping every activation under the same setting: (backend, train, setting, kept)."""
+    on the deeper probe (`deep_dir`) whose head runs in small chunks, so that the layers' share of the
+    peak shows (at the real chunk the head's 510 MiB would hide it): each layer's input kept, one
+    layer's activations at a time. Three quarters of the activations as the plan counts them: every
+    case then takes 2 parts (at a half, DPO's padded pairs go one a part whichever the plan). Also a
+    run of the same step keeping every activation under the same setting: (backend, train, setting, kept)."""
     from dataclasses import replace
     from functools import partial
 
@@ -173,10 +182,7 @@ def recomputed(tmp_path_factory, monkeypatch, case: str, device: str):
     from outcome_flywheel.models.torch.logprobs import token_logprobs
     from outcome_flywheel.models.torch.training import FRAMEWORK
 
-    deep = dict(PROBE, num_hidden_layers=8)
-    monkeypatch.setattr(qwen3_shapes, "SHAPES", {**qwen3_shapes.SHAPES, "recompute-probe": deep})
-    model_dir = qwen3_shapes.build_model(tmp_path_factory.mktemp("deep") / "m", "recompute-probe", dtype="bfloat16")
-    chunk = 2**20  # float32 logits: 6 tokens a chunk at this vocabulary
+    chunk = 2**21  # float32 logits: 13 tokens a chunk at this vocabulary
     monkeypatch.setattr(torch_backend, "token_logprobs", partial(token_logprobs, chunk_elements=chunk))
     monkeypatch.setattr(TorchBackend, "framework", replace(FRAMEWORK, logit_chunk_elements=chunk))
 
@@ -192,10 +198,10 @@ def recomputed(tmp_path_factory, monkeypatch, case: str, device: str):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_recomputed_steps_peak_stays_within_the_setting(tmp_path_factory, monkeypatch, case):
+def test_a_recomputed_steps_peak_stays_within_the_setting(deep_dir, monkeypatch, case):
     """The layers recomputed (`recomputed`): the peak within the setting, the budget still binding,
     and keeping every activation under the same setting takes more parts."""
-    backend, train, setting, kept = recomputed(tmp_path_factory, monkeypatch, case, "cpu")
+    backend, train, setting, kept = recomputed(deep_dir, monkeypatch, case, "cpu")
     tracker = LiveTensorBytes(list(backend.model.parameters()) + list(backend.model.buffers()))
     with tracker:
         stats = train()
@@ -209,10 +215,10 @@ def test_a_recomputed_steps_peak_stays_within_the_setting(tmp_path_factory, monk
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_recomputed_steps_cuda_peak_stays_within_the_setting(tmp_path_factory, monkeypatch, case):
+def test_a_recomputed_steps_cuda_peak_stays_within_the_setting(deep_dir, monkeypatch, case):
     """The same on CUDA, by the allocator's peak (bound as in the CUDA case above): the recomputation
     in the backward pass takes the forward's kernels (`attention_kernels`) and precision."""
-    backend, train, setting, _ = recomputed(tmp_path_factory, monkeypatch, case, "cuda")
+    backend, train, setting, _ = recomputed(deep_dir, monkeypatch, case, "cuda")
     stats, peak = cuda_peak(train)
     assert stats.extra["recompute"] is True and stats.extra["micro_batches"] >= 2, stats.extra
     print(f"{case} recomputed (CUDA): peak {peak / 2**20:.1f} MiB over the model, setting {setting / 2**20:.1f} MiB")
