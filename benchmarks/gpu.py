@@ -208,14 +208,17 @@ def _time_hf_generate(backend, prompts, n, config) -> dict:
 
 
 def note_texts(backend, groups) -> list[list[str]]:
-    """The rollouts as text of their full length: a random-weight model samples ids across the whole
-    151,936 vocabulary, most beyond the fixture tokenizer's few thousand (they decode to nothing), so
-    each id is folded into the tokenizer's range first. The judge and DPO then see notes of the
-    sampled length, as with a real model."""
+    """The rollouts as text of their full length (`folded_text`)."""
+    return [[folded_text(backend, s.token_ids) for s in g] for g in groups]
+
+
+def folded_text(backend, token_ids) -> str:
+    """Sampled ids as text of their length: a random-weight model samples ids across the whole 151,936
+    vocabulary, most beyond the fixture tokenizer's few thousand (they decode to nothing), so each id
+    is folded into the tokenizer's range first (no special or think ids). The judge and DPO then see
+    notes of the sampled length, as with a real model."""
     size = len(backend.tokenizer)
-    return [
-        [backend.decode([5 + t % (size - 7) for t in s.token_ids]) for s in g] for g in groups
-    ]  # no special or think ids
+    return backend.decode([5 + t % (size - 7) for t in token_ids])
 
 
 def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int, gspo_epochs: int | None = None) -> dict:
@@ -244,6 +247,7 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int, 
         stats = train_gspo(policy, examples, config)
         _sync(device)
         out[f"gspo_{name}_s"] = round(time.perf_counter() - started, 2)
+        out[f"gspo_{name}_loop_s"] = round(stats.wall_s, 2)  # the optimiser steps alone, without the setup
         out[f"gspo_{name}_steps"] = stats.steps
         out[f"gspo_{name}_peak_gib"] = _peak_gib(device)
         out[f"gspo_{name}_finite"] = bool(np.isfinite(stats.losses).all())
@@ -271,6 +275,7 @@ def time_training(model_dir, device, prompts, groups, texts, pairs_wanted: int, 
     out.update(
         dpo_pairs=len(pairs),
         dpo_s=round(time.perf_counter() - started, 2),
+        dpo_loop_s=round(stats.wall_s, 2),  # the steps alone: the rest is the adapter, encoding, the reference pass
         dpo_steps=stats.steps,
         dpo_peak_gib=_peak_gib(device),
         dpo_micro_batches=stats.extra.get("micro_batches"),

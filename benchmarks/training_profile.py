@@ -40,12 +40,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.gpu import _peak_gib, _peak_reset, _sync, headline_prompts, load_arguments, run_header
+from benchmarks.gpu import _peak_gib, _peak_reset, _sync, folded_text, headline_prompts, load_arguments, run_header
 from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.memory import MEMORY_VARIABLE, RECOMPUTE_VARIABLE
 
 DEFAULT_SETTING_GIB = "14"  # about what the default budget gives on a 24 GB card
 KERNEL_LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel")  # the runtime's and the driver's
+# ops that wait for the device to catch up: a value read on the host (`.item()`, `float()`) and boolean
+# indexing, whose result size the host needs; each drains the launch queue the host had built ahead
+HOST_WAITS = ("aten::_local_scalar_dense", "aten::nonzero")
 FRAME_MARKERS = ("/outcome_flywheel/", "/transformers/", "/peft/")
 NO_FRAME = "(no Python frame: autograd's backward thread, or C++)"
 # (name, under the setting, FLYWHEEL_TRAIN_RECOMPUTE): the minibatch whole without a budget; in the
@@ -69,10 +72,11 @@ def gspo_examples(backend, prompts, rollouts: int, new_tokens: int):
 
 
 def dpo_pairs(backend, examples):
-    """Preference pairs over the GSPO examples' prompts, the chosen and rejected their responses as text."""
+    """Preference pairs over the GSPO examples' prompts, the chosen and rejected their responses as
+    text of their length (`benchmarks.gpu.folded_text`, as `benchmarks.gpu` times DPO)."""
     from outcome_flywheel.models.train.dpo_config import PreferencePair
 
-    texts = [backend.tokenizer.decode(e.response_ids) for e in examples]
+    texts = [folded_text(backend, e.response_ids) for e in examples]
     return [
         PreferencePair(examples[2 * k].prompt, texts[2 * k], texts[2 * k + 1], 1.0) for k in range(len(examples) // 2)
     ]
@@ -131,6 +135,8 @@ def timed_run(
         _sync(device)
     out = {
         "seconds": round(time.perf_counter() - started, 3),
+        # the optimiser steps alone: the rest is the adapter, the prompts' encoding, DPO's reference pass
+        "train_loop_s": round(stats.wall_s, 3),
         "micro_batches": stats.extra.get("micro_batches"),
         "token_limit": stats.extra.get("token_limit"),
         "recompute": stats.extra.get("recompute"),
@@ -142,6 +148,7 @@ def timed_run(
         out["self_cpu_s"] = round(sum(e.self_cpu_time_total for e in events) / 1e6, 3)
         out["self_device_s"] = round(sum(e.self_device_time_total for e in events) / 1e6, 3)
         out["kernel_launches"] = sum(e.count for e in events if e.key in KERNEL_LAUNCHES)
+        out["host_waits"] = sum(e.count for e in events if e.key in HOST_WAITS)
         sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
         out["top_kernels"] = prof.key_averages().table(sort_by=sort, row_limit=15, max_name_column_width=70)
         out["top_cpu_ops"] = prof.key_averages().table(
@@ -279,9 +286,10 @@ def main(argv=None) -> dict:
                 timed_run(model_dir, device, examples, trainer, memory, False, recompute)  # warm-up
                 run = timed_run(model_dir, device, examples, trainer, memory, True, recompute)
                 print(
-                    f"== {TRAINERS[trainer]}, {plan}: {run['seconds']} s, {run['micro_batches']} micro-batches, "
+                    f"== {TRAINERS[trainer]}, {plan}: {run['seconds']} s ({run['train_loop_s']} s of steps), "
+                    f"{run['micro_batches']} micro-batches, "
                     f"peak {run['peak_gib']} GiB; host {run['self_cpu_s']} s, device {run['self_device_s']} s, "
-                    f"{run['kernel_launches']} kernel launches"
+                    f"{run['kernel_launches']} kernel launches, {run['host_waits']} waits for the device"
                 )
                 print(run.pop("top_kernels"))
                 print(run.pop("top_cpu_ops"))
