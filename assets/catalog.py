@@ -64,6 +64,14 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
             "Largest |stored behaviour log-prob - recomputed pi_old| (~1e-6 in fp32).",
         ),
         "train_wall_s": ("float", "Seconds spent in the trainer."),
+        "train_micro_batches": (
+            "int",
+            "Forward-backward parts over all steps (as many as steps when each minibatch was taken whole): the memory budget's cut, FLYWHEEL_TRAIN_MEMORY_GIB.",
+        ),
+        "train_recomputed": (
+            "bool",
+            "The decoder layers recomputed their activations in the backward pass (FLYWHEEL_TRAIN_RECOMPUTE).",
+        ),
         "objective": (
             "string",
             "token (token-level clipped surrogate, signal-scoped advantages), gspo or reward_weighted.",

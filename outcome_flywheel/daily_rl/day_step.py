@@ -136,6 +136,9 @@ def checkpoint_metadata(result: DailyUpdateResult) -> dict:
             "grad_norm_iqr": num(row["grad_norm_iqr"]),
             "clip_fraction": num(row["clip_fraction"]),
             "train_seconds": round(result.timings["train_s"], 2),
+            # the memory budget's plan: forward-backward parts over all steps, layers recomputed or not
+            "micro_batches": row["train_micro_batches"] if result.trained else None,
+            "layers_recomputed": row["train_recomputed"] if result.trained else None,
             # stored behaviour log-probs vs pi_old recomputed by the training forward: ~1e-6 in fp32
             "behavior_logprob_gap_max": num(row["behavior_logprob_gap_max"], 8),
             "sampling_temperature": result.gspo.temperature if result.trained else None,

@@ -120,6 +120,9 @@ def run(pipes) -> None:
                 else {}
             ),
             "wall_seconds": round(stats.wall_s, 2),
+            # the memory budget's plan (models/train/memory.py): parts over all steps, layers recomputed
+            "micro_batches": int(stats.extra.get("micro_batches", stats.steps)),
+            "layers_recomputed": bool(stats.extra.get("recompute", False)),
             "learning_rate": cfg.learning_rate,
             "beta": cfg.beta,
             "epochs": cfg.epochs,

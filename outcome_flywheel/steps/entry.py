@@ -142,6 +142,7 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
     dp.init_from_env()
     if rank() != 0:
         dp.follow(_policy)
+        dp.close()
         return
     joined: list[str] = []
 
@@ -162,6 +163,7 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
     finally:
         LEADERS.remove(lead)
     dp.finish()
+    dp.close()
 
 
 def _policy(spec: Mapping) -> object:

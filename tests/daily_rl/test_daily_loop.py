@@ -72,6 +72,8 @@ def test_three_days_in_order(loop):
         )
     training = wh.read_all("policy_training")
     assert list(training["date"]) == DAYS and training["kl_to_base"].iloc[0] == 0.0
+    # the memory budget's plan: none on the CPU, so a part a step and the layers' activations kept
+    assert (training["train_micro_batches"] == training["steps"]).all() and not training["train_recomputed"].any()
     report = wh.read("daily_report", DAYS[2])
     assert int(report["headlines"].iloc[0]) == 3 and int(report["rollouts"].iloc[0]) == 12
     assert (root / "reports" / "daily_rl" / DAYS[2] / "reward.png").read_bytes()[:4] == b"\x89PNG"

@@ -31,7 +31,10 @@ def mlx_backend_resource(data_dir, monkeypatch) -> ModelBackendResource:
     return resource
 
 
-def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_backend_resource):
+def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_backend_resource, monkeypatch):
+    """Also the layers recomputed (FLYWHEEL_TRAIN_RECOMPUTE=always, mlx/recompute.py) in the Dagster
+    run, and the day's row saying so."""
+    monkeypatch.setenv("FLYWHEEL_TRAIN_RECOMPUTE", "always")
     from assets.daily_rl.daily_update import daily_update
     from assets.daily_rl.headlines import headlines
     from outcome_flywheel.daily_rl.feeds.source import FeedSource
@@ -61,6 +64,7 @@ def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_back
     assert len(scores) == len(warehouse.read("rollouts", DAY1))
     training = warehouse.read("policy_training", DAY2).iloc[0]
     assert bool(training["trained"]) and training["steps"] >= 1 and np.isfinite(training["loss"])
+    assert bool(training["train_recomputed"]) and training["train_micro_batches"] == training["steps"]
 
     # Day 2's checkpoint is a PEFT-layout LoRA adapter written by mlx: torch scores it too, the same.
     ckpt = warehouse.path("checkpoints", "policy", DAY2)

@@ -126,6 +126,9 @@ def test_the_re_run_after_a_kill_succeeds_and_moves_latest(daily):
     assert _latest(root) == DAYS[1]
     meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
     assert meta["policy_checkpoint"]["trained"].value is True and meta["policy_checkpoint"]["steps"].value >= 1
+    # the memory budget's plan, through Pipes: no budget on the CPU, so each minibatch whole
+    assert meta["policy_checkpoint"]["micro_batches"].value == meta["policy_checkpoint"]["steps"].value
+    assert meta["policy_checkpoint"]["layers_recomputed"].value is False
     assert meta["rollout_scores"]["dagster/row_count"].value == 4
     assert all(c.passed for c in result.get_asset_check_evaluations() if c.check_name != "update_accepted_by_gate")
 

@@ -164,6 +164,14 @@ def test_adapter_eval_drift_status_and_style_score(resources, warehouse, model_b
     info = json.loads((latest / "train_info.json").read_text())
     hist = warehouse.read_all(HISTORY_TABLE)
     assert hist["status"].tolist() == ["succeeded"] and hist["n_pairs"][0] == info["n_pairs"] == len(info["trained"])
+    # the memory budget's plan beside the figures: no budget on the CPU, so each minibatch whole
+    meta = next(
+        e.materialization.metadata
+        for e in result.get_asset_materialization_events()
+        if e.asset_key.path[-1] == "preference_adapter"
+    )
+    assert meta["micro_batches"].value == meta["steps"].value == info["steps"]
+    assert meta["layers_recomputed"].value is False
 
     scored = warehouse.read("holdout_eval")
     pairs = warehouse.read("dpo_dataset")

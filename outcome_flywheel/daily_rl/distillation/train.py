@@ -205,6 +205,9 @@ def run_distillation(warehouse: Warehouse, models, run_id: str, config: DistillC
                 "loss_first": stats.losses[0],
                 "loss_last": stats.losses[-1],
                 "wall_s": round(stats.wall_s, 3),
+                # the memory budget's plan (models/train/memory.py)
+                "micro_batches": int(stats.extra.get("micro_batches", stats.steps)),
+                "layers_recomputed": bool(stats.extra.get("recompute", False)),
             }
         )
         losses += stats.losses

@@ -524,6 +524,49 @@ def test_shards_keep_groups_and_cover_the_minibatch():
     assert [shard(list(range(5)), range(5), r, 2) for r in range(2)] == [[0, 2, 4], [1, 3]]  # DistributedSampler's
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+@pytest.mark.parametrize("succeeds", [True, False])
+def test_a_data_parallel_steps_ranks_destroy_their_process_group_once_it_succeeded(monkeypatch, rank, succeeds):
+    """steps/entry.run_data_parallel: every rank ends a step that succeeded by `training.close` (a barrier,
+    then the group destroyed; left to exit, gloo's threads aborted 6 of 25 finished two-process runs on
+    the CPU box), rank 0 after telling the others it is done; a failed step closes nothing, since
+    another rank may be inside a collective (the launcher stops them)."""
+    import contextlib
+
+    from outcome_flywheel.models.torch import training
+    from outcome_flywheel.steps import entry
+
+    calls: list[str] = []
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(training, "init_from_env", lambda: calls.append("init"))
+    monkeypatch.setattr(training, "finish", lambda: calls.append("finish"))
+    monkeypatch.setattr(training, "close", lambda: calls.append("close"))
+
+    def follow(policy):
+        calls.append("follow")
+        if not succeeds:
+            raise RuntimeError("rank 0 went away")
+
+    def run_guarded(step, pipes, run):
+        calls.append("step")
+        if not succeeds:
+            raise RuntimeError("the step failed")
+
+    class Log:
+        info = staticmethod(lambda message: calls.append("log"))
+
+    monkeypatch.setattr(training, "follow", follow)
+    monkeypatch.setattr(entry, "run_guarded", run_guarded)
+    monkeypatch.setattr(entry, "open_step", lambda distributed: contextlib.nullcontext(type("P", (), {"log": Log})))
+    if succeeds:
+        entry.run_data_parallel("daily_update", lambda pipes: None)
+    else:
+        with pytest.raises(RuntimeError):
+            entry.run_data_parallel("daily_update", lambda pipes: None)
+    expected = ["init", "step", "log", "finish", "close"] if rank == "0" else ["init", "follow", "close"]
+    assert calls == (expected if succeeds else expected[:2])  # nothing after the failure
+
+
 def test_a_dagster_daily_update_under_torchrun_trains_and_samples_on_two_processes(
     tmp_path, tiny_model_dir, monkeypatch
 ):
@@ -671,3 +714,6 @@ def test_a_dagster_preference_adapter_under_torchrun_trains_dpo_on_two_processes
 
 if __name__ == "__main__":
     worker(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split(","))
+    from outcome_flywheel.models.torch.training import close
+
+    close()  # as a step's ranks do (steps/entry.py): left to exit, gloo's threads can abort a finished rank
