@@ -133,21 +133,22 @@ DATA_PARALLEL_STEPS = ("daily_update", "preference_adapter", "distillation")
 
 def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> None:
     """The step on rank 0, its trainers and rollout sampling joined by the other ranks
-    (models/torch/training.py: `lead`, `follow`). Rank 0 tells the others it is done only when the step
+    (models/torch/followers.py: `lead`, `follow`). Rank 0 tells the others it is done only when the step
     succeeded; when it fails it exits 1 and the launcher (torchrun) stops the other ranks, so none waits
     on it. A framework without data parallelism (mlx) refuses in its trainer (models/train/shards.py)."""
-    from outcome_flywheel.models.torch import training as dp
+    from outcome_flywheel.models.torch import followers
+    from outcome_flywheel.models.torch.training import init_from_env
     from outcome_flywheel.models.train.shards import LEADERS
 
-    dp.init_from_env()
+    init_from_env()
     if rank() != 0:
-        dp.follow(_policy)
-        dp.close()
+        followers.follow(_policy)
+        followers.close()
         return
     joined: list[str] = []
 
     def lead(trainer, backend, args) -> None:
-        dp.lead(trainer, backend, args)
+        followers.lead(trainer, backend, args)
         joined.append(trainer)
 
     LEADERS.append(lead)
@@ -162,12 +163,12 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
             )
     finally:
         LEADERS.remove(lead)
-    dp.finish()
-    dp.close()
+    followers.finish()
+    followers.close()
 
 
 def _policy(spec: Mapping) -> object:
-    """A follower's copy of rank 0's base model and sampler (`training.follow` lays rank 0's adapter and
+    """A follower's copy of rank 0's base model and sampler (`followers.follow` lays rank 0's adapter and
     weights on it)."""
     from outcome_flywheel.models.torch.backend import TorchBackend
 

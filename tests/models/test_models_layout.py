@@ -60,6 +60,7 @@ TORCH_ONLY = {
     "fused_decode.py",
     "precision.py",
     "prefix_cache.py",
+    "followers.py",  # a data-parallel step's other ranks: mlx trains in one process
 }
 # MLX's adapter format and PEFT's, converted both ways (torch reads PEFT's directly).
 MLX_ONLY = {"lora_convert.py"}

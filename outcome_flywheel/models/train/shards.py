@@ -50,7 +50,7 @@ LEADERS: list[Callable[[str, Any, tuple], None]] = []  # set on a step's rank 0 
 
 def announce(trainer: str, backend: Any, *args: Any) -> None:
     """A trainer (or `sample_across_ranks`) starts: on a step's rank 0, hand its call to the other ranks
-    (`torch/training.follow`), which then run the same call on their shards. Nothing elsewhere (every
+    (`torch/followers.follow`), which then run the same call on their shards. Nothing elsewhere (every
     rank makes the call)."""
     for lead in LEADERS:
         lead(trainer, backend, args)

@@ -145,12 +145,12 @@ def train_one(trainer: str, model_dir: Path, out: Path) -> dict:
 
 def led_sft(model_dir: Path, lead: bool) -> float:
     """SFT on a policy that already carries a trained-looking adapter, as a step's rank 0 runs it; with
-    `lead`, the other ranks join through `training.follow` (the step's way, steps/entry.py). Its loss."""
+    `lead`, the other ranks join through `followers.follow` (the step's way, steps/entry.py). Its loss."""
     import torch
 
     from outcome_flywheel.models.interface import LoraSettings
     from outcome_flywheel.models.loader import load_backend
-    from outcome_flywheel.models.torch import training as dp
+    from outcome_flywheel.models.torch import followers
     from outcome_flywheel.models.train.shards import LEADERS
 
     backend = load_backend("torch", model_dir, device="cpu")
@@ -161,7 +161,7 @@ def led_sft(model_dir: Path, lead: bool) -> float:
             if "lora_B" in name:
                 p.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(len(name)))
     _, _, _, train = cases()["sft"](backend)
-    LEADERS.extend([dp.lead] if lead else [])
+    LEADERS.extend([followers.lead] if lead else [])
     try:
         return train(backend).losses[0]
     finally:
@@ -170,15 +170,15 @@ def led_sft(model_dir: Path, lead: bool) -> float:
 
 def resumed_gspo(model_dir: Path, parent: Path, lead: bool) -> list[float]:
     """The GSPO case again on `parent` (an adapter saved with its AdamW moments), as a step's rank 0
-    runs it; with `lead`, the other ranks join through `training.follow`. Its losses."""
+    runs it; with `lead`, the other ranks join through `followers.follow`. Its losses."""
     from outcome_flywheel.models.loader import load_backend
-    from outcome_flywheel.models.torch import training as dp
+    from outcome_flywheel.models.torch import followers
     from outcome_flywheel.models.train.shards import LEADERS
 
     backend = load_backend("torch", model_dir, adapter_path=parent, device="cpu")
     assert backend.optimizer_tensors is not None
     _, _, _, train = cases()["gspo"](backend)
-    LEADERS.extend([dp.lead] if lead else [])
+    LEADERS.extend([followers.lead] if lead else [])
     try:
         return train(backend).losses
     finally:
@@ -221,13 +221,13 @@ def sampled_headlines():
 
 def sample_day(model_dir: Path, lead: bool):
     """The day's rollouts of `sampled_headlines` on `sampling_policy`, as the daily step samples them; with
-    `lead`, on rank 0 of a data-parallel step (the other ranks sample their shares through `training.follow`)."""
+    `lead`, on rank 0 of a data-parallel step (the other ranks sample their shares through `followers.follow`)."""
     from outcome_flywheel.daily_rl.policy.rollouts import generate_rollouts
-    from outcome_flywheel.models.torch import training as dp
+    from outcome_flywheel.models.torch import followers
     from outcome_flywheel.models.train.shards import LEADERS
 
     backend = sampling_policy(model_dir)
-    LEADERS.extend([dp.lead] if lead else [])
+    LEADERS.extend([followers.lead] if lead else [])
     try:
         return generate_rollouts(
             backend, sampled_headlines(), "2026-03-02", 11, SAMPLES_PER_HEADLINE, SAMPLED_TOKENS, "v"
@@ -238,23 +238,24 @@ def sample_day(model_dir: Path, lead: bool):
 
 def worker(out: Path, model_dir: Path, trainers: list[str]) -> None:
     """torchrun's entry: every trainer in turn; rank 0 publishes the results once all trained."""
-    from outcome_flywheel.models.torch import training as distributed
+    from outcome_flywheel.models.torch import followers
+    from outcome_flywheel.models.torch.training import init_from_env
 
-    rank, world = distributed.init_from_env("cpu")
+    rank, world = init_from_env("cpu")
     if trainers == ["resume"]:  # rank 0 leads a GSPO that resumes saved AdamW moments; the others follow
         if rank == 0:
             loss = resumed_gspo(model_dir, Path(os.environ["DP_TEST_PARENT"]), lead=True)
-            distributed.finish()
+            followers.finish()
             (out / "resume.json").write_text(json.dumps({"loss": loss}))
         else:
             from outcome_flywheel.steps.entry import _policy
 
-            assert distributed.follow(_policy) == 1
+            assert followers.follow(_policy) == 1
         return
     if trainers == ["sample"]:  # rank 0 samples a day's rollouts, the others sample their shares
         if rank == 0:
             rollouts = sample_day(model_dir, lead=True)
-            distributed.finish()
+            followers.finish()
             rollouts.to_parquet(out / "rollouts-w2.parquet")
         else:
             from outcome_flywheel.steps.entry import _policy
@@ -267,18 +268,18 @@ def worker(out: Path, model_dir: Path, trainers: list[str]) -> None:
                 backend.sample = lambda prompts, n, config, s: seeds.extend(s) or sample(prompts, n, config, s)
                 return backend
 
-            assert distributed.follow(recorded) == 1
+            assert followers.follow(recorded) == 1
             (out / f"rank{rank}-seeds.json").write_text(json.dumps(seeds))
         return
     if trainers == ["follow"]:  # rank 0 leads an SFT on its adapter-bearing policy, the others follow
         if rank == 0:
             loss = led_sft(model_dir, lead=True)
-            distributed.finish()
+            followers.finish()
             (out / "follow.json").write_text(json.dumps({"loss": loss}))
         else:
             from outcome_flywheel.steps.entry import _policy
 
-            assert distributed.follow(_policy) == 1
+            assert followers.follow(_policy) == 1
         return
     results = {t: train_one(t, model_dir, out) for t in trainers}
     if rank == 0:
@@ -527,20 +528,20 @@ def test_shards_keep_groups_and_cover_the_minibatch():
 @pytest.mark.parametrize("rank", ["0", "1"])
 @pytest.mark.parametrize("succeeds", [True, False])
 def test_a_data_parallel_steps_ranks_destroy_their_process_group_once_it_succeeded(monkeypatch, rank, succeeds):
-    """steps/entry.run_data_parallel: every rank ends a step that succeeded by `training.close` (a barrier,
+    """steps/entry.run_data_parallel: every rank ends a step that succeeded by `followers.close` (a barrier,
     then the group destroyed; left to exit, gloo's threads aborted 6 of 25 finished two-process runs on
     the CPU box), rank 0 after telling the others it is done; a failed step closes nothing, since
     another rank may be inside a collective (the launcher stops them)."""
     import contextlib
 
-    from outcome_flywheel.models.torch import training
+    from outcome_flywheel.models.torch import followers, training
     from outcome_flywheel.steps import entry
 
     calls: list[str] = []
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setattr(training, "init_from_env", lambda: calls.append("init"))
-    monkeypatch.setattr(training, "finish", lambda: calls.append("finish"))
-    monkeypatch.setattr(training, "close", lambda: calls.append("close"))
+    monkeypatch.setattr(followers, "finish", lambda: calls.append("finish"))
+    monkeypatch.setattr(followers, "close", lambda: calls.append("close"))
 
     def follow(policy):
         calls.append("follow")
@@ -555,7 +556,7 @@ def test_a_data_parallel_steps_ranks_destroy_their_process_group_once_it_succeed
     class Log:
         info = staticmethod(lambda message: calls.append("log"))
 
-    monkeypatch.setattr(training, "follow", follow)
+    monkeypatch.setattr(followers, "follow", follow)
     monkeypatch.setattr(entry, "run_guarded", run_guarded)
     monkeypatch.setattr(entry, "open_step", lambda distributed: contextlib.nullcontext(type("P", (), {"log": Log})))
     if succeeds:
@@ -714,6 +715,6 @@ def test_a_dagster_preference_adapter_under_torchrun_trains_dpo_on_two_processes
 
 if __name__ == "__main__":
     worker(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split(","))
-    from outcome_flywheel.models.torch.training import close
+    from outcome_flywheel.models.torch.followers import close
 
     close()  # as a step's ranks do (steps/entry.py): left to exit, gloo's threads can abort a finished rank
