@@ -1,6 +1,7 @@
-"""A data-parallel step's ranks > 0 (`steps/entry.py`), following rank 0 through its training and
-rollout sampling over `torch.distributed` (the process group of `training.init_from_env`), and the
-group closed once the step has succeeded. Torch only: mlx trains in one process.
+"""A data-parallel step's ranks together (`steps/entry.py`), over the process group of
+`training.init_from_env`: rank 0 leads its training and rollout sampling (`lead`, `finish`), the other
+ranks follow it (`follow`), and every rank closes the group once the step has succeeded (`close`).
+Torch only: mlx trains in one process.
 """
 
 from __future__ import annotations
