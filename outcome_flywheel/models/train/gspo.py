@@ -31,7 +31,7 @@ import numpy as np
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, split_by_cost
-from outcome_flywheel.models.train.shards import announce, gather, ranks, shard
+from outcome_flywheel.models.train.shards import announce, gather, plan_figures, ranks, shard
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
@@ -161,12 +161,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         # Per example (by its position in `examples`): exp(mean_t(log pi_old - log pi_behaviour)), before truncation.
         stats.extra["is_ratio_by_example"] = [is_ratios.get(i, float("nan")) for i in range(len(examples))]
     stats.extra.update(epoch_sizes(batches, config.epochs))
-    stats.extra.update(
-        micro_batches=sum(gather(fw, len(micros))),
-        token_limit=memory.limit,
-        recompute=memory.recompute,
-        processes=world,
-    )
+    stats.extra.update(plan_figures(fw, len(micros), memory, world))
     return stats
 
 

@@ -27,6 +27,7 @@ from outcome_flywheel.models.train.memory import ForwardCosts, accumulated_steps
 
 if TYPE_CHECKING:
     from outcome_flywheel.models.interface import Messages, ModelBackend, Sample, SamplingConfig, TrainStats
+    from outcome_flywheel.models.train.memory import MemoryPlan
 
 WRONG_SHARD_VARIABLE = "FLYWHEEL_DEBUG_WRONG_SHARD"
 
@@ -119,13 +120,20 @@ def train_budgeted(
     optimizer = fw.adamw(backend.model, learning_rate)
     with backend.recomputing(memory.recompute):
         stats = fw.train(backend.model, optimizer, loss=loss, iterate_batches=steps, max_grad_norm=max_grad_norm)
-    stats.extra.update(
-        micro_batches=sum(gather(fw, part_count(steps))),
+    stats.extra.update(plan_figures(fw, part_count(steps), memory, world))
+    return stats
+
+
+def plan_figures(framework: Any, parts: int, memory: "MemoryPlan", world: int) -> dict:
+    """What a trainer records of its memory plan (the daily row, the adapter's and the distillation's
+    metadata read them): the micro-batches over every rank (this rank ran `parts`), the token limit,
+    whether the layers were recomputed, the processes."""
+    return dict(
+        micro_batches=sum(gather(framework, parts)),
         token_limit=memory.limit,
         recompute=memory.recompute,
         processes=world,
     )
-    return stats
 
 
 def sample_across_ranks(
