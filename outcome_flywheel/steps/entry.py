@@ -143,8 +143,8 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
     init_from_env()
     if rank() != 0:
         followers.follow(_policy)
-        followers.close()
-        return
+        followers.end_process()
+        return  # (end_process does not return)
     joined: list[str] = []
 
     def lead(trainer, backend, args) -> None:
@@ -164,7 +164,7 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
     finally:
         LEADERS.remove(lead)
     followers.finish()
-    followers.close()
+    followers.end_process()
 
 
 def _policy(spec: Mapping) -> object:

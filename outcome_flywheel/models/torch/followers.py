@@ -1,12 +1,15 @@
 """A data-parallel step's ranks together (`steps/entry.py`), over the process group of
 `training.init_from_env`: rank 0 leads its training and rollout sampling (`lead`, `finish`), the other
-ranks follow it (`follow`), and every rank closes the group once the step has succeeded (`close`).
+ranks follow it (`follow`), and every rank ends its process once the step has succeeded (`end_process`).
 Torch only: mlx trains in one process.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import logging
+import os
+import sys
+from typing import Any, Callable, Mapping, NoReturn
 
 import numpy as np
 import torch
@@ -98,16 +101,22 @@ def finish() -> None:
     _control(("done",))
 
 
-def close() -> None:
-    """Every rank, once the step has succeeded: wait for the others, then destroy the process group.
-    Left to the interpreter's exit, gloo's worker threads can abort a process whose work is done
-    (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489): on the CPU box,
-    6 of 25 torchrun runs of two gloo ranks that gathered and broadcast objects, then exited; 0 of 25
-    with this. Not after a failure, where another rank may be inside a collective and would never
-    reach the barrier (the launcher stops the ranks instead)."""
+def end_process() -> NoReturn:
+    """Every rank, once the step has succeeded: wait for the others, flush this process's output and
+    end it at once (`os._exit(0)`), without the interpreter's teardown. In that teardown gloo's worker
+    threads can abort a process whose work is done (SIGABRT, "terminate called without an active
+    exception"; pytorch/pytorch#190489), which fails a step whose outputs are written. On the CPU box:
+    6 of 25 torchrun runs of two gloo ranks that gathered and broadcast objects, then exited, 0 of 25
+    after a barrier and `destroy_process_group`; but a real two-process step still aborted after
+    those (1 of 4 full test runs), so the teardown is skipped altogether. Not after a failure, where
+    another rank may be inside a collective and would never reach the barrier (the launcher stops
+    the ranks instead)."""
     if initialised():
         dist.barrier()
-        dist.destroy_process_group()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def follow(policy: Callable[[Mapping], Any]) -> int:

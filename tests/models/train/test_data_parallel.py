@@ -527,10 +527,10 @@ def test_shards_keep_groups_and_cover_the_minibatch():
 
 @pytest.mark.parametrize("rank", ["0", "1"])
 @pytest.mark.parametrize("succeeds", [True, False])
-def test_a_data_parallel_steps_ranks_destroy_their_process_group_once_it_succeeded(monkeypatch, rank, succeeds):
-    """steps/entry.run_data_parallel: every rank ends a step that succeeded by `followers.close` (a barrier,
-    then the group destroyed; left to exit, gloo's threads aborted 6 of 25 finished two-process runs on
-    the CPU box), rank 0 after telling the others it is done; a failed step closes nothing, since
+def test_a_data_parallel_steps_ranks_end_their_process_once_it_succeeded(monkeypatch, rank, succeeds):
+    """steps/entry.run_data_parallel: every rank ends a step that succeeded by `followers.end_process` (a
+    barrier, then `os._exit(0)` without the interpreter's teardown, where gloo's threads aborted finished
+    ranks), rank 0 after telling the others it is done; a failed step ends nothing itself, since
     another rank may be inside a collective (the launcher stops them)."""
     import contextlib
 
@@ -541,7 +541,7 @@ def test_a_data_parallel_steps_ranks_destroy_their_process_group_once_it_succeed
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setattr(training, "init_from_env", lambda: calls.append("init"))
     monkeypatch.setattr(followers, "finish", lambda: calls.append("finish"))
-    monkeypatch.setattr(followers, "close", lambda: calls.append("close"))
+    monkeypatch.setattr(followers, "end_process", lambda: calls.append("end"))
 
     def follow(policy):
         calls.append("follow")
@@ -564,7 +564,7 @@ def test_a_data_parallel_steps_ranks_destroy_their_process_group_once_it_succeed
     else:
         with pytest.raises(RuntimeError):
             entry.run_data_parallel("daily_update", lambda pipes: None)
-    expected = ["init", "step", "log", "finish", "close"] if rank == "0" else ["init", "follow", "close"]
+    expected = ["init", "step", "log", "finish", "end"] if rank == "0" else ["init", "follow", "end"]
     assert calls == (expected if succeeds else expected[:2])  # nothing after the failure
 
 
@@ -715,6 +715,6 @@ def test_a_dagster_preference_adapter_under_torchrun_trains_dpo_on_two_processes
 
 if __name__ == "__main__":
     worker(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3].split(","))
-    from outcome_flywheel.models.torch.followers import close
+    from outcome_flywheel.models.torch.followers import end_process
 
-    close()  # as a step's ranks do (steps/entry.py): left to exit, gloo's threads can abort a finished rank
+    end_process()  # as a step's ranks do (steps/entry.py): in the exit's teardown gloo's threads can abort a finished rank
