@@ -377,8 +377,8 @@ def training_summary(
         behavior_logprob_gap_max=float(stats.extra.get("behavior_logprob_gap_max", np.nan)) if stats else nan,
         train_wall_s=stats.wall_s if stats else 0.0,
         # how the memory budget ran the steps (models/train/memory.py)
-        train_micro_batches=int(stats.extra.get("micro_batches", 0)) if stats else 0,
-        train_recomputed=bool(stats.extra.get("recompute", False)) if stats else False,
+        train_micro_batches=stats.micro_batches if stats else 0,
+        train_recomputed=stats.layers_recomputed if stats else False,
         objective=gspo.objective,
         learning_rate=gspo.learning_rate,
         headlines=headlines,

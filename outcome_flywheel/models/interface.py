@@ -74,6 +74,17 @@ class TrainStats:
     def mean_loss(self) -> float:
         return float(np.mean(self.losses)) if self.losses else float("nan")
 
+    @property
+    def micro_batches(self) -> int:
+        """Forward-backward parts over every step and rank (`shards.plan_figures`); a trainer that
+        records no plan ran each step whole, one part a step."""
+        return int(self.extra.get("micro_batches", self.steps))
+
+    @property
+    def layers_recomputed(self) -> bool:
+        """Whether the memory plan recomputed the decoder layers in the backward pass (`memory.py`)."""
+        return bool(self.extra.get("recompute", False))
+
     def record(self, loss: float, grad_norm: float, metrics: Mapping[str, float]) -> None:
         """One optimiser step: its loss, its gradient norm before clipping, its metrics (as lists in `extra`)."""
         self.steps += 1

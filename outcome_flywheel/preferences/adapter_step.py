@@ -121,8 +121,8 @@ def run(pipes) -> None:
             ),
             "wall_seconds": round(stats.wall_s, 2),
             # the memory budget's plan (models/train/memory.py): parts over all steps, layers recomputed
-            "micro_batches": int(stats.extra.get("micro_batches", stats.steps)),
-            "layers_recomputed": bool(stats.extra.get("recompute", False)),
+            "micro_batches": stats.micro_batches,
+            "layers_recomputed": stats.layers_recomputed,
             "learning_rate": cfg.learning_rate,
             "beta": cfg.beta,
             "epochs": cfg.epochs,

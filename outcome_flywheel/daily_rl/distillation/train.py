@@ -206,8 +206,8 @@ def run_distillation(warehouse: Warehouse, models, run_id: str, config: DistillC
                 "loss_last": stats.losses[-1],
                 "wall_s": round(stats.wall_s, 3),
                 # the memory budget's plan (models/train/memory.py)
-                "micro_batches": int(stats.extra.get("micro_batches", stats.steps)),
-                "layers_recomputed": bool(stats.extra.get("recompute", False)),
+                "micro_batches": stats.micro_batches,
+                "layers_recomputed": stats.layers_recomputed,
             }
         )
         losses += stats.losses

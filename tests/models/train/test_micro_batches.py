@@ -16,7 +16,7 @@ import contextlib
 import numpy as np
 import pytest
 
-from outcome_flywheel.models.interface import LoraSettings
+from outcome_flywheel.models.interface import LoraSettings, TrainStats
 from outcome_flywheel.models.loader import load_backend
 from outcome_flywheel.models.segments import encode_segments, flatten_segments
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
@@ -125,12 +125,24 @@ def torch_step(tiny_model_dir, make, monkeypatch, memory: str | None):
     return backend, stats, grads, (prompts, responses, weights)
 
 
+def test_stats_without_a_memory_plan_count_one_part_a_step():
+    """What the daily row and the adapter's metadata read of a trainer that records no plan (a test
+    double, an older trainer): each step whole, nothing recomputed."""
+    stats = TrainStats()
+    stats.record(1.0, 0.5, {})
+    stats.record(0.5, 0.25, {})
+    assert stats.micro_batches == 2 and stats.layers_recomputed is False
+    stats.extra.update(micro_batches=5, recompute=True)
+    assert stats.micro_batches == 5 and stats.layers_recomputed is True
+
+
 @pytest.mark.parametrize("trainer", sorted(CASES))
 def test_micro_batches_give_the_minibatch_update_in_torch(tiny_model_dir, monkeypatch, trainer):
     _, whole, g_whole, _ = torch_step(tiny_model_dir, CASES[trainer], monkeypatch, None)
     backend, parts, g_parts, case = torch_step(tiny_model_dir, CASES[trainer], monkeypatch, ONE_SEQUENCE)
-    assert whole.steps == parts.steps == 1 and whole.extra["micro_batches"] == 1
-    assert parts.extra["micro_batches"] == {"gspo": 6, "dpo": 4, "sft": 5}[trainer]  # one sequence (or pair) a part
+    assert whole.steps == parts.steps == 1 and whole.micro_batches == 1
+    assert parts.micro_batches == {"gspo": 6, "dpo": 4, "sft": 5}[trainer]  # one sequence (or pair) a part
+    assert not whole.layers_recomputed and not parts.layers_recomputed  # no budget binds on recomputation here
     monkeypatch.delenv(MEMORY_VARIABLE)
     loss_bound, grad_bound = BOUNDS[trainer] = bounds(backend, *case)
     assert abs(parts.losses[0] - whole.losses[0]) <= loss_bound, (parts.losses, whole.losses, loss_bound)
