@@ -144,7 +144,7 @@ def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> 
     if rank() != 0:
         followers.follow(_policy)
         followers.end_process()
-        return  # (end_process does not return)
+        return  # end_process does not return; a test's stand-in for it does
     joined: list[str] = []
 
     def lead(trainer, backend, args) -> None:
