@@ -1,11 +1,18 @@
 """The defaults learn what a world's prices reward, run as anyone would run them: the `headlines` and
 `daily_update` assets materialised day by day through Dagster with no run config, on a `news` world
-(the headline's company moves with its news, `worlds.py`). The matured prices train through the assets,
-on the call's line only (the ledger and the notes' token masks say so), and the judge reads the world's
-own follow-ups. Then the last checkpoint and the base write notes on headlines neither trained on, with
-the same prompts and seeds, and among their calls on the headline's company the gap
-P(long | good news) - P(long | bad news) must have grown by more than two standard errors of the
-difference (measured here: policy 0.108 ± 0.044, base -0.108 ± 0.043, 72 price groups)."""
+(the headline's company moves with its news, `worlds.py`) over a SYNTHETIC archive (`synthetic_feeds.py`:
+each day half good and half bad news, one named company a headline, no clashing news), on the bundled
+archive's dates. The matured prices train through the assets, on the call's line only (the ledger and the
+notes' token masks say so), and the judge reads the world's own follow-ups. Then the last checkpoint and
+the base write notes on the held-out days' headlines, which neither trained on, with the same prompts and
+seeds, and among their calls on the headline's company the gap P(long | good news) - P(long | bad news)
+must have grown by more than two standard errors of the difference.
+
+Measured (2026-11-27, the project's 2-core x86_64 CPU box): policy 0.813 ± 0.024, base -0.040 ± 0.040
+(72 price groups); world seeds 1-3 gave 0.798, 0.464 and 0.191 against bases within ±0.07. On the
+bundled archive's own headlines (real news, clashes within a call window) the same 11 days left the gap
+within the noise on this box (policy 0.010 ± 0.040, base -0.026 ± 0.044): too weak a signal to assert
+(docs/daily_rl.md)."""
 
 from __future__ import annotations
 
@@ -18,15 +25,19 @@ import pytest
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
+from outcome_flywheel.daily_rl.feeds.source import FeedSource
 from outcome_flywheel.daily_rl.notes.calls import parse_call
 from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, parent_checkpoint
 from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
 from outcome_flywheel.daily_rl.worlds.prices import WorldConfig, archive_events, make_world, write_world
+from outcome_flywheel.daily_rl.worlds.synthetic_feeds import write_synthetic_archive
 from outcome_flywheel.models.prompts import note_messages
 from tests.daily_fixtures import daily_resources, linked_data_dir
 
 TRAIN_DAYS = [f"2025-11-{d:02d}" for d in range(3, 14)]  # 11 days: ~70 price groups mature and train
 HELD_OUT = ("2025-11-14", "2025-11-24")  # headlines of these days, never trained on
+# inside the bundled archive's days, which the daily partitions span (assets/partitions.py)
+ARCHIVE_DAYS = 22
 HEADLINES = 8
 SAMPLES = 8
 
@@ -55,11 +66,15 @@ def test_defaults_learn_the_news_world_through_the_assets(tmp_path, tiny_model_d
     torch.set_num_threads(1)
     root = linked_data_dir(tmp_path, tiny_model_dir)
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(root))
-    prices, manifest = make_world(WorldConfig("news", seed=0), max_headlines=HEADLINES)
+    archive = tmp_path / "synthetic_feeds"
+    write_synthetic_archive(archive, days=ARCHIVE_DAYS, per_day=HEADLINES, seed=0, start=TRAIN_DAYS[0])
+    monkeypatch.setenv("FLYWHEEL_FEEDS_ARCHIVE", str(archive))
+    prices, manifest = make_world(WorldConfig("news", seed=0), archive_dir=archive, max_headlines=HEADLINES)
     world = tmp_path / "news.csv"
     write_world(world, prices, manifest)
     monkeypatch.setenv("FLYWHEEL_PRICES_FILE", str(world))
     res = daily_resources(root, max_headlines=HEADLINES, prices_file=str(world))
+    res["feeds"] = FeedSource(archive_dir=str(archive), max_headlines=HEADLINES, data_dir=str(root))
     for day in TRAIN_DAYS:  # no run config: the defaults
         assert dg.materialize([headlines, daily_update], partition_key=day, resources=res).success, day
     ledger = [res["warehouse"].read("reward_ledger", d) for d in TRAIN_DAYS]
@@ -72,9 +87,9 @@ def test_defaults_learn_the_news_world_through_the_assets(tmp_path, tiny_model_d
     _price_credit_sits_on_the_call_line(root, res, TRAIN_DAYS[-1])
     scores = res["warehouse"].read("rollout_scores", TRAIN_DAYS[-1])
     shown = [t for row in scores["outcome_headlines_shown"] for t in json.loads(row)]
-    assert shown and all("SYNTHETIC" in t for t in shown)  # the world's follow-ups, not the archive's days
+    assert shown and all("(world prices, SYNTHETIC)" in t for t in shown)  # the world's follow-ups, not headlines
 
-    events = archive_events(max_headlines=HEADLINES)
+    events = archive_events(archive, max_headlines=HEADLINES)
     held = events[(events["date"] >= HELD_OUT[0]) & (events["date"] <= HELD_OUT[1]) & (events["news"] != 0)]
     held = (
         held.groupby("headline_id")
