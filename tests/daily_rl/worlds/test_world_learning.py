@@ -36,7 +36,8 @@ from tests.daily_fixtures import daily_resources, linked_data_dir
 
 TRAIN_DAYS = [f"2025-11-{d:02d}" for d in range(3, 14)]  # 11 days: ~70 price groups mature and train
 HELD_OUT = ("2025-11-14", "2025-11-24")  # headlines of these days, never trained on
-# inside the bundled archive's days, which the daily partitions span (assets/partitions.py)
+# 11-03..11-24, the training and held-out days: inside the bundled archive's, which the daily partitions
+# span when the definitions load (assets/partitions.py)
 ARCHIVE_DAYS = 22
 HEADLINES = 8
 SAMPLES = 8
