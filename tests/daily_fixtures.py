@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from outcome_flywheel.daily_rl.feeds.source import FeedSource
+from outcome_flywheel.daily_rl.feeds.source import DEFAULT_ARCHIVE, FeedSource
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
 from outcome_flywheel.models.loader import ModelLoader
@@ -22,7 +22,11 @@ def linked_data_dir(parent: Path, tiny_model_dir: Path) -> Path:
 
 
 def daily_resources(
-    root: Path, max_headlines: int = 3, prices_file: str = str(BUNDLED_PRICES), dtype: str = "auto"
+    root: Path,
+    max_headlines: int = 3,
+    prices_file: str = str(BUNDLED_PRICES),
+    dtype: str = "auto",
+    archive_dir: str = DEFAULT_ARCHIVE,
 ) -> dict:
     """The daily_rl group's resources on `root`, as plain objects (torch on CPU, the bundled archive and prices)."""
     return dict(
@@ -30,7 +34,7 @@ def daily_resources(
         model_backend=ModelLoader(
             data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu", dtype=dtype
         ),
-        feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
+        feeds=FeedSource(archive_dir=archive_dir, max_headlines=max_headlines, data_dir=str(root)),
         judge=Judge(),
         market_data=MarketData(data_dir=str(root), prices_file=prices_file),
         # the step's code over Pipes in the test's process: fast; tests/pipelines/test_pipes_steps.py runs the subprocess

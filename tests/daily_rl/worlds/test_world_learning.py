@@ -25,7 +25,6 @@ import pytest
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from outcome_flywheel.daily_rl.feeds.source import FeedSource
 from outcome_flywheel.daily_rl.notes.calls import parse_call
 from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, parent_checkpoint
 from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
@@ -74,8 +73,7 @@ def test_defaults_learn_the_news_world_through_the_assets(tmp_path, tiny_model_d
     world = tmp_path / "news.csv"
     write_world(world, prices, manifest)
     monkeypatch.setenv("FLYWHEEL_PRICES_FILE", str(world))
-    res = daily_resources(root, max_headlines=HEADLINES, prices_file=str(world))
-    res["feeds"] = FeedSource(archive_dir=str(archive), max_headlines=HEADLINES, data_dir=str(root))
+    res = daily_resources(root, max_headlines=HEADLINES, prices_file=str(world), archive_dir=str(archive))
     for day in TRAIN_DAYS:  # no run config: the defaults
         assert dg.materialize([headlines, daily_update], partition_key=day, resources=res).success, day
     ledger = [res["warehouse"].read("reward_ledger", d) for d in TRAIN_DAYS]
