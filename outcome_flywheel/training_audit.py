@@ -10,13 +10,20 @@ Statuses (`STATUSES`):
   a pod evicted), until the next training finds it;
 - `succeeded`, `failed` (the body raised; `error` says what);
 - `refused`: the lock was not free within the wait;
+- `fenced`: it lost the lock while training (frozen past its lease, another trainer took it) and
+  published nothing: its fencing token was checked at the publish step (`fencing.publishing`);
 - `crashed`: a row left `running` by a process that was killed, rewritten by the next training of
   any tier once it holds the lock (no audited training can be running then: each holds the lock
   while it runs). `error` says why (its lock judged stale: no heartbeat since ..., or its PID dead;
   or it no longer held the lock) and when and by which training it was found; `finished_at` is
   empty and `duration_s` NaN (the end is unknown).
 A killed process that was only stalled (frozen past its lease) and resumes writes its own end over
-`crashed` when it finishes (same `training_id`).
+`crashed` when it finishes (same `training_id`): `fenced` if another trainer took the lock meanwhile.
+
+Every write of the table (a row's start and end, a refused attempt's row, the `crashed` rewrite) is
+a read-modify-write of the whole table made under the table's own short mutex
+(`locks/training_audit.mutex`, `fencing.file_mutex`), not under the trainer lock, which a refused
+attempt does not hold: no row is lost or overwritten by another process's write.
 
 `audited_training` is what the step entry (`steps/entry.py`) wraps every training step in: take
 the trainer lock (`trainer_lock.py`), mark the rows killed trainings left, write this one's
@@ -36,10 +43,12 @@ from typing import Any, Iterator
 
 import pandas as pd
 
+from outcome_flywheel.fencing import FencedOut, file_mutex
 from outcome_flywheel.storage import Warehouse
 from outcome_flywheel.trainer_lock import LOCK_FILE, LockReport, TrainerBusy, TrainerLock
 
 AUDIT_TABLE = "training_audit"
+AUDIT_MUTEX = ("locks", "training_audit.mutex")  # every write of the table holds it (module's note)
 AUDIT_COLUMNS = [
     "training_id",
     "tier",
@@ -56,7 +65,7 @@ AUDIT_COLUMNS = [
     "stale_lock_cleared",
     "pid",
 ]
-STATUSES = ("running", "succeeded", "failed", "refused", "crashed")  # see the module's note
+STATUSES = ("running", "succeeded", "failed", "refused", "fenced", "crashed")  # see the module's note
 # step -> tier; the steps that train a policy (the note scorer's online steps are not: tier 1a takes
 # one Adam step per event on its own small model, beside any trainer, docs/tiers.md)
 TRAINING_STEPS = {"daily_update": "gspo_daily", "preference_adapter": "dpo", "distillation": "distillation"}
@@ -94,7 +103,13 @@ def current() -> AuditEntry | None:
 
 
 def record(warehouse: Warehouse, entry: AuditEntry) -> None:
-    """Append (or replace, same `training_id`) the entry's row; one atomic table write."""
+    """Append (or replace, same `training_id`) the entry's row; one atomic table write, under the
+    table's mutex."""
+    with file_mutex(warehouse.path(*AUDIT_MUTEX)):
+        _record(warehouse, entry)
+
+
+def _record(warehouse: Warehouse, entry: AuditEntry) -> None:
     existing = warehouse.read(AUDIT_TABLE) if warehouse.exists(AUDIT_TABLE) else pd.DataFrame(columns=AUDIT_COLUMNS)
     if len(existing):
         existing = existing[existing["training_id"] != entry.training_id]
@@ -111,7 +126,15 @@ def mark_crashed(warehouse: Warehouse, found_by: str, report: LockReport | None 
     """Rewrite as `crashed` every row still `running`: call it holding the trainer lock, before this
     training's own row is written, so that each such row is a training killed before its end.
     `report` (how this lock was taken) names the stale holder cleared, if it was one of them.
-    Returns their training ids; one table write."""
+    Returns their training ids; one table write, under the table's mutex."""
+    with file_mutex(warehouse.path(*AUDIT_MUTEX)):
+        ids = _mark_crashed(warehouse, found_by, report)
+    if ids and log:
+        log(f"training_audit: {', '.join(ids)} left `running` by a killed process, marked `crashed`")
+    return ids
+
+
+def _mark_crashed(warehouse: Warehouse, found_by: str, report: LockReport | None) -> list[str]:
     audit = read_audit(warehouse)
     running = audit.index[audit["status"] == "running"] if len(audit) else []
     if not len(running):
@@ -134,10 +157,7 @@ def mark_crashed(warehouse: Warehouse, found_by: str, report: LockReport | None 
         audit.at[i, "finished_at"] = ""
         audit.at[i, "duration_s"] = float("nan")
     warehouse.write(AUDIT_TABLE, audit[AUDIT_COLUMNS])
-    ids = [str(audit.at[i, "training_id"]) for i in running]
-    if log:
-        log(f"training_audit: {', '.join(ids)} left `running` by a killed process, marked `crashed`")
-    return ids
+    return [str(audit.at[i, "training_id"]) for i in running]
 
 
 @contextmanager
@@ -151,7 +171,8 @@ def audited_training(
     log=None,
 ) -> Iterator[AuditEntry]:
     """Hold the single trainer lock while the body trains, and write its audit row however it ends
-    (refused: the lock was not free within the wait; failed: the body raised). Once the lock is
+    (refused: the lock was not free within the wait; failed: the body raised; fenced: it lost the
+    lock meanwhile and its publish step refused to publish, `FencedOut`). Once the lock is
     taken: rows killed trainings left `running` become `crashed` (`mark_crashed`), then this
     training's row is written `running`, so a SIGKILL leaves it for the next training to find."""
     entry = AuditEntry(
@@ -184,6 +205,9 @@ def audited_training(
     try:
         yield entry
         entry.status = "succeeded"
+    except FencedOut as err:
+        entry.status, entry.error = "fenced", f"{type(err).__name__}: {err}"[:2000]
+        raise
     except BaseException as err:
         entry.status, entry.error = "failed", f"{type(err).__name__}: {err}"[:2000]
         raise
