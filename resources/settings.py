@@ -2,7 +2,9 @@
 
 A variable that is set becomes a `dg.EnvVar` (shown as such in the Dagster UI, resolved when a run
 starts); one that is not falls back to the default of the dataclass field the resource configures,
-so every default and help text has one home: the dataclass in `outcome_flywheel`.
+so every default and help text has one home: the dataclass in `outcome_flywheel`. A run config that
+sets some of a resource's fields sets those alone: the others keep what the environment gave them
+(`layered_config_schema`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ __all__ = [
     "DataclassResource",
     "env_int_or_default",
     "env_or_default",
+    "layered_config_schema",
     "mirrored",
     "nested_dataclass",
     "run_config_fields",
@@ -47,6 +50,10 @@ class DataclassResource(dg.ConfigurableResource[PlainT], Generic[PlainT]):
     # load, so any value of the variable would stop the code location from loading.
     variables: ClassVar[Mapping[str, str]] = {}
 
+    @property
+    def _config_schema(self):
+        return layered_config_schema(super()._config_schema)
+
     def create_resource(self, context) -> PlainT:
         self.check_variables()
         return self.plain(**{f.name: getattr(self, f.name) for f in dataclasses.fields(self.plain)})
@@ -63,6 +70,34 @@ class DataclassResource(dg.ConfigurableResource[PlainT], Generic[PlainT]):
                 problems.append(f"{field}={shown} ({name}): {problem}; allowed: {RULES[name].allowed}")
         if problems:
             raise SettingsError(f"{type(self).__name__}: " + "; ".join(problems))
+
+
+def layered_config_schema(schema: Any) -> Any:
+    """A resource's config schema with the environment first and the run config on top, field by field.
+
+    Dagster makes the values a resource was built with (`from_env`: an EnvVar for each variable that is
+    set) the default of its config as a whole, so a run config that set one field replaced them all, each
+    other field falling back to the class's default (FLYWHEEL_FEEDS_ARCHIVE lost under
+    `resources.feeds.config.max_headlines: 12`). Here each field's default is the value it was built
+    with, so a run config changes the fields it names and no other. Used by every resource's
+    `_config_schema` (Dagster's own property, which the resource definition and its run-time config
+    processing both read)."""
+    from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
+
+    field = schema.as_field()
+    shape, built = field.config_type, field.default_value if field.default_provided else None
+    if not isinstance(shape, dg.Shape) or not isinstance(built, dict):
+        return schema
+    fields = {
+        name: dg.Field(inner.config_type, default_value=built[name], is_required=False, description=inner.description)
+        if name in built
+        else inner
+        for name, inner in shape.fields.items()
+    }
+    layered = dg.Shape(fields, description=shape.description, field_aliases=shape.field_aliases)
+    return DefinitionConfigSchema(
+        dg.Field(layered, default_value=built, is_required=False, description=field.description)
+    )
 
 
 def env_or_default(name: str, default: Any = None):

@@ -32,6 +32,7 @@ from pydantic import Field
 from outcome_flywheel.settings import DEFAULTS, PROJECT_ROOT, RULES, SettingsError
 from outcome_flywheel.steps.entry import ERROR_KEY, run_in_process
 from outcome_flywheel.steps.launch import StepLaunch, passthrough_env
+from resources.settings import layered_config_schema
 
 RUNNERS = ("subprocess", "in_process", "k8s")
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -116,6 +117,10 @@ class StepRunnerResource(dg.ConfigurableResource):
             else:
                 fields[field] = dg.EnvVar.int(name) if name in INTEGERS else dg.EnvVar(name)
         return cls(**fields)
+
+    @property
+    def _config_schema(self):  # the environment first, then run config on top, field by field
+        return layered_config_schema(super()._config_schema)
 
     # -- what runs -----------------------------------------------------------------------------
 

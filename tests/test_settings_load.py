@@ -266,3 +266,141 @@ def test_dagster_definitions_validate_with_every_variable_set(tmp):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- a resource's fields: the environment first, then the run config on top, field by field ---------
+# (resource key, field, variable): every resource field the code location binds to a variable
+# (`test_the_table_of_bound_fields_is_complete` finds them from the loaded definitions).
+BOUND = [
+    *(("warehouse", f, v) for f, v in (("data_dir", "FLYWHEEL_DATA_DIR"), ("warehouse_url", "FLYWHEEL_WAREHOUSE_URL"))),
+    ("warehouse", "s3_endpoint", "FLYWHEEL_S3_ENDPOINT"),
+    *(
+        ("model_backend", f, f"FLYWHEEL_{f.upper()}")
+        for f in ("base_model", "backend", "sampler", "device", "dtype", "seed", "data_dir")
+    ),
+    ("market_data", "source", "FLYWHEEL_MARKET_DATA"),
+    ("market_data", "prices_file", "FLYWHEEL_PRICES_FILE"),
+    ("market_data", "data_dir", "FLYWHEEL_DATA_DIR"),
+    ("step_runner", "runner", "FLYWHEEL_STEP_RUNNER"),
+    ("step_runner", "launcher", "FLYWHEEL_STEP_LAUNCHER"),
+    ("step_runner", "processes", "FLYWHEEL_STEP_PROCESSES"),
+    *(
+        ("step_runner", f"k8s_{f}", f"FLYWHEEL_K8S_{f.upper()}")
+        for f in ("image", "namespace", "gpus", "cpu", "memory", "data_pvc", "data_mount", "env_secret")
+    ),
+    ("feeds", "archive_dir", "FLYWHEEL_FEEDS_ARCHIVE"),
+    ("feeds", "feed_urls", "FLYWHEEL_FEED_URLS"),
+    ("feeds", "max_headlines", "FLYWHEEL_MAX_HEADLINES"),
+    ("feeds", "min_headlines", "FLYWHEEL_MIN_HEADLINES"),
+    ("feeds", "data_dir", "FLYWHEEL_DATA_DIR"),
+    ("judge", "judge_model", "FLYWHEEL_JUDGE_MODEL"),
+    ("audit_log", "path", "FLYWHEEL_AUDIT_LOG"),
+    ("audit_log", "live_path", "FLYWHEEL_LIVE_AUDIT_LOG"),
+    ("audit_log", "data_dir", "FLYWHEEL_DATA_DIR"),
+    ("feedback_log", "path", "FLYWHEEL_FEEDBACK_LOG"),
+    ("feedback_log", "data_dir", "FLYWHEEL_DATA_DIR"),
+]
+# What a run config sets instead: usable, and not the example above.
+OTHER = {
+    "FLYWHEEL_DATA_DIR": "{tmp}/other-data",
+    "FLYWHEEL_WAREHOUSE_URL": "s3://flywheel-other/warehouse",
+    "FLYWHEEL_S3_ENDPOINT": "http://127.0.0.1:9000",
+    "FLYWHEEL_BASE_MODEL": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "FLYWHEEL_BACKEND": "torch",
+    "FLYWHEEL_SAMPLER": "torch",
+    "FLYWHEEL_DEVICE": "cuda:1",
+    "FLYWHEEL_DTYPE": "float16",
+    "FLYWHEEL_SEED": 7,
+    "FLYWHEEL_MARKET_DATA": "file",
+    "FLYWHEEL_PRICES_FILE": "{tmp}/other_close.csv",
+    "FLYWHEEL_STEP_RUNNER": "subprocess",
+    "FLYWHEEL_STEP_LAUNCHER": "accelerate",
+    "FLYWHEEL_STEP_PROCESSES": 4,
+    "FLYWHEEL_K8S_IMAGE": "registry.example/flywheel:2.0",
+    "FLYWHEEL_K8S_NAMESPACE": "ml-other",
+    "FLYWHEEL_K8S_GPUS": 4,
+    "FLYWHEEL_K8S_CPU": "16",
+    "FLYWHEEL_K8S_MEMORY": "64Gi",
+    "FLYWHEEL_K8S_DATA_PVC": "flywheel-other",
+    "FLYWHEEL_K8S_DATA_MOUNT": "/mnt/other",
+    "FLYWHEEL_K8S_ENV_SECRET": "flywheel-other-s3",
+    "FLYWHEEL_FEEDS_ARCHIVE": "{tmp}/other_archive",
+    "FLYWHEEL_FEED_URLS": "https://example.net/other.xml",
+    "FLYWHEEL_MAX_HEADLINES": 5,
+    "FLYWHEEL_MIN_HEADLINES": 3,
+    "FLYWHEEL_JUDGE_MODEL": "Qwen/Qwen3-4B",
+    "FLYWHEEL_FEEDBACK_LOG": "{tmp}/other_feedback.jsonl",
+    "FLYWHEEL_AUDIT_LOG": "{tmp}/other_audit.jsonl",
+    "FLYWHEEL_LIVE_AUDIT_LOG": "{tmp}/other_live.jsonl",
+}
+ENV_VAR_TYPES = (dg.EnvVar, type(dg.EnvVar.int("FLYWHEEL_SEED")))
+
+
+def _other(name: str, tmp: Path):
+    value = OTHER[name]
+    return value.format(tmp=tmp) if isinstance(value, str) else value
+
+
+@pytest.fixture(scope="module")
+def every_variable(tmp_path_factory):
+    """The code location loaded once with every variable at its example; the environment kept for its runs."""
+    folder = tmp_path_factory.mktemp("every_variable")
+    with pytest.MonkeyPatch.context() as patch, environment(patch, {n: _valid(n, folder) for n in VARIABLES}):
+        yield folder, load_definitions().resources
+
+
+def _resolved(resources: dict, key: str, config: dict):
+    """What an asset receives of resource `key` in a run whose run config sets `config` on it."""
+    seen = {}
+
+    @dg.asset(required_resource_keys={key})
+    def receives(context):
+        seen["value"] = getattr(context.resources, key)
+
+    run_config = {"resources": {key: {"config": config}}}
+    assert dg.materialize([receives], resources={key: resources[key]}, run_config=run_config).success
+    return seen["value"]
+
+
+def test_the_table_of_bound_fields_is_complete(every_variable):
+    _, resources = every_variable
+    found = set()
+    for key, resource in resources.items():
+        for field in type(resource).model_fields:
+            value = getattr(resource, field)
+            if isinstance(value, ENV_VAR_TYPES):
+                found.add((key, field, value.env_var_name if isinstance(value, dg.EnvVar) else value.name))
+    assert found == set(BOUND), (sorted(found - set(BOUND)), sorted(set(BOUND) - found))
+    assert {v for _, _, v in BOUND} == set(OTHER)
+    for name, value in OTHER.items():
+        assert str(value) != VALID[name] and settings_problems({name: str(value)}) == [], name
+
+
+@pytest.mark.parametrize("key,field,name", BOUND, ids=[f"{k}.{f}" for k, f, _ in BOUND])
+def test_a_run_config_sets_the_fields_it_names_and_the_environment_keeps_the_others(key, field, name, every_variable):
+    """The issue's case: FLYWHEEL_FEEDS_ARCHIVE set and a run config with `max_headlines: 12` (as
+    scripts/demo_daily_rl.py passes) read the bundled archive: a resource's run config replaced every
+    value bound from the environment. Now, for each field bound to a variable: a run config that sets
+    another field leaves it at the variable's value, and one that sets it wins over the variable."""
+    tmp, resources = every_variable
+    siblings = [(f, n) for k, f, n in BOUND if k == key and f != field]
+    # run config on another field: a sibling bound to a variable, else a field of no variable
+    probe = {siblings[0][0]: _other(siblings[0][1], tmp)} if siblings else {"temperature": 0.25}
+    kept = _resolved(resources, key, probe)
+    assert str(getattr(kept, field)) == _valid(name, tmp), (field, getattr(kept, field))
+    assert all(getattr(kept, f) == v for f, v in probe.items())
+    # run config on this field: it wins; the siblings keep their variables' values
+    over = _resolved(resources, key, {field: _other(name, tmp)})
+    assert getattr(over, field) == _other(name, tmp)
+    assert {f: str(getattr(over, f)) for f, _ in siblings} == {f: _valid(n, tmp) for f, n in siblings}
+
+
+def test_the_demos_run_config_keeps_the_feeds_archive(every_variable):
+    """scripts/demo_daily_rl.py's run config (`max_headlines: 12`) with FLYWHEEL_FEEDS_ARCHIVE set: the
+    day reads that archive, 12 headlines of it (it read the bundled archive)."""
+    from scripts.demo_daily_rl import DEMO_MAX_HEADLINES, demo_run_config
+
+    tmp, resources = every_variable
+    feeds = _resolved(resources, "feeds", demo_run_config()["resources"]["feeds"]["config"])
+    assert (feeds.archive_dir, feeds.max_headlines) == (_valid("FLYWHEEL_FEEDS_ARCHIVE", tmp), DEMO_MAX_HEADLINES)
+    assert feeds.min_headlines == int(_valid("FLYWHEEL_MIN_HEADLINES", tmp))
