@@ -111,6 +111,60 @@ def long_share_by_news(sides: pd.DataFrame, warehouse, days: list[str], source: 
     return out
 
 
+NOTE_COLUMNS = [
+    "date",
+    "headline_id",
+    "source",
+    "rollout_index",
+    "symbol",
+    "side",
+    "parse_status",
+    "status",
+    "vs_spy_pct",
+    "entry_date",
+    "structure_score",
+    "news",
+    "names_company",
+    "company_call",
+]
+
+
+def notes_frame(warehouse, days: list[str]) -> pd.DataFrame:
+    """One row per note of `days`, policy's and base's (NOTE_COLUMNS): its call and outcome (`rollout_outcomes`), its
+    structure score (`rollouts` / `baseline_rollouts`), its headline's news (+1 / -1 / 0), whether the headline names
+    a company the alias map knows, and whether the note's call is a long or short on one of those companies."""
+    from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
+    from outcome_flywheel.daily_rl.worlds.news import news_direction
+
+    outcomes = _read_days(warehouse, "rollout_outcomes", days)
+    if outcomes.empty:
+        return pd.DataFrame(columns=NOTE_COLUMNS)
+    keys = ["date", "headline_id", "rollout_index"]
+    structure = pd.concat(
+        [
+            _read_days(warehouse, table, days).reindex(columns=[*keys, "structure_score"]).assign(source=source)
+            for table, source in (("rollouts", "policy"), ("baseline_rollouts", "base"))
+        ],
+        ignore_index=True,
+    )
+    heads = _read_days(warehouse, "headlines", days)[["date", "headline_id", "title", "summary"]]
+    heads = heads.assign(
+        companies=[set(headline_symbols(t, s)) for t, s in zip(heads["title"], heads["summary"])],
+        news=[news_direction(t, s) for t, s in zip(heads["title"], heads["summary"])],
+    )
+    notes = outcomes.merge(structure, on=[*keys, "source"], how="left").merge(
+        heads[["date", "headline_id", "companies", "news"]], on=["date", "headline_id"], how="left"
+    )
+    companies = notes["companies"].apply(lambda c: c if isinstance(c, set) else set())
+    notes["names_company"] = [bool(c) for c in companies]
+    notes["company_call"] = [
+        status == "ok" and side in SIDE_SIGN and symbol in c
+        for status, side, symbol, c in zip(notes["parse_status"], notes["side"], notes["symbol"], companies)
+    ]
+    notes["news"] = notes["news"].fillna(0).astype(int)
+    return notes.reindex(columns=NOTE_COLUMNS).reset_index(drop=True)
+
+
 def held_out_summary(warehouse, held: list[str]) -> dict:
     """The held-out days' A/B (evaluate_day over those days only), the back-test of their books, and sides."""
     from outcome_flywheel.daily_rl.evaluation.ab import PREFERENCE_COLUMNS, evaluate_day
@@ -139,6 +193,7 @@ def held_out_summary(warehouse, held: list[str]) -> dict:
         ab=ab,
         backtest=backtest,
         sides=sides,
+        notes=notes_frame(warehouse, held),
         policy_long_share=long_share_by_news(sides, warehouse, held, "policy"),
         base_long_share=long_share_by_news(sides, warehouse, held, "base"),
     )
@@ -294,6 +349,24 @@ def print_world(w: dict) -> None:
     )
 
 
+def prepare_days(
+    root: Path, days: int, headlines: int, seed: int, synthetic_days: int
+) -> tuple[list[str], Path | None]:
+    """(the days to run, the archive): the bundled archive's first `days` days, or with `synthetic_days` a SYNTHETIC
+    archive written under `root` (seeded by the world's seed) and its first `days` days. Sets the environment the
+    daily partitions are made from (before the definitions load)."""
+    if not synthetic_days:
+        return archive_days(days), None
+    from outcome_flywheel.daily_rl.worlds.synthetic_feeds import archive_day_list, write_synthetic_archive
+
+    archive = root / "synthetic_feeds"  # SYNTHETIC headlines from the archive's event templates
+    write_synthetic_archive(archive, days=synthetic_days, per_day=max(headlines, 8), seed=seed)
+    day_list = archive_day_list(archive)[:days] if days else archive_day_list(archive)
+    os.environ["FLYWHEEL_FEEDS_ARCHIVE"] = str(archive)
+    os.environ["FLYWHEEL_DAILY_RL_START_DATE"] = day_list[0]
+    return day_list, archive
+
+
 def run(
     worlds=WORLDS,
     days: int = 26,
@@ -319,18 +392,7 @@ def run(
         raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
     weights = dict(RewardConfig().weights if weights is None else weights)
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="flywheel-worlds-"))
-    archive = None
-    if synthetic_days:  # SYNTHETIC headlines from the archive's event templates, seeded by the world's seed
-        from outcome_flywheel.daily_rl.worlds.synthetic_feeds import archive_day_list, write_synthetic_archive
-
-        archive = root / "synthetic_feeds"
-        write_synthetic_archive(archive, days=synthetic_days, per_day=max(headlines, 8), seed=seed)
-        day_list = archive_day_list(archive)[:days] if days else archive_day_list(archive)
-        # the daily partitions are made when the definitions load: from the archive's days
-        os.environ["FLYWHEEL_FEEDS_ARCHIVE"] = str(archive)
-        os.environ["FLYWHEEL_DAILY_RL_START_DATE"] = day_list[0]
-    else:
-        day_list = archive_days(days)
+    day_list, archive = prepare_days(root, days, headlines, seed, synthetic_days)
     started = time.perf_counter()
     runs, opposites = [], []
     for train_seed in train_seeds:
