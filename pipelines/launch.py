@@ -13,12 +13,13 @@ A queued launch is a JSON file under `$DAGSTER_HOME/flywheel_launch_queue/`, loc
 worker for as long as it lives: the service counts the specs of a locked file as queued runs
 (idempotency), and a file nobody holds is a dead worker's, removed.
 
-Dead executors are found and failed (`reconcile_dead_runs`): every run made here carries the process
-that executes it (`flywheel/created_by` for `run_job`, `flywheel/worker` for a worker), as pid and
-start time (a reused pid is another process). A live run whose executor is gone (a `kill -9`, an OOM
-kill, a reboot) is reported failed and its concurrency-pool slots are freed, as Dagster's run
-monitoring does for runs the daemon launched; otherwise its `duckdb` slot stays claimed and every
-later run waits "blocked by limit for pool duckdb" for good.
+Dead executors are found and failed (`reconcile_dead_runs`, called by `run_job` before it launches, by
+each worker and by the service): every run made here carries the process that executes it
+(`flywheel/created_by` for `run_job`, `flywheel/worker` for a worker), as pid and start time (a reused
+pid is another process). A live run whose executor is gone (a `kill -9`, an OOM kill, a reboot) is
+reported failed and its concurrency-pool slots are freed, as Dagster's run monitoring does for runs the
+daemon launched; otherwise its `duckdb` or `accelerator` slot stays claimed and every later run waits
+"blocked by limit for pool" for good.
 """
 
 from __future__ import annotations
@@ -163,7 +164,11 @@ def run_job(
     tags: Mapping[str, str] | None = None,
 ) -> dg.JobExecutionResult:
     """Execute `job_name` of `pipelines.definitions.defs` here, recorded in `instance` (one
-    partition, a (first, last) range, or unpartitioned)."""
+    partition, a (first, last) range, or unpartitioned). First the runs whose executing process is gone
+    (a demo killed mid-run) are failed and their pool slots freed (`reconcile_dead_runs`): else this run
+    would wait for their slots for good."""
+    for run_id in reconcile_dead_runs(instance):
+        print(f"run_job: run {run_id} had lost its process: failed, its pool slots freed", file=sys.stderr)
     spec = RunSpec(job_name, partition_key, partition_range, dict(run_config or {}), dict(tags or {}))
     result = execute_spec(spec, instance, CREATOR_TAG, raise_on_error=raise_on_error)
     if raise_on_error and not result.success:
