@@ -7,7 +7,8 @@ Layout (FLYWHEEL_WAREHOUSE_URL, default `$FLYWHEEL_DATA_DIR/warehouse`: a folder
 
 A partition write replaces the partition's file atomically (a folder: temp file in the same folder,
 then `os.replace`; S3: one upload of the finished file, see `object_store`), so a re-run gives the
-same rows and a crash never leaves a half-written file. Checkpoints, adapters, models, exports and
+same rows and a crash never leaves a half-written file (the temp file of a write killed midway is
+removed by the next write of that partition). Checkpoints, adapters, models, exports and
 reports stay under the data dir, a local or mounted folder (`Warehouse.path`): their `latest`
 pointers are symlinks swapped by rename, which object storage has no equivalent of.
 DuckDB allows one writer process per file: connections to `warehouse.duckdb` are opened for a
@@ -19,6 +20,8 @@ Reads never touch that file: they go to the Parquet files through an in-memory D
 
 from __future__ import annotations
 
+import fcntl
+import glob
 import logging
 import os
 import re
@@ -48,24 +51,57 @@ _VIEWS_MADE: set[tuple[str, str]] = set()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temp file in the same folder and a rename."""
-    for attempt in range(3):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:  # a delete may remove the empty folder between the two calls (`LocalStore.delete`): make it again
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            break
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
+    """Write `data` to `path` through a temp file in the same folder and a rename. The temp file is
+    locked (flock) from its creation to the rename, so a write removes the temp files of earlier
+    writes of `path` whose writer was killed (nothing holds their lock), never a live writer's."""
+    fd, tmp = _locked_temp(path)
     try:
+        _remove_abandoned_temps(path, tmp)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # before the lock goes with the file's closing
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _locked_temp(path: Path) -> tuple[int, str]:
+    """A new temp file beside `path` (`.<name>.<random>.tmp`), locked by this process."""
+    for _ in range(5):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # a delete may remove the empty folder between the two calls (`LocalStore.delete`): make it again
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        except FileNotFoundError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(tmp)):
+                return fd, tmp
+        except FileNotFoundError:  # another write took it for a killed writer's in the instant before the lock
+            pass
+        os.close(fd)
+    raise FileNotFoundError(f"could not make a temp file beside {path}")
+
+
+def _remove_abandoned_temps(path: Path, own: str) -> None:
+    """Remove the temp files of `path` no live writer holds (left by a write killed midway)."""
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        if str(tmp) == own:
+            continue
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: a live writer's
+            if os.path.samestat(os.fstat(fd), os.stat(tmp)):  # not renamed into place meanwhile
+                tmp.unlink()
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def atomic_symlink(target: Path, link: Path) -> None:

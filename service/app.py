@@ -8,15 +8,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from outcome_flywheel.models.serve.serving import ModelServer
 from service import launching
 from service.api import decisions, feedback, openai_compat, preferences, rl
 from service.errors import is_openai_path, refusal
 from service.pages import routes as pages
-from service.security import WriteGuard
+from service.security import HostGuard, WriteGuard
 from service.state import NoDagsterInstance, ServiceState
 
 DESCRIPTION = """People in the loop of the outcome flywheel.
@@ -69,7 +69,7 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
         openai_compat.ServingGuard, config=state.config
     )  # outside WriteGuard: /v1 reads need the token too
     # Outermost: a request naming another host (DNS rebinding onto loopback) is refused before anything else.
-    app.add_middleware(TrustedHostMiddleware, allowed_hosts=state.config.allowed_hosts)
+    app.add_middleware(HostGuard, allowed_hosts=state.config.allowed_hosts)
 
     # Every refusal below answers in the shape of its path's clients (`service.errors.refusal`):
     # `{"detail": ...}` under /api and the pages, OpenAI's `{"error": {...}}` under /v1.
@@ -97,6 +97,20 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
         # A configured file that is not there (FLYWHEEL_AUDIT_LOG, the base model, an adapter folder):
         # the service cannot answer until it is fixed, and says which file.
         return refusal(request.url.path, 503, str(err))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, err: Exception):
+        # A bug or a broken file nothing expected: Starlette's plain "Internal Server Error" (the
+        # traceback goes to the log), in OpenAI's shape under /v1, never the error's own text.
+        path = request.url.path
+        if not is_openai_path(path):
+            return PlainTextResponse("Internal Server Error", status_code=500)
+        return refusal(
+            path,
+            500,
+            f"internal server error ({type(err).__name__}); the service's log has the details",
+            code="internal_error",
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, err: StarletteHTTPException):

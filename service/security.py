@@ -8,7 +8,9 @@
 - A body over `max_body_bytes` gets a 413 before any handler sees it, whatever Content-Length says.
 - A JSON body with a lone UTF-16 surrogate in any string (`"\\ud800"`) gets a 422 naming the field
   (a 400 under /v1) before any handler sees it: no model, tokenizer or log can take such a string.
-Refusals under /v1 come in OpenAI's error shape (`service.errors.refusal`).
+- A request naming another host (`HostGuard`, Starlette's check) gets a 400: plain text, OpenAI's
+  shape under /v1.
+Refusals under /v1 come in OpenAI's error shape (`service.errors.refusal`), whichever layer refuses.
 Reads (GET) are open: the service binds to loopback unless told otherwise.
 """
 
@@ -20,10 +22,11 @@ import time
 from fastapi import Form, HTTPException, Request
 from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPBearer
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import cookie_parser
 
 from service.config import ServiceConfig
-from service.errors import body_surrogate, refusal, surrogate_refusal
+from service.errors import body_surrogate, is_openai_path, refusal, surrogate_refusal
 
 SESSION_COOKIE = "flywheel_session"
 WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -87,9 +90,8 @@ class WriteGuard:
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         path = scope["path"]
-        if path.startswith(
-            ("/api/", "/v1/")
-        ):  # /v1: the OpenAI-compatible API (ServingGuard checked its token already)
+        # /v1 (with or without a path after it): the OpenAI-compatible API (ServingGuard checked its token already)
+        if path == "/api" or path.startswith("/api/") or is_openai_path(path):
             if not self.config.is_token(_bearer(headers)):
                 response = refusal(
                     path,
@@ -135,3 +137,36 @@ class WriteGuard:
             return await receive()
 
         return await self.app(scope, replay, send)
+
+
+class HostGuard:
+    """Starlette's TrustedHostMiddleware (a request naming another host, DNS rebinding onto loopback,
+    gets a 400), its refusal in OpenAI's shape under /v1, as every other /v1 refusal."""
+
+    PASSED = "flywheel.host_passed"
+
+    def __init__(self, app, allowed_hosts: list[str]):
+        self.app = app
+        self.pages = TrustedHostMiddleware(app, allowed_hosts=allowed_hosts)
+        self.check = TrustedHostMiddleware(self._passed, allowed_hosts=allowed_hosts, www_redirect=False)
+
+    async def _passed(self, scope, receive, send):
+        scope[self.PASSED] = True
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or not is_openai_path(scope["path"]):
+            return await self.pages(scope, receive, send)
+
+        async def discard(message):  # Starlette's plain-text refusal: replaced below
+            pass
+
+        await self.check(scope, receive, discard)
+        if scope.pop(self.PASSED, False):
+            return await self.app(scope, receive, send)
+        response = refusal(
+            scope["path"],
+            400,
+            "Invalid host header: this server answers requests for its own host names only",
+            code="invalid_host",
+        )
+        return await response(scope, receive, send)
