@@ -29,6 +29,11 @@ ahead by more than what is left, and even a heartbeat two beats late leaves a ma
 suspended host) takes its lock again the way a stale lock is cleared (rename aside, check it is its
 own, O_EXCL), so it never overwrites a lock another trainer took meanwhile; if one did, the holder
 has lost the lock: `lost` says so (the audit row too) and the heartbeat stops.
+
+Fencing (`fencing.py`): each acquisition takes a token that only grows (`fence` in the lock file),
+under the mutex `trainer.lock.mutex` that each renewal and release hold too; a training publishes
+only inside `fencing.publishing`, which checks under that mutex that its token is still the last and
+the lock file still its own, so a holder that lost the lock publishes nothing (`FencedOut`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+from outcome_flywheel import fencing
+from outcome_flywheel.fencing import MutexTimeout, file_mutex, issue_fence, mutex_path
 
 LOCK_FILE = ("locks", "trainer.lock")
 WAIT_VARIABLE = "FLYWHEEL_TRAINER_LOCK_WAIT_S"  # how long a trainer waits for the lock; default below
@@ -79,7 +87,8 @@ class LockReport:
     holder: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        parts = [f"trainer lock {self.path} taken"]
+        fence = f" (fencing token {self.holder['fence']})" if self.holder.get("fence") else ""
+        parts = [f"trainer lock {self.path} taken{fence}"]
         if self.stale_cleared:
             h = self.stale_cleared
             if h.get("pid") is None:
@@ -218,6 +227,7 @@ class TrainerLock:
         self.report: LockReport | None = None
         self.holder: dict = {}
         self.token = ""
+        self.fence = 0  # this acquisition's fencing token (fencing.py)
         self.lost = ""  # why the lock was lost while held (a stall past the lease, another trainer took it)
         self._expires = 0.0  # this holder's lease end, time.time()
         self._stop = threading.Event()
@@ -247,6 +257,15 @@ class TrainerLock:
             f.write(json.dumps(holder))
         return True
 
+    def _take(self, holder: dict, wait_left: float) -> bool:
+        """Create the lock with the next fencing token, under the fence's mutex (no holder is between
+        its check and its publication meanwhile: `fencing.publishing`); False when the lock exists."""
+        with file_mutex(mutex_path(self.path), timeout_s=max(wait_left, 0.5)):
+            if self.path.exists():
+                return False
+            holder["fence"] = issue_fence(self.path, holder)
+            return self._create(holder)
+
     # -- acquisition -------------------------------------------------------------------------
 
     def acquire(self) -> LockReport:
@@ -267,7 +286,13 @@ class TrainerLock:
                     **({"training_id": self.training_id} if self.training_id else {}),
                 }
             )
-            if not self._create(holder):
+            try:
+                taken = self._take(holder, self.wait_s - (time.monotonic() - started))
+            except MutexTimeout as err:  # a holder stopped while publishing: the wait is over
+                report.waited_s = time.monotonic() - started
+                self.report = report
+                raise TrainerBusy(f"{err}; waited {report.waited_s:.1f} s ({WAIT_VARIABLE})", report) from err
+            if not taken:
                 current = read_holder(self.path)
                 if current is None:
                     continue  # released between our two calls: try again at once
@@ -302,9 +327,11 @@ class TrainerLock:
             # Every wait counts, a lock being written or left unreadable too (not only one naming a holder).
             report.waited_s = time.monotonic() - started if contended else 0.0
             report.holder = self.holder = holder
+            self.fence = holder["fence"]
             self._expires = expires
             self.report = report
             self.lost = ""
+            fencing.hold(self)
             self._start_heartbeat()
             self.log(report.describe())
             return report
@@ -354,8 +381,10 @@ class TrainerLock:
                 return
 
     def renew(self, stop: threading.Event | None = None) -> bool:
-        """Renew the lease now (the heartbeat thread calls this); False when the lock was lost."""
-        with self._mutex:
+        """Renew the lease now (the heartbeat thread calls this); False when the lock was lost. Under
+        the fence's mutex: a holder frozen between its check and its write (past its lease) cannot
+        write over a lock another trainer took meanwhile (acquisitions hold that mutex too)."""
+        with self._mutex, file_mutex(mutex_path(self.path), timeout_s=self.heartbeat_s):
             if (stop or self._stop).is_set() or self.lost:
                 return not self.lost
             current = read_holder(self.path)
@@ -400,10 +429,14 @@ class TrainerLock:
     def release(self) -> None:
         """Stop the heartbeat, then remove the lock if it is still this holder's."""
         self._stop.set()
-        with self._mutex:  # no renewal after this point can put the file back
-            holder = read_holder(self.path)
-            if holder and self.token and holder.get("token") == self.token:
-                self.path.unlink(missing_ok=True)
+        fencing.drop(self)
+        try:  # no renewal after this point can put the file back, no acquisition comes in between
+            with self._mutex, file_mutex(mutex_path(self.path)):
+                holder = read_holder(self.path)
+                if holder and self.token and holder.get("token") == self.token:
+                    self.path.unlink(missing_ok=True)
+        except MutexTimeout as err:  # left to expire with its lease (the heartbeat has stopped)
+            print(f"trainer lock {self.path} not removed: {err}", file=sys.stderr, flush=True)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
             self._thread = None

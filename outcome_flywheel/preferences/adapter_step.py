@@ -5,9 +5,10 @@ Extras (from the asset): `warehouse`, `models` (their dataclasses' JSON), `confi
 (`WeightedDPOConfig.as_dict()`), `run` (the adapter's run id) and `dataset_fingerprint` (of the
 `dpo_dataset` the asset read: the step refuses a dataset that changed since). The adapter is saved
 to a staging folder, renamed to adapters/preference/<run>/, and only then does `latest` move: a
-process killed while training leaves `latest` where it was. Reported: a custom message with the
-training's figures (the asset's `preference_training_history` row), the materialization's metadata
-and the `loss_is_finite` check.
+process killed while training leaves `latest` where it was, and one that lost the trainer lock
+meanwhile (frozen past its lease) publishes nothing (`publish_adapter`, `FencedOut`). Reported: a
+custom message with the training's figures (the asset's `preference_training_history` row), the
+materialization's metadata and the `loss_is_finite` check.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import uuid
 
 import pandas as pd
 
+from outcome_flywheel.fencing import publishing
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
@@ -80,8 +82,7 @@ def run(pipes) -> None:
             "trained": dict(zip(train["decision_id"], train["verdict"])),
         }
         (staging / TRAIN_INFO).write_text(json.dumps(info, indent=1, sort_keys=True))
-        publish_dir(staging, final)
-        atomic_symlink(final, root / "latest")  # only now: a failed run never moves `latest`
+        publish_adapter(staging, root, run_id)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -132,6 +133,16 @@ def run(pipes) -> None:
     )
     finite = all(math.isfinite(x) and abs(x) < 1e6 for x in losses)
     pipes.report_asset_check(check_name="loss_is_finite", passed=finite, metadata={"loss_last": losses[-1]})
+
+
+def publish_adapter(staging, root, run_id: str):
+    """Rename the finished adapter into `root/<run>` and only then move `latest` (a failed run never
+    moves it), both under the trainer lock's fence (`fencing.publishing`); returns the folder."""
+    final = root / run_id
+    with publishing(f"preference adapter {run_id}"):
+        publish_dir(staging, final)
+        atomic_symlink(final, root / "latest")
+    return final
 
 
 def config_table(config: dict, prefix: str = "") -> str:

@@ -6,7 +6,9 @@ Checkpoint folder `$FLYWHEEL_DATA_DIR/checkpoints/policy/D/` holds `checkpoint.j
 - kind "lora": a PEFT adapter (`adapter_config.json`, `adapter_model.safetensors`);
 - kind "full": a full Hugging Face model folder (full fine-tune, `lora=None`).
 `policy_version` = "D@<sha256 of the weight files, 12 hex>" ("D@base" for the base), stamped on
-every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder."""
+every rollout the checkpoint generates. `latest` is a symlink to the newest dated folder.
+Publishing (a dated folder, `latest`) runs inside `fencing.publishing`: a training that lost the
+trainer lock meanwhile (frozen past its lease) publishes nothing (`FencedOut`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from outcome_flywheel.fencing import publishing
 from outcome_flywheel.storage import atomic_symlink, atomic_write_bytes, publish_dir
 
 if TYPE_CHECKING:
@@ -150,10 +153,20 @@ def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict,
         }
     info = {**info, "verified": False}
     atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
-    publish_dir(staging, root / day)
+    _publish(staging, root / day, f"policy checkpoint {day}")
     if not is_base:
         policy.weights_saved_as(root / day)  # a vLLM sampler serves these files from now on
     return info
+
+
+def _publish(staging: Path, final: Path, what: str) -> None:
+    """`publish_dir` under the trainer lock's fence; a fenced-out training's staging folder is removed."""
+    try:
+        with publishing(what):
+            publish_dir(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def republish_parent(root: Path, day: str, parent_dir: Path, parent_info: dict, info: dict) -> dict:
@@ -167,17 +180,18 @@ def republish_parent(root: Path, day: str, parent_dir: Path, parent_info: dict, 
         (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
     info = {**info, "kind": parent_info["kind"], "policy_version": parent_info["policy_version"], "verified": False}
     atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
-    publish_dir(staging, root / day)
+    _publish(staging, root / day, f"policy checkpoint {day}")
     return info
 
 
 def mark_verified(root: Path, day: str) -> dict:
     """The day's checks passed: record it in `checkpoint.json` and move `latest` to it."""
     final = root / day
-    info = {**(read_checkpoint(final) or {}), "verified": True}
-    atomic_write_bytes(final / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
-    latest = root / "latest"
-    current = latest.resolve().name if latest.is_symlink() else ""
-    if not _is_date(current) or current <= day:  # a backfill of an older day leaves `latest` alone
-        atomic_symlink(final, latest)
+    with publishing(f"policy checkpoint {day} (verified, `latest`)"):
+        info = {**(read_checkpoint(final) or {}), "verified": True}
+        atomic_write_bytes(final / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
+        latest = root / "latest"
+        current = latest.resolve().name if latest.is_symlink() else ""
+        if not _is_date(current) or current <= day:  # a backfill of an older day leaves `latest` alone
+            atomic_symlink(final, latest)
     return info
