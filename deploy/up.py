@@ -15,20 +15,24 @@ running (its pid file names a live process) is left as it is, so `make up` twice
 A deployment running on the home with other settings than those asked for is refused (both values
 named, deploy.settings.differences). `<home>/deploy.json` is written once PostgreSQL runs: a `make up`
 that failed before leaves nothing that steers the next one. `<home>/up.lock` is held throughout, so a
-second `make up` on the same home, `make clean` and `make clean-prod` see one still starting.
+second `make up` on the same home, `make clean` and `make clean-prod` see one still starting, and
+`make down` asks it to stop (`<home>/up.stop`, then SIGTERM): it then stops what it had started and
+exits with status 1 saying why, before `make down` stops the rest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from deploy import guard, processes
+from deploy import down, guard, processes
 from deploy.postgres import Cluster, PostgresError, ensure_installed
 from deploy.settings import (
     DEFS_MODULE,
@@ -54,6 +58,50 @@ PORT_SETTINGS = {
     "service": "FLYWHEEL_API_PORT (--api-port)",
 }
 REPOSITORY_NAME = "__repository__"  # the one repository of a `Definitions` object
+
+
+class Stopped(BaseException):  # not an Exception: no `except Exception` on the way (a wait's poll) swallows it
+    """`make down` (or a SIGTERM) asked this `make up` to stop."""
+
+
+class Stopper:
+    """SIGTERM raises Stopped in `make up`, except inside `deferred()` (a process started and not yet
+    recorded: it would be stopped by nobody), where it waits for the section's end."""
+
+    def __init__(self, home: Path):
+        self.home, self.deferring, self.pending = home, 0, False
+
+    def reason(self) -> str:
+        by = guard.stop_request(self.home, os.getpid())
+        return f"{by} asked it to stop" if by else "it got SIGTERM"
+
+    def _handler(self, signum, frame):
+        self.pending = True
+        if not self.deferring:
+            raise Stopped(self.reason())
+
+    def check(self) -> None:
+        if self.pending and not self.deferring:
+            raise Stopped(self.reason())
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self.deferring += 1
+        try:
+            yield
+        finally:
+            self.deferring -= 1
+        self.check()
+
+    def __enter__(self):
+        signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        self.deferring += 1  # from here on (stopping what it started, the summary) a SIGTERM is only noted
+
+
+STOPPER = Stopper(Path("."))
 
 
 def graphql(url: str, query: str, variables: dict | None = None, timeout: float = 10) -> dict:
@@ -133,30 +181,33 @@ def process_env(d: Deployment, secrets: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def start_postgres(d: Deployment, secrets: dict[str, str], timeout_s: float) -> str:
+def start_postgres(d: Deployment, secrets: dict[str, str], timeout_s: float, started: list[str]) -> str:
     cluster = Cluster(d.pg_dir, d.pg_port, ensure_installed())
-    cluster.init()
-    if cluster.running():
-        state = "already running"
-    else:
-        if not processes.port_free(d.pg_port):
-            raise PostgresError(
-                f"port {d.pg_port} on {HOST} is taken: set FLYWHEEL_PG_PORT (or --pg-port) to a free one"
-            )
-        cluster.start()
-        state = "started"
-    pid = cluster.postmaster_pid()
-    if pid and not processes.running(d.home, "postgres"):
-        record = processes.ProcessRecord.of("postgres", pid, str(cluster.log_file))
-        processes.write_record(d.home, record)
-    d.save()  # a piece runs: from now on deploy.json records this deployment, for `make down` and the next `make up`
+    with STOPPER.deferred():  # a cluster half made, a server started and not recorded: neither is left so
+        cluster.init()
+        if cluster.running():
+            state = "already running"
+        else:
+            if not processes.port_free(d.pg_port):
+                raise PostgresError(
+                    f"port {d.pg_port} on {HOST} is taken: set FLYWHEEL_PG_PORT (or --pg-port) to a free one"
+                )
+            cluster.start()
+            state = "started"
+        pid = cluster.postmaster_pid()
+        if pid and not processes.running(d.home, "postgres"):
+            record = processes.ProcessRecord.of("postgres", pid, str(cluster.log_file))
+            processes.write_record(d.home, record)
+        if state == "started":
+            started.append("postgres")
+        d.save()  # a piece runs: from now on deploy.json records this deployment, for `make down` and the next `make up`
     processes.wait_until(cluster.ready, timeout_s, "PostgreSQL (pg_isready)")
     cluster.ensure_database(secrets["DAGSTER_PG_USER"], secrets["DAGSTER_PG_PASSWORD"], secrets["DAGSTER_PG_DB"])
     return state
 
 
 def ensure_process(
-    d: Deployment, name: str, command: list[str], env: dict[str, str], port: int | None
+    d: Deployment, name: str, command: list[str], env: dict[str, str], port: int | None, started: list[str]
 ) -> tuple[processes.ProcessRecord, str]:
     record = processes.running(d.home, name)
     if record:
@@ -166,12 +217,19 @@ def ensure_process(
             f"{name}: port {port} on {HOST} is taken by another program; choose another with "
             f"{PORT_SETTINGS.get(name, 'its option')}"
         )
-    return processes.start(d.home, name, command, env, PROJECT_ROOT), "started"
+    with STOPPER.deferred():
+        record = processes.start(d.home, name, command, env, PROJECT_ROOT)
+        started.append(name)
+    return record, "started"
 
 
-def up(d: Deployment, daily_schedule: str = "auto", timeout_s: float = 600) -> dict[str, str]:
-    """Start what is not running; returns {piece: 'started' | 'already running'}. Raises ConflictError,
-    before anything, when a deployment runs on the home with other settings."""
+def up(
+    d: Deployment, daily_schedule: str = "auto", timeout_s: float = 600, started: list[str] | None = None
+) -> dict[str, str]:
+    """Start what is not running; returns {piece: 'started' | 'already running'}; `started` gets the
+    name of each piece as it starts. Raises ConflictError, before anything, when a deployment runs on
+    the home with other settings."""
+    started = [] if started is None else started
     check_running(d)
     validate_environment()
     started_at = time.monotonic()
@@ -183,7 +241,7 @@ def up(d: Deployment, daily_schedule: str = "auto", timeout_s: float = 600) -> d
     write_instance_files(d)
     secrets = instance_env(d)
     env = process_env(d, secrets)
-    states = {"postgres": start_postgres(d, secrets, timeout_s)}
+    states = {"postgres": start_postgres(d, secrets, timeout_s, started)}
     workspace = ["-w", str(d.workspace_file)]
     code_server, states["code_server"] = ensure_process(
         d,
@@ -205,18 +263,22 @@ def up(d: Deployment, daily_schedule: str = "auto", timeout_s: float = 600) -> d
         ],
         env,
         d.code_server_port,
+        started,
     )
     # The daemon and the webserver load the workspace as they start: the code server answers first.
     processes.wait_until(
         lambda: code_server_healthy(d), timeout_s, "the code server", interval_s=2, process=code_server
     )
-    daemon, states["daemon"] = ensure_process(d, "daemon", [str(BIN / "dagster-daemon"), "run", *workspace], env, None)
+    daemon, states["daemon"] = ensure_process(
+        d, "daemon", [str(BIN / "dagster-daemon"), "run", *workspace], env, None, started
+    )
     webserver, states["webserver"] = ensure_process(
         d,
         "webserver",
         [str(BIN / "dagster-webserver"), "-h", HOST, "-p", str(d.webserver_port), *workspace],
         env,
         d.webserver_port,
+        started,
     )
     url = d.webserver_url
     processes.wait_until(lambda: http_ok(f"{url}/server_info"), timeout_s, "dagster-webserver", process=webserver)
@@ -239,7 +301,7 @@ def up(d: Deployment, daily_schedule: str = "auto", timeout_s: float = 600) -> d
             raise processes.StartupError(f"could not start {DAILY_SCHEDULE}: {result['message']}")
         states[DAILY_SCHEDULE] = "on"
     service, states["service"] = ensure_process(
-        d, "service", [str(BIN / "flywheel-serve"), "--host", HOST, "--port", str(d.api_port)], env, d.api_port
+        d, "service", [str(BIN / "flywheel-serve"), "--host", HOST, "--port", str(d.api_port)], env, d.api_port, started
     )
     processes.wait_until(
         lambda: http_ok(f"{d.service_url}/openapi.json"), timeout_s, "the review service", process=service
@@ -271,6 +333,23 @@ def summary(d: Deployment, states: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def stopped(d: Deployment | None, started: list[str], why: str) -> int:
+    """A `make up` asked to stop: stop what it started (the newest first), say so; status 1."""
+    STOPPER.deferring += 1  # another SIGTERM meanwhile is only noted
+    lines = down.down(d, started) if d is not None and started else []
+    print(
+        f"make up: stopped before the deployment was up: {why}; "
+        + (
+            "it stopped what it had started:\n" + "\n".join(f"  {line}" for line in lines)
+            if lines
+            else "it had started nothing"
+        ),
+        file=sys.stderr,
+        flush=True,
+    )
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(
         "make up", "Start PostgreSQL, the code server, dagster-daemon, dagster-webserver and the review service."
@@ -283,10 +362,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--timeout", type=float, default=600, help="seconds to wait for each piece to be ready")
     args = p.parse_args(argv)
+    home, started, deployment = home_of(args), [], None
+    STOPPER.home = home
     try:
-        with guard.up_lock(home_of(args)):
-            deployment = resolve(args)  # under the lock: what runs on the home does not change meanwhile
-            states = up(deployment, args.daily_schedule, args.timeout)
+        with STOPPER, guard.up_lock(home):
+            try:
+                deployment = resolve(args)  # under the lock: what runs on the home does not change meanwhile
+                states = up(deployment, args.daily_schedule, args.timeout, started)
+                STOPPER.check()  # a request that came while a piece was being recorded
+            except Stopped as err:  # still under the lock: `make down` waits for this, then stops the rest
+                return stopped(deployment, started, str(err))
+    except Stopped as err:  # before it held the lock
+        return stopped(None, [], str(err))
     except (guard.Busy, ConflictError) as err:  # nothing was started
         print(f"make up: {err}", file=sys.stderr)
         return 1
