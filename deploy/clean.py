@@ -6,7 +6,9 @@ and a PostgreSQL cluster only when asked by name.
 Both refuse (exit 1), naming what runs, while any piece of `make up` runs (deploy.guard): `make up`
 itself (its lock), a process one of its pid files names (checked as `make down` checks them), or a
 PostgreSQL server on a cluster they would keep or remove. The homes looked at: --home,
-FLYWHEEL_PROD_HOME and `.dagster-prod`.
+FLYWHEEL_PROD_HOME and `.dagster-prod`. Whatever the home, any live process that uses what they would
+remove refuses them too, found from the processes themselves (/proc): its folder, a FLYWHEEL_* or
+DAGSTER_HOME path, or an open file there (a deployment started with another FLYWHEEL_PROD_HOME).
 
 - `make clean`: `data/`, `.dagster/` and `.cache/` of the project, except the PostgreSQL clusters in
   `data/` (the production instance's run history and schedule state), which it names and keeps.
@@ -51,13 +53,19 @@ def homes(project: Path, home: str | None) -> list[Path]:
     return found
 
 
-def running(home_dirs: list[Path], clusters: list[Path]) -> list[str]:
-    """One line per running piece: `make up`, a recorded process, a PostgreSQL server on one of `clusters`."""
-    lines = [f"{piece}  (DAGSTER_HOME={home})" for home in home_dirs for piece in guard.live_pieces(home)]
+def running(home_dirs: list[Path], clusters: list[Path], removed: list[Path] = ()) -> list[str]:
+    """One line per running piece: `make up`, a recorded process, a PostgreSQL server on one of
+    `clusters`, and any other live process that uses what would be `removed` (found from the
+    processes themselves: a deployment whose home is not among `home_dirs` has pid files not read here)."""
+    pieces = [(home, piece) for home in home_dirs for piece in guard.live_pieces(home)]
+    lines = [f"{piece}  (DAGSTER_HOME={home})" for home, piece in pieces]
+    known = {piece.pid for _, piece in pieces}
     for cluster in clusters:
         pid = guard.cluster_server(cluster)
         if pid is not None:
             lines.append(str(guard.Running("PostgreSQL", pid, f"serving the cluster {cluster}")))
+            known.add(pid)
+    lines += [str(user) for user in guard.users_of([p for p in removed if p.exists()], known)]
     return lines
 
 
@@ -88,7 +96,7 @@ def clean(project: Path, home: str | None = None) -> tuple[int, list[str]]:
     """`make clean`: (exit status, lines to print)."""
     data = project / "data"
     kept = guard.find_clusters(data)
-    busy = running(homes(project, home), kept)
+    busy = running(homes(project, home), kept, [project / name for name in CLEANED])
     if busy:
         return 1, refusal("make clean", busy)
     lines = []
@@ -133,7 +141,7 @@ def clean_prod(project: Path, home: str | None = None) -> tuple[int, list[str]]:
             clusters.append(folder)
         else:
             lines.append(f"left {folder}: not a PostgreSQL cluster")
-    busy = running(home_dirs, clusters)
+    busy = running(home_dirs, clusters, [*clusters, target])
     if busy:
         return 1, refusal("make clean-prod", busy)
     for path, what in [(c, "the PostgreSQL cluster") for c in clusters] + [(target, "the production home")]:
@@ -149,10 +157,13 @@ def clean_prod(project: Path, home: str | None = None) -> tuple[int, list[str]]:
 
 def refusal(command: str, busy: list[str]) -> list[str]:
     return (
-        [f"refused: a production deployment is running (`make up`), {command} would remove what it uses:"]
+        [
+            f"refused: a production deployment is running (`make up`), or a process, that uses what {command} would remove:"
+        ]
         + [f"  {line}" for line in busy]
         + [
-            "Stop it first with `make down` (with FLYWHEEL_PROD_HOME set as for its `make up`), or wait for `make up` to finish."
+            "Stop it first with `make down` (with FLYWHEEL_PROD_HOME set as for its `make up`), or wait for `make up` to finish; "
+            "stop any other process named."
         ]
     )
 

@@ -187,3 +187,42 @@ def test_clean_keeps_the_cluster_and_clean_prod_removes_it_only_after_down():
         assert _clean(project, "--prod").stdout.startswith("make clean-prod: nothing to remove")
     finally:
         shutil.rmtree(project, ignore_errors=True)
+
+
+def test_clean_refuses_while_a_process_uses_data_whatever_its_home(tmp_path):
+    """A deployment started with a home `make clean` is not told of (issue 47, item 7): its processes
+    are found by what they use of data/: their folder, FLYWHEEL_DATA_DIR, an open file."""
+    project = _project(tmp_path / "project")
+    data = project / "data"
+    env = scrubbed_env()
+    users = {
+        "FLYWHEEL_DATA_DIR": subprocess.Popen(
+            ["sleep", "600"], cwd=tmp_path, env={**env, "FLYWHEEL_DATA_DIR": str(data)}
+        ),
+        "works in": subprocess.Popen(["sleep", "600"], cwd=data / "warehouse", env=env),
+        "open": subprocess.Popen(["sleep", "600"], cwd=tmp_path, env=env, stdin=open(data / "warehouse.duckdb")),
+    }
+    try:
+        before = _left(project)
+        result = _clean(project)
+        assert result.returncode == 1, result.stdout + result.stderr
+        for how, process in users.items():
+            assert re.search(rf"sleep +pid {process.pid} .*{how}", result.stderr), (how, result.stderr)
+        assert _left(project) == before
+        home = tmp_path / "prod-home"  # the same for `make clean-prod` and its home
+        (home / "pids").mkdir(parents=True)
+        with subprocess.Popen(["sleep", "600"], cwd=tmp_path, env={**env, "DAGSTER_HOME": str(home)}) as other:
+            try:
+                prod = _clean(project, "--prod", "--home", str(home))
+                assert prod.returncode == 1 and re.search(rf"sleep +pid {other.pid} +DAGSTER_HOME=", prod.stderr), (
+                    prod.stderr
+                )
+                assert home.is_dir()
+            finally:
+                other.kill()
+    finally:
+        for process in users.values():
+            process.kill()
+            process.wait()
+    result = _clean(project)
+    assert result.returncode == 0 and not data.exists(), result.stdout + result.stderr
