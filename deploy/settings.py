@@ -17,12 +17,15 @@ Each comes from a command-line option, else a variable, else its default:
 While a piece it recorded runs, its free ports are taken again (so `make up` twice agrees); it steers
 no other setting. `make down` stops what it records, `make clean-prod` removes the cluster it records. A
 `make up` whose settings differ from those of the deployment running on its home refuses, naming both
-values (`differences`).
+values (`differences`): the folders and ports above, and every other FLYWHEEL_* variable `make up`
+hands its processes (the base model, the warehouse URL, the service's token...: `applied_settings`).
+The token is recorded as a salted digest, never as itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import secrets
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from deploy import guard
 from deploy.processes import free_port, live_records
-from outcome_flywheel.settings import PROJECT_ROOT
+from outcome_flywheel.settings import DEFAULTS, PROJECT_ROOT, SECRETS
 
 HOST = "127.0.0.1"  # every server of the production shape listens on loopback only
 LOCATION_NAME = "outcome_flywheel"  # the code location's name, as `make ui` and the demo know it
@@ -50,6 +53,19 @@ SETTINGS = {
 }
 
 
+TOKEN = "FLYWHEEL_API_TOKEN"
+NEW_TOKEN = "a new one"  # nothing set and nothing kept: `make up` makes one (instance_env)
+# FLYWHEEL_* variables `make up` does not hand on as they are: compared above (SETTINGS), set by it
+# for every process (process_env), or an action of this `make up` only (the daily schedule).
+NOT_APPLIED = {
+    *(variable for variable, _ in SETTINGS.values()),
+    "FLYWHEEL_PROD_HOME",
+    "FLYWHEEL_API_HOST",
+    "FLYWHEEL_DAGSTER_URL",
+    "FLYWHEEL_DAILY_SCHEDULE",
+}
+
+
 class ConflictError(RuntimeError):
     """A `make up` asked for settings other than those of the deployment running on its home."""
 
@@ -63,6 +79,9 @@ class Deployment:
     code_server_port: int
     webserver_port: int
     api_port: int
+    # The other FLYWHEEL_* values its processes get (secrets as salted digests); None: not recorded
+    # (a deploy.json written before they were).
+    applied: dict[str, str] | None = None
 
     @property
     def state_file(self) -> Path:
@@ -129,6 +148,7 @@ def recorded(home: Path) -> Deployment | None:
             code_server_port=int(saved["code_server_port"]),
             webserver_port=int(saved["webserver_port"]),
             api_port=int(saved["api_port"]),
+            applied=saved["applied"] if isinstance(saved.get("applied"), dict) else None,
         )
     except (KeyError, TypeError, ValueError):
         return None
@@ -159,6 +179,8 @@ def resolve(args: argparse.Namespace) -> Deployment:
         return getattr(running, key) if running else free_port()
 
     data_dir = _absolute(given(args.data_dir, "data_dir") or "data")
+    salt = _salt((running.applied or {}).get(TOKEN, "") if running else "")
+    stored = read_env_file(home / "instance.env").get(TOKEN)
     return Deployment(
         home=home,
         data_dir=data_dir,
@@ -167,7 +189,60 @@ def resolve(args: argparse.Namespace) -> Deployment:
         code_server_port=port(args.code_server_port, "code_server_port"),
         webserver_port=port(args.webserver_port, "webserver_port", 3030),
         api_port=port(args.api_port, "api_port", 8765),
+        applied=applied_settings(os.environ, stored, salt),
     )
+
+
+def secret_digest(value: str, salt: str) -> str:
+    return f"sha256:{salt}:{hashlib.sha256((salt + value).encode()).hexdigest()[:32]}"
+
+
+def _salt(digest: str) -> str:
+    """The salt of a recorded digest (so the same value compares equal), else a new one."""
+    parts = digest.split(":")
+    return parts[1] if len(parts) == 3 and parts[0] == "sha256" else secrets.token_hex(8)
+
+
+def applied_settings(environ, stored_token: str | None, salt: str) -> dict[str, str]:
+    """The FLYWHEEL_* values `make up` hands every process as they are set (empty: unset), secrets as
+    digests; the token the service gets: FLYWHEEL_API_TOKEN when set, else the one kept in
+    instance.env, else a new one (NEW_TOKEN until instance_env makes it)."""
+    values = {
+        name: secret_digest(value, salt) if name in SECRETS else value
+        for name, value in sorted(environ.items())
+        if name.startswith("FLYWHEEL_") and name not in NOT_APPLIED and name != TOKEN and value
+    }
+    token = environ.get(TOKEN) or stored_token
+    values[TOKEN] = secret_digest(token, salt) if token else NEW_TOKEN
+    return values
+
+
+def applied_differences(wanted: Deployment, running: Deployment) -> list[str]:
+    """One line per FLYWHEEL_* value `wanted` would hand its processes otherwise than the running
+    deployment's got (a variable unset counts as its default); secrets never shown."""
+    if wanted.applied is None or running.applied is None:
+        return []
+    lines = []
+    for name in sorted(set(wanted.applied) | set(running.applied)):
+        now, asked = (d.applied.get(name) or DEFAULTS.get(name, "") for d in (running, wanted))
+        if now == asked:
+            continue
+        if name == TOKEN:
+            lines.append(
+                f"{TOKEN}: the running service takes another token than this `make up` would give it "
+                f"({TOKEN} when set, else the one kept in {running.secrets_file}, else a new one); "
+                f"`make down` first, or set {TOKEN} to the token the running service takes"
+            )
+        elif name in SECRETS:
+            lines.append(
+                f"{name}: running on another value than asked for; `make down` first, or set it as for its `make up`"
+            )
+        else:
+            lines.append(
+                f"{name}: running on {now or '(unset)'}, asked for {asked or '(unset)'}; `make down` first, or "
+                + (f"set {name} to {now}" if now else f"unset {name}")
+            )
+    return lines
 
 
 def differences(wanted: Deployment, running: Deployment) -> list[str]:
@@ -180,7 +255,7 @@ def differences(wanted: Deployment, running: Deployment) -> list[str]:
                 f"{variable}: running on {now}, asked for {asked}; `make down` first, or set {variable} "
                 f"(or {option}) to {now}"
             )
-    return lines
+    return lines + applied_differences(wanted, running)
 
 
 def check_running(wanted: Deployment) -> None:
@@ -210,8 +285,9 @@ def read_env_file(path: Path) -> dict[str, str]:
 
 
 def instance_env(deployment: Deployment) -> dict[str, str]:
-    """The DAGSTER_PG_* variables the instance file reads (and the service's token when none is
-    set), made once and kept in `<home>/instance.env` (mode 0600)."""
+    """The DAGSTER_PG_* variables the instance file reads, and the service's token, for the processes.
+    Made once and kept in `<home>/instance.env` (mode 0600), rewritten only when a value changes (the
+    PostgreSQL port): a token kept there stays, also while FLYWHEEL_API_TOKEN is set (which wins)."""
     saved = read_env_file(deployment.secrets_file)
     values = {
         "DAGSTER_PG_USER": PG_USER,
@@ -220,13 +296,18 @@ def instance_env(deployment: Deployment) -> dict[str, str]:
         "DAGSTER_PG_PORT": str(deployment.pg_port),
         "DAGSTER_PG_PASSWORD": saved.get("DAGSTER_PG_PASSWORD") or secrets.token_urlsafe(24),
     }
-    if not os.environ.get("FLYWHEEL_API_TOKEN"):
-        values["FLYWHEEL_API_TOKEN"] = saved.get("FLYWHEEL_API_TOKEN") or secrets.token_urlsafe(24)
-    deployment.home.mkdir(parents=True, exist_ok=True)
-    tmp = deployment.secrets_file.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write("# The production instance's credentials (make up). Shell: set -a; . ./instance.env; set +a\n")
-        f.writelines(f"{k}={v}\n" for k, v in values.items())
-    tmp.replace(deployment.secrets_file)
+    if saved.get(TOKEN) or not os.environ.get(TOKEN):
+        values[TOKEN] = saved.get(TOKEN) or secrets.token_urlsafe(24)
+    if values != saved:
+        deployment.home.mkdir(parents=True, exist_ok=True)
+        tmp = deployment.secrets_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("# The production instance's credentials (make up). Shell: set -a; . ./instance.env; set +a\n")
+            f.writelines(f"{k}={v}\n" for k, v in values.items())
+        tmp.replace(deployment.secrets_file)
+    if os.environ.get(TOKEN):
+        values[TOKEN] = os.environ[TOKEN]
+    if deployment.applied is not None and values[TOKEN]:  # what deploy.json records: the token given now
+        deployment.applied[TOKEN] = secret_digest(values[TOKEN], _salt(deployment.applied.get(TOKEN, "")))
     return values
