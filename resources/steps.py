@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -30,8 +29,9 @@ import dagster as dg
 from pydantic import Field
 
 from outcome_flywheel.settings import DEFAULTS, PROJECT_ROOT, RULES, SettingsError
+from outcome_flywheel.steps import MULTI_PROCESS_STEPS
 from outcome_flywheel.steps.entry import ERROR_KEY, run_in_process
-from outcome_flywheel.steps.launch import StepLaunch, passthrough_env
+from outcome_flywheel.steps.launch import StepLaunch, exit_status, launch_root_cause, passthrough_env
 from resources.settings import layered_config_schema
 
 RUNNERS = ("subprocess", "in_process", "k8s")
@@ -140,14 +140,27 @@ class StepRunnerResource(dg.ConfigurableResource):
         if problems:
             raise dg.Failure(description="step runner: " + "; ".join(problems))
         context.log.info(f"step {step}: runner {self.runner}, launcher {self.launcher} x{self.processes}")
+        note = self.one_process_note(step)
+        if note and self.runner != "in_process":
+            context.log.info(f"step {step}: {note}")
         if self.runner == "in_process":
             return _run_in_process(context, step, extras)
         if self.runner == "k8s":
             from dagster_k8s import PipesK8sClient
 
             return PipesK8sClient().run(context=context, extras=k8s_extras(extras, self), **self.k8s_arguments(step))
-        client = StepSubprocessClient(step=step, tail_lines=self.stderr_tail_lines)
+        client = StepSubprocessClient(step=step, tail_lines=self.stderr_tail_lines, launch_note=note)
         return client.run(context=context, extras=dict(extras), command=self.command(step), cwd=str(PROJECT_ROOT))
+
+    def one_process_note(self, step: str) -> str | None:
+        """What a person reads when `step` cannot use the processes asked for and runs as one (launched
+        plainly); None when it runs as asked."""
+        if self.launch().for_step(step).processes == self.processes:
+            return None
+        return (
+            f"runs as one process, launched plainly (python): it cannot use several (its whole body would run "
+            f"in each); launcher {self.launcher} x{self.processes} is for {', '.join(MULTI_PROCESS_STEPS)}"
+        )
 
     # -- Kubernetes ----------------------------------------------------------------------------
 
@@ -323,8 +336,8 @@ class StepSubprocessClient(dg.PipesClient):
     """`PipesSubprocessClient` with the failure a person needs: the step's error, its exit status
     (a kill named as such) and the tail of its stderr, which is also forwarded as it is written."""
 
-    def __init__(self, step: str, tail_lines: int = 40):
-        self.step, self.tail_lines = step, tail_lines
+    def __init__(self, step: str, tail_lines: int = 40, launch_note: str | None = None):
+        self.step, self.tail_lines, self.launch_note = step, tail_lines, launch_note
 
     def run(
         self,
@@ -336,6 +349,8 @@ class StepSubprocessClient(dg.PipesClient):
         env: Optional[Mapping[str, str]] = None,
     ) -> dg.PipesClientCompletedInvocation:
         tail: deque[str] = deque(maxlen=self.tail_lines)
+        # a launcher's summary of a failed launch (launch_root_cause) can outgrow the tail shown
+        summary: deque[str] = deque(maxlen=max(self.tail_lines, SUMMARY_LINES))
         with dg.open_pipes_session(
             context=context,
             extras=extras,
@@ -352,6 +367,7 @@ class StepSubprocessClient(dg.PipesClient):
                 for line in process.stderr:
                     sys.stderr.write(line)
                     tail.append(line)
+                    summary.append(line)
                 process.wait()
             except BaseException:  # the run was interrupted or cancelled: stop the step too
                 process.send_signal(signal.SIGINT)
@@ -361,8 +377,12 @@ class StepSubprocessClient(dg.PipesClient):
                     process.kill()
                 raise
         if process.returncode != 0:
-            raise step_failure(self.step, exit_status(process.returncode), session.get_custom_messages(), "".join(tail))
-        return dg.PipesClientCompletedInvocation(session, metadata={"step_pid": process.pid})
+            messages = session.get_custom_messages()
+            raise step_failure(self.step, exit_status(process.returncode), messages, "".join(tail), "".join(summary))
+        metadata: dict[str, Any] = {"step_pid": process.pid}
+        if self.launch_note:
+            metadata["step_launch"] = self.launch_note
+        return dg.PipesClientCompletedInvocation(session, metadata=metadata)
 
 
 def _run_in_process(context, step: str, extras: Mapping[str, Any]) -> dg.PipesClientCompletedInvocation:
@@ -382,36 +402,16 @@ def _run_in_process(context, step: str, extras: Mapping[str, Any]) -> dg.PipesCl
     return dg.PipesClientCompletedInvocation(session)
 
 
-def exit_status(code: int) -> str:
-    """How a step process ended, in words; a kill says which signal (SIGKILL: the out-of-memory killer's)."""
-    if code < 0 or code in (128 + signal.SIGKILL, 128 + signal.SIGTERM):
-        number = -code if code < 0 else code - 128
-        name = signal.Signals(number).name
-        why = " (out of memory, or killed)" if number == signal.SIGKILL else ""
-        return f"was killed by {name}{why}, exit status {code}"
-    return f"exited with status {code}"
+SUMMARY_LINES = 400  # of a step's stderr, read for a launcher's summary (exit_status, launch_root_cause: launch.py)
 
 
-# torchrun's (and accelerate's, which runs it) summary of a failed launch: the first process to fail
-LAUNCH_ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.DOTALL
-)
-
-
-def launch_root_cause(stderr_tail: str) -> str | None:
-    """The process a multi-process launch lost first, in words ("rank 1 was killed by SIGKILL ..."), from
-    the launcher's summary at the end of its stderr; None when there is none (one process, no launcher)."""
-    found = LAUNCH_ROOT_CAUSE.search(stderr_tail or "")
-    return f"rank {found.group(1)} {exit_status(int(found.group(2)))}" if found else None
-
-
-def step_failure(step: str, how: str, messages, stderr_tail: str) -> dg.Failure:
+def step_failure(step: str, how: str, messages, stderr_tail: str, launcher_output: str = "") -> dg.Failure:
     """The step's failure: how it ended and why. Under a launcher of several processes the first rank
-    lost leads (rank 0's own error then is most often the broken collective that followed: "Connection
-    reset by peer")."""
+    lost leads, with the exception it recorded (rank 0's own error then is most often the broken
+    collective that followed: "Connection reset by peer")."""
     errors = [m[ERROR_KEY] for m in messages if isinstance(m, dict) and ERROR_KEY in m]
-    cause = launch_root_cause(stderr_tail)
-    description = f"step {step} {how}" + (f": {cause} first" if cause else "")
+    cause = launch_root_cause(launcher_output or stderr_tail)
+    description = f"step {step} {how}" + (f": {cause}" if cause else "")
     if errors:
         description += f"{'; rank 0 reported' if cause else ''}: {errors[-1]}"
     if stderr_tail:

@@ -22,6 +22,14 @@ STEP_MODULES = {
 }
 
 
+# The steps that use several processes when a launcher starts several (FLYWHEEL_STEP_PROCESSES > 1): the
+# training steps run data-parallel (`entry.run_data_parallel`: rank 0 runs the step, the other ranks join its
+# trainers) and `probe` reports its ranks. Every other step (`note_scorer`) would run its whole body in every
+# process, so it runs as one process, launched plainly (`launch.StepLaunch.for_step`).
+DATA_PARALLEL_STEPS = ("daily_update", "preference_adapter", "distillation")
+MULTI_PROCESS_STEPS = (*DATA_PARALLEL_STEPS, "probe")
+
+
 def step_module(step: str) -> str:
     """The module `python -m` runs for `step`; a clear error for an unknown step."""
     if step not in STEP_MODULES:

@@ -32,7 +32,7 @@ from dagster_pipes import (
     PipesParamsLoader,
 )
 
-from outcome_flywheel.steps import step_module
+from outcome_flywheel.steps import DATA_PARALLEL_STEPS, step_module
 
 CRASH_VARIABLE = "FLYWHEEL_STEP_CRASH"
 CRASH_POINTS = ("train",)
@@ -120,15 +120,26 @@ def main(step: str, run: Callable[[PipesContext | None], None], distributed: boo
             return
         with open_step(distributed=distributed) as pipes:
             run_guarded(step, pipes, run)
-    except Exception:
+    except Exception as err:
         traceback.print_exc()
         sys.stderr.flush()
+        record_for_launcher(err)
         sys.exit(1)
 
 
-# The steps whose only use of several processes is their trainer (GSPO, weighted DPO, SFT on torch) and,
-# for the daily update, its rollout sampling
-DATA_PARALLEL_STEPS = ("daily_update", "preference_adapter", "distillation")
+def record_for_launcher(err: BaseException) -> None:
+    """Under torchrun (and accelerate, which runs it) each rank has an error file (TORCHELASTIC_ERROR_FILE)
+    that the launcher reads when the rank fails: with the exception recorded there, the launcher's summary
+    names the failed rank's exception and traceback, not only its exit status, and the step's failure
+    leads with it (resources/steps.py). No launcher, no file: nothing to do."""
+    if not os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        return
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+        ErrorHandler().record_exception(err)
+    except Exception:  # the traceback is on stderr already; the exit status still fails the launch
+        traceback.print_exc()
 
 
 def run_data_parallel(step: str, run: Callable[[PipesContext | None], None]) -> None:

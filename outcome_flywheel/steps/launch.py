@@ -4,15 +4,22 @@
 `processes` copies of it on the machine, each with RANK / LOCAL_RANK / WORLD_SIZE set; only rank 0
 talks to Dagster (`entry.py`). Both launchers are invoked as modules of the interpreter that runs
 the step (`python -m accelerate.commands.launch`, `python -m torch.distributed.run`), so the
-command needs no console script on PATH and a virtual environment is used as it is.
+command needs no console script on PATH and a virtual environment is used as it is. Only the steps that
+can use several processes (`MULTI_PROCESS_STEPS`) get several; any other runs as one, launched plainly.
+
+When a launch of several processes fails, the launcher's summary (at the end of its stderr) names the
+rank lost first and, when that rank recorded its exception (`entry.record_for_launcher`), the exception:
+`launch_root_cause` reads both.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+import signal
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from outcome_flywheel.steps import step_module
+from outcome_flywheel.steps import MULTI_PROCESS_STEPS, step_module
 
 LAUNCHERS = ("python", "accelerate", "torchrun")
 # What a step process must see of the orchestrator's environment when it does not inherit all of it
@@ -52,9 +59,17 @@ class StepLaunch:
         if self.launcher == "python" and int(self.processes) != 1:
             raise ValueError("the `python` launcher starts one process: use `accelerate` or `torchrun` for more")
 
+    def for_step(self, step: str) -> "StepLaunch":
+        """How `step` starts: this launch, or one process started plainly (`python`) for a step that
+        cannot use several (not in MULTI_PROCESS_STEPS: its whole body would run in every process)."""
+        step_module(step)  # an unknown step: its clear error
+        if int(self.processes) == 1 or step in MULTI_PROCESS_STEPS:
+            return self
+        return replace(self, launcher="python", processes=1)
+
     def command(self, step: str) -> list[str]:
-        """The argv that runs `step`."""
-        return self.module_command(step_module(step))
+        """The argv that runs `step` (`for_step`'s launch)."""
+        return self.for_step(step).module_command(step_module(step))
 
     def module_command(self, module: str, *args: str) -> list[str]:
         """The argv that runs `python -m module args...` under this launcher (a step, or a benchmark's
@@ -104,3 +119,52 @@ class StepLaunch:
 def passthrough_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The part of `environ` a step process on another machine needs (see PASSTHROUGH_PREFIXES)."""
     return {k: v for k, v in sorted(environ.items()) if k.startswith(PASSTHROUGH_PREFIXES) or k in PASSTHROUGH_NAMES}
+
+
+def exit_status(code: int) -> str:
+    """How a step process ended, in words; a kill says which signal (SIGKILL: the out-of-memory killer's)."""
+    if code < 0 or code in (128 + signal.SIGKILL, 128 + signal.SIGTERM):
+        number = -code if code < 0 else code - 128
+        name = signal.Signals(number).name
+        why = " (out of memory, or killed)" if number == signal.SIGKILL else ""
+        return f"was killed by {name}{why}, exit status {code}"
+    return f"exited with status {code}"
+
+
+# torchrun's (and accelerate's, which runs it) summary of a failed launch: the first process to fail, up to
+# the summary's closing rule; its `traceback :` is the rank's recorded exception (else a pointer to the docs)
+LAUNCH_ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(.*?)(?:^=+\s*$|\Z)",
+    re.DOTALL | re.MULTILINE,
+)
+REASON_CHARS = 1500  # of a rank's exception, in a failure's first line
+
+
+def launch_root_cause(launcher_output: str) -> str | None:
+    """The process a multi-process launch lost first, in words, with its exception when it recorded one
+    ("rank 1 exited with status 1 first: StepError: ...", "rank 1 was killed by SIGKILL ... first"), from
+    the launcher's summary at the end of its output; None when there is none (one process, no launcher)."""
+    found = LAUNCH_ROOT_CAUSE.search(launcher_output or "")
+    if not found:
+        return None
+    cause = f"rank {found.group(1)} {exit_status(int(found.group(2)))} first"
+    reason = recorded_exception(found.group(3))
+    return f"{cause}: {reason}" if reason else cause
+
+
+def recorded_exception(details: str) -> str | None:
+    """The exception at the end of a summary entry's `traceback :` (its lines indented by two spaces,
+    the traceback's frames by more); None when the rank recorded none."""
+    _, _, traceback = details.partition("traceback :")
+    lines = traceback.rstrip().splitlines()
+    if not lines or not lines[0].strip().startswith("Traceback"):
+        return None  # "To enable traceback see: ...", or a signal's "Signal 9 (SIGKILL) received by PID ..."
+    tail: list[str] = []
+    for line in reversed(lines[1:]):
+        if line.startswith("   ") or not line.strip():  # a frame: the exception's lines are all read
+            if tail:
+                break
+            continue
+        tail.insert(0, line.strip())
+    text = " ".join(tail)
+    return text[:REASON_CHARS] + (" ..." if len(text) > REASON_CHARS else "") if text else None

@@ -268,6 +268,46 @@ def test_each_launcher_starts_a_step_that_reaches_dagster(launcher, monkeypatch)
     assert probe["passed_env"] == {"FLYWHEEL_PROBE_SEEN": "yes"} and probe["pid"] != os.getpid()
 
 
+def test_a_step_that_cannot_use_several_processes_runs_as_one_and_says_so():
+    """FLYWHEEL_STEP_LAUNCHER=torchrun FLYWHEEL_STEP_PROCESSES=2 (docs/deploy.md): the training steps and
+    the probe get 2 processes; `note_scorer`, whose whole body would run in each, one process started
+    plainly, and the step's log says so (the daily run: tests/models/train/test_data_parallel.py)."""
+    two = StepLaunch(launcher="torchrun", processes=2, python="/py")
+    assert two.command("note_scorer") == ["/py", "-m", "outcome_flywheel.daily_rl.note_scorer.step"]
+    for step in ("daily_update", "preference_adapter", "distillation", "probe"):
+        assert two.command(step)[2] == "torch.distributed.run", step
+    assert StepLaunch(launcher="torchrun", python="/py").command("note_scorer")[2] == "torch.distributed.run"
+    runner = StepRunnerResource(launcher="torchrun", processes=2)
+    assert "runs as one process, launched plainly" in runner.one_process_note("note_scorer")
+    assert runner.one_process_note("daily_update") is None and SUBPROCESS.one_process_note("note_scorer") is None
+    pod = StepRunnerResource(runner="k8s", k8s_image="x", launcher="torchrun", processes=2)
+    assert pod.command("note_scorer") == ["python", "-m", "outcome_flywheel.daily_rl.note_scorer.step"]
+
+
+@dg.asset
+def failing_rank_step(context: dg.AssetExecutionContext):
+    from outcome_flywheel.settings import PROJECT_ROOT
+    from resources.steps import StepSubprocessClient
+
+    launch = StepLaunch(launcher="torchrun", processes=2, python=sys.executable)
+    command = launch.module_command("tests.pipelines.failing_rank_step")
+    yield from StepSubprocessClient("probe").run(context=context, command=command, cwd=str(PROJECT_ROOT)).get_results()
+
+
+def test_a_failed_launch_leads_with_the_failed_ranks_own_exception(monkeypatch):
+    """A real torchrun launch of 2 processes whose rank 1 raises: the step's failure names rank 1, its
+    exit status and its exception (recorded for the launcher by `entry.main`), not only torchrun's summary."""
+    from tests.pipelines.failing_rank_step import REASON
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    result = dg.materialize([failing_rank_step], raise_on_error=False)
+    assert not result.success
+    failure = _failure(result)
+    headline = failure.split("\n")[0]
+    expected = f"step probe exited with status 1: rank 1 exited with status 1 first: RuntimeError: {REASON}"
+    assert expected in headline, failure[-3000:]
+
+
 def test_a_trainer_step_refuses_several_processes(monkeypatch):
     """A step body opened for one process refuses several: N copies would each write the day's outputs
     (docs/pipes.md). The training steps run data-parallel instead, rank 0 alone running the step

@@ -640,6 +640,50 @@ def test_a_dagster_daily_update_under_torchrun_trains_and_samples_on_two_process
         assert [list(r) for r in rollouts["response_ids"]] == [list(s.token_ids) for g in samples for s in g], day
 
 
+def test_a_torchrun_daily_run_reaches_note_scorer_which_runs_as_one_process(tmp_path, tiny_model_dir, monkeypatch):
+    """FLYWHEEL_STEP_LAUNCHER=torchrun FLYWHEEL_STEP_PROCESSES=2, as docs/deploy.md recommends for `make up`:
+    a day's headlines, daily_update (2 processes) and note_scorer, whose whole body would run in each
+    process: it runs as one, launched plainly, and its log and metadata say so; the day succeeds."""
+    import dagster as dg
+
+    from assets.daily_rl.daily_update import daily_update
+    from assets.daily_rl.headlines import headlines
+    from assets.daily_rl.note_scorer import note_scorer
+    from outcome_flywheel.feedback.log import FeedbackLog
+    from resources.steps import StepRunnerResource
+    from tests.daily_fixtures import daily_resources, linked_data_dir
+    from tests.pipelines.test_pipes_steps import DAYS, SMALL, _latest, _logs
+
+    root = linked_data_dir(tmp_path, tiny_model_dir)
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(root))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("FLYWHEEL_TRAIN_MEMORY_GIB", raising=False)
+    monkeypatch.setenv("FLYWHEEL_STEP_LAUNCHER", "torchrun")
+    monkeypatch.setenv("FLYWHEEL_STEP_PROCESSES", "2")
+    res = {
+        **daily_resources(root, max_headlines=2),
+        "feedback_log": FeedbackLog(data_dir=str(root)),
+        "step_runner": StepRunnerResource.from_env(),
+    }
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize(
+        [headlines, daily_update, note_scorer],
+        partition_key=DAYS[0],
+        resources=res,
+        run_config=SMALL,
+        instance=instance,
+        raise_on_error=False,
+    )
+    logs = _logs(instance, result)
+    assert result.success, logs[-4000:]
+    assert "data parallel: 2 processes" in logs and _latest(root) == DAYS[0]
+    said = "step note_scorer: runs as one process, launched plainly (python)"
+    assert said in logs, logs[-4000:]
+    meta = result.asset_materializations_for_node("note_scorer")[0].metadata
+    assert "runs as one process" in meta["step_launch"].value and meta["step_pid"].value != os.getpid()
+    assert res["warehouse"].exists("note_features", DAYS[0])  # the day's features: the scorer ran on it
+
+
 def test_two_processes_sample_the_one_process_notes(tiny_model_dir, tmp_path, monkeypatch):
     """Rollout sampling shared out across a step's 2 ranks (`shards.sample_across_ranks`): rank 1 samples
     its headlines itself, on its copy of rank 0's adapter-bearing policy, and rank 0 gathers the notes one
