@@ -80,10 +80,9 @@ def layered_config_schema(schema: Any) -> Any:
     other field falling back to the class's default (FLYWHEEL_FEEDS_ARCHIVE lost under
     `resources.feeds.config.max_headlines: 12`). Here each field's default is the value it was built
     with, so a run config changes the fields it names and no other. Used by every resource's
-    `_config_schema` (Dagster's own property, which the resource definition and its run-time config
-    processing both read)."""
-    from dagster._core.definitions.definition_config_schema import DefinitionConfigSchema
-
+    `_config_schema`: Dagster's own property (not public API; the public `dg.Field` and `dg.Shape` are
+    what it returns), which the resource definition and its run-time config processing both read;
+    tests/test_settings_load.py holds each field to it, so an upgrade that moves the hook fails there."""
     field = schema.as_field()
     shape, built = field.config_type, field.default_value if field.default_provided else None
     if not isinstance(shape, dg.Shape) or not isinstance(built, dict):
@@ -95,9 +94,7 @@ def layered_config_schema(schema: Any) -> Any:
         for name, inner in shape.fields.items()
     }
     layered = dg.Shape(fields, description=shape.description, field_aliases=shape.field_aliases)
-    return DefinitionConfigSchema(
-        dg.Field(layered, default_value=built, is_required=False, description=field.description)
-    )
+    return dg.Field(layered, default_value=built, is_required=False, description=field.description)
 
 
 def env_or_default(name: str, default: Any = None):
