@@ -5,7 +5,9 @@ few symbols, the headline's own company half the time, sides that persist from d
 bundled closes (a random stretch of sessions) or on random walks (zero drift, a market factor, fat tails), with
 books held 1 or 5 sessions, over 3 to 60 days. The real code labels them: `evaluation.ab.evaluate_day` (structure
 score, judge win rate, hit rate, mean vs_spy_pct) and `evaluation.backtest.run_backtest` (mean daily excess vs the base, and vs
-SPY on the random walks, where SPY has no drift and costs are 0 so policy vs SPY is a null too). The printed rate is
+SPY on the random walks, where SPY has no drift and costs are 0 so policy vs SPY is a null too), and the share of calls
+on the headline's company (each headline's title names its topic's ticker; each note's text states its call, as
+"Trade Recommendation: Buy AAPL.", and `evaluation.ab.with_relevance` reads it back). The printed rate is
 the share of runs labelled "better" or "worse"; at the nominal 5% it should be <= 0.05 (<= 0.06 allowing for
 simulation error); "when labelled" is the same share among the runs that had enough data for a verdict. The power:
 the same with a planted edge (the symbols the policy nets long rise `--edge` pp a session more than they would, those
@@ -35,7 +37,17 @@ DAYS = (3, 5, 10, 20, 40, 60)
 HORIZONS = (1, 5)
 SOURCES = ("bundled", "walk")
 HEADLINES, NOTES, UNIVERSE = 12, 4, 4  # per day; a few symbols, as the issue's two-symbols day
-METRICS = ("structure_score", "judge_win_rate", "hit_rate", "mean_vs_spy_pct", "backtest_vs_base", "backtest_vs_spy")
+METRICS = (
+    "structure_score",
+    "judge_win_rate",
+    "hit_rate",
+    "mean_vs_spy_pct",
+    "headline_company_share",
+    "backtest_vs_base",
+    "backtest_vs_spy",
+)
+# The random walks' symbols: real tickers, so a headline that names one is about a company the alias map knows.
+WALK_SYMBOLS = ("AAPL", "MSFT", "NVDA", "JPM", "XOM", "PFE", "INTC", "ORCL")
 DECIDED = {BETTER, WORSE, EDGE_LABELS[0], EDGE_LABELS[2]}
 ENOUGH_WORDS = {NOT_ENOUGH, EDGE_LABELS[3]}
 
@@ -83,7 +95,8 @@ class Caller:
 
 def simulate(rng: np.random.Generator, closes: pd.DataFrame, days: int, horizon: int, edge: float, cost_bps: float):
     """(rollouts, baseline, outcomes, preferences) of one run: `days` entry sessions from a random start."""
-    symbols = [c for c in closes.columns if c not in ("SPY", "QQQ")]
+    # multi-letter tickers only: a one-letter one (C, T) is not read as a company in a title
+    symbols = [c for c in closes.columns if c not in ("SPY", "QQQ") and len(c) > 1]
     universe = [str(s) for s in rng.choice(symbols, UNIVERSE, replace=False)]
     start = int(rng.integers(0, len(closes) - days - horizon + 1))
     callers = {"policy": Caller(rng, universe), "base": Caller(rng, universe)}
@@ -128,13 +141,32 @@ def simulate(rng: np.random.Generator, closes: pd.DataFrame, days: int, horizon:
     outcomes = pd.DataFrame(rows)
     day = closes.index[start + days - 1]
     notes = pd.DataFrame(
-        [dict(date=day, headline_id=f"h{h}", rollout_index=k) for h in range(HEADLINES) for k in range(NOTES)]
+        [
+            dict(date=day, headline_id=f"h{h}", rollout_index=k, title=headline_title(topic), summary="")
+            for h, topic in enumerate(topics)
+            for k in range(NOTES)
+        ]
     )
     level = np.repeat(rng.uniform(0.3, 0.9, HEADLINES), NOTES)  # a headline's prompt sets both sides' level
     score = lambda: np.clip(np.round(level + rng.normal(0, 0.15, level.size), 1), 0, 1)  # noqa: E731
-    rollouts, baseline = notes.assign(structure_score=score()), notes.assign(structure_score=score())
+    # the last day's notes: each one's text states its call, as the policy's and the base's notes do
+    rollouts, baseline = (
+        notes.assign(structure_score=score(), response=[note_text(*c) for h in calls[source] for c in h])
+        for source in ("policy", "base")
+    )
     winners = rng.choice(["policy", "base", "tie"], HEADLINES, p=[0.4, 0.4, 0.2])
     return rollouts, baseline, outcomes, pd.DataFrame({"winner": winners}), day
+
+
+def headline_title(symbol: str) -> str:
+    return f"{symbol} shares move after the company's update"
+
+
+def note_text(symbol: str | None, side: int) -> str:
+    """A note's text whose call `calls.parse_call` reads back as (symbol, side); no symbol: no trade."""
+    if not symbol:
+        return "Trade Recommendation: no trade today.\nRationale: nothing clear."
+    return f"Trade Recommendation: {'Buy' if side > 0 else 'Sell'} {symbol}.\nTimeframe: 1 day"
 
 
 def labels_of(rng, closes, days, horizon, edge, walk: bool) -> dict[str, str]:
@@ -156,7 +188,7 @@ def calibrate(runs: int, seed: int) -> pd.DataFrame:
     for r in range(runs):
         source, horizon, days = cells[r % len(cells)]
         walk = source == "walk"
-        closes = random_walk(rng, days + horizon, [f"W{i}" for i in range(8)]) if walk else bundled
+        closes = random_walk(rng, days + horizon, list(WALK_SYMBOLS)) if walk else bundled
         for metric, label in labels_of(rng, closes, days, horizon, 0.0, walk).items():
             if label is not None:
                 rows.append(dict(source=source, horizon=horizon, days=days, metric=metric, label=label))
@@ -170,9 +202,9 @@ def power(runs: int, seed: int, edge: float, days: int = 40) -> pd.DataFrame:
     for r in range(runs):
         source, horizon = list(itertools.product(SOURCES, HORIZONS))[r % 4]
         walk = source == "walk"
-        closes = random_walk(rng, days + horizon, [f"W{i}" for i in range(8)]) if walk else bundled
+        closes = random_walk(rng, days + horizon, list(WALK_SYMBOLS)) if walk else bundled
         for metric, label in labels_of(rng, closes, days, horizon, edge, walk).items():
-            if label is not None and metric not in ("structure_score", "judge_win_rate"):
+            if label is not None and metric not in ("structure_score", "judge_win_rate", "headline_company_share"):
                 rows.append(dict(source=source, horizon=horizon, metric=metric, label=label))
     return pd.DataFrame(rows)
 

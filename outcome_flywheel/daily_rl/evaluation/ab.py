@@ -210,12 +210,22 @@ SHARE_TEST = (
 )
 
 
+RELEVANCE_COLUMNS = ("response", "title")
+
+
 def with_relevance(notes: pd.DataFrame) -> pd.DataFrame:
     """`notes` with `relevance` (relevance.relevance_column): 1.0 when the note's call is on a company its headline is
     about, 0.0 when it is on another or the note makes no call (no side, no_trade, unparseable), NaN when the headline
-    names no known company. Only a parsed call counts: a note that names the company but takes no side is 0."""
+    names no known company. Only a parsed call counts: a note that names the company but takes no side is 0.
+    The notes need `response` (the text the call is read from) and `title` (`summary` may be absent)."""
     if notes.empty:
         return notes.assign(relevance=pd.Series(dtype=float))
+    missing = [c for c in RELEVANCE_COLUMNS if c not in notes.columns]
+    if missing:
+        raise ValueError(
+            f"the share of calls on the headline's company needs the notes' columns {missing}; "
+            f"the notes have {list(notes.columns)}"
+        )
     text = notes[["response"]].assign(title=notes.get("title"), summary=notes.get("summary"))
     calls = calls_frame(text)
     symbol = calls["symbol"].where(calls["parse_status"] == "ok")
