@@ -102,14 +102,16 @@ def create_app(state: ServiceState | None = None) -> FastAPI:
     async def unexpected(request: Request, err: Exception):
         # A bug or a broken file nothing expected: Starlette's plain "Internal Server Error" (the
         # traceback goes to the log), in OpenAI's shape under /v1, never the error's own text.
-        path = request.url.path
+        # The server closes the connection after it (the error is re-raised to its log): the client is told.
+        path, headers = request.url.path, {"Connection": "close"}
         if not is_openai_path(path):
-            return PlainTextResponse("Internal Server Error", status_code=500)
+            return PlainTextResponse("Internal Server Error", status_code=500, headers=headers)
         return refusal(
             path,
             500,
             f"internal server error ({type(err).__name__}); the service's log has the details",
             code="internal_error",
+            headers=headers,
         )
 
     @app.exception_handler(StarletteHTTPException)

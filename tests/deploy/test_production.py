@@ -28,7 +28,7 @@ import httpx
 import psutil
 import pytest
 
-from deploy import processes
+from deploy import guard, processes
 from deploy.postgres import find_binaries, server_user_problem
 from deploy.settings import read_env_file
 from outcome_flywheel.settings import PROJECT_ROOT
@@ -113,11 +113,15 @@ def prod(tmp_path_factory, tiny_model_dir):
         **os.environ,
         **s3.env("warehouse"),
         "FLYWHEEL_AUDIT_LOG": str(root / "audit_log.jsonl"),
-        "FLYWHEEL_API_TOKEN": TOKEN,
         "OMP_NUM_THREADS": "1",
         "FLYWHEEL_DAILY_SCHEDULE": "off",
     }
     env.pop("FLYWHEEL_FEED_URLS", None)
+    env.pop("FLYWHEEL_API_TOKEN", None)
+    # The service's token, kept in instance.env as an earlier `make up` would have made and kept it.
+    home.mkdir()
+    (home / "instance.env").write_text(f"FLYWHEEL_API_TOKEN={TOKEN}\n")
+    (home / "instance.env").chmod(0o600)
     args = [
         "--home",
         str(home),
@@ -195,9 +199,7 @@ def test_up_starts_each_piece_once_on_postgres(prod):
     home = prod["home"]
     records = {name: processes.running(home, name) for name in PIECES}
     assert all(records.values()), prod["up"]
-    assert (
-        prod["webserver"] in prod["up"] and prod["service"] in prod["up"] and TOKEN not in prod["up"]
-    )  # a set token is never printed
+    assert prod["webserver"] in prod["up"] and prod["service"] in prod["up"]
     instance_file = (home / "dagster.yaml").read_text()
     assert "postgresql+psycopg2" in instance_file and "QueuedRunCoordinator" in instance_file
     assert prod["instance"].get_concurrency_config().run_queue_config.tag_concurrency_limits == [
@@ -229,6 +231,39 @@ def test_up_starts_each_piece_once_on_postgres(prod):
         "flywheel_outcomes_schedule": "RUNNING",
     }
     prod["figures"]["make_up_s"] = round(prod["up_s"], 1)
+
+
+def test_up_keeps_the_stored_token_and_refuses_another_token_or_base_model(prod):
+    """Issue 47, item 8: every setting `make up` applies is compared with the running deployment's,
+    the token too (never shown), and a plain `make up` keeps the token instance.env holds."""
+    home, env = prod["home"], prod["env"]
+    kept = (home / "instance.env").read_bytes()
+    pids = {name: processes.running(home, name).pid for name in PIECES}
+    another = "another-token-" + "x" * 20
+    refused = run_script("deploy.up", prod["args"], {**env, "FLYWHEEL_API_TOKEN": another}, timeout=300)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "FLYWHEEL_API_TOKEN: the running service takes another token" in refused.stderr, refused.stderr
+    assert another not in refused.stdout + refused.stderr and TOKEN not in refused.stdout + refused.stderr
+    model = env.get("FLYWHEEL_BASE_MODEL") or "tiny-local"
+    refused = run_script("deploy.up", prod["args"], {**env, "FLYWHEEL_BASE_MODEL": "smollm2-135m-instruct"})
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert (
+        f"FLYWHEEL_BASE_MODEL: running on {model}, asked for smollm2-135m-instruct; `make down` first, or set "
+        f"FLYWHEEL_BASE_MODEL to {model}"
+    ) in refused.stderr, refused.stderr
+    assert (home / "instance.env").read_bytes() == kept  # refused before anything was written
+    same = run_script("deploy.up", prod["args"], {**env, "FLYWHEEL_API_TOKEN": TOKEN}, timeout=300)
+    assert same.returncode == 0 and same.stdout.count("already running") == len(PIECES), same.stdout + same.stderr
+    assert TOKEN not in same.stdout  # a token set in the environment is never printed
+    plain = run_script("deploy.up", prod["args"], env, timeout=300)
+    assert plain.returncode == 0 and plain.stdout.count("already running") == len(PIECES), plain.stdout + plain.stderr
+    assert (home / "instance.env").read_bytes() == kept and read_env_file(home / "instance.env")[
+        "FLYWHEEL_API_TOKEN"
+    ] == TOKEN
+    assert {name: processes.running(home, name).pid for name in PIECES} == pids
+    with httpx.Client(base_url=prod["service"], timeout=60) as http:  # the service takes the token it took
+        assert http.get("/v1/models", headers=AUTH).status_code == 200
+        assert http.get("/v1/models", headers={"Authorization": f"Bearer {another}"}).status_code == 401
 
 
 def test_the_preference_sensor_ticks_under_the_daemon(prod):
@@ -326,6 +361,50 @@ def test_a_killed_run_worker_is_failed_its_slot_freed_and_the_retry_succeeds(pro
     assert "prod-2" in set(prod["warehouse"].read("operator_decisions", "2025-06-18")["decision_id"])
 
 
+def test_v1_refusals_of_the_running_service_are_openai_shaped(prod):
+    """Issue 47, item 9: POST /v1 with the token, a foreign Host, an unexpected error under /v1."""
+    adapters = prod["root"] / "adapters" / "preference"
+    with httpx.Client(base_url=prod["service"], headers=AUTH, timeout=60) as http:
+        answers = {
+            "POST /v1": http.post("/v1"),
+            "foreign Host": http.get("/v1/models", headers={"Host": "evil.example"}),
+        }
+        assert http.get("/api/rl/status", headers={"Host": "evil.example"}).text == "Invalid host header"  # not /v1
+        # An adapter whose weights file is a folder: reading it fails in a way no handler expects.
+        (adapters / "broken" / "adapter_model.safetensors").mkdir(parents=True)
+        (adapters / "latest").symlink_to("broken")
+        try:
+            answers["500"] = http.get("/v1/models")
+        finally:
+            (adapters / "latest").unlink()
+            shutil.rmtree(adapters / "broken")
+        assert answers["500"].headers["connection"] == "close"  # the server closes it after an error
+        assert http.get("/v1/models").status_code == 200  # on a new connection
+    expected = {"POST /v1": (404, "unknown_url"), "foreign Host": (400, "invalid_host"), "500": (500, "internal_error")}
+    for what, response in answers.items():
+        assert response.headers["content-type"] == "application/json", (what, response.text)
+        error = response.json()["error"]
+        assert (response.status_code, error["code"]) == expected[what], (what, response.text)
+        assert error["message"] and error["type"] == (
+            "server_error" if response.status_code >= 500 else "invalid_request_error"
+        )
+
+
+def test_clean_refuses_while_the_deployment_runs_whatever_its_home(prod):
+    """Issue 47, item 7: `make clean` on the project whose data/ the deployment uses, in a shell
+    without FLYWHEEL_PROD_HOME (the home is elsewhere): refused, each piece found by what it uses."""
+    project = prod["root"].parent
+    assert prod["root"] == project / "data" and not (project / ".dagster-prod").exists()
+    env = {
+        k: v for k, v in prod["env"].items() if k not in ("FLYWHEEL_PROD_HOME", "FLYWHEEL_DATA_DIR", "FLYWHEEL_PG_DIR")
+    }
+    result = run_script("deploy.clean", ["--project", str(project)], env, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    for name in ("code_server", "daemon", "webserver", "service"):
+        assert re.search(rf" pid {processes.running(prod['home'], name).pid} ", result.stderr), (name, result.stderr)
+    assert (project / "data" / "warehouse").is_dir()
+
+
 def test_down_stops_everything_it_started_and_nothing_else(prod):
     home = prod["home"]
     started = {name: processes.running(home, name) for name in PIECES}
@@ -349,3 +428,39 @@ def test_down_stops_everything_it_started_and_nothing_else(prod):
     figures = json.dumps(prod["figures"])
     print(f"production figures: {figures}")
     (home / "figures.json").write_text(figures)
+
+
+def test_down_during_up_stops_up_and_leaves_nothing_running(prod):
+    """Issue 47, item 6: `make down` while `make up` starts: `make up` is asked to stop, stops what it
+    started and fails saying why; `make down` stops the rest; nothing runs afterwards."""
+    home, pg_dir = prod["home"], Path(prod["args"][prod["args"].index("--pg-dir") + 1])
+    assert not processes.live_records(home)  # the deployment is down (the test before)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "deploy.up", *prod["args"]],
+        env=prod["env"],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 300
+        while not processes.running(home, "code_server"):  # PostgreSQL and the code server started
+            assert up.poll() is None and time.time() < deadline, up.communicate()
+            time.sleep(0.1)
+        pids = {r.pid for r in processes.live_records(home)}
+        down = run_script("deploy.down", ["--home", str(home)], prod["env"], timeout=600)
+        out, err = up.communicate(timeout=600)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert f"make up: pid {up.pid} was starting the deployment: asked it to stop" in down.stdout, down.stdout
+    assert up.returncode == 1, out + err
+    assert "make up: stopped before the deployment was up: `make down` (pid " in err and "asked it to stop" in err, err
+    assert "code_server: stopped pid" in err and "postgres: stopped pid" in err, err
+    assert "started" not in out, out
+    left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left and not processes.live_records(home), (left, down.stdout)
+    assert guard.up_running(home) is None and guard.cluster_server(pg_dir) is None
