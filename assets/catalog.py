@@ -72,6 +72,12 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
             "bool",
             "The decoder layers recomputed their activations in the backward pass (FLYWHEEL_TRAIN_RECOMPUTE).",
         ),
+        "grad_share_note": (
+            "float",
+            "The whole-note part's share of the update's gradient norm (note + relevance + price), on a probe minibatch before the first step.",
+        ),
+        "grad_share_relevance": ("float", "The relevance part's share of it (the call's ticker tokens)."),
+        "grad_share_price": ("float", "The price part's share of it (the call's side, matured and replayed notes)."),
         "objective": (
             "string",
             "token (token-level clipped surrogate, signal-scoped advantages), gspo or reward_weighted.",

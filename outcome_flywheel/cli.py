@@ -178,7 +178,12 @@ def cmd_make_world(args: argparse.Namespace) -> int:
                 "give --synthetic-days and --archive-out together (a SYNTHETIC archive of N days, written to DIR)"
             )
         config = worlds.WorldConfig(
-            kind=args.kind, seed=args.seed, move_pct=args.move_pct, noise_pct=args.noise_pct, drift_pct=args.drift_pct
+            kind=args.kind,
+            seed=args.seed,
+            move_pct=args.move_pct,
+            noise_pct=args.noise_pct,
+            drift_pct=args.drift_pct,
+            market_beta=args.market_beta,
         )
         if args.synthetic_days is not None:  # from the event templates of --archive
             feeds = world_feeds.write_synthetic_archive(
@@ -316,6 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--noise-pct", type=_finite, default=1.0, help="daily standard deviation of every return, %% (default 1)"
     )
     p.add_argument("--drift-pct", type=_finite, default=0.0, help="mean daily return of every symbol, %% (default 0)")
+    p.add_argument(
+        "--market-beta",
+        type=_finite,
+        default=1.0,
+        help="each stock's exposure to SPY's noise (default 1: vs_spy is the planted move plus the stock's own noise; 0: stocks walk apart from SPY)",
+    )
     p.add_argument(
         "--archive",
         default=None,

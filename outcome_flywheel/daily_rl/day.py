@@ -59,7 +59,7 @@ from outcome_flywheel.daily_rl.reward.rollout_scores import score_previous_rollo
 from outcome_flywheel.daily_rl.reward.training_record import judged_ledger, price_training_row
 from outcome_flywheel.daily_rl.worlds.prices import judge_outcome_titles
 from outcome_flywheel.models.loader import ModelLoader
-from outcome_flywheel.models.train.gspo import train_gspo
+from outcome_flywheel.models.train.gspo import GRADIENT_PARTS, train_gspo
 from outcome_flywheel.models.train.gspo_config import GSPOConfig
 from outcome_flywheel.storage import Warehouse
 
@@ -96,6 +96,7 @@ class DailyUpdateResult:
     checks: dict[str, dict] = field(default_factory=dict)
     prompt_variants: pd.DataFrame = field(default_factory=pd.DataFrame)  # the prompt evolver's state of D
     prompt_events: list[str] = field(default_factory=list)
+    train_stats: object = None  # TrainStats of the GSPO step's per-step figures (None: not trained), for the MLflow run
 
 
 def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
@@ -178,7 +179,12 @@ def run_daily_update(
     matured = matured_notes(warehouse, market_data, day, parent_version, settings, temperature, tokenizer)
     timings["matured_s"] = time.perf_counter() - started
     judged, judged_keys = training_examples(
-        prev_rollouts, scores, with_keys=True, reward=settings.reward, tokenizer=tokenizer
+        prev_rollouts,
+        scores,
+        with_keys=True,
+        reward=settings.reward,
+        tokenizer=tokenizer,
+        relevance_span=settings.credit.relevance_span,
     )
     examples = judged + matured.examples
     gspo = replace(
@@ -302,6 +308,7 @@ def run_daily_update(
         checks=checks,
         prompt_variants=prompt_variants,
         prompt_events=evolver.events,
+        train_stats=stats,
     )
 
 
@@ -328,6 +335,8 @@ def matured_notes(
         settings.reward.share("price"),
         temperature,
         tokenizer=tokenizer,
+        # a day the gate rejected kept its parent's weights: its price groups go back to pending
+        rejected=lambda d: (read_checkpoint(root / d) or {}).get("gate") == "rejected",
     )
 
 
@@ -379,6 +388,8 @@ def training_summary(
         # how the memory budget ran the steps (models/train/memory.py)
         train_micro_batches=stats.micro_batches if stats else 0,
         train_recomputed=stats.layers_recomputed if stats else False,
+        # each reward part's pull on the weights (models/train/gspo.py, gradient_shares)
+        **{f"grad_share_{p}": float(stats.extra.get(f"grad_share_{p}", nan)) if stats else nan for p in GRADIENT_PARTS},
         objective=gspo.objective,
         learning_rate=gspo.learning_rate,
         headlines=headlines,

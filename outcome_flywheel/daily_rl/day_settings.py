@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from outcome_flywheel.daily_rl.partitions import DailyUpdateError
 from outcome_flywheel.daily_rl.policy.gate import GateConfig
 from outcome_flywheel.daily_rl.policy.prompt_evolver import EvolverConfig
+from outcome_flywheel.daily_rl.reward.credit import CreditConfig
 from outcome_flywheel.daily_rl.reward.matured import MaturedConfig
 from outcome_flywheel.daily_rl.reward.signals import SIGNAL_SPANS, PriceReward, RewardConfig
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.train.gspo_config import GSPOConfig
 from outcome_flywheel.settings import env
 
+MATURED_FIELDS = {f.name: f for f in fields(MaturedConfig)}
 TINY_LOCAL_MAX_NEW_TOKENS = 160  # tiny-local's notes end within ~80 tokens
 DEFAULT_ROLLOUTS_PER_HEADLINE = 8
 DEFAULT_MAX_NEW_TOKENS = 512
@@ -69,6 +71,15 @@ class DailyUpdateSettings:
             )
         },
     )
+    credit: CreditConfig = field(
+        default_factory=CreditConfig,
+        metadata={"help": "Which of the call's tokens the price and relevance parts train."},
+    )
+    price_baseline: str = field(default=MaturedConfig.baseline, metadata=MATURED_FIELDS["baseline"].metadata)
+    price_replay_days: int = field(default=MaturedConfig.replay_days, metadata=MATURED_FIELDS["replay_days"].metadata)
+    price_replay_decay: float = field(
+        default=MaturedConfig.replay_decay, metadata=MATURED_FIELDS["replay_decay"].metadata
+    )
     prompt_evolver: EvolverConfig = field(
         default_factory=EvolverConfig, metadata={"help": "The prompt evolver's bandit (tier 1b)."}
     )
@@ -81,6 +92,10 @@ class DailyUpdateSettings:
             max_staleness=stale,
             horizon=int(env("FLYWHEEL_OUTCOME_HORIZON")),
             cost_bps=float(env("FLYWHEEL_OUTCOME_COST_BPS")),
+            baseline=self.price_baseline,
+            replay_days=self.price_replay_days,
+            replay_decay=self.price_replay_decay,
+            span=self.credit.price_span,
         )
 
     def sizes(self, models: ModelLoader) -> tuple[int, int]:
@@ -122,6 +137,13 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "price_unparseable": "price.unparseable",
     "price_max_staleness": "max_staleness",
     "tis_cap": "gspo.tis_cap",
+    "span_epochs": "gspo.span_epochs",
+    "gradient_shares": "gspo.gradient_shares",
+    "price_span": "credit.price_span",
+    "relevance_span": "credit.relevance_span",
+    "price_baseline": "price_baseline",
+    "price_replay_days": "price_replay_days",
+    "price_replay_decay": "price_replay_decay",
     "prompt_evolver_enabled": "prompt_evolver.enabled",
     "prompt_evolver_epsilon": "prompt_evolver.epsilon",
     "prompt_evolver_trials_per_variant": "prompt_evolver.trials_per_variant",

@@ -166,6 +166,10 @@ class Framework:
     # framework trains in one process only (mlx) and the trainers refuse WORLD_SIZE > 1 (`train/shards.py`).
     world: Callable[[], tuple[int, int]] | None = None
     gather: Callable[[Any], list] | None = None
+    # (model, loss, batch) -> the L2 norm of the gradient of `loss` over `batch` (an `Accumulated` step or
+    # one part) w.r.t. the trainable weights, which are left without gradients: how much a reward part
+    # pulls (gspo.py's gradient shares). None: not measured.
+    gradient_norm: Callable[[Any, Callable, Any], float] | None = None
 
 
 class ChatTokenizer:

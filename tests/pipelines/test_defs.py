@@ -351,7 +351,10 @@ def _other_value(value, annotation):
     if kind is float:
         return (value or 0.0) + 0.125
     if kind is str:
-        return {"token": "gspo", "gspo": "token"}.get(value, "2024-01-02")
+        # another valid choice where the field has a fixed set (objective, credit spans, price baseline)
+        return {"token": "gspo", "gspo": "token", "side": "call", "ticker": "side", "loo": "group_std"}.get(
+            value, "2024-01-02"
+        )
     return {"structure": 1.0}  # dict[str, float]: the reward weights
 
 

@@ -351,6 +351,38 @@ def call_spans(note: str) -> list[tuple[int, int]]:
     ]
 
 
+def call_part_spans(note: str) -> dict[str, list[tuple[int, int]]]:
+    """The call's line split by what decides what: `side` = the first long / short phrase the parser can
+    read in the call's lines (the word that makes the call long or short), `ticker` = the named symbol
+    in those lines (else what follows the side phrase on its line, and the call's other lines). Empty when the note has no
+    call line (`call_spans`). Credit uses them so that the price trains the side and relevance the name."""
+    spans = call_spans(note)
+    if not spans:
+        return {}
+    text = _readable(note)
+    side: list[tuple[int, int]] = []
+    for a, b in spans:
+        hit = next((m for m in _SIDE_RE.finditer(text, a, b) if m.lastgroup in ("long", "short")), None)
+        if hit is not None:
+            side = [hit.span()]
+            break
+    symbol = parse_call(note).symbol
+    ticker = (
+        [
+            m.span()
+            for a, b in spans
+            for m in re.finditer(rf"(?<!\w){re.escape(symbol)}(?!\w)", text[:b])
+            if m.start() >= a
+        ]
+        if symbol
+        else []
+    )
+    if not ticker:  # no symbol written out (a company's name): what follows the side phrase, and the other lines
+        ticker = [(max(a, side[0][1]) if side and a <= side[0][0] < b else a, b) for a, b in spans]
+        ticker = [(a, b) for a, b in ticker if text[a:b].strip()]
+    return {"side": side, "ticker": ticker}
+
+
 def parse_call(note: str, universe: Iterable[str] | None = None) -> TradeCall:
     """Read one note's trade call. With a `universe`, a symbol outside it gives "unknown_symbol"; without
     one any well-formed ticker counts (live data checks it later)."""

@@ -21,13 +21,15 @@ def training_examples(
     with_keys: bool = False,
     reward: RewardConfig | None = None,
     tokenizer=None,
+    relevance_span: str = "ticker",
 ):
     """GSPO examples from the usable scored rollouts (notes whose every token's advantage is 0 carry no
     gradient); with `with_keys`, also each example's (note date, headline_id, rollout_index).
 
     Without `reward`: one advantage per note, `advantage` (whole-note signals only). With it and the
     policy's `tokenizer`: the note's advantage share(note) * advantage (the sequence part) and
-    share(relevance) * relevance_advantage on the call's line's tokens (`credit.py`)."""
+    share(relevance) * relevance_advantage on the call's `relevance_span` (`credit.py`; the whole call line
+    where that span selects no token, the whole note where there is no call line)."""
     from outcome_flywheel.daily_rl.reward.credit import call_token_mask, judged_token_advantages
     from outcome_flywheel.models.train.gspo_config import GSPOExample
 
@@ -56,7 +58,12 @@ def training_examples(
         ids = [int(t) for t in r.response_ids]
         token_adv = None
         if reward is not None and reward.share("relevance") and float(r.relevance_advantage):
-            mask = call_token_mask(tokenizer, ids, r.response) if tokenizer is not None else None
+            mask = (
+                call_token_mask(tokenizer, ids, r.response, relevance_span)
+                or call_token_mask(tokenizer, ids, r.response)
+                if tokenizer is not None
+                else None
+            )
             token_adv = judged_token_advantages(reward, len(ids), float(r.relevance_advantage), mask)
         examples.append(
             GSPOExample(

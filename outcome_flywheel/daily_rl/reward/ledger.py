@@ -20,7 +20,10 @@ LEDGER_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "rollout_index": ("int", "Which of the headline's notes."),
     "step": (
         "string",
-        ("judged (immediate signals, the day after the note) or matured (price, when its outcome is known)."),
+        (
+            "judged (immediate signals, the day after the note), matured (price, when its outcome is known) or "
+            "replay (a price group trained again on a later day, decayed; it settles nothing)."
+        ),
     ),
     "signals": ("string", "Comma-separated reward signals this row trained the note on."),
     "status": ("string", "trained or dropped; either way the note is settled for this step."),
@@ -37,7 +40,7 @@ LEDGER_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "is_ratio": ("float", "exp(mean_t(log pi_parent - log pi_behaviour)), before truncation; NaN when no gradient."),
 }
 LEDGER_COLUMNS = list(LEDGER_COLUMN_SCHEMA)
-STEPS = ("judged", "matured")
+STEPS = ("judged", "matured", "replay")
 NOTE_KEY = ["note_date", "headline_id", "rollout_index"]
 
 

@@ -16,6 +16,20 @@ session (a Friday's notes, h = 1: Tuesday). `daily_update`(D) trains them beside
   train with their stored behaviour log-probs (the loss weights them by the truncated IS ratio,
   `gspo_config.tis_cap`).
 
+Pooled evidence (`replay_days`): a day's few new price groups (~6-7 on the bundled archive) are too few
+to estimate a side from, and trained once they swing the side from day to day. So a group trained on
+price at day d trains again at each later day D up to d + `replay_days`, its advantage decayed by
+`replay_decay ** (D - d)`, while it stays within the staleness limit (and under the loss's truncated IS
+weight against the current policy): the side is fitted to a window of evidence, like a running
+regression, not to one day's. Replays are ledger rows of step `replay` (they settle nothing). A day the
+gate rejected kept its parent's weights: its price rows settle nothing and its groups go back to
+pending, so the next day trains them anew.
+
+Advantage (`price_baseline`): `loo` (default), A_i = 2 (p_i - mean_{j != i} p_j), the leave-one-out
+baseline (RLOO, Ahmadian et al. 2024) in units of the signal's half-range and, as Dr. GRPO (Liu et al.
+2025), no per-group std: a group whose spread is only other tickers' noise keeps its small advantages
+instead of being scaled up to full size; `group_std` = (p - mean) / std, GRPO's.
+
 Staleness rule, named: *policy updates since sampling*, as NeMo-RL's trajectory age and TRL's
 `max_staleness` count versions, not days: the number of times the checkpoint weights changed between
 the checkpoint that sampled the note and D's parent (a day the gate rejected, or that trained
@@ -42,10 +56,11 @@ from outcome_flywheel.daily_rl.notes.outcomes import (
     price_range,
 )
 from outcome_flywheel.daily_rl.reward.ledger import settled_notes
-from outcome_flywheel.daily_rl.reward.signals import PriceReward, group_advantages
+from outcome_flywheel.daily_rl.reward.signals import PriceReward, group_advantages, loo_advantages
 from outcome_flywheel.trading_sessions import nyse_calendar
 
 DEFAULT_MAX_STALENESS = 4
+PRICE_BASELINES = ("loo", "group_std")
 NEW_YORK = "America/New_York"
 
 
@@ -68,8 +83,32 @@ class MaturedConfig:
         default=DEFAULT_HORIZON, metadata={"help": "Sessions between entry and exit (FLYWHEEL_OUTCOME_HORIZON)."}
     )
     cost_bps: float = field(default=DEFAULT_COST_BPS, metadata={"help": "Round-trip cost (FLYWHEEL_OUTCOME_COST_BPS)."})
+    baseline: str = field(
+        default="loo",
+        metadata={
+            "help": "The price advantage: `loo` = 2 (p_i - mean of the others), no std (RLOO, Dr. GRPO); `group_std` = (p - mean) / std (GRPO)."
+        },
+    )
+    replay_days: int = field(
+        default=4,
+        metadata={
+            "help": "Days a price group trained at d trains again (d+1 .. d+N), within the staleness limit; 0 = once."
+        },
+    )
+    replay_decay: float = field(
+        default=0.7, metadata={"help": "A replayed group's advantage is multiplied by decay ** (days since d)."}
+    )
+    span: str = field(
+        default="side", metadata={"help": "Tokens the price trains: side, ticker or call (credit.CreditConfig)."}
+    )
 
     def __post_init__(self):
+        if self.baseline not in PRICE_BASELINES:
+            raise ValueError(f"price_baseline must be one of {', '.join(PRICE_BASELINES)}, got {self.baseline!r}")
+        if isinstance(self.replay_days, bool) or int(self.replay_days) != self.replay_days or self.replay_days < 0:
+            raise ValueError(f"price_replay_days must be a whole number >= 0, got {self.replay_days!r}")
+        if not (isinstance(self.replay_decay, (int, float)) and 0.0 <= float(self.replay_decay) <= 1.0):
+            raise ValueError(f"price_replay_decay must be in [0, 1], got {self.replay_decay!r}")
         if (
             isinstance(self.max_staleness, bool)
             or int(self.max_staleness) != self.max_staleness
@@ -119,7 +158,64 @@ class MaturedBatch:
     ledger: list[dict] = field(default_factory=list)  # ledger rows without is_ratio yet
     waiting_notes: int = 0
     no_data_notes: int = 0
+    replayed_groups: int = 0
     window: tuple[str, str] | None = None
+
+
+def price_advantages(values, config: MaturedConfig) -> np.ndarray:
+    """The group's price advantages under `config.baseline`."""
+    return loo_advantages(values) if config.baseline == "loo" else group_advantages(values)
+
+
+def _example(r, adv: float, tokenizer, span: str):
+    """A price example of rollout row `r`: the advantage on the call's `span` (every token without a
+    tokenizer); None when it would carry no gradient (no call line to credit, or no tokens)."""
+    from outcome_flywheel.daily_rl.reward.credit import call_token_mask, price_token_advantages
+    from outcome_flywheel.models.train.gspo_config import GSPOExample
+
+    if abs(adv) <= 1e-8 or not len(r.response_ids):
+        return None
+    ids = [int(t) for t in r.response_ids]
+    if tokenizer is not None:
+        mask = call_token_mask(tokenizer, ids, r.response, span)
+        if mask is None:  # no side to credit (no call line, no side phrase, text that does not round-trip)
+            return None
+    else:
+        mask = [True] * len(ids)
+    token_adv = price_token_advantages(len(ids), float(adv), mask)
+    return GSPOExample(
+        prompt=json.loads(r.prompt),
+        response_ids=ids,
+        behavior_logprobs=[float(x) for x in r.behavior_logprobs],
+        advantage=0.0,
+        token_advantages=token_adv,
+        token_part="price",
+    )
+
+
+def _staleness_reason(stale: int, group: pd.DataFrame, config: MaturedConfig, temperature: float | None) -> str | None:
+    if stale > config.max_staleness:
+        return (
+            f"stale: {stale} policy updates since the notes were sampled > price_max_staleness {config.max_staleness}"
+        )
+    if temperature is not None and float(group["temperature"].iloc[0]) != float(temperature):
+        return f"sampled at temperature {group['temperature'].iloc[0]}, today's update trains at {temperature}"
+    return None
+
+
+def _base_row(day, note_day, headline_id, step, parent_version, behavior, stale) -> dict:
+    return dict(
+        date=day,
+        note_date=note_day,
+        headline_id=headline_id,
+        step=step,
+        signals="price",
+        policy_version=parent_version,
+        behavior_policy_version=behavior,
+        staleness_updates=stale,
+        staleness_days=(date.fromisoformat(day) - date.fromisoformat(note_day)).days,
+        is_ratio=np.nan,
+    )
 
 
 def matured_batch(
@@ -132,14 +228,14 @@ def matured_batch(
     advantage_scale: float,
     temperature: float | None,
     tokenizer=None,
+    replays: pd.DataFrame | None = None,
 ) -> MaturedBatch:
     """Ledger rows and GSPO examples of the unsettled `notes` (rollout rows of earlier days) given their
     `outcomes` (same rows, in order: `outcome_rows` of their calls). `advantage_scale`: the price part's
     share of the credit (`RewardConfig.share("price")`). With the policy's `tokenizer` the advantage
-    sits on the call's line only (`credit.py`); without it, on every token."""
-    from outcome_flywheel.daily_rl.reward.credit import call_token_mask, price_token_advantages
-    from outcome_flywheel.models.train.gspo_config import GSPOExample
-
+    sits on the call's `config.span` only (`credit.py`); without it, on every token. `replays`: rollout
+    rows of groups trained on price at an earlier day d (columns `trained_on`, `signal_value`), trained
+    again with weight `replay_decay ** (day - d)` (`replay_batch`)."""
     batch = MaturedBatch()
     frame = notes.reset_index(drop=True).assign(
         o_status=outcomes["status"].to_numpy(),
@@ -153,27 +249,14 @@ def matured_batch(
             continue
         behavior = str(group["policy_version"].iloc[0])
         stale = staleness_updates(note_day, behavior, checkpoints, day)
-        base = dict(
-            date=day,
-            note_date=note_day,
-            headline_id=headline_id,
-            step="matured",
-            signals="price",
-            policy_version=parent_version,
-            behavior_policy_version=behavior,
-            staleness_updates=stale,
-            staleness_days=(date.fromisoformat(day) - date.fromisoformat(note_day)).days,
-            is_ratio=np.nan,
-        )
-        reason = None
-        if stale > config.max_staleness:
-            reason = f"stale: {stale} policy updates since the notes were sampled > price_max_staleness {config.max_staleness}"
-        elif temperature is not None and float(group["temperature"].iloc[0]) != float(temperature):
-            reason = f"sampled at temperature {group['temperature'].iloc[0]}, today's update trains at {temperature}"
+        base = _base_row(day, note_day, headline_id, "matured", parent_version, behavior, stale)
+        reason = _staleness_reason(stale, group, config, temperature)
         usable = group[group["o_status"] != "no_data"]
         values = [config.price.value(s, v, p) for s, v, p in zip(usable["o_status"], usable["o_vs"], usable["o_parse"])]
         advantages = (
-            group_advantages(values) * advantage_scale if reason is None and len(values) else np.zeros(len(values))
+            price_advantages(values, config) * advantage_scale
+            if reason is None and len(values)
+            else np.zeros(len(values))
         )
         for r in group[group["o_status"] == "no_data"].itertuples():
             batch.no_data_notes += 1
@@ -198,20 +281,73 @@ def matured_batch(
                     "advantage": np.nan if reason else float(adv),
                 }
             )
-            if reason is None and abs(adv) > 1e-8 and len(r.response_ids):
-                ids = [int(t) for t in r.response_ids]
-                span = call_token_mask(tokenizer, ids, r.response) if tokenizer is not None else None
-                batch.examples.append(
-                    GSPOExample(
-                        prompt=json.loads(r.prompt),
-                        response_ids=ids,
-                        behavior_logprobs=[float(x) for x in r.behavior_logprobs],
-                        advantage=0.0,
-                        token_advantages=price_token_advantages(len(ids), float(adv), span),
-                    )
-                )
+            example = None if reason else _example(r, float(adv), tokenizer, config.span)
+            if example is not None:
+                batch.examples.append(example)
                 batch.example_keys.append((note_day, headline_id, int(r.rollout_index)))
+    if replays is not None and len(replays):
+        replay_batch(batch, replays, day, parent_version, checkpoints, config, advantage_scale, temperature, tokenizer)
     return batch
+
+
+def replay_batch(
+    batch: MaturedBatch,
+    replays: pd.DataFrame,
+    day: str,
+    parent_version: str | None,
+    checkpoints: dict[str, str],
+    config: MaturedConfig,
+    advantage_scale: float,
+    temperature: float | None,
+    tokenizer=None,
+) -> None:
+    """Add the pooled groups to `batch`: each group first trained at `trained_on` = d trains again with its
+    stored price signals, advantage x `replay_decay ** (day - d)`, unless it is now too stale."""
+    for (note_day, headline_id, trained_on), group in replays.groupby(["date", "headline_id", "trained_on"], sort=True):
+        behavior = str(group["policy_version"].iloc[0])
+        stale = staleness_updates(note_day, behavior, checkpoints, day)
+        base = _base_row(day, note_day, headline_id, "replay", parent_version, behavior, stale)
+        reason = _staleness_reason(stale, group, config, temperature)
+        age = (date.fromisoformat(day) - date.fromisoformat(trained_on)).days
+        weight = float(config.replay_decay) ** age
+        values = group["signal_value"].to_numpy(dtype=float)
+        advantages = price_advantages(values, config) * advantage_scale * weight
+        batch.replayed_groups += int(reason is None)
+        for r, value, adv in zip(group.itertuples(), values, advantages):
+            batch.ledger.append(
+                {
+                    **base,
+                    "rollout_index": int(r.rollout_index),
+                    "status": "dropped" if reason else "trained",
+                    "reason": reason or f"replay of {trained_on}'s price group, weight {weight:.3g}",
+                    "signal_value": float(value),
+                    "advantage": np.nan if reason else float(adv),
+                }
+            )
+            example = None if reason else _example(r, float(adv), tokenizer, config.span)
+            if example is not None:
+                batch.examples.append(example)
+                batch.example_keys.append((note_day, headline_id, int(r.rollout_index)))
+
+
+def replay_groups(earlier: pd.DataFrame | None, day: str, config: MaturedConfig) -> pd.DataFrame:
+    """The (note_date, headline_id, rollout_index, trained_on, signal_value) of the notes first trained on
+    price within `replay_days` before `day` (`earlier`: those days' ledgers, rejected days left out)."""
+    columns = ["note_date", "headline_id", "rollout_index", "trained_on", "signal_value"]
+    if earlier is None or earlier.empty or not config.replay_days or not config.replay_decay:
+        return pd.DataFrame(columns=columns)
+    first = (date.fromisoformat(day) - timedelta(days=int(config.replay_days))).isoformat()
+    rows = earlier[
+        (earlier["step"] == "matured")
+        & (earlier["status"] == "trained")
+        & (earlier["date"].astype(str) >= first)
+        & (earlier["date"].astype(str) < day)
+    ]
+    out = rows.rename(columns={"date": "trained_on"})[columns].copy()
+    out["trained_on"] = out["trained_on"].astype(str)
+    out["note_date"] = out["note_date"].astype(str)
+    out["rollout_index"] = out["rollout_index"].astype(int)
+    return out.reset_index(drop=True)
 
 
 def collect_matured(
@@ -225,34 +361,49 @@ def collect_matured(
     temperature: float | None,
     wall_clock: pd.Timestamp | None = None,
     tokenizer=None,
+    rejected: Callable[[str], bool] = lambda d: False,
 ) -> MaturedBatch:
     """Read the window's notes and earlier ledgers, price the unsettled notes as of D, build the batch.
     Days of the window that were never run (first days, gaps) are simply absent. `policy_version_of(d)`:
-    the version of day d's checkpoint, None where there is none."""
+    the version of day d's checkpoint, None where there is none; `rejected(d)`: whether the gate rejected
+    day d's update (its price rows then settle nothing: the groups go back to pending)."""
     wait = longest_wait_days(config.horizon)
-    first = (date.fromisoformat(day) - timedelta(days=wait)).isoformat()
-    days = [(date.fromisoformat(first) + timedelta(days=k)).isoformat() for k in range(wait)]  # first .. D-1
-    earlier = [warehouse.read("reward_ledger", d) for d in days if warehouse.exists("reward_ledger", d)]
-    settled = settled_notes(pd.concat(earlier, ignore_index=True) if earlier else None, "matured")
-    frames = [warehouse.read("rollouts", d) for d in days[:-1] if warehouse.exists("rollouts", d)]  # .. D-2
+    span = wait + int(config.replay_days)  # a replayed note is at most `wait` days older than its first training
+    first = (date.fromisoformat(day) - timedelta(days=span)).isoformat()
+    days = [(date.fromisoformat(first) + timedelta(days=k)).isoformat() for k in range(span)]  # first .. D-1
+    earlier = [
+        warehouse.read("reward_ledger", d) for d in days if warehouse.exists("reward_ledger", d) and not rejected(d)
+    ]
+    earlier = pd.concat(earlier, ignore_index=True) if earlier else None
+    settled = settled_notes(earlier, "matured")
+    replay_keys = replay_groups(earlier, day, config)
+    window = days[-wait:]
+    read = sorted(set(window[:-1]) | set(replay_keys["note_date"]))  # .. D-2, and the replayed notes' days
+    frames = [warehouse.read("rollouts", d) for d in read if warehouse.exists("rollouts", d)]
     frames = [f for f in frames if len(f)]
-    batch = MaturedBatch(window=(first, days[-1]))
+    batch = MaturedBatch(window=(window[0], window[-1]))
     if not frames or market_data is None:
         return batch
-    notes = pd.concat(frames, ignore_index=True)
-    keys = zip(notes["date"].astype(str), notes["headline_id"].astype(str), notes["rollout_index"].astype(int))
+    rollouts = pd.concat(frames, ignore_index=True)
+    rollouts["date"] = rollouts["date"].astype(str)
+    checkpoints = {d: v for d in days if (v := policy_version_of(d)) is not None}
+    replays = rollouts.merge(
+        replay_keys.rename(columns={"note_date": "date"}), on=["date", "headline_id", "rollout_index"], how="inner"
+    )
+    notes = rollouts[rollouts["date"].isin(window[:-1])]
+    keys = zip(notes["date"], notes["headline_id"].astype(str), notes["rollout_index"].astype(int))
     notes = notes[[k not in settled for k in keys]].reset_index(drop=True)
     if notes.empty:
-        return batch
-    calls = calls_frame(notes[["date", "headline_id", "rollout_index", "response"]], market_data.universe())
-    cutoff = knowledge_cutoff(day, wall_clock)
-    symbols = sorted({s for s in calls["symbol"].dropna()} | {BENCHMARK})
-    start, end = price_range(sorted(set(notes["date"])), config.horizon)
-    table, _ = market_data.price_table(symbols, start, end, cutoff)
-    outcomes = outcome_rows(calls.drop(columns=["response"]), table, cutoff, config.horizon, config.cost_bps)
-    checkpoints = {d: v for d in days if (v := policy_version_of(d)) is not None}
+        outcomes = pd.DataFrame(columns=["status", "vs_spy_pct", "parse_status", "reason"])
+    else:
+        calls = calls_frame(notes[["date", "headline_id", "rollout_index", "response"]], market_data.universe())
+        cutoff = knowledge_cutoff(day, wall_clock)
+        symbols = sorted({s for s in calls["symbol"].dropna()} | {BENCHMARK})
+        start, end = price_range(sorted(set(notes["date"])), config.horizon)
+        table, _ = market_data.price_table(symbols, start, end, cutoff)
+        outcomes = outcome_rows(calls.drop(columns=["response"]), table, cutoff, config.horizon, config.cost_bps)
     result = matured_batch(
-        notes, outcomes, day, parent_version, checkpoints, config, advantage_scale, temperature, tokenizer
+        notes, outcomes, day, parent_version, checkpoints, config, advantage_scale, temperature, tokenizer, replays
     )
     result.window = batch.window
     return result

@@ -209,6 +209,16 @@ def group_advantages(rewards: Sequence[float], eps: float = 1e-4) -> np.ndarray:
     return (r - r.mean()) / (std + eps)
 
 
+def loo_advantages(rewards: Sequence[float], scale: float = 2.0) -> np.ndarray:
+    """Leave-one-out advantages (RLOO, Ahmadian et al. 2024): scale * (r_i - mean of the others), no
+    std (Dr. GRPO); zeros for a group of one. With rewards in [0, 1] and scale 2, in units of half the range."""
+    r = np.asarray(rewards, dtype=np.float64)
+    n = r.size
+    if n < 2:
+        return np.zeros_like(r)
+    return scale * (r - (r.sum() - r) / (n - 1))
+
+
 def token_advantages(n_tokens: int, parts: Sequence[tuple[float, float, Sequence[bool] | None]]) -> list[float]:
     """A_t = sum over parts of share * advantage * [t in span] for a response of `n_tokens` tokens;
     `parts`: (share, group-normalised advantage, span mask or None for the whole note)."""

@@ -18,6 +18,11 @@ PRICE_TRAINING_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "price_groups_trained": ("int", "Headline groups trained on price at D."),
     "price_groups_dropped": ("int", "Groups dropped at D (stale, or only no_data notes)."),
     "price_notes_trained": ("int", "Notes trained on price at D."),
+    "price_groups_replayed": (
+        "int",
+        "Groups first trained on price at an earlier day and trained again at D (pooled).",
+    ),
+    "price_notes_replayed": ("int", "Notes of those groups trained again at D."),
     "price_notes_waiting": ("int", "Notes in groups still pending at D (they wait)."),
     "price_notes_no_data": ("int", "Notes dropped for no_data (never trained on price)."),
     "mean_price_reward": ("float", "Mean price signal of the notes trained on price at D."),
@@ -103,6 +108,7 @@ def price_training_row(day: str, ledger: pd.DataFrame, matured, stats, gspo, max
     examples (before truncation) and its truncated share, and the update's GSPO clip fraction."""
     price = ledger[ledger["step"] == "matured"]
     trained = price[price["status"] == "trained"]
+    replayed = ledger[(ledger["step"] == "replay") & (ledger["status"] == "trained")]
     groups = price.groupby(["note_date", "headline_id"])["status"].agg(lambda s: (s == "trained").any()).astype(bool)
     stale = trained.groupby(["note_date", "headline_id"])["staleness_updates"].first()
     ratios = trained["is_ratio"].dropna().to_numpy(dtype=float)
@@ -114,6 +120,8 @@ def price_training_row(day: str, ledger: pd.DataFrame, matured, stats, gspo, max
         price_groups_trained=int(groups.sum()),
         price_groups_dropped=int((~groups).sum()),
         price_notes_trained=int(len(trained)),
+        price_groups_replayed=int(replayed.groupby(["note_date", "headline_id"]).ngroups),
+        price_notes_replayed=int(len(replayed)),
         price_notes_waiting=int(matured.waiting_notes),
         price_notes_no_data=int(matured.no_data_notes),
         mean_price_reward=float(trained["signal_value"].mean()) if len(trained) else nan,

@@ -9,8 +9,13 @@ ones). So a world is a price file over the bundled price file's dates and symbol
 close`, six decimals), with a sidecar `<file>.world.json` that states the rule, the options and every
 planted move. Every figure in it is SYNTHETIC: no row is a real price.
 
-Every symbol (SPY included) walks at random: each session's return, in percent, is
-`drift_pct + noise_pct * z` with z standard normal, seeded. On top of that, in
+Every symbol walks at random around the market: SPY's return each session, in percent, is
+`drift_pct + noise_pct * z_SPY`, and every stock's `drift_pct + market_beta * noise_pct * z_SPY + noise_pct * z`
+(z standard normal, seeded; one z per symbol and session). With the default beta 1 a stock carries the
+market and its own noise, so a call's vs_spy is the planted move plus noise, as with real stocks; with
+beta 0 (the worlds before) SPY walks apart from every stock and vs_spy carries -side * r_SPY, the same
+sign for every call exiting on a session: a Buy-always or Sell-always bias would be the cheapest thing
+to fit. On top of that, in
 - `news`: each archive headline's company (`notes.relevance.headline_symbols`) moves `move_pct` in the
   direction of the headline's news (`news.news_direction`: good up, bad down) at the first session
   its note can see: the session after the entry session (a note of day D enters at the close of the
@@ -70,11 +75,12 @@ class WorldConfig:
     move_pct: float = 2.0  # size of a planted move, percent of the close
     noise_pct: float = 1.0  # standard deviation of every symbol's daily return, percent
     drift_pct: float = 0.0  # mean daily return of every symbol, percent
+    market_beta: float = 1.0  # each stock's exposure to SPY's noise (0: stocks walk apart from the market)
 
     def __post_init__(self):
         if self.kind not in WORLD_KINDS:
             raise ValueError(f"world kind must be one of {', '.join(WORLD_KINDS)}, got {self.kind!r}")
-        for name in ("move_pct", "noise_pct", "drift_pct"):
+        for name in ("move_pct", "noise_pct", "drift_pct", "market_beta"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -82,10 +88,11 @@ class WorldConfig:
             raise ValueError(
                 f"move_pct and noise_pct must be >= 0 (a size and a standard deviation), got {self.move_pct}, {self.noise_pct}"
             )
-        if abs(self.drift_pct) + self.move_pct + 6 * self.noise_pct >= 100:
+        reach = abs(self.drift_pct) + self.move_pct + 6 * self.noise_pct * (1 + abs(self.market_beta))
+        if reach >= 100:
             raise ValueError(
-                "drift_pct, move_pct and noise_pct this large would take closes to zero or below: keep "
-                f"|drift| + move + 6 * noise under 100 (got {abs(self.drift_pct) + self.move_pct + 6 * self.noise_pct:g})"
+                "drift_pct, move_pct, noise_pct and market_beta this large would take closes to zero or below: keep "
+                f"|drift| + move + 6 * noise * (1 + |beta|) under 100 (got {reach:g})"
             )
 
 
@@ -143,11 +150,16 @@ def planted_moves(events: pd.DataFrame, config: WorldConfig) -> pd.DataFrame:
 
 def world_prices(config: WorldConfig, template: pd.DataFrame, planted: pd.DataFrame) -> pd.DataFrame:
     """Closes over `template`'s dates and symbols (`date, symbol, close`): each symbol starts at its first
-    close in the template, then returns drift + noise * z, plus the planted moves."""
+    close in the template, then returns drift + noise * z (+ beta * noise * z_SPY for a stock), plus the
+    planted moves."""
     dates = sorted(template["date"].unique())
     symbols = sorted(template["symbol"].unique())
     z = np.random.default_rng(config.seed).standard_normal((len(dates), len(symbols)))
     returns = config.drift_pct + config.noise_pct * z
+    if BENCHMARK in symbols and config.market_beta:  # every stock carries the market's move
+        market = z[:, symbols.index(BENCHMARK)]
+        stocks = np.array([s != BENCHMARK for s in symbols])
+        returns[:, stocks] += config.market_beta * config.noise_pct * market[:, None]
     returns[0, :] = 0.0  # the first date is the starting close
     row, col = {d: i for i, d in enumerate(dates)}, {s: j for j, s in enumerate(symbols)}
     for p in planted.itertuples(index=False):

@@ -28,7 +28,7 @@ def gspo_loss(
     """The mirror of torch's `gspo_loss`, formula for formula (formulas and papers: `gspo_config.py`).
 
     objective "token": loss = sum_it m_it [-w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it)
-    + beta k3_it] / Z + mean_i -w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i), r_it and w_it per
+    + beta k3_it] / Z + sum_i |y_i| (-w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i)) / Z, r_it and w_it per
     token, advantages [B, T] or [B], Z = `normaliser` (default: the batch's response tokens), N =
     `sequence_advantages` (None: no sequence term), (seq_low, seq_high) = `sequence_clip`. "gspo": the sequence ratio s_i and weight w_i, advantages [B].
     "reward_weighted": -A_i mean_t log pi_theta. k3_it = exp(q) - 1 - q, q = log pi_ref - log pi_theta.
@@ -68,7 +68,7 @@ def gspo_loss(
                     mx.exp(((old - behavior_logp.astype(logp.dtype)) * maskf).sum(axis=-1) / lengths)
                 )
                 sequence_term = sequence_term * mx.minimum(seq_is, float(tis_cap))
-            loss = loss + sequence_term.mean()
+            loss = loss + (sequence_term * lengths).sum() / z  # one normaliser for every part, as torch's
             s_sg = mx.stop_gradient(s_i)
             seq_clipped = ((s_sg < 1.0 - sequence_clip[0]) & (seq_adv < 0)) | (
                 (s_sg > 1.0 + sequence_clip[1]) & (seq_adv > 0)

@@ -74,6 +74,21 @@ def train(
     return stats
 
 
+def gradient_norm(model: nn.Module, loss: LossFn, batch: Any) -> float:
+    """The L2 norm of the gradient of `loss` over `batch` (its parts summed at their scales) w.r.t. the
+    trainable parameters; the mirror of torch's."""
+    loss_and_grad = nn.value_and_grad(model, loss)
+    total = None
+    for part, scale in zip(*step_parts(batch)):
+        (_, _), grads = loss_and_grad(model, part)
+        grads = tree_map(lambda g: g * scale, grads)
+        total = grads if total is None else tree_map(mx.add, total, grads)
+    if total is None:
+        return 0.0
+    squares = [mx.sum(g.astype(mx.float32) ** 2) for _, g in tree_flatten(total)]
+    return float(mx.sqrt(sum(squares[1:], squares[0])).item()) if squares else 0.0
+
+
 def _checkpoint_names(model: nn.Module) -> dict[str, tuple[str, bool]]:
     """mlx name of each trainable parameter -> (its name in the checkpoint's files, transposed
     there): LoRA factors as PEFT writes them (`lora_a` [in, r] is `...lora_A.weight` [r, in],
@@ -174,6 +189,7 @@ def trainable_bytes(backend) -> int:
 
 
 FRAMEWORK = Framework(
+    gradient_norm=gradient_norm,
     name="mlx",
     seed=seed,
     inference=inference,

@@ -31,9 +31,10 @@ def gspo_loss(
     span-scoped parts, plus GSPO's sequence term for the whole-note part:
         r_it = exp(log pi_theta - log pi_old),  w_it = min(exp(log pi_old - log pi_behaviour), tis_cap)
         loss = sum_it m_it [-w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it) + beta k3_it] / Z
-             + mean_i -w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i)
+             + sum_i |y_i| (-w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i)) / Z
       advantages: [B, T] (per token) or [B] (the same on every token); Z = `normaliser` (default: the
-      batch's response tokens, DAPO's token mean); N = `sequence_advantages` [B] (None: no sequence
+      batch's response tokens, DAPO's token mean) for every part: the sequence term weighs each note by its
+      length |y_i|, so its gradient on each token is N_i / Z like a span part's A_it / Z; N = `sequence_advantages` [B] (None: no sequence
       term), s_i and w_i as for "gspo" below, (seq_low, seq_high) = `sequence_clip`.
     objective "gspo" (Zheng et al. 2025), advantages [B]:
         s_i  = exp(mean_t(log pi_theta - log pi_old)),  w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap)
@@ -80,7 +81,9 @@ def gspo_loss(
                 with torch.no_grad():
                     seq_is = torch.exp(((old - behavior_logp.to(logp.dtype)) * maskf).sum(-1) / lengths)
                 sequence_term = sequence_term * torch.clamp(seq_is, max=float(tis_cap))
-            loss = loss + sequence_term.mean()
+            # One normaliser for every part (Dr. GRPO's Z): the sequence term's pull on each of its tokens is
+            # N_i / Z, as a span part's is A_it / Z, so each part weighs exactly its declared share.
+            loss = loss + (sequence_term * lengths).sum() / z
             seq_clipped = ((s_i < 1.0 - sequence_clip[0]) & (seq_adv < 0)) | (
                 (s_i > 1.0 + sequence_clip[1]) & (seq_adv > 0)
             )

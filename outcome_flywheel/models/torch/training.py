@@ -88,6 +88,21 @@ def train(
     return stats
 
 
+def gradient_norm(model: torch.nn.Module, loss: LossFn, batch: Any) -> float:
+    """The L2 norm of the gradient of `loss` over `batch` (its parts summed at their scales), in the
+    model's current mode; the trainable weights are left without gradients."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = None
+    for part, scale in zip(*step_parts(batch)):
+        value, _ = loss(model, part)
+        (value * scale).backward()
+    norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params if p.grad is not None) or torch.zeros(()))
+    for p in params:
+        p.grad = None
+    return float(norm)
+
+
 def _checkpoint_names(model: torch.nn.Module) -> dict[int, str]:
     """id(parameter) -> its name in the checkpoint's files: the PEFT adapter key (the adapter's
     name dropped, `...lora_A.default.weight` -> `...lora_A.weight`, as `save_pretrained` writes it)
@@ -317,6 +332,7 @@ def _all_reduce(grads: list[torch.Tensor]) -> None:
 
 
 FRAMEWORK = Framework(
+    gradient_norm=gradient_norm,
     name="torch",
     seed=seed,
     inference=inference,

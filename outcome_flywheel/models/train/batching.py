@@ -52,6 +52,7 @@ class EncodedExample:
     advantage: float
     index: int = -1  # position in the trainer's example list (per-example statistics)
     token_advantages: list[float] | None = None  # the span-scoped parts, per response token; None = none
+    token_part: str = "relevance"  # which reward part the span-scoped advantages are (gradient shares)
 
     def advantages_row(self) -> list[float]:
         """The span-scoped advantage of each response token (zeros when there is none)."""
@@ -85,6 +86,7 @@ def gspo_minibatches(
                 float(ex.advantage),
                 position,
                 None if token_advantages is None else [float(a) for a in token_advantages],
+                str(getattr(ex, "token_part", "relevance")),
             )
         )
     batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)

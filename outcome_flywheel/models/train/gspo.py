@@ -97,17 +97,23 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     # Dr. GRPO's constant normaliser: every minibatch divides by its sequences x the update's longest response.
     longest = max((len(b.response_ids) for batch in batches for b in batch), default=1)
 
+    # The trust region of the span parts: the epoch each part belongs to, and whether it still trains them.
+    per_epoch = max(1, len(batches) // max(1, int(config.epochs)))
+    epoch_of = [k // per_epoch for k, parts in enumerate(parts_of) for _ in parts]
+    span_on = [config.span_epochs is None or e < int(config.span_epochs) for e in epoch_of]
+
     def loss(model, indexed_batch):  # a part of a minibatch: its loss as a whole minibatch's (scaled by the caller)
         index, batch = indexed_batch
         logp, mask = logprobs(batch)
         width = max(len(b.response_ids) for b in batch)
         sequence = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
         if config.objective == "token":  # span-scoped parts per token, the whole-note part per sequence
+            rows = [b.advantages_row() if span_on[index] else [0.0] * len(b.response_ids) for b in batch]
             return fw.gspo_loss(
                 logp,
                 old_by_batch[index],
                 mask,
-                fw.as_array(backend, padded([b.advantages_row() for b in batch], width)),
+                fw.as_array(backend, padded(rows, width)),
                 eps_low,
                 eps_high,
                 "token",
@@ -133,6 +139,11 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
             config.kl_beta if with_reference else 0.0,
         )
 
+    shares = (
+        gradient_shares(backend, examples_of(batches, config.epochs), config, logprobs, longest, memory)
+        if batches and config.gradient_shares and config.objective == "token" and fw.gradient_norm is not None
+        else {}
+    )
     stats = TrainStats()
     if batches:
         optimizer = fw.adamw(backend.model, config.learning_rate)
@@ -148,6 +159,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         stats.extra["optimizer_moments"] = moments
         if fw.optimizer_state is not None:  # saved with the checkpoint: the next day continues from them
             backend.optimizer_tensors = fw.optimizer_state(optimizer, backend.model)
+    stats.extra.update(shares)
     stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
     stats.extra["kl_reference"] = (
         "base (adapter off)"
@@ -187,6 +199,66 @@ def indexed_steps(
             )
         index += len(parts)
     return steps
+
+
+GRADIENT_PARTS = ("note", "relevance", "price")
+
+
+def examples_of(batches: Sequence[Sequence[EncodedExample]], epochs: int) -> list[EncodedExample]:
+    """The first epoch's examples, by their position in the trainer's list (every epoch holds each once)."""
+    per_epoch = max(1, len(batches) // max(1, int(epochs)))
+    return sorted((b for batch in batches[:per_epoch] for b in batch), key=lambda b: b.index)
+
+
+def gradient_shares(
+    backend: ModelBackend,
+    examples: Sequence[EncodedExample],
+    config: "GSPOConfig",
+    logprobs: LogprobFn,
+    longest: int,
+    memory,
+) -> dict[str, float]:
+    """Each reward part's pull on the weights before the first step: the gradient norm of the loss with
+    only that part's advantages (`note` = the sequence part, `relevance` / `price` = the span parts of the
+    notes that carry them), at ratio 1 (pi_old = the current policy) and under the update's normaliser, on
+    a probe minibatch of up to `batch_size` examples taken at an even stride through the day's (so the
+    mix of judged and matured notes is the day's). `grad_share_<part>` = its norm over the sum of the three."""
+    fw = backend.framework
+    stride = max(1, -(-len(examples) // max(1, config.batch_size)))
+    probe = list(examples[::stride])
+    if not probe:
+        return {}
+    parts = split_by_cost(probe, part_tokens(memory.costs), memory.limit)
+
+    def only(part: str):
+        def loss(model, piece):
+            batch = piece
+            logp, mask = logprobs(batch)
+            old = fw.as_array(backend, fw.to_numpy(logp).astype(np.float32))  # ratio 1, no gradient through it
+            width = max(len(b.response_ids) for b in batch)
+            rows = [b.advantages_row() if part == b.token_part else [0.0] * len(b.response_ids) for b in batch]
+            sequence = [b.advantage if part == "note" else 0.0 for b in batch]
+            return fw.gspo_loss(
+                logp,
+                old,
+                mask,
+                fw.as_array(backend, padded(rows, width)),
+                *config.clip_band(),
+                "token",
+                normaliser=float(len(batch) * longest),
+                sequence_advantages=fw.as_array(backend, np.array(sequence, dtype=np.float32)),
+                sequence_clip=(config.sequence_epsilon_low, config.sequence_epsilon_high),
+            )
+
+        return loss
+
+    step = parts[0] if len(parts) == 1 else Accumulated(tuple(parts), tuple(len(p) / len(probe) for p in parts))
+    with backend.recomputing(memory.recompute):
+        norms = {part: fw.gradient_norm(backend.model, only(part), step) for part in GRADIENT_PARTS}
+    total = sum(norms.values())
+    out = {f"grad_norm_{k}": float(v) for k, v in norms.items()}
+    out.update({f"grad_share_{k}": (float(v) / total if total > 0 else float("nan")) for k, v in norms.items()})
+    return out
 
 
 def part_tokens(costs: ForwardCosts) -> Callable[[list[EncodedExample]], float]:

@@ -11,7 +11,7 @@ and `relevance`: the trade call's line) give each token t of note i an advantage
 their span; `daily_rl/rewards.py`) and go through the per-token ratio r_it = pi_theta / pi_old at t:
 
     loss = sum_it m_it [ -w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it) + beta k3_it ] / Z
-         + mean_i -w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i)
+         + sum_i |y_i| (-w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i)) / Z
 
 - the span parts are clipped per token, as PPO/GRPO do and as DAPO (Yu et al. 2025, "DAPO: An Open-Source
   LLM Reinforcement Learning System at Scale") keeps it: its token-level loss, and its clip-higher band
@@ -19,7 +19,10 @@ their span; `daily_rl/rewards.py`) and go through the per-token ratio r_it = pi_
   own ratio, not a length-normalised mean over the note that the sequence clip cuts at ~2%;
 - Z is a constant (the minibatch's sequences x the longest response of the update), Dr. GRPO's
   normalisation (Liu et al. 2025, "Understanding R1-Zero-Like Training: A Critical Perspective"): no
-  division by each note's own length, so a token's pull does not depend on how long its note is;
+  division by each note's own length, so a token's pull does not depend on how long its note is. It is
+  one normaliser for every part: the sequence term counts each note |y_i| times, so at s_i = 1 its pull
+  on each token is N_i / Z, as a span part's is A_it / Z, and each part weighs its declared share (with
+  a per-note mean, the whole-note part weighed ~2x its share on the side token: longest / |y_i|);
 - the whole-note part keeps GSPO's sequence ratio s_i and band (seq_low 3e-4, seq_high 4e-4): at the
   token level a judge's rank on every token of the note, at DAPO's band and this learning rate,
   collapsed single tokens' probabilities by up to 1e5 within a day (measured on tiny-local) and
@@ -106,6 +109,18 @@ class GSPOConfig:
             "help": 'Passes over the examples. 4: in a `news` world on tiny-local, 1 epoch left the sides where the base had them after 11 days, 4 moved them (docs/daily_rl.md, "Credit"); the per-token band bounds each pass.'
         },
     )
+    span_epochs: int | None = field(
+        default=None,
+        metadata={
+            "help": "A per-day trust region for the span-scoped parts (price, relevance: the call's tokens): they train in the first N epochs only, the whole-note part in all of them; None = every epoch."
+        },
+    )
+    gradient_shares: bool = field(
+        default=True,
+        metadata={
+            "help": "Measure each reward part's share of the update's gradient (note, relevance, price) on a probe minibatch drawn across the day's examples, before the first step (3 extra backward passes)."
+        },
+    )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip."})
     lora: LoraSettings | None = field(
         default_factory=LoraSettings,
@@ -161,6 +176,10 @@ class GSPOConfig:
                 0.0 <= float(value) < 1.0 if name.endswith("low") else 0.0 <= float(value) < float("inf")
             ):
                 raise ValueError(f"{name} must be >= 0 (and epsilon_low < 1), got {value!r}")
+        if self.span_epochs is not None and (
+            isinstance(self.span_epochs, bool) or int(self.span_epochs) != self.span_epochs or self.span_epochs < 1
+        ):
+            raise ValueError(f"span_epochs must be a whole number >= 1 (or None), got {self.span_epochs!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
 
@@ -191,5 +210,11 @@ class GSPOExample:
         default=None,
         metadata={
             "help": "The span-scoped parts per response token: the sum over them of share x group-normalised advantage x whether the token lies in the part's span (rewards.token_advantages), trained through the per-token ratio (objective `token`); None = none."
+        },
+    )
+    token_part: str = field(
+        default="relevance",
+        metadata={
+            "help": "Which reward part `token_advantages` carries: `relevance` (judged notes) or `price` (matured ones); for the gradient shares."
         },
     )

@@ -70,11 +70,42 @@ def test_the_mask_holds_for_a_tokenisation_the_encoder_would_not_choose(tokenize
     assert all(mask[: len(split)])
 
 
-def test_a_note_without_a_call_line_is_judged_whole(tokenizer):
+def test_a_note_without_a_call_line_gets_no_price_credit(tokenizer):
+    """No call line: relevance judges the whole note (`judged_token_advantages`), but the price has no side
+    to credit, so it spreads nothing over the note's tokens."""
     text = "Markets were quiet today.\nNothing else to add."
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert call_token_mask(tokenizer, ids, text) is None
-    assert price_token_advantages(len(ids), 0.7, None) == pytest.approx([0.7] * len(ids))
+    assert call_token_mask(tokenizer, ids, text, "side") is None
+    assert price_token_advantages(len(ids), 0.7, None) == [0.0] * len(ids)
+    assert judged_token_advantages(RewardConfig(), len(ids), 1.0, None) == pytest.approx([0.2] * len(ids))
+
+
+def test_the_price_trains_the_side_and_relevance_the_ticker(tokenizer):
+    """Within the call's line, the side phrase is what the price judges and the named ticker what relevance
+    judges (`call_part_spans`); each mask is a strict part of the line's."""
+    from outcome_flywheel.daily_rl.notes.calls import call_part_spans
+
+    parts = call_part_spans(NOTE)
+    assert [NOTE[a:b] for a, b in parts["side"]] == ["Buy"]
+    assert [NOTE[a:b] for a, b in parts["ticker"]] == [" Meta."]  # no symbol written: the line less its side
+    ticker = "## Trade Recommendation\n**Sell** $AAPL into strength\nTicker: AAPL\n## Rationale\nWeak."
+    parts = call_part_spans(ticker)
+    assert [ticker[a:b] for a, b in parts["side"]] == ["Sell"]
+    assert [ticker[a:b] for a, b in parts["ticker"]] == ["AAPL", "AAPL"]
+    assert call_part_spans("No view at all on this.") == {}
+    ids = tokenizer(NOTE, add_special_tokens=False)["input_ids"]
+    side = call_token_mask(tokenizer, ids, NOTE, "side")
+    name = call_token_mask(tokenizer, ids, NOTE, "ticker")
+    line = call_token_mask(tokenizer, ids, NOTE)
+    assert tokenizer.decode([t for t, m in zip(ids, side) if m]).strip() == "Buy"
+    assert "Meta" in tokenizer.decode([t for t, m in zip(ids, name) if m])
+    assert not any(a and b for a, b in zip(side, name))
+    assert all(line[i] for i, (a, b) in enumerate(zip(side, name)) if a or b)
+    with pytest.raises(ValueError, match="price_span"):
+        from outcome_flywheel.daily_rl.reward.credit import CreditConfig
+
+        CreditConfig(price_span="note")
 
 
 # -- per-token advantages ---------------------------------------------------------------------
@@ -91,7 +122,7 @@ def test_token_advantages_sum_share_times_advantage_over_the_parts_spans():
         token_advantages(3, [(1.0, 1.0, [True, False])])
 
 
-def test_training_examples_put_relevance_on_the_call_line_only(tokenizer):
+def test_training_examples_put_relevance_on_the_calls_name_only(tokenizer):
     from outcome_flywheel.daily_rl.reward.examples import training_examples
 
     notes = [NOTE, NOTE.replace("Buy Meta", "Sell Apple")]
@@ -123,9 +154,9 @@ def test_training_examples_put_relevance_on_the_call_line_only(tokenizer):
     examples = training_examples(rollouts, scores, reward=reward, tokenizer=tokenizer)
     assert len(examples) == 2  # the note part is 0, the relevance part is not: both train
     assert [ex.advantage for ex in examples] == [0.0, 0.0]  # the whole-note (sequence) part
-    for ex, sign, text in zip(examples, (1, -1), notes):
+    for ex, sign, name in zip(examples, (1, -1), ("Meta.", "Apple.")):
         on = [i for i, a in enumerate(ex.token_advantages) if a != 0]
-        assert tokenizer.decode([ex.response_ids[i] for i in on]).strip() == text.splitlines()[0]
+        assert tokenizer.decode([ex.response_ids[i] for i in on]).strip() == name  # the name, not the side
         assert all(ex.token_advantages[i] == pytest.approx(sign * reward.share("relevance")) for i in on)
     # without a reward config: one advantage per note, as before (zero here: nothing to train)
     assert training_examples(rollouts, scores) == []
@@ -159,15 +190,15 @@ def hand_token_loss() -> tuple[float, list[list[float]]]:
             total += -w * min(r * a, clipped * a) + BETA * (math.exp(q) - 1 - q)
             grad[i][t] = ((-w * a * r) if unclipped_active else 0.0) + BETA * (1 - math.exp(q))
     total, grad = total / Z, [[g / Z for g in row] for row in grad]
-    for i in range(2):  # + mean_i -w_i min(s_i N_i, clip(s_i) N_i), s_i and w_i length-normalised
+    for i in range(2):  # + sum_i |y_i| (-w_i min(s_i N_i, clip(s_i) N_i)) / Z: the same normaliser as the tokens'
         tokens = [t for t in range(3) if MASK[i][t]]
         s_i = math.exp(sum(LOGP[i][t] - OLD[i][t] for t in tokens) / len(tokens))
         w_i = min(math.exp(sum(OLD[i][t] - BEHAVIOUR[i][t] for t in tokens) / len(tokens)), CAP)
         clipped = min(max(s_i, 1 - SEQ_CLIP[0]), 1 + SEQ_CLIP[1])
-        total += -w_i * min(s_i * SEQ[i], clipped * SEQ[i]) / 2
-        if s_i * SEQ[i] <= clipped * SEQ[i]:  # d s_i / d logp_it = s_i / |y_i|
+        total += -w_i * min(s_i * SEQ[i], clipped * SEQ[i]) * len(tokens) / Z
+        if s_i * SEQ[i] <= clipped * SEQ[i]:  # d s_i / d logp_it = s_i / |y_i|: each token's pull is N_i s_i / Z
             for t in tokens:
-                grad[i][t] += -w_i * SEQ[i] * s_i / len(tokens) / 2
+                grad[i][t] += -w_i * SEQ[i] * s_i / Z
     return total, grad
 
 

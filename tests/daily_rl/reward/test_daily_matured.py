@@ -13,6 +13,7 @@ from outcome_flywheel.daily_rl.reward.matured import (
     knowledge_cutoff,
     longest_wait_days,
     matured_batch,
+    replay_groups,
     staleness_updates,
 )
 from outcome_flywheel.daily_rl.reward.signals import PriceReward, RewardConfig
@@ -130,7 +131,7 @@ def test_matured_batch_trains_matured_waits_on_pending_drops_no_data_and_stale()
         "2025-11-09": "2025-11-09@ccc",
         "2025-11-10": "2025-11-10@ddd",
     }
-    config = MaturedConfig(max_staleness=3)
+    config = MaturedConfig(max_staleness=3, baseline="group_std")
     batch = matured_batch(notes, outcomes, "2025-11-11", "2025-11-10@ddd", checkpoints, config, 0.5, 0.8)
     ledger = ledger_frame(batch.ledger)
     by_group = {h: g for h, g in ledger.groupby("headline_id")}
@@ -182,3 +183,118 @@ def test_the_catalog_describes_the_ledger_and_price_training_columns_in_order():
     assert list(COLUMNS["reward_ledger"]) == LEDGER_COLUMNS
     assert list(COLUMNS["price_training"]) == PRICE_TRAINING_COLUMNS
     assert set(SCORE_COLUMNS) <= set(COLUMNS["rollout_scores"])
+
+
+def test_the_default_price_advantage_is_leave_one_out_without_std():
+    """RLOO's baseline, in units of the signal's half-range (2 x), no per-group std (Dr. GRPO): a group whose
+    spread is only small noise keeps small advantages instead of being scaled to unit size."""
+    from outcome_flywheel.daily_rl.reward.signals import loo_advantages
+
+    assert MaturedConfig().baseline == "loo"
+    values = [0.9, 0.1, 0.5, 0.5]
+    expected = [2 * (v - (sum(values) - v) / 3) for v in values]
+    assert loo_advantages(values).tolist() == pytest.approx(expected, rel=1e-12)
+    assert loo_advantages([0.7]).tolist() == [0.0]
+    quiet = loo_advantages([0.51, 0.49, 0.5, 0.5])  # others' noise: stays small (GRPO's std would make it +-1.4)
+    assert np.abs(quiet).max() < 0.03
+    notes = _notes("2025-11-07", "h1", "2025-11-07@aaa")
+    batch = matured_batch(
+        notes,
+        _outcomes(["matured"] * 4, [2.0, -2.0, 0.0, 0.0], ["ok"] * 4),
+        "2025-11-11",
+        "2025-11-10@aaa",
+        {},
+        MaturedConfig(),
+        0.4,
+        0.8,
+    )
+    signal = [1 / (1 + math.exp(-2)), 1 / (1 + math.exp(2)), 0.5, 0.5]
+    assert [r["advantage"] for r in batch.ledger] == pytest.approx((loo_advantages(signal) * 0.4).tolist(), rel=1e-9)
+    with pytest.raises(ValueError, match="price_baseline"):
+        MaturedConfig(baseline="mean")
+    for bad in (dict(replay_days=-1), dict(replay_days=1.5), dict(replay_decay=1.5)):
+        with pytest.raises(ValueError):
+            MaturedConfig(**bad)
+
+
+def test_matured_groups_are_pooled_replayed_decayed_within_staleness_and_settle_nothing():
+    """A group trained on price at d trains again at D (up to d + replay_days), its advantage decayed by
+    decay ** (D - d), from the ledger's stored signals; a group too stale by now is dropped with the reason;
+    replay rows settle nothing, and only first trainings (step matured, trained) are replayed."""
+    earlier = ledger_frame(
+        [
+            dict(
+                date=day,
+                note_date=note_day,
+                headline_id=h,
+                rollout_index=i,
+                step=step,
+                signals="price",
+                status=status,
+                reason=None,
+                policy_version="p",
+                behavior_policy_version="b",
+                staleness_updates=0,
+                staleness_days=2,
+                signal_value=value,
+                advantage=0.1,
+                is_ratio=1.0,
+            )
+            for day, note_day, h, step, status in (
+                ("2025-11-10", "2025-11-07", "h1", "matured", "trained"),
+                ("2025-11-10", "2025-11-07", "h9", "matured", "dropped"),
+                ("2025-11-09", "2025-11-06", "h2", "matured", "trained"),
+                ("2025-11-05", "2025-11-03", "h3", "matured", "trained"),  # older than replay_days
+                ("2025-11-10", "2025-11-06", "h2", "replay", "trained"),  # a replay is not replayed again
+            )
+            for i, value in enumerate([0.9, 0.1, 0.5, 0.5])
+        ]
+    )
+    config = MaturedConfig(replay_days=4, replay_decay=0.5, max_staleness=2)
+    keys = replay_groups(earlier, "2025-11-11", config)
+    assert sorted(set(zip(keys["headline_id"], keys["trained_on"]))) == [("h1", "2025-11-10"), ("h2", "2025-11-09")]
+    assert replay_groups(earlier, "2025-11-11", MaturedConfig(replay_days=0)).empty
+    rollouts = pd.concat(
+        [_notes("2025-11-07", "h1", "2025-11-07@aaa"), _notes("2025-11-06", "h2", "2025-11-06@zzz")], ignore_index=True
+    )
+    replays = rollouts.merge(
+        keys.rename(columns={"note_date": "date"}), on=["date", "headline_id", "rollout_index"], how="inner"
+    )
+    checkpoints = {
+        "2025-11-06": "2025-11-06@zzz",
+        "2025-11-07": "2025-11-07@aaa",
+        "2025-11-08": "2025-11-08@bbb",
+        "2025-11-09": "2025-11-09@ccc",
+        "2025-11-10": "2025-11-10@ddd",
+    }
+    empty = _outcomes([], [], [])
+    batch = matured_batch(
+        rollouts.iloc[:0], empty, "2025-11-11", "2025-11-10@ddd", checkpoints, config, 0.4, 0.8, replays=replays
+    )
+    ledger = ledger_frame(batch.ledger)
+    assert set(ledger["step"]) == {"replay"} and batch.replayed_groups == 0 and not batch.examples
+    # sampled by 11-07's weights, h1 has seen 3 updates since (bbb, ccc, ddd) > 2: too stale to replay, as h2 (4)
+    h1 = ledger[ledger["headline_id"] == "h1"]
+    assert (h1["status"] == "dropped").all() and h1["reason"].str.startswith("stale: 3").all()
+    batch = matured_batch(
+        rollouts.iloc[:0],
+        empty,
+        "2025-11-11",
+        "2025-11-10@ddd",
+        checkpoints,
+        MaturedConfig(replay_days=4, replay_decay=0.5, max_staleness=8),
+        0.4,
+        0.8,
+        replays=replays,
+    )
+    ledger = ledger_frame(batch.ledger)
+    from outcome_flywheel.daily_rl.reward.signals import loo_advantages
+
+    base = loo_advantages([0.9, 0.1, 0.5, 0.5]) * 0.4
+    for h, age in (("h1", 1), ("h2", 2)):
+        rows = ledger[ledger["headline_id"] == h].sort_values("rollout_index")
+        assert (rows["status"] == "trained").all() and rows["reason"].str.startswith("replay of").all()
+        assert rows["advantage"].tolist() == pytest.approx((base * 0.5**age).tolist(), rel=1e-9)
+    assert batch.replayed_groups == 2
+    assert len(batch.examples) == 4 and all(e.token_part == "price" for e in batch.examples)  # the 0.5s: no pull
+    assert settled_notes(ledger, "matured") == set()  # replays settle nothing
