@@ -29,6 +29,7 @@ def resources(root: Path, max_headlines: int) -> dict:
     from outcome_flywheel.market_data import MarketData
     from outcome_flywheel.models.loader import ModelLoader
     from outcome_flywheel.storage import Warehouse
+    from outcome_flywheel.tracking import Tracker
     from resources.steps import StepRunnerResource
 
     return dict(
@@ -38,6 +39,7 @@ def resources(root: Path, max_headlines: int) -> dict:
         judge=Judge(),
         market_data=MarketData(data_dir=str(root)),
         step_runner=StepRunnerResource(runner="in_process"),  # learning figures, not process starts
+        tracking=Tracker(data_dir=str(root), tracking_uri="off"),  # tracking's cost: benchmarks/tracking_cost.py
     )
 
 

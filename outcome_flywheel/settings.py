@@ -176,6 +176,22 @@ def s3_endpoint_problem(endpoint: str) -> str | None:
     return None
 
 
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why `uri` cannot be FLYWHEEL_MLFLOW_TRACKING_URI, or None: `off`, an http(s)://host[:port] MLflow
+    server, or a database URI MLflow's store takes (sqlite:///path, postgresql://..., mysql://...)."""
+    if uri.strip().lower() == "off":
+        return None
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", uri)
+    if not scheme:
+        return f"{uri!r} is not a URI (scheme://...) nor off"
+    name = scheme.group(1).lower()
+    if name in ("http", "https"):
+        return None if urlsplit(uri).hostname else f"{uri!r} has no host"
+    if name.split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+        return None
+    return f"scheme {name!r} is not an MLflow tracking store here (http(s), sqlite, postgresql, mysql, mssql)"
+
+
 def _non_negative_number(value: str) -> str | None:
     try:
         number = float(value)
@@ -243,6 +259,12 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_S3_ENDPOINT": Rule(
         "empty (AWS) or the http(s)://host[:port] of an S3-compatible server, e.g. http://127.0.0.1:8333",
         s3_endpoint_problem,
+    ),
+    # MLflow: every training's run and the registered models (outcome_flywheel/tracking/); empty = the data dir's SQLite
+    "FLYWHEEL_MLFLOW_TRACKING_URI": Rule(
+        "empty (sqlite:///<FLYWHEEL_DATA_DIR>/mlflow/mlflow.db), off, an MLflow server http(s)://host:port, "
+        "or a database URI such as sqlite:///path/mlflow.db or postgresql://...",
+        tracking_uri_problem,
     ),
     # where the training steps run (resources/steps.py, docs/pipes.md)
     "FLYWHEEL_STEP_RUNNER": one_of("subprocess", "in_process", "k8s"),

@@ -10,6 +10,7 @@ from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
 from resources.steps import StepRunnerResource
 
 
@@ -27,8 +28,10 @@ def daily_resources(
     prices_file: str = str(BUNDLED_PRICES),
     dtype: str = "auto",
     archive_dir: str = DEFAULT_ARCHIVE,
+    tracking_uri: str = "off",
 ) -> dict:
-    """The daily_rl group's resources on `root`, as plain objects (torch on CPU, the bundled archive and prices)."""
+    """The daily_rl group's resources on `root`, as plain objects (torch on CPU, the bundled archive and prices).
+    MLflow records nothing unless `tracking_uri` says where ("" = the embedded store under `root`)."""
     return dict(
         warehouse=Warehouse(data_dir=str(root)),
         model_backend=ModelLoader(
@@ -39,4 +42,5 @@ def daily_resources(
         market_data=MarketData(data_dir=str(root), prices_file=prices_file),
         # the step's code over Pipes in the test's process: fast; tests/pipelines/test_pipes_steps.py runs the subprocess
         step_runner=StepRunnerResource(runner="in_process"),
+        tracking=Tracker(data_dir=str(root), tracking_uri=tracking_uri),
     )

@@ -43,6 +43,7 @@ def flywheel_resources(warehouse, model_backend, log: Path, data_dir, step_runne
     the heavy steps in the test's process unless `step_runner` says otherwise."""
     from outcome_flywheel.market_data import MarketData
     from outcome_flywheel.preferences.audit_log_file import AuditLog
+    from outcome_flywheel.tracking import Tracker
     from resources.steps import StepRunnerResource
 
     return {
@@ -51,4 +52,5 @@ def flywheel_resources(warehouse, model_backend, log: Path, data_dir, step_runne
         "audit_log": AuditLog(path=str(log)),
         "market_data": MarketData(data_dir=str(data_dir)),
         "step_runner": step_runner or StepRunnerResource(runner="in_process"),
+        "tracking": Tracker(data_dir=str(data_dir), tracking_uri="off"),  # tests/tracking/ record in MLflow
     }

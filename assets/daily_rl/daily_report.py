@@ -9,6 +9,7 @@ import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
+from assets.tracking_links import link_metadata
 from outcome_flywheel.daily_rl.notes.outcomes import call_window
 from outcome_flywheel.daily_rl.report.charts import (
     FIGURES,
@@ -29,6 +30,8 @@ from outcome_flywheel.daily_rl.report.summary import (
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
 from outcome_flywheel.settings import resolve_path
 from outcome_flywheel.storage import Warehouse, atomic_write_bytes
+from outcome_flywheel.tracking import Tracker
+from outcome_flywheel.tracking.records import numbers, record_figures
 
 # Columns of the short table in the report (the last REPORT_DAYS days up to D), with their headers.
 REPORT_COLUMNS = {
@@ -66,7 +69,10 @@ FIGURE_TITLES = {
     metadata=table_metadata("daily_report", SUMMARY_COLUMNS),
 )
 def daily_report(
-    context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse], market_data: dg.ResourceParam[MarketData]
+    context: dg.AssetExecutionContext,
+    warehouse: dg.ResourceParam[Warehouse],
+    market_data: dg.ResourceParam[MarketData],
+    tracking: dg.ResourceParam[Tracker],
 ):
     """Day D's headlines, rollouts, pass-through (usable share), mean structure score, reward
     n/avg/min/max/negatives, training summary and the evaluation gate's verdict (table `daily_report`,
@@ -124,7 +130,31 @@ def daily_report(
     metadata["gate"] = row["gate"] or "n/a"
     metadata["days_reported"] = len(history)
     metadata["figures_dir"] = dg.MetadataValue.path(str(folder))
+    # the day's figures, the A/B's and back-test's with their intervals, and the charts: a run of the daily_rl experiment
+    links = record_figures(
+        tracking,
+        "daily_rl",
+        f"daily_report {day}",
+        {
+            "partition": day,
+            "dagster_run_id": context.run_id,
+            "asset_key": "daily_report",
+            "policy_version": row["policy_version"],
+        },
+        {
+            **numbers(row, "day"),
+            **numbers(first_row(warehouse.read("policy_eval", day)), "ab"),
+            **numbers(first_row(warehouse.read("backtest_summary", day)), "backtest"),
+        },
+        [folder / f"{name}.png" for name in figures],
+        context.log.warning,
+    )
+    metadata.update(link_metadata(links))
     return dg.MaterializeResult(metadata=metadata)
+
+
+def first_row(frame: pd.DataFrame) -> dict:
+    return frame.iloc[0].to_dict() if len(frame) else {}
 
 
 def numeric_metadata(row: dict) -> dict:

@@ -29,6 +29,7 @@ from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.settings import env
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
 from resources.settings import field_default, nested_dataclass, run_config_fields, run_config_overrides
 from resources.steps import StepRunnerResource
 
@@ -143,10 +144,11 @@ def daily_update(
     judge: dg.ResourceParam[Judge],
     market_data: dg.ResourceParam[MarketData],
     step_runner: StepRunnerResource,
+    tracking: dg.ResourceParam[Tracker],
 ):
     """Score yesterday's rollouts with the judge, train the policy with GSPO (on them and on earlier
     notes whose price matured), generate today's rollouts: as a step process (`step_runner`), whose
-    metadata and checks come back through Dagster Pipes."""
+    metadata and checks come back through Dagster Pipes; the step records the day in MLflow (`tracking`)."""
     try:
         settings = config.settings()
     except ValueError as err:  # a bad run config (reward weights, gate thresholds): refused before any process starts
@@ -157,6 +159,7 @@ def daily_update(
         "judge": to_payload(judge),
         "market_data": to_payload(market_data) if market_data is not None else None,
         "settings": to_payload(settings),
+        "tracking": to_payload(tracking),
     }
     # The whole day is one step: one process start (torch and the model load once) per partition.
     yield from step_runner.run_step(context, "daily_update", extras).get_results()

@@ -16,6 +16,7 @@ from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.train.sft_config import SFTConfig
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
 from resources.steps import StepRunnerResource
 
 
@@ -90,6 +91,7 @@ def distilled_policy(
     model_backend: dg.ResourceParam[ModelLoader],
     warehouse: dg.ResourceParam[Warehouse],
     step_runner: StepRunnerResource,
+    tracking: dg.ResourceParam[Tracker],
 ):
     """One distillation run: the latest verified policy, SFT (LoRA, completion-only) on the unused
     samples in phases (answer, reasoning, consistency), the daily evaluation gate, then a new
@@ -113,5 +115,6 @@ def distilled_policy(
         "config": to_payload(distill),
         "trigger": trigger,
         "training_id": f"distillation:{run}",
+        "tracking": to_payload(tracking),  # the step records the run in MLflow
     }
     yield from step_runner.run_step(context, "distillation", extras).get_results()

@@ -20,6 +20,7 @@ from outcome_flywheel.preferences.status import ADAPTERS_DIR
 from outcome_flywheel.preferences.weighting import dataset_fingerprint
 from outcome_flywheel.steps.codec import to_payload
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
 from resources.settings import mirrored
 from resources.steps import StepRunnerResource
 
@@ -75,6 +76,7 @@ def preference_adapter(
     model_backend: dg.ResourceParam[ModelLoader],
     warehouse: dg.ResourceParam[Warehouse],
     step_runner: StepRunnerResource,
+    tracking: dg.ResourceParam[Tracker],
 ):
     """LoRA adapter (r=8) trained with outcome-weighted DPO (beta 0.02, plans scored line by line) on
     the training split of `dpo_dataset`: exact per-pair weights, reference = the base with the
@@ -131,6 +133,7 @@ def preference_adapter(
             "config": cfg.as_dict(),
             "run": run,
             "dataset_fingerprint": history["dataset_fingerprint"],
+            "tracking": to_payload(tracking),  # the step records the training in MLflow
         }
         invocation = step_runner.run_step(context, "preference_adapter", extras)
         figures = [m[SUMMARY_KEY] for m in invocation.get_custom_messages() if isinstance(m, dict) and SUMMARY_KEY in m]

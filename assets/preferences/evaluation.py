@@ -6,11 +6,14 @@ import dagster as dg
 import pandas as pd
 
 from assets.catalog import OWNERS, TABLE_KINDS, column_names, table_metadata
+from assets.tracking_links import link_metadata
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.preferences.metrics import auc_report, drift_level, rejected_winners
 from outcome_flywheel.preferences.status import latest_adapter_dir
 from outcome_flywheel.preferences.style_match import score_holdout, scoring_settings
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
+from outcome_flywheel.tracking.records import numbers, record_figures
 
 EVAL_TABLE = "holdout_eval"
 EVAL_HISTORY_TABLE = "holdout_eval_history"
@@ -41,6 +44,7 @@ def holdout_eval(
     context: dg.AssetExecutionContext,
     model_backend: dg.ResourceParam[ModelLoader],
     warehouse: dg.ResourceParam[Warehouse],
+    tracking: dg.ResourceParam[Tracker],
 ):
     """Every holdout proposal scored with the latest adapter against holding, as its pairs were
     trained: margin_logp = the DPO implicit reward (log-prob under base + adapter minus under the
@@ -79,8 +83,19 @@ def holdout_eval(
     context.log.info(
         f"holdout AUC {report.auc:.3f} [{report.auc_low:.3f}, {report.auc_high:.3f}] n={report.n_holdout}: {report.label}"
     )
+    links = record_figures(  # a run of the preferences experiment, beside the adapter's training run
+        tracking,
+        "preferences",
+        f"holdout_eval {adapter.name}",
+        {"partition": adapter.name, "dagster_run_id": context.run_id, "asset_key": "holdout_eval"},
+        numbers(
+            {"auc": report.auc, "auc_low": report.auc_low, "auc_high": report.auc_high, "n_holdout": report.n_holdout}
+        ),
+        log=context.log.warning,
+    )
     return dg.MaterializeResult(
         metadata={
+            **link_metadata(links),
             "adapter_run": adapter.name,
             **_rounded(auc=report.auc, auc_low=report.auc_low, auc_high=report.auc_high),
             "label": report.label,
@@ -105,7 +120,9 @@ def holdout_eval(
         )
     ],
 )
-def style_drift(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse]):
+def style_drift(
+    context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[Warehouse], tracking: dg.ResourceParam[Tracker]
+):
     """Style drift: the mean of the last 3 holdout AUCs; below 0.55 -> `high` (the adapter no longer
     tells what the operator approves: retrain, or look at what changed)."""
     hist = warehouse.read_all(EVAL_HISTORY_TABLE)
@@ -117,8 +134,18 @@ def style_drift(context: dg.AssetExecutionContext, warehouse: dg.ResourceParam[W
         "last_runs": ",".join(hist["adapter_run"].tail(3)) if len(hist) else "",
     }
     warehouse.write(DRIFT_TABLE, pd.DataFrame([row])[column_names(DRIFT_TABLE, row)])
+    last = hist["adapter_run"].iloc[-1] if len(hist) else ""
+    links = record_figures(
+        tracking,
+        "preferences",
+        f"style_drift {last}",
+        {"partition": last, "dagster_run_id": context.run_id, "asset_key": "style_drift", "drift": level["drift"]},
+        numbers({"mean_auc_last": level["mean_auc_last"], "n_evals": level["n_evals"]}),
+        log=context.log.warning,
+    )
     yield dg.MaterializeResult(
         metadata={
+            **link_metadata(links),
             "drift": level["drift"],
             **_rounded(mean_auc_last=level["mean_auc_last"]),
             "n_evals": level["n_evals"],

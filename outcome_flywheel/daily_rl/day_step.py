@@ -1,10 +1,11 @@
 """The `daily_update` step: one day of the daily loop (`run_daily_update`: judge, GSPO training, gate,
 checkpoint, rollout generation, KL, verify) in its own process, reported through Dagster Pipes.
 
-Extras (from the asset): `warehouse`, `models`, `judge`, `market_data` (or None) and `settings`
-(`DailyUpdateSettings`), each as its dataclass's JSON. The partition key is the day. Reported: the
-three keys' materializations with their metadata, the four blocking checks and the gate's check
-(WARN when it rejected the update). `latest` moves only once the day's blocking checks passed
+Extras (from the asset): `warehouse`, `models`, `judge`, `market_data` (or None), `settings`
+(`DailyUpdateSettings`) and `tracking` (`Tracker`, or absent: no MLflow record), each as its dataclass's
+JSON. The partition key is the day. Reported: the three keys' materializations with their metadata (the
+checkpoint's carries the MLflow run's link), the four blocking checks and the gate's check (WARN when it
+rejected the update). `latest` moves only once the day's blocking checks passed
 (`policy/verify.py`): a process that dies before that leaves it where it was.
 """
 
@@ -16,6 +17,7 @@ import time
 import pandas as pd
 
 from outcome_flywheel.daily_rl.day import DailyUpdateResult, run_daily_update
+from outcome_flywheel.daily_rl.day_record import record_day
 from outcome_flywheel.daily_rl.day_settings import DailyUpdateSettings
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.daily_rl.policy.prompt_tables import variant_table
@@ -27,6 +29,7 @@ from outcome_flywheel.steps.codec import from_payload
 from outcome_flywheel.steps.entry import main
 from outcome_flywheel.steps.metadata import counts_table, mapping_table, md, num, path, present
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
 from outcome_flywheel.training_audit import current
 
 # check -> the key it belongs to (the checks are declared in verify.py)
@@ -60,7 +63,12 @@ def run(pipes) -> None:
     pipes.report_asset_materialization(
         asset_key="rollout_scores", metadata=scores_metadata(result, judge, models, settings)
     )
-    pipes.report_asset_materialization(asset_key="policy_checkpoint", metadata=checkpoint_metadata(result))
+    # the MLflow run and the registry's mirror (outcome_flywheel/tracking/): a failed record is a warning
+    tracker = from_payload(Tracker, extras["tracking"]) if extras.get("tracking") else None
+    on_record = record_day(tracker, result, settings, models, judge, pipes.run_id, pipes.log.warning) if tracker else {}
+    pipes.report_asset_materialization(
+        asset_key="policy_checkpoint", metadata={**checkpoint_metadata(result), **record_metadata(on_record)}
+    )
     pipes.report_asset_materialization(asset_key="rollouts", metadata=rollouts_metadata(result))
     pipes.report_asset_materialization(asset_key="prompt_evolver", metadata=evolver_metadata(result))
     for name, check in result.checks.items():
@@ -78,6 +86,14 @@ def run(pipes) -> None:
         severity="WARN",
         metadata=gate["metadata"],
     )
+
+
+def record_metadata(on_record: dict) -> dict:
+    """The MLflow record's links as Pipes metadata (the run's URL clickable)."""
+    out = present(on_record)
+    if out.get("mlflow_run_url"):
+        out["mlflow_run_url"] = {"raw_value": out["mlflow_run_url"], "type": "url"}
+    return out
 
 
 def scores_metadata(

@@ -3,12 +3,13 @@ through Dagster Pipes.
 
 Extras (from the asset): `warehouse`, `models` (their dataclasses' JSON), `config`
 (`WeightedDPOConfig.as_dict()`), `run` (the adapter's run id) and `dataset_fingerprint` (of the
-`dpo_dataset` the asset read: the step refuses a dataset that changed since). The adapter is saved
+`dpo_dataset` the asset read: the step refuses a dataset that changed since) and `tracking` (`Tracker`, or
+absent: no MLflow record). The adapter is saved
 to a staging folder, renamed to adapters/preference/<run>/, and only then does `latest` move: a
 process killed while training leaves `latest` where it was, and one that lost the trainer lock
 meanwhile (frozen past its lease) publishes nothing (`publish_adapter`, `FencedOut`). Reported: a
 custom message with the training's figures (the asset's `preference_training_history` row), the
-materialization's metadata and the `loss_is_finite` check.
+materialization's metadata (with the MLflow run's link: `record_adapter`) and the `loss_is_finite` check.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from outcome_flywheel.steps.codec import from_payload
 from outcome_flywheel.steps.entry import main
 from outcome_flywheel.steps.metadata import md, path
 from outcome_flywheel.storage import Warehouse, atomic_symlink, publish_dir
+from outcome_flywheel.tracking import Tracker, registry
+from outcome_flywheel.tracking.records import step_series
 
 SUMMARY_KEY = "training"  # custom message {SUMMARY_KEY: {...}}: the figures of the history row
 
@@ -100,6 +103,8 @@ def run(pipes) -> None:
             }
         }
     )
+    tracker = from_payload(Tracker, extras["tracking"]) if extras.get("tracking") else None
+    on_record = record_adapter(tracker, pipes, run_id, cfg, models, stats, final, len(pairs)) if tracker else {}
     acc = [float(x) for x in stats.extra.get("rewards_accuracy", [])]
     last_epoch = max(1, len(losses) // cfg.epochs)
     pipes.report_asset_materialization(
@@ -129,10 +134,36 @@ def run(pipes) -> None:
             "epochs": cfg.epochs,
             "lora_r": cfg.lora.r,
             "config": md(config_table(cfg.as_dict())),
+            **{k: {"raw_value": v, "type": "url"} if k == "mlflow_run_url" else v for k, v in on_record.items()},
         }
     )
     finite = all(math.isfinite(x) and abs(x) < 1e6 for x in losses)
     pipes.report_asset_check(check_name="loss_is_finite", passed=finite, metadata={"loss_last": losses[-1]})
+
+
+def record_adapter(tracker: Tracker, pipes, run_id: str, cfg, models, stats, final, n_pairs: int) -> dict:
+    """The training's MLflow run (experiment `outcome-flywheel/preferences`: the DPO config, per-step loss,
+    grad norm and the trainer's per-step figures) and the adapter as a version of `preference-adapter`
+    (by reference to its folder; `champion` = `latest` = this adapter, `challenger` too). Never raises."""
+    tags = {
+        "partition": pipes.partition_key if pipes.is_partition_step else "",
+        "dagster_run_id": pipes.run_id,
+        "asset_key": "preference_adapter",
+        "adapter_run": run_id,
+        "base_model": models.base_model,
+    }
+    run = tracker.start("preferences", f"preference_adapter {run_id}", tags, pipes.log.warning)
+    with run:
+        try:
+            run.params({"dpo": cfg.as_dict(), "models": {"base_model": models.base_model, "backend": models.backend}})
+            run.series(step_series(stats))
+            run.metrics({"steps": stats.steps, "n_pairs": n_pairs, "wall_s": stats.wall_s})
+            version = registry.Version(run_id, registry.source_uri(final), {"role": "adapter", "run": run_id})
+            versions = registry.mirror(run, registry.ADAPTER_MODEL, [version], version, run_id)
+        except Exception as err:  # noqa: BLE001 - the adapter is published: the record must not fail it
+            run.fail(f"record the adapter: {type(err).__name__}: {err}")
+            versions = {}
+    return {**run.links(), **versions, "mlflow_seconds": round(run.seconds, 3)}
 
 
 def publish_adapter(staging, root, run_id: str):

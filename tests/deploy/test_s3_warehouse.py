@@ -21,6 +21,7 @@ from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG, AuditLog
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
 from pipelines.daily_rl import DAILY_RL_ASSETS
 from resources.steps import StepRunnerResource
 from tests.daily_fixtures import daily_resources, linked_data_dir
@@ -210,6 +211,7 @@ def flywheel_on_s3(s3, tmp_path_factory, tiny_model_dir):
         "audit_log": AuditLog(path=str(base / "audit.jsonl")),
         "market_data": MarketData(data_dir=str(root)),
         "step_runner": SUBPROCESS,
+        "tracking": Tracker(data_dir=str(root), tracking_uri="off"),
     }
     cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}
     with pytest.MonkeyPatch.context() as mp:

@@ -40,6 +40,7 @@ def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_back
     from outcome_flywheel.daily_rl.feeds.source import FeedSource
     from outcome_flywheel.daily_rl.judge.llm_judge import Judge
     from outcome_flywheel.market_data import MarketData
+    from outcome_flywheel.tracking import Tracker
 
     resources = {
         "warehouse": warehouse,
@@ -48,6 +49,7 @@ def test_daily_loop_materialises_two_days_with_mlx(data_dir, warehouse, mlx_back
         "judge": Judge(max_new_tokens=4),
         "market_data": MarketData(data_dir=str(data_dir)),  # daily_update reads matured prices
         "step_runner": StepRunnerResource(runner="in_process"),
+        "tracking": Tracker(data_dir=str(data_dir), tracking_uri="off"),
     }
     run_config = {"ops": {"daily_update": {"config": {"rollouts_per_headline": 2, "max_new_tokens": 24}}}}
     for day in (DAY1, DAY2):

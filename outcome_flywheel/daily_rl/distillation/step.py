@@ -7,7 +7,8 @@
   under the single trainer lock with its `training_audit` row (the step entry does both).
 
 Extras: `action`, `warehouse`, `models` (their dataclasses' JSON); `samples`: `teacher` (a name,
-FLYWHEEL_TEACHER_MODEL's value), `max_new_tokens`; `train`: `run`, `config` (`DistillConfig`).
+FLYWHEEL_TEACHER_MODEL's value), `max_new_tokens`; `train`: `run`, `config` (`DistillConfig`), `tracking`
+(`Tracker`, or absent: no MLflow record of the run, `day_record.record_distilled`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 
+from outcome_flywheel.daily_rl.day_record import record_distilled
 from outcome_flywheel.daily_rl.distillation.samples import (
     SAMPLES_TABLE,
     correction_samples,
@@ -29,6 +31,7 @@ from outcome_flywheel.steps.codec import from_payload
 from outcome_flywheel.steps.entry import main
 from outcome_flywheel.steps.metadata import md, num, present
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
 from outcome_flywheel.training_audit import current
 
 
@@ -112,6 +115,9 @@ def train(pipes, warehouse: Warehouse, models: ModelLoader, extras: dict) -> Non
             run=result.run_id,
             policy_version=result.policy_version,
         )
+    tracker = from_payload(Tracker, extras["tracking"]) if extras.get("tracking") else None
+    root = warehouse.path("checkpoints", "policy")
+    on_record = record_distilled(tracker, result, config, root, pipes.run_id, pipes.log.warning) if tracker else {}
     ab = result.ab
     pipes.report_asset_materialization(
         metadata=present(
@@ -136,7 +142,13 @@ def train(pipes, warehouse: Warehouse, models: ModelLoader, extras: dict) -> Non
                 "ab_label": ab.get("label"),
                 "ab_test": ab.get("test"),
                 "wall_seconds": round(result.wall_s, 2),
+                **on_record,
             }
+        )
+        | (
+            {"mlflow_run_url": {"raw_value": on_record["mlflow_run_url"], "type": "url"}}
+            if on_record.get("mlflow_run_url")
+            else {}
         )
     )
     pipes.report_asset_check(

@@ -250,10 +250,12 @@ def _daily_resources(root, backend: str, judge_model: str = ""):
     from outcome_flywheel.daily_rl.judge.llm_judge import Judge
     from outcome_flywheel.market_data import MarketData
     from outcome_flywheel.storage import Warehouse
+    from outcome_flywheel.tracking import Tracker
     from resources.steps import StepRunnerResource
 
     return dict(
         step_runner=StepRunnerResource(runner="in_process"),
+        tracking=Tracker(data_dir=str(root), tracking_uri="off"),
         warehouse=Warehouse(data_dir=str(root)),
         model_backend=ModelLoader(data_dir=str(root), base_model=NAME, backend=backend, device="cpu"),
         feeds=FeedSource(max_headlines=2, data_dir=str(root)),
