@@ -95,6 +95,7 @@ VALID = {
     "FLYWHEEL_K8S_DATA_PVC": "flywheel-data",
     "FLYWHEEL_K8S_DATA_MOUNT": "/mnt/flywheel",
     "FLYWHEEL_K8S_ENV_SECRET": "flywheel-s3",
+    "FLYWHEEL_MLFLOW_TRACKING_URI": "http://127.0.0.1:5000",
 }
 
 # Unusable, for every variable with a rule (free-form ones are checked where they are used).
@@ -125,6 +126,7 @@ INVALID = {
     "FLYWHEEL_PREFERENCE_CONTEXT": "regime;note",
     "FLYWHEEL_WAREHOUSE_URL": "gs://bucket/warehouse",
     "FLYWHEEL_S3_ENDPOINT": "127.0.0.1:8333",
+    "FLYWHEEL_MLFLOW_TRACKING_URI": "ftp://127.0.0.1/mlflow",
     "FLYWHEEL_STEP_RUNNER": "ray",
     "FLYWHEEL_STEP_LAUNCHER": "mpirun",
     "FLYWHEEL_STEP_PROCESSES": "0",
@@ -299,6 +301,8 @@ BOUND = [
     ("audit_log", "data_dir", "FLYWHEEL_DATA_DIR"),
     ("feedback_log", "path", "FLYWHEEL_FEEDBACK_LOG"),
     ("feedback_log", "data_dir", "FLYWHEEL_DATA_DIR"),
+    ("tracking", "data_dir", "FLYWHEEL_DATA_DIR"),
+    ("tracking", "tracking_uri", "FLYWHEEL_MLFLOW_TRACKING_URI"),
 ]
 # What a run config sets instead: usable, and not the example above.
 OTHER = {
@@ -332,6 +336,7 @@ OTHER = {
     "FLYWHEEL_FEEDBACK_LOG": "{tmp}/other_feedback.jsonl",
     "FLYWHEEL_AUDIT_LOG": "{tmp}/other_audit.jsonl",
     "FLYWHEEL_LIVE_AUDIT_LOG": "{tmp}/other_live.jsonl",
+    "FLYWHEEL_MLFLOW_TRACKING_URI": "sqlite:///{tmp}/other-mlflow.db",
 }
 ENV_VAR_TYPES = (dg.EnvVar, type(dg.EnvVar.int("FLYWHEEL_SEED")))
 
