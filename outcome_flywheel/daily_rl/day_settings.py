@@ -138,6 +138,7 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "price_max_staleness": "max_staleness",
     "tis_cap": "gspo.tis_cap",
     "span_epochs": "gspo.span_epochs",
+    "part_normaliser": "gspo.part_normaliser",
     "gradient_shares": "gspo.gradient_shares",
     "price_span": "credit.price_span",
     "relevance_span": "credit.relevance_span",

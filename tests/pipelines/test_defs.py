@@ -352,9 +352,14 @@ def _other_value(value, annotation):
         return (value or 0.0) + 0.125
     if kind is str:
         # another valid choice where the field has a fixed set (objective, credit spans, price baseline)
-        return {"token": "gspo", "gspo": "token", "side": "call", "ticker": "side", "loo": "group_std"}.get(
-            value, "2024-01-02"
-        )
+        return {
+            "token": "gspo",
+            "gspo": "token",
+            "side": "call",
+            "ticker": "side",
+            "loo": "group_std",
+            "shared": "per_part",
+        }.get(value, "2024-01-02")
     return {"structure": 1.0}  # dict[str, float]: the reward weights
 
 

@@ -99,8 +99,10 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
 
     # The trust region of the span parts: the epoch each part belongs to, and whether it still trains them.
     per_epoch = max(1, len(batches) // max(1, int(config.epochs)))
-    epoch_of = [k // per_epoch for k, parts in enumerate(parts_of) for _ in parts]
-    span_on = [config.span_epochs is None or e < int(config.span_epochs) for e in epoch_of]
+    minibatch_of = [k for k, parts in enumerate(parts_of) for _ in parts]
+    span_on = [config.span_epochs is None or k // per_epoch < int(config.span_epochs) for k in minibatch_of]
+    # Each part's advantages x Z / Z_part under `per_part` (1 under `shared`), from the whole minibatch
+    scales = [part_scales(batch, longest, config.part_normaliser) for batch in batches]
 
     def loss(model, indexed_batch):  # a part of a minibatch: its loss as a whole minibatch's (scaled by the caller)
         index, batch = indexed_batch
@@ -108,7 +110,12 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         width = max(len(b.response_ids) for b in batch)
         sequence = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
         if config.objective == "token":  # span-scoped parts per token, the whole-note part per sequence
-            rows = [b.advantages_row() if span_on[index] else [0.0] * len(b.response_ids) for b in batch]
+            scale = scales[minibatch_of[index]]
+            rows = [
+                [a * scale[b.token_part] for a in b.advantages_row()] if span_on[index] else [0.0] * len(b.response_ids)
+                for b in batch
+            ]
+            sequence = fw.as_array(backend, np.array([b.advantage * scale["note"] for b in batch], dtype=np.float32))
             return fw.gspo_loss(
                 logp,
                 old_by_batch[index],
@@ -204,6 +211,25 @@ def indexed_steps(
 GRADIENT_PARTS = ("note", "relevance", "price")
 
 
+def part_scales(batch: Sequence[EncodedExample], longest: int, normaliser: str) -> dict[str, float]:
+    """The factor each part's advantages take in a minibatch so that its loss is divided by its own tokens
+    (`per_part`): Z / Z_part, Z = the minibatch's sequences x the update's longest response (the loss's
+    normaliser), Z_part = the tokens the part spans in the minibatch (`note`: the response tokens of the
+    notes that carry it, the judged ones; `relevance` / `price`: the tokens with a span advantage of the notes
+    that carry that part). A positive factor scales the clipped surrogate exactly (min(r cA, clip(r) cA) =
+    c min(r A, clip(r) A)), so the clip is untouched. `shared`: 1 for every part."""
+    if normaliser == "shared":
+        return dict.fromkeys(GRADIENT_PARTS, 1.0)
+    z = float(len(batch) * longest)
+    tokens = dict.fromkeys(GRADIENT_PARTS, 0)
+    for b in batch:
+        if b.token_part != "price":  # a judged note: the whole-note part is on all its tokens
+            tokens["note"] += len(b.response_ids)
+        if b.token_advantages is not None:
+            tokens[b.token_part] += sum(1 for a in b.token_advantages if a != 0.0)
+    return {part: (z / n if n else 1.0) for part, n in tokens.items()}
+
+
 def examples_of(batches: Sequence[Sequence[EncodedExample]], epochs: int) -> list[EncodedExample]:
     """The first epoch's examples, by their position in the trainer's list (every epoch holds each once)."""
     per_epoch = max(1, len(batches) // max(1, int(epochs)))
@@ -229,6 +255,7 @@ def gradient_shares(
     if not probe:
         return {}
     parts = split_by_cost(probe, part_tokens(memory.costs), memory.limit)
+    scale = part_scales(probe, longest, config.part_normaliser)
 
     def only(part: str):
         def loss(model, piece):
@@ -236,8 +263,13 @@ def gradient_shares(
             logp, mask = logprobs(batch)
             old = fw.as_array(backend, fw.to_numpy(logp).astype(np.float32))  # ratio 1, no gradient through it
             width = max(len(b.response_ids) for b in batch)
-            rows = [b.advantages_row() if part == b.token_part else [0.0] * len(b.response_ids) for b in batch]
-            sequence = [b.advantage if part == "note" else 0.0 for b in batch]
+            rows = [
+                [a * scale[b.token_part] for a in b.advantages_row()]
+                if part == b.token_part
+                else [0.0] * len(b.response_ids)
+                for b in batch
+            ]
+            sequence = [b.advantage * scale["note"] if part == "note" else 0.0 for b in batch]
             return fw.gspo_loss(
                 logp,
                 old,

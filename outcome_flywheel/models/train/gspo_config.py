@@ -56,6 +56,7 @@ OBJECTIVES = ("token", "gspo", "reward_weighted")
 # The clip band each objective is written with: DAPO's clip-higher per token, the GSPO paper's per sequence.
 DEFAULT_CLIP = {"token": (0.2, 0.28), "gspo": (3e-4, 4e-4), "reward_weighted": (3e-4, 4e-4)}
 OLD_LOGPROBS = ("auto", "stored", "recompute")
+PART_NORMALISERS = ("shared", "per_part")
 
 
 @dataclass
@@ -107,6 +108,12 @@ class GSPOConfig:
         default=4,
         metadata={
             "help": 'Passes over the examples. 4: in a `news` world on tiny-local, 1 epoch left the sides where the base had them after 11 days, 4 moved them (docs/daily_rl.md, "Credit"); the per-token band bounds each pass.'
+        },
+    )
+    part_normaliser: str = field(
+        default="shared",
+        metadata={
+            "help": "How the reward parts are normalised (objective `token`): `shared` = one Z for every part (the minibatch's sequences x the longest response: each token's pull is share x A / Z, so a part's weight in the update grows with the tokens it spans: the note part, on every token, outweighs the one-token side); `per_part` = each part over its own tokens in the minibatch (the note part over the notes' tokens, relevance and price over their spans': each part's loss is share x its mean per-token surrogate, so a part weighs its declared share whatever its span's length)."
         },
     )
     span_epochs: int | None = field(
@@ -176,6 +183,8 @@ class GSPOConfig:
                 0.0 <= float(value) < 1.0 if name.endswith("low") else 0.0 <= float(value) < float("inf")
             ):
                 raise ValueError(f"{name} must be >= 0 (and epsilon_low < 1), got {value!r}")
+        if self.part_normaliser not in PART_NORMALISERS:
+            raise ValueError(f"part_normaliser must be one of {PART_NORMALISERS}, got {self.part_normaliser!r}")
         if self.span_epochs is not None and (
             isinstance(self.span_epochs, bool) or int(self.span_epochs) != self.span_epochs or self.span_epochs < 1
         ):

@@ -50,6 +50,29 @@ def test_gradient_shares_are_each_parts_share_and_zero_for_a_part_without_advant
     assert not any(k.startswith("grad_share") for k in stats.extra)
 
 
+def test_per_part_normalisers_divide_each_part_by_its_own_tokens(tiny_model_dir):
+    """`per_part`: each part's advantages x Z / (its tokens in the minibatch), so a part spanning one token a
+    note weighs its share like the note part spanning all of them; the price's share of the gradient rises."""
+    from outcome_flywheel.models.torch.backend import TorchBackend
+    from outcome_flywheel.models.train.batching import EncodedExample
+    from outcome_flywheel.models.train.gspo import part_scales
+
+    judged = EncodedExample([1], [5, 6, 7, 8], [0.0] * 4, 1.0, token_advantages=[0.0, 0.2, 0.0, 0.0])
+    matured = EncodedExample([1], [5, 6], [0.0] * 2, 0.0, token_advantages=[0.4, 0.0], token_part="price")
+    batch = [judged, matured]
+    assert part_scales(batch, 4, "shared") == {"note": 1.0, "relevance": 1.0, "price": 1.0}
+    # Z = 2 sequences x 4 = 8; note: the judged note's 4 tokens, relevance 1 token, price 1 token
+    assert part_scales(batch, 4, "per_part") == {"note": 2.0, "relevance": 8.0, "price": 8.0}
+    shares = {}
+    for normaliser in ("shared", "per_part"):
+        policy = TorchBackend(tiny_model_dir, device="cpu")
+        stats = train_gspo(policy, _examples(policy, 1.0, 1.0, 1.0), _config(epochs=1, part_normaliser=normaliser))
+        shares[normaliser] = stats.extra["grad_share_price"]
+    assert shares["per_part"] > 2 * shares["shared"], shares
+    with pytest.raises(ValueError, match="part_normaliser"):
+        GSPOConfig(part_normaliser="none")
+
+
 def test_span_epochs_train_the_span_parts_in_the_first_epochs_only(tiny_model_dir):
     """Price only, 3 epochs, span_epochs 1: the first epoch's steps move the weights, the later ones have no
     gradient at all (their loss is 0: the span advantages are off and the note part is 0)."""
