@@ -10,6 +10,7 @@ import dagster as dg
 import pytest
 from mlflow import MlflowClient
 
+from assets.daily_rl.daily_report import daily_report
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
 from outcome_flywheel.daily_rl.day_record import mirror_policy
@@ -47,6 +48,7 @@ def days(tmp_path_factory, tiny_model_dir):
             day: dg.materialize([headlines, daily_update], partition_key=day, resources=res, run_config=_config(day))
             for day in DAYS
         }
+        results["report"] = dg.materialize([daily_report], partition_key=DAYS[2], resources=res)
         yield root, res, results
 
 
@@ -60,7 +62,8 @@ def test_each_day_is_a_run_with_params_per_step_metrics_tags_and_artifacts(days)
     assert all(r.success for r in results.values())
     client = _client(root)
     experiment = client.get_experiment_by_name("outcome-flywheel/daily_rl")
-    runs = {r.data.tags["partition"]: r for r in client.search_runs([experiment.experiment_id])}
+    found = client.search_runs([experiment.experiment_id])
+    runs = {r.data.tags["partition"]: r for r in found if r.data.tags["asset_key"] == "policy_checkpoint"}
     assert set(runs) == set(DAYS)
     trained = runs[DAYS[1]]
     meta = _checkpoint_metadata(results[DAYS[1]])
@@ -88,6 +91,17 @@ def test_each_day_is_a_run_with_params_per_step_metrics_tags_and_artifacts(days)
     assert (root / "mlflow" / "artifacts").is_dir()
     # the first day trained nothing: a run without steps
     assert not client.get_metric_history(runs[DAYS[0]].info.run_id, "loss")
+
+
+def test_the_report_is_a_run_with_the_charts_the_status_page_draws(days):
+    root, _, results = days
+    client = _client(root)
+    experiment = client.get_experiment_by_name("outcome-flywheel/daily_rl")
+    (report,) = client.search_runs([experiment.experiment_id], "tags.asset_key = 'daily_report'")
+    assert report.data.tags["partition"] == DAYS[2] and report.data.tags["dagster_run_id"] == results["report"].run_id
+    charts = {a.path for a in client.list_artifacts(report.info.run_id, "charts")}
+    assert {"charts/reward.png", "charts/kl.png", "charts/ab.png"} <= charts
+    assert "day/headlines" in report.data.metrics
 
 
 def test_the_aliases_follow_latest_through_an_accepted_and_a_rejected_day(days):
