@@ -14,6 +14,7 @@ from outcome_flywheel.daily_rl.report.charts import hit_rate_figure, off_policy_
 from outcome_flywheel.daily_rl.report.summary import hit_rate_by_day, over_days, prices_note
 from outcome_flywheel.market_data import BUNDLED_PRICES, MarketData
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
 from tests.daily_history_fixtures import DAYS, PENDING_DAYS, PRICE_DAYS, write_history
 
 PNG = b"\x89PNG"
@@ -27,7 +28,11 @@ def reported(tmp_path):
     result = dg.materialize(
         [daily_report],
         partition_key=day,
-        resources={"warehouse": warehouse, "market_data": MarketData(data_dir=str(tmp_path))},
+        resources={
+            "warehouse": warehouse,
+            "market_data": MarketData(data_dir=str(tmp_path)),
+            "tracking": Tracker(data_dir=str(tmp_path), tracking_uri="off"),
+        },
     )
     assert result.success
     meta = result.asset_materializations_for_node("daily_report")[0].metadata
