@@ -169,7 +169,7 @@ def record_day(
         run.fail(f"record the day: {type(err).__name__}: {err}")
     finally:
         run.finish()
-    return {**run.links(), **on_record, "mlflow_seconds": round(run.seconds, 3)}
+    return {**run.links(), **on_record}
 
 
 def record_distilled(
@@ -209,4 +209,4 @@ def record_distilled(
         run.fail(f"record the distillation: {type(err).__name__}: {err}")
     finally:
         run.finish()
-    return {**run.links(), **on_record, "mlflow_seconds": round(run.seconds, 3)}
+    return {**run.links(), **on_record}

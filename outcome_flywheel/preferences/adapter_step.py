@@ -163,7 +163,7 @@ def record_adapter(tracker: Tracker, pipes, run_id: str, cfg, models, stats, fin
         except Exception as err:  # noqa: BLE001 - the adapter is published: the record must not fail it
             run.fail(f"record the adapter: {type(err).__name__}: {err}")
             versions = {}
-    return {**run.links(), **versions, "mlflow_seconds": round(run.seconds, 3)}
+    return {**run.links(), **versions}
 
 
 def publish_adapter(staging, root, run_id: str):

@@ -37,7 +37,7 @@ def record_figures(
     with run:
         run.metrics(metrics)
         run.artifacts(artifacts, "charts")
-    return {**run.links(), "mlflow_seconds": round(run.seconds, 3)}
+    return run.links()
 
 
 def numbers(row: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

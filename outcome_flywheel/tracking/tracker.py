@@ -286,12 +286,12 @@ class TrackedRun:
             return None
         return f"{self.tracker.web_url()}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
 
-    def links(self) -> dict[str, str]:
+    def links(self) -> dict[str, Any]:
         """What the asset's metadata shows: the run's URL (for the embedded store, where `mlflow ui` on the
         store serves it: `mlflow_ui`), its ids, or why the record failed."""
         if not self.tracker.enabled:
             return {"mlflow_record": "off (FLYWHEEL_MLFLOW_TRACKING_URI=off)"}
-        out: dict[str, str] = {}
+        out: dict[str, Any] = {}
         if self.run_id is not None:
             out.update(
                 mlflow_run_url=self.url() or "",
@@ -302,4 +302,5 @@ class TrackedRun:
             if not self.tracker.store_uri().startswith(("http://", "https://")):
                 out["mlflow_ui"] = self.tracker.ui_command()
         out["mlflow_record"] = f"failed: {self.error}" if self.error else "recorded"
+        out["mlflow_seconds"] = round(self.seconds, 3)  # spent in MLflow calls: the record's cost
         return out
