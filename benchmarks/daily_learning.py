@@ -6,7 +6,10 @@ the last day (policy vs the frozen base on the same prompts and seeds: structure
 price hit rate and mean vs SPY, each with its 95% interval and label) and the back-test over all
 matured days.
 
-    python -m benchmarks.daily_learning [--days 8] [--headlines 16] [--objective gspo] [--learning-rate 2e-3]
+    python -m benchmarks.daily_learning [--days 8] [--headlines 16] [--objective token] [--learning-rate 2e-3]
+
+`--objective` is GSPOConfig's: `token` (the default) trains every signal; a sequence-level one (`gspo`,
+`reward_weighted`) trains whole-note signals only, so the call's signals (price, relevance) get weight 0 with it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from benchmarks._daily_common import archive_days, resources, tiny_local_data_di
 def run(
     days: int = 8,
     headlines: int = 16,
-    objective: str = "gspo",
+    objective: str = "token",
     learning_rate: float = 2e-3,
     max_new_tokens: int = 128,
     data_dir: str | None = None,
@@ -35,13 +38,13 @@ def run(
     root = tiny_local_data_dir(data_dir)
     res = resources(root, headlines)
     warehouse = res["warehouse"]
-    config = {
-        "ops": {
-            "daily_update": {
-                "config": {"objective": objective, "learning_rate": learning_rate, "max_new_tokens": max_new_tokens}
-            }
-        }
-    }
+    settings = {"objective": objective, "learning_rate": learning_rate, "max_new_tokens": max_new_tokens}
+    if objective != "token":  # a sequence-level objective trains whole-note signals only (day_settings.check_objective)
+        from outcome_flywheel.daily_rl.reward.signals import SIGNAL_SPANS, RewardConfig
+
+        weights = dict(RewardConfig().weights)
+        settings["reward_weights"] = {k: (w if SIGNAL_SPANS[k] == "note" else 0.0) for k, w in weights.items()}
+    config = {"ops": {"daily_update": {"config": settings}}}
     per_day = []
     started = time.perf_counter()
     for day in archive_days(days):
@@ -151,7 +154,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--days", type=int, default=8)
     parser.add_argument("--headlines", type=int, default=16)
-    parser.add_argument("--objective", default="gspo", choices=["gspo", "reward_weighted"])
+    parser.add_argument("--objective", default="token", choices=["token", "gspo", "reward_weighted"])
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--data-dir", default=None)

@@ -25,15 +25,16 @@ import numpy as np
 from benchmarks._daily_common import archive_days, resources, tiny_local_data_dir
 
 
-def run_days(root: Path, days: int, headlines: int) -> None:
+def run_days(root: Path, days: int, headlines: int, max_new_tokens: int | None = None) -> None:
     import dagster as dg
 
     from pipelines.daily_rl import DAILY_RL_ASSETS
 
     res = resources(root, headlines)
+    config = {"ops": {"daily_update": {"config": {"max_new_tokens": max_new_tokens}}}} if max_new_tokens else None
     for day in archive_days(days):
         if not res["warehouse"].exists("rollouts", day):
-            assert dg.materialize(DAILY_RL_ASSETS, partition_key=day, resources=res).success
+            assert dg.materialize(DAILY_RL_ASSETS, partition_key=day, resources=res, run_config=config).success
 
 
 def structure_baseline(warehouse, history: list[dict]) -> dict:
@@ -99,7 +100,7 @@ def simulate_people(root: Path, warehouse, seed: int = 0) -> int:
     return n
 
 
-def run(data_dir: str | None, days: int, headlines: int, people: bool) -> dict:
+def run(data_dir: str | None, days: int, headlines: int, people: bool, max_new_tokens: int | None = None) -> dict:
     from outcome_flywheel.daily_rl.note_scorer.model import (
         SOURCES,
         ScorerSettings,
@@ -116,7 +117,7 @@ def run(data_dir: str | None, days: int, headlines: int, people: bool) -> dict:
     root = tiny_local_data_dir(data_dir)
     warehouse = Warehouse(data_dir=str(root))
     if not warehouse.partitions("rollouts"):
-        run_days(root, days, headlines)
+        run_days(root, days, headlines, max_new_tokens)
     shutil.rmtree(ScorerStore(root).root, ignore_errors=True)  # the scorer from scratch over every day
     simulated = simulate_people(root, warehouse) if people else 0
     models = ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu")
@@ -171,8 +172,11 @@ def main() -> None:
         action="store_true",
         help="rate notes by structure (labelled simulated) when the log is empty",
     )
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=None, help="the notes' token budget when it runs the days (the loop's)"
+    )
     args = parser.parse_args()
-    print(json.dumps(run(args.data_dir, args.days, args.headlines, args.simulate_people)))
+    print(json.dumps(run(args.data_dir, args.days, args.headlines, args.simulate_people, args.max_new_tokens)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""Every benchmark in benchmarks/ runs, so none rots unseen: each as `python -m benchmarks.<name>` with tiny
+arguments in its own process (one torch thread, a fresh data dir holding the cached tiny-local), which must exit 0
+and print one JSON object on its last line (the project's convention). The figures of such runs mean nothing; the
+code paths are what is checked. The CUDA benchmarks (gpu, training_profile) run their CPU smoke versions, and
+logprob_memory and data_parallel their CPU paths (data_parallel: gloo under torchrun)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from outcome_flywheel.settings import PROJECT_ROOT
+
+TIMEOUT_S = 300  # each; on an idle 2-core box the slowest (the daily loop's) take ~25-60 s
+LOOP = ["--headlines", "2", "--max-new-tokens", "16"]  # days of the bundled archive, 2 headlines a day
+SMOKE: dict[str, list[str]] = {
+    "ab_calibration": ["--runs", "6", "--power-runs", "2"],
+    "backends": ["--prompts", "1", "--samples", "2", "--max-new-tokens", "8", "--backends", "torch,mlx"]
+    + ["--torch-device", "cpu"],
+    "daily_learning": [*LOOP, "--days", "2"],  # the second day trains on the first's scores
+    "data_parallel": ["--processes", "2", "--examples", "4", "--headlines", "2", "--device", "cpu"],
+    "flywheel_auc": ["--operators", "random", "--n", "40", "--threads", "1"],
+    "generation": ["--prompts", "1", "--samples", "2", "--max-new-tokens", "8"],
+    "gpu": ["--smoke"],
+    "gspo_batching": ["--headlines", "1", "--rollouts", "2", "--batch-size", "2", "--max-new-tokens", "8"]
+    + ["--repeats", "1"],
+    # one cell of two days (outcome_learning's run_world, as below, trains on its second day)
+    "learning_grid": [*LOOP, "--days", "2", "--train-days", "1", "--worlds", "news", "--world-seeds", "0"]
+    + ["--train-seeds", "0"]
+    + ["--parallel", "1", "--n-boot", "100", "--out-dir", "{tmp}/grid"],
+    "logprob_memory": ["--batch", "1", "--prompt-tokens", "8", "--response-tokens", "8", "--frameworks", "torch"]
+    + ["--device", "cpu"],
+    "note_scorer": [*LOOP, "--days", "2"],
+    "outcome_learning": [*LOOP, "--days", "3", "--train-days", "2", "--worlds", "news", "--train-seeds", "0"]
+    + ["--out-dir", "{tmp}/worlds"],
+    "partition_speed": ["--headlines", "1", "--rollouts", "2", "--max-new-tokens", "8"],
+    "s3_round_trip": ["--repeats", "1"],
+    "tiny_local_calls": ["--samples", "1", "--headlines", "2"],
+    "tracking_cost": ["--headlines", "1", "--rollouts", "2", "--max-new-tokens", "8"],
+    "training_profile": ["--smoke"],
+}
+
+
+def test_every_benchmark_has_a_smoke_run():
+    modules = {p.stem for p in (PROJECT_ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_")}
+    assert modules == set(SMOKE), f"give these a smoke run: {sorted(modules - set(SMOKE))}"
+
+
+def run_benchmark(name: str, args: list[str], data_dir: Path, tmp: Path) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ,
+        FLYWHEEL_DATA_DIR=str(data_dir),
+        OMP_NUM_THREADS="1",  # more threads than free cores slow a tiny step down many times over
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # torchrun, weed
+    )
+    command = [sys.executable, "-m", f"benchmarks.{name}", *(a.replace("{tmp}", str(tmp)) for a in args)]
+    return subprocess.run(
+        command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> Path:
+    """Where the benchmarks that take a folder write: one per module, so the grid's resume test finds its cells."""
+    return tmp_path_factory.mktemp("benchmark-outputs")
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_the_benchmark_runs_and_ends_with_one_json_object(name, data_dir, outputs):
+    done = run_benchmark(name, SMOKE[name], data_dir, outputs)
+    tail = (done.stdout[-3000:] + "\n--- stderr ---\n" + done.stderr[-3000:]).strip()
+    assert done.returncode == 0, f"benchmarks.{name} exited {done.returncode}:\n{tail}"
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"benchmarks.{name} printed nothing:\n{tail}"
+    assert isinstance(json.loads(lines[-1]), dict), f"benchmarks.{name}'s last line is not one JSON object:\n{tail}"
+
+
+def test_a_grid_resumes_and_other_arguments_are_refused(data_dir, outputs):
+    """The grid of the smoke run again: with its arguments it skips the cell it has; with others it refuses (run
+    alone, the first call runs the cell)."""
+    args = SMOKE["learning_grid"]
+    if not (outputs / "grid" / "cells" / "news-w0-t0.json").exists():
+        first = run_benchmark("learning_grid", args, data_dir, outputs)
+        assert first.returncode == 0, first.stderr[-3000:]
+    again = run_benchmark("learning_grid", args, data_dir, outputs)
+    assert again.returncode == 0 and "1 cells, 0 to run" in again.stdout, again.stdout[-2000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["cells"]["done"] == 1
+    other = run_benchmark("learning_grid", [*args, "--arm", "other"], data_dir, outputs)
+    assert other.returncode == 2 and "other arguments" in other.stderr
