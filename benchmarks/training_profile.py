@@ -239,6 +239,11 @@ def main(argv=None) -> dict:
     load_arguments(parser, headlines=2)
     parser.add_argument("--skip", default="", help=f"comma list of {','.join(TRAINERS)}")
     parser.add_argument("--memory", type=Path, help="(CUDA) a folder: where the budgeted step's peak goes, instead")
+    parser.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="skip each plan's untimed warm-up run (a quicker check of the code paths; the times then include first calls)",
+    )
     args = parser.parse_args(argv)
 
     from outcome_flywheel.models.provision.qwen3_shapes import benchmark_model
@@ -283,7 +288,8 @@ def main(argv=None) -> dict:
                 continue
             for plan, budgeted, recompute in PLANS:
                 memory = setting if budgeted else None
-                timed_run(model_dir, device, examples, trainer, memory, False, recompute)  # warm-up
+                if not args.no_warm_up:
+                    timed_run(model_dir, device, examples, trainer, memory, False, recompute)  # warm-up
                 run = timed_run(model_dir, device, examples, trainer, memory, True, recompute)
                 print(
                     f"== {TRAINERS[trainer]}, {plan}: {run['seconds']} s ({run['train_loop_s']} s of steps), "

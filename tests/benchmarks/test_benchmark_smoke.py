@@ -4,7 +4,8 @@ and print one JSON object on its last line (the project's convention). The figur
 code paths are what is checked. The CUDA benchmarks (gpu, training_profile) run their CPU smoke versions, and
 logprob_memory and data_parallel their CPU paths (data_parallel: gloo under torchrun): none needs CUDA.
 Measured on the 2-core box while four other sessions loaded it (load average 7-12): 8.8 minutes for the module,
-training_profile's CPU smoke the longest (58-170 s: three trainers x three plans, each warmed up and profiled)."""
+training_profile's CPU smoke the longest (58-170 s: three trainers x three plans, each warmed up and profiled;
+now without the warm-ups)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ SMOKE: dict[str, list[str]] = {
     "s3_round_trip": ["--repeats", "1"],
     "tiny_local_calls": ["--samples", "1", "--headlines", "2"],
     "tracking_cost": ["--headlines", "1", "--rollouts", "2", "--max-new-tokens", "8"],
-    "training_profile": ["--smoke"],
+    "training_profile": ["--smoke", "--no-warm-up"],
 }
 
 
