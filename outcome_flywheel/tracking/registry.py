@@ -1,7 +1,8 @@
 """A registered model that mirrors the gate: one model version per checkpoint, registered by reference.
 
 Each version's `source` is the checkpoint's folder (a `file://` URI) or its object-store URI: MLflow keeps
-the reference, the weights are not copied. The tag `checkpoint` names the checkpoint a version stands for
+the reference, the weights are not copied (under a tracking server, which refuses local paths, a small JSON
+artifact naming the folder: `served_source`; the `checkpoint_uri` tag holds the folder either way). The tag `checkpoint` names the checkpoint a version stands for
 (a dated folder, a distillation's folder, an adapter run); a candidate the gate rejected keeps a version of
 its own, tagged `role=candidate`, `verdict=rejected` and the `reason`. Aliases: `champion` is the version of
 the checkpoint `latest` points to, `challenger` the day's candidate (accepted or not). All calls go through
@@ -10,6 +11,7 @@ the run's guard (`TrackedRun.call`): a failure ends the record, never the traini
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -60,19 +62,47 @@ def register(run: TrackedRun, model: str, version: Version, model_description: s
 
     def _register() -> str:
         _ensure_model(run, model, model_description)
-        tags = {"checkpoint": version.checkpoint, **{k: str(v) for k, v in version.tags.items() if v is not None}}
+        tags = {
+            "checkpoint": version.checkpoint,
+            "checkpoint_uri": version.source,
+            **{k: str(v) for k, v in version.tags.items() if v is not None},
+        }
         existing = _find(run, model, version.checkpoint)
-        if existing is not None and existing.source == version.source:
+        if existing is not None and existing.tags.get("checkpoint_uri", existing.source) == version.source:
             for key, value in tags.items():
                 if existing.tags.get(key) != value:
                     run.client.set_model_version_tag(model, existing.version, key, value)
             return str(existing.version)
         made = run.client.create_model_version(
-            model, source=version.source, run_id=run.run_id, tags=tags, description=version.description or None
+            model,
+            source=served_source(run, version),
+            run_id=run.run_id,
+            tags=tags,
+            description=version.description or None,
         )
         return str(made.version)
 
     return run.call(f"register {model} {version.checkpoint}", _register) if run.recording else None
+
+
+def served_source(run: TrackedRun, version: Version) -> str:
+    """`version.source`, except a local folder under a tracking server: the server refuses a local path outside
+    the run's artifacts, so the run gets a small `registry/<checkpoint>.json` naming the folder (the weights
+    stay where they are) and the version's source is that artifact's folder (`runs:/<run>/registry`); the
+    folder itself is in the `checkpoint_uri` tag either way."""
+    remote = run.tracker.store_uri().startswith(("http://", "https://"))
+    if not (remote and version.source.startswith("file:")):
+        return version.source
+    import tempfile
+
+    name = version.checkpoint.replace("/", "_")
+    with tempfile.TemporaryDirectory() as folder:
+        note = Path(folder) / f"{name}.json"
+        note.write_text(
+            json.dumps({"checkpoint": version.checkpoint, "uri": version.source, **version.tags}, default=str)
+        )
+        run.client.log_artifact(run.run_id, str(note), "registry")
+    return f"runs:/{run.run_id}/registry/{name}.json"
 
 
 def set_alias(run: TrackedRun, model: str, alias: str, number: str | None) -> None:

@@ -9,7 +9,7 @@ Tracking never breaks training: every call of a `TrackedRun` is guarded. The fir
 refused request, a locked database) is logged as a warning, kept in `error` (the asset's metadata says it) and
 ends the run's recording; the training goes on. MLflow's HTTP client retries a failed request 7 times with
 exponential backoff and waits 120 s for an answer by default: inside the tracker's calls it retries none and
-waits `timeout_s` (MLFLOW_HTTP_REQUEST_* set for the call, restored after).
+waits `timeout_s` (10 s) (MLFLOW_HTTP_REQUEST_* set for the call, restored after).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Tracker:
         },
     )
     timeout_s: int = field(
-        default=5, metadata={"help": "Seconds one call to a tracking server may take; a failed call is not retried."}
+        default=10, metadata={"help": "Seconds one call to a tracking server may take; a failed call is not retried."}
     )
     ui_url: str = field(
         default="http://127.0.0.1:5000",

@@ -1,6 +1,7 @@
 """The MLflow UI on what the tracker records: a real `mlflow server` on 127.0.0.1 over a store the tracker wrote
-(two days' runs and the registry's mirror of an accepted and a rejected day, no model trained), one run page
-and the registered model's versions opened in headless Chromium, screenshotted, their text checked."""
+(days' runs and the registry's mirror of an accepted and a rejected day, no model trained; a third day recorded
+through the server itself), one run page and the registered model's versions opened in headless Chromium,
+screenshotted, their text checked."""
 
 from __future__ import annotations
 
@@ -34,15 +35,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _record(data_dir: Path) -> tuple[Tracker, dict[str, str]]:
-    """Two days as the daily step records them: params, per-step metrics, the registry's mirror."""
+DAYS = (
+    ("2025-11-04", "accepted", "2025-11-04@aaa", "within the KL budget"),
+    ("2025-11-05", "rejected", "2025-11-04@aaa", "kl_to_parent 0.3 > 0.25"),
+    ("2025-11-06", "accepted", "2025-11-06@bbb", "within the KL budget"),
+)
+
+
+def _record(data_dir: Path, days, tracker: Tracker) -> dict[str, str]:
+    """Days as the daily step records them: params, per-step metrics, the registry's mirror."""
     root = data_dir / "checkpoints" / "policy"
-    tracker = Tracker(data_dir=str(data_dir))
     urls = {}
-    for name, gate, version, reason in (
-        ("2025-11-04", "accepted", "2025-11-04@aaa", "within the KL budget"),
-        ("2025-11-05", "rejected", "2025-11-04@aaa", "kl_to_parent 0.3 > 0.25"),
-    ):
+    for name, gate, version, reason in days:
         (root / name).mkdir(parents=True)
         info = {"verified": True, "date": name, "policy_version": version, "kind": "lora", "gate": gate}
         (root / name / "checkpoint.json").write_text(json.dumps(info))
@@ -54,7 +58,7 @@ def _record(data_dir: Path) -> tuple[Tracker, dict[str, str]]:
             mirror_policy(run, root, name, gate, reason)
         assert run.error is None, run.error
         urls[name] = run.url().split("#", 1)[1]
-    return tracker, urls
+    return urls
 
 
 def _page_text(driver, url: str, expected: str, timeout_s: float = 90) -> str:
@@ -72,13 +76,16 @@ def _page_text(driver, url: str, expected: str, timeout_s: float = 90) -> str:
 def test_the_mlflow_ui_shows_a_run_and_the_models_versions(tmp_path):
     if MISSING:
         pytest.fail(f"{', '.join(MISSING)} missing: `make setup` installs Debian's chromium and chromium-driver")
-    tracker, urls = _record(tmp_path / "data")
+    data = tmp_path / "data"
+    tracker = Tracker(data_dir=str(data))
+    urls = _record(data, DAYS[:2], tracker)  # into the embedded store, as `make demo` does
     port = _free_port()
     server = subprocess.Popen(
         [str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", tracker.store_uri()]
         + ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "server.log", "w"),
+        cwd=tmp_path,  # its default artifact folder (./mlartifacts)
         start_new_session=True,  # its workers in its own group, stopped together below
     )
     base = f"http://127.0.0.1:{port}"
@@ -93,26 +100,28 @@ def test_the_mlflow_ui_shows_a_run_and_the_models_versions(tmp_path):
                 pass
             assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
             time.sleep(1)
+        # the third day through the server: the checkpoint folder registered by reference (a JSON artifact
+        # naming it: the server refuses a local path as a source)
+        urls.update(_record(data, DAYS[2:], Tracker(data_dir=str(data), tracking_uri=base, timeout_s=60)))
         driver = make_driver()
         run_page = _page_text(driver, f"{base}/#{urls['2025-11-05']}", "daily_update 2025-11-05")
         driver.save_screenshot(str(tmp_path / "mlflow-run.png"))
         for text in ("gspo.learning_rate", "settings.rollouts_per_headline", "loss", "clip_fraction", "Finished"):
             assert text in run_page, (text, run_page[:2000])
-        models = _page_text(driver, f"{base}/#/models/daily-policy", "Version 3")
+        models = _page_text(driver, f"{base}/#/models/daily-policy", "Version 4")
         driver.save_screenshot(str(tmp_path / "mlflow-model.png"))
-        for text in (
-            "Version 1",
-            "Version 2",
-            "@ champion",
-            "@ challenger",
-            "kl_to_parent 0.3 > 0.25",
-            "registered by reference",
-        ):
+        for text in ("Version 3", "@ champion", "@ challenger", "kl_to_parent 0.3 > 0.25", "registered by reference"):
             assert text in models, (text, models[:3000])
     finally:
         if driver is not None:
             driver.quit()
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=30)
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracker.store_uri(), registry_uri=tracker.store_uri())
+    champion = client.get_model_version_by_alias("daily-policy", "champion")
+    assert champion.tags["checkpoint"] == "2025-11-06" and champion.source.startswith("runs:/")
+    assert champion.tags["checkpoint_uri"] == (data / "checkpoints" / "policy" / "2025-11-06").resolve().as_uri()
     shots = [tmp_path / "mlflow-run.png", tmp_path / "mlflow-model.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 10_000 for p in shots)
