@@ -10,6 +10,7 @@ from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.settings import SAMPLE_DATA
 from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.tracking import Tracker
 from resources.daily_rl import FeedsResource
 from resources.steps import StepRunnerResource
 
@@ -28,6 +29,7 @@ def _resources(root, feeds: FeedSource) -> dict:
         judge=Judge(),
         market_data=MarketData(data_dir=str(root)),
         step_runner=StepRunnerResource(runner="in_process"),
+        tracking=Tracker(data_dir=str(root), tracking_uri="off"),
     )
 
 
