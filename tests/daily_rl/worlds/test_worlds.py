@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -114,14 +115,16 @@ def test_every_archive_headline_names_one_company_and_carries_news(events):
 def test_news_world_moves_the_company_with_its_news(worlds, events):
     path, manifest = worlds["news"]
     hits, agrees = news_calls_hit(path, events), net_agrees(events)
-    # A planted 2% against SPY's and the company's 1% noise, net of 10 bps: P(hit) = Phi(1.9 / 1.41) = 0.91.
+    # The stock carries SPY's move (beta 1), so vs SPY a planted 2% stands against the company's own 1% noise,
+    # net of 10 bps: P(hit) = Phi(1.9) = 0.97.
     assert hits[agrees].mean() >= 0.85, hits[agrees].mean()
     # Where a company's news cancels on one session (good + bad) or nets the other way, the call is a coin
-    # flip or a loser: about 0.79 * 0.91 + 0.15 * 0.5 + 0.06 * 0.09 = 0.80 over all headlines.
+    # flip or a loser: about 0.79 * 0.97 + 0.15 * 0.5 + 0.06 * 0.03 = 0.84 over all headlines.
     assert 0.72 <= hits.mean() <= 0.88, hits.mean()
     r = returns(path)
     planted = pd.DataFrame(manifest["planted"])
-    moved = np.array([r.at[p.session, p.symbol] for p in planted.itertuples()])
+    # against SPY the move is the planted 2% plus the company's own 1% noise: its sign right with P = Phi(2) = 0.98
+    moved = np.array([r.at[p.session, p.symbol] - r.at[p.session, "SPY"] for p in planted.itertuples()])
     assert (np.sign(moved) == planted["direction"].to_numpy()).mean() >= 0.95
 
 
@@ -199,10 +202,17 @@ def test_options_change_what_they_say(events):
     # Statistical bounds on a seeded draw of n = 7,904 daily returns: the sample std's standard
     # error is ~1/sqrt(2n) = 0.8% (rel 5% = 6 SE); the mean's is noise/sqrt(n) = 0.022 and 0.0056
     # (abs 0.05 and 0.02: 2.2 and 3.6 SE).
-    r = walk_returns(WorldConfig("null", seed=2, noise_pct=2.0, drift_pct=0.3))
+    r = walk_returns(WorldConfig("null", seed=2, noise_pct=2.0, drift_pct=0.3, market_beta=0.0))
     assert r.std() == pytest.approx(2.0, rel=0.05) and r.mean() == pytest.approx(0.3, abs=0.05)
-    r = walk_returns(WorldConfig("null", seed=2, noise_pct=0.5, drift_pct=-0.2))
+    r = walk_returns(WorldConfig("null", seed=2, noise_pct=0.5, drift_pct=-0.2, market_beta=0.0))
     assert r.std() == pytest.approx(0.5, rel=0.05) and r.mean() == pytest.approx(-0.2, abs=0.02)
+    # market_beta (default 1): a stock is SPY's noise plus its own, so its daily std is noise * sqrt(1 + beta^2)
+    # and, against SPY, only its own noise is left (what a call's vs_spy sees); same 6-SE bound as above
+    prices, _ = make_world(WorldConfig("null", seed=2, noise_pct=2.0))
+    wide = (prices.pivot(index="date", columns="symbol", values="close").pct_change() * 100.0).iloc[1:]
+    stocks = wide.drop(columns="SPY")
+    assert stocks.stack().std() == pytest.approx(2.0 * math.sqrt(2.0), rel=0.05)
+    assert stocks.sub(wide["SPY"], axis=0).stack().std() == pytest.approx(2.0, rel=0.05)
     # move: the planted moves' size; move 0 plants nothing (the news world is then the null world)
     planted = planted_moves(events, WorldConfig("news", move_pct=3.5))
     assert set(planted["move_pct"].abs()) == {3.5}
