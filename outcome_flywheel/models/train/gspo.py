@@ -146,9 +146,15 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
             config.kl_beta if with_reference else 0.0,
         )
 
+    # Each part's pull, measured in one process (data parallel: each rank forwards its shard only, so the probe,
+    # a minibatch of its own, is not taken there; the day's row then has NaN shares)
     shares = (
         gradient_shares(backend, examples_of(batches, config.epochs), config, logprobs, longest, memory)
-        if batches and config.gradient_shares and config.objective == "token" and fw.gradient_norm is not None
+        if batches
+        and config.gradient_shares
+        and config.objective == "token"
+        and fw.gradient_norm is not None
+        and world == 1
         else {}
     )
     stats = TrainStats()
