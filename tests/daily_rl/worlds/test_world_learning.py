@@ -1,18 +1,20 @@
 """The defaults learn what a world's prices reward, run as anyone would run them: the `headlines` and
 `daily_update` assets materialised day by day through Dagster with no run config, on a `news` world
-(the headline's company moves with its news, `worlds.py`) over a SYNTHETIC archive (`synthetic_feeds.py`:
-each day half good and half bad news, one named company a headline, no clashing news), on the bundled
-archive's dates. The matured prices train through the assets, on the call's line only (the ledger and the
-notes' token masks say so), and the judge reads the world's own follow-ups. Then the last checkpoint and
-the base write notes on the held-out days' headlines, which neither trained on, with the same prompts and
-seeds, and among their calls on the headline's company the gap P(long | good news) - P(long | bad news)
-must have grown by more than two standard errors of the difference.
+(the headline's company moves with its news, `worlds.py`) and on its `inverted` twin (against it), over a
+SYNTHETIC archive (`synthetic_feeds.py`: each day half good and half bad news, one named company a
+headline, no clashing news), on the bundled archive's dates. The matured prices train through the assets,
+on the call's side only, and earlier groups are replayed (the ledger and the notes' token masks say so),
+and the judge reads the world's own follow-ups. Then the last checkpoint and the base write notes on the
+held-out days' headlines, which neither trained on, with the same prompts and seeds, and among their calls
+on the headline's company the gap P(long | good news) - P(long | bad news) must have moved from the base's,
+up in `news` and down in `inverted`, by more than two headline-clustered standard errors of the difference.
 
-Measured (2026-11-27, the project's 2-core x86_64 CPU box): policy 0.813 ± 0.024, base -0.040 ± 0.040
-(72 price groups); world seeds 1-3 gave 0.798, 0.464 and 0.191 against bases within ±0.07. On the
-bundled archive's own headlines (real news, clashes within a call window) the same 11 days left the gap
-within the noise on this box (policy 0.010 ± 0.040, base -0.026 ± 0.044): too weak a signal to assert
-(docs/daily_rl.md)."""
+Measured (2026-11-28, the project's 2-core x86_64 CPU box, pooled price evidence and side credit):
+`news` policy 0.944 ± 0.014 (618 calls), `inverted` policy -0.803 ± 0.038 (550 calls), base -0.040 ±
+0.036 (632 calls); before (one training per price group, 2026-11-27) `news` gave 0.813 ± 0.024 and world
+seeds 1-3 0.798, 0.464 and 0.191. On the bundled archive's own headlines (real news, clashes within a call
+window) the 11 days then left the gap within the noise (policy 0.010 ± 0.040, base -0.026 ± 0.044): the
+benchmarks (`benchmarks.outcome_learning`, `benchmarks.learning_grid`) measure that case (docs/daily_rl.md)."""
 
 from __future__ import annotations
 
