@@ -298,3 +298,57 @@ def test_matured_groups_are_pooled_replayed_decayed_within_staleness_and_settle_
     assert batch.replayed_groups == 2
     assert len(batch.examples) == 4 and all(e.token_part == "price" for e in batch.examples)  # the 0.5s: no pull
     assert settled_notes(ledger, "matured") == set()  # replays settle nothing
+
+
+def test_a_rejected_days_price_groups_go_back_to_pending_and_are_not_replayed(tmp_path):
+    """`collect_matured` over a real warehouse and the bundled prices: a group trained on price at 11-10 is
+    settled and replayed at 11-11, unless the gate rejected 11-10's update, in which case 11-10's ledger
+    settles nothing and the group trains anew as `matured` (and is not replayed)."""
+    from outcome_flywheel.daily_rl.reward.matured import collect_matured
+    from outcome_flywheel.market_data import MarketData
+    from outcome_flywheel.storage import Warehouse
+
+    wh = Warehouse(data_dir=str(tmp_path))
+    note_day, trained_on, day = "2025-11-06", "2025-11-10", "2025-11-11"  # Thursday's notes exit Monday's close
+    notes = _notes(note_day, "h1", "2025-11-06@aaa").assign(
+        response=["Trade Recommendation: Buy AAPL.", "Trade Recommendation: Sell AAPL."] * 2
+    )
+    wh.write("rollouts", notes, partition=note_day)
+    ledger = ledger_frame(
+        [
+            dict(
+                date=trained_on,
+                note_date=note_day,
+                headline_id="h1",
+                rollout_index=i,
+                step="matured",
+                signals="price",
+                status="trained",
+                reason=None,
+                policy_version="p",
+                behavior_policy_version="2025-11-06@aaa",
+                staleness_updates=0,
+                staleness_days=4,
+                signal_value=value,
+                advantage=0.1,
+                is_ratio=1.0,
+            )
+            for i, value in enumerate([0.9, 0.1, 0.9, 0.1])
+        ]
+    )
+    wh.write("reward_ledger", ledger, partition=trained_on)
+    market = MarketData(data_dir=str(tmp_path))
+    future = pd.Timestamp("2030-01-01", tz="UTC")
+
+    def collect(rejected):
+        batch = collect_matured(
+            wh, market, lambda d: None, day, "p", MaturedConfig(), 0.4, 0.8, wall_clock=future, rejected=rejected
+        )
+        return ledger_frame(batch.ledger)
+
+    accepted = collect(lambda d: False)
+    assert set(accepted["step"]) == {"replay"} and len(accepted) == 4  # settled, and pooled again
+    assert (accepted["advantage"].abs() > 0).all()
+    rejected = collect(lambda d: d == trained_on)
+    assert set(rejected["step"]) == {"matured"} and len(rejected) == 4  # back to pending: trained anew
+    assert set(rejected["status"]) == {"trained"}
