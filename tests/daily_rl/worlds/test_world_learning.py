@@ -22,11 +22,12 @@ import json
 import math
 
 import dagster as dg
-import numpy as np
+import pandas as pd
 import pytest
 
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
+from outcome_flywheel.daily_rl.evaluation.clustered import clustered_interval, gap_of
 from outcome_flywheel.daily_rl.notes.calls import parse_call
 from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, parent_checkpoint
 from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
@@ -51,28 +52,23 @@ DIRECTION = {"news": 1, "inverted": -1}
 def _gap(policy, prompts, news, symbols, seeds) -> tuple[float, float, int]:
     """(P(long | good) - P(long | bad) over calls on the headline's company, its headline-clustered standard
     error, calls). A headline's 8 notes share its prompt, so they are not 8 independent draws: the error is
-    the bootstrap's over headlines (each resample keeps a headline's calls together), not the binomial's."""
+    the bootstrap's over headlines (`evaluation.clustered`: a resample keeps a headline's calls together)."""
     from dataclasses import replace
 
     groups = policy.sample(prompts, SAMPLES, replace(ROLLOUT_SAMPLING, max_new_tokens=160), seeds)
-    longs = np.zeros(len(prompts))  # per headline: long calls and calls on its company
-    calls = np.zeros(len(prompts))
-    for k, (group, companies) in enumerate(zip(groups, symbols)):
+    rows = []
+    for k, (group, sign, companies) in enumerate(zip(groups, news, symbols)):
         for s in group:
             call = parse_call(s.text)
             if call.parse_status == "ok" and call.symbol in companies and call.side in ("long", "short"):
-                longs[k] += call.side == "long"
-                calls[k] += 1
-    sign = np.asarray(news)
+                rows.append(dict(headline_id=k, long=float(call.side == "long"), good=sign == 1, bad=sign == -1))
+    return clustered_gap(pd.DataFrame(rows, columns=["headline_id", "long", "good", "bad"]))
 
-    def gap(index: np.ndarray) -> float:
-        good, bad = index[sign[index] == 1], index[sign[index] == -1]
-        return longs[good].sum() / max(calls[good].sum(), 1) - longs[bad].sum() / max(calls[bad].sum(), 1)
 
-    rng = np.random.default_rng(0)
-    everyone = np.arange(len(prompts))
-    boot = [gap(rng.choice(everyone, len(everyone))) for _ in range(BOOTSTRAP)]
-    return float(gap(everyone)), float(np.std(boot, ddof=1)), int(calls.sum())
+def clustered_gap(calls: pd.DataFrame) -> tuple[float, float, int]:
+    """(long share on good news - on bad news, its bootstrap standard error over headlines, calls)."""
+    result = clustered_interval(calls, gap_of("long", "good", "bad"), cluster="headline_id", n_boot=BOOTSTRAP)
+    return float(result["estimate"]), float(result["se"]), len(calls)
 
 
 @pytest.mark.slow  # 190-300 s each: the second CI stage (make test-slow)
