@@ -270,21 +270,7 @@ def matured_batch(
                     "advantage": np.nan,
                 }
             )
-        for r, value, adv in zip(usable.itertuples(), values, advantages):
-            batch.ledger.append(
-                {
-                    **base,
-                    "rollout_index": int(r.rollout_index),
-                    "status": "dropped" if reason else "trained",
-                    "reason": reason,
-                    "signal_value": value,
-                    "advantage": np.nan if reason else float(adv),
-                }
-            )
-            example = None if reason else _example(r, float(adv), tokenizer, config.span)
-            if example is not None:
-                batch.examples.append(example)
-                batch.example_keys.append((note_day, headline_id, int(r.rollout_index)))
+        _add_group(batch, base, usable, values, advantages, reason, None, tokenizer, config.span)
     if replays is not None and len(replays):
         replay_batch(batch, replays, day, parent_version, checkpoints, config, advantage_scale, temperature, tokenizer)
     return batch
@@ -313,21 +299,29 @@ def replay_batch(
         values = group["signal_value"].to_numpy(dtype=float)
         advantages = price_advantages(values, config) * advantage_scale * weight
         batch.replayed_groups += int(reason is None)
-        for r, value, adv in zip(group.itertuples(), values, advantages):
-            batch.ledger.append(
-                {
-                    **base,
-                    "rollout_index": int(r.rollout_index),
-                    "status": "dropped" if reason else "trained",
-                    "reason": reason or f"replay of {trained_on}'s price group, weight {weight:.3g}",
-                    "signal_value": float(value),
-                    "advantage": np.nan if reason else float(adv),
-                }
-            )
-            example = None if reason else _example(r, float(adv), tokenizer, config.span)
-            if example is not None:
-                batch.examples.append(example)
-                batch.example_keys.append((note_day, headline_id, int(r.rollout_index)))
+        why = f"replay of {trained_on}'s price group, weight {weight:.3g}"
+        _add_group(batch, base, group, values, advantages, reason, why, tokenizer, config.span)
+
+
+def _add_group(batch: MaturedBatch, base: dict, rows, values, advantages, dropped: str | None, why, tokenizer, span):
+    """One ledger row per note of a group (`rows`: its rollout rows, in order of `values` and `advantages`):
+    dropped with the reason `dropped`, else trained (with `why` as its reason) and, where it carries a
+    gradient, a price example."""
+    for r, value, adv in zip(rows.itertuples(), values, advantages):
+        batch.ledger.append(
+            {
+                **base,
+                "rollout_index": int(r.rollout_index),
+                "status": "dropped" if dropped else "trained",
+                "reason": dropped or why,
+                "signal_value": float(value),
+                "advantage": np.nan if dropped else float(adv),
+            }
+        )
+        example = None if dropped else _example(r, float(adv), tokenizer, span)
+        if example is not None:
+            batch.examples.append(example)
+            batch.example_keys.append((base["note_date"], base["headline_id"], int(r.rollout_index)))
 
 
 def replay_groups(earlier: pd.DataFrame | None, day: str, config: MaturedConfig) -> pd.DataFrame:
