@@ -107,20 +107,14 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     def loss(model, indexed_batch):  # a part of a minibatch: its loss as a whole minibatch's (scaled by the caller)
         index, batch = indexed_batch
         logp, mask = logprobs(batch)
-        width = max(len(b.response_ids) for b in batch)
-        sequence = fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32))
         if config.objective == "token":  # span-scoped parts per token, the whole-note part per sequence
-            scale = scales[minibatch_of[index]]
-            rows = [
-                [a * scale[b.token_part] for a in b.advantages_row()] if span_on[index] else [0.0] * len(b.response_ids)
-                for b in batch
-            ]
-            sequence = fw.as_array(backend, np.array([b.advantage * scale["note"] for b in batch], dtype=np.float32))
+            parts = GRADIENT_PARTS if span_on[index] else ("note",)
+            rows, sequence = part_advantages(batch, scales[minibatch_of[index]], parts)
             return fw.gspo_loss(
                 logp,
                 old_by_batch[index],
                 mask,
-                fw.as_array(backend, padded(rows, width)),
+                fw.as_array(backend, rows),
                 eps_low,
                 eps_high,
                 "token",
@@ -129,14 +123,14 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
                 ref_by_batch[index],
                 config.kl_beta if with_reference else 0.0,
                 float(len(batch) * longest),
-                sequence,
+                fw.as_array(backend, sequence),
                 (config.sequence_epsilon_low, config.sequence_epsilon_high),
             )
         return fw.gspo_loss(
             logp,
             old_by_batch[index],
             mask,
-            sequence,
+            fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32)),
             eps_low,
             eps_high,
             config.objective,
@@ -236,6 +230,20 @@ def part_scales(batch: Sequence[EncodedExample], longest: int, normaliser: str) 
     return {part: (z / n if n else 1.0) for part, n in tokens.items()}
 
 
+def part_advantages(
+    batch: Sequence[EncodedExample], scale: dict[str, float], parts: Sequence[str]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The token objective's advantages of a batch with only `parts` on: the span advantages [B, T] of the
+    examples whose span part is on, and the whole-note advantages [B] when `note` is, each x its `part_scales`."""
+    width = max(len(b.response_ids) for b in batch)
+    rows = [
+        [a * scale[b.token_part] for a in b.advantages_row()] if b.token_part in parts else [0.0] * len(b.response_ids)
+        for b in batch
+    ]
+    sequence = [b.advantage * scale["note"] if "note" in parts else 0.0 for b in batch]
+    return padded(rows, width), np.array(sequence, dtype=np.float32)
+
+
 def examples_of(batches: Sequence[Sequence[EncodedExample]], epochs: int) -> list[EncodedExample]:
     """The first epoch's examples, by their position in the trainer's list (every epoch holds each once)."""
     per_epoch = max(1, len(batches) // max(1, int(epochs)))
@@ -268,23 +276,16 @@ def gradient_shares(
             batch = piece
             logp, mask = logprobs(batch)
             old = fw.as_array(backend, fw.to_numpy(logp).astype(np.float32))  # ratio 1, no gradient through it
-            width = max(len(b.response_ids) for b in batch)
-            rows = [
-                [a * scale[b.token_part] for a in b.advantages_row()]
-                if part == b.token_part
-                else [0.0] * len(b.response_ids)
-                for b in batch
-            ]
-            sequence = [b.advantage * scale["note"] if part == "note" else 0.0 for b in batch]
+            rows, sequence = part_advantages(batch, scale, (part,))
             return fw.gspo_loss(
                 logp,
                 old,
                 mask,
-                fw.as_array(backend, padded(rows, width)),
+                fw.as_array(backend, rows),
                 *config.clip_band(),
                 "token",
                 normaliser=float(len(batch) * longest),
-                sequence_advantages=fw.as_array(backend, np.array(sequence, dtype=np.float32)),
+                sequence_advantages=fw.as_array(backend, sequence),
                 sequence_clip=(config.sequence_epsilon_low, config.sequence_epsilon_high),
             )
 
