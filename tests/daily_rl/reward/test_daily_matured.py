@@ -1,6 +1,7 @@
 """The delayed price step as plain functions (daily_rl/matured.py, rewards.PriceReward, the ledger)."""
 
 import math
+from datetime import date
 
 import numpy as np
 import pandas as pd
@@ -217,29 +218,37 @@ def test_the_default_price_advantage_is_leave_one_out_without_std():
             MaturedConfig(**bad)
 
 
+def _price_rows(day, note_day, headline, values, step="matured", status="trained", behaviour="b") -> list[dict]:
+    """Ledger rows of one price group trained (or dropped) at `day`, one note per signal value."""
+    return [
+        dict(
+            date=day,
+            note_date=note_day,
+            headline_id=headline,
+            rollout_index=i,
+            step=step,
+            signals="price",
+            status=status,
+            reason=None,
+            policy_version="p",
+            behavior_policy_version=behaviour,
+            staleness_updates=0,
+            staleness_days=(date.fromisoformat(day) - date.fromisoformat(note_day)).days,
+            signal_value=value,
+            advantage=0.1,
+            is_ratio=1.0,
+        )
+        for i, value in enumerate(values)
+    ]
+
+
 def test_matured_groups_are_pooled_replayed_decayed_within_staleness_and_settle_nothing():
     """A group trained on price at d trains again at D (up to d + replay_days), its advantage decayed by
     decay ** (D - d), from the ledger's stored signals; a group too stale by now is dropped with the reason;
     replay rows settle nothing, and only first trainings (step matured, trained) are replayed."""
     earlier = ledger_frame(
         [
-            dict(
-                date=day,
-                note_date=note_day,
-                headline_id=h,
-                rollout_index=i,
-                step=step,
-                signals="price",
-                status=status,
-                reason=None,
-                policy_version="p",
-                behavior_policy_version="b",
-                staleness_updates=0,
-                staleness_days=2,
-                signal_value=value,
-                advantage=0.1,
-                is_ratio=1.0,
-            )
+            row
             for day, note_day, h, step, status in (
                 ("2025-11-10", "2025-11-07", "h1", "matured", "trained"),
                 ("2025-11-10", "2025-11-07", "h9", "matured", "dropped"),
@@ -247,7 +256,7 @@ def test_matured_groups_are_pooled_replayed_decayed_within_staleness_and_settle_
                 ("2025-11-05", "2025-11-03", "h3", "matured", "trained"),  # older than replay_days
                 ("2025-11-10", "2025-11-06", "h2", "replay", "trained"),  # a replay is not replayed again
             )
-            for i, value in enumerate([0.9, 0.1, 0.5, 0.5])
+            for row in _price_rows(day, note_day, h, [0.9, 0.1, 0.5, 0.5], step, status)
         ]
     )
     config = MaturedConfig(replay_days=4, replay_decay=0.5, max_staleness=2)
@@ -314,28 +323,7 @@ def test_a_rejected_days_price_groups_go_back_to_pending_and_are_not_replayed(tm
         response=["Trade Recommendation: Buy AAPL.", "Trade Recommendation: Sell AAPL."] * 2
     )
     wh.write("rollouts", notes, partition=note_day)
-    ledger = ledger_frame(
-        [
-            dict(
-                date=trained_on,
-                note_date=note_day,
-                headline_id="h1",
-                rollout_index=i,
-                step="matured",
-                signals="price",
-                status="trained",
-                reason=None,
-                policy_version="p",
-                behavior_policy_version="2025-11-06@aaa",
-                staleness_updates=0,
-                staleness_days=4,
-                signal_value=value,
-                advantage=0.1,
-                is_ratio=1.0,
-            )
-            for i, value in enumerate([0.9, 0.1, 0.9, 0.1])
-        ]
-    )
+    ledger = ledger_frame(_price_rows(trained_on, note_day, "h1", [0.9, 0.1, 0.9, 0.1], behaviour="2025-11-06@aaa"))
     wh.write("reward_ledger", ledger, partition=trained_on)
     market = MarketData(data_dir=str(tmp_path))
     future = pd.Timestamp("2030-01-01", tz="UTC")
