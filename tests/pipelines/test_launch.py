@@ -9,12 +9,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import dagster as dg
 
 from pipelines.launch import CREATOR_TAG, live_runs
 from tests import PROJECT_ROOT
+from tests.service.test_service_workers import _wait_for  # the same polling as the service's dead-run test
 
 DAY = "2025-11-03"
 POOL = "duckdb"  # note_feedback's; `daily_update`'s `accelerator` slot is claimed and freed the same way
@@ -25,16 +25,6 @@ RUN_JOB = (
     f"run_job('note_feedback_job', dg.DagsterInstance.get(), partition_key={DAY!r}, run_config=IN_PROCESS)\n"
     "print('run_job finished')\n"
 )
-
-
-def _wait_for(what, timeout: float, step: float = 0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = what()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout} s")
 
 
 def _run_job_process(env: dict) -> subprocess.Popen:
