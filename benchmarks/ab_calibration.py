@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import time
 
 import numpy as np
 import pandas as pd
 
+from benchmarks._results import add_record_argument, finish
 from outcome_flywheel.daily_rl.evaluation.ab import evaluate_day
 from outcome_flywheel.daily_rl.evaluation.ab_stats import BETTER, NOT_ENOUGH, WORSE
 from outcome_flywheel.daily_rl.evaluation.backtest import EDGE_LABELS, run_backtest
@@ -224,6 +224,7 @@ def main() -> None:
     ap.add_argument("--power-runs", type=int, default=200)
     ap.add_argument("--edge", type=float, default=0.3, help="planted edge, pp per session held")
     ap.add_argument("--seed", type=int, default=0)
+    add_record_argument(ap)
     args = ap.parse_args()
     t0 = time.perf_counter()
     null = calibrate(args.runs, args.seed)
@@ -248,7 +249,7 @@ def main() -> None:
         print(table.round(3).to_string())
         print("(5-session books over 40 days are 8 non-overlapping windows: below the 10 an interval needs)")
     overall = _rates(null, ["metric"])["rate"]
-    print(json.dumps({m: round(float(overall[m]), 4) for m in METRICS if m in overall}))
+    finish("ab_calibration", {m: round(float(overall[m]), 4) for m in METRICS if m in overall}, args.record)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._results import add_record_argument, finish
 from benchmarks.generation import HEADLINES, base_model_path
 from outcome_flywheel.models.interface import LoraSettings, SamplingConfig
 from outcome_flywheel.models.loader import ModelLoader, load_backend
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--openblas-libs", default=None, help="extra LD_LIBRARY_PATH for that run (e.g. where libgfortran.so.5 is)"
     )
     parser.add_argument("--child", nargs=3, default=None, help=argparse.SUPPRESS)
+    add_record_argument(parser)
     args = parser.parse_args(argv)
 
     if args.child:  # the preloaded-OpenBLAS mlx run
@@ -217,8 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     if {"torch", "mlx"} <= set(names):
         summary["mlx_over_torch"] = {s: round(results["mlx"][s] / results["torch"][s], 2) for s in STAGES}
-    print(json.dumps(summary))
-    return summary
+    return finish("backends", summary, args.record, argv)
 
 
 if __name__ == "__main__":

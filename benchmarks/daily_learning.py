@@ -21,6 +21,7 @@ import time
 from scipy import stats as scipy_stats
 
 from benchmarks._daily_common import archive_days, resources, tiny_local_data_dir
+from benchmarks._results import add_record_argument, finish
 
 
 def run(
@@ -158,9 +159,10 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=2e-3)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--data-dir", default=None)
+    add_record_argument(parser)
     args = parser.parse_args()
     summary = run(args.days, args.headlines, args.objective, args.learning_rate, args.max_new_tokens, args.data_dir)
-    print(json.dumps(summary))
+    finish("daily_learning", summary, args.record)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from benchmarks._results import add_record_argument, finish
 from outcome_flywheel.steps.launch import StepLaunch
 
 TRAINERS = ("gspo", "dpo", "sft")
@@ -148,6 +149,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a model folder (default: tiny-local, built if needed)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    add_record_argument(parser)
     args = parser.parse_args()
     if args.model is None:
         from outcome_flywheel.models.provision.tiny_local import cached_tiny_local
@@ -172,7 +174,7 @@ def main() -> None:
         "sample_speedup": round(one["sample"]["sample_s"] / max(many["sample"]["sample_s"], 1e-9), 3),
         "same_notes": one["sample"]["notes_sha256"] == many["sample"]["notes_sha256"],
     }
-    print(json.dumps(result))
+    finish("data_parallel", result, args.record)
 
 
 if __name__ == "__main__":

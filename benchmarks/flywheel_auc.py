@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchmarks._results import add_record_argument, finish
 from outcome_flywheel.market_data import BUNDLED_PRICES, read_price_file
 from outcome_flywheel.models.provision.tiny_local import cached_tiny_local
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="decision-context keys in the prompt, as FLYWHEEL_PREFERENCE_CONTEXT (default none; * = all and the note)",
     )
     parser.add_argument("--baseline", action="store_true", help="also run the settings before issue 8")
+    add_record_argument(parser)
     args = parser.parse_args(argv)
     import torch
 
@@ -170,8 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
         "every_consistent_at_least_0_65": bool(consistent) and all(r["auc"] >= USEFUL for r in consistent),
         "random_labelled_no_signal": bool(random_rows) and all(r["label"] == LABEL_NONE for r in random_rows),
     }
-    print(json.dumps(result, default=str))
-    return result
+    return finish("flywheel_auc", result, args.record, argv)
 
 
 if __name__ == "__main__":

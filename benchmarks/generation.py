@@ -13,7 +13,6 @@ one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks._results import add_record_argument, finish
 from outcome_flywheel.models.interface import SamplingConfig
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.prompts import trading_note_messages
@@ -62,6 +62,7 @@ def main() -> dict:
         help="a random-weight model of this shape instead of FLYWHEEL_BASE_MODEL "
         "(qwen3-0.6b: Qwen3-0.6B's exact configuration, bf16 on CUDA); for speed figures only",
     )
+    add_record_argument(parser)
     args = parser.parse_args()
 
     resource = ModelLoader.from_env()
@@ -122,8 +123,7 @@ def run(backend, resource: ModelLoader, args) -> dict:
     print(f"one at a time: {sequential_s:.2f} s, {sequential_tokens} tokens, {seq_tps:.0f} tokens/s")
     print(f"batched:       {batched_s:.2f} s, {batched_tokens} tokens, {bat_tps:.0f} tokens/s")
     print(f"speed-up: {result['speedup_tokens_per_s']}x tokens/s, {result['speedup_wall']}x wall time")
-    print(json.dumps(result))
-    return result
+    return finish("generation", result, args.record)
 
 
 if __name__ == "__main__":

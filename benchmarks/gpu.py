@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks._results import add_record_argument, finish
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.memory import MEMORY_VARIABLE
@@ -370,6 +371,7 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--skip", default="", help="comma list of parts to skip: unfused,flex,eager,hf_generate,vllm,training,judge"
     )
+    add_record_argument(parser)
     args = parser.parse_args(argv)
 
     from outcome_flywheel.models.provision.qwen3_shapes import benchmark_model
@@ -519,8 +521,7 @@ def main(argv=None) -> dict:
                 2,
             )
             print(f"GSPO day end to end (sampling with capture, judge, LoRA update): {result['gspo_day_s']} s")
-    print(json.dumps(result))
-    return result
+    return finish("gpu", result, args.record, argv)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@ for reference, with every row's prompt recomputed.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 import torch
 
 from benchmarks._daily_common import tiny_local_data_dir
+from benchmarks._results import add_record_argument, finish
 
 
 def run(
@@ -96,8 +96,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per way (the best counts)")
+    add_record_argument(parser)
     args = parser.parse_args()
-    print(json.dumps(run(args.headlines, args.rollouts, args.batch_size, args.max_new_tokens, args.repeats)))
+    result = run(args.headlines, args.rollouts, args.batch_size, args.max_new_tokens, args.repeats)
+    finish("gspo_batching", result, args.record)
 
 
 if __name__ == "__main__":

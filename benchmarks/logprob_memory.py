@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._results import add_record_argument, finish
+
 VARIANTS = ("plain", "selective")
 
 
@@ -168,6 +170,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--frameworks", default="torch,mlx")
     parser.add_argument("--device", default="auto", help="torch device (auto: cuda, then cpu)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # framework:variant:model_dir, in a child process
+    add_record_argument(parser)
     args = parser.parse_args(argv)
     if args.run:
         framework, variant, model_dir = args.run.split(":", 2)
@@ -226,8 +229,7 @@ def main(argv=None) -> dict:
             plain, selective = results.get(f"{framework}_plain", {}), results.get(f"{framework}_selective", {})
             if "step_mib" in plain and "step_mib" in selective:
                 results[f"{framework}_reduction"] = round(plain["step_mib"] / max(selective["step_mib"], 1e-9), 2)
-    print(json.dumps(results))
-    return results
+    return finish("logprob_memory", results, args.record, argv)
 
 
 if __name__ == "__main__":

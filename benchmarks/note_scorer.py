@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._daily_common import archive_days, resources, tiny_local_data_dir
+from benchmarks._results import add_record_argument, finish
 
 
 def run_days(root: Path, days: int, headlines: int, max_new_tokens: int | None = None) -> None:
@@ -175,8 +176,10 @@ def main() -> None:
     parser.add_argument(
         "--max-new-tokens", type=int, default=None, help="the notes' token budget when it runs the days (the loop's)"
     )
+    add_record_argument(parser)
     args = parser.parse_args()
-    print(json.dumps(run(args.data_dir, args.days, args.headlines, args.simulate_people, args.max_new_tokens)))
+    result = run(args.data_dir, args.days, args.headlines, args.simulate_people, args.max_new_tokens)
+    finish("note_scorer", result, args.record)
 
 
 if __name__ == "__main__":

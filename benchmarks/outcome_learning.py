@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks._daily_common import archive_days, resources, tiny_local_data_dir
+from benchmarks._results import add_record_argument, finish
 
 WORLDS = ("news", "inverted", "null")
 DEFAULT_WEIGHTS = None  # the project's defaults (RewardConfig): what anyone running the assets gets
@@ -560,6 +561,7 @@ def main() -> None:
     parser.add_argument(
         "--out-dir", default=None, help="where the worlds and their data dirs go (default: a temp folder)"
     )
+    add_record_argument(parser)
     args = parser.parse_args()
     import torch
 
@@ -596,7 +598,7 @@ def main() -> None:
         args.synthetic_days,
         args.device,
     )
-    print(json.dumps(summary, default=str))
+    finish("outcome_learning", summary, args.record)
 
 
 if __name__ == "__main__":

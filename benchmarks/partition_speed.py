@@ -8,10 +8,10 @@ judge and training included. The previous day is run first (untimed) so the time
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 from benchmarks._daily_common import archive_days, resources, tiny_local_data_dir
+from benchmarks._results import add_record_argument, finish
 
 BUDGET_S = 180.0
 
@@ -78,8 +78,9 @@ def main() -> None:
     parser.add_argument("--headlines", type=int, default=30)
     parser.add_argument("--rollouts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    add_record_argument(parser)
     args = parser.parse_args()
-    print(json.dumps(run(args.headlines, args.rollouts, args.max_new_tokens)))
+    finish("partition_speed", run(args.headlines, args.rollouts, args.max_new_tokens), args.record)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ partitions (two months of operator decisions) read whole by `read_all`. The last
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -24,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from benchmarks._results import add_record_argument, finish
 
 
 def rollouts_day(headlines: int = 30, notes: int = 8, tokens: int = 512, seed: int = 0) -> pd.DataFrame:
@@ -144,6 +145,7 @@ def run(repeats: int = 5) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    add_record_argument(parser)
     args = parser.parse_args()
     result = run(args.repeats)
     for store in ("local", "seaweedfs"):
@@ -157,7 +159,7 @@ def main() -> None:
                 f"{store:10s} {name:9s} {row['parquet_mb']:6.2f} MB  write {row['write_ms']:8.1f} ms  read {row['read_ms']:8.1f} ms  "
                 f"duckdb count {row['duckdb_count_ms']:7.1f} ms"
             )
-    print(json.dumps(result))
+    finish("s3_round_trip", result, args.record)
 
 
 if __name__ == "__main__":

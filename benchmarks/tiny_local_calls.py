@@ -19,7 +19,6 @@ somewhat narrow. The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 from dataclasses import replace
@@ -28,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 from scipy import stats
 
+from benchmarks._results import add_record_argument, finish
 from outcome_flywheel.daily_rl.notes.calls import parse_call
 from outcome_flywheel.daily_rl.notes.relevance import KNOWN_SYMBOLS, headline_symbols
 from outcome_flywheel.daily_rl.worlds.news import news_direction
@@ -116,6 +116,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=4, help="notes per headline")
     parser.add_argument("--headlines", type=int, default=0, help="use the first N distinct headlines (0: all)")
     parser.add_argument("--model-dir", default=None, help="a tiny-local folder (default: the cached build)")
+    add_record_argument(parser)
     args = parser.parse_args()
 
     from outcome_flywheel.models.provision.tiny_local import cached_tiny_local, load_corpus, read_build_info
@@ -134,18 +135,15 @@ def main() -> None:
     )
     print(_line("corpus", corpus))
     print(_line("base", base))
-    print(
-        json.dumps(
-            {
-                "model_dir": str(model_dir),
-                "headlines": len(headlines),
-                "samples": args.samples,
-                "seconds": seconds,
-                "corpus": corpus,
-                "base": base,
-            }
-        )
+    result = dict(
+        model_dir=str(model_dir),
+        headlines=len(headlines),
+        samples=args.samples,
+        seconds=seconds,
+        corpus=corpus,
+        base=base,
     )
+    finish("tiny_local_calls", result, args.record)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
 
 from benchmarks._daily_common import archive_days, resources, tiny_local_data_dir
+from benchmarks._results import add_record_argument, finish
 
 GOAL_PCT = 2.0
 
@@ -103,6 +103,7 @@ def main() -> None:
     parser.add_argument("--headlines", type=int, default=10)
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
+    add_record_argument(parser)
     args = parser.parse_args()
     out = run(args.headlines, args.rollouts, args.max_new_tokens)
     print(
@@ -110,7 +111,7 @@ def main() -> None:
         f"({out['share_pct']}%), mlflow import {out['mlflow_import_s']} s ({out['share_with_import_pct']}% with it), "
         f"store made once in {out['store_create_s']} s"
     )
-    print(json.dumps(out))
+    finish("tracking_cost", out, args.record)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import pickle
 import tempfile
@@ -40,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks._results import add_record_argument, finish
 from benchmarks.gpu import _peak_gib, _peak_reset, _sync, folded_text, headline_prompts, load_arguments, run_header
 from outcome_flywheel.models.train.gspo import train_gspo
 from outcome_flywheel.models.train.memory import MEMORY_VARIABLE, RECOMPUTE_VARIABLE
@@ -244,6 +244,7 @@ def main(argv=None) -> dict:
         action="store_true",
         help="skip each plan's untimed warm-up run (a quicker check of the code paths; the times then include first calls)",
     )
+    add_record_argument(parser)
     args = parser.parse_args(argv)
 
     from outcome_flywheel.models.provision.qwen3_shapes import benchmark_model
@@ -305,8 +306,7 @@ def main(argv=None) -> dict:
                 result[f"{trainer}_{plan}_over_whole"] = round(result[f"{trainer}_{plan}"]["seconds"] / whole, 2)
     os.environ.pop(MEMORY_VARIABLE, None)
     os.environ.pop(RECOMPUTE_VARIABLE, None)
-    print(json.dumps(result))
-    return result
+    return finish("training_profile", result, args.record, argv)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def run_benchmark(name: str, args: list[str], data_dir: Path, tmp: Path) -> subp
     env = dict(
         os.environ,
         FLYWHEEL_DATA_DIR=str(data_dir),
+        BENCHMARK_RESULTS_DIR=str(tmp / "results"),  # a smoke run never writes into benchmarks/results/
         OMP_NUM_THREADS="1",  # more threads than free cores slow a tiny step down many times over
         MKL_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
