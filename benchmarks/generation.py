@@ -3,7 +3,7 @@
     python -m benchmarks.generation [--prompts 30] [--samples 8] [--max-new-tokens 64] [--shape qwen3-0.6b]
 
 The default is one daily partition's load: 30 headlines x 8 notes. Batching gains more the
-more rows share a step, so fewer prompts give a smaller ratio (both are in the README).
+more rows share a step, so fewer prompts give a smaller ratio (`--record` keeps each run: docs/benchmarks.md).
 
 Uses the project's base model (tiny-local is built into $FLYWHEEL_DATA_DIR/models/tiny-local
 first if missing). Prints wall time and tokens/s of each way and their ratio; the last line is

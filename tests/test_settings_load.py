@@ -2,7 +2,7 @@
 location load; set to an unusable one, it stops the load with one line naming it.
 
 The variables come from the settings module (RULES and FREE_FORM), so a new variable without an
-example here fails `test_every_variable_has_examples`; the README's table must list the same ones.
+example here fails `test_every_variable_has_examples`; docs/settings.md's table must list the same ones.
 Loading is done in-process per variable (fast); `dagster definitions validate`, a subprocess, runs
 once with every value set together.
 """
@@ -188,11 +188,10 @@ def load_definitions() -> dg.Definitions:
         sys.modules.update(kept)
 
 
-def readme_table() -> dict[str, str]:
-    """Variable -> default column of the README's configuration table."""
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    section = readme.split("## Configuration", 1)[1].split("\n## ", 1)[0]
-    return dict(re.findall(r"^\| `(FLYWHEEL_[A-Z0-9_]+)` \| ([^|]*) \|", section, flags=re.M))
+def settings_table() -> dict[str, str]:
+    """Variable -> default column of the settings table (docs/settings.md; the README points there)."""
+    text = (PROJECT_ROOT / "docs" / "settings.md").read_text()
+    return dict(re.findall(r"^\| `(FLYWHEEL_[A-Z0-9_]+)` \| ([^|]*) \|", text, flags=re.M))
 
 
 def test_every_variable_has_examples():
@@ -209,8 +208,8 @@ def test_the_examples_are_what_they_claim(tmp):
         assert len(settings_problems({name: value})) == 1, name
 
 
-def test_the_readme_table_lists_exactly_the_variables_of_the_settings_module():
-    table = readme_table()
+def test_the_settings_table_lists_exactly_the_variables_of_the_settings_module():
+    table = settings_table()
     assert set(table) == set(VARIABLES), (sorted(set(table) - set(VARIABLES)), sorted(set(VARIABLES) - set(table)))
     for name, default in DEFAULTS.items():
         assert table[name].startswith(f"`{default}`"), (name, default, table[name])
