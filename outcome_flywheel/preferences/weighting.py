@@ -121,6 +121,7 @@ def render_prompt(
     return [{"role": "user", "content": "\n".join(lines)}]
 
 
+# A pair's columns, in order: the `dpo_dataset` table, and what the service's /api/preferences/dataset returns.
 PAIR_COLUMNS = [
     "pair_id",
     "decision_id",

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from outcome_flywheel.json_rows import records
 from outcome_flywheel.preferences.audit_log import Proposal, records_frame
 from outcome_flywheel.preferences.fingerprint import style_fingerprint
+from outcome_flywheel.preferences.weighting import PAIR_COLUMNS
 from outcome_flywheel.settings import env
 from service import launching
 from service.limits import proposal_size_problem
@@ -50,34 +51,17 @@ def stats(request: Request) -> dict:
     return style_fingerprint(frame)
 
 
-PAIR_FIELDS = [
-    "pair_id",
-    "decision_id",
-    "decision_date",
-    "split",
-    "decision",
-    "outcome_status",
-    "vs_spy_pct",
-    "verdict",
-    "treatment",
-    "effective_weight",
-    "swapped",
-    "prompt",
-    "chosen",
-    "rejected",
-]
-
-
 @router.get("/dataset")
 def dataset(
     request: Request, limit: int = Query(20, ge=1, le=500, description="How many pairs, newest decisions first.")
 ) -> dict:
-    """The latest DPO pairs of `dpo_dataset` (newest decision dates first)."""
+    """The latest DPO pairs of `dpo_dataset` (newest decision dates first), every column of a pair
+    (`weighting.PAIR_COLUMNS`)."""
     pairs = _state(request).warehouse.read("dpo_dataset")
     if pairs.empty:
         return {"n_pairs": 0, "pairs": []}
     latest = pairs.sort_values(["decision_date", "decision_id"], ascending=False).head(limit)
-    rows = records(latest, PAIR_FIELDS)
+    rows = records(latest, PAIR_COLUMNS)
     for row in rows:
         row["prompt"] = json.loads(row["prompt"])
     return {"n_pairs": int(len(pairs)), "pairs": rows}

@@ -8,10 +8,12 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pandas as pd
 import pytest
 
 from outcome_flywheel.feedback.log import read_feedback_log
 from outcome_flywheel.preferences.audit_log_file import BUNDLED_AUDIT_LOG
+from outcome_flywheel.preferences.weighting import PAIR_COLUMNS
 from tests.service_fixtures import AUTH, DAY, HEADLINES, make_state, publish_adapter, test_client
 
 GOOD = {"date": DAY, "headline_id": HEADLINES[0], "rollout_index": 1, "thumbs": "up", "stars": 4, "reviewer": "ana"}
@@ -184,6 +186,14 @@ def test_stats_and_dataset(client):
     assert client.get("/api/preferences/dataset").json() == {"n_pairs": 0, "pairs": []}
     for limit in (0, 501, "x"):
         assert client.get("/api/preferences/dataset", params={"limit": limit}).status_code == 422
+    # a pair comes back whole: every column of the table (weighting.PAIR_COLUMNS), newest first
+    pairs = pd.DataFrame(
+        [{c: f"{c}-{n}" for c in PAIR_COLUMNS} | {"decision_date": f"2025-06-1{n}", "prompt": "[]"} for n in (1, 2)]
+    )
+    client.app.state.service.warehouse.write("dpo_dataset", pairs)
+    body = client.get("/api/preferences/dataset", params={"limit": 1}).json()
+    assert body["n_pairs"] == 2 and [list(p) for p in body["pairs"]] == [PAIR_COLUMNS]
+    assert body["pairs"][0]["pair_id"] == "pair_id-2" and body["pairs"][0]["prompt"] == []
 
 
 def test_training_status_and_train_refuse_with_reasons(client):
