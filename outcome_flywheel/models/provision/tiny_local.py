@@ -12,6 +12,20 @@
 
 Deterministic from the seed: same seed and corpus -> same weights (see `weights_sha256`).
 Saved as an ordinary Hugging Face model folder with a chat template, so both backends load it.
+
+Shipped built: `bundled/tiny-local/` holds the build of the default config (the demo's and the
+test suite's, FLYWHEEL_SEED=0), so a fresh clone copies ~4 MB instead of training 440 steps.
+`ensure_tiny_local` uses it only when its recorded fingerprint is the config's and its weights and
+files hash to the recorded values (`bundle.py`); otherwise it builds, and a log line says why.
+The builder stays the source of truth:
+
+    python -m outcome_flywheel.models.provision.tiny_local             # .cache/tiny-local-<fp>: bundle or build
+    python -m outcome_flywheel.models.provision.tiny_local --rebuild   # build afresh, compare with the bundle
+    python -m outcome_flywheel.models.provision.tiny_local --rebuild --refresh-bundle   # and ship that build
+
+`--seed`, `--train-steps`, `--judge-examples` pick another config (`--refresh-bundle SLOT` ships it
+in its own slot); in Dagster, the `base_model` asset's run config `rebuild: true` builds afresh.
+Run `--rebuild --refresh-bundle` after changing the builder, the config's defaults or the corpus.
 """
 
 from __future__ import annotations
@@ -20,8 +34,6 @@ import hashlib
 import json
 import math
 import random
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,9 +41,18 @@ from pathlib import Path
 import numpy as np
 
 from outcome_flywheel.models.prompts import JUDGE_LETTERS, NOTE_SECTIONS, judge_messages, trading_note_messages
+from outcome_flywheel.models.provision import bundle
+from outcome_flywheel.models.provision.bundle import BUNDLED
+from outcome_flywheel.models.provision.folder import (
+    cache_dir,
+    ensure_folder,
+    read_build_info,
+    save_model_folder,
+    weights_sha256,
+)
 from outcome_flywheel.settings import SAMPLE_DATA
-from outcome_flywheel.storage import publish_dir
 
+NAME = "tiny-local"
 CORPUS = SAMPLE_DATA / "tiny_local" / "notes.jsonl"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # ChatML, as Qwen uses; `enable_thinking` and other template kwargs are accepted and ignored.
@@ -96,20 +117,6 @@ def _judge_examples(rows: list[dict], n: int, seed: int) -> list[tuple[list[dict
         messages = judge_messages(subject["title"], [move, *noise], candidates)
         out.append((messages, JUDGE_LETTERS[best]))
     return out
-
-
-def weights_sha256(model_dir: Path) -> str:
-    """Hash of every tensor (name, dtype, shape, bytes) in the folder's safetensors files."""
-    from safetensors.numpy import load_file
-
-    digest = hashlib.sha256()
-    for file in sorted(Path(model_dir).glob("*.safetensors")):
-        tensors = load_file(str(file))
-        for name in sorted(tensors):
-            arr = np.ascontiguousarray(tensors[name])
-            digest.update(f"{name}|{arr.dtype}|{arr.shape}".encode())
-            digest.update(arr.tobytes())
-    return digest.hexdigest()
 
 
 def train_tokenizer(texts: list[str], vocab_size: int):
@@ -223,50 +230,73 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
 
     model.eval()
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        info = {
-            "name": "tiny-local",
-            "config": asdict(config),
-            "fingerprint": config.fingerprint(),
-            "parameters": int(sum(p.numel() for p in model.parameters())),
-            "vocab_size": len(tokenizer),
-            "final_loss": losses[-1],
-            "build_seconds": round(time.perf_counter() - started, 2),
-            "weights_sha256": weights_sha256(staging),
-        }
-        (staging / "build_info.json").write_text(json.dumps(info, indent=2))
-        publish_dir(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return info
-
-
-def read_build_info(model_dir: Path) -> dict | None:
-    path = Path(model_dir) / "build_info.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    head = {"name": NAME, "config": asdict(config), "fingerprint": config.fingerprint(), "final_loss": losses[-1]}
+    return save_model_folder(out_dir, model, tokenizer, head, started)
 
 
 def ensure_tiny_local(
-    out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(), rebuild: bool = False, log=print
+    out_dir: Path,
+    config: TinyLocalConfig = TinyLocalConfig(),
+    rebuild: bool = False,
+    log=print,
+    bundled: bool = True,
+    bundle_root: Path = BUNDLED,
 ) -> tuple[dict, bool]:
-    """`(build info, built now?)`: builds unless `out_dir` already holds this config's build
-    (same fingerprint: same config and corpus, hence the same weights)."""
-    info = read_build_info(out_dir)
-    if rebuild or info is None or info.get("fingerprint") != config.fingerprint():
-        return build_tiny_local(out_dir, config, log=log), True
-    return info, False
+    """`(build info, built now?)`. `out_dir` is kept when it holds this config's build (same
+    fingerprint: same config and corpus); else the bundled build with this fingerprint is copied
+    there when it checks out (`bundle.py`; `bundled=False` skips it); else the model is built.
+    `rebuild=True` always builds (the `base_model` asset's `rebuild` run config)."""
+
+    def from_bundle(folder: Path) -> dict | None:
+        return bundle.install(NAME, config.fingerprint(), folder, log, bundle_root) if bundled else None
+
+    def build(folder: Path) -> dict:
+        return build_tiny_local(folder, config, log=log)
+
+    return ensure_folder(out_dir, config.fingerprint(), build, rebuild, from_bundle)
 
 
 def cached_tiny_local(config: TinyLocalConfig = TinyLocalConfig(), log=print) -> Path:
-    """tiny-local built once per machine under `.cache/` (tests and benchmarks link it into their data dirs)."""
-    from outcome_flywheel.settings import PROJECT_ROOT
-
-    path = PROJECT_ROOT / ".cache" / f"tiny-local-{config.fingerprint()}"
+    """tiny-local once per machine under `.cache/` (tests and benchmarks link it into their data dirs)."""
+    path = cache_dir(NAME, config.fingerprint())
     ensure_tiny_local(path, config, log=log)
     return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m outcome_flywheel.models.provision.tiny_local`: see the module docstring."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m outcome_flywheel.models.provision.tiny_local",
+        description="tiny-local under .cache/: the bundled build when it checks out, else a build.",
+    )
+    defaults = TinyLocalConfig()
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--train-steps", type=int, default=defaults.train_steps)
+    parser.add_argument("--judge-examples", type=int, default=defaults.judge_examples)
+    parser.add_argument("--rebuild", action="store_true", help="build afresh, even when a bundled or cached build fits")
+    parser.add_argument(
+        "--refresh-bundle",
+        metavar="SLOT",
+        nargs="?",
+        const=NAME,
+        help=f"then copy the build into {BUNDLED.relative_to(BUNDLED.parents[3])}/SLOT (default {NAME})",
+    )
+    args = parser.parse_args(argv)
+    config = TinyLocalConfig(seed=args.seed, train_steps=args.train_steps, judge_examples=args.judge_examples)
+    path = cache_dir(NAME, config.fingerprint())
+    info, built = ensure_tiny_local(path, config, rebuild=args.rebuild)
+    print(f"{NAME} {info['fingerprint']}: {'built' if built else 'reused'} in {path}, weights {info['weights_sha256']}")
+    shipped, why = bundle.find(NAME, config.fingerprint())
+    if shipped is not None:
+        same = read_build_info(shipped)["weights_sha256"] == weights_sha256(path)
+        print(f"the bundled {shipped.name} has {'the same' if same else 'OTHER'} weights")
+    else:
+        print(why)
+    if args.refresh_bundle:
+        bundle.refresh_bundle(path, args.refresh_bundle)
+
+
+if __name__ == "__main__":
+    main()
