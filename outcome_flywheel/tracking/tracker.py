@@ -10,6 +10,10 @@ refused request, a locked database) is logged as a warning, kept in `error` (the
 ends the run's recording; the training goes on. MLflow's HTTP client retries a failed request 7 times with
 exponential backoff and waits 120 s for an answer by default: inside the tracker's calls it retries none and
 waits `timeout_s` (10 s) (MLFLOW_HTTP_REQUEST_* set for the call, restored after).
+
+A training that fails is a FAILED run with its error (tags `error`, `error_type`, `error_traceback`), and the
+exception goes on to fail the step: `with tracker.start(...) as run:` around the training, or, where the run is
+recorded once the training has ended, `with tracker.failures(...):` around it (`record_failure`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import math
 import os
 import time
+import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +33,7 @@ from outcome_flywheel.settings import resolve_path
 OFF = "off"
 EXPERIMENT_PREFIX = "outcome-flywheel"
 _MAX_PARAMS, _MAX_METRICS, _MAX_PARAM_CHARS = 100, 1000, 6000  # MLflow's limits per log_batch and param value
+_MAX_TAG_CHARS = 7000  # MLflow keeps 8000 characters of a tag's value
 _logger = logging.getLogger(__name__)
 
 
@@ -85,6 +91,39 @@ class Tracker:
         run.open(run_name, tags or {})
         return run
 
+    def record_failure(
+        self,
+        loop: str,
+        run_name: str,
+        tags: Mapping[str, Any] | None,
+        error: BaseException,
+        log: Callable[[str], None] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A training that raised `error` before its run was recorded: a FAILED run with `params` and the error's
+        tags; returns its links. Never raises (the caller re-raises `error`)."""
+        run = self.start(loop, run_name, tags, log)
+        run.params(params or {})
+        run.finish(failed=True, error=error)
+        return run.links()
+
+    @contextmanager
+    def failures(
+        self,
+        loop: str,
+        run_name: str,
+        tags: Mapping[str, Any] | None = None,
+        log: Callable[[str], None] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Iterator[None]:
+        """Around a training whose run is recorded once it has ended: an exception inside is recorded as a FAILED
+        run (`record_failure`), then propagates unchanged."""
+        try:
+            yield
+        except BaseException as err:
+            self.record_failure(loop, run_name, tags, err, log, params)
+            raise
+
 
 def _bounded_env(timeout_s: int) -> dict[str, str]:
     return {
@@ -130,6 +169,17 @@ def _number(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+def error_tags(error: BaseException) -> dict[str, str]:
+    """What a failed run keeps of the exception that ended it: its first line, its type and the traceback's tail."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    return {
+        "error": f"{type(error).__name__}: {first}"[:_MAX_TAG_CHARS],
+        "error_type": type(error).__name__,
+        "error_traceback": trace[-_MAX_TAG_CHARS:],
+    }
 
 
 class TrackedRun:
@@ -268,17 +318,20 @@ class TrackedRun:
         if self.recording and files:
             self.call("log artifacts", _log)
 
-    def finish(self, failed: bool = False) -> None:
+    def finish(self, failed: bool = False, error: BaseException | None = None) -> None:
+        """End the run: FINISHED, or FAILED (`failed`, or an `error`, whose tags it gets first)."""
+        if error is not None:
+            self.tags(error_tags(error))
         if self.run_id is not None and self.error is None:
-            self.call(
-                "end the run", lambda: self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
-            )
+            status = "FAILED" if failed or error is not None else "FINISHED"
+            self.call("end the run", lambda: self.client.set_terminated(self.run_id, status))
 
     def __enter__(self) -> "TrackedRun":
         return self
 
     def __exit__(self, kind, value, tb) -> None:
-        self.finish(failed=kind is not None)
+        """An exception inside (the training failed): the run ends FAILED with it, and it propagates."""
+        self.finish(failed=kind is not None, error=value)
 
     # -- links back ---------------------------------------------------------------------------------
     def url(self) -> str | None:
