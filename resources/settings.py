@@ -149,7 +149,7 @@ def set_fields(config: Any, names: list[str] | tuple[str, ...]) -> dict:
 # -- a flat run config over nested dataclasses ------------------------------------------------------
 # A run config is flat (one launchpad field per setting), the settings it overrides nested
 # (DailyUpdateSettings.gspo.learning_rate). The method declares run-config field -> dotted path
-# (e.g. outcome_flywheel.daily_rl.day.RUN_CONFIG_PATHS); the config's fields and the settings it
+# (e.g. outcome_flywheel.daily_rl.day_settings.RUN_CONFIG_PATHS); the config's fields and the settings it
 # builds are derived from that table and the dataclasses' fields (type, default, help).
 
 

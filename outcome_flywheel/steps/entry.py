@@ -1,6 +1,6 @@
 """A step process's side of Dagster Pipes: open the connection, run the step, report how it ended.
 
-`main(step)` is what `python -m outcome_flywheel.steps.<step>` runs. It opens Pipes from the
+`main(step)` is what a step module runs under `python -m` (e.g. `outcome_flywheel.daily_rl.day_step`). It opens Pipes from the
 bootstrap variables the step runner set (`DAGSTER_PIPES_CONTEXT`, `DAGSTER_PIPES_MESSAGES`), runs
 the step's `run(pipes)`, and on an error reports it as a custom message (the asset's failure shows
 it) and exits 1 after printing the traceback to stderr (its tail is in the failure too).

@@ -1,4 +1,4 @@
-"""What a Qwen3 folder brings, built locally (`models/qwen3_shapes.py`): the chat template with
+"""What a Qwen3 folder brings, built locally (`models/provision/qwen3_shapes.py`): the chat template with
 `<think>` blocks and `enable_thinking`. Notes are generated without thinking and never hold a
 think block, even from a model that wants to think; a thinking judge's letter is read after
 `</think>`; the judge prompt fits its token budget, notes cut fairly, the cut recorded."""

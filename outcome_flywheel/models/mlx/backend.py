@@ -10,7 +10,7 @@ It follows `TorchBackend`'s conventions exactly, so either backend can take over
   The reference policy (DPO, the style score) is the base: every LoRA scale set to 0.
 
 The sampler is `sampling.py`; the losses `losses.py`; the loop and what mlx lends the shared
-trainers (`models/gspo.py`, `models/dpo.py`) `training.py`.
+trainers (`models/train/gspo.py`, `models/train/dpo.py`) `training.py`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Two objectives over the same rollouts, every log-prob at the rollouts' sampling 
 whole-note part N_i (structure, judge rank, people: one number per note) goes through GSPO's
 length-normalised sequence ratio and its narrow band; the parts that judge a span of the note (`price`
 and `relevance`: the trade call's line) give each token t of note i an advantage A_it (zero outside
-their span; `daily_rl/rewards.py`) and go through the per-token ratio r_it = pi_theta / pi_old at t:
+their span; `daily_rl/reward/signals.py`) and go through the per-token ratio r_it = pi_theta / pi_old at t:
 
     loss = sum_it m_it [ -w_it min(r_it A_it, clip(r_it, 1 - eps_low, 1 + eps_high) A_it) + beta k3_it ] / Z
          + sum_i |y_i| (-w_i min(s_i N_i, clip(s_i, 1 - seq_low, 1 + seq_high) N_i)) / Z

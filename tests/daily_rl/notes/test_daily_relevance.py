@@ -1,4 +1,4 @@
-"""The relevance signal: is the call on a company the headline is about (daily_rl/relevance.py)."""
+"""The relevance signal: is the call on a company the headline is about (daily_rl/notes/relevance.py)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""SYNTHETIC feed archives for the worlds (`outcome_flywheel/daily_rl/world_feeds.py`, `flywheel make-world
+"""SYNTHETIC feed archives for the worlds (`outcome_flywheel/daily_rl/worlds/synthetic_feeds.py`, `flywheel make-world
 --synthetic-days`): seeded, read whole by the loop's own feed parser, every headline's company and news as
 planned, marked synthetic, no clashing news inside one call window; the split of days is ordered."""
 

@@ -1,6 +1,6 @@
 """The defaults learn what a world's prices reward, run as anyone would run them: the `headlines` and
 `daily_update` assets materialised day by day through Dagster with no run config, on a `news` world
-(the headline's company moves with its news, `worlds.py`) and on its `inverted` twin (against it), over a
+(the headline's company moves with its news, `worlds/prices.py`) and on its `inverted` twin (against it), over a
 SYNTHETIC archive (`synthetic_feeds.py`: each day half good and half bad news, one named company a
 headline, no clashing news), on the bundled archive's dates. The matured prices train through the assets,
 on the call's side only, and earlier groups are replayed (the ledger and the notes' token masks say so),

@@ -1,4 +1,4 @@
-"""Synthetic worlds (`outcome_flywheel/daily_rl/worlds.py`, `flywheel make-world`): each world file has
+"""Synthetic worlds (`outcome_flywheel/daily_rl/worlds/prices.py`, `flywheel make-world`): each world file has
 the rule it claims, as the daily loop will see it (the loop's own price reader and call outcomes), and
 nothing else; seeded; every option changes what it says."""
 

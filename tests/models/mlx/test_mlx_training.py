@@ -1,5 +1,5 @@
-"""GSPO and weighted DPO on mlx against torch, through the one trainer body (`models/gspo.py`,
-`models/dpo.py`): the same loss and gradient norm on the same batch before any step (within the
+"""GSPO and weighted DPO on mlx against torch, through the one trainer body (`models/train/gspo.py`,
+`models/train/dpo.py`): the same loss and gradient norm on the same batch before any step (within the
 rounding bounds that `gspo_tolerances` / `dpo_tolerances` carry from each token's log-prob through
 the loss, tests/tolerances.py), and one optimiser step lowers the batch loss in both frameworks.
 The losses alone, torch vs mlx on the same tensors: tests/models/test_models_parity.py."""

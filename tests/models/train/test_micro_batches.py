@@ -1,4 +1,4 @@
-"""Training within a memory budget (`models/memory.py`): a minibatch taken in micro-batches whose
+"""Training within a memory budget (`models/train/memory.py`): a minibatch taken in micro-batches whose
 scaled gradients add up (gradient accumulation) is the same update as the minibatch whole, for GSPO
 (the token objective with its whole-note part), weighted DPO and SFT, in torch and mlx: the same loss
 and the same gradient, within what fp32 rounding allows between two batch shapes of one forward.

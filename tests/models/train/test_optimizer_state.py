@@ -1,4 +1,4 @@
-"""AdamW's moments kept across days with the checkpoint (`models/optimizer_state.py`,
+"""AdamW's moments kept across days with the checkpoint (`models/train/optimizer_state.py`,
 `Framework.optimizer_state` / `load_optimizer_state`, `ModelBackend.optimizer_tensors`): a run
 resumed from a saved checkpoint equals the uninterrupted one bit for bit (torch, mlx; LoRA and full
 weights), the state survives save -> load byte for byte (in either framework), a state that does
