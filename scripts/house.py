@@ -64,7 +64,7 @@ class Import:
     line: int
     target: str  # the project module imported (resolved), or the outside name as written
     runs: bool  # False under `if TYPE_CHECKING:`
-    at_top: bool  # at the module's top level, not inside a function, class or `if`
+    in_function: bool  # runs when the function is called, not on import
 
 
 @dataclass
@@ -105,20 +105,26 @@ def _imports(tree: ast.Module, module: Module, house: dict[str, Module]):
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             type_only.update(id(n) for child in node.body for n in ast.walk(child))
-    top = {id(node) for node in tree.body}
+    in_function = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for child in node.body
+        for n in ast.walk(child)
+    }
     package = module.parts if module.package else module.parts[:-1]
     for node in ast.walk(tree):
-        runs, at_top = id(node) not in type_only, id(node) in top
+        runs, late = id(node) not in type_only, id(node) in in_function
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield Import(node.lineno, _resolve(alias.name, house), runs, at_top)
+                yield Import(node.lineno, _resolve(alias.name, house), runs, late)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from the package, one level up per extra dot
                 base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             for alias in node.names:  # `from pkg import module` imports the module
                 wanted = f"{base}.{alias.name}"
-                yield Import(node.lineno, wanted if wanted in house else _resolve(base, house), runs, at_top)
+                yield Import(node.lineno, wanted if wanted in house else _resolve(base, house), runs, late)
 
 
 def _resolve(name: str, house: dict[str, Module]) -> str:
@@ -198,7 +204,7 @@ def cycles(house: dict[str, Module]) -> list[str]:
         steps = []
         for a, b in zip(loop, loop[1:]):
             i = next(i for i in house[a].imports if i.runs and i.target == b)
-            steps.append(f"{a} ({house[a].path}:{i.line}{'' if i.at_top else ', not at the top'})")
+            steps.append(f"{a} ({house[a].path}:{i.line}{', in a function' if i.in_function else ''})")
         out.append("import cycle: " + " -> ".join(steps + [loop[-1]]))
     return out
 
