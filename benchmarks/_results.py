@@ -66,7 +66,10 @@ def git_commit() -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return dict(commit=git("rev-parse", "HEAD").strip() or None, dirty=bool(git("status", "--porcelain").strip()))
+    commit = git("rev-parse", "HEAD").strip()
+    if not commit:  # a copy without .git (a lent GPU machine): the commit it was copied from, when given
+        return dict(commit=os.environ.get("GIT_COMMIT") or None, dirty=None)
+    return dict(commit=commit, dirty=bool(git("status", "--porcelain").strip()))
 
 
 def _load_average() -> list[float] | None:
