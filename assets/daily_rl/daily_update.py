@@ -17,12 +17,14 @@ from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, check_specs, column
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.day_settings import RUN_CONFIG_PATHS, DailyUpdateSettings
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.partitions import previous_day
 from outcome_flywheel.daily_rl.policy.prompt_tables import VARIANT_COLUMNS
 from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS
 from outcome_flywheel.daily_rl.policy.verify import DAILY_UPDATE_CHECKS
 from outcome_flywheel.daily_rl.reward.matured import longest_wait_days
 from outcome_flywheel.daily_rl.reward.rollout_scores import SCORE_COLUMNS
 from outcome_flywheel.daily_rl.reward.signals import REWARD_SIGNALS, RewardConfig
+from outcome_flywheel.daily_rl.worlds.prices import judge_outcome_titles, world_prices_path
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.interface import LoraSettings
 from outcome_flywheel.models.loader import ModelLoader
@@ -160,6 +162,21 @@ def daily_update(
         "market_data": to_payload(market_data) if market_data is not None else None,
         "settings": to_payload(settings),
         "tracking": to_payload(tracking),
+        "follow_ups": world_follow_ups(warehouse, market_data, context.partition_key),
     }
     # The whole day is one step: one process start (torch and the model load once) per partition.
     yield from step_runner.run_step(context, "daily_update", extras).get_results()
+
+
+def world_follow_ups(warehouse: Warehouse, market_data: MarketData | None, day: str) -> list[str] | None:
+    """What the judge of D is shown as "what happened next" in a synthetic world: the world's own follow-ups
+    of the companies D-1's notes were written on (`worlds.prices.judge_outcome_titles`: the archive's real
+    headlines say nothing about a world's planted moves). None for real prices: the day reads the outcome
+    day's headlines itself. Made here, so the day's recipe is given its context and never imports `worlds/`."""
+    if market_data is None or market_data.source != "file" or world_prices_path(market_data.prices_file) is None:
+        return None
+    prediction_day = previous_day(day)
+    prev = warehouse.read("rollouts", prediction_day) if warehouse.exists("rollouts", prediction_day) else None
+    return (
+        judge_outcome_titles(market_data.prices_file, prev, prediction_day) if prev is not None and len(prev) else None
+    )

@@ -182,7 +182,7 @@ def test_table_assets_carry_a_described_column_schema(graph):
 def test_tables_built_in_the_assets_layer_have_the_columns_described():
     """Tables whose column list lives only in assets/catalog.py: what the method really returns."""
     from assets.catalog import column_names
-    from outcome_flywheel.daily_rl.day import training_summary
+    from outcome_flywheel.daily_rl.day_result import training_summary
     from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_COLUMNS
     from outcome_flywheel.daily_rl.reward.rollout_scores import SCORE_COLUMNS
     from outcome_flywheel.preferences.metrics import drift_level

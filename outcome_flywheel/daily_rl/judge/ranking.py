@@ -258,16 +258,6 @@ def rank_groups(
     return [results[g] for g in range(len(group_sizes))]
 
 
-def rank_rewards(judgement: GroupJudgement, reward_of_rank: Callable[[int, int], float]) -> list[float]:
-    """Each candidate's rank reward. Candidates the judge never placed (it failed a round) share
-    one reward, the mean of the rank rewards left over, so their index order carries none."""
-    n = len(judgement.ranks)
-    placed = set(judgement.picks)
-    left_over = [reward_of_rank(rank, n) for rank in range(len(placed) + 1, n + 1)]
-    shared = sum(left_over) / len(left_over) if left_over else 0.0
-    return [reward_of_rank(rank, n) if k in placed else shared for k, rank in enumerate(judgement.ranks)]
-
-
 _WORD = re.compile(r"[A-Za-z][A-Za-z&'.-]+")
 
 

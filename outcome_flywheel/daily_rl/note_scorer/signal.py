@@ -7,22 +7,18 @@ import math
 
 import numpy as np
 
-from outcome_flywheel.daily_rl.note_scorer.features import FEATURES_TABLE, feature_lookup
-from outcome_flywheel.daily_rl.note_scorer.model import ScorerStore
-from outcome_flywheel.settings import resolve_path
-from outcome_flywheel.storage import Warehouse
+from outcome_flywheel.daily_rl.note_scorer.features import feature_lookup
 
 
-def scorer_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, int], float]:
+def scorer_signals(state, features) -> dict[tuple[str, int], float]:
     """(headline_id, rollout_index) -> sigmoid of the online note scorer's score of D-1's note, by its
     state after D-1 (`note_scorer(D-1)`, which has not seen these notes' ranks) and the notes' stored
-    features; empty (the signal drops out) where either is missing. Read like `human_signals`: no
-    declared dependency (note_scorer reads rollout_scores, so a declared one would close a cycle)."""
-    path = ScorerStore(resolve_path(warehouse.data_dir)).day_file(prediction_day)
-    if not path.exists() or not warehouse.exists(FEATURES_TABLE, prediction_day):
+    `features` (the FEATURES_TABLE rows of D-1); empty (the signal drops out) where either is missing (None).
+    Read like people's ratings: no declared dependency (note_scorer reads rollout_scores, so a declared
+    one would close a cycle)."""
+    if state is None or features is None:
         return {}
-    state = ScorerStore(resolve_path(warehouse.data_dir)).load(path)
-    lookup = feature_lookup(warehouse.read(FEATURES_TABLE, prediction_day), state.spec_key)
+    lookup = feature_lookup(features, state.spec_key)
     if not lookup:
         return {}
     keys = list(lookup)

@@ -16,6 +16,7 @@ import hashlib
 import json
 import shutil
 import uuid
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -137,15 +138,25 @@ def load_policy(model_backend, folder: Path | None, info: dict | None, dtype: st
     raise ValueError(f"unknown checkpoint kind {info['kind']!r} in {folder}")
 
 
-def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict, is_base: bool) -> dict:
-    """Save the day's policy to `root/D/` (staging folder, then one rename), not yet verified:
-    `mark_verified` moves `latest` once the day's blocking checks pass."""
+@dataclass
+class StagedCheckpoint:
+    """A day's checkpoint written to its staging folder, not yet published: `policy_version` is known
+    (the rollouts are stamped with it) while nothing under the dated folders has changed."""
+
+    day: str
+    folder: Path
+    info: dict
+
+
+def stage_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict, is_base: bool) -> StagedCheckpoint:
+    """The day's policy saved into a staging folder beside `root/D/`, its version from the saved weights."""
     staging = root / f".{day}.{uuid.uuid4().hex}.staging"
     staging.mkdir(parents=True)
     if is_base:
         info = {**info, "kind": "base", "policy_version": f"{day}@base"}
     else:
         policy.save(staging)
+        policy.weights_saved_as(staging)  # a vLLM sampler serves these files (the dated folder once published)
         info = {
             **info,
             "kind": "lora" if policy.has_adapter else "full",
@@ -153,9 +164,35 @@ def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict,
         }
     info = {**info, "verified": False}
     atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
-    _publish(staging, root / day, f"policy checkpoint {day}")
+    return StagedCheckpoint(day, staging, info)
+
+
+def stage_parent(root: Path, day: str, parent_dir: Path, parent_info: dict, info: dict) -> StagedCheckpoint:
+    """Checkpoint D = the parent's weights, unchanged, with the parent's `policy_version` (the gate
+    rejected D's update): the parent's files are copied, not re-saved, so nothing can drift."""
+    staging = root / f".{day}.{uuid.uuid4().hex}.staging"
+    staging.mkdir(parents=True)
+    for item in Path(parent_dir).iterdir():
+        if item.name == CHECKPOINT_FILE:
+            continue
+        (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
+    info = {**info, "kind": parent_info["kind"], "policy_version": parent_info["policy_version"], "verified": False}
+    atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
+    return StagedCheckpoint(day, staging, info)
+
+
+def publish_staged(root: Path, staged: StagedCheckpoint) -> dict:
+    """The staged folder becomes `root/D/` in one rename, not yet verified: `mark_verified` moves
+    `latest` once the day's blocking checks pass."""
+    _publish(staged.folder, root / staged.day, f"policy checkpoint {staged.day}")
+    return staged.info
+
+
+def publish_checkpoint(policy: "ModelBackend", root: Path, day: str, info: dict, is_base: bool) -> dict:
+    """Stage and publish the day's policy at once (distillation, tests)."""
+    info = publish_staged(root, stage_checkpoint(policy, root, day, info, is_base))
     if not is_base:
-        policy.weights_saved_as(root / day)  # a vLLM sampler serves these files from now on
+        policy.weights_saved_as(root / day)
     return info
 
 
@@ -170,18 +207,8 @@ def _publish(staging: Path, final: Path, what: str) -> None:
 
 
 def republish_parent(root: Path, day: str, parent_dir: Path, parent_info: dict, info: dict) -> dict:
-    """Checkpoint D = the parent's weights, unchanged, with the parent's `policy_version` (the gate
-    rejected D's update): the parent's files are copied, not re-saved, so nothing can drift."""
-    staging = root / f".{day}.{uuid.uuid4().hex}.staging"
-    staging.mkdir(parents=True)
-    for item in Path(parent_dir).iterdir():
-        if item.name == CHECKPOINT_FILE:
-            continue
-        (shutil.copytree if item.is_dir() else shutil.copy2)(item, staging / item.name)
-    info = {**info, "kind": parent_info["kind"], "policy_version": parent_info["policy_version"], "verified": False}
-    atomic_write_bytes(staging / CHECKPOINT_FILE, json.dumps(info, indent=1, sort_keys=True).encode())
-    _publish(staging, root / day, f"policy checkpoint {day}")
-    return info
+    """Stage and publish the parent's weights as D's at once (tests)."""
+    return publish_staged(root, stage_parent(root, day, parent_dir, parent_info, info))
 
 
 def mark_verified(root: Path, day: str) -> dict:
@@ -195,3 +222,42 @@ def mark_verified(root: Path, day: str) -> dict:
         if not _is_date(current) or current <= day:  # a backfill of an older day leaves `latest` alone
             atomic_symlink(final, latest)
     return info
+
+
+class CheckpointStore:
+    """The dated checkpoints under one root: the daily recipe's one handle on them (read at the
+    start of a day, staged in the middle, published and verified at the end)."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def info(self, day: str) -> dict | None:
+        return read_checkpoint(self.root / day)
+
+    def parent(self, day: str) -> tuple[Path, dict] | None:
+        """`parent_checkpoint`, a re-run keeping the parent its first run chose (a distillation may have come since)."""
+        return parent_checkpoint(self.root, day, pinned=(self.info(day) or {}).get("parent_checkpoint"))
+
+    def lineage(self, parent: tuple[Path, dict] | None) -> list[str]:
+        return behaviour_versions(self.root, parent)
+
+    def version_of(self, day: str) -> str | None:
+        return (self.info(day) or {}).get("policy_version")
+
+    def rejected(self, day: str) -> bool:
+        return (self.info(day) or {}).get("gate") == "rejected"
+
+    def load(self, models, folder: Path | None, info: dict | None, dtype: str | None = None) -> "ModelBackend":
+        return load_policy(models, folder, info, dtype)
+
+    def stage(self, policy: "ModelBackend", day: str, info: dict, is_base: bool) -> StagedCheckpoint:
+        return stage_checkpoint(policy, self.root, day, info, is_base)
+
+    def stage_parent(self, day: str, parent: tuple[Path, dict], info: dict) -> StagedCheckpoint:
+        return stage_parent(self.root, day, parent[0], parent[1], info)
+
+    def publish(self, staged: StagedCheckpoint) -> dict:
+        return publish_staged(self.root, staged)
+
+    def mark_verified(self, day: str) -> dict:
+        return mark_verified(self.root, day)

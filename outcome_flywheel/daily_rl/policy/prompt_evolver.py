@@ -128,8 +128,8 @@ def interval(n: int, total: float, sq_total: float) -> tuple[float, float, float
 
 
 class PromptEvolver:
-    """The bandit's state for one day: D-1's state (`load`), D's scores (`record`), a candidate (`evolve`),
-    D's assignments (`assign`), written as D's state (`frames`)."""
+    """The bandit's state for one day: D-1's state (`variants`, `experiences`: its `frames`, read by the day's
+    store), D's scores (`record`), a candidate (`evolve`), D's assignments (`assign`), D's state (`frames`)."""
 
     def __init__(self, day: str, config: EvolverConfig, seed: int, variants: list[dict], experiences: pd.DataFrame):
         self.day, self.config, self.seed = day, config, seed
@@ -138,20 +138,6 @@ class PromptEvolver:
         self.events: list[str] = []
         for v in self.variants:
             v["pending"] = 0  # yesterday's pending trials are scored (or dropped) today
-
-    @classmethod
-    def load(cls, warehouse, day: str, config: EvolverConfig, seed: int) -> "PromptEvolver":
-        """State of the newest day before `day` (D-1 normally; none on the first day)."""
-        earlier = [d for d in warehouse.partitions("prompt_evolver") if d < day]
-        if not earlier:
-            return cls(day, config, seed, [], pd.DataFrame())
-        variants = warehouse.read("prompt_evolver", earlier[-1])
-        experiences = warehouse.read("prompt_experiences", earlier[-1])
-        rows = [
-            {k: v for k, v in r.items() if k in VARIANT_COLUMNS}
-            for r in variants.sort_values("created_at_trial", kind="stable").to_dict("records")
-        ]
-        return cls(day, config, seed, rows, experiences)
 
     # -- state ---------------------------------------------------------------------------------
     def _by_version(self) -> dict[str, dict]:
@@ -347,12 +333,6 @@ class PromptEvolver:
         variants = pd.DataFrame(rows, columns=VARIANT_COLUMNS)
         experiences = self.experiences.copy()
         return variants, experiences[EXPERIENCE_COLUMNS].reset_index(drop=True)
-
-    def write(self, warehouse) -> pd.DataFrame:
-        variants, experiences = self.frames()
-        warehouse.write("prompt_experiences", experiences, partition=self.day)
-        warehouse.write("prompt_evolver", variants, partition=self.day)
-        return variants
 
 
 def heldout_scorer(

@@ -6,20 +6,20 @@ here (`DAILY_UPDATE_CHECKS`), the gate's too: the asset's check specs and the st
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from outcome_flywheel.daily_rl.judge.ranking import is_permutation
-from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, mark_verified, read_checkpoint
 from outcome_flywheel.daily_rl.policy.gate import GateResult
 from outcome_flywheel.daily_rl.policy.rollouts import sampling_temperature
-from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.sampling import LOGPROB_TOLERANCE, REPRODUCTION_FACTOR, dtype_name
 from outcome_flywheel.steps.metadata import DeclaredCheck
-from outcome_flywheel.storage import Warehouse
+
+if TYPE_CHECKING:
+    from outcome_flywheel.models.interface import ModelBackend
 
 # The checks of `daily_update`, computed below: `verify_day` the blocking ones, `gate_check` the gate's.
 # The asset declares its check specs from these and the step reports each under its asset.
@@ -103,15 +103,15 @@ def logprob_reproduction(stored: Sequence, forced: Sequence, reference: Sequence
 
 
 def verify_day(
-    warehouse: Warehouse, models: ModelLoader, day: str, scores: pd.DataFrame, rollouts: pd.DataFrame
+    load: Callable[..., "ModelBackend"], on_disk: dict, scores: pd.DataFrame, rollouts: pd.DataFrame
 ) -> dict[str, dict]:
-    """The blocking checks of `daily_update`, each {passed, metadata}; marks the checkpoint verified when all pass."""
-    ckpt_root = warehouse.path("checkpoints", "policy")
+    """The blocking checks of `daily_update`, each {passed, metadata}. `load(dtype=None)`: the day's checkpoint
+    as published on disk, `on_disk` its checkpoint.json; loaded once (and once more in float32 where it
+    computes in another precision, for the reference). The recipe marks it verified when all pass."""
     ranks_ok = all(is_permutation(list(g["rank"])) for _, g in scores.groupby("headline_id")) if len(scores) else True
     rewards_ok = rewards_in_range(scores)
-    on_disk = read_checkpoint(ckpt_root / day) or {}
     own_version = bool(len(rollouts) == 0 or (rollouts["policy_version"] == on_disk.get("policy_version")).all())
-    reloaded = load_policy(models, ckpt_root / day, on_disk)
+    reloaded = load()
     probe = reloaded.greedy([trading_note_messages("Apple beats quarterly estimates", "")], max_new_tokens=12)[0]
     # The weights on disk, not just the label: they must give the stored behaviour log-probs back.
     sample = rollouts.head(8)
@@ -121,10 +121,10 @@ def verify_day(
     if compute_dtype == "float32" or not len(sample):
         reference = forced
     else:  # the same files in float32 (a second load, after the first is dropped): see logprob_reproduction
-        reference = teacher_forced(load_policy(models, ckpt_root / day, on_disk, dtype="float32"), sample)
+        reference = teacher_forced(load(dtype="float32"), sample)
     reproduction = logprob_reproduction(list(sample["behavior_logprobs"]), forced, reference)
     reproduced = reproduction.pop("passed")  # the rest is the check's metadata
-    checks = {
+    return {
         RANKS_ARE_PERMUTATIONS.name: {"passed": bool(ranks_ok), "metadata": {}},
         REWARDS_IN_RANGE.name: {"passed": rewards_ok, "metadata": describe_rewards(scores)},
         LOADS_AND_GENERATES.name: {"passed": bool(probe.strip()), "metadata": {"sample": probe[:200]}},
@@ -138,9 +138,6 @@ def verify_day(
             },
         },
     }
-    if all(c["passed"] for c in checks.values()):
-        mark_verified(ckpt_root, day)  # only now may the next day train from it, and `latest` move
-    return checks
 
 
 def gate_check(gate: GateResult) -> dict:

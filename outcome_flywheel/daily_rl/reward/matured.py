@@ -42,7 +42,6 @@ import json
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 from functools import lru_cache
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -344,10 +343,27 @@ def replay_groups(earlier: pd.DataFrame | None, day: str, config: MaturedConfig)
     return out.reset_index(drop=True)
 
 
+def matured_days(day: str, config: MaturedConfig) -> tuple[list[str], list[str]]:
+    """(the days whose ledgers a day reads, oldest first, up to D-1; the window of days whose notes can
+    mature by D). A replayed note is at most `wait` days older than its first training."""
+    wait = longest_wait_days(config.horizon)
+    span = wait + int(config.replay_days)
+    first = date.fromisoformat(day) - timedelta(days=span)
+    days = [(first + timedelta(days=k)).isoformat() for k in range(span)]  # first .. D-1
+    return days, days[-wait:]
+
+
+def note_days(earlier: pd.DataFrame | None, day: str, config: MaturedConfig) -> list[str]:
+    """The days whose rollouts the delayed step reads: the window's (.. D-2) and the replayed notes' days."""
+    _, window = matured_days(day, config)
+    return sorted(set(window[:-1]) | set(replay_groups(earlier, day, config)["note_date"]))
+
+
 def collect_matured(
-    warehouse,
+    earlier: pd.DataFrame | None,
+    rollouts: pd.DataFrame | None,
     market_data,
-    policy_version_of: Callable[[str], str | None],
+    versions: dict[str, str],
     day: str,
     parent_version: str | None,
     config: MaturedConfig,
@@ -355,32 +371,20 @@ def collect_matured(
     temperature: float | None,
     wall_clock: pd.Timestamp | None = None,
     tokenizer=None,
-    rejected: Callable[[str], bool] = lambda d: False,
 ) -> MaturedBatch:
-    """Read the window's notes and earlier ledgers, price the unsettled notes as of D, build the batch.
-    Days of the window that were never run (first days, gaps) are simply absent. `policy_version_of(d)`:
-    the version of day d's checkpoint, None where there is none; `rejected(d)`: whether the gate rejected
-    day d's update (its price rows then settle nothing: the groups go back to pending)."""
-    wait = longest_wait_days(config.horizon)
-    span = wait + int(config.replay_days)  # a replayed note is at most `wait` days older than its first training
-    first = (date.fromisoformat(day) - timedelta(days=span)).isoformat()
-    days = [(date.fromisoformat(first) + timedelta(days=k)).isoformat() for k in range(span)]  # first .. D-1
-    earlier = [
-        warehouse.read("reward_ledger", d) for d in days if warehouse.exists("reward_ledger", d) and not rejected(d)
-    ]
-    earlier = pd.concat(earlier, ignore_index=True) if earlier else None
+    """Price the unsettled notes of the window as of D and build the batch. `earlier`: the ledgers of
+    `matured_days` (the days the gate rejected left out: their price rows settle nothing, so their groups
+    are pending again); `rollouts`: the notes of `note_days`; `versions`: day -> its checkpoint's policy
+    version (days without one absent). Days never run (first days, gaps) are simply absent."""
+    days, window = matured_days(day, config)
     settled = settled_notes(earlier, "matured")
     replay_keys = replay_groups(earlier, day, config)
-    window = days[-wait:]
-    read = sorted(set(window[:-1]) | set(replay_keys["note_date"]))  # .. D-2, and the replayed notes' days
-    frames = [warehouse.read("rollouts", d) for d in read if warehouse.exists("rollouts", d)]
-    frames = [f for f in frames if len(f)]
     batch = MaturedBatch(window=(window[0], window[-1]))
-    if not frames or market_data is None:
+    if rollouts is None or rollouts.empty or market_data is None:
         return batch
-    rollouts = pd.concat(frames, ignore_index=True)
+    rollouts = rollouts.copy()
     rollouts["date"] = rollouts["date"].astype(str)
-    checkpoints = {d: v for d in days if (v := policy_version_of(d)) is not None}
+    checkpoints = {d: versions[d] for d in days if d in versions}
     replays = rollouts.merge(
         replay_keys.rename(columns={"note_date": "date"}), on=["date", "headline_id", "rollout_index"], how="inner"
     )

@@ -12,15 +12,12 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.judge.llm_judge import Judge
-from outcome_flywheel.daily_rl.judge.ranking import GroupJudgement, JudgeGroup, is_permutation, rank_rewards
+from outcome_flywheel.daily_rl.judge.ranking import GroupJudgement, JudgeGroup, is_permutation
 from outcome_flywheel.daily_rl.notes.calls import calls_frame
 from outcome_flywheel.daily_rl.notes.relevance import relevance_column
-from outcome_flywheel.daily_rl.partitions import DailyUpdateError, stable_seed
-from outcome_flywheel.daily_rl.reward.signals import RewardConfig, group_advantages, rank_reward
+from outcome_flywheel.daily_rl.partitions import stable_seed
+from outcome_flywheel.daily_rl.reward.signals import RewardConfig, group_advantages, rank_reward, rank_rewards
 from outcome_flywheel.feedback.curation import note_ratings
-from outcome_flywheel.models.loader import ModelLoader
-from outcome_flywheel.storage import Warehouse
 
 # The `rollout_scores` table's stored columns, in order: column -> (type, description) as the Dagster catalog
 # shows them (assets/catalog.py reads them from here).
@@ -207,46 +204,26 @@ def position_bias(scores: pd.DataFrame) -> dict[str, dict[str, float]]:
     }
 
 
-def score_previous_rollouts(
-    warehouse: Warehouse,
-    models: ModelLoader,
-    judge: Judge,
+def score_rollouts(
+    inputs: ScoringInput,
+    judgements: Sequence[GroupJudgement],
     day: str,
     prediction_day: str,
     outcome_day: str,
     prev_rollouts: pd.DataFrame,
     reward: RewardConfig | None = None,
     universe: set[str] | None = None,
-    world_titles: Sequence[str] | None = None,
+    human: Mapping[tuple[str, int], float] | None = None,
     scorer: Mapping[tuple[str, int], float] | None = None,
 ) -> pd.DataFrame:
-    """rollout_scores(D): the judge's ranks of D-1's rollouts against the outcome day's headlines, or,
-    in a synthetic world, against `world_titles`, the world's own follow-ups of the headlines' companies
-    (`worlds.prices.judge_outcome_titles`): the archive's real moves say nothing about a world.
-    `scorer`: the online note scorer's signal of D-1's notes (`note_scorer.signal.scorer_signals`), when weighted."""
+    """rollout_scores(D): the judge's `judgements` of D-1's groups (`inputs`, `judge_inputs` over the outcome
+    day's headlines, or a world's own follow-ups of the headlines' companies) made into rewards, with people's
+    ratings (`human`, `human_signals`), whether each call is on the headline's company (`universe`) and the
+    online note scorer's signal (`note_scorer.signal.scorer_signals`), when weighted."""
     if prev_rollouts.empty:
         return pd.DataFrame(columns=SCORE_COLUMNS)
-    if not warehouse.exists("headlines", outcome_day):
-        raise DailyUpdateError(
-            f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first"
-        )
-    outcome_titles = world_titles
-    if outcome_titles is None:
-        outcome_titles = list(warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
-    judge_backend = judge.load(models)
-    inputs = judge_inputs(prev_rollouts, outcome_titles, judge.outcome_context, models.seed, day)
-    judgements = judge.rank(judge_backend, inputs.groups)
-    return score_table(
-        inputs,
-        judgements,
-        day,
-        prediction_day,
-        outcome_day,
-        reward,
-        human_signals(warehouse, prediction_day),
-        relevance_signals(prev_rollouts, universe),
-        scorer,
-    )
+    relevance = relevance_signals(prev_rollouts, universe)
+    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human, relevance, scorer)
 
 
 def relevance_signals(rollouts: pd.DataFrame, universe: set[str] | None) -> dict[tuple[str, int], float | None]:
@@ -259,13 +236,13 @@ def relevance_signals(rollouts: pd.DataFrame, universe: set[str] | None) -> dict
     }
 
 
-def human_signals(warehouse: Warehouse, prediction_day: str) -> dict[tuple[str, int], float]:
-    """(headline_id, rollout_index) -> mean human score of the notes people rated, from
-    note_feedback(D-1) as it stands when D is scored (no declared dependency: note_feedback reads
-    rollouts, so a declared one would close a cycle; re-run D to take later feedback in)."""
-    if not warehouse.exists("note_feedback", prediction_day):
+def human_signals(feedback: pd.DataFrame | None) -> dict[tuple[str, int], float]:
+    """(headline_id, rollout_index) -> mean human score of the notes people rated, from note_feedback(D-1)
+    as it stands when D is scored (no declared dependency: note_feedback reads rollouts, so a declared one
+    would close a cycle; re-run D to take later feedback in). None or empty: no ratings."""
+    if feedback is None or feedback.empty:
         return {}
-    ratings = note_ratings(warehouse.read("note_feedback", prediction_day))
+    ratings = note_ratings(feedback)
     return {
         (str(h), int(i)): float(v)
         for h, i, v in zip(ratings["headline_id"], ratings["rollout_index"], ratings["rating"])

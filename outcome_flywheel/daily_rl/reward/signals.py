@@ -21,9 +21,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
+
+from outcome_flywheel.daily_rl.judge.ranking import GroupJudgement
 
 STRUCTURE_WEIGHT = 0.5
 # The signals a day's reward can weigh, each in [0, 1]; what each one measures.
@@ -231,3 +233,13 @@ def token_advantages(n_tokens: int, parts: Sequence[tuple[float, float, Sequence
                 raise ValueError(f"a span mask of {len(span)} tokens for a response of {n_tokens}")
             out += share * advantage * np.asarray(span, dtype=np.float64)
     return [float(a) for a in out]
+
+
+def rank_rewards(judgement: GroupJudgement, reward_of_rank: Callable[[int, int], float]) -> list[float]:
+    """Each candidate's rank reward. Candidates the judge never placed (it failed a round) share
+    one reward, the mean of the rank rewards left over, so their index order carries none."""
+    n = len(judgement.ranks)
+    placed = set(judgement.picks)
+    left_over = [reward_of_rank(rank, n) for rank in range(len(placed) + 1, n + 1)]
+    shared = sum(left_over) / len(left_over) if left_over else 0.0
+    return [reward_of_rank(rank, n) if k in placed else shared for k, rank in enumerate(judgement.ranks)]

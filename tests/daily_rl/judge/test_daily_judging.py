@@ -11,11 +11,10 @@ from outcome_flywheel.daily_rl.judge.ranking import (
     judge_groups,
     picks_to_ranks,
     rank_groups,
-    rank_rewards,
     repair_ranks,
     select_outcome_headlines,
 )
-from outcome_flywheel.daily_rl.reward.signals import rank_reward
+from outcome_flywheel.daily_rl.reward.signals import rank_reward, rank_rewards
 
 
 @pytest.mark.parametrize(

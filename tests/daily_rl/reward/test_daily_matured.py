@@ -1,5 +1,6 @@
 """The delayed price step as plain functions (daily_rl/matured.py, rewards.PriceReward, the ledger)."""
 
+import json
 import math
 from datetime import date
 
@@ -310,9 +311,13 @@ def test_matured_groups_are_pooled_replayed_decayed_within_staleness_and_settle_
 
 
 def test_a_rejected_days_price_groups_go_back_to_pending_and_are_not_replayed(tmp_path):
-    """`collect_matured` over a real warehouse and the bundled prices: a group trained on price at 11-10 is
+    """The delayed step over a real warehouse and the bundled prices (`DayStore` reads its inputs,
+    `collect_matured` prices them): a group trained on price at 11-10 is
     settled and replayed at 11-11, unless the gate rejected 11-10's update, in which case 11-10's ledger
     settles nothing and the group trains anew as `matured` (and is not replayed)."""
+    from outcome_flywheel.daily_rl.day_settings import DailyUpdateSettings
+    from outcome_flywheel.daily_rl.day_store import DayInputs, DayStore
+    from outcome_flywheel.daily_rl.policy.checkpoints import CHECKPOINT_FILE
     from outcome_flywheel.daily_rl.reward.matured import collect_matured
     from outcome_flywheel.market_data import MarketData
     from outcome_flywheel.storage import Warehouse
@@ -328,15 +333,33 @@ def test_a_rejected_days_price_groups_go_back_to_pending_and_are_not_replayed(tm
     market = MarketData(data_dir=str(tmp_path))
     future = pd.Timestamp("2030-01-01", tz="UTC")
 
-    def collect(rejected):
+    store = DayStore(wh, market)
+    settings = DailyUpdateSettings()
+    config = settings.matured()
+
+    def collect(gate: str):
+        folder = store.checkpoints.root / trained_on
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CHECKPOINT_FILE).write_text(json.dumps({"gate": gate}))
+        inputs = DayInputs(prev_rollouts=pd.DataFrame(), headlines=pd.DataFrame(), outcome_titles=[])
+        store._matured_inputs(day, settings, inputs)
         batch = collect_matured(
-            wh, market, lambda d: None, day, "p", MaturedConfig(), 0.4, 0.8, wall_clock=future, rejected=rejected
+            inputs.earlier_ledgers,
+            inputs.note_rollouts,
+            market,
+            inputs.versions,
+            day,
+            "p",
+            config,
+            0.4,
+            0.8,
+            wall_clock=future,
         )
         return ledger_frame(batch.ledger)
 
-    accepted = collect(lambda d: False)
+    accepted = collect("accepted")
     assert set(accepted["step"]) == {"replay"} and len(accepted) == 4  # settled, and pooled again
     assert (accepted["advantage"].abs() > 0).all()
-    rejected = collect(lambda d: d == trained_on)
+    rejected = collect("rejected")
     assert set(rejected["step"]) == {"matured"} and len(rejected) == 4  # back to pending: trained anew
     assert set(rejected["status"]) == {"trained"}
