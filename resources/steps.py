@@ -29,7 +29,7 @@ import dagster as dg
 from pydantic import Field
 
 from outcome_flywheel.settings import DEFAULTS, PROJECT_ROOT, RULES, SettingsError
-from outcome_flywheel.steps import MULTI_PROCESS_STEPS
+from outcome_flywheel.steps import Step
 from outcome_flywheel.steps.entry import ERROR_KEY, run_in_process
 from outcome_flywheel.steps.launch import StepLaunch, exit_status, launch_root_cause, passthrough_env
 from resources.settings import layered_config_schema
@@ -127,44 +127,44 @@ class StepRunnerResource(dg.ConfigurableResource):
     def launch(self, python: str | None = None) -> StepLaunch:
         return StepLaunch(launcher=self.launcher, processes=self.processes, python=python or sys.executable)
 
-    def command(self, step: str) -> list[str]:
+    def command(self, step: Step) -> list[str]:
         """The step's argv where it runs: this interpreter locally, `k8s_python` in a pod."""
         return self.launch(self.k8s_python if self.runner == "k8s" else None).command(step)
 
     def run_step(
-        self, context: dg.AssetExecutionContext, step: str, extras: Mapping[str, Any]
+        self, context: dg.AssetExecutionContext, step: Step, extras: Mapping[str, Any]
     ) -> dg.PipesClientCompletedInvocation:
-        """Run `step` with `extras`, wherever this resource says; its reports are the invocation's results.
-        Raises `dg.Failure` with the step's error (and its stderr tail) when it fails."""
+        """Run `step` (the `Step` its module declares) with `extras`, wherever this resource says; its reports
+        are the invocation's results. Raises `dg.Failure` with the step's error (and its stderr tail) when it fails."""
         problems = check_fields(self)
         if problems:
             raise dg.Failure(description="step runner: " + "; ".join(problems))
-        context.log.info(f"step {step}: runner {self.runner}, launcher {self.launcher} x{self.processes}")
+        context.log.info(f"step {step.name}: runner {self.runner}, launcher {self.launcher} x{self.processes}")
         note = self.one_process_note(step)
         if note and self.runner != "in_process":
-            context.log.info(f"step {step}: {note}")
+            context.log.info(f"step {step.name}: {note}")
         if self.runner == "in_process":
             return _run_in_process(context, step, extras)
         if self.runner == "k8s":
             from dagster_k8s import PipesK8sClient
 
             return PipesK8sClient().run(context=context, extras=k8s_extras(extras, self), **self.k8s_arguments(step))
-        client = StepSubprocessClient(step=step, tail_lines=self.stderr_tail_lines, launch_note=note)
+        client = StepSubprocessClient(step=step.name, tail_lines=self.stderr_tail_lines, launch_note=note)
         return client.run(context=context, extras=dict(extras), command=self.command(step), cwd=str(PROJECT_ROOT))
 
-    def one_process_note(self, step: str) -> str | None:
+    def one_process_note(self, step: Step) -> str | None:
         """What a person reads when `step` cannot use the processes asked for and runs as one (launched
         plainly); None when it runs as asked."""
         if self.launch().for_step(step).processes == self.processes:
             return None
         return (
             f"runs as one process, launched plainly (python): it cannot use several (its whole body would run "
-            f"in each); launcher {self.launcher} x{self.processes} is for {', '.join(MULTI_PROCESS_STEPS)}"
+            f"in each); launcher {self.launcher} x{self.processes} is for the training steps and the probe"
         )
 
     # -- Kubernetes ----------------------------------------------------------------------------
 
-    def k8s_arguments(self, step: str, environ: Mapping[str, str] | None = None) -> dict:
+    def k8s_arguments(self, step: Step, environ: Mapping[str, str] | None = None) -> dict:
         """What `PipesK8sClient.run` is given besides the context and extras: image, command, namespace,
         env (the FLYWHEEL_*/AWS_*/HF_* variables; the data dir moved to the mount) and the pod spec."""
         env = {**STEP_ENV_DEFAULTS, **passthrough_env(os.environ if environ is None else environ)}
@@ -197,7 +197,7 @@ class StepRunnerResource(dg.ConfigurableResource):
             "command": self.command(step),
             "namespace": self.k8s_namespace or None,
             "env": env,
-            "base_pod_meta": {"labels": {"app.kubernetes.io/part-of": "outcome-flywheel", "flywheel/step": step}},
+            "base_pod_meta": {"labels": {"app.kubernetes.io/part-of": "outcome-flywheel", "flywheel/step": step.name}},
             "base_pod_spec": spec,
         }
 
@@ -385,7 +385,7 @@ class StepSubprocessClient(dg.PipesClient):
         return dg.PipesClientCompletedInvocation(session, metadata=metadata)
 
 
-def _run_in_process(context, step: str, extras: Mapping[str, Any]) -> dg.PipesClientCompletedInvocation:
+def _run_in_process(context, step: Step, extras: Mapping[str, Any]) -> dg.PipesClientCompletedInvocation:
     error = None
     with dg.open_pipes_session(
         context=context,
@@ -398,7 +398,7 @@ def _run_in_process(context, step: str, extras: Mapping[str, Any]) -> dg.PipesCl
         except Exception as err:  # reported like a subprocess's failure, the traceback kept as the cause
             error = err
     if error is not None:
-        raise step_failure(step, "failed in the run's process", session.get_custom_messages(), "") from error
+        raise step_failure(step.name, "failed in the run's process", session.get_custom_messages(), "") from error
     return dg.PipesClientCompletedInvocation(session)
 
 

@@ -16,6 +16,7 @@ from pydantic import Field
 from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, check_specs, column_names, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.day_settings import RUN_CONFIG_PATHS, DailyUpdateSettings
+from outcome_flywheel.daily_rl.day_step import STEP as DAILY_UPDATE_STEP
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.daily_rl.partitions import previous_day
 from outcome_flywheel.daily_rl.policy.prompt_tables import VARIANT_COLUMNS
@@ -165,7 +166,7 @@ def daily_update(
         "follow_ups": world_follow_ups(warehouse, market_data, context.partition_key),
     }
     # The whole day is one step: one process start (torch and the model load once) per partition.
-    yield from step_runner.run_step(context, "daily_update", extras).get_results()
+    yield from step_runner.run_step(context, DAILY_UPDATE_STEP, extras).get_results()
 
 
 def world_follow_ups(warehouse: Warehouse, market_data: MarketData | None, day: str) -> list[str] | None:

@@ -11,6 +11,7 @@ from pydantic import Field
 from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.distillation.samples import SAMPLE_COLUMNS, SAMPLES_TABLE
+from outcome_flywheel.daily_rl.distillation.step import STEP as DISTILLATION_STEP
 from outcome_flywheel.daily_rl.distillation.train import DEFAULT_MIN_SAMPLES, DistillConfig, teacher_name
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.train.sft_config import SFTConfig
@@ -53,7 +54,7 @@ def distill_samples(
         "teacher": teacher_name(),
         "max_new_tokens": config.max_new_tokens,
     }
-    yield from step_runner.run_step(context, "distillation", extras).get_results()
+    yield from step_runner.run_step(context, DISTILLATION_STEP, extras).get_results()
 
 
 class DistilledPolicyConfig(dg.Config):
@@ -117,4 +118,4 @@ def distilled_policy(
         "training_id": f"distillation:{run}",
         "tracking": to_payload(tracking),  # the step records the run in MLflow
     }
-    yield from step_runner.run_step(context, "distillation", extras).get_results()
+    yield from step_runner.run_step(context, DISTILLATION_STEP, extras).get_results()

@@ -8,6 +8,7 @@ from assets.catalog import COLUMNS, OWNERS, table_metadata
 from assets.partitions import daily_rl_partitions
 from outcome_flywheel.daily_rl.note_scorer.features import FEATURE_COLUMNS, FEATURES_TABLE
 from outcome_flywheel.daily_rl.note_scorer.model import ScorerSettings
+from outcome_flywheel.daily_rl.note_scorer.step import STEP as NOTE_SCORER_STEP
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.loader import ModelLoader
@@ -97,4 +98,4 @@ def note_scorer(
         "settings": to_payload(settings),
         "universe": sorted(market_data.universe()) if market_data is not None else None,
     }
-    yield from step_runner.run_step(context, "note_scorer", extras).get_results()
+    yield from step_runner.run_step(context, NOTE_SCORER_STEP, extras).get_results()

@@ -14,6 +14,7 @@ from assets.catalog import MODEL_KINDS, OWNERS, column_names, table_metadata
 from outcome_flywheel.models.interface import LoraSettings
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.train.dpo_config import WeightedDPOConfig
+from outcome_flywheel.preferences.adapter_step import STEP as ADAPTER_STEP
 from outcome_flywheel.preferences.adapter_step import SUMMARY_KEY
 from outcome_flywheel.preferences.pool import restore_pool
 from outcome_flywheel.preferences.status import ADAPTERS_DIR
@@ -135,7 +136,7 @@ def preference_adapter(
             "dataset_fingerprint": history["dataset_fingerprint"],
             "tracking": to_payload(tracking),  # the step records the training in MLflow
         }
-        invocation = step_runner.run_step(context, "preference_adapter", extras)
+        invocation = step_runner.run_step(context, ADAPTER_STEP, extras)
         figures = [m[SUMMARY_KEY] for m in invocation.get_custom_messages() if isinstance(m, dict) and SUMMARY_KEY in m]
         if not figures:
             raise dg.Failure(description="the preference_adapter step ended without reporting its training figures")

@@ -30,12 +30,16 @@ from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.daily_rl.policy.verify import DAILY_UPDATE_CHECKS, UPDATE_ACCEPTED_BY_GATE, gate_check
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.loader import ModelLoader
+from outcome_flywheel.steps import Step
 from outcome_flywheel.steps.codec import from_payload
 from outcome_flywheel.steps.entry import main
 from outcome_flywheel.steps.metadata import present
 from outcome_flywheel.storage import Warehouse
 from outcome_flywheel.tracking import Tracker
 from outcome_flywheel.training_audit import current
+
+# This step, as its asset names it (the step runner launches `python -m outcome_flywheel.daily_rl.day_step`).
+STEP = Step("daily_update", "outcome_flywheel.daily_rl.day_step", processes="data_parallel")
 
 # check -> the key it belongs to (the checks are declared in verify.py)
 CHECK_ASSET = {check.name: check.asset for check in DAILY_UPDATE_CHECKS}
@@ -95,4 +99,4 @@ def run(pipes) -> None:
 
 
 if __name__ == "__main__":
-    main("daily_update", run)
+    main(STEP, run)

@@ -30,12 +30,16 @@ from outcome_flywheel.preferences.pool import pool_backup
 from outcome_flywheel.preferences.status import ADAPTERS_DIR, TRAIN_INFO, prompt_context_keys
 from outcome_flywheel.preferences.style_match import training_pairs
 from outcome_flywheel.preferences.weighting import dataset_fingerprint
+from outcome_flywheel.steps import Step
 from outcome_flywheel.steps.codec import from_payload
 from outcome_flywheel.steps.entry import main
 from outcome_flywheel.steps.metadata import md, path
 from outcome_flywheel.storage import Warehouse, atomic_symlink, publish_dir
 from outcome_flywheel.tracking import Tracker, registry
 from outcome_flywheel.tracking.records import step_series
+
+# This step, as its asset names it (the step runner launches `python -m outcome_flywheel.preferences.adapter_step`).
+STEP = Step("preference_adapter", "outcome_flywheel.preferences.adapter_step", processes="data_parallel")
 
 SUMMARY_KEY = "training"  # custom message {SUMMARY_KEY: {...}}: the figures of the history row
 
@@ -190,4 +194,4 @@ def config_table(config: dict, prefix: str = "") -> str:
 
 
 if __name__ == "__main__":
-    main("preference_adapter", run)
+    main(STEP, run)

@@ -7,31 +7,39 @@ always writes them (the warehouse, the checkpoint and adapter folders) and repor
 Pipes: log lines, each asset's materialization metadata and the asset checks. Plain Python and
 `dagster_pipes` only: the pod or machine running a step needs the project, not Dagster.
 
-Steps and the modules `python -m` runs (a step's body lives in its area, which this package, below
-the areas, never imports): `daily_update` (judge, GSPO training, gate, checkpoint, rollout generation,
-verify), `preference_adapter` (weighted-DPO training of the LoRA adapter), `probe` (reports its
-launcher's ranks; checks a launcher without loading a model).
+Each step module declares its `Step` (its name, the module `python -m` runs, how many processes it can
+use) beside its body, and the asset that launches it passes that `Step` to the step runner: no registry.
+The steps: `daily_update` (judge, GSPO training, gate, checkpoint, rollout generation, verify),
+`preference_adapter` (weighted-DPO training of the LoRA adapter), `distillation`, `note_scorer`, and
+`probe` (reports its launcher's ranks; checks a launcher without loading a model).
 """
 
-STEP_MODULES = {
-    "daily_update": "outcome_flywheel.daily_rl.day_step",
-    "preference_adapter": "outcome_flywheel.preferences.adapter_step",
-    "probe": "outcome_flywheel.steps.probe",
-    "note_scorer": "outcome_flywheel.daily_rl.note_scorer.step",
-    "distillation": "outcome_flywheel.daily_rl.distillation.step",
-}
+from dataclasses import dataclass
+
+PROCESSES = ("one", "data_parallel", "every")
 
 
-# The steps that use several processes when a launcher starts several (FLYWHEEL_STEP_PROCESSES > 1): the
-# training steps run data-parallel (`entry.run_data_parallel`: rank 0 runs the step, the other ranks join its
-# trainers) and `probe` reports its ranks. Every other step (`note_scorer`) would run its whole body in every
-# process, so it runs as one process, launched plainly (`launch.StepLaunch.for_step`).
-DATA_PARALLEL_STEPS = ("daily_update", "preference_adapter", "distillation")
-MULTI_PROCESS_STEPS = (*DATA_PARALLEL_STEPS, "probe")
+@dataclass(frozen=True)
+class Step:
+    """A heavy step, declared beside its body (`STEP` in the module `python -m` runs) and named by the asset
+    that launches it: its name (logs, errors), its module, and how many processes it can use:
+    `one` (its whole body would run in every process: more are refused, and a launcher asked for several
+    starts one, plainly), `data_parallel` (a training step: rank 0 runs it, the other ranks join its
+    trainers, `entry.run_data_parallel`) or `every` (every process runs it: the probe reports its rank)."""
 
+    name: str
+    module: str
+    processes: str = "one"
 
-def step_module(step: str) -> str:
-    """The module `python -m` runs for `step`; a clear error for an unknown step."""
-    if step not in STEP_MODULES:
-        raise ValueError(f"unknown step {step!r}; steps: {', '.join(STEP_MODULES)}")
-    return STEP_MODULES[step]
+    def __post_init__(self):
+        if self.processes not in PROCESSES:
+            raise ValueError(f"step {self.name}: processes {self.processes!r}, one of {', '.join(PROCESSES)}")
+
+    @property
+    def data_parallel(self) -> bool:
+        return self.processes == "data_parallel"
+
+    @property
+    def multi_process(self) -> bool:
+        """It may be launched as several processes (FLYWHEEL_STEP_PROCESSES > 1)."""
+        return self.processes != "one"

@@ -32,7 +32,7 @@ from dagster_pipes import (
     PipesParamsLoader,
 )
 
-from outcome_flywheel.steps import DATA_PARALLEL_STEPS, step_module
+from outcome_flywheel.steps import Step
 
 CRASH_VARIABLE = "FLYWHEEL_STEP_CRASH"
 CRASH_POINTS = ("train",)
@@ -60,7 +60,7 @@ def open_step(params_loader: PipesParamsLoader | None = None, distributed: bool 
     reports to Dagster; the others get None and must write nothing. A step that is not
     `distributed` refuses more than one process: it would run its whole body (sampling, judging, the
     warehouse and checkpoint writes) in every process, each writing the same outputs (docs/pipes.md,
-    multi-GPU). The training steps (`DATA_PARALLEL_STEPS`) run data-parallel through `main` instead:
+    multi-GPU). The training steps (`Step.data_parallel`) run data-parallel through `main` instead:
     rank 0 opens the step as `distributed`, the other ranks only join its trainers.
     """
     loader = params_loader or PipesEnvVarParamsLoader()
@@ -73,7 +73,7 @@ def open_step(params_loader: PipesParamsLoader | None = None, distributed: bool 
         raise StepError(
             f"WORLD_SIZE={world_size()}: this step would run its whole body (sampling, judging, the "
             "warehouse and checkpoint writes) in every process; only the training steps "
-            f"({', '.join(DATA_PARALLEL_STEPS)}) run data-parallel, rank 0 alone running the step, "
+            "(daily_update, preference_adapter, distillation) run data-parallel, rank 0 alone running the step, "
             "and only when started by `main`: launch it with FLYWHEEL_STEP_PROCESSES=1 "
             "(docs/pipes.md, multi-GPU)"
         )
@@ -100,26 +100,26 @@ def step_extras(params_loader: PipesParamsLoader | None = None) -> Mapping:
         return dict(data["extras"] or {})
 
 
-def run_in_process(step: str, bootstrap_env: Mapping[str, str]) -> None:
+def run_in_process(step: Step, bootstrap_env: Mapping[str, str]) -> None:
     """Run `step` over Pipes in this process (the `in_process` runner): its `run(pipes)`, exceptions raised."""
-    run = importlib.import_module(step_module(step)).run
+    run = importlib.import_module(step.module).run
     with open_step(PipesMappingParamsLoader(bootstrap_env)) as pipes:
-        run_guarded(step, pipes, run)
+        run_guarded(step.name, pipes, run)
 
 
-def main(step: str, run: Callable[[PipesContext | None], None], distributed: bool = False) -> None:
+def main(step: Step, run: Callable[[PipesContext | None], None], distributed: bool = False) -> None:
     """The process entry point: run the step; exit 1 with the traceback on stderr when it fails.
 
-    A training step (`DATA_PARALLEL_STEPS`) launched as several processes (torchrun) runs data-parallel:
+    A training step (`Step.data_parallel`) launched as several processes (torchrun) runs data-parallel:
     rank 0 runs the step (its Pipes, its writes) and each trainer it calls (and the daily update's rollout
     sampling) is joined by the other ranks, which write nothing (`run_data_parallel`)."""
     install_crash_hook(os.environ.get(CRASH_VARIABLE, ""))
     try:
-        if world_size() > 1 and step in DATA_PARALLEL_STEPS and not distributed:
-            run_data_parallel(step, run)
+        if world_size() > 1 and step.data_parallel and not distributed:
+            run_data_parallel(step.name, run)
             return
         with open_step(distributed=distributed) as pipes:
-            run_guarded(step, pipes, run)
+            run_guarded(step.name, pipes, run)
     except Exception as err:
         traceback.print_exc()
         sys.stderr.flush()

@@ -5,7 +5,7 @@
 talks to Dagster (`entry.py`). Both launchers are invoked as modules of the interpreter that runs
 the step (`python -m accelerate.commands.launch`, `python -m torch.distributed.run`), so the
 command needs no console script on PATH and a virtual environment is used as it is. Only the steps that
-can use several processes (`MULTI_PROCESS_STEPS`) get several; any other runs as one, launched plainly.
+can use several processes (`Step.multi_process`) get several; any other runs as one, launched plainly.
 
 When a launch of several processes fails, the launcher's summary (at the end of its stderr) names the
 rank lost first and, when that rank recorded its exception (`entry.record_for_launcher`), the exception:
@@ -19,7 +19,7 @@ import signal
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from outcome_flywheel.steps import MULTI_PROCESS_STEPS, step_module
+from outcome_flywheel.steps import Step
 
 LAUNCHERS = ("python", "accelerate", "torchrun")
 # What a step process must see of the orchestrator's environment when it does not inherit all of it
@@ -59,17 +59,16 @@ class StepLaunch:
         if self.launcher == "python" and int(self.processes) != 1:
             raise ValueError("the `python` launcher starts one process: use `accelerate` or `torchrun` for more")
 
-    def for_step(self, step: str) -> "StepLaunch":
+    def for_step(self, step: Step) -> "StepLaunch":
         """How `step` starts: this launch, or one process started plainly (`python`) for a step that
-        cannot use several (not in MULTI_PROCESS_STEPS: its whole body would run in every process)."""
-        step_module(step)  # an unknown step: its clear error
-        if int(self.processes) == 1 or step in MULTI_PROCESS_STEPS:
+        cannot use several (`Step.processes` one: its whole body would run in every process)."""
+        if int(self.processes) == 1 or step.multi_process:
             return self
         return replace(self, launcher="python", processes=1)
 
-    def command(self, step: str) -> list[str]:
+    def command(self, step: Step) -> list[str]:
         """The argv that runs `step` (`for_step`'s launch)."""
-        return self.for_step(step).module_command(step_module(step))
+        return self.for_step(step).module_command(step.module)
 
     def module_command(self, module: str, *args: str) -> list[str]:
         """The argv that runs `python -m module args...` under this launcher (a step, or a benchmark's

@@ -7,7 +7,11 @@ from __future__ import annotations
 import os
 import sys
 
+from outcome_flywheel.steps import Step
 from outcome_flywheel.steps.entry import main, rank, world_size
+
+# This step, as its asset names it (the step runner launches `python -m outcome_flywheel.steps.probe`).
+STEP = Step("probe", "outcome_flywheel.steps.probe", processes="every")
 
 PROBE_KEY = "probe"
 
@@ -32,4 +36,4 @@ def run(pipes) -> None:
 
 
 if __name__ == "__main__":
-    main("probe", run, distributed=True)
+    main(STEP, run, distributed=True)

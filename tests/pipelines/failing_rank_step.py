@@ -5,6 +5,7 @@ with rank 1's exception, not only with the launcher's summary of exit statuses."
 import time
 
 from outcome_flywheel.steps.entry import main, rank
+from outcome_flywheel.steps.probe import STEP as PROBE
 
 REASON = "rank 1's own reason: its shard of the day is empty"
 
@@ -16,4 +17,4 @@ def run(pipes) -> None:
 
 
 if __name__ == "__main__":
-    main("probe", run, distributed=True)
+    main(PROBE, run, distributed=True)

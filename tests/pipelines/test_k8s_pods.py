@@ -23,6 +23,7 @@ from dagster_pipes import (
 )
 from kubernetes.client import ApiClient
 
+from outcome_flywheel.daily_rl.day_step import STEP as DAILY_UPDATE
 from outcome_flywheel.steps.launch import StepLaunch
 from resources.steps import GPU_RESOURCE, SHM_VOLUME, StepRunnerResource, check_fields
 from tests import PROJECT_ROOT
@@ -56,7 +57,7 @@ def pod_model(runner: StepRunnerResource, extras: dict, environ: dict):
 
     @dg.asset(partitions_def=dg.StaticPartitionsDefinition(["2025-11-04"]))
     def gpu_step(context: dg.AssetExecutionContext):
-        pods.append(runner.k8s_pod(context, "daily_update", extras, environ))
+        pods.append(runner.k8s_pod(context, DAILY_UPDATE, extras, environ))
         return dg.MaterializeResult()
 
     assert dg.materialize([gpu_step], partition_key="2025-11-04").success
@@ -80,13 +81,13 @@ def test_the_k8s_pod_carries_image_command_gpu_env_and_the_data_volume():
             "data_dir": "/home/me/data",
         },
     }
-    args = runner.k8s_arguments("daily_update", environ)
+    args = runner.k8s_arguments(DAILY_UPDATE, environ)
     assert args["image"] == "registry.example/flywheel:1.0" and args["namespace"] == "ml"
     pod = _pod(runner, extras, environ)
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "registry.example/flywheel:1.0"
     # the launcher's command line (tests/pipelines/test_pipes_steps.py spells it out) with the image's python
-    assert container["command"] == StepLaunch(launcher="torchrun", processes=2, python="python").command("daily_update")
+    assert container["command"] == StepLaunch(launcher="torchrun", processes=2, python="python").command(DAILY_UPDATE)
     assert container["command"][:3] == ["python", "-m", "torch.distributed.run"]
     assert container["resources"]["limits"] == {GPU_RESOURCE: "2", "cpu": "8", "memory": "32Gi"}
     assert container["resources"]["requests"] == {"cpu": "8", "memory": "32Gi"}

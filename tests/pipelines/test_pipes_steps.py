@@ -7,6 +7,7 @@ runner would send (no cluster here: the pod spec is built and checked, never sub
 import json
 import os
 import sys
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -17,10 +18,16 @@ from assets.preferences.adapter import HISTORY_TABLE, preference_adapter
 from assets.preferences.dataset import dpo_dataset
 from assets.preferences.decisions import operator_decisions
 from assets.preferences.outcomes import decision_outcomes
+from outcome_flywheel.daily_rl.day_step import STEP as DAILY_UPDATE
+from outcome_flywheel.daily_rl.distillation.step import STEP as DISTILLATION
+from outcome_flywheel.daily_rl.note_scorer.step import STEP as NOTE_SCORER
+from outcome_flywheel.preferences.adapter_step import STEP as ADAPTER
 from outcome_flywheel.settings import SettingsError
+from outcome_flywheel.steps import Step
 from outcome_flywheel.steps.codec import StepPayloadError, from_payload, to_payload
 from outcome_flywheel.steps.entry import CRASH_VARIABLE
 from outcome_flywheel.steps.launch import StepLaunch, passthrough_env
+from outcome_flywheel.steps.probe import STEP as PROBE
 from resources.steps import StepRunnerResource, check_fields, exit_status
 from tests.daily_fixtures import daily_resources, linked_data_dir
 
@@ -207,8 +214,8 @@ def test_a_killed_dpo_training_is_recorded_and_latest_stays(tmp_path, warehouse,
 
 def test_launcher_command_lines():
     module = "outcome_flywheel.daily_rl.day_step"
-    assert StepLaunch(python="/py").command("daily_update") == ["/py", "-m", module]
-    assert StepLaunch(launcher="accelerate", processes=4, python="/py").command("daily_update") == [
+    assert StepLaunch(python="/py").command(DAILY_UPDATE) == ["/py", "-m", module]
+    assert StepLaunch(launcher="accelerate", processes=4, python="/py").command(DAILY_UPDATE) == [
         "/py",
         "-m",
         "accelerate.commands.launch",
@@ -224,7 +231,7 @@ def test_launcher_command_lines():
         "-m",
         module,
     ]
-    assert StepLaunch(launcher="torchrun", processes=2, python="/py").command("preference_adapter") == [
+    assert StepLaunch(launcher="torchrun", processes=2, python="/py").command(ADAPTER) == [
         "/py",
         "-m",
         "torch.distributed.run",
@@ -240,11 +247,11 @@ def test_launcher_command_lines():
         StepLaunch(launcher="python", processes=2)
     with pytest.raises(ValueError, match="launcher 'mpirun'"):
         StepLaunch(launcher="mpirun")
-    with pytest.raises(ValueError, match="unknown step 'nope'"):
-        StepLaunch().command("nope")
+    with pytest.raises(ValueError, match="processes 'many'"):
+        Step("nope", "outcome_flywheel.steps.probe", processes="many")
     # locally the orchestrator's interpreter; in a pod the image's
-    assert StepRunnerResource(launcher="torchrun").command("probe")[0] == sys.executable
-    assert StepRunnerResource(runner="k8s", k8s_image="x").command("probe")[:3] == [
+    assert StepRunnerResource(launcher="torchrun").command(PROBE)[0] == sys.executable
+    assert StepRunnerResource(runner="k8s", k8s_image="x").command(PROBE)[:3] == [
         "python",
         "-m",
         "outcome_flywheel.steps.probe",
@@ -253,7 +260,7 @@ def test_launcher_command_lines():
 
 @dg.asset
 def probe_step(context: dg.AssetExecutionContext, step_runner: StepRunnerResource):
-    invocation = step_runner.run_step(context, "probe", {"hello": "pipes"})
+    invocation = step_runner.run_step(context, PROBE, {"hello": "pipes"})
     probes = [m["probe"] for m in invocation.get_custom_messages() if "probe" in m]
     yield dg.MaterializeResult(metadata={"probe": dg.MetadataValue.json(probes[-1])})
 
@@ -273,15 +280,15 @@ def test_a_step_that_cannot_use_several_processes_runs_as_one_and_says_so():
     the probe get 2 processes; `note_scorer`, whose whole body would run in each, one process started
     plainly, and the step's log says so (the daily run: tests/models/train/test_data_parallel.py)."""
     two = StepLaunch(launcher="torchrun", processes=2, python="/py")
-    assert two.command("note_scorer") == ["/py", "-m", "outcome_flywheel.daily_rl.note_scorer.step"]
-    for step in ("daily_update", "preference_adapter", "distillation", "probe"):
-        assert two.command(step)[2] == "torch.distributed.run", step
-    assert StepLaunch(launcher="torchrun", python="/py").command("note_scorer")[2] == "torch.distributed.run"
+    assert two.command(NOTE_SCORER) == ["/py", "-m", "outcome_flywheel.daily_rl.note_scorer.step"]
+    for step in (DAILY_UPDATE, ADAPTER, DISTILLATION, PROBE):
+        assert two.command(step)[2] == "torch.distributed.run", step.name
+    assert StepLaunch(launcher="torchrun", python="/py").command(NOTE_SCORER)[2] == "torch.distributed.run"
     runner = StepRunnerResource(launcher="torchrun", processes=2)
-    assert "runs as one process, launched plainly" in runner.one_process_note("note_scorer")
-    assert runner.one_process_note("daily_update") is None and SUBPROCESS.one_process_note("note_scorer") is None
+    assert "runs as one process, launched plainly" in runner.one_process_note(NOTE_SCORER)
+    assert runner.one_process_note(DAILY_UPDATE) is None and SUBPROCESS.one_process_note(NOTE_SCORER) is None
     pod = StepRunnerResource(runner="k8s", k8s_image="x", launcher="torchrun", processes=2)
-    assert pod.command("note_scorer") == ["python", "-m", "outcome_flywheel.daily_rl.note_scorer.step"]
+    assert pod.command(NOTE_SCORER) == ["python", "-m", "outcome_flywheel.daily_rl.note_scorer.step"]
 
 
 @dg.asset
@@ -404,3 +411,13 @@ def test_a_message_read_while_it_is_written_is_handled_once_it_is_whole():
             time.sleep(0.01)
     assert handler.errors == [] and handler.messages == [message]
     assert not any(t.name.startswith("Thread") and t.is_alive() and "reader" in str(t) for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("step", [DAILY_UPDATE, ADAPTER, DISTILLATION, NOTE_SCORER, PROBE], ids=lambda s: s.name)
+def test_each_step_module_declares_the_step_its_asset_names(step):
+    """No registry: the asset names the `Step` its module declares, and that module runs it under `python -m`."""
+    import importlib
+
+    module = importlib.import_module(step.module)
+    assert module.STEP == step and callable(module.run)
+    assert "main(STEP, run" in (Path(module.__file__).read_text())

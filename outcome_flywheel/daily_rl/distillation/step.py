@@ -27,12 +27,16 @@ from outcome_flywheel.daily_rl.distillation.samples import (
 from outcome_flywheel.daily_rl.distillation.train import DistillConfig, run_distillation, teacher_dir
 from outcome_flywheel.daily_rl.partitions import previous_day
 from outcome_flywheel.models.loader import ModelLoader, load_backend
+from outcome_flywheel.steps import Step
 from outcome_flywheel.steps.codec import from_payload
 from outcome_flywheel.steps.entry import main
 from outcome_flywheel.steps.metadata import md, num, present
 from outcome_flywheel.storage import Warehouse
 from outcome_flywheel.tracking import Tracker
 from outcome_flywheel.training_audit import current
+
+# This step, as its asset names it (the step runner launches `python -m outcome_flywheel.daily_rl.distillation.step`).
+STEP = Step("distillation", "outcome_flywheel.daily_rl.distillation.step", processes="data_parallel")
 
 
 def run(pipes) -> None:
@@ -170,4 +174,4 @@ def phase_table(phases: list[dict]) -> str:
 
 
 if __name__ == "__main__":
-    main("distillation", run)
+    main(STEP, run)

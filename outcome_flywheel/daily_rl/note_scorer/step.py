@@ -38,8 +38,12 @@ from outcome_flywheel.daily_rl.note_scorer.model import (
 from outcome_flywheel.feedback.log import FeedbackLog
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.settings import resolve_path
+from outcome_flywheel.steps import Step
 from outcome_flywheel.steps.metadata import md, present
 from outcome_flywheel.storage import Warehouse
+
+# This step, as its asset names it (the step runner launches `python -m outcome_flywheel.daily_rl.note_scorer.step`).
+STEP = Step("note_scorer", "outcome_flywheel.daily_rl.note_scorer.step")
 
 
 @dataclass
@@ -215,4 +219,4 @@ def run(pipes) -> None:
 if __name__ == "__main__":
     from outcome_flywheel.steps.entry import main
 
-    main("note_scorer", run)
+    main(STEP, run)
