@@ -3,10 +3,10 @@
     python -m deploy.down [--home DIR]
 
 The service first, then the webserver, the daemon and the code server (each with the processes it
-started: run workers and their steps), each only after checking that its pid still names the process
-`make up` started (start time and command line): TERM, a grace period, then KILL. PostgreSQL last,
-with `pg_ctl stop -m fast`, on the cluster and port `<home>/deploy.json` records (what runs, whatever
-the settings now say). Nothing recorded: it says so. It keeps deploy.json: `make clean-prod` reads it.
+started: run workers and their steps), then the MLflow server (its clients are stopped), each only after
+checking that its pid still names the process `make up` started (start time and command line): TERM, a
+grace period, then KILL. PostgreSQL last, with `pg_ctl stop -m fast`, on the cluster and port
+`<home>/deploy.json` records (what runs, whatever the settings now say). Nothing recorded: it says so. It keeps deploy.json: `make clean-prod` reads it.
 
 A `make up` still starting on the home (it holds `<home>/up.lock`) is asked to stop first
 (`<home>/up.stop` naming it, then SIGTERM): it stops what it had started and exits non-zero saying
@@ -25,7 +25,7 @@ from deploy import guard, processes
 from deploy.postgres import Cluster, find_binaries
 from deploy.settings import home_of, parser, recorded, resolve
 
-ORDER = ("service", "webserver", "daemon", "code_server")
+ORDER = ("service", "webserver", "daemon", "code_server", "mlflow")  # the MLflow server after its clients
 UP_WAIT_S = 300  # for a `make up` asked to stop to stop what it started (each piece: TERM, up to 30 s, KILL)
 
 

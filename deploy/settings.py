@@ -11,6 +11,7 @@ Each comes from a command-line option, else a variable, else its default:
 | `--code-server-port` | `FLYWHEEL_CODE_SERVER_PORT` | the running deployment's, else a free port |
 | `--webserver-port` | `FLYWHEEL_WEBSERVER_PORT` | 3030 (`make ui` keeps 3000) |
 | `--api-port` | `FLYWHEEL_API_PORT` | 8765 |
+| `--mlflow-port` | `FLYWHEEL_MLFLOW_PORT` | 5050 (the MLflow server; `mlflow ui` keeps 5000) |
 
 `<home>/deploy.json` records what a running deployment uses: `make up` writes it once the first piece
 (PostgreSQL) runs, so a `make up` that failed before leaves nothing behind that steers the next one.
@@ -50,7 +51,9 @@ SETTINGS = {
     "code_server_port": ("FLYWHEEL_CODE_SERVER_PORT", "--code-server-port"),
     "webserver_port": ("FLYWHEEL_WEBSERVER_PORT", "--webserver-port"),
     "api_port": ("FLYWHEEL_API_PORT", "--api-port"),
+    "mlflow_port": ("FLYWHEEL_MLFLOW_PORT", "--mlflow-port"),
 }
+MLFLOW_PORT = 5050
 
 
 TOKEN = "FLYWHEEL_API_TOKEN"
@@ -70,6 +73,10 @@ class ConflictError(RuntimeError):
     """A `make up` asked for settings other than those of the deployment running on its home."""
 
 
+class SettingError(RuntimeError):
+    """A setting of `make up` that cannot be used (the message names it and what is allowed)."""
+
+
 @dataclass
 class Deployment:
     home: Path
@@ -79,6 +86,7 @@ class Deployment:
     code_server_port: int
     webserver_port: int
     api_port: int
+    mlflow_port: int = MLFLOW_PORT  # 0: not recorded (a deploy.json written before the MLflow server was a piece)
     # The other FLYWHEEL_* values its processes get (secrets as salted digests); None: not recorded
     # (a deploy.json written before they were).
     applied: dict[str, str] | None = None
@@ -102,6 +110,10 @@ class Deployment:
     @property
     def service_url(self) -> str:
         return f"http://{HOST}:{self.api_port}"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://{HOST}:{self.mlflow_port}"
 
     def save(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -127,6 +139,7 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
         ("code-server-port", "FLYWHEEL_CODE_SERVER_PORT"),
         ("webserver-port", "FLYWHEEL_WEBSERVER_PORT"),
         ("api-port", "FLYWHEEL_API_PORT"),
+        ("mlflow-port", "FLYWHEEL_MLFLOW_PORT"),
     ):
         p.add_argument(f"--{name}", type=int, help=f"{var}")
     return p
@@ -148,6 +161,7 @@ def recorded(home: Path) -> Deployment | None:
             code_server_port=int(saved["code_server_port"]),
             webserver_port=int(saved["webserver_port"]),
             api_port=int(saved["api_port"]),
+            mlflow_port=int(saved.get("mlflow_port") or 0),
             applied=saved["applied"] if isinstance(saved.get("applied"), dict) else None,
         )
     except (KeyError, TypeError, ValueError):
@@ -173,6 +187,9 @@ def resolve(args: argparse.Namespace) -> Deployment:
         """Given; else its default; else (no default: a free port) the running deployment's, or a new free one."""
         value = given(option, key)
         if value is not None:
+            if not str(value).isdigit() or not 1 <= int(value) <= 65535:
+                variable, flag = SETTINGS[key]
+                raise SettingError(f"{variable} (or {flag}) is {value!r}: allowed: a port, an integer from 1 to 65535")
             return int(value)
         if default is not None:
             return default
@@ -189,6 +206,7 @@ def resolve(args: argparse.Namespace) -> Deployment:
         code_server_port=port(args.code_server_port, "code_server_port"),
         webserver_port=port(args.webserver_port, "webserver_port", 3030),
         api_port=port(args.api_port, "api_port", 8765),
+        mlflow_port=port(args.mlflow_port, "mlflow_port", MLFLOW_PORT),
         applied=applied_settings(os.environ, stored, salt),
     )
 
@@ -250,6 +268,8 @@ def differences(wanted: Deployment, running: Deployment) -> list[str]:
     lines = []
     for key, (variable, option) in SETTINGS.items():
         now, asked = getattr(running, key), getattr(wanted, key)
+        if key == "mlflow_port" and not now:  # recorded before the MLflow server was a piece: nothing to compare
+            continue
         if str(now) != str(asked):
             lines.append(
                 f"{variable}: running on {now}, asked for {asked}; `make down` first, or set {variable} "

@@ -1,9 +1,12 @@
 """`make up`: the production shape on this machine, each piece started once and waited for.
 
-    python -m deploy.up [--home DIR] [--data-dir DIR] [--pg-dir DIR] [--pg-port N]
-                        [--code-server-port N] [--webserver-port N] [--api-port N] [--daily-schedule on|off|auto]
+    python -m deploy.up [--home DIR] [--data-dir DIR] [--pg-dir DIR] [--pg-port N] [--code-server-port N]
+                        [--webserver-port N] [--api-port N] [--mlflow-port N] [--daily-schedule on|off|auto]
 
-1. PostgreSQL (deploy.postgres): a cluster under the data dir on 127.0.0.1, a `dagster` role and database;
+1. PostgreSQL (deploy.postgres): a cluster under the data dir on 127.0.0.1, a `dagster` role, its database
+   and the `mlflow` database;
+   the MLflow tracking server (deploy.mlflow_server) on it, started then and waited for (GET /health) last;
+   the processes below record every training there (FLYWHEEL_MLFLOW_TRACKING_URI);
 2. the code server (`dagster code-server start -m pipelines.definitions`): the code location, which
    launches the run workers;
 3. `dagster-daemon run`: the run queue, schedules, sensors, run monitoring and run retries;
@@ -32,7 +35,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from deploy import down, guard, processes
+from deploy import down, guard, mlflow_server, processes
 from deploy.postgres import Cluster, PostgresError, ensure_installed
 from deploy.settings import (
     DEFS_MODULE,
@@ -56,7 +59,9 @@ PORT_SETTINGS = {
     "code_server": "FLYWHEEL_CODE_SERVER_PORT (--code-server-port)",
     "webserver": "FLYWHEEL_WEBSERVER_PORT (--webserver-port)",
     "service": "FLYWHEEL_API_PORT (--api-port)",
+    mlflow_server.NAME: "FLYWHEEL_MLFLOW_PORT (--mlflow-port)",
 }
+PIECES = ("postgres", mlflow_server.NAME, "code_server", "daemon", "webserver", "service")  # in the order started
 REPOSITORY_NAME = "__repository__"  # the one repository of a `Definitions` object
 
 
@@ -176,6 +181,8 @@ def process_env(d: Deployment, secrets: dict[str, str]) -> dict[str, str]:
         "FLYWHEEL_API_HOST": HOST,
         "FLYWHEEL_API_PORT": str(d.api_port),
         "FLYWHEEL_DAGSTER_URL": d.webserver_url,
+        # every training's record goes to the deployment's MLflow server, unless another store is set
+        "FLYWHEEL_MLFLOW_TRACKING_URI": os.environ.get("FLYWHEEL_MLFLOW_TRACKING_URI") or d.mlflow_url,
     }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))
     return env
@@ -202,8 +209,28 @@ def start_postgres(d: Deployment, secrets: dict[str, str], timeout_s: float, sta
             started.append("postgres")
         d.save()  # a piece runs: from now on deploy.json records this deployment, for `make down` and the next `make up`
     processes.wait_until(cluster.ready, timeout_s, "PostgreSQL (pg_isready)")
-    cluster.ensure_database(secrets["DAGSTER_PG_USER"], secrets["DAGSTER_PG_PASSWORD"], secrets["DAGSTER_PG_DB"])
+    for database in (secrets["DAGSTER_PG_DB"], mlflow_server.DATABASE):
+        cluster.ensure_database(secrets["DAGSTER_PG_USER"], secrets["DAGSTER_PG_PASSWORD"], database)
     return state
+
+
+def start_mlflow(
+    d: Deployment, secrets: dict[str, str], env: dict[str, str], started: list[str]
+) -> tuple[processes.ProcessRecord, str]:
+    """The MLflow server on the cluster's `mlflow` database; not waited for here (its schema migrations run
+    while the code server starts)."""
+    destination = mlflow_server.artifacts_destination(d.data_dir, env)
+    if "://" not in destination:
+        Path(destination).mkdir(parents=True, exist_ok=True)
+    store = mlflow_server.backend_store_uri(secrets["DAGSTER_PG_USER"], HOST, d.pg_port)
+    return ensure_process(
+        d,
+        mlflow_server.NAME,
+        mlflow_server.command(BIN, store, destination, HOST, d.mlflow_port),
+        mlflow_server.environment(env, secrets["DAGSTER_PG_PASSWORD"]),
+        d.mlflow_port,
+        started,
+    )
 
 
 def ensure_process(
@@ -233,7 +260,12 @@ def up(
     check_running(d)
     validate_environment()
     started_at = time.monotonic()
-    for name, port in (("code_server", d.code_server_port), ("webserver", d.webserver_port), ("service", d.api_port)):
+    for name, port in (
+        (mlflow_server.NAME, d.mlflow_port),
+        ("code_server", d.code_server_port),
+        ("webserver", d.webserver_port),
+        ("service", d.api_port),
+    ):
         if not processes.running(d.home, name) and not processes.port_free(port):  # before starting anything
             raise processes.StartupError(
                 f"{name}: port {port} on {HOST} is taken by another program; choose another with {PORT_SETTINGS[name]}"
@@ -242,6 +274,7 @@ def up(
     secrets = instance_env(d)
     env = process_env(d, secrets)
     states = {"postgres": start_postgres(d, secrets, timeout_s, started)}
+    mlflow, states[mlflow_server.NAME] = start_mlflow(d, secrets, env, started)
     workspace = ["-w", str(d.workspace_file)]
     code_server, states["code_server"] = ensure_process(
         d,
@@ -300,6 +333,9 @@ def up(
         if result["__typename"] == "PythonError" and "already running" not in result.get("message", ""):
             raise processes.StartupError(f"could not start {DAILY_SCHEDULE}: {result['message']}")
         states[DAILY_SCHEDULE] = "on"
+    processes.wait_until(
+        lambda: mlflow_server.healthy(d.mlflow_url), timeout_s, "the MLflow server (GET /health)", process=mlflow
+    )
     service, states["service"] = ensure_process(
         d, "service", [str(BIN / "flywheel-serve"), "--host", HOST, "--port", str(d.api_port)], env, d.api_port, started
     )
@@ -317,8 +353,7 @@ def summary(d: Deployment, states: dict[str, str]) -> str:
         else instance_env(d).get("FLYWHEEL_API_TOKEN", "")
     )
     pids = {
-        name: (processes.read_record(d.home, name) or processes.ProcessRecord(name, 0, 0.0, [])).pid
-        for name in ("postgres", "code_server", "daemon", "webserver", "service")
+        name: (processes.read_record(d.home, name) or processes.ProcessRecord(name, 0, 0.0, [])).pid for name in PIECES
     }
     lines = [f"production instance up in {states['seconds']} s (DAGSTER_HOME={d.home})"]
     lines += [f"  {name:<12} pid {pids[name]:<8} {states.get(name, '')}" for name in pids]
@@ -326,7 +361,16 @@ def summary(d: Deployment, states: dict[str, str]) -> str:
         f"  PostgreSQL   {HOST}:{d.pg_port}  data {d.pg_dir}",
         f"  Dagster UI   {d.webserver_url}",
         f"  service      {d.service_url}  (sign in at {d.service_url}/login)",
+        f"  MLflow UI    {d.mlflow_url}  (every training's run, the registered models; artifacts in "
+        f"{mlflow_server.artifacts_destination(d.data_dir, os.environ)})",
         f"  token        {token}",
+        *(
+            [
+                f"  tracking     FLYWHEEL_MLFLOW_TRACKING_URI={tracking} as set: the trainings record there, not on {d.mlflow_url}"
+            ]
+            if (tracking := os.environ.get("FLYWHEEL_MLFLOW_TRACKING_URI"))
+            else []
+        ),
         f"  daily schedule {states.get(DAILY_SCHEDULE, 'as the instance has it (off by default; docs/deploy.md)')}",
         f"  logs         {processes.log_dir(d.home)}; stop everything with `make down`",
     ]

@@ -22,6 +22,7 @@ SETTING_VARIABLES = (
     "FLYWHEEL_CODE_SERVER_PORT",
     "FLYWHEEL_WEBSERVER_PORT",
     "FLYWHEEL_API_PORT",
+    "FLYWHEEL_MLFLOW_PORT",
 )  # deploy.settings.SETTINGS and the home
 
 
@@ -66,5 +67,10 @@ def taken_port():
 
 
 def free_ports() -> list[str]:
-    """--code-server-port, --webserver-port and --api-port on free ports (not 3030 and 8765, which may be in use)."""
-    return [a for name in ("code-server", "webserver", "api") for a in (f"--{name}-port", str(processes.free_port()))]
+    """--code-server-port, --webserver-port, --api-port and --mlflow-port on free ports (not 3030, 8765 and 5050,
+    which may be in use)."""
+    return [
+        a
+        for name in ("code-server", "webserver", "api", "mlflow")
+        for a in (f"--{name}-port", str(processes.free_port()))
+    ]

@@ -11,6 +11,7 @@ port is taken.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -154,3 +155,38 @@ def test_make_up_refuses_settings_other_than_the_running_deployments(tmp_path):
         assert busy.returncode == 1 and f"another `make up` is running on {home} (pid {os.getpid()})" in busy.stderr, (
             busy.stderr
         )
+
+
+def test_the_mlflow_servers_port_and_artifacts(tmp_path, monkeypatch):
+    """Issue 49, item 5: the MLflow server's port is a setting like the webserver's (5050 by default, compared
+    with a running deployment's, refused when it is no port); its artifacts go beside an s3:// warehouse."""
+    from deploy import mlflow_server
+    from deploy.settings import SettingError, differences, recorded
+
+    assert _resolve().mlflow_port == 5050
+    assert _resolve("--mlflow-port", "5051").mlflow_url == "http://127.0.0.1:5051"
+    monkeypatch.setenv("FLYWHEEL_MLFLOW_PORT", "port")
+    with pytest.raises(SettingError, match=r"FLYWHEEL_MLFLOW_PORT \(or --mlflow-port\) is 'port': allowed: a port"):
+        _resolve()
+    monkeypatch.delenv("FLYWHEEL_MLFLOW_PORT")
+    home, data = tmp_path / "home", tmp_path / "data"
+    running = _saved(home, data, mlflow_port=5052)
+    asked = _resolve("--home", str(home), "--data-dir", str(data), "--pg-port", "1", "--code-server-port", "2")
+    assert differences(asked, running)[-1].startswith("FLYWHEEL_MLFLOW_PORT: running on 5052, asked for 5050")
+    # a deploy.json written before the MLflow server was a piece: nothing to compare
+    saved = json.loads((home / "deploy.json").read_text())
+    del saved["mlflow_port"]
+    (home / "deploy.json").write_text(json.dumps(saved))
+    assert recorded(home).mlflow_port == 0 and not any("MLFLOW" in line for line in differences(asked, recorded(home)))
+
+    where = mlflow_server.artifacts_destination
+    assert where(data, {"FLYWHEEL_WAREHOUSE_URL": "s3://flywheel/warehouse"}) == "s3://flywheel/mlflow-artifacts"
+    assert where(data, {"FLYWHEEL_WAREHOUSE_URL": "s3://bkt/team/wh/"}) == "s3://bkt/team/mlflow-artifacts"
+    assert where(data, {"FLYWHEEL_WAREHOUSE_URL": "s3://bkt"}) == "s3://bkt/mlflow-artifacts"
+    assert where(data, {"FLYWHEEL_WAREHOUSE_URL": str(tmp_path / "wh")}) == str(data / "mlflow" / "server-artifacts")
+    assert where(data, {}) == str(data / "mlflow" / "server-artifacts")
+    env = mlflow_server.environment({"FLYWHEEL_S3_ENDPOINT": "http://127.0.0.1:8333", "AWS_REGION": "eu-west-1"}, "pw")
+    assert env["PGPASSWORD"] == "pw" and env["MLFLOW_S3_ENDPOINT_URL"] == "http://127.0.0.1:8333"
+    assert env["AWS_DEFAULT_REGION"] == "eu-west-1" and env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    store = mlflow_server.backend_store_uri("dagster", "127.0.0.1", 5432)
+    assert store == "postgresql+psycopg2://dagster@127.0.0.1:5432/mlflow"  # no password on the command line

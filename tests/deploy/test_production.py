@@ -1,9 +1,11 @@
 """The production shape end to end, on real servers started on 127.0.0.1: `make up`'s script
-(deploy.up) starts PostgreSQL, the code server, dagster-daemon, dagster-webserver and the review
-service on scratch folders and free ports, with the warehouse on a SeaweedFS S3 server; the service
-posts decisions and extracts; the runs are queued, launched by the daemon and succeed; a run worker
+(deploy.up) starts PostgreSQL, the MLflow server, the code server, dagster-daemon, dagster-webserver and
+the review service on scratch folders and free ports, with the warehouse on a SeaweedFS S3 server; the
+service posts decisions and extracts; the runs are queued, launched by the daemon and succeed; a run worker
 killed with kill -9 mid-run is failed and its duckdb slot freed within the bound the instance file
-states; the automatic retry succeeds; `make down` (deploy.down) leaves no process behind.
+states; the automatic retry succeeds; two days of the daily loop run under the daemon and are recorded on
+the MLflow server (its own PostgreSQL database, artifacts on the S3 server); `make down` (deploy.down)
+leaves no process behind.
 
 Skipped, with the reason, where PostgreSQL's binaries are missing (`make up` would install them).
 """
@@ -26,7 +28,9 @@ import dagster as dg
 import duckdb
 import httpx
 import psutil
+import psycopg2
 import pytest
+from mlflow import MlflowClient
 
 from deploy import guard, processes
 from deploy.postgres import find_binaries, server_user_problem
@@ -51,7 +55,7 @@ pytestmark = [
     ),
 ]
 
-PIECES = ("postgres", "code_server", "daemon", "webserver", "service")
+PIECES = ("postgres", "mlflow", "code_server", "daemon", "webserver", "service")
 # deploy/dagster.yaml: the code server notices a dead run process within 0.5 s (CLEANUP_TICK) and fails
 # the run; the monitoring daemon frees the slots of runs ended more than free_slots_after_run_end_seconds
 # (2) ago, every poll_interval_seconds (3). 0.5 + 2 + 3 = 5.5 s, plus one daemon iteration on a busy box.
@@ -70,6 +74,17 @@ SECOND = {
     "proposal": {"orders": [{"symbol": "MSFT", "side": "buy", "weight": 0.04}]},
 }
 SLOTS = "query($key: String!) { instance { concurrencyLimit(concurrencyKey: $key) { slotCount claimedSlots { runId stepKey } } } }"
+LAUNCH = """mutation($params: ExecutionParams!) { launchRun(executionParams: $params) { __typename
+  ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } ... on InvalidSubsetError { message }
+  ... on RunConfigValidationInvalid { errors { message } } } }"""
+# Two days of the daily loop, small: the first scores and trains nothing (its checkpoint is the base policy), the
+# second trains the first day's notes (GSPO steps) and goes through the gate.
+DAYS = ("2025-11-03", "2025-11-04")
+DAY_ASSETS = ("headlines", "rollout_scores", "policy_checkpoint", "rollouts", "prompt_evolver")
+DAY_CONFIG = {
+    "ops": {"daily_update": {"config": {"rollouts_per_headline": 2, "max_new_tokens": 16, "batch_size": 4}}},
+    "resources": {"feeds": {"config": {"max_headlines": 2}}},
+}
 SCHEDULES = (
     "{ repositoriesOrError { ... on RepositoryConnection { nodes { schedules { name scheduleState { status } } } } } }"
 )
@@ -108,7 +123,7 @@ def prod(tmp_path_factory, tiny_model_dir):
     pg_parent.chmod(0o755)
     s3 = start_s3_server(base / "seaweedfs")
     home = base / "prod-home"
-    ports = {name: processes.free_port() for name in ("pg", "code-server", "webserver", "api")}
+    ports = {name: processes.free_port() for name in ("pg", "code-server", "webserver", "api", "mlflow")}
     env = {
         **os.environ,
         **s3.env("warehouse"),
@@ -157,6 +172,9 @@ def prod(tmp_path_factory, tiny_model_dir):
                     "s3": s3,
                     "webserver": f"http://127.0.0.1:{ports['webserver']}",
                     "service": f"http://127.0.0.1:{ports['api']}",
+                    "mlflow": f"http://127.0.0.1:{ports['mlflow']}",
+                    "pg_port": ports["pg"],
+                    "secrets": secrets,
                     "warehouse": Warehouse(
                         data_dir=str(root), warehouse_url=s3.env()["FLYWHEEL_WAREHOUSE_URL"], s3_endpoint=s3.endpoint
                     ),
@@ -209,7 +227,7 @@ def test_up_starts_each_piece_once_on_postgres(prod):
     assert graphql(prod["webserver"], SLOTS, {"key": "duckdb"})["instance"]["concurrencyLimit"]["slotCount"] == 1
     assert graphql(prod["webserver"], SLOTS, {"key": "accelerator"})["instance"]["concurrencyLimit"]["slotCount"] == 1
     # Every listener on loopback only.
-    for name in ("postgres", "code_server", "webserver", "service"):
+    for name in ("postgres", "mlflow", "code_server", "webserver", "service"):
         process = records[name].process()
         addresses = {c.laddr.ip for p in [process, *process.children(recursive=True)] for c in listening(p)}
         assert addresses and addresses <= {"127.0.0.1", "::ffff:127.0.0.1"}, (
@@ -231,6 +249,38 @@ def test_up_starts_each_piece_once_on_postgres(prod):
         "flywheel_outcomes_schedule": "RUNNING",
     }
     prod["figures"]["make_up_s"] = round(prod["up_s"], 1)
+
+
+def test_the_mlflow_server_is_up_on_its_own_database_and_the_code_location_tracks_there(prod):
+    home, url = prod["home"], prod["mlflow"]
+    assert urllib.request.urlopen(f"{url}/health", timeout=10).read() == b"OK"
+    assert f"MLflow UI    {url}" in prod["up"], prod["up"]
+    server = processes.running(home, "mlflow")
+    assert server.cmdline[2] == "server" and prod["secrets"]["DAGSTER_PG_PASSWORD"] not in " ".join(server.cmdline)
+    destination = server.cmdline[server.cmdline.index("--artifacts-destination") + 1]
+    assert destination == f"s3://{prod['s3'].bucket}/mlflow-artifacts"  # beside the warehouse's prefix
+    # every process that runs the code location records on the server
+    for name in ("code_server", "daemon", "webserver"):
+        assert processes.running(home, name).process().environ()["FLYWHEEL_MLFLOW_TRACKING_URI"] == url, name
+    # MLflow's tables in a database of their own, none in Dagster's
+    tables = {}
+    for database in ("mlflow", "dagster"):
+        conn = psycopg2.connect(
+            host="127.0.0.1",
+            port=prod["pg_port"],
+            user=prod["secrets"]["DAGSTER_PG_USER"],
+            password=prod["secrets"]["DAGSTER_PG_PASSWORD"],
+            dbname=database,
+        )
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT to_regclass('public.experiments') IS NOT NULL, to_regclass('public.runs') IS NOT NULL"
+                )
+                tables[database] = cur.fetchone()
+        finally:
+            conn.close()
+    assert tables == {"mlflow": (True, True), "dagster": (False, True)}  # Dagster has its own `runs`
 
 
 def test_up_keeps_the_stored_token_and_refuses_another_token_or_base_model(prod):
@@ -361,6 +411,76 @@ def test_a_killed_run_worker_is_failed_its_slot_freed_and_the_retry_succeeds(pro
     assert "prod-2" in set(prod["warehouse"].read("operator_decisions", "2025-06-18")["decision_id"])
 
 
+def _launch_day(url: str, day: str) -> str:
+    """headlines and daily_update of `day`, submitted to the webserver (queued; the daemon launches it)."""
+    selector = {
+        "repositoryLocationName": "outcome_flywheel",
+        "repositoryName": "__repository__",
+        "jobName": "daily_rl_job",
+        "assetSelection": [{"path": [key]} for key in DAY_ASSETS],
+    }
+    params = {
+        "selector": selector,
+        "runConfigData": DAY_CONFIG,
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": day}]},
+    }
+    launched = graphql(url, LAUNCH, {"params": params})["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+def _checkpoint_metadata(instance: dg.DagsterInstance, run_id: str) -> dict:
+    for entry in instance.all_logs(run_id):
+        found = entry.asset_materialization
+        if found is not None and found.asset_key == dg.AssetKey("policy_checkpoint"):
+            return {k: getattr(v, "value", v) for k, v in found.metadata.items()}
+    raise AssertionError(f"run {run_id} materialised no policy_checkpoint")
+
+
+def test_days_under_the_daemon_are_recorded_on_the_mlflow_server(prod):
+    """Issue 49, item 5: two days run by the daemon's run workers (the step in its own process) land on the
+    deployment's MLflow server: each day a run with its params, the trained day its per-step metrics, the
+    checkpoint's file as an artifact on the S3 server, the registry's aliases; the metadata links to the server."""
+    instance, url = prod["instance"], prod["mlflow"]
+    started = time.monotonic()
+    runs = {}
+    for day in DAYS:  # in order: each day trains the previous day's checkpoint
+        runs[day] = _launch_day(prod["webserver"], day)
+        (finished,) = _wait(instance, [runs[day]], timeout=900)
+        assert finished.status == dg.DagsterRunStatus.SUCCESS, [
+            e.message for e in instance.all_logs(runs[day]) if e.dagster_event and e.dagster_event.is_failure
+        ]
+    prod["figures"]["two_days_s"] = round(time.monotonic() - started, 1)
+    client = MlflowClient(tracking_uri=url, registry_uri=url)
+    experiment = client.get_experiment_by_name("outcome-flywheel/daily_rl")
+    recorded = {
+        r.data.tags["partition"]: r
+        for r in client.search_runs([experiment.experiment_id], "tags.asset_key = 'policy_checkpoint'")
+    }
+    assert set(recorded) == set(DAYS)
+    for day in DAYS:
+        run = recorded[day]
+        assert run.info.status == "FINISHED" and run.data.tags["dagster_run_id"] == runs[day]
+        assert run.data.params["settings.rollouts_per_headline"] == "2" and run.data.params["models.base_model"]
+        meta = _checkpoint_metadata(instance, runs[day])
+        assert meta["mlflow_record"] == "recorded" and meta["mlflow_run_id"] == run.info.run_id, meta
+        assert meta["mlflow_run_url"] == f"{url}/#/experiments/{experiment.experiment_id}/runs/{run.info.run_id}"
+        assert meta["mlflow_tracking_uri"] == url
+    trained = recorded[DAYS[1]]
+    steps = int(trained.data.metrics["day/steps"])
+    assert steps >= 1 and "day/gate_kl_to_parent" in trained.data.metrics
+    for name in ("loss", "grad_norm", "clip_fraction"):
+        assert [m.step for m in client.get_metric_history(trained.info.run_id, name)] == list(range(1, steps + 1))
+    assert [a.path for a in client.list_artifacts(trained.info.run_id, "checkpoint")] == ["checkpoint/checkpoint.json"]
+    # the artifact itself is on the S3 server, beside the warehouse, through the MLflow server
+    assert any(
+        k.startswith("mlflow-artifacts/") and k.endswith(f"{trained.info.run_id}/artifacts/checkpoint/checkpoint.json")
+        for k in prod["s3"].keys("mlflow-artifacts")
+    ), prod["s3"].keys("mlflow-artifacts")
+    champion = client.get_model_version_by_alias("daily-policy", "champion")
+    assert champion.tags["checkpoint"] == DAYS[1]  # what `latest` points to
+
+
 def test_v1_refusals_of_the_running_service_are_openai_shaped(prod):
     """Issue 47, item 9: POST /v1 with the token, a foreign Host, an unexpected error under /v1."""
     adapters = prod["root"] / "adapters" / "preference"
@@ -400,7 +520,7 @@ def test_clean_refuses_while_the_deployment_runs_whatever_its_home(prod):
     }
     result = run_script("deploy.clean", ["--project", str(project)], env, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
-    for name in ("code_server", "daemon", "webserver", "service"):
+    for name in ("mlflow", "code_server", "daemon", "webserver", "service"):
         assert re.search(rf" pid {processes.running(prod['home'], name).pid} ", result.stderr), (name, result.stderr)
     assert (project / "data" / "warehouse").is_dir()
 
@@ -420,6 +540,8 @@ def test_down_stops_everything_it_started_and_nothing_else(prod):
         left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         assert not left, f"left running: {left}"
         assert bystander.poll() is None
+        with pytest.raises(OSError):  # the MLflow server is gone
+            urllib.request.urlopen(f"{prod['mlflow']}/health", timeout=5)
         again = run_script("deploy.down", ["--home", str(home)], prod["env"])
         assert "nothing is up" in again.stdout
     finally:
@@ -459,7 +581,7 @@ def test_down_during_up_stops_up_and_leaves_nothing_running(prod):
     assert f"make up: pid {up.pid} was starting the deployment: asked it to stop" in down.stdout, down.stdout
     assert up.returncode == 1, out + err
     assert "make up: stopped before the deployment was up: `make down` (pid " in err and "asked it to stop" in err, err
-    assert "code_server: stopped pid" in err and "postgres: stopped pid" in err, err
+    assert "code_server: stopped pid" in err and "mlflow: stopped pid" in err and "postgres: stopped pid" in err, err
     assert "started" not in out, out
     left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left and not processes.live_records(home), (left, down.stdout)
