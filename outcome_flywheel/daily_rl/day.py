@@ -55,7 +55,7 @@ def run_daily_update(
     n_rollouts, max_new_tokens = settings.sizes(models)
     timings: dict[str, float] = {}
     with timed(timings, "score_s"):
-        scores = score_notes(d, inputs, models, judge, settings, store.universe())
+        scores = score_notes(d, inputs, models, judge, settings)
     evolver = PromptEvolver(day, settings.prompt_evolver, d.seed, inputs.evolver_variants, inputs.evolver_experiences)
     evolver.record(inputs.prev_rollouts, scores)
 
@@ -64,7 +64,7 @@ def run_daily_update(
         temperature = sampling_temperature(prev) if len(prev) else ROLLOUT_SAMPLING.temperature
         policy = load_policy(models, d.parent_dir, d.parent_info)
         tokenizer = policy.tokenizer if settings.gspo.objective == "token" else None
-        matured = matured_notes(d, inputs, store, settings, temperature, tokenizer)
+        matured = matured_notes(d, inputs, store.market_data, settings, temperature, tokenizer)
     with timed(timings, "train_s"):
         update = update_policy(policy, models, d.parent, inputs, scores, matured, settings, temperature, d.seed, day)
         policy, info = update.policy, checkpoint_info(d, models, update, settings)
@@ -111,7 +111,7 @@ def timed(timings: dict[str, float], name: str):
     timings[name] = time.perf_counter() - started
 
 
-def score_notes(d: Day, inputs: DayInputs, models: ModelLoader, judge: Judge, settings, universe) -> pd.DataFrame:
+def score_notes(d: Day, inputs: DayInputs, models: ModelLoader, judge: Judge, settings) -> pd.DataFrame:
     """rollout_scores(D): the judge ranks each headline's notes of D-1 (the judge ranks, nothing else);
     `reward/` makes the ranks and the other signals into rewards."""
     prev = inputs.prev_rollouts
@@ -126,20 +126,20 @@ def score_notes(d: Day, inputs: DayInputs, models: ModelLoader, judge: Judge, se
         d.outcome_day,
         prev,
         settings.reward,
-        universe,
+        inputs.universe,
         human_signals(inputs.human),
         scorer if float(settings.reward.weights.get("scorer", 0.0)) else None,
     )
 
 
-def matured_notes(d: Day, inputs: DayInputs, store: DayStore, settings, temperature: float, tokenizer) -> MaturedBatch:
+def matured_notes(d: Day, inputs: DayInputs, market_data, settings, temperature: float, tokenizer) -> MaturedBatch:
     """The delayed step (`reward/matured.py`), when the price signal is weighted and there is market data."""
-    if store.market_data is None or float(settings.reward.weights.get("price", 0.0)) == 0.0:
+    if market_data is None or float(settings.reward.weights.get("price", 0.0)) == 0.0:
         return MaturedBatch()
     return collect_matured(
         inputs.earlier_ledgers,
         inputs.note_rollouts,
-        store.market_data,
+        market_data,
         inputs.versions,
         d.day,
         d.parent_version,

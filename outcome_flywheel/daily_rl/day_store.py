@@ -73,11 +73,7 @@ class DayInputs:
     earlier_ledgers: pd.DataFrame | None = None  # the delayed step's: ledgers of the price window
     note_rollouts: pd.DataFrame | None = None  # and the notes it may train on price
     versions: dict[str, str] = field(default_factory=dict)  # day -> its checkpoint's policy version
-
-    def off_policy(self, d: Day) -> bool:
-        """D-1's notes were sampled by another checkpoint than the parent (one a distilled parent came from)."""
-        prev = self.prev_rollouts
-        return bool(len(prev)) and d.parent is not None and set(prev["policy_version"]) != {d.parent_version}
+    universe: set[str] | None = None  # the symbols the market data knows (None: no market data)
 
 
 @dataclass
@@ -106,6 +102,14 @@ def outcome_day_for(day: str, override: str | None) -> tuple[str, str]:
     return prediction_day, outcome_day
 
 
+def variant_rows(variants: pd.DataFrame | None) -> list[dict]:
+    """The prompt evolver's variants as it keeps them (its own columns, in the order they were written)."""
+    if variants is None or variants.empty:
+        return []
+    ordered = variants.sort_values("created_at_trial", kind="stable").to_dict("records")
+    return [{k: v for k, v in r.items() if k in VARIANT_COLUMNS} for r in ordered]
+
+
 class DayStore:
     """The warehouse, the dated checkpoints and the market data, as one day reads and writes them."""
 
@@ -127,50 +131,49 @@ class DayStore:
     def read(self, d: Day, settings: DailyUpdateSettings, follow_ups: list[str] | None = None) -> DayInputs:
         """Every input of the day's stages. `follow_ups`: what happened next in a synthetic world (its own
         follow-ups of D-1's companies), shown to the judge instead of the outcome day's headlines."""
-        wh = self.warehouse
-        prev = wh.read("rollouts", d.prediction_day)
+        weighted = settings.reward.weights
+        evolver_day = max((p for p in self.warehouse.partitions("prompt_evolver") if p < d.day), default=None)
+        wanted = {
+            "prev_rollouts": ("rollouts", d.prediction_day),
+            "headlines": ("headlines", d.day),
+            "outcome_headlines": ("headlines", d.outcome_day),
+            "human": ("note_feedback", d.prediction_day),
+            "variants": ("prompt_evolver", evolver_day),  # the evolver's state of the newest day before D
+            "experiences": ("prompt_experiences", evolver_day),
+            "scorer_features": (FEATURES_TABLE, d.prediction_day if float(weighted.get("scorer", 0.0)) else None),
+        }
+        t = self._tables(wanted)
+        prev = t["prev_rollouts"] if t["prev_rollouts"] is not None else pd.DataFrame()
         try:  # pi_old must be the checkpoint this day trains, or one it was distilled from (off-policy, with TIS)
             check_behaviour_policy(prev, d.parent_version, d.prediction_day, d.lineage)
         except ValueError as err:
             raise DailyUpdateError(str(err)) from err
-        inputs = DayInputs(prev_rollouts=prev, headlines=wh.read("headlines", d.day), outcome_titles=[])
-        if len(prev):
-            inputs.outcome_titles = follow_ups if follow_ups is not None else self._outcome_titles(d.outcome_day)
-            inputs.human = (
-                wh.read("note_feedback", d.prediction_day) if wh.exists("note_feedback", d.prediction_day) else None
+        if len(prev) and follow_ups is None and t["outcome_headlines"] is None:
+            raise DailyUpdateError(
+                f"headlines of {d.outcome_day} are not materialised: materialise `headlines` for that day first"
             )
-        if float(settings.reward.weights.get("scorer", 0.0)):
-            inputs.scorer_state, inputs.scorer_features = self._scorer(d.prediction_day)
-        inputs.evolver_variants, inputs.evolver_experiences = self._evolver_state(d.day)
-        if self.market_data is not None and float(settings.reward.weights.get("price", 0.0)):
+        outcome = t["outcome_headlines"] if t["outcome_headlines"] is not None else pd.DataFrame()
+        inputs = DayInputs(
+            prev_rollouts=prev,
+            headlines=t["headlines"] if t["headlines"] is not None else pd.DataFrame(),
+            outcome_titles=[]
+            if not len(prev)
+            else follow_ups
+            if follow_ups is not None
+            else list(outcome.get("title", pd.Series(dtype=str))),
+            human=t["human"],
+            scorer_features=t["scorer_features"],
+            evolver_variants=variant_rows(t["variants"]),
+            evolver_experiences=t["experiences"] if t["experiences"] is not None else pd.DataFrame(),
+            universe=self.market_data.universe() if self.market_data is not None else None,
+        )
+        if t["scorer_features"] is not None:  # the scorer's state after D-1, beside its features
+            scorers = ScorerStore(resolve_path(self.warehouse.data_dir))
+            path = scorers.day_file(d.prediction_day)
+            inputs.scorer_state = scorers.load(path) if path.exists() else None
+        if self.market_data is not None and float(weighted.get("price", 0.0)):
             self._matured_inputs(d.day, settings, inputs)
         return inputs
-
-    def _outcome_titles(self, outcome_day: str) -> list[str]:
-        if not self.warehouse.exists("headlines", outcome_day):
-            raise DailyUpdateError(
-                f"headlines of {outcome_day} are not materialised: materialise `headlines` for that day first"
-            )
-        return list(self.warehouse.read("headlines", outcome_day).get("title", pd.Series(dtype=str)))
-
-    def _scorer(self, prediction_day: str) -> tuple[object, pd.DataFrame | None]:
-        scorers = ScorerStore(resolve_path(self.warehouse.data_dir))
-        path = scorers.day_file(prediction_day)
-        if not path.exists() or not self.warehouse.exists(FEATURES_TABLE, prediction_day):
-            return None, None
-        return scorers.load(path), self.warehouse.read(FEATURES_TABLE, prediction_day)
-
-    def _evolver_state(self, day: str) -> tuple[list[dict], pd.DataFrame]:
-        """The prompt evolver's state of the newest day before `day` (D-1 normally; none on the first day)."""
-        earlier = [d for d in self.warehouse.partitions("prompt_evolver") if d < day]
-        if not earlier:
-            return [], pd.DataFrame()
-        variants = self.warehouse.read("prompt_evolver", earlier[-1])
-        rows = [
-            {k: v for k, v in r.items() if k in VARIANT_COLUMNS}
-            for r in variants.sort_values("created_at_trial", kind="stable").to_dict("records")
-        ]
-        return rows, self.warehouse.read("prompt_experiences", earlier[-1])
 
     def _matured_inputs(self, day: str, settings: DailyUpdateSettings, inputs: DayInputs) -> None:
         """The delayed step's inputs: the price window's ledgers (a day the gate rejected kept its parent's
@@ -178,20 +181,18 @@ class DayStore:
         train on price, and each day's checkpoint version."""
         config = settings.matured()
         days, _ = matured_days(day, config)
-        ledgers = [self._table("reward_ledger", d) for d in days if not self.checkpoints.rejected(d)]
-        ledgers = [f for f in ledgers if f is not None]
+        ledgers = self._tables({d: ("reward_ledger", d) for d in days if not self.checkpoints.rejected(d)})
+        ledgers = [f for f in ledgers.values() if f is not None]
         inputs.earlier_ledgers = pd.concat(ledgers, ignore_index=True) if ledgers else None
-        notes = [self._table("rollouts", d) for d in note_days(inputs.earlier_ledgers, day, config)]
-        notes = [f for f in notes if f is not None and len(f)]
+        notes = self._tables({d: ("rollouts", d) for d in note_days(inputs.earlier_ledgers, day, config)})
+        notes = [f for f in notes.values() if f is not None and len(f)]
         inputs.note_rollouts = pd.concat(notes, ignore_index=True) if notes else None
         inputs.versions = {d: v for d in days if (v := self.checkpoints.version_of(d)) is not None}
 
-    def _table(self, table: str, day: str) -> pd.DataFrame | None:
-        return self.warehouse.read(table, day) if self.warehouse.exists(table, day) else None
-
-    def universe(self) -> set[str] | None:
-        """The symbols the market data knows (None: no market data): a call on another is no call."""
-        return self.market_data.universe() if self.market_data is not None else None
+    def _tables(self, wanted: dict) -> dict:
+        """name -> (table, partition) read as name -> its rows; None where the partition is absent (or None)."""
+        wh = self.warehouse
+        return {name: wh.read(t, p) if p is not None and wh.exists(t, p) else None for name, (t, p) in wanted.items()}
 
     def stage(self, policy, d: Day, info: dict, update) -> StagedCheckpoint:
         """Checkpoint D staged beside the dated folders (its version is known, nothing published): the

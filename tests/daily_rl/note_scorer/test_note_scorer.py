@@ -301,14 +301,14 @@ def test_a_new_rank_starts_afresh_in_the_asset(scorer_world):
 
 
 def test_scorer_reward_signal_is_off_by_default_and_sparse(scorer_world):
-    from outcome_flywheel.daily_rl.day_store import DayStore
+    from outcome_flywheel.daily_rl.note_scorer.features import FEATURES_TABLE
     from outcome_flywheel.daily_rl.note_scorer.signal import scorer_signals
 
     root, _, _ = scorer_world
-    store = DayStore(Warehouse(data_dir=str(root)))
-    signals = scorer_signals(*store._scorer(D2))  # as the day reads it: the state after D2 and D2's features
+    state = ScorerStore(root).load(ScorerStore(root).day_file(D2))  # as the day reads them: the state after D2
+    signals = scorer_signals(state, Warehouse(data_dir=str(root)).read(FEATURES_TABLE, D2))  # and D2's features
     assert len(signals) == 6 and all(0 < v < 1 for v in signals.values())
-    assert store._scorer("2025-11-06") == (None, None) and scorer_signals(None, None) == {}
+    assert scorer_signals(None, None) == {} and scorer_signals(state, None) == {}
     default = RewardConfig()
     assert "scorer" not in default.weights  # off unless weighted
     weighted = RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5, "scorer": 0.5})
