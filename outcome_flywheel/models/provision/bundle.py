@@ -65,7 +65,10 @@ def find(name: str, fingerprint: str, root: Path = BUNDLED) -> tuple[Path | None
     if match is None:
         held = ", ".join(f"{p.name}: {read_build_info(p).get('fingerprint')}" for p in slots) or "none"
         return None, f"no bundled {name} has fingerprint {fingerprint} (bundled: {held})"
-    problem = verify(match)
+    try:
+        problem = verify(match)
+    except Exception as err:  # a truncated safetensors file, a manifest that is not JSON
+        problem = f"{match} does not read: {type(err).__name__}: {err}"
     return (None, f"the bundled {match.name} is refused: {problem}") if problem else (match, "")
 
 
