@@ -136,19 +136,31 @@ def _group(leader: psutil.Process) -> list[psutil.Process]:
     return list(members.values())
 
 
-def stop(home: Path, name: str, grace_s: float = 30.0) -> str:
-    """TERM the recorded process, wait, then its group; KILL what is left. Returns what happened."""
-    record = read_record(home, name)
-    if record is None:
-        return f"{name}: no pid file"
-    leader = record.process()
-    if leader is None:
-        remove_record(home, name)
-        return f"{name}: pid {record.pid} was not running (stale pid file removed)"
-    members = _group(leader)
-    leader.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs([leader], timeout=grace_s)
-    rest = [p for p in members + alive if p.is_running()]
+def orphans(record: ProcessRecord) -> list[psutil.Process]:
+    """What is left of the process group of a recorded process that is gone (killed: the MLflow server's
+    workers, the code server's run workers). Its pid is not handed out again while its group has members, so
+    those are the ones it started; a live process with its pid (itself, or its pid reused) leaves none."""
+    try:
+        if psutil.Process(record.pid).status() != psutil.STATUS_ZOMBIE:
+            return []
+    except psutil.NoSuchProcess:
+        pass
+    found = []
+    for process in psutil.process_iter(["create_time"]):
+        try:
+            if (
+                process.pid != record.pid
+                and os.getpgid(process.pid) == record.pid
+                and process.info["create_time"] >= record.create_time
+            ):
+                found.append(process)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return found
+
+
+def _end(rest: list[psutil.Process]) -> list[psutil.Process]:
+    """TERM `rest`, KILL what is left after 10 s; returns those killed."""
     for process in rest:
         try:
             process.terminate()
@@ -161,6 +173,27 @@ def stop(home: Path, name: str, grace_s: float = 30.0) -> str:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=10)
+    return alive
+
+
+def stop(home: Path, name: str, grace_s: float = 30.0) -> str:
+    """TERM the recorded process, wait, then its group; KILL what is left. Returns what happened. A recorded
+    process that is gone: what is left of its group (`orphans`) is stopped the same way."""
+    record = read_record(home, name)
+    if record is None:
+        return f"{name}: no pid file"
+    leader = record.process()
+    if leader is None:
+        left = orphans(record)
+        killed = _end(left) if left else []
+        remove_record(home, name)
+        more = f"; stopped {len(left)} process(es) it had started" if left else ""
+        more += f", {len(killed)} killed after the grace period" if killed else ""
+        return f"{name}: pid {record.pid} was not running (stale pid file removed){more}"
+    members = _group(leader)
+    leader.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs([leader], timeout=grace_s)
+    alive = _end([p for p in members + alive if p.is_running()])
     remove_record(home, name)
     killed = f", {len(alive)} killed after the grace period" if alive else ""
     return f"{name}: stopped pid {record.pid} ({' '.join(record.cmdline[:3])}) and {len(members)} process(es) it started{killed}"

@@ -260,6 +260,8 @@ def up(
     check_running(d)
     validate_environment()
     started_at = time.monotonic()
+    if processes.read_record(d.home, mlflow_server.NAME) and not processes.running(d.home, mlflow_server.NAME):
+        processes.stop(d.home, mlflow_server.NAME)  # a killed server: its workers still hold the port
     for name, port in (
         (mlflow_server.NAME, d.mlflow_port),
         ("code_server", d.code_server_port),

@@ -481,6 +481,33 @@ def test_days_under_the_daemon_are_recorded_on_the_mlflow_server(prod):
     assert champion.tags["checkpoint"] == DAYS[1]  # what `latest` points to
 
 
+def test_a_killed_mlflow_server_is_started_again_by_make_up_with_its_record(prod):
+    """kill -9 of the MLflow server: its uvicorn workers outlive it holding its port; `make up` stops them
+    (they are of its process group), starts the server again, leaves the other pieces as they are, and the
+    days recorded before are still there (PostgreSQL)."""
+    home, url = prod["home"], prod["mlflow"]
+    old = processes.running(home, "mlflow")
+    workers = old.process().children(recursive=True)
+    pids = {name: processes.running(home, name).pid for name in PIECES if name != "mlflow"}
+    os.kill(old.pid, signal.SIGKILL)
+    deadline = time.time() + 30
+    while processes.running(home, "mlflow") is not None:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    assert workers and any(w.is_running() for w in workers)
+    again = run_script("deploy.up", prod["args"], prod["env"], timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert re.search(r"mlflow +pid \d+ +started", again.stdout) and again.stdout.count("already running") == len(pids)
+    assert processes.running(home, "mlflow").pid != old.pid
+    assert {name: processes.running(home, name).pid for name in pids} == pids
+    assert not [w for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+    assert urllib.request.urlopen(f"{url}/health", timeout=10).read() == b"OK"
+    client = MlflowClient(tracking_uri=url)
+    experiment = client.get_experiment_by_name("outcome-flywheel/daily_rl")
+    found = client.search_runs([experiment.experiment_id], "tags.asset_key = 'policy_checkpoint'")
+    assert {r.data.tags["partition"] for r in found} == set(DAYS)
+
+
 def test_v1_refusals_of_the_running_service_are_openai_shaped(prod):
     """Issue 47, item 9: POST /v1 with the token, a foreign Host, an unexpected error under /v1."""
     adapters = prod["root"] / "adapters" / "preference"

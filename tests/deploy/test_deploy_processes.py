@@ -1,0 +1,60 @@
+"""A recorded piece killed with kill -9 leaves what it started running (the MLflow server's uvicorn workers, which
+hold its port; the code server's run workers): `make down` (deploy.processes.stop) stops what is left of its
+process group, and nothing else. Real processes: a shell recorded as `make up` records a piece, its child a sleep."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import psutil
+
+from deploy import processes
+
+
+def _wait_gone(pid: int, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_down_stops_what_a_killed_piece_left_running_and_nothing_else(tmp_path):
+    home = tmp_path / "home"
+    record = processes.start(home, "mlflow", ["sh", "-c", "sleep 600 & wait"], dict(os.environ), tmp_path)
+    deadline = time.monotonic() + 10
+    while not (children := record.process().children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (worker,) = children
+    bystander = subprocess.Popen(["sleep", "600"])  # another process, not of the piece's group
+    try:
+        os.kill(record.pid, signal.SIGKILL)
+        assert _wait_gone(record.pid) and worker.is_running()  # the worker outlives it
+        assert processes.running(home, "mlflow") is None
+        assert [p.pid for p in processes.orphans(record)] == [worker.pid]
+        line = processes.stop(home, "mlflow")
+        assert line == (
+            f"mlflow: pid {record.pid} was not running (stale pid file removed); stopped 1 process(es) it had started"
+        )
+        assert _wait_gone(worker.pid) and bystander.poll() is None
+        assert processes.read_record(home, "mlflow") is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+        if worker.is_running():
+            worker.kill()
+
+
+def test_a_live_piece_has_no_orphans(tmp_path):
+    record = processes.start(tmp_path / "home", "daemon", ["sleep", "600"], dict(os.environ), tmp_path)
+    try:
+        assert processes.orphans(record) == []  # alive: its group is stopped with it, not as orphans
+    finally:
+        processes.stop(tmp_path / "home", "daemon", grace_s=5)
