@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = PROJECT_ROOT / "sample_data"
 
-# name -> default; the README's configuration table lists the same (and what each means).
+# name -> default, the one place each default lives; docs/settings.md lists the same (and what each means).
 DEFAULTS: dict[str, str] = {
     "FLYWHEEL_DATA_DIR": "./data",
     "FLYWHEEL_BASE_MODEL": "tiny-local",
@@ -51,6 +51,7 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_WEBSERVER_PORT": "3030",
     "FLYWHEEL_DAILY_SCHEDULE": "auto",
     "FLYWHEEL_TRAIN_RECOMPUTE": "auto",
+    "FLYWHEEL_ROLLOUTS_PER_HEADLINE": "8",
 }
 
 

@@ -13,11 +13,10 @@ from outcome_flywheel.daily_rl.reward.matured import MaturedConfig
 from outcome_flywheel.daily_rl.reward.signals import SIGNAL_SPANS, PriceReward, RewardConfig
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.train.gspo_config import GSPOConfig
-from outcome_flywheel.settings import env
+from outcome_flywheel.settings import DEFAULTS, env
 
 MATURED_FIELDS = {f.name: f for f in fields(MaturedConfig)}
 TINY_LOCAL_MAX_NEW_TOKENS = 160  # tiny-local's notes end within ~80 tokens
-DEFAULT_ROLLOUTS_PER_HEADLINE = 8
 DEFAULT_MAX_NEW_TOKENS = 512
 
 
@@ -38,7 +37,7 @@ class DailyUpdateSettings:
         default=None,
         metadata={
             "help": (
-                f"Notes sampled per headline; None = FLYWHEEL_ROLLOUTS_PER_HEADLINE, else {DEFAULT_ROLLOUTS_PER_HEADLINE}."
+                f"Notes sampled per headline; None = FLYWHEEL_ROLLOUTS_PER_HEADLINE (default {DEFAULTS['FLYWHEEL_ROLLOUTS_PER_HEADLINE']})."
             )
         },
     )
@@ -100,7 +99,7 @@ class DailyUpdateSettings:
 
     def sizes(self, models: ModelLoader) -> tuple[int, int]:
         """(rollouts per headline, max new tokens) after the environment and the model's defaults."""
-        n = self.rollouts_per_headline or int(env("FLYWHEEL_ROLLOUTS_PER_HEADLINE", str(DEFAULT_ROLLOUTS_PER_HEADLINE)))
+        n = self.rollouts_per_headline or int(env("FLYWHEEL_ROLLOUTS_PER_HEADLINE"))
         default_tokens = str(TINY_LOCAL_MAX_NEW_TOKENS if models.is_tiny_local else DEFAULT_MAX_NEW_TOKENS)
         return n, self.max_new_tokens or int(env("FLYWHEEL_MAX_NEW_TOKENS", default_tokens))
 
