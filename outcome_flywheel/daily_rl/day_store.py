@@ -206,11 +206,13 @@ class DayStore:
         return staged
 
     def write(self, d: Day, tables: DayTables, staged: StagedCheckpoint) -> dict:
-        """The day's tables, then its checkpoint published (not yet verified); the checkpoint's info."""
-        for name, frame in vars(tables).items():
-            self.warehouse.write(name, frame, partition=d.day)
+        """Checkpoint D published (not yet verified), then the day's tables; the checkpoint's info. The publish
+        goes first because it is fenced (`fencing.publishing`): a training that lost the trainer lock
+        meanwhile is refused there, before it writes any of the day's rows."""
         info = self.checkpoints.publish(staged)
         self._staged.remove(staged)
+        for name, frame in vars(tables).items():
+            self.warehouse.write(name, frame, partition=d.day)
         return info
 
     def load_checkpoint(self, models, day: str, dtype: str | None = None):
