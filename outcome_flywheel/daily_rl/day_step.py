@@ -12,11 +12,12 @@ rejected the update). `latest` moves only once the day's blocking checks passed
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 from outcome_flywheel.daily_rl.day import run_daily_update
-from outcome_flywheel.daily_rl.day_record import record_day
+from outcome_flywheel.daily_rl.day_record import LOOP, record_day
 from outcome_flywheel.daily_rl.day_result import (
     checkpoint_metadata,
     evolver_metadata,
@@ -27,6 +28,7 @@ from outcome_flywheel.daily_rl.day_result import (
 from outcome_flywheel.daily_rl.day_settings import DailyUpdateSettings
 from outcome_flywheel.daily_rl.day_store import DayStore
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+from outcome_flywheel.daily_rl.partitions import DailyUpdateError
 from outcome_flywheel.daily_rl.policy.verify import DAILY_UPDATE_CHECKS, UPDATE_ACCEPTED_BY_GATE, gate_check
 from outcome_flywheel.market_data import MarketData
 from outcome_flywheel.models.loader import ModelLoader
@@ -57,8 +59,19 @@ def run(pipes) -> None:
         f"daily_update {day}: {models.base_model} on {models.backend}/{models.device}, process {os.getpid()}"
     )
     started = time.perf_counter()
-    with DayStore(warehouse, market_data) as store:
-        result = run_daily_update(store, models, judge, day, settings, extras.get("follow_ups"))
+    # the MLflow run and the registry's mirror (outcome_flywheel/tracking/): a failed record is a warning
+    tracker = from_payload(Tracker, extras["tracking"]) if extras.get("tracking") else None
+    try:
+        with DayStore(warehouse, market_data) as store:
+            result = run_daily_update(store, models, judge, day, settings, extras.get("follow_ups"))
+    except DailyUpdateError:
+        raise  # refused before anything ran or was written: not a failed training
+    except BaseException as err:  # a day that failed on its way: a FAILED MLflow run with the error, then re-raised
+        if tracker is not None:
+            tags = {"partition": day, "dagster_run_id": pipes.run_id, "asset_key": "policy_checkpoint"}
+            params = {"settings": dataclasses.asdict(settings), "models": models.base_model}
+            tracker.record_failure(LOOP, f"daily_update {day}", tags, err, pipes.log.warning, params)
+        raise
     entry = current()
     if entry is not None:  # the audit row: what the day trained from (a distilled parent: its notes were off-policy)
         entry.inputs.update(
@@ -73,8 +86,6 @@ def run(pipes) -> None:
     pipes.report_asset_materialization(
         asset_key="rollout_scores", metadata=scores_metadata(result, judge, models, settings)
     )
-    # the MLflow run and the registry's mirror (outcome_flywheel/tracking/): a failed record is a warning
-    tracker = from_payload(Tracker, extras["tracking"]) if extras.get("tracking") else None
     on_record = record_day(tracker, result, settings, models, judge, pipes.run_id, pipes.log.warning) if tracker else {}
     pipes.report_asset_materialization(
         asset_key="policy_checkpoint", metadata={**checkpoint_metadata(result), **record_metadata(on_record)}

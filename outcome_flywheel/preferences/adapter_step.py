@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import uuid
+from contextlib import nullcontext
 
 import pandas as pd
 
@@ -64,12 +65,16 @@ def run(pipes) -> None:
     root = warehouse.path(*ADAPTERS_DIR)
     final = root / run_id
     staging = root / f".staging-{run_id}-{uuid.uuid4().hex[:6]}"
+    tracker = from_payload(Tracker, extras["tracking"]) if extras.get("tracking") else None
     try:
         backend = models.load()
         # The trainer seeds, then adds the LoRA adapter, so a re-run gives the same adapter; the pool
         # is backed up first and restored if the training fails (if this process is killed, by the
-        # asset once it has ended: `restore_pool`).
-        with pool_backup(warehouse, "dpo_dataset", run_id, log=pipes.log.warning):
+        # asset once it has ended: `restore_pool`). A training that raises is a FAILED MLflow run.
+        with (
+            pool_backup(warehouse, "dpo_dataset", run_id, log=pipes.log.warning),
+            failures_recorded(tracker, pipes, run_id, cfg, models),
+        ):
             stats = train_weighted_dpo(backend, pairs, cfg)
         staging.mkdir(parents=True)
         backend.save(staging)
@@ -107,7 +112,6 @@ def run(pipes) -> None:
             }
         }
     )
-    tracker = from_payload(Tracker, extras["tracking"]) if extras.get("tracking") else None
     on_record = record_adapter(tracker, pipes, run_id, cfg, models, stats, final, len(pairs)) if tracker else {}
     acc = [float(x) for x in stats.extra.get("rewards_accuracy", [])]
     last_epoch = max(1, len(losses) // cfg.epochs)
@@ -145,17 +149,30 @@ def run(pipes) -> None:
     pipes.report_asset_check(check_name="loss_is_finite", passed=finite, metadata={"loss_last": losses[-1]})
 
 
-def record_adapter(tracker: Tracker, pipes, run_id: str, cfg, models, stats, final, n_pairs: int) -> dict:
-    """The training's MLflow run (experiment `outcome-flywheel/preferences`: the DPO config, per-step loss,
-    grad norm and the trainer's per-step figures) and the adapter as a version of `preference-adapter`
-    (by reference to its folder; `champion` = `latest` = this adapter, `challenger` too). Never raises."""
-    tags = {
+def adapter_tags(pipes, run_id: str, models) -> dict:
+    return {
         "partition": pipes.partition_key if pipes.is_partition_step else "",
         "dagster_run_id": pipes.run_id,
         "asset_key": "preference_adapter",
         "adapter_run": run_id,
         "base_model": models.base_model,
     }
+
+
+def failures_recorded(tracker: Tracker | None, pipes, run_id: str, cfg, models):
+    """Around the training: an exception is recorded as a FAILED run (its error as tags), then propagates."""
+    if tracker is None:
+        return nullcontext()
+    params = {"dpo": cfg.as_dict(), "models": {"base_model": models.base_model, "backend": models.backend}}
+    tags = adapter_tags(pipes, run_id, models)
+    return tracker.failures("preferences", f"preference_adapter {run_id}", tags, pipes.log.warning, params)
+
+
+def record_adapter(tracker: Tracker, pipes, run_id: str, cfg, models, stats, final, n_pairs: int) -> dict:
+    """The training's MLflow run (experiment `outcome-flywheel/preferences`: the DPO config, per-step loss,
+    grad norm and the trainer's per-step figures) and the adapter as a version of `preference-adapter`
+    (by reference to its folder; `champion` = `latest` = this adapter, `challenger` too). Never raises."""
+    tags = adapter_tags(pipes, run_id, models)
     run = tracker.start("preferences", f"preference_adapter {run_id}", tags, pipes.log.warning)
     with run:
         try:

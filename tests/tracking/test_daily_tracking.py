@@ -185,3 +185,35 @@ def test_a_dead_tracking_server_fails_no_day(tmp_path, tiny_model_dir, monkeypat
     assert "mlflow_run_url" not in meta and float(meta["mlflow_seconds"]) < 30
     assert os.readlink(root / "checkpoints" / "policy" / "latest") == DAYS[0]
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ  # the limits held for the tracker's calls only
+
+
+def test_a_day_whose_training_raises_is_a_failed_run_with_its_error(tmp_path, tiny_model_dir, monkeypatch):
+    """The day's training raises on its way (here: GSPO's trainer): the day fails with that error, `latest` stays
+    on the day before, and the MLflow store holds a FAILED run of that day with the error as tags."""
+    import outcome_flywheel.daily_rl.policy.update as update
+
+    root = linked_data_dir(tmp_path, tiny_model_dir)
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(root))
+    res = daily_resources(root, max_headlines=2, tracking_uri="")
+    for day in DAYS[:2]:
+        dg.materialize([headlines], partition_key=day, resources=res)
+    assert dg.materialize([daily_update], partition_key=DAYS[0], resources=res, run_config=_config(DAYS[0])).success
+
+    def broken(policy, examples, config):
+        raise RuntimeError("the trainer broke mid-way")
+
+    monkeypatch.setattr(update, "train_gspo", broken)
+    failed = dg.materialize(
+        [daily_update], partition_key=DAYS[1], resources=res, run_config=_config(DAYS[1]), raise_on_error=False
+    )
+    assert not failed.success
+    assert os.readlink(root / "checkpoints" / "policy" / "latest") == DAYS[0]
+    assert not list((root / "checkpoints" / "policy").glob(".*.staging"))  # nothing staged is left behind
+    client = _client(root)
+    experiment = client.get_experiment_by_name("outcome-flywheel/daily_rl")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert runs[f"daily_update {DAYS[0]}"].info.status == "FINISHED"
+    run = runs[f"daily_update {DAYS[1]}"]
+    assert run.info.status == "FAILED"
+    assert run.data.tags["error_type"] == "RuntimeError" and "the trainer broke mid-way" in run.data.tags["error"]
+    assert run.data.tags["partition"] == DAYS[1] and run.data.tags["dagster_run_id"] == failed.run_id

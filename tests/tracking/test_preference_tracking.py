@@ -42,3 +42,28 @@ def test_the_adapter_and_its_evaluation_are_runs_and_the_adapter_a_model_version
     adapters = warehouse.path("adapters", "preference")
     assert champion.source == adapters.joinpath("latest").resolve().as_uri()
     assert champion.run_id == trained.info.run_id
+
+
+def test_an_adapter_training_that_raises_is_a_failed_run_and_publishes_nothing(
+    tmp_path, warehouse, model_backend, data_dir, monkeypatch
+):
+    import outcome_flywheel.preferences.adapter_step as adapter_step
+
+    res = preference_pool(tmp_path, warehouse, model_backend, data_dir, StepRunnerResource(runner="in_process"))
+    res["tracking"] = Tracker(data_dir=str(data_dir))
+
+    def broken(backend, pairs, cfg):
+        raise RuntimeError("DPO broke mid-way")
+
+    monkeypatch.setattr(adapter_step, "train_weighted_dpo", broken)
+    cfg = {"ops": {"preference_adapter": {"config": {"epochs": 1, "batch_size": 16}}}}
+    result = dg.materialize([preference_adapter], resources=res, run_config=cfg, raise_on_error=False)
+    assert not result.success
+    assert not warehouse.path("adapters", "preference", "latest").exists()
+    uri = Tracker(data_dir=str(data_dir)).store_uri()
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    experiment = client.get_experiment_by_name("outcome-flywheel/preferences")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["asset_key"] == "preference_adapter"
+    assert run.data.tags["error_type"] == "RuntimeError" and "DPO broke mid-way" in run.data.tags["error"]
+    assert run.data.tags["dagster_run_id"] == result.run_id and run.data.params["dpo.beta"]
