@@ -53,7 +53,7 @@ SETTINGS = {
     "api_port": ("FLYWHEEL_API_PORT", "--api-port"),
     "mlflow_port": ("FLYWHEEL_MLFLOW_PORT", "--mlflow-port"),
 }
-MLFLOW_PORT = 5050
+MLFLOW_PORT = int(DEFAULTS["FLYWHEEL_MLFLOW_PORT"])  # the settings table holds each default once
 
 
 TOKEN = "FLYWHEEL_API_TOKEN"
@@ -204,8 +204,8 @@ def resolve(args: argparse.Namespace) -> Deployment:
         pg_dir=_absolute(given(args.pg_dir, "pg_dir") or data_dir / "postgres"),
         pg_port=port(args.pg_port, "pg_port"),
         code_server_port=port(args.code_server_port, "code_server_port"),
-        webserver_port=port(args.webserver_port, "webserver_port", 3030),
-        api_port=port(args.api_port, "api_port", 8765),
+        webserver_port=port(args.webserver_port, "webserver_port", int(DEFAULTS["FLYWHEEL_WEBSERVER_PORT"])),
+        api_port=port(args.api_port, "api_port", int(DEFAULTS["FLYWHEEL_API_PORT"])),
         mlflow_port=port(args.mlflow_port, "mlflow_port", MLFLOW_PORT),
         applied=applied_settings(os.environ, stored, salt),
     )

@@ -49,6 +49,7 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_TRAINER_LOCK_LEASE_S": "60",
     "FLYWHEEL_PROD_HOME": ".dagster-prod",
     "FLYWHEEL_WEBSERVER_PORT": "3030",
+    "FLYWHEEL_MLFLOW_PORT": "5050",
     "FLYWHEEL_DAILY_SCHEDULE": "auto",
     "FLYWHEEL_TRAIN_RECOMPUTE": "auto",
     "FLYWHEEL_ROLLOUTS_PER_HEADLINE": "8",
@@ -290,6 +291,7 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_PG_PORT": integer(1, 65535),
     "FLYWHEEL_CODE_SERVER_PORT": integer(1, 65535),
     "FLYWHEEL_WEBSERVER_PORT": integer(1, 65535),
+    "FLYWHEEL_MLFLOW_PORT": integer(1, 65535),
     "FLYWHEEL_DAILY_SCHEDULE": one_of("auto", "on", "off"),
     "FLYWHEEL_PREFERENCE_CONTEXT": Rule(
         "comma-separated decision-context keys (letters, digits, _), `note` for the proposal's note, `*` for all, e.g. regime,note",
