@@ -238,18 +238,39 @@ def main() -> None:
     print(_rates(null, ["metric", "days"])["rate"].unstack("days").round(3).to_string())
     print("\nBy source and horizon:")
     print(_rates(null, ["metric", "source", "horizon"])["rate"].unstack(["source", "horizon"]).round(3).to_string())
+    overall = _rates(null, ["metric"])
+    # the last line: each metric's false-label rate under the null (as before), then the tables above
+    result: dict = {m: round(float(overall.loc[m, "rate"]), 4) for m in METRICS if m in overall.index}
+    result["when_labelled"] = _nested(overall["when_labelled"])
+    by_source = _rates(null, ["metric", "source", "horizon"])["rate"]
+    result["by_days"] = _nested(_rates(null, ["metric", "days"])["rate"])
+    result["by_source_horizon"] = _nested(by_source)
     if args.power_runs:
         pw = power(args.power_runs, args.seed, args.edge)
         found = pw.assign(found=pw["label"].isin({BETTER, EDGE_LABELS[0]}))
-        table = found.groupby(["metric", "source", "horizon"])["found"].mean().unstack(["source", "horizon"])
+        shares = found.groupby(["metric", "source", "horizon"])["found"].mean()
         print(
             f"\nPower: planted edge {args.edge} pp per session, 40 days, {args.power_runs} runs "
             f"({time.perf_counter() - t1:.0f} s): share labelled better"
         )
-        print(table.round(3).to_string())
+        print(shares.unstack(["source", "horizon"]).round(3).to_string())
         print("(5-session books over 40 days are 8 non-overlapping windows: below the 10 an interval needs)")
-    overall = _rates(null, ["metric"])["rate"]
-    finish("ab_calibration", {m: round(float(overall[m]), 4) for m in METRICS if m in overall}, args.record)
+        result["power"] = dict(edge_pp=args.edge, days=40, runs=args.power_runs, share_labelled_better=_nested(shares))
+    finish("ab_calibration", result, args.record)
+
+
+def _nested(series: pd.Series) -> dict:
+    """metric -> rate, or metric -> "level/level" -> rate for a deeper index (JSON keys are strings)."""
+    out: dict = {}
+    for key, value in series.items():
+        if value != value:  # NaN: no run of that cell
+            continue
+        metric, *rest = key if isinstance(key, tuple) else (key,)
+        if rest:
+            out.setdefault(metric, {})["/".join(str(r) for r in rest)] = round(float(value), 4)
+        else:
+            out[metric] = round(float(value), 4)
+    return out
 
 
 if __name__ == "__main__":
