@@ -2,7 +2,7 @@
 log-probs (the trainers' log-prob functions), LoRA and saving. `mlx/backend.py` is its mirror.
 
 The sampler is `sampling.py`; the losses `losses.py`; the loop and what torch lends the shared
-trainers (`models/gspo.py`, `models/dpo.py`) `training.py`.
+trainers (`models/train/gspo.py`, `models/train/dpo.py`) `training.py`.
 """
 
 from __future__ import annotations
@@ -228,15 +228,8 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         """
         if shared_prefix:
             return self.shared_prefix_logprobs(prompt_ids, response_ids, temperature)
-        input_ids, attention = self._right_padded(prompt_ids, response_ids)
-        with self.forward_precision(), attention_kernels(self.device):
-            hidden = (
-                self._causal_lm()
-                .model(input_ids=input_ids, attention_mask=attention, use_cache=False)
-                .last_hidden_state
-            )
-        rows, cols, targets, mask = self._response_layout(prompt_ids, response_ids)
-        flat = token_logprobs(hidden[rows, cols], self._head, targets, temperature, self.vocab_size)
+        hidden, targets, mask = self._response_forward(prompt_ids, response_ids)
+        flat = token_logprobs(hidden, self._head, targets, temperature, self.vocab_size)
         return self._scatter_rows(flat, mask), mask
 
     def shared_prefix_logprobs(
@@ -316,6 +309,14 @@ class TorchBackend(ChatTokenizer, ModelBackend):
     ) -> torch.Tensor:
         """Final hidden states at the positions that predict each response token, `[sum |r|, H]`,
         rows in order (response 0's tokens, then response 1's...)."""
+        return self._response_forward(prompt_ids, response_ids)[0]
+
+    def _response_forward(
+        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The teacher-forced forward over right-padded `prompt + response` rows, for `batch_logprobs`
+        and `response_hidden` alike: the final hidden states that predict each response token
+        (`[sum |r|, H]`, response 0's tokens first), those tokens, and the `[B, R]` mask."""
         input_ids, attention = self._right_padded(prompt_ids, response_ids)
         with self.forward_precision(), attention_kernels(self.device):
             hidden = (
@@ -323,8 +324,8 @@ class TorchBackend(ChatTokenizer, ModelBackend):
                 .model(input_ids=input_ids, attention_mask=attention, use_cache=False)
                 .last_hidden_state
             )
-        rows, cols, _, _ = self._response_layout(prompt_ids, response_ids)
-        return hidden[rows, cols]
+        rows, cols, targets, mask = self._response_layout(prompt_ids, response_ids)
+        return hidden[rows, cols], targets, mask
 
     @torch.no_grad()
     def token_kl(
