@@ -35,7 +35,15 @@ def _slots(root: Path, name: str) -> list[Path]:
     """Bundled folders of the model `name` (their `build_info.json` says so), by slot name."""
     if not root.is_dir():
         return []
-    return [p for p in sorted(root.iterdir()) if (read_build_info(p) or {}).get("name") == name]
+    slots = []
+    for folder in sorted(root.iterdir()):
+        try:
+            info = read_build_info(folder) or {}
+        except ValueError:  # a build_info.json that is not JSON: no slot (`find` then names what is there)
+            continue
+        if info.get("name") == name:
+            slots.append(folder)
+    return slots
 
 
 def verify(folder: Path) -> str | None:

@@ -78,7 +78,9 @@ def test_tampered_weights_are_refused_and_the_model_built(tmp_path, quick_bundle
     assert weights_sha256(tmp_path / "out") == info["weights_sha256"]
 
 
-@pytest.mark.parametrize("damage", ["tokenizer", "missing_file", "extra_file", "no_manifest", "truncated_weights"])
+@pytest.mark.parametrize(
+    "damage", ["tokenizer", "missing_file", "extra_file", "no_manifest", "truncated_weights", "build_info"]
+)
 def test_a_bundle_with_damaged_files_is_refused(tmp_path, quick_bundle, damage):
     _, root = quick_bundle
     shutil.copytree(root, tmp_path / "bundled")
@@ -92,10 +94,12 @@ def test_a_bundle_with_damaged_files_is_refused(tmp_path, quick_bundle, damage):
     elif damage == "truncated_weights":
         weights = folder / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[:1000])
+    elif damage == "build_info":
+        (folder / "build_info.json").write_text("{ not json")
     else:
         (folder / bundle.MANIFEST).unlink()
     found, why = bundle.find(NAME, QUICK.fingerprint(), tmp_path / "bundled")
-    assert found is None and "refused" in why
+    assert found is None and ("no bundled" if damage == "build_info" else "refused") in why
 
 
 def test_another_config_finds_no_bundle_and_builds(tmp_path, quick_bundle, monkeypatch):
