@@ -19,15 +19,20 @@ import time
 
 import dagster as dg
 
+from outcome_flywheel.daily_rl.distillation.train import tier_summary as distillation_summary
+from outcome_flywheel.daily_rl.note_scorer.model import tier_summary as note_scorer_summary
+from outcome_flywheel.daily_rl.report.summary import prompt_evolver_summary
+from outcome_flywheel.models.serve.serving import tier_summary as serving_summary
 from outcome_flywheel.settings import env, resolve_path
 from pipelines.launch import IN_PROCESS, run_job
 from scripts import QUIET_CONSOLE
 
+# each tier's one-line summary of its state, by name
 TIERS = (
-    ("note_scorer", "outcome_flywheel.daily_rl.note_scorer.model"),
-    ("prompt_evolver", "outcome_flywheel.daily_rl.policy.prompt_evolver"),
-    ("distillation", "outcome_flywheel.daily_rl.distillation.train"),
-    ("serving", "outcome_flywheel.models.serve.serving"),
+    ("note_scorer", note_scorer_summary),
+    ("prompt_evolver", prompt_evolver_summary),
+    ("distillation", distillation_summary),
+    ("serving", serving_summary),
 )
 
 
@@ -93,9 +98,7 @@ def main() -> None:
         print(f"{name} finished in {time.perf_counter() - started:.0f} s", flush=True)
 
     # The learners beside the daily update (docs/tiers.md) and the served policy (docs/serving.md), one line each.
-    summary["tiers"] = {
-        name: importlib.import_module(module).tier_summary(summary["data_dir"]) for name, module in TIERS
-    }
+    summary["tiers"] = {name: tier_summary(summary["data_dir"]) for name, tier_summary in TIERS}
 
     print("\n== summary ==")
     print(json.dumps(summary, indent=2, default=str))

@@ -366,30 +366,3 @@ def prompt_writer(models, judge) -> LLMWriter | None:
     if models.is_tiny_local and not judge.judge_model:
         return None
     return LLMWriter(judge.load(models), judge.describe(models))
-
-
-def tier_summary(data_dir) -> str:
-    """One line on the prompt evolver's latest state for the demo's summary."""
-    from outcome_flywheel.settings import env
-    from outcome_flywheel.storage import Warehouse
-
-    warehouse = Warehouse(
-        data_dir=str(data_dir),
-        warehouse_url=env("FLYWHEEL_WAREHOUSE_URL", ""),
-        s3_endpoint=env("FLYWHEEL_S3_ENDPOINT", ""),
-    )
-    days = warehouse.partitions("prompt_evolver")
-    if not days:
-        return "prompt evolver: no state yet (materialise daily_update)"
-    v = warehouse.read("prompt_evolver", days[-1])
-    live, written = v[v["status"] == LIVE], v[v["version"] != BASE_PROMPT_VERSION]
-    parts = []
-    for r in v[v["pulls"] > 0].sort_values("reward_mean", ascending=False).head(3).itertuples():
-        ci = f" [{r.ci_low:.3f}, {r.ci_high:.3f}]" if not pd.isna(r.ci_low) else ""
-        parts.append(f"{r.version} {r.reward_mean:.3f}{ci} ({r.pulls} pulls)")
-    best = v.loc[v["is_best"], "version"].iloc[0] if v["is_best"].any() else BASE_PROMPT_VERSION
-    return (
-        f"prompt evolver ({days[-1]}): {int(v['pulls'].sum())} trials, {len(written)} candidates "
-        f"({int((written['status'] != REJECTED).sum())} adopted, {int((written['status'] == REJECTED).sum())} rejected), "
-        f"{len(live)} live, best {best}; " + ("; ".join(parts) or "no scored trials yet")
-    )

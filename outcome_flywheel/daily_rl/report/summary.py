@@ -8,6 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from outcome_flywheel.daily_rl.policy import prompt_evolver as evolver
+from outcome_flywheel.models.prompts import BASE_PROMPT_VERSION
+
 # The `daily_report` table's stored columns, in order: column -> (type, description) as the Dagster catalog
 # shows them (assets/catalog.py reads them from here).
 SUMMARY_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
@@ -142,3 +145,31 @@ def prices_note(source: str, prices_file: str | None, bundled: str | None) -> st
     if path is not None and path.with_name(path.name + ".world.json").exists():
         return f"Prices: a SYNTHETIC world, `{path.name}` (its rule and planted moves: `{path.name}.world.json`); no row is a real price."
     return f"Prices: file `{path.name if path else prices_file}`."
+
+
+def prompt_evolver_summary(data_dir) -> str:
+    """One line on the prompt evolver's latest state for the demo's summary (read here, beside the loop's other
+    summaries: the evolver itself reads and writes nothing)."""
+    from outcome_flywheel.settings import env
+    from outcome_flywheel.storage import Warehouse
+
+    warehouse = Warehouse(
+        data_dir=str(data_dir),
+        warehouse_url=env("FLYWHEEL_WAREHOUSE_URL", ""),
+        s3_endpoint=env("FLYWHEEL_S3_ENDPOINT", ""),
+    )
+    days = warehouse.partitions("prompt_evolver")
+    if not days:
+        return "prompt evolver: no state yet (materialise daily_update)"
+    v = warehouse.read("prompt_evolver", days[-1])
+    live, written = v[v["status"] == evolver.LIVE], v[v["version"] != BASE_PROMPT_VERSION]
+    parts = []
+    for r in v[v["pulls"] > 0].sort_values("reward_mean", ascending=False).head(3).itertuples():
+        ci = f" [{r.ci_low:.3f}, {r.ci_high:.3f}]" if not pd.isna(r.ci_low) else ""
+        parts.append(f"{r.version} {r.reward_mean:.3f}{ci} ({r.pulls} pulls)")
+    best = v.loc[v["is_best"], "version"].iloc[0] if v["is_best"].any() else BASE_PROMPT_VERSION
+    return (
+        f"prompt evolver ({days[-1]}): {int(v['pulls'].sum())} trials, {len(written)} candidates "
+        f"({int((written['status'] != evolver.REJECTED).sum())} adopted, {int((written['status'] == evolver.REJECTED).sum())} rejected), "
+        f"{len(live)} live, best {best}; " + ("; ".join(parts) or "no scored trials yet")
+    )

@@ -12,7 +12,7 @@ import pytest
 from assets.daily_rl.baseline import baseline_rollouts
 from assets.daily_rl.daily_update import daily_update
 from assets.daily_rl.headlines import headlines
-from outcome_flywheel.daily_rl.policy.prompt_evolver import EvolverConfig, PromptEvolver, interval, tier_summary
+from outcome_flywheel.daily_rl.policy.prompt_evolver import EvolverConfig, PromptEvolver, interval
 from outcome_flywheel.daily_rl.policy.prompt_tables import variant_table
 from outcome_flywheel.daily_rl.policy.prompt_variants import (
     BASE_SPEC,
@@ -22,6 +22,7 @@ from outcome_flywheel.daily_rl.policy.prompt_variants import (
     acceptable_rewrite,
     mutate,
 )
+from outcome_flywheel.daily_rl.report.summary import prompt_evolver_summary
 from outcome_flywheel.daily_rl.reward.examples import training_examples
 from outcome_flywheel.models.prompts import NOTE_SECTIONS, SYSTEM_PROMPT, trading_note_messages
 from tests.daily_fixtures import daily_resources, linked_data_dir
@@ -227,7 +228,7 @@ def test_a_variant_is_written_tested_and_sampled(evolved):
     assert {json.loads(p)[0]["content"] for p in baseline["prompt"]} == {SYSTEM_PROMPT} and set(
         baseline["prompt_version"]
     ) == {"base"}
-    assert "prompt evolver (2025-11-04): 3 trials, 1 candidates" in tier_summary(root)
+    assert "prompt evolver (2025-11-04): 3 trials, 1 candidates" in prompt_evolver_summary(root)
 
 
 def test_gspo_trains_on_the_prompt_the_note_was_sampled_under(evolved, tmp_path_factory):
