@@ -1,7 +1,7 @@
 """The step runner: where the heavy steps (GSPO training and rollout generation in `daily_update`,
 weighted DPO in `preference_adapter`) run. A resource choice, not a code change (docs/pipes.md):
 
-- `subprocess` (default): `python -m outcome_flywheel.steps.<step>` on this machine, in its own
+- `subprocess` (default): `python -m <the step's module>` (its `Step`) on this machine, in its own
   process, through Dagster Pipes; a crash or a kill (out of memory) fails the step with its exit
   status and the tail of its stderr.
 - `in_process`: the same step code over the same Pipes protocol inside the run's process (debugging;

@@ -33,7 +33,7 @@ REWARD_SIGNALS = {
     "structure": "fraction of the six required sections the note has",
     "judge_rank": "the judge's rank of the note in its group, as r_k = 1 - (k-1)/(N-1)",
     "human": "people's thumbs / stars on the note (feedback.records.human_signal), only where it has feedback",
-    "relevance": "1 if the call is on a company the headline names, else 0 (daily_rl.relevance); only where it names one",
+    "relevance": "1 if the call is on a company the headline names, else 0 (daily_rl.notes.relevance); only where it names one",
     "price": "the matured call's vs_spy_pct net of costs through PriceReward's logistic; trained when it matures",
     "scorer": "the online note scorer's sigmoid(score) of the note, its state as of the note's day (daily_rl.note_scorer); "
     "off unless weighted, only where that state and the note's features exist",

@@ -271,7 +271,7 @@ def write_synthetic_archive(
     manifest = dict(
         synthetic=True,
         note="SYNTHETIC headlines: fictional events written from the bundled archive's event templates; no "
-        "headline is news. Written by `flywheel make-world --synthetic-days` (world_feeds.py).",
+        "headline is news. Written by `flywheel make-world --synthetic-days` (worlds/synthetic_feeds.py).",
         seed=seed,
         days=days,
         headlines_per_day=per_day,

@@ -1,4 +1,4 @@
-"""The delayed price step as plain functions (daily_rl/matured.py, rewards.PriceReward, the ledger)."""
+"""The delayed price step as plain functions (daily_rl/reward/matured.py, reward/signals.PriceReward, the ledger)."""
 
 import json
 import math
