@@ -128,13 +128,13 @@ def score_notes(d: Day, inputs: DayInputs, models: ModelLoader, judge: Judge, se
         settings.reward,
         inputs.universe,
         human_signals(inputs.human),
-        scorer if float(settings.reward.weights.get("scorer", 0.0)) else None,
+        scorer if settings.reward.weighs("scorer") else None,
     )
 
 
 def matured_notes(d: Day, inputs: DayInputs, market_data, settings, temperature: float, tokenizer) -> MaturedBatch:
     """The delayed step (`reward/matured.py`), when the price signal is weighted and there is market data."""
-    if market_data is None or float(settings.reward.weights.get("price", 0.0)) == 0.0:
+    if market_data is None or not settings.reward.weighs("price"):
         return MaturedBatch()
     return collect_matured(
         inputs.earlier_ledgers,

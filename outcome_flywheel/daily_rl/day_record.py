@@ -119,6 +119,16 @@ def mirror_policy(run: TrackedRun, root: Path, name: str, verdict: str, reason: 
     return registry.mirror(run, POLICY_MODEL, versions, latest_version(root), challenger, MODEL_DESCRIPTION)
 
 
+def day_tags(day: str, dagster_run_id: str) -> dict[str, str]:
+    """The tags every run of a day carries, recorded or failed: where it came from in Dagster."""
+    return {
+        "partition": day,
+        "dagster_run_id": dagster_run_id,
+        "asset_key": "policy_checkpoint",
+        "dagster_asset": "daily_update",
+    }
+
+
 def record_day(
     tracker: Tracker,
     result: "DailyUpdateResult",
@@ -132,10 +142,7 @@ def record_day(
     (or why the record failed). Never raises."""
     info = result.checkpoint
     tags = {
-        "partition": result.day,
-        "dagster_run_id": dagster_run_id,
-        "asset_key": "policy_checkpoint",
-        "dagster_asset": "daily_update",
+        **day_tags(result.day, dagster_run_id),
         "policy_version": info.get("policy_version"),
         "parent": info.get("parent_version") or "",
         "parent_checkpoint": info.get("parent_checkpoint") or "",

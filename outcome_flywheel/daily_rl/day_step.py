@@ -17,7 +17,7 @@ import os
 import time
 
 from outcome_flywheel.daily_rl.day import run_daily_update
-from outcome_flywheel.daily_rl.day_record import LOOP, record_day
+from outcome_flywheel.daily_rl.day_record import LOOP, day_tags, record_day
 from outcome_flywheel.daily_rl.day_result import (
     checkpoint_metadata,
     evolver_metadata,
@@ -68,9 +68,10 @@ def run(pipes) -> None:
         raise  # refused before anything ran or was written: not a failed training
     except BaseException as err:  # a day that failed on its way: a FAILED MLflow run with the error, then re-raised
         if tracker is not None:
-            tags = {"partition": day, "dagster_run_id": pipes.run_id, "asset_key": "policy_checkpoint"}
             params = {"settings": dataclasses.asdict(settings), "models": models.base_model}
-            tracker.record_failure(LOOP, f"daily_update {day}", tags, err, pipes.log.warning, params)
+            tracker.record_failure(
+                LOOP, f"daily_update {day}", day_tags(day, pipes.run_id), err, pipes.log.warning, params
+            )
         raise
     entry = current()
     if entry is not None:  # the audit row: what the day trained from (a distilled parent: its notes were off-policy)

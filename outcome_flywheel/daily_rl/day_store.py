@@ -131,7 +131,6 @@ class DayStore:
     def read(self, d: Day, settings: DailyUpdateSettings, follow_ups: list[str] | None = None) -> DayInputs:
         """Every input of the day's stages. `follow_ups`: what happened next in a synthetic world (its own
         follow-ups of D-1's companies), shown to the judge instead of the outcome day's headlines."""
-        weighted = settings.reward.weights
         evolver_day = max((p for p in self.warehouse.partitions("prompt_evolver") if p < d.day), default=None)
         wanted = {
             "prev_rollouts": ("rollouts", d.prediction_day),
@@ -140,7 +139,7 @@ class DayStore:
             "human": ("note_feedback", d.prediction_day),
             "variants": ("prompt_evolver", evolver_day),  # the evolver's state of the newest day before D
             "experiences": ("prompt_experiences", evolver_day),
-            "scorer_features": (FEATURES_TABLE, d.prediction_day if float(weighted.get("scorer", 0.0)) else None),
+            "scorer_features": (FEATURES_TABLE, d.prediction_day if settings.reward.weighs("scorer") else None),
         }
         t = self._tables(wanted)
         prev = t["prev_rollouts"] if t["prev_rollouts"] is not None else pd.DataFrame()
@@ -171,7 +170,7 @@ class DayStore:
             scorers = ScorerStore(resolve_path(self.warehouse.data_dir))
             path = scorers.day_file(d.prediction_day)
             inputs.scorer_state = scorers.load(path) if path.exists() else None
-        if self.market_data is not None and float(weighted.get("price", 0.0)):
+        if self.market_data is not None and settings.reward.weighs("price"):
             self._matured_inputs(d.day, settings, inputs)
         return inputs
 

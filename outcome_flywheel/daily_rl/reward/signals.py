@@ -100,6 +100,10 @@ class RewardConfig:
                 f"reward clip must be finite with clip_min < clip_max, got [{self.clip_min}, {self.clip_max}]"
             )
 
+    def weighs(self, signal: str) -> bool:
+        """Whether `signal` has a non-zero weight (an unweighted signal is neither read nor computed)."""
+        return float(self.weights.get(signal, 0.0)) != 0.0
+
     def part_weights(self) -> dict[str, float]:
         """|weight| of each part: `note` = the note signals' (the dense ones', else the sparse ones'),
         `relevance` and `price` their own."""
