@@ -20,7 +20,7 @@ from assets.daily_rl.outcomes import rollout_outcomes
 from assets.daily_rl.pairs import rollout_pairs
 from assets.daily_rl.policy_eval import policy_eval
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.distillation.train import ready_to_distill
+from outcome_flywheel.daily_rl.distillation.step import ready_to_distill
 from outcome_flywheel.daily_rl.notes.outcomes import pending_days_ready
 from outcome_flywheel.storage import Warehouse
 from resources.daily_rl import FeedsResource, JudgeResource

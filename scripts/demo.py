@@ -19,9 +19,8 @@ import time
 
 import dagster as dg
 
-from outcome_flywheel.daily_rl.distillation.train import tier_summary as distillation_summary
 from outcome_flywheel.daily_rl.note_scorer.model import tier_summary as note_scorer_summary
-from outcome_flywheel.daily_rl.report.summary import prompt_evolver_summary
+from outcome_flywheel.daily_rl.report.summary import distillation_summary, prompt_evolver_summary
 from outcome_flywheel.models.serve.serving import tier_summary as serving_summary
 from outcome_flywheel.settings import env, resolve_path
 from pipelines.launch import IN_PROCESS, run_job

@@ -18,6 +18,8 @@ benchmarks/ and tests/ stand above the four layers and are not checked). The rul
   at the top of daily_rl/ that are not the recipe (partitions.py, ...) stand below every stage and
   import none; only the recipe modules (daily_rl/day*.py) import any stage they run. A stage package
   missing from the list is reported; a listed stage with no package is simply skipped.
+- stage I/O: a daily_rl stage module does not import the Warehouse; the recipe's store and each stage's
+  step module (<stage>/step.py) read and write, the reading stages (READERS: report) read.
 
 tests/test_house.py runs the rules on the project (no problem allowed) and on small made-up projects.
 """
@@ -54,6 +56,10 @@ DAILY_RL_STAGES = (
     "report",
 )
 RECIPE = "day"  # daily_rl/day*.py: the recipe, above every stage
+# The warehouse handle; a stage's module may not import it: the recipe's store (day_store.py) and each
+# stage's step module read at the start and write at the end, and the stages take data and return data.
+WAREHOUSE = ("outcome_flywheel.storage", "Warehouse")
+READERS = ("report",)  # stages whose job is to read the warehouse: the demo's and the status page's summaries
 # A stage's Pipes step module (<stage>/step.py) runs it as its own process, like the recipe's
 # day_step.py, and may use the recipe's record helpers.
 STEP = "step"
@@ -65,6 +71,7 @@ class Import:
     target: str  # the project module imported (resolved), or the outside name as written
     runs: bool  # False under `if TYPE_CHECKING:`
     in_function: bool  # runs when the function is called, not on import
+    name: str = ""  # `from X import name`: the name imported ("" for `import X`)
 
 
 @dataclass
@@ -124,7 +131,8 @@ def _imports(tree: ast.Module, module: Module, house: dict[str, Module]):
                 base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             for alias in node.names:  # `from pkg import module` imports the module
                 wanted = f"{base}.{alias.name}"
-                yield Import(node.lineno, wanted if wanted in house else _resolve(base, house), runs, late)
+                target = wanted if wanted in house else _resolve(base, house)
+                yield Import(node.lineno, target, runs, late, alias.name)
 
 
 def _resolve(name: str, house: dict[str, Module]) -> str:
@@ -273,7 +281,26 @@ def stage_order(house: dict[str, Module], order: tuple[str, ...] = DAILY_RL_STAG
     return out
 
 
-RULES = (layers, no_dagster_in_the_method, areas, sizes, cycles, stage_cycles, stage_order)
+def stage_io(house: dict[str, Module]) -> list[str]:
+    """daily_rl: a stage module takes data and returns data; only the recipe, the step modules and the
+    reading stages (READERS) hold the warehouse."""
+    area = "daily_rl"
+    stages = _stages(house, area)
+    out = []
+    for m in house.values():
+        mine = _stage_of(m.name, area, stages)
+        if mine is None or mine in READERS or m.parts[-1] == STEP:
+            continue
+        for i in m.imports:
+            if (i.target, i.name) == WAREHOUSE:
+                out.append(
+                    f"{m.path}:{i.line}: stage {mine} imports the Warehouse; a stage takes data and returns data "
+                    f"(its step module, {area}/{mine}/{STEP}.py, or the recipe's store reads and writes)"
+                )
+    return out
+
+
+RULES = (layers, no_dagster_in_the_method, areas, sizes, cycles, stage_cycles, stage_order, stage_io)
 
 
 def check(root: Path) -> list[str]:

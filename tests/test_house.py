@@ -14,12 +14,14 @@ from tests import PROJECT_ROOT
 # partitions.py below, a resource reading the method.
 CLEAN = {
     "outcome_flywheel/settings.py": "X = 1\n",
+    "outcome_flywheel/storage.py": "class Warehouse:\n    pass\n\n\ndef atomic_write_bytes():\n    pass\n",
     "outcome_flywheel/daily_rl/partitions.py": "import datetime\n",
     "outcome_flywheel/daily_rl/feeds/source.py": "import json\n",
     "outcome_flywheel/daily_rl/reward/credit.py": "from outcome_flywheel.daily_rl.feeds import source\nfrom ..partitions import datetime\n",
     "outcome_flywheel/daily_rl/policy/gate.py": "from ..reward.credit import source\nfrom outcome_flywheel import settings\n",
-    "outcome_flywheel/daily_rl/policy/step.py": "from outcome_flywheel.daily_rl import day\n",
+    "outcome_flywheel/daily_rl/policy/step.py": "from outcome_flywheel.daily_rl import day\nfrom outcome_flywheel.storage import Warehouse\n",
     "outcome_flywheel/daily_rl/day.py": "from outcome_flywheel.daily_rl.policy import gate\n",
+    "outcome_flywheel/daily_rl/day_store.py": "from outcome_flywheel.storage import Warehouse\n",
     "outcome_flywheel/daily_rl/feedback_join.py": "",
     "outcome_flywheel/feedback/ratings.py": "",
     "outcome_flywheel/cli.py": "import outcome_flywheel.daily_rl.day\nimport outcome_flywheel.feedback.ratings\n",
@@ -126,6 +128,22 @@ def test_below_and_above_the_stages(tmp_path):
         outcome_flywheel__daily_rl__reward__ledger="from outcome_flywheel.daily_rl.day import gate\n",
     )
     one_problem(root, "stage reward imports the recipe module outcome_flywheel.daily_rl.day")
+
+
+def test_a_stage_that_holds_the_warehouse(tmp_path):
+    """Issue 48: a stage takes data and returns data; its step module and the recipe's store read and write, the
+    report stage reads, and a stage may still write its own files atomically (storage's helpers)."""
+    root = project(
+        tmp_path,
+        outcome_flywheel__daily_rl__reward__ledger="from outcome_flywheel.storage import Warehouse, atomic_write_bytes\n",
+    )
+    one_problem(root, "daily_rl/reward/ledger.py:1: stage reward imports the Warehouse")
+    root = project(
+        tmp_path / "fine",
+        outcome_flywheel__daily_rl__reward__ledger="from outcome_flywheel.storage import atomic_write_bytes\n",
+        outcome_flywheel__daily_rl__report__summary="def f():\n    from outcome_flywheel.storage import Warehouse\n",
+    )
+    assert check(root) == []
 
 
 def test_a_stage_cycle_in_an_area_without_an_order(tmp_path):

@@ -3,8 +3,12 @@
 - `samples` (the `distill_samples` asset, partition D): the teacher answers the day's selected
   headlines (`samples.select_headlines`) with thinking on; its traces and the verified
   corrections become `distill_samples` rows of D. Generation only: no trainer lock.
-- `train` (the `distilled_policy` asset): one distillation run (`distillation.train.run_distillation`),
-  under the single trainer lock with its `training_audit` row (the step entry does both).
+- `train` (the `distilled_policy` asset): one distillation run (`distill`: read its inputs, run
+  `distillation.train.run_distillation`, write its rows), under the single trainer lock with its
+  `training_audit` row (the step entry does both).
+
+This module is the tier's edge: it alone reads and writes the warehouse (`read_inputs` at the start,
+`record_run` at the end); `samples.py` and `train.py` take data and return data.
 
 Extras: `action`, `warehouse`, `models` (their dataclasses' JSON); `samples`: `teacher` (a name,
 FLYWHEEL_TEACHER_MODEL's value), `max_new_tokens`; `train`: `run`, `config` (`DistillConfig`), `tracking`
@@ -16,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 
+import pandas as pd
+
 from outcome_flywheel.daily_rl.day_record import record_distilled
 from outcome_flywheel.daily_rl.distillation.samples import (
     SAMPLES_TABLE,
@@ -24,7 +30,18 @@ from outcome_flywheel.daily_rl.distillation.samples import (
     select_headlines,
     teacher_samples,
 )
-from outcome_flywheel.daily_rl.distillation.train import DistillConfig, run_distillation, teacher_dir
+from outcome_flywheel.daily_rl.distillation.train import (
+    RUNS_TABLE,
+    USED_TABLE,
+    DistillConfig,
+    DistillInputs,
+    DistillResult,
+    fresh_samples,
+    latest_parent,
+    min_samples,
+    run_distillation,
+    teacher_dir,
+)
 from outcome_flywheel.daily_rl.partitions import previous_day
 from outcome_flywheel.models.loader import ModelLoader, load_backend
 from outcome_flywheel.steps import Step
@@ -57,8 +74,6 @@ def make_samples(warehouse: Warehouse, models: ModelLoader, day: str, extras: di
     scores = warehouse.read("rollout_scores", day) if warehouse.exists("rollout_scores", day) else None
     prev = previous_day(day)
     prev_rollouts = warehouse.read("rollouts", prev) if warehouse.exists("rollouts", prev) else None
-    import pandas as pd
-
     empty = pd.DataFrame()
     picks = select_headlines(
         day,
@@ -107,9 +122,54 @@ def report_samples(pipes, frame, picks, folder) -> None:
     )
 
 
+def unused_samples(warehouse: Warehouse) -> pd.DataFrame:
+    """Samples no distillation run has trained on yet."""
+    samples = warehouse.read_all(SAMPLES_TABLE) if warehouse.partitions(SAMPLES_TABLE) else pd.DataFrame()
+    used = warehouse.read(USED_TABLE) if warehouse.exists(USED_TABLE) else pd.DataFrame(columns=["sample_id"])
+    return fresh_samples(samples, used)
+
+
+def ready_to_distill(warehouse: Warehouse, threshold: int | None = None) -> tuple[bool, int, int]:
+    """(ready, new samples, threshold): a run starts when at least `threshold` new samples exist."""
+    need = min_samples() if threshold is None else int(threshold)
+    count = len(unused_samples(warehouse))
+    return count >= need, count, need
+
+
+def read_inputs(warehouse: Warehouse) -> DistillInputs:
+    """A run's inputs: the unused samples, the latest verified checkpoint and its day's notes and headlines."""
+    root = warehouse.path("checkpoints", "policy")
+    parent_dir, parent_info = latest_parent(root)
+    day = str(parent_info["date"])
+    rollouts = warehouse.read("rollouts", day) if warehouse.exists("rollouts", day) else pd.DataFrame()
+    headlines = warehouse.read("headlines", day) if warehouse.exists("headlines", day) else pd.DataFrame()
+    return DistillInputs(unused_samples(warehouse), root, parent_dir, parent_info, rollouts, headlines)
+
+
+def record_run(warehouse: Warehouse, result: DistillResult, samples: pd.DataFrame) -> None:
+    """The run's samples count as used and its row joins `distillation_runs`; a re-run of the same run id
+    replaces its rows."""
+    used = result.used_rows(samples)
+    previous = warehouse.read(USED_TABLE) if warehouse.exists(USED_TABLE) else used.iloc[:0]
+    warehouse.write(USED_TABLE, pd.concat([previous[previous["run_id"] != result.run_id], used], ignore_index=True))
+    runs = warehouse.read(RUNS_TABLE) if warehouse.exists(RUNS_TABLE) else pd.DataFrame()
+    row = pd.DataFrame([result.row()])
+    warehouse.write(
+        RUNS_TABLE, pd.concat([runs[runs["run_id"] != result.run_id], row], ignore_index=True) if len(runs) else row
+    )
+
+
+def distill(warehouse: Warehouse, models: ModelLoader, run_id: str, config: DistillConfig, log=print) -> DistillResult:
+    """One distillation run: read its inputs, train, gate and publish (`run_distillation`), write its rows."""
+    inputs = read_inputs(warehouse)
+    result = run_distillation(inputs, models, run_id, config, log=log)
+    record_run(warehouse, result, inputs.samples)
+    return result
+
+
 def train(pipes, warehouse: Warehouse, models: ModelLoader, extras: dict) -> None:
     config = from_payload(DistillConfig, extras["config"])
-    result = run_distillation(warehouse, models, extras["run"], config, log=pipes.log.info)
+    result = distill(warehouse, models, extras["run"], config, log=pipes.log.info)
     entry = current()
     if entry is not None:  # the audit row of this training (the step entry holds it)
         entry.gate_verdict, entry.gate_reason = result.gate.verdict, result.gate.reason

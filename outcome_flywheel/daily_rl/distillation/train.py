@@ -1,15 +1,16 @@
 """Tier 3: distillation. Completion-only LoRA SFT of the policy on a teacher's answers and people's
 verified corrections (`samples.py`), in a curriculum of phases, gated like a daily update.
 
-A run (`run_distillation`) takes the samples no run has used yet, the latest verified policy
-checkpoint (`checkpoints/policy/latest`) as the parent, and trains it phase after phase (answer,
-then reasoning, then consistency), each phase its own SFT run on the same weights. The candidate
-goes through the daily loop's evaluation gate (`policy/gate.py`: finite loss, KL to the parent at the
-parent's own rollouts, structure probe on the latest day's headlines). Accepted: it is published
-as a new checkpoint `checkpoints/policy/<parent day>.distill-<run>/` through the same publish path,
-reloaded from disk and verified, and only then does `latest` move to it. Rejected: nothing is
-published. Either way the samples count as used, and `distillation_runs` gets a row with an A/B
-of the candidate against its parent (greedy notes' structure, paired over headlines, `ab_stats`).
+A run (`run_distillation`) is given what its step read (`DistillInputs`, `distillation/step.py`): the samples
+no run has used yet, the latest verified policy checkpoint (`checkpoints/policy/latest`) as the parent, and
+the parent day's rollouts and headlines. It trains the parent phase after phase (answer, then reasoning, then
+consistency), each phase its own SFT run on the same weights. The candidate goes through the daily loop's
+evaluation gate (`policy/gate.py`: finite loss, KL to the parent at the parent's own rollouts, structure
+probe on the latest day's headlines). Accepted: it is published as a new checkpoint
+`checkpoints/policy/<parent day>.distill-<run>/` through the same publish path, reloaded from disk and
+verified, and only then does `latest` move to it. Rejected: nothing is published. Either way the samples
+count as used, and the step writes the run's `distillation_runs` row (`DistillResult.row`), with an A/B of
+the candidate against its parent (greedy notes' structure, paired over headlines, `ab_stats`).
 
 What the daily loop does next: the next day's update trains from the distilled checkpoint
 (`policy.checkpoints.parent_checkpoint` takes the newest verified distillation of D-1), D's notes off-policy
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from outcome_flywheel.daily_rl.distillation.samples import PHASES, SAMPLES_TABLE
+from outcome_flywheel.daily_rl.distillation.samples import PHASES
 from outcome_flywheel.daily_rl.evaluation.ab_stats import paired_comparison
 from outcome_flywheel.daily_rl.notes.structure import structure_score
 from outcome_flywheel.daily_rl.policy.checkpoints import load_policy, mark_verified, publish_checkpoint, read_checkpoint
@@ -37,7 +38,6 @@ from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.train.sft import train_sft
 from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
 from outcome_flywheel.settings import resolve_path
-from outcome_flywheel.storage import Warehouse
 
 RUNS_TABLE = "distillation_runs"
 USED_TABLE = "distill_samples_used"
@@ -85,21 +85,24 @@ def teacher_dir(models, name: str | None = None, build: bool = True, log=print) 
     return Path(path)
 
 
-def unused_samples(warehouse: Warehouse) -> pd.DataFrame:
-    """Samples no distillation run has trained on yet."""
-    samples = warehouse.read_all(SAMPLES_TABLE) if warehouse.partitions(SAMPLES_TABLE) else pd.DataFrame()
+def fresh_samples(samples: pd.DataFrame, used: pd.DataFrame) -> pd.DataFrame:
+    """The samples (`distill_samples`, every day) no distillation run has trained on yet (`used`)."""
     if samples.empty:
         return samples
     samples = samples.drop_duplicates("sample_id", keep="last")
-    used = warehouse.read(USED_TABLE) if warehouse.exists(USED_TABLE) else pd.DataFrame(columns=["sample_id"])
     return samples[~samples["sample_id"].isin(set(used["sample_id"]))].reset_index(drop=True)
 
 
-def ready_to_distill(warehouse: Warehouse, threshold: int | None = None) -> tuple[bool, int, int]:
-    """(ready, new samples, threshold): a run starts when at least `threshold` new samples exist."""
-    need = min_samples() if threshold is None else int(threshold)
-    count = len(unused_samples(warehouse))
-    return count >= need, count, need
+@dataclass
+class DistillInputs:
+    """What a run is given, read by its step (`distillation/step.py`) before it starts."""
+
+    samples: pd.DataFrame  # the unused samples
+    checkpoints: Path  # checkpoints/policy: the run publishes its candidate here
+    parent_dir: Path  # the latest verified checkpoint
+    parent_info: dict
+    rollouts: pd.DataFrame  # the parent's day's notes: the gate's KL is taken at them
+    headlines: pd.DataFrame  # the parent's day's headlines: the gate's probe and the A/B
 
 
 @dataclass
@@ -152,6 +155,10 @@ class DistillResult:
             wall_s=round(self.wall_s, 3),
         )
 
+    def used_rows(self, samples: pd.DataFrame) -> pd.DataFrame:
+        """`distill_samples_used` rows: the run's samples count as used, accepted or not."""
+        return pd.DataFrame({"sample_id": samples["sample_id"], "run_id": self.run_id})
+
 
 def phase_examples(samples: pd.DataFrame, phase: str) -> list[SFTExample]:
     rows = samples[samples["phase"] == phase].sort_values("sample_id")
@@ -175,14 +182,12 @@ def greedy_structure(policy, prompts: list, max_new_tokens: int) -> list[float]:
     return [structure_score(t) for t in policy.greedy(prompts, max_new_tokens)] if prompts else []
 
 
-def run_distillation(warehouse: Warehouse, models, run_id: str, config: DistillConfig, log=print) -> DistillResult:
-    """Train, gate, publish and verify one distillation run (module docstring); writes `distillation_runs`."""
+def run_distillation(inputs: DistillInputs, models, run_id: str, config: DistillConfig, log=print) -> DistillResult:
+    """Train, gate, publish and verify one distillation run (module docstring)."""
     started = time.perf_counter()
-    samples = unused_samples(warehouse)
+    samples, root, parent_dir, parent_info = inputs.samples, inputs.checkpoints, inputs.parent_dir, inputs.parent_info
     if len(samples) < max(1, config.min_samples):
         raise DistillationError(f"{len(samples)} unused distillation samples, fewer than {max(1, config.min_samples)}")
-    root = warehouse.path("checkpoints", "policy")
-    parent_dir, parent_info = latest_parent(root)
     parent_day = str(parent_info["date"])
     policy = load_policy(models, parent_dir, parent_info)
     phases, losses, grads = [], [], []
@@ -214,12 +219,11 @@ def run_distillation(warehouse: Warehouse, models, run_id: str, config: DistillC
         grads += stats.grad_norms
     combined = TrainStats(steps=len(losses), losses=losses, grad_norms=grads)
     parent_policy = load_policy(models, parent_dir, parent_info)
-    rollouts = warehouse.read("rollouts", parent_day) if warehouse.exists("rollouts", parent_day) else pd.DataFrame()
+    rollouts, headlines = inputs.rollouts, inputs.headlines
     own = rollouts[rollouts["policy_version"] == parent_info["policy_version"]] if len(rollouts) else rollouts
     own = (
         own if len(own) else rollouts
     )  # a distilled parent sampled nothing itself: the day's notes, as near as there are
-    headlines = warehouse.read("headlines", parent_day) if warehouse.exists("headlines", parent_day) else pd.DataFrame()
     try:
         gate = (
             evaluate_update(policy, parent_policy, combined, own, headlines, config.gate)
@@ -249,26 +253,8 @@ def run_distillation(warehouse: Warehouse, models, run_id: str, config: DistillC
         version = info["policy_version"]
         verify_distilled(models, root, name, policy, headlines)
     del policy, parent_policy
-    used = pd.DataFrame({"sample_id": samples["sample_id"], "run_id": run_id})
-    previous = warehouse.read(USED_TABLE) if warehouse.exists(USED_TABLE) else used.iloc[:0]
-    warehouse.write(USED_TABLE, pd.concat([previous[previous["run_id"] != run_id], used], ignore_index=True))
-    result = DistillResult(
-        run_id,
-        parent_info["policy_version"],
-        name,
-        version,
-        gate,
-        phases,
-        ab,
-        len(samples),
-        time.perf_counter() - started,
-    )
-    runs = warehouse.read(RUNS_TABLE) if warehouse.exists(RUNS_TABLE) else pd.DataFrame()
-    row = pd.DataFrame([result.row()])
-    warehouse.write(
-        RUNS_TABLE, pd.concat([runs[runs["run_id"] != run_id], row], ignore_index=True) if len(runs) else row
-    )
-    return result
+    wall_s = time.perf_counter() - started
+    return DistillResult(run_id, parent_info["policy_version"], name, version, gate, phases, ab, len(samples), wall_s)
 
 
 def ab_test(candidate, parent, headlines: pd.DataFrame, config: DistillConfig) -> dict:
@@ -303,34 +289,3 @@ def verify_distilled(models, root: Path, name: str, trained, headlines: pd.DataF
             f"distilled checkpoint {name} failed verification (text {text!r}, log-prob gap {gap:.2e})"
         )
     mark_verified(root, name)
-
-
-def tier_summary(data_dir) -> str:
-    """One line for `make demo`: distillation runs, the last one's gate verdict and A/B, and the audit table."""
-    from outcome_flywheel.training_audit import read_audit
-
-    warehouse = Warehouse(data_dir=str(data_dir))
-    runs = warehouse.read(RUNS_TABLE) if warehouse.exists(RUNS_TABLE) else pd.DataFrame()
-    audit = read_audit(warehouse)
-    tiers = (
-        ", ".join(f"{t} {n}" for t, n in audit["tier"].value_counts().sort_index().items()) if len(audit) else "none"
-    )
-    _, waiting, need = ready_to_distill(warehouse)
-    if runs.empty:
-        return f"distillation: no run yet ({waiting}/{need} new samples); trainings audited: {tiers}"
-    last = runs.iloc[-1]
-    ab = json.loads(last["ab"])
-    diff = ab.get("difference")
-    ab_text = (
-        (
-            f"A/B structure {ab['policy']:.3f} vs parent {ab['base']:.3f} (diff {diff:+.3f}"
-            + (f" [{ab['ci_low']:+.3f}, {ab['ci_high']:+.3f}]" if ab.get("ci_low") is not None else "")
-            + f", n={ab['n']}: {ab['label']})"
-        )
-        if diff is not None
-        else f"A/B: {ab.get('label')}"
-    )
-    return (
-        f"distillation: {len(runs)} run(s), last gate {last['gate']} on {int(last['samples'])} samples, {ab_text}; "
-        f"{waiting}/{need} new samples; trainings audited: {tiers}"
-    )

@@ -3,6 +3,7 @@ figures themselves are in `charts`)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -147,17 +148,21 @@ def prices_note(source: str, prices_file: str | None, bundled: str | None) -> st
     return f"Prices: file `{path.name if path else prices_file}`."
 
 
-def prompt_evolver_summary(data_dir) -> str:
-    """One line on the prompt evolver's latest state for the demo's summary (read here, beside the loop's other
-    summaries: the evolver itself reads and writes nothing)."""
+def _warehouse(data_dir):
+    """The demo's warehouse (the summaries read it: the tiers' stages themselves read and write nothing)."""
     from outcome_flywheel.settings import env
     from outcome_flywheel.storage import Warehouse
 
-    warehouse = Warehouse(
+    return Warehouse(
         data_dir=str(data_dir),
         warehouse_url=env("FLYWHEEL_WAREHOUSE_URL", ""),
         s3_endpoint=env("FLYWHEEL_S3_ENDPOINT", ""),
     )
+
+
+def prompt_evolver_summary(data_dir) -> str:
+    """One line on the prompt evolver's latest state for the demo's summary."""
+    warehouse = _warehouse(data_dir)
     days = warehouse.partitions("prompt_evolver")
     if not days:
         return "prompt evolver: no state yet (materialise daily_update)"
@@ -172,4 +177,37 @@ def prompt_evolver_summary(data_dir) -> str:
         f"prompt evolver ({days[-1]}): {int(v['pulls'].sum())} trials, {len(written)} candidates "
         f"({int((written['status'] != evolver.REJECTED).sum())} adopted, {int((written['status'] == evolver.REJECTED).sum())} rejected), "
         f"{len(live)} live, best {best}; " + ("; ".join(parts) or "no scored trials yet")
+    )
+
+
+def distillation_summary(data_dir) -> str:
+    """One line for `make demo`: distillation runs, the last one's gate verdict and A/B, and the audit table."""
+    from outcome_flywheel.daily_rl.distillation.step import ready_to_distill
+    from outcome_flywheel.daily_rl.distillation.train import RUNS_TABLE
+    from outcome_flywheel.training_audit import read_audit
+
+    warehouse = _warehouse(data_dir)
+    runs = warehouse.read(RUNS_TABLE) if warehouse.exists(RUNS_TABLE) else pd.DataFrame()
+    audit = read_audit(warehouse)
+    tiers = (
+        ", ".join(f"{t} {n}" for t, n in audit["tier"].value_counts().sort_index().items()) if len(audit) else "none"
+    )
+    _, waiting, need = ready_to_distill(warehouse)
+    if runs.empty:
+        return f"distillation: no run yet ({waiting}/{need} new samples); trainings audited: {tiers}"
+    last = runs.iloc[-1]
+    ab = json.loads(last["ab"])
+    diff = ab.get("difference")
+    ab_text = (
+        (
+            f"A/B structure {ab['policy']:.3f} vs parent {ab['base']:.3f} (diff {diff:+.3f}"
+            + (f" [{ab['ci_low']:+.3f}, {ab['ci_high']:+.3f}]" if ab.get("ci_low") is not None else "")
+            + f", n={ab['n']}: {ab['label']})"
+        )
+        if diff is not None
+        else f"A/B: {ab.get('label')}"
+    )
+    return (
+        f"distillation: {len(runs)} run(s), last gate {last['gate']} on {int(last['samples'])} samples, {ab_text}; "
+        f"{waiting}/{need} new samples; trainings audited: {tiers}"
     )

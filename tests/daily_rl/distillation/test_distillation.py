@@ -20,15 +20,11 @@ from outcome_flywheel.daily_rl.distillation.samples import (
     teacher_samples,
     trace_samples,
 )
-from outcome_flywheel.daily_rl.distillation.train import (
-    DistillationError,
-    DistillConfig,
-    run_distillation,
-    teacher_dir,
-    tier_summary,
-)
+from outcome_flywheel.daily_rl.distillation.step import distill
+from outcome_flywheel.daily_rl.distillation.train import DistillationError, DistillConfig, teacher_dir
 from outcome_flywheel.daily_rl.policy.checkpoints import read_checkpoint
 from outcome_flywheel.daily_rl.policy.gate import GateConfig
+from outcome_flywheel.daily_rl.report.summary import distillation_summary
 from outcome_flywheel.models.loader import load_backend
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, cached_tiny_local
@@ -151,7 +147,7 @@ def test_phase_runs_are_gated_and_audited(day, teacher_folder):
         sft=SFTConfig(learning_rate=3.0, epochs=3, batch_size=4), gate=FAST_GATE, ab_headlines=4, ab_max_new_tokens=32
     )
     with audited_training(warehouse, "distillation", "distillation:blown", "test") as entry:
-        result = run_distillation(warehouse, models, "blown", blown, log=lambda m: None)
+        result = distill(warehouse, models, "blown", blown, log=lambda m: None)
         entry.gate_verdict = result.gate.verdict
     assert result.gate.verdict == "rejected", result.gate.reason
     assert [p["phase"] for p in result.phases if p["steps"]] == list(PHASES)  # each phase its own run
@@ -159,7 +155,7 @@ def test_phase_runs_are_gated_and_audited(day, teacher_folder):
 
     # Samples are used once: a second run right away has none.
     with pytest.raises(DistillationError, match="0 unused"):
-        run_distillation(warehouse, models, "again", blown)
+        distill(warehouse, models, "again", blown)
 
     # A gentle run on fresh samples: it changes the weights; the verdict follows the gate's numbers.
     warehouse.write(
@@ -169,7 +165,7 @@ def test_phase_runs_are_gated_and_audited(day, teacher_folder):
         sft=SFTConfig(learning_rate=5e-4, epochs=1, batch_size=4), gate=FAST_GATE, ab_headlines=4, ab_max_new_tokens=32
     )
     with audited_training(warehouse, "distillation", "distillation:gentle", "test") as entry:
-        result = run_distillation(warehouse, models, "gentle", gentle, log=lambda m: None)
+        result = distill(warehouse, models, "gentle", gentle, log=lambda m: None)
         entry.gate_verdict = result.gate.verdict
     gate = result.gate
     expected = (
@@ -190,7 +186,7 @@ def test_phase_runs_are_gated_and_audited(day, teacher_folder):
         assert (ckpts / "latest").resolve() == before
     runs = warehouse.read("distillation_runs")
     assert list(runs["run_id"]) == ["blown", "gentle"]
-    assert "distillation: 2 run(s)" in tier_summary(root)
+    assert "distillation: 2 run(s)" in distillation_summary(root)
 
 
 def test_audit_rows_for_a_gspo_day_a_dpo_run_and_a_distillation_run(day):
@@ -239,7 +235,7 @@ def test_a_distilled_checkpoint_is_the_parent_of_the_next_day_and_a_rerun_reprod
         ab_headlines=2,
         ab_max_new_tokens=16,
     )
-    distilled = run_distillation(warehouse, models, "chain", accept, log=lambda m: None)
+    distilled = distill(warehouse, models, "chain", accept, log=lambda m: None)
     assert distilled.checkpoint == f"{DAY}.distill-chain"
 
     nxt = "2025-11-04"
@@ -281,7 +277,7 @@ def test_a_distilled_checkpoint_verifies_in_bf16(tmp_path, tiny_model_dir, monke
     config = DistillConfig(
         sft=SFTConfig(learning_rate=5e-4, epochs=1, batch_size=4), gate=GateConfig(enabled=False), ab_headlines=2
     )
-    distilled = run_distillation(res["warehouse"], res["model_backend"], "bf16", config, log=lambda m: None)
+    distilled = distill(res["warehouse"], res["model_backend"], "bf16", config, log=lambda m: None)
     assert distilled.checkpoint == f"{DAY}.distill-bf16"
     info = read_checkpoint(root / "checkpoints" / "policy" / distilled.checkpoint)
     assert info["verified"] and (root / "checkpoints" / "policy" / "latest").resolve().name == distilled.checkpoint
