@@ -9,6 +9,7 @@ from pydantic import Field
 from assets.catalog import MODEL_KINDS, OWNERS
 from outcome_flywheel.models.loader import BACKENDS, ModelLoader
 from outcome_flywheel.models.prompts import trading_note_messages
+from outcome_flywheel.models.provision.folder import EXISTING
 from outcome_flywheel.models.provision.smollm2 import ensure_smollm2
 from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, ensure_tiny_local
 
@@ -28,11 +29,14 @@ def _provision(model_backend: ModelLoader, rebuild: bool, log) -> tuple[dict, di
     """`(info, metadata)` of a local model built (or reused) under $FLYWHEEL_DATA_DIR/models."""
     out_dir = model_backend.local_model_dir()
     if model_backend.is_tiny_local:
-        info, built = ensure_tiny_local(out_dir, TinyLocalConfig(seed=model_backend.seed), rebuild, log)
+        info, source = ensure_tiny_local(out_dir, TinyLocalConfig(seed=model_backend.seed), rebuild, log)
     else:
-        info, built = ensure_smollm2(out_dir, rebuild, log)
+        info, source = ensure_smollm2(out_dir, rebuild, log)
     metadata = dict(
-        reused_existing_build=not built,
+        # existing (the folder held this fingerprint's build), prebuilt (tiny-local's bundled build, verified,
+        # copied in) or built (here, now)
+        build_source=source,
+        reused_existing_build=source == EXISTING,
         parameters=info["parameters"],
         vocab_size=info["vocab_size"],
         build_seconds=round(float(info["build_seconds"]), 2),

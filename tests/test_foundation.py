@@ -190,10 +190,24 @@ def test_base_model_asset_materializes(data_dir, model_backend, warehouse):
     result = dg.materialize([base_model], resources={"model_backend": model_backend, "warehouse": warehouse})
     assert result.success
     meta = result.asset_materializations_for_node("base_model")[0].metadata
-    assert meta["reused_existing_build"].value is True
+    # the fixture's data dir links the cached build in: kept as it is, not copied from the bundle nor built
+    assert meta["build_source"].value == "existing" and meta["reused_existing_build"].value is True
     assert meta["parameters"].value > 100_000 and meta["vocab_size"].value > 500
     checks = result.get_asset_check_evaluations()
     assert checks and all(c.passed for c in checks)
+
+
+def test_base_model_in_a_fresh_data_dir_is_the_bundled_build(tmp_path, monkeypatch, tiny_model_dir):
+    """A first `make demo`: no model folder yet, so the bundled tiny-local is verified and copied in; the
+    metadata says so (not "reused", not "built"), and its weights are the cached build's."""
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))
+    models = ModelLoader(data_dir=str(tmp_path / "data"), base_model="tiny-local", backend="torch", device="cpu")
+    result = dg.materialize(
+        [base_model], resources={"model_backend": models, "warehouse": Warehouse(data_dir=str(tmp_path / "data"))}
+    )
+    meta = result.asset_materializations_for_node("base_model")[0].metadata
+    assert meta["build_source"].value == "prebuilt" and meta["reused_existing_build"].value is False
+    assert weights_sha256(models.local_model_dir()) == weights_sha256(tiny_model_dir)
 
 
 def test_a_locked_duckdb_file_does_not_fail_the_parquet_write(tmp_path):

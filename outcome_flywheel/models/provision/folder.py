@@ -81,24 +81,28 @@ def save_model_folder(
     return staged_folder(out_dir, write)
 
 
+# Where `ensure_folder`'s model came from (the `base_model` asset's `build_source`).
+EXISTING, PREBUILT, BUILT = "existing", "prebuilt", "built"
+
+
 def ensure_folder(
     out_dir: Path,
     fingerprint: str,
     build: Callable[[Path], dict],
     rebuild: bool = False,
     prebuilt: Callable[[Path], dict | None] | None = None,
-) -> tuple[dict, bool]:
-    """`(build info, built now?)`. `out_dir` is kept when it holds this fingerprint's build; else
-    `prebuilt(out_dir)` may put a verified build there (tiny-local's bundled one; None: it did not);
-    else `build(out_dir)` builds it. `rebuild` skips both and builds."""
+) -> tuple[dict, str]:
+    """`(build info, where it came from)`: `existing` when `out_dir` already holds this fingerprint's build;
+    else `prebuilt` when `prebuilt(out_dir)` put a verified build there (tiny-local's bundled one; None: it
+    did not); else `built` by `build(out_dir)`. `rebuild` skips the first two and builds."""
     if not rebuild:
         info = read_build_info(out_dir)
         if info is not None and info.get("fingerprint") == fingerprint:
-            return info, False
+            return info, EXISTING
         info = prebuilt(out_dir) if prebuilt is not None else None
         if info is not None:
-            return info, False
-    return build(out_dir), True
+            return info, PREBUILT
+    return build(out_dir), BUILT
 
 
 def cache_dir(name: str, fingerprint: str) -> Path:

@@ -144,8 +144,8 @@ def build_smollm2(out_dir: Path, log=print) -> dict:
     return info
 
 
-def ensure_smollm2(out_dir: Path, rebuild: bool = False, log=print) -> tuple[dict, bool]:
-    """`(build info, built now?)`: builds unless `out_dir` holds a folder with this fingerprint."""
+def ensure_smollm2(out_dir: Path, rebuild: bool = False, log=print) -> tuple[dict, str]:
+    """`(build info, existing or built)`: builds unless `out_dir` holds a folder with this fingerprint."""
     return ensure_folder(out_dir, fingerprint(source_info()), lambda folder: build_smollm2(folder, log=log), rebuild)
 
 

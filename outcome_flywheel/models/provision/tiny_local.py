@@ -241,10 +241,11 @@ def ensure_tiny_local(
     log=print,
     bundled: bool = True,
     bundle_root: Path = BUNDLED,
-) -> tuple[dict, bool]:
-    """`(build info, built now?)`. `out_dir` is kept when it holds this config's build (same
-    fingerprint: same config and corpus); else the bundled build with this fingerprint is copied
-    there when it checks out (`bundle.py`; `bundled=False` skips it); else the model is built.
+) -> tuple[dict, str]:
+    """`(build info, where it came from: existing, prebuilt or built)` (`folder.ensure_folder`). `out_dir` is
+    kept when it holds this config's build (same fingerprint: same config and corpus); else the bundled build
+    with this fingerprint is copied there when it checks out (`bundle.py`; `bundled=False` skips it); else the
+    model is built.
     `rebuild=True` always builds (the `base_model` asset's `rebuild` run config)."""
 
     def from_bundle(folder: Path) -> dict | None:
@@ -286,8 +287,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     config = TinyLocalConfig(seed=args.seed, train_steps=args.train_steps, judge_examples=args.judge_examples)
     path = cache_dir(NAME, config.fingerprint())
-    info, built = ensure_tiny_local(path, config, rebuild=args.rebuild)
-    print(f"{NAME} {info['fingerprint']}: {'built' if built else 'reused'} in {path}, weights {info['weights_sha256']}")
+    info, source = ensure_tiny_local(path, config, rebuild=args.rebuild)
+    print(f"{NAME} {info['fingerprint']}: {source} in {path}, weights {info['weights_sha256']}")
     shipped, why = bundle.find(NAME, config.fingerprint())
     if shipped is not None:
         same = read_build_info(shipped)["weights_sha256"] == weights_sha256(path)

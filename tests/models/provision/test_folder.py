@@ -77,13 +77,13 @@ def test_ensure_keeps_a_matching_folder_then_tries_the_prebuilt_then_builds(tmp_
         calls.append("prebuilt")
         return None
 
-    info, built = ensure_folder(tmp_path / "m", "f1", build, prebuilt=prebuilt)
-    assert built and calls == ["prebuilt", "build"]
-    assert ensure_folder(tmp_path / "m", "f1", build, prebuilt=prebuilt) == (info, False)
+    info, source = ensure_folder(tmp_path / "m", "f1", build, prebuilt=prebuilt)
+    assert source == "built" and calls == ["prebuilt", "build"]
+    assert ensure_folder(tmp_path / "m", "f1", build, prebuilt=prebuilt) == (info, "existing")
     assert calls == ["prebuilt", "build"]  # kept: neither called
-    assert ensure_folder(tmp_path / "m", "f1", build, rebuild=True, prebuilt=prebuilt)[1] is True
+    assert ensure_folder(tmp_path / "m", "f1", build, rebuild=True, prebuilt=prebuilt)[1] == "built"
     assert calls == ["prebuilt", "build", "build"]  # rebuild skips the prebuilt one
-    ensure_folder(
+    _, source = ensure_folder(
         tmp_path / "m", "f2", build, prebuilt=lambda folder: calls.append("prebuilt") or {"fingerprint": "f2"}
     )
-    assert calls[-1] == "prebuilt"  # another fingerprint: the prebuilt one stands in
+    assert calls[-1] == "prebuilt" and source == "prebuilt"  # another fingerprint: the prebuilt one stands in

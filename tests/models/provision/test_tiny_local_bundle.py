@@ -48,8 +48,8 @@ def test_the_shipped_bundle_is_the_default_configs_build_and_checks_out():
 def test_a_bundled_build_is_copied_byte_for_byte_and_equals_a_fresh_build(tmp_path, quick_bundle):
     built, root = quick_bundle
     lines = []
-    info, built_now = ensure_tiny_local(tmp_path / "out", QUICK, log=lines.append, bundle_root=root)
-    assert not built_now and "copied" in lines[-1] and "verified" in lines[-1]
+    info, source = ensure_tiny_local(tmp_path / "out", QUICK, log=lines.append, bundle_root=root)
+    assert source == "prebuilt" and "copied" in lines[-1] and "verified" in lines[-1]
     assert _files(tmp_path / "out") == _files(built)  # bundle.json left out, build_info.json as the build wrote it
     assert info == read_build_info(built)
     # Deterministic: a second build, in this process, has the bundled weights exactly.
@@ -58,7 +58,7 @@ def test_a_bundled_build_is_copied_byte_for_byte_and_equals_a_fresh_build(tmp_pa
     assert (tmp_path / "again" / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
     # Kept on the next call: the folder now holds this fingerprint.
     lines.clear()
-    assert ensure_tiny_local(tmp_path / "out", QUICK, log=lines.append, bundle_root=root) == (info, False)
+    assert ensure_tiny_local(tmp_path / "out", QUICK, log=lines.append, bundle_root=root) == (info, "existing")
     assert lines == []
 
 
@@ -71,8 +71,8 @@ def test_tampered_weights_are_refused_and_the_model_built(tmp_path, quick_bundle
     data[-1] ^= 0x01  # one bit of the last tensor; the safetensors header still parses
     weights.write_bytes(bytes(data))
     lines = []
-    info, built_now = ensure_tiny_local(tmp_path / "out", QUICK, log=lines.append, bundle_root=tampered)
-    assert built_now
+    info, source = ensure_tiny_local(tmp_path / "out", QUICK, log=lines.append, bundle_root=tampered)
+    assert source == "built"
     assert "refused" in lines[0] and "hash to" in lines[0] and lines[0].endswith("building it")
     assert info["weights_sha256"] == read_build_info(root / NAME)["weights_sha256"]  # the build, not the bundle
     assert weights_sha256(tmp_path / "out") == info["weights_sha256"]
@@ -114,11 +114,11 @@ def test_another_config_finds_no_bundle_and_builds(tmp_path, quick_bundle, monke
         "outcome_flywheel.models.provision.tiny_local.build_tiny_local", lambda out, cfg, log: calls.append(cfg) or {}
     )
     lines = []
-    assert ensure_tiny_local(tmp_path / "out", other, log=lines.append, bundle_root=root) == ({}, True)
+    assert ensure_tiny_local(tmp_path / "out", other, log=lines.append, bundle_root=root) == ({}, "built")
     assert calls == [other] and "no bundled" in lines[0]
     # rebuild=True and bundled=False skip a bundle that fits
-    assert ensure_tiny_local(tmp_path / "o2", QUICK, rebuild=True, log=lines.append, bundle_root=root) == ({}, True)
-    assert ensure_tiny_local(tmp_path / "o3", QUICK, bundled=False, log=lines.append, bundle_root=root)[1] is True
+    assert ensure_tiny_local(tmp_path / "o2", QUICK, rebuild=True, log=lines.append, bundle_root=root) == ({}, "built")
+    assert ensure_tiny_local(tmp_path / "o3", QUICK, bundled=False, log=lines.append, bundle_root=root)[1] == "built"
     assert calls == [other, QUICK, QUICK]
 
 
