@@ -47,7 +47,7 @@ _TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _UNPARTITIONED = "all"
 # Views this process has already created: a view globs every partition of its table, so it only
 # has to be made once per table, not on every partition write.
-_VIEWS_MADE: set[tuple[str, str]] = set()
+_VIEWS_MADE: set[tuple[Path, str]] = set()
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -287,7 +287,7 @@ class Warehouse:
     def _publish(self, table: str, partition: str | None, key: str, data: pa.Buffer) -> Path | str:
         name = self.partition_key(table, partition, key)
         self.store.write_bytes(name, data)
-        if (str(self.duckdb_path), table) not in _VIEWS_MADE or not self.duckdb_path.exists():
+        if (self.duckdb_path, table) not in _VIEWS_MADE or not self.duckdb_path.exists():
             try:
                 self.refresh_view(table)
             except duckdb.IOException as err:
@@ -312,8 +312,13 @@ class Warehouse:
 
     def read(self, table: str, partition: str | None = None, key: str = "date") -> pd.DataFrame:
         """One partition's rows (or the unpartitioned table); an empty frame when absent."""
+        rows = self.find(table, partition, key)
+        return pd.DataFrame() if rows is None else rows
+
+    def find(self, table: str, partition: str | None = None, key: str = "date") -> pd.DataFrame | None:
+        """One partition's rows, or None when there is no such partition (one read: no `exists` first)."""
         arrow = self.store.read_table(self.partition_key(table, partition, key))
-        return pd.DataFrame() if arrow is None else arrow.to_pandas()
+        return None if arrow is None else arrow.to_pandas()
 
     def read_all(self, table: str) -> pd.DataFrame:
         """Every partition of a table, in partition order."""
@@ -387,7 +392,7 @@ class Warehouse:
 
     def refresh_view(self, table: str) -> None:
         """(Re)create the view named after the table; drop it when the table has no files."""
-        key = (str(self.duckdb_path), table)
+        key = (self.duckdb_path, table)
         has_files = bool(self.files(table))
         with self.connect() as con:
             if has_files:

@@ -52,6 +52,10 @@ def test_partition_write_is_idempotent_and_visible_in_duckdb(tmp_path):
     # Replacing a partition with fewer rows shrinks it.
     wh.write("numbers", day1.head(1), partition="2025-11-03")
     assert len(wh.read_all("numbers")) == 3
+    # find: the rows, or None for an absent partition (an empty partition is rows, not None)
+    wh.write("numbers", day2.head(0), partition="2025-11-05")
+    assert wh.find("numbers", "2025-11-06") is None and wh.read("numbers", "2025-11-06").empty
+    assert wh.find("numbers", "2025-11-05").empty and list(wh.find("numbers", "2025-11-04")["x"]) == [4, 5]
 
 
 def test_partition_write_is_atomic_when_the_write_fails(tmp_path, monkeypatch):

@@ -190,8 +190,7 @@ class DayStore:
 
     def _tables(self, wanted: dict) -> dict:
         """name -> (table, partition) read as name -> its rows; None where the partition is absent (or None)."""
-        wh = self.warehouse
-        return {name: wh.read(t, p) if p is not None and wh.exists(t, p) else None for name, (t, p) in wanted.items()}
+        return {name: self.warehouse.find(t, p) if p is not None else None for name, (t, p) in wanted.items()}
 
     def stage(self, policy, d: Day, info: dict, update) -> StagedCheckpoint:
         """Checkpoint D staged beside the dated folders (its version is known, nothing published): the

@@ -80,6 +80,7 @@ def test_partitions_are_written_read_and_replaced_on_s3(s3, tmp_path):
     wh.write("summary", pd.DataFrame({"a": [1]}))
     assert wh.tables() == ["numbers", "summary"] and wh.read("summary")["a"].tolist() == [1]
     assert wh.read("numbers", "2030-01-01").empty and wh.stat("numbers", "2030-01-01") is None
+    assert wh.find("numbers", "2030-01-01") is None and wh.find("summary")["a"].tolist() == [1]
     # The objects are exactly the partition files (no temp object), and nothing is written locally but the views.
     assert s3.keys("unit") == [
         "unit/numbers/date=2025-11-03/part.parquet",

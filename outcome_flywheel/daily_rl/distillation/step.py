@@ -125,8 +125,8 @@ def report_samples(pipes, frame, picks, folder) -> None:
 def unused_samples(warehouse: Warehouse) -> pd.DataFrame:
     """Samples no distillation run has trained on yet."""
     samples = warehouse.read_all(SAMPLES_TABLE) if warehouse.partitions(SAMPLES_TABLE) else pd.DataFrame()
-    used = warehouse.read(USED_TABLE) if warehouse.exists(USED_TABLE) else pd.DataFrame(columns=["sample_id"])
-    return fresh_samples(samples, used)
+    used = warehouse.find(USED_TABLE)
+    return fresh_samples(samples, pd.DataFrame(columns=["sample_id"]) if used is None else used)
 
 
 def ready_to_distill(warehouse: Warehouse, threshold: int | None = None) -> tuple[bool, int, int]:
@@ -141,8 +141,7 @@ def read_inputs(warehouse: Warehouse) -> DistillInputs:
     root = warehouse.path("checkpoints", "policy")
     parent_dir, parent_info = latest_parent(root)
     day = str(parent_info["date"])
-    rollouts = warehouse.read("rollouts", day) if warehouse.exists("rollouts", day) else pd.DataFrame()
-    headlines = warehouse.read("headlines", day) if warehouse.exists("headlines", day) else pd.DataFrame()
+    rollouts, headlines = warehouse.read("rollouts", day), warehouse.read("headlines", day)  # empty when absent
     return DistillInputs(unused_samples(warehouse), root, parent_dir, parent_info, rollouts, headlines)
 
 
