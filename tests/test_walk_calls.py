@@ -140,12 +140,15 @@ def test_the_command_prints_a_tree_then_one_json_line(tmp_path, capsys):
 
 
 def test_the_days_walks_on_the_project():
-    """Figures only (issue 48 compares them by hand); each walk finds its handle used."""
-    for entry, handle in [
-        ("outcome_flywheel.daily_rl.day:run_daily_update", "models"),
-        ("outcome_flywheel.daily_rl.day:run_daily_update", "store.warehouse"),
-        ("outcome_flywheel.daily_rl.day_step:run", "warehouse"),
+    """Issue 48's bounds on following a day: the model backend in at most 30 stops with at most 8 returns to a
+    file already left, the warehouse in at most 25 stops (None: no bound, the figure is printed)."""
+    for entry, handle, most_stops, most_returns in [
+        ("outcome_flywheel.daily_rl.day:run_daily_update", "models", 30, 8),
+        ("outcome_flywheel.daily_rl.day:run_daily_update", "store.warehouse", 25, None),
+        ("outcome_flywheel.daily_rl.day_step:run", "warehouse", None, None),
     ]:
         stops, figures = walk(PROJECT_ROOT, entry, handle)
         print(json.dumps(figures))
         assert figures["stops"] > 0
+        assert most_stops is None or figures["stops"] <= most_stops, figures
+        assert most_returns is None or figures["returns"] <= most_returns, figures

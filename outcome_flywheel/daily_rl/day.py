@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from outcome_flywheel.daily_rl.day_result import DailyUpdateResult, day_record_tables
+from outcome_flywheel.daily_rl.day_result import DailyUpdateResult, checkpoint_info, day_record_tables
 from outcome_flywheel.daily_rl.day_settings import DailyUpdateSettings, check_objective
 from outcome_flywheel.daily_rl.day_store import Day, DayInputs, DayStore, DayTables
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
@@ -148,23 +148,3 @@ def matured_notes(d: Day, inputs: DayInputs, market_data, settings, temperature:
         temperature,
         tokenizer=tokenizer,
     )
-
-
-def checkpoint_info(d: Day, models: ModelLoader, update, settings: DailyUpdateSettings) -> dict:
-    """checkpoint.json of D before it is staged (the stage adds its kind and version)."""
-    parent = d.parent_info
-    return {
-        "date": d.day,
-        "parent_date": parent["date"] if parent else None,
-        "parent_version": d.parent_version,
-        "parent_checkpoint": d.parent_dir.name if d.parent_dir else None,  # a re-run of D trains from the same one
-        "base_model": models.base_model,
-        "backend": models.backend,
-        "trained": update.trained,
-        "examples": len(update.examples),
-        "objective": update.gspo.objective,
-        "learning_rate": update.gspo.learning_rate,
-        "outcome_headlines_date": d.outcome_day,
-        "gate": update.gate.verdict,
-        "gate_reason": update.gate.reason,
-    }

@@ -68,6 +68,26 @@ class DailyUpdateResult:
     train_stats = property(lambda self: self.update.stats)  # per-step figures (None: not trained), for MLflow
 
 
+def checkpoint_info(d: Day, models: ModelLoader, update, settings: DailyUpdateSettings) -> dict:
+    """checkpoint.json of D before it is staged (the stage adds its kind and version)."""
+    parent = d.parent_info
+    return {
+        "date": d.day,
+        "parent_date": parent["date"] if parent else None,
+        "parent_version": d.parent_version,
+        "parent_checkpoint": d.parent_dir.name if d.parent_dir else None,  # a re-run of D trains from the same one
+        "base_model": models.base_model,
+        "backend": models.backend,
+        "trained": update.trained,
+        "examples": len(update.examples),
+        "objective": update.gspo.objective,
+        "learning_rate": update.gspo.learning_rate,
+        "outcome_headlines_date": d.outcome_day,
+        "gate": update.gate.verdict,
+        "gate_reason": update.gate.reason,
+    }
+
+
 def day_record_tables(d, scores, prev_rollouts, matured, update, settings, info, rollouts, headlines, kl, timings):
     """(reward_ledger, price_training row, policy_training row) of day `d` (a `Day`): the record step."""
     lineage_rows = judged_ledger(

@@ -144,12 +144,14 @@ class ModelLoader:
         model_path: str | Path | None = None,
         master_weights: bool = False,
         dtype: str | None = None,
+        download: bool = False,
     ) -> ModelBackend:
         """The base model (or `model_path`) with an optional adapter, on the configured backend, in
-        `dtype` (None: the configured FLYWHEEL_DTYPE)."""
+        `dtype` (None: the configured FLYWHEEL_DTYPE); `download`: a hub id not in the local cache yet is
+        downloaded (`base_model_dir`)."""
         return load_backend(
             self.backend,
-            model_path or self.base_model_dir(),
+            model_path or self.base_model_dir(download),
             adapter_path,
             self.device,
             master_weights,

@@ -49,10 +49,9 @@ class Judge:
     def load(self, models: ModelLoader) -> ModelBackend:
         """The judge model, without any policy adapter: the base model, or `judge_model` on the same
         backend and device."""
-        if not self.judge_model:
-            return models.load()
-        other = replace(models, base_model=self.judge_model)
-        return other.load(model_path=other.base_model_dir(download=True))
+        if self.judge_model:
+            return replace(models, base_model=self.judge_model).load(download=True)
+        return models.load()
 
     def rank(self, backend: ModelBackend, groups: Sequence[JudgeGroup], shuffle: bool = True) -> list[GroupJudgement]:
         max_new_tokens = self.thinking_max_new_tokens if self.thinking else self.max_new_tokens

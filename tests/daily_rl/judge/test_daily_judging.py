@@ -191,3 +191,26 @@ def test_groups_without_outcome_headlines_are_not_judged():
     [judgement] = judge_groups(NoModel(), groups)
     assert not judgement.usable and judgement.unusable_reason == NO_OUTCOME_HEADLINES
     assert is_permutation(judgement.ranks)
+
+
+def test_the_judge_loads_the_base_or_its_own_model_without_the_policys_adapter(model_backend, tiny_model_dir, tmp_path):
+    """`Judge.load`: no `judge_model` is the frozen base itself; a `judge_model` (here another folder holding the
+    same weights) is loaded from its own folder on the same backend and device."""
+    import shutil
+
+    import numpy as np
+
+    from outcome_flywheel.daily_rl.judge.llm_judge import Judge
+    from outcome_flywheel.models.prompts import trading_note_messages
+
+    other = tmp_path / "judge-model"
+    shutil.copytree(tiny_model_dir, other)
+    prompt = [trading_note_messages("Apple beats estimates", "")]
+    base = Judge().load(model_backend)
+    own = Judge(judge_model=str(other)).load(model_backend)
+    assert not base.has_adapter and not own.has_adapter
+    assert type(own) is type(base) and own.greedy(prompt, 8) == base.greedy(prompt, 8)
+    ids = base.encode_response("Buy AAPL")
+    assert np.allclose(own.response_logprobs(prompt, [ids])[0], base.response_logprobs(prompt, [ids])[0])
+    with pytest.raises((OSError, ValueError)):  # neither a folder nor a hub id in the cache (no download here)
+        Judge(judge_model=str(tmp_path / "missing")).load(model_backend)
