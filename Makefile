@@ -88,8 +88,11 @@ lint: setup
 
 # The suite without the real-model loops of minutes (marked `slow`), then those: CI runs both (.ci/run).
 # The hash seed is fixed so that every machine iterates sets and dicts of strings in the same order.
+# TEST_WORKERS pytest processes (pytest-xdist), each test file whole on one of them (its module fixtures
+# are made once); 2 = the cores of the machine CI runs on, 0 = one process.
+TEST_WORKERS ?= 2
 test: setup
-	PYTHONHASHSEED=0 $(PY) -m pytest
+	PYTHONHASHSEED=0 $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 test-slow: setup
 	PYTHONHASHSEED=0 $(PY) -m pytest -m slow

@@ -3,7 +3,6 @@ fresh data dir per test with that model linked in where the `base_model` asset p
 
 from __future__ import annotations
 
-import fcntl
 import os
 from pathlib import Path
 
@@ -44,12 +43,9 @@ def fixed_seeds():
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    """tiny-local with the default config, built once and reused while its fingerprint holds."""
-    (PROJECT_ROOT / ".cache").mkdir(exist_ok=True)
-    # A lock, so test runs started side by side build it once.
-    with open(PROJECT_ROOT / ".cache" / ".tiny-local.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return cached_tiny_local()
+    """tiny-local with the default config, installed or built once per machine (under a lock: test workers side
+    by side wait for the first) and reused while its fingerprint holds."""
+    return cached_tiny_local()
 
 
 @pytest.fixture()

@@ -7,13 +7,15 @@ memory to a published folder they are the same code, here.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -103,6 +105,18 @@ def ensure_folder(
         if info is not None:
             return info, PREBUILT
     return build(out_dir), BUILT
+
+
+@contextmanager
+def cache_lock(name: str) -> Iterator[None]:
+    """Held while `.cache/`'s build of `name` is checked or made: processes side by side (test workers,
+    benchmarks) wait for the first one's build instead of building it again over each other."""
+    from outcome_flywheel.settings import PROJECT_ROOT
+
+    (PROJECT_ROOT / ".cache").mkdir(exist_ok=True)
+    with open(PROJECT_ROOT / ".cache" / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def cache_dir(name: str, fingerprint: str) -> Path:

