@@ -67,7 +67,7 @@ def run_daily_update(
         matured = matured_notes(d, inputs, store.market_data, settings, temperature, tokenizer)
     with timed(timings, "train_s"):
         update = update_policy(policy, models, d.parent, inputs, scores, matured, settings, temperature, d.seed, day)
-        policy, info = update.policy, checkpoint_info(d, models, update, settings)
+        policy, info = update.policy, checkpoint_info(d, models, update)
         staged = store.stage(policy, d, info, update)
     with timed(timings, "generate_s"):
         if evolver.due():  # a candidate prompt, tested on the held-out headlines by D's policy

@@ -68,7 +68,7 @@ class DailyUpdateResult:
     train_stats = property(lambda self: self.update.stats)  # per-step figures (None: not trained), for MLflow
 
 
-def checkpoint_info(d: Day, models: ModelLoader, update, settings: DailyUpdateSettings) -> dict:
+def checkpoint_info(d: Day, models: ModelLoader, update) -> dict:
     """checkpoint.json of D before it is staged (the stage adds its kind and version)."""
     parent = d.parent_info
     return {

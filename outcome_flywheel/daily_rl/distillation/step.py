@@ -148,14 +148,11 @@ def read_inputs(warehouse: Warehouse) -> DistillInputs:
 def record_run(warehouse: Warehouse, result: DistillResult, samples: pd.DataFrame) -> None:
     """The run's samples count as used and its row joins `distillation_runs`; a re-run of the same run id
     replaces its rows."""
-    used = result.used_rows(samples)
-    previous = warehouse.read(USED_TABLE) if warehouse.exists(USED_TABLE) else used.iloc[:0]
-    warehouse.write(USED_TABLE, pd.concat([previous[previous["run_id"] != result.run_id], used], ignore_index=True))
-    runs = warehouse.read(RUNS_TABLE) if warehouse.exists(RUNS_TABLE) else pd.DataFrame()
-    row = pd.DataFrame([result.row()])
-    warehouse.write(
-        RUNS_TABLE, pd.concat([runs[runs["run_id"] != result.run_id], row], ignore_index=True) if len(runs) else row
-    )
+    used, row = result.used_rows(samples), pd.DataFrame([result.row()])
+    for table, rows in ((USED_TABLE, used), (RUNS_TABLE, row)):
+        previous = warehouse.find(table)
+        kept = previous[previous["run_id"] != result.run_id] if previous is not None and len(previous) else None
+        warehouse.write(table, rows if kept is None else pd.concat([kept, rows], ignore_index=True))
 
 
 def distill(warehouse: Warehouse, models: ModelLoader, run_id: str, config: DistillConfig, log=print) -> DistillResult:

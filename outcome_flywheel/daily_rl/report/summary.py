@@ -187,7 +187,7 @@ def distillation_summary(data_dir) -> str:
     from outcome_flywheel.training_audit import read_audit
 
     warehouse = _warehouse(data_dir)
-    runs = warehouse.read(RUNS_TABLE) if warehouse.exists(RUNS_TABLE) else pd.DataFrame()
+    runs = warehouse.read(RUNS_TABLE)  # empty when absent
     audit = read_audit(warehouse)
     tiers = (
         ", ".join(f"{t} {n}" for t, n in audit["tier"].value_counts().sort_index().items()) if len(audit) else "none"
