@@ -64,9 +64,10 @@ def screenshot(driver, path: Path, max_height: int = 4000) -> None:
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
-def check(condition: bool, what: str) -> None:
+def check(condition: bool, what: str, seen: str = "") -> None:
     if not condition:
-        raise AssertionError(what)
+        # what the page showed instead, so a failure in CI can be read without a rerun
+        raise AssertionError(f"{what}; the page said: {seen[:2000]!r}" if seen else what)
     print(f"ok  {what}", flush=True)
 
 
@@ -201,9 +202,11 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
         screenshot(driver, shots / "proposal.png")
 
         driver.get(f"{base}/status")
+        page = driver.page_source
         check(
-            "History: daily loop" in driver.page_source and "History: preference adapters" in driver.page_source,
+            "History: daily loop" in page and "History: preference adapters" in page,
             "the status page shows both loops",
+            seen=driver.find_element(By.TAG_NAME, "body").text,
         )
         # the charts a person sees: every figure decoded to an image with a size (a broken PNG has width 0)
         widths = driver.execute_script(
