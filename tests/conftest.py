@@ -6,17 +6,30 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
+# Under pytest-xdist each worker gets its share of the cores for torch's (and its subprocesses') threads:
+# two workers of two threads each on two cores wait on each other's spinning threads, and a tiny model's
+# step slows down several times over. Set before torch is imported; a value the caller set is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1:
+    _THREADS = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_name, _THREADS)
 
-from outcome_flywheel.models.loader import ModelLoader
-from outcome_flywheel.models.provision.tiny_local import cached_tiny_local
-from outcome_flywheel.settings import PROJECT_ROOT
-from outcome_flywheel.storage import Warehouse
+import pytest  # noqa: E402
+
+from outcome_flywheel.models.loader import ModelLoader  # noqa: E402
+from outcome_flywheel.models.provision.tiny_local import cached_tiny_local  # noqa: E402
+from outcome_flywheel.settings import PROJECT_ROOT  # noqa: E402
+from outcome_flywheel.storage import Warehouse  # noqa: E402
 
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
 def pytest_configure(config):
+    if _WORKERS > 1:  # in case torch was imported before the variables were set
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     config.addinivalue_line(
         "markers",
         "production: the production shape on real servers (make up / make down, tests/deploy/test_production.py)",

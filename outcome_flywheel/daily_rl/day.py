@@ -52,7 +52,7 @@ def run_daily_update(
     check_objective(settings)
     d = store.open(day, settings, models.seed)
     inputs = store.read(d, settings, follow_ups)
-    n_rollouts, max_new_tokens = settings.sizes(models)
+    settings, n_rollouts, max_new_tokens = settings.sized(models)
     timings: dict[str, float] = {}
     with timed(timings, "score_s"):
         scores = score_notes(d, inputs, models, judge, settings)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from outcome_flywheel.daily_rl.partitions import DailyUpdateError
 from outcome_flywheel.daily_rl.policy.gate import GateConfig
@@ -97,11 +97,15 @@ class DailyUpdateSettings:
             span=self.credit.price_span,
         )
 
-    def sizes(self, models: ModelLoader) -> tuple[int, int]:
-        """(rollouts per headline, max new tokens) after the environment and the model's defaults."""
+    def sized(self, models: ModelLoader) -> tuple[DailyUpdateSettings, int, int]:
+        """(these settings, rollouts per headline, max new tokens) after the environment and the model's
+        defaults. The gate's greedy probe is capped at the notes' own budget: past it the probe would
+        judge text the policy never writes (nor trains on)."""
         n = self.rollouts_per_headline or int(env("FLYWHEEL_ROLLOUTS_PER_HEADLINE"))
         default_tokens = str(TINY_LOCAL_MAX_NEW_TOKENS if models.is_tiny_local else DEFAULT_MAX_NEW_TOKENS)
-        return n, self.max_new_tokens or int(env("FLYWHEEL_MAX_NEW_TOKENS", default_tokens))
+        tokens = self.max_new_tokens or int(env("FLYWHEEL_MAX_NEW_TOKENS", default_tokens))
+        gate = replace(self.gate, probe_max_new_tokens=min(self.gate.probe_max_new_tokens, tokens))
+        return replace(self, gate=gate), n, tokens
 
 
 # The `daily_update` run config, flat: run-config field -> the `DailyUpdateSettings` field it overrides, as a

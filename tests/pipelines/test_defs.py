@@ -394,3 +394,17 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
         value = _other_value(at(defaults, path), DailyUpdateConfig.model_fields[name].annotation)
         assert at(DailyUpdateConfig(**{name: value}).settings(), path) == value, name
     assert DailyUpdateConfig(full_fine_tune=True, lora_r=4).settings().gspo.lora is None
+
+
+def test_the_gates_probe_is_capped_at_the_notes_budget():
+    """`sized`: the gate's greedy probe never runs past the day's max_new_tokens (it would judge text the
+    policy never writes), and a larger note budget leaves the probe's own."""
+    from outcome_flywheel.daily_rl.day_settings import DailyUpdateSettings
+    from outcome_flywheel.models.loader import ModelLoader
+
+    probe = DailyUpdateSettings().gate.probe_max_new_tokens
+    short, n, tokens = DailyUpdateSettings(max_new_tokens=32, rollouts_per_headline=3).sized(ModelLoader())
+    assert (short.gate.probe_max_new_tokens, n, tokens) == (32, 3, 32)
+    long, _, tokens = DailyUpdateSettings(max_new_tokens=probe + 100).sized(ModelLoader(base_model="some/model"))
+    assert (long.gate.probe_max_new_tokens, tokens) == (probe, probe + 100)
+    assert long.gate == DailyUpdateSettings().gate

@@ -75,7 +75,9 @@ class GateConfig:
     probe_headlines: int = field(
         default=8, metadata={"help": "Headlines of day D in the probe (the first N by headline_id)."}
     )
-    probe_max_new_tokens: int = field(default=160, metadata={"help": "Token budget of each greedy probe note."})
+    probe_max_new_tokens: int = field(
+        default=160, metadata={"help": "Token budget of each greedy probe note (at most the day's max_new_tokens)."}
+    )
     kl_rollouts: int = field(
         default=64, metadata={"help": "Training rollouts (parent samples) the KL is measured on, at most."}
     )
