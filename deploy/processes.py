@@ -159,6 +159,25 @@ def orphans(record: ProcessRecord) -> list[psutil.Process]:
     return found
 
 
+def _exited(process: psutil.Process) -> bool:
+    """Gone, or a zombie: it has exited, and only its parent's reaping is left (an orphan's parent is the
+    machine's init, which in a container may reap late or never)."""
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_exited(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Those of `processes` still running after `timeout` seconds (a zombie counts as exited)."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in processes if not _exited(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if not _exited(p)]
+    return alive
+
+
 def _end(rest: list[psutil.Process]) -> list[psutil.Process]:
     """TERM `rest`, KILL what is left after 10 s; returns those killed."""
     for process in rest:
@@ -166,13 +185,13 @@ def _end(rest: list[psutil.Process]) -> list[psutil.Process]:
             process.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(rest, timeout=10)
+    alive = _wait_exited(rest, timeout=10)
     for process in alive:
         try:
             process.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=10)
+    _wait_exited(alive, timeout=10)
     return alive
 
 
@@ -192,8 +211,12 @@ def stop(home: Path, name: str, grace_s: float = 30.0) -> str:
         return f"{name}: pid {record.pid} was not running (stale pid file removed){more}"
     members = _group(leader)
     leader.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs([leader], timeout=grace_s)
-    alive = _end([p for p in members + alive if p.is_running()])
+    _wait_exited([leader], timeout=grace_s)
+    try:
+        leader.wait(timeout=0)  # reaps it when it is this process's child
+    except (psutil.TimeoutExpired, psutil.NoSuchProcess):
+        pass
+    alive = _end([p for p in members + [leader] if not _exited(p)])
     remove_record(home, name)
     killed = f", {len(alive)} killed after the grace period" if alive else ""
     return f"{name}: stopped pid {record.pid} ({' '.join(record.cmdline[:3])}) and {len(members)} process(es) it started{killed}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -58,3 +59,22 @@ def test_a_live_piece_has_no_orphans(tmp_path):
         assert processes.orphans(record) == []  # alive: its group is stopped with it, not as orphans
     finally:
         processes.stop(tmp_path / "home", "daemon", grace_s=5)
+
+
+def test_an_exited_child_its_parent_has_not_reaped_is_not_counted_as_killed(tmp_path):
+    """A zombie has exited: only its parent's reaping is left (an orphan's parent is init, which in a container may
+    reap late). A piece that ignores TERM leaves its child a zombie when TERM ends the child: `stop` kills the piece
+    after the grace period and says so, and counts the zombie as stopped, not as killed."""
+    home = tmp_path / "home"
+    code = (
+        "import signal, subprocess, time; child = subprocess.Popen(['sleep', '600']); "
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"  # after the child: it would inherit SIG_IGN
+    )
+    record = processes.start(home, "daemon", [sys.executable, "-c", code], dict(os.environ), tmp_path)
+    deadline = time.monotonic() + 20
+    while not (children := record.process().children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (child,) = children
+    line = processes.stop(home, "daemon", grace_s=1)
+    assert line.endswith("and 1 process(es) it started, 1 killed after the grace period"), line  # the piece alone
+    assert _wait_gone(child.pid) and _wait_gone(record.pid)
