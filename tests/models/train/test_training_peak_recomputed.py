@@ -1,0 +1,83 @@
+"""A training step's peak with the layers recomputed (`torch/recompute.py`), counted on the CPU as in
+test_training_peak.py (the probes: peak_probe.py), on a deeper probe whose head runs in small chunks so that the
+layers' share of the peak shows. A file of its own so that a test worker takes it beside the other."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from outcome_flywheel.models.provision import qwen3_shapes
+from outcome_flywheel.models.torch.backend import TorchBackend
+from outcome_flywheel.models.train.memory import RECOMPUTE_VARIABLE
+from tests.live_memory import LiveTensorBytes
+from tests.models.train.peak_probe import CASES, PROBE, cuda_peak, prepared
+
+
+@pytest.fixture(scope="module")
+def deep_dir(tmp_path_factory):
+    """`recomputed`'s probe: `PROBE` with 8 layers, built once for its cases."""
+    with pytest.MonkeyPatch.context() as patch:
+        deep = dict(PROBE, num_hidden_layers=8)
+        patch.setattr(qwen3_shapes, "SHAPES", {**qwen3_shapes.SHAPES, "recompute-probe": deep})
+        return qwen3_shapes.build_model(tmp_path_factory.mktemp("deep") / "m", "recompute-probe", dtype="bfloat16")
+
+
+def recomputed(model_dir, monkeypatch, case: str, device: str):
+    """`prepared` with the layers recomputed (`torch/recompute.py`, `FLYWHEEL_TRAIN_RECOMPUTE=always`),
+    on the deeper probe (`deep_dir`) whose head runs in small chunks, so that the layers' share of the
+    peak shows (at the real chunk the head's 510 MiB would hide it): each layer's input kept, one
+    layer's activations at a time. Three quarters of the activations as the plan counts them: every
+    case then takes 2 parts (at a half, DPO's padded pairs go one a part whichever the plan). Also a
+    run of the same step keeping every activation under the same setting: (backend, train, setting, kept)."""
+    from dataclasses import replace
+    from functools import partial
+
+    from outcome_flywheel.models.torch import backend as torch_backend
+    from outcome_flywheel.models.torch.logprobs import token_logprobs
+    from outcome_flywheel.models.torch.training import FRAMEWORK
+
+    # float32 logits of 13 tokens a chunk at this vocabulary; 27 for the full fine-tune, whose head's
+    # backward makes a gradient of the whole embedding per chunk (most of its case's time on a CPU)
+    chunk = 2**22 if "full" in case else 2**21
+    monkeypatch.setattr(torch_backend, "token_logprobs", partial(token_logprobs, chunk_elements=chunk))
+    monkeypatch.setattr(TorchBackend, "framework", replace(FRAMEWORK, logit_chunk_elements=chunk))
+
+    def kept():
+        monkeypatch.setenv(RECOMPUTE_VARIABLE, "never")
+        return CASES[case](
+            TorchBackend(model_dir, device=device, dtype="bfloat16", master_weights="full" in case),
+            np.random.default_rng(0),
+        )[1]()
+
+    backend, train, setting = prepared(model_dir, monkeypatch, case, device, recompute="always", share=0.75)
+    return backend, train, setting, kept
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_recomputed_steps_peak_stays_within_the_setting(deep_dir, monkeypatch, case):
+    """The layers recomputed (`recomputed`): the peak within the setting, the budget still binding,
+    and keeping every activation under the same setting takes more parts."""
+    backend, train, setting, kept = recomputed(deep_dir, monkeypatch, case, "cpu")
+    tracker = LiveTensorBytes(list(backend.model.parameters()) + list(backend.model.buffers()))
+    with tracker:
+        stats = train()
+    assert stats.extra["recompute"] is True and stats.extra["micro_batches"] >= 2, stats.extra
+    print(
+        f"{case} recomputed: peak {tracker.peak / 2**20:.1f} MiB at {tracker.peak_op}, setting {setting / 2**20:.1f} MiB"
+    )
+    assert tracker.peak <= setting, (tracker.peak / 2**20, setting / 2**20, tracker.peak_op)
+    assert kept().extra["micro_batches"] > stats.extra["micro_batches"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_recomputed_steps_cuda_peak_stays_within_the_setting(deep_dir, monkeypatch, case):
+    """The same on CUDA, by the allocator's peak (bound as in the CUDA case above): the recomputation
+    in the backward pass takes the forward's kernels (`attention_kernels`) and precision."""
+    backend, train, setting, _ = recomputed(deep_dir, monkeypatch, case, "cuda")
+    stats, peak = cuda_peak(train)
+    assert stats.extra["recompute"] is True and stats.extra["micro_batches"] >= 2, stats.extra
+    print(f"{case} recomputed (CUDA): peak {peak / 2**20:.1f} MiB over the model, setting {setting / 2**20:.1f} MiB")
+    assert peak <= setting + 32 * 2**20, (peak / 2**20, setting / 2**20)
