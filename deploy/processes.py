@@ -100,6 +100,18 @@ def live_records(home: Path) -> list[ProcessRecord]:
     return [record for path in sorted(pid_dir(home).glob("*.pid")) if (record := running(home, path.stem))]
 
 
+def _clean_signals() -> None:
+    """In the child before exec: no signal blocked, TERM / INT / HUP at their defaults, as a service manager
+    starts a service. A mask or an ignored TERM is inherited through exec (a caller's thread that blocked it, a
+    shell that ignored it), and a piece started with it would outlive `stop`'s TERM until the KILL."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        try:
+            signal.signal(number, signal.SIG_DFL)
+        except ValueError:  # forked from a thread other than the main one: Python refuses; the mask is reset
+            pass
+
+
 def start(home: Path, name: str, command: list[str], env: dict[str, str], cwd: Path) -> ProcessRecord:
     """Start `command` detached (its own session, output to `<home>/process-logs/<name>.log`) and record it."""
     log_path = log_dir(home) / f"{name}.log"
@@ -113,6 +125,7 @@ def start(home: Path, name: str, command: list[str], env: dict[str, str], cwd: P
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_clean_signals,
         )
     record = ProcessRecord.of(name, process.pid, str(log_path))
     write_record(home, record)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 
@@ -27,6 +28,15 @@ def _wait_gone(pid: int, timeout_s: float = 10) -> bool:
     return False
 
 
+def _signals(pid: int) -> str:
+    """The process's signal state (blocked, ignored, caught) and state, for a failure's message."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as err:
+        return str(err)
+    return "; ".join(line for line in lines if line.startswith(("State", "SigBlk", "SigIgn", "SigCgt", "PPid")))
+
+
 def test_down_stops_what_a_killed_piece_left_running_and_nothing_else(tmp_path):
     home = tmp_path / "home"
     record = processes.start(home, "mlflow", ["sh", "-c", "sleep 600 & wait"], dict(os.environ), tmp_path)
@@ -40,10 +50,11 @@ def test_down_stops_what_a_killed_piece_left_running_and_nothing_else(tmp_path):
         assert _wait_gone(record.pid) and worker.is_running()  # the worker outlives it
         assert processes.running(home, "mlflow") is None
         assert [p.pid for p in processes.orphans(record)] == [worker.pid]
+        before = _signals(worker.pid)
         line = processes.stop(home, "mlflow")
         assert line == (
             f"mlflow: pid {record.pid} was not running (stale pid file removed); stopped 1 process(es) it had started"
-        )
+        ), before
         assert _wait_gone(worker.pid) and bystander.poll() is None
         assert processes.read_record(home, "mlflow") is None
     finally:
@@ -75,6 +86,34 @@ def test_an_exited_child_its_parent_has_not_reaped_is_not_counted_as_killed(tmp_
     while not (children := record.process().children()) and time.monotonic() < deadline:
         time.sleep(0.05)
     (child,) = children
+    before = _signals(child.pid)
     line = processes.stop(home, "daemon", grace_s=1)
-    assert line.endswith("and 1 process(es) it started, 1 killed after the grace period"), line  # the piece alone
+    assert line.endswith("and 1 process(es) it started, 1 killed after the grace period"), (
+        line,
+        before,
+    )  # the piece alone
     assert _wait_gone(child.pid) and _wait_gone(record.pid)
+
+
+def test_a_piece_started_where_term_is_blocked_or_ignored_still_stops_on_term(tmp_path):
+    """A blocked or ignored TERM is inherited through exec: `start` gives each piece the defaults, so `stop`'s
+    TERM ends it (and what it starts) without waiting out the grace period for a KILL."""
+    import threading
+
+    home, result = tmp_path / "home", {}
+
+    def start_with_term_blocked():
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # this thread only
+        result["record"] = processes.start(home, "daemon", ["sh", "-c", "sleep 600 & wait"], dict(os.environ), tmp_path)
+
+    thread = threading.Thread(target=start_with_term_blocked)
+    thread.start()
+    thread.join()
+    record = result["record"]
+    deadline = time.monotonic() + 10
+    while not (children := record.process().children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children and "SigBlk:\t0000000000000000" in _signals(children[0].pid), _signals(children[0].pid)
+    started = time.monotonic()
+    line = processes.stop(home, "daemon", grace_s=20)
+    assert "killed" not in line and time.monotonic() - started < 10, line
