@@ -28,6 +28,14 @@ def _wait_gone(pid: int, timeout_s: float = 10) -> bool:
     return False
 
 
+def _children(record: processes.ProcessRecord, timeout_s: float) -> list[psutil.Process]:
+    """The recorded piece's children once it has started one (empty after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while not (children := record.process().children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return children
+
+
 def _signals(pid: int) -> str:
     """The process's signal state (blocked, ignored, caught) and state, for a failure's message."""
     try:
@@ -40,9 +48,7 @@ def _signals(pid: int) -> str:
 def test_down_stops_what_a_killed_piece_left_running_and_nothing_else(tmp_path):
     home = tmp_path / "home"
     record = processes.start(home, "mlflow", ["sh", "-c", "sleep 600 & wait"], dict(os.environ), tmp_path)
-    deadline = time.monotonic() + 10
-    while not (children := record.process().children()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    children = _children(record, timeout_s=10)
     (worker,) = children
     bystander = subprocess.Popen(["sleep", "600"])  # another process, not of the piece's group
     try:
@@ -82,16 +88,12 @@ def test_an_exited_child_its_parent_has_not_reaped_is_not_counted_as_killed(tmp_
         "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"  # after the child: it would inherit SIG_IGN
     )
     record = processes.start(home, "daemon", [sys.executable, "-c", code], dict(os.environ), tmp_path)
-    deadline = time.monotonic() + 20
-    while not (children := record.process().children()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    children = _children(record, timeout_s=20)
     (child,) = children
     before = _signals(child.pid)
     line = processes.stop(home, "daemon", grace_s=1)
-    assert line.endswith("and 1 process(es) it started, 1 killed after the grace period"), (
-        line,
-        before,
-    )  # the piece alone
+    # the piece alone was killed: its child had exited (a zombie its living parent never reaped)
+    assert line.endswith("and 1 process(es) it started, 1 killed after the grace period"), (line, before)
     assert _wait_gone(child.pid) and _wait_gone(record.pid)
 
 
@@ -110,9 +112,7 @@ def test_a_piece_started_where_term_is_blocked_or_ignored_still_stops_on_term(tm
     thread.start()
     thread.join()
     record = result["record"]
-    deadline = time.monotonic() + 10
-    while not (children := record.process().children()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    children = _children(record, timeout_s=10)
     assert children and "SigBlk:\t0000000000000000" in _signals(children[0].pid), _signals(children[0].pid)
     started = time.monotonic()
     line = processes.stop(home, "daemon", grace_s=20)

@@ -117,3 +117,12 @@ def cuda_peak(train):
     stats = train()
     torch.cuda.synchronize()
     return stats, torch.cuda.max_memory_allocated() - before
+
+
+def build_probe(folder, name: str, shape: dict):
+    """`shape` (a Qwen3 config) registered as `name` only while it is built, in bf16 as on a GPU, into `folder`."""
+    import pytest
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(qwen3_shapes, "SHAPES", {**qwen3_shapes.SHAPES, name: shape})
+        return qwen3_shapes.build_model(folder, name, dtype="bfloat16")

@@ -13,18 +13,15 @@ import numpy as np
 import pytest
 import torch
 
-from outcome_flywheel.models.provision import qwen3_shapes
 from outcome_flywheel.models.torch.backend import TorchBackend
 from outcome_flywheel.models.train.gspo_config import GSPOConfig
 from tests.live_memory import LiveTensorBytes
-from tests.models.train.peak_probe import CASES, PROBE, cuda_peak, prepared, prompt
+from tests.models.train.peak_probe import CASES, PROBE, build_probe, cuda_peak, prepared, prompt
 
 
 @pytest.fixture(scope="module")
 def probe_dir(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(qwen3_shapes, "SHAPES", {**qwen3_shapes.SHAPES, "peak-probe": PROBE})
-        return qwen3_shapes.build_model(tmp_path_factory.mktemp("peak") / "model", "peak-probe", dtype="bfloat16")
+    return build_probe(tmp_path_factory.mktemp("peak") / "model", "peak-probe", PROBE)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -84,8 +81,7 @@ def test_the_responses_forward_leaves_no_grown_prompt_cache_at_its_peak(tmp_path
     from outcome_flywheel.models.torch.static_cache import attention_kernels
 
     deep = dict(PROBE, num_hidden_layers=12, hidden_size=128, intermediate_size=256, head_dim=32)
-    monkeypatch.setattr(qwen3_shapes, "SHAPES", {**qwen3_shapes.SHAPES, "deep-probe": deep})
-    model_dir = qwen3_shapes.build_model(tmp_path / "m", "deep-probe", dtype="bfloat16")
+    model_dir = build_probe(tmp_path / "m", "deep-probe", deep)
     backend = TorchBackend(model_dir, device="cpu", dtype="bfloat16")
     backend.add_lora(GSPOConfig().lora)
     rng = np.random.default_rng(0)

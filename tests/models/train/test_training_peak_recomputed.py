@@ -8,20 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from outcome_flywheel.models.provision import qwen3_shapes
 from outcome_flywheel.models.torch.backend import TorchBackend
 from outcome_flywheel.models.train.memory import RECOMPUTE_VARIABLE
 from tests.live_memory import LiveTensorBytes
-from tests.models.train.peak_probe import CASES, PROBE, cuda_peak, prepared
+from tests.models.train.peak_probe import CASES, PROBE, build_probe, cuda_peak, prepared
 
 
 @pytest.fixture(scope="module")
 def deep_dir(tmp_path_factory):
     """`recomputed`'s probe: `PROBE` with 8 layers, built once for its cases."""
-    with pytest.MonkeyPatch.context() as patch:
-        deep = dict(PROBE, num_hidden_layers=8)
-        patch.setattr(qwen3_shapes, "SHAPES", {**qwen3_shapes.SHAPES, "recompute-probe": deep})
-        return qwen3_shapes.build_model(tmp_path_factory.mktemp("deep") / "m", "recompute-probe", dtype="bfloat16")
+    return build_probe(tmp_path_factory.mktemp("deep") / "m", "recompute-probe", dict(PROBE, num_hidden_layers=8))
 
 
 def recomputed(model_dir, monkeypatch, case: str, device: str):
@@ -74,7 +70,7 @@ def test_a_recomputed_steps_peak_stays_within_the_setting(deep_dir, monkeypatch,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_recomputed_steps_cuda_peak_stays_within_the_setting(deep_dir, monkeypatch, case):
-    """The same on CUDA, by the allocator's peak (bound as in the CUDA case above): the recomputation
+    """The same on CUDA, by the allocator's peak (bound as in test_training_peak.py's CUDA case): the recomputation
     in the backward pass takes the forward's kernels (`attention_kernels`) and precision."""
     backend, train, setting, _ = recomputed(deep_dir, monkeypatch, case, "cuda")
     stats, peak = cuda_peak(train)
