@@ -3,9 +3,9 @@ arguments in its own process (one torch thread, a fresh data dir holding the cac
 and print one JSON object on its last line (the project's convention). The figures of such runs mean nothing; the
 code paths are what is checked. The CUDA benchmarks (gpu, training_profile) run their CPU smoke versions, and
 logprob_memory and data_parallel their CPU paths (data_parallel: gloo under torchrun): none needs CUDA.
-Measured on the 2-core box while four other sessions loaded it (load average 7-12): 8.8 minutes for the module,
-training_profile's CPU smoke the longest (58-170 s: three trainers x three plans, each warmed up and profiled;
-now without the warm-ups)."""
+training_profile's CPU smoke is the longest: three trainers x three plans, each profiled (no warm-ups), on 2 x 2
+sequences, since aggregating the profiler's events is most of its time (on the 2-core box beside a 2-process
+benchmark: 280 s at 2 x 4, 164 s at 2 x 2)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,6 @@ layers' share of the peak shows. A file of its own so that a test worker takes i
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -25,37 +24,44 @@ def recomputed(model_dir, monkeypatch, case: str, device: str):
     on the deeper probe (`deep_dir`) whose head runs in small chunks, so that the layers' share of the
     peak shows (at the real chunk the head's 510 MiB would hide it): each layer's input kept, one
     layer's activations at a time. Three quarters of the activations as the plan counts them: every
-    case then takes 2 parts (at a half, DPO's padded pairs go one a part whichever the plan). Also a
-    run of the same step keeping every activation under the same setting: (backend, train, setting, kept)."""
+    case then takes 2 parts (at a half, DPO's padded pairs go one a part whichever the plan). Also the
+    parts the same minibatches would take keeping every activation under the same setting, as the
+    trainer's own `memory_plan` call plans them (filled in when the step runs; a second training would
+    only count them again): (backend, train, setting, kept_parts)."""
     from dataclasses import replace
     from functools import partial
 
     from outcome_flywheel.models.torch import backend as torch_backend
     from outcome_flywheel.models.torch.logprobs import token_logprobs
     from outcome_flywheel.models.torch.training import FRAMEWORK
+    from outcome_flywheel.models.train import gspo, memory, shards
 
     # float32 logits of 13 tokens a chunk at this vocabulary; 27 for the full fine-tune, whose head's
     # backward makes a gradient of the whole embedding per chunk (most of its case's time on a CPU)
     chunk = 2**22 if "full" in case else 2**21
     monkeypatch.setattr(torch_backend, "token_logprobs", partial(token_logprobs, chunk_elements=chunk))
     monkeypatch.setattr(TorchBackend, "framework", replace(FRAMEWORK, logit_chunk_elements=chunk))
+    kept_parts: list[int] = []
 
-    def kept():
-        monkeypatch.setenv(RECOMPUTE_VARIABLE, "never")
-        return CASES[case](
-            TorchBackend(model_dir, device=device, dtype="bfloat16", master_weights="full" in case),
-            np.random.default_rng(0),
-        )[1]()
+    def planned(backend, minibatches, cost_of, shared):
+        with pytest.MonkeyPatch.context() as setting:
+            setting.setenv(RECOMPUTE_VARIABLE, "never")
+            kept = memory.memory_plan(backend, minibatches, cost_of, shared)
+        cost = cost_of(kept.costs)
+        kept_parts.append(sum(len(memory.split_by_cost(list(b), cost, kept.limit)) for b in minibatches))
+        return memory.memory_plan(backend, minibatches, cost_of, shared)
 
+    for trainer in (gspo, shards):
+        monkeypatch.setattr(trainer, "memory_plan", planned)
     backend, train, setting = prepared(model_dir, monkeypatch, case, device, recompute="always", share=0.75)
-    return backend, train, setting, kept
+    return backend, train, setting, kept_parts
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_recomputed_steps_peak_stays_within_the_setting(deep_dir, monkeypatch, case):
     """The layers recomputed (`recomputed`): the peak within the setting, the budget still binding,
     and keeping every activation under the same setting takes more parts."""
-    backend, train, setting, kept = recomputed(deep_dir, monkeypatch, case, "cpu")
+    backend, train, setting, kept_parts = recomputed(deep_dir, monkeypatch, case, "cpu")
     tracker = LiveTensorBytes(list(backend.model.parameters()) + list(backend.model.buffers()))
     with tracker:
         stats = train()
@@ -64,7 +70,7 @@ def test_a_recomputed_steps_peak_stays_within_the_setting(deep_dir, monkeypatch,
         f"{case} recomputed: peak {tracker.peak / 2**20:.1f} MiB at {tracker.peak_op}, setting {setting / 2**20:.1f} MiB"
     )
     assert tracker.peak <= setting, (tracker.peak / 2**20, setting / 2**20, tracker.peak_op)
-    assert kept().extra["micro_batches"] > stats.extra["micro_batches"]
+    assert kept_parts and kept_parts[-1] > stats.extra["micro_batches"], (kept_parts, stats.extra)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
