@@ -89,10 +89,11 @@ lint: setup
 # The suite without the real-model loops of minutes (marked `slow`), then those: CI runs both (.ci/run).
 # The hash seed is fixed so that every machine iterates sets and dicts of strings in the same order.
 # TEST_WORKERS pytest processes (pytest-xdist), each test file whole on one of them (its module fixtures
-# are made once); 2 = the cores of the machine CI runs on, 0 = one process.
+# are made once), the heaviest files first (tests/file_order.py); 2 = the cores of the machine CI runs on,
+# 0 = one process. PYTEST_ARGS: more of pytest's arguments (--record-file-seconds: the order's record).
 TEST_WORKERS ?= 2
 test: setup
-	PYTHONHASHSEED=0 $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
+	PYTHONHASHSEED=0 $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 test-slow: setup
 	PYTHONHASHSEED=0 $(PY) -m pytest -m slow

@@ -23,6 +23,7 @@ from outcome_flywheel.settings import PROJECT_ROOT  # noqa: E402
 from outcome_flywheel.storage import Warehouse  # noqa: E402
 
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
+pytest_plugins = ["tests.file_order"]  # the heaviest test files first
 
 
 def pytest_configure(config):
