@@ -58,6 +58,8 @@ DEFAULT_WAIT_S = 3600.0
 LEASE_VARIABLE = "FLYWHEEL_TRAINER_LOCK_LEASE_S"  # a holder without a heartbeat for this long is stale
 DEFAULT_LEASE_S = 60.0
 HEARTBEATS_PER_LEASE = 4  # the lease is renewed every lease_s / 4
+# the least a trainer waits for the fence's mutex, even with its wait (nearly) over: a renewal holds it briefly
+MUTEX_FLOOR_S = 0.5
 LEGACY_HOLD_S = 12 * 3600.0  # a lock without a lease (older version): stale this long after its started_at
 
 
@@ -260,7 +262,7 @@ class TrainerLock:
     def _take(self, holder: dict, wait_left: float) -> bool:
         """Create the lock with the next fencing token, under the fence's mutex (no holder is between
         its check and its publication meanwhile: `fencing.publishing`); False when the lock exists."""
-        with file_mutex(mutex_path(self.path), timeout_s=max(wait_left, 0.5)):
+        with file_mutex(mutex_path(self.path), timeout_s=max(wait_left, MUTEX_FLOOR_S)):
             if self.path.exists():
                 return False
             holder["fence"] = issue_fence(self.path, holder)
@@ -286,11 +288,19 @@ class TrainerLock:
                     **({"training_id": self.training_id} if self.training_id else {}),
                 }
             )
+            wait_left = self.wait_s - (time.monotonic() - started)
             try:
-                taken = self._take(holder, self.wait_s - (time.monotonic() - started))
-            except MutexTimeout as err:  # a holder stopped while publishing: the wait is over
+                taken = self._take(holder, wait_left)
+            except MutexTimeout as err:
                 report.waited_s = time.monotonic() - started
                 self.report = report
+                current = read_holder(self.path)
+                if current and wait_left < MUTEX_FLOOR_S:
+                    # the wait ended during a holder's renewal (one can hold the mutex past the last
+                    # MUTEX_FLOOR_S of a wait on a loaded box): busy, by whom the lock says, not stopped
+                    report.waited_for = current
+                    raise self._busy(current, report.waited_s) from err
+                # the mutex held for the whole wait left: a holder stopped while publishing
                 raise TrainerBusy(f"{err}; waited {report.waited_s:.1f} s ({WAIT_VARIABLE})", report) from err
             if not taken:
                 current = read_holder(self.path)
@@ -311,17 +321,7 @@ class TrainerLock:
                 if waited >= self.wait_s:
                     report.waited_s = waited  # the wait the message states, for the audit row too
                     self.report = report
-                    lease = (
-                        f", lease to {current.get('lease_expires_at')}"
-                        if current.get("lease_expires_at")
-                        else ", no lease"
-                    )
-                    raise TrainerBusy(
-                        f"another trainer holds {self.path}: PID {current.get('pid')} on {current.get('host')} "
-                        f"({current.get('tier')}, since {current.get('started_at')}{lease if current else ''}); "
-                        f"waited {waited:.1f} s (limit {self.wait_s:g} s, {WAIT_VARIABLE})",
-                        report,
-                    )
+                    raise self._busy(current, waited)
                 time.sleep(min(self.poll_s, max(0.01, self.wait_s - waited)))
                 continue
             # Every wait counts, a lock being written or left unreadable too (not only one naming a holder).
@@ -335,6 +335,16 @@ class TrainerLock:
             self._start_heartbeat()
             self.log(report.describe())
             return report
+
+    def _busy(self, current: dict, waited: float) -> TrainerBusy:
+        """The refusal once the wait is over: who holds the lock (`current`, as its file says) and how long we waited."""
+        lease = f", lease to {current.get('lease_expires_at')}" if current.get("lease_expires_at") else ", no lease"
+        return TrainerBusy(
+            f"another trainer holds {self.path}: PID {current.get('pid')} on {current.get('host')} "
+            f"({current.get('tier')}, since {current.get('started_at')}{lease if current else ''}); "
+            f"waited {waited:.1f} s (limit {self.wait_s:g} s, {WAIT_VARIABLE})",
+            self.report,
+        )
 
     def _clear(self, holder: dict, report: LockReport, reason: str) -> None:
         # Rename first: of two trainers clearing the same stale lock, only one wins the rename.

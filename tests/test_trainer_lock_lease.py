@@ -205,3 +205,29 @@ def test_a_sigkilled_training_is_marked_crashed_by_the_next_one(tmp_path, monkey
     audit = read_audit(warehouse)
     assert audit["training_id"].tolist().count("dpo:killed") == 1
     assert set(audit["status"]) == {"succeeded"} and not warehouse.path(*LOCK_FILE).exists()
+
+
+def test_a_wait_that_ends_during_a_renewal_names_the_holder(tmp_path):
+    """The fence's mutex busy through the last moments of a wait (a live holder renewing on a loaded box)
+    is the lock being held, by whom its file says, not a holder stopped while publishing."""
+    from outcome_flywheel.fencing import file_mutex, mutex_path
+
+    path = tmp_path / "trainer.lock"
+    _pod_lock(path, expires_in=60)
+    held, done = threading.Event(), threading.Event()
+
+    def renewing():  # another open file description: flock excludes it as it would another process
+        with file_mutex(mutex_path(path)):
+            held.set()
+            done.wait(10)
+
+    renewal = threading.Thread(target=renewing)
+    renewal.start()
+    try:
+        held.wait(10)
+        with pytest.raises(TrainerBusy, match=f"PID 1 on {POD} .*lease to") as busy:
+            TrainerLock(path, tier="dpo", wait_s=0.2, poll_s=0.05).acquire()
+        assert busy.value.report.waited_for["host"] == POD and busy.value.waited_s >= 0.2
+    finally:
+        done.set()
+        renewal.join()
