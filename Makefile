@@ -88,12 +88,14 @@ lint: setup
 
 # The suite without the real-model loops of minutes (marked `slow`), then those: CI runs both (.ci/run).
 # The hash seed is fixed so that every machine iterates sets and dicts of strings in the same order.
+# Bytecode is cached even where the environment says not to: the suite starts Python processes by the
+# hundred, and each would compile the project's modules again.
 # TEST_WORKERS pytest processes (pytest-xdist), each test file whole on one of them (its module fixtures
 # are made once), the heaviest files first (tests/file_order.py); 2 = the cores of the machine CI runs on,
 # 0 = one process. PYTEST_ARGS: more of pytest's arguments (--record-file-seconds: the order's record).
 TEST_WORKERS ?= 2
 test: setup
-	PYTHONHASHSEED=0 $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
+	PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
 test-slow: setup
 	PYTHONHASHSEED=0 $(PY) -m pytest -m slow

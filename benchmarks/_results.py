@@ -69,7 +69,7 @@ def git_commit() -> dict:
     commit = git("rev-parse", "HEAD").strip()
     if not commit:  # a copy without .git (a lent GPU machine): the commit it was copied from, when given
         return dict(commit=os.environ.get("GIT_COMMIT") or None, dirty=None)
-    return dict(commit=commit, dirty=bool(git("status", "--porcelain").strip()))
+    return dict(commit=commit, dirty=bool(git("status", "--porcelain", "--untracked-files=no").strip()))
 
 
 def _load_average() -> list[float] | None:

@@ -109,7 +109,10 @@ def git_commit() -> dict:
         except (OSError, subprocess.SubprocessError):
             return ""
 
-    return dict(commit=git("rev-parse", "HEAD").strip() or None, dirty=bool(git("status", "--porcelain").strip()))
+    return dict(
+        commit=git("rev-parse", "HEAD").strip() or None,
+        dirty=bool(git("status", "--porcelain", "--untracked-files=no").strip()),
+    )
 
 
 def machine() -> dict:
