@@ -58,8 +58,7 @@ DEFAULT_WAIT_S = 3600.0
 LEASE_VARIABLE = "FLYWHEEL_TRAINER_LOCK_LEASE_S"  # a holder without a heartbeat for this long is stale
 DEFAULT_LEASE_S = 60.0
 HEARTBEATS_PER_LEASE = 4  # the lease is renewed every lease_s / 4
-# the least a trainer waits for the fence's mutex, even with its wait (nearly) over: a renewal holds it briefly
-MUTEX_FLOOR_S = 0.5
+MUTEX_FLOOR_S = 0.5  # the least a trainer waits for the fence's mutex: a renewal on a loaded box may hold it so long
 LEGACY_HOLD_S = 12 * 3600.0  # a lock without a lease (older version): stale this long after its started_at
 
 
@@ -288,19 +287,13 @@ class TrainerLock:
                     **({"training_id": self.training_id} if self.training_id else {}),
                 }
             )
-            wait_left = self.wait_s - (time.monotonic() - started)
             try:
-                taken = self._take(holder, wait_left)
-            except MutexTimeout as err:
-                report.waited_s = time.monotonic() - started
-                self.report = report
-                current = read_holder(self.path)
-                if current and wait_left < MUTEX_FLOOR_S:
-                    # the wait ended during a holder's renewal (one can hold the mutex past the last
-                    # MUTEX_FLOOR_S of a wait on a loaded box): busy, by whom the lock says, not stopped
-                    report.waited_for = current
+                taken = self._take(holder, wait_left := self.wait_s - (time.monotonic() - started))
+            except MutexTimeout as err:  # the mutex held all the wait left: a holder stopped while publishing
+                report.waited_s, self.report = time.monotonic() - started, report
+                if (current := read_holder(self.path)) and wait_left < MUTEX_FLOOR_S:
+                    report.waited_for = current  # the wait ended in a live holder's renewal: busy, not stopped
                     raise self._busy(current, report.waited_s) from err
-                # the mutex held for the whole wait left: a holder stopped while publishing
                 raise TrainerBusy(f"{err}; waited {report.waited_s:.1f} s ({WAIT_VARIABLE})", report) from err
             if not taken:
                 current = read_holder(self.path)
@@ -319,8 +312,7 @@ class TrainerLock:
                     report.waited_for = current
                 waited = time.monotonic() - started
                 if waited >= self.wait_s:
-                    report.waited_s = waited  # the wait the message states, for the audit row too
-                    self.report = report
+                    report.waited_s, self.report = waited, report  # the wait the message states, for the audit row too
                     raise self._busy(current, waited)
                 time.sleep(min(self.poll_s, max(0.01, self.wait_s - waited)))
                 continue
