@@ -6,6 +6,8 @@ A file of minutes handed out last keeps one worker busy while the other idles, s
 collected in the order of their seconds in a recorded run (`file_seconds.json` beside this module),
 heaviest first: the longest-processing-time-first rule. A file the record does not know goes last,
 the tests within a file keep their order, and a stale record only costs idle time, never a result.
+The gain is small on this suite, whose files are many and short beside its total: replayed over the
+quiet record, xdist's order ends 22 s after the ideal (1,104 s against 1,082), this one at it.
 
     make test PYTEST_ARGS=--record-file-seconds   # writes tests/file_seconds.json from this run
 """
