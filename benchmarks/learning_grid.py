@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks._grid_table import cell_name, opposite_sides, print_table, world_table
+from benchmarks._results import git_commit
 
 WORLDS = ("news", "inverted", "null")
 PROJECT = Path(__file__).resolve().parents[1]
@@ -100,19 +101,6 @@ def write_json(path: Path, value) -> None:
 
 def cells_of(grid: dict) -> list[tuple[str, int, int]]:
     return [(w, ws, ts) for ws in grid["world_seeds"] for ts in grid["train_seeds"] for w in grid["worlds"]]
-
-
-def git_commit() -> dict:
-    def git(*args):
-        try:
-            return subprocess.run(["git", *args], cwd=PROJECT, capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return dict(
-        commit=git("rev-parse", "HEAD").strip() or None,
-        dirty=bool(git("status", "--porcelain", "--untracked-files=no").strip()),
-    )
 
 
 def machine() -> dict:
