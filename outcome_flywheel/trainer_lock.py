@@ -293,7 +293,7 @@ class TrainerLock:
                 report.waited_s, self.report = time.monotonic() - started, report
                 if (current := read_holder(self.path)) and wait_left < MUTEX_FLOOR_S:
                     report.waited_for = current  # the wait ended in a live holder's renewal: busy, not stopped
-                    raise self._busy(current, report.waited_s) from err
+                    raise self._busy(current, report) from err
                 raise TrainerBusy(f"{err}; waited {report.waited_s:.1f} s ({WAIT_VARIABLE})", report) from err
             if not taken:
                 current = read_holder(self.path)
@@ -313,7 +313,7 @@ class TrainerLock:
                 waited = time.monotonic() - started
                 if waited >= self.wait_s:
                     report.waited_s, self.report = waited, report  # the wait the message states, for the audit row too
-                    raise self._busy(current, waited)
+                    raise self._busy(current, report)
                 time.sleep(min(self.poll_s, max(0.01, self.wait_s - waited)))
                 continue
             # Every wait counts, a lock being written or left unreadable too (not only one naming a holder).
@@ -328,14 +328,14 @@ class TrainerLock:
             self.log(report.describe())
             return report
 
-    def _busy(self, current: dict, waited: float) -> TrainerBusy:
-        """The refusal once the wait is over: who holds the lock (`current`, as its file says) and how long we waited."""
+    def _busy(self, current: dict, report: LockReport) -> TrainerBusy:
+        """The refusal once the wait is over: who holds the lock (`current`, as its file says), `report.waited_s`."""
         lease = f", lease to {current.get('lease_expires_at')}" if current.get("lease_expires_at") else ", no lease"
         return TrainerBusy(
             f"another trainer holds {self.path}: PID {current.get('pid')} on {current.get('host')} "
             f"({current.get('tier')}, since {current.get('started_at')}{lease if current else ''}); "
-            f"waited {waited:.1f} s (limit {self.wait_s:g} s, {WAIT_VARIABLE})",
-            self.report,
+            f"waited {report.waited_s:.1f} s (limit {self.wait_s:g} s, {WAIT_VARIABLE})",
+            report,
         )
 
     def _clear(self, holder: dict, report: LockReport, reason: str) -> None:
