@@ -118,9 +118,9 @@ def token_limit(backend: Any, recompute: bool = False) -> int | None:
 
 
 # float32 copies of one chunk's logits alive at once in its backward pass (torch/logprobs.py): the
-# scaled logits logsumexp keeps, the exp of its gradient and their product, gather's scattered
-# gradient; counted live by tests/models/train/test_training_peak.py.
-HEAD_CHUNK_COPIES = 4
+# log-softmax its cross-entropy keeps, the one-hot gradient it receives and the gradient it returns;
+# counted live by tests/models/train/test_training_peak.py.
+HEAD_CHUNK_COPIES = 3
 
 
 def head_rows(backend: Any) -> int:

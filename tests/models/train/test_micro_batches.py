@@ -289,11 +289,11 @@ def test_the_budget_splits_by_padded_tokens_and_says_what_it_is(tiny_model_dir, 
     monkeypatch.setenv(MEMORY_VARIABLE, "4")  # past a whole chunk's tokens
     per_token = bytes_per_token(backend)
     # the step's gradients and AdamW moments come out of the budget first: every weight, then an
-    # adapter's; then the head's chunk (float32 logits of 2**25 at most, four copies), then activations
+    # adapter's; then the head's chunk (float32 logits of 2**25 at most, three copies), then activations
     weights = sum(p.numel() * 4 for p in backend.model.parameters())
     vocab = backend.vocab_size
-    chunk = 4 * 4 * (2**25 // vocab) * vocab
-    assert head_bytes(backend) == chunk and head_bytes(backend, 10) == 4 * 4 * 10 * vocab
+    chunk = 3 * 4 * (2**25 // vocab) * vocab
+    assert head_bytes(backend) == chunk and head_bytes(backend, 10) == 3 * 4 * 10 * vocab
     assert training_state_bytes(backend) == 3 * weights
     assert token_limit(backend) == (4 * 2**30 - 3 * weights - chunk) // per_token
     backend.add_lora(LoraSettings(r=4, alpha=8))

@@ -4,8 +4,8 @@ CPU: every tensor a whole GSPO, DPO or SFT run makes is followed until it is fre
 setting. The model is Qwen3 at its real vocabulary (151,936: the head's log-softmax chunk is as
 large as on qwen3-0.6b) with a small body, in bf16 as on a GPU; the setting is what the step holds
 whatever its batch plus about half the minibatch's activations, so the budget binds (micro-batches)
-and a cost left out of the count shows as a peak over it: the head's chunk (four float32 copies
-counted as three fails three cases), DPO's row per line (the old count fails the line case)."""
+and a cost left out of the count shows as a peak over it: the head's chunk (three float32 copies
+counted as two fails five of the six cases), DPO's row per line (the old count fails the line case)."""
 
 from __future__ import annotations
 
