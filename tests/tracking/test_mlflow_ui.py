@@ -86,6 +86,7 @@ def test_the_mlflow_ui_shows_a_run_and_the_models_versions(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=open(tmp_path / "server.log", "w"),
         cwd=tmp_path,  # its default artifact folder (./mlartifacts)
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},  # as README's command: no job runners
         start_new_session=True,  # its workers in its own group, stopped together below
     )
     base = f"http://127.0.0.1:{port}"
