@@ -3,9 +3,9 @@ arguments in its own process (one torch thread, a fresh data dir holding the cac
 and print one JSON object on its last line (the project's convention). The figures of such runs mean nothing; the
 code paths are what is checked. The CUDA benchmarks (gpu, training_profile) run their CPU smoke versions, and
 logprob_memory and data_parallel their CPU paths (data_parallel: gloo under torchrun): none needs CUDA.
-training_profile's CPU smoke is the longest: three trainers x three plans, each profiled (no warm-ups), on 2 x 2
-sequences, since aggregating the profiler's events is most of its time (on the 2-core box beside a 2-process
-benchmark: 280 s at 2 x 4, 164 s at 2 x 2)."""
+training_profile's CPU smoke runs three trainers x three plans on 2 x 2 sequences (no warm-ups) and profiles one
+plan a trainer, since parsing the profiler's events was most of its time (on the 2-core box beside a 2-process
+benchmark: 280 s at 2 x 4 with every plan profiled, 164 s at 2 x 2, 18 s with one plan a trainer)."""
 
 from __future__ import annotations
 
