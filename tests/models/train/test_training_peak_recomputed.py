@@ -12,17 +12,21 @@ from outcome_flywheel.models.train.memory import RECOMPUTE_VARIABLE
 from tests.live_memory import LiveTensorBytes
 from tests.models.train.peak_probe import CASES, PROBE, build_probe, cuda_peak, prepared
 
+DEEP_VOCAB = 16_384  # past the fixture tokenizer's ids (~2,050)
+
 
 @pytest.fixture(scope="module")
 def deep_dir(tmp_path_factory):
-    """`recomputed`'s probe: `PROBE` with 8 layers, built once for its cases."""
-    return build_probe(tmp_path_factory.mktemp("deep") / "m", "recompute-probe", dict(PROBE, num_hidden_layers=8))
+    """`recomputed`'s probe: `PROBE` with 8 layers and a vocabulary of 16,384 (the real one's head is
+    test_training_peak.py's; here it would be most of the time), built once for its cases."""
+    shape = dict(PROBE, num_hidden_layers=8, vocab_size=DEEP_VOCAB)
+    return build_probe(tmp_path_factory.mktemp("deep") / "m", "recompute-probe", shape)
 
 
 def recomputed(model_dir, monkeypatch, case: str, device: str):
     """`prepared` with the layers recomputed (`torch/recompute.py`, `FLYWHEEL_TRAIN_RECOMPUTE=always`),
     on the deeper probe (`deep_dir`) whose head runs in small chunks, so that the layers' share of the
-    peak shows (at the real chunk the head's 510 MiB would hide it): each layer's input kept, one
+    peak shows (at the real chunk the head's copies would hide it): each layer's input kept, one
     layer's activations at a time. Three quarters of the activations as the plan counts them: every
     case then takes 2 parts (at a half, DPO's padded pairs go one a part whichever the plan). Also the
     parts the same minibatches would take keeping every activation under the same setting, as the
@@ -36,9 +40,8 @@ def recomputed(model_dir, monkeypatch, case: str, device: str):
     from outcome_flywheel.models.torch.training import FRAMEWORK
     from outcome_flywheel.models.train import gspo, memory, shards
 
-    # float32 logits of 13 tokens a chunk at this vocabulary; 27 for the full fine-tune, whose head's
-    # backward makes a gradient of the whole embedding per chunk (most of its case's time on a CPU)
-    chunk = 2**22 if "full" in case else 2**21
+    # float32 logits of 128 tokens a chunk at this vocabulary: the head's three copies (25 MiB) below the layers'
+    chunk = 2**21
     monkeypatch.setattr(torch_backend, "token_logprobs", partial(token_logprobs, chunk_elements=chunk))
     monkeypatch.setattr(TorchBackend, "framework", replace(FRAMEWORK, logit_chunk_elements=chunk))
     kept_parts: list[int] = []
