@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -136,8 +135,19 @@ START_SCHEDULE = """mutation($selector: ScheduleSelector!) { startSchedule(sched
 
 
 def code_server_healthy(d: Deployment) -> bool:
-    command = [str(BIN / "dagster"), "api", "grpc-health-check", "-h", HOST, "-p", str(d.code_server_port)]
-    return subprocess.run(command, capture_output=True, timeout=60).returncode == 0
+    """The code server answers gRPC's standard health check for its service as SERVING (what `dagster api
+    grpc-health-check` asks, without starting a Python process that imports Dagster for every poll)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"{HOST}:{d.code_server_port}") as channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="DagsterApi"), timeout=30
+            )
+        except grpc.RpcError:
+            return False
+    return answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def location_loaded(url: str) -> bool:
