@@ -236,54 +236,55 @@ def sample_day(model_dir: Path, lead: bool):
         LEADERS.clear()
 
 
-def worker(out: Path, model_dir: Path, trainers: list[str]) -> None:
-    """torchrun's entry: every trainer in turn; rank 0 publishes the results once all trained."""
+LED = ("follow", "sample", "resume")  # the modes where rank 0 leads a call and the other ranks follow it
+
+
+def led(mode: str, rank: int, out: Path, model_dir: Path) -> None:
+    """One led call: rank 0 runs it and ends it with `followers.finish()`, the others join it through `followers.follow`.
+    `follow`: an SFT on an adapter-bearing policy; `sample`: a day's rollouts, each rank sampling its share;
+    `resume`: a GSPO that resumes saved AdamW moments (DP_TEST_PARENT)."""
     from outcome_flywheel.models.torch import followers
+    from outcome_flywheel.steps.entry import _policy
+
+    if rank == 0:
+        if mode == "follow":
+            (out / "follow.json").write_text(json.dumps({"loss": led_sft(model_dir, lead=True)}))
+        elif mode == "resume":
+            loss = resumed_gspo(model_dir, Path(os.environ["DP_TEST_PARENT"]), lead=True)
+            (out / "resume.json").write_text(json.dumps({"loss": loss}))
+        else:
+            rollouts = sample_day(model_dir, lead=True)
+            rollouts.to_parquet(out / "rollouts-w2.parquet")
+        followers.finish()
+        return
+    if mode != "sample":
+        assert followers.follow(_policy) == 1
+        return
+    seeds: list[int] = []
+
+    def recorded(spec):  # the seeds of the prompts this rank sampled itself
+        backend = _policy(spec)
+        sample = backend.sample
+        backend.sample = lambda prompts, n, config, s: seeds.extend(s) or sample(prompts, n, config, s)
+        return backend
+
+    assert followers.follow(recorded) == 1
+    (out / f"rank{rank}-seeds.json").write_text(json.dumps(seeds))
+
+
+def worker(out: Path, model_dir: Path, trainers: list[str]) -> None:
+    """torchrun's entry: every trainer in turn (rank 0 publishes their results once all trained), then each
+    led mode (`LED`) in turn: one launch checks several things, since a launch is mostly its imports."""
     from outcome_flywheel.models.torch.training import init_from_env
 
     rank, world = init_from_env("cpu")
-    if trainers == ["resume"]:  # rank 0 leads a GSPO that resumes saved AdamW moments; the others follow
+    plain = [t for t in trainers if t not in LED]
+    if plain:
+        results = {t: train_one(t, model_dir, out) for t in plain}
         if rank == 0:
-            loss = resumed_gspo(model_dir, Path(os.environ["DP_TEST_PARENT"]), lead=True)
-            followers.finish()
-            (out / "resume.json").write_text(json.dumps({"loss": loss}))
-        else:
-            from outcome_flywheel.steps.entry import _policy
-
-            assert followers.follow(_policy) == 1
-        return
-    if trainers == ["sample"]:  # rank 0 samples a day's rollouts, the others sample their shares
-        if rank == 0:
-            rollouts = sample_day(model_dir, lead=True)
-            followers.finish()
-            rollouts.to_parquet(out / "rollouts-w2.parquet")
-        else:
-            from outcome_flywheel.steps.entry import _policy
-
-            seeds: list[int] = []
-
-            def recorded(spec):  # the seeds of the prompts this rank sampled itself
-                backend = _policy(spec)
-                sample = backend.sample
-                backend.sample = lambda prompts, n, config, s: seeds.extend(s) or sample(prompts, n, config, s)
-                return backend
-
-            assert followers.follow(recorded) == 1
-            (out / f"rank{rank}-seeds.json").write_text(json.dumps(seeds))
-        return
-    if trainers == ["follow"]:  # rank 0 leads an SFT on its adapter-bearing policy, the others follow
-        if rank == 0:
-            loss = led_sft(model_dir, lead=True)
-            followers.finish()
-            (out / "follow.json").write_text(json.dumps({"loss": loss}))
-        else:
-            from outcome_flywheel.steps.entry import _policy
-
-            assert followers.follow(_policy) == 1
-        return
-    results = {t: train_one(t, model_dir, out) for t in trainers}
-    if rank == 0:
-        (out / f"results-w{world}.json").write_text(json.dumps(results))
+            (out / f"results-w{world}.json").write_text(json.dumps(results))
+    for mode in (t for t in trainers if t in LED):
+        led(mode, rank, out, model_dir)
 
 
 def torchrun(out: Path, model_dir: Path, trainers, launcher: str = "torchrun", **env) -> subprocess.CompletedProcess:
@@ -368,9 +369,15 @@ def learning_rate(trainer: str) -> float:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
-    """The 2-process run of all three trainers (torchrun, gloo) and the 1-process reference."""
+    """The 2-process run of every trainer (torchrun, gloo) and then of each led mode (`LED`; `resume` on a parent
+    saved here), and the 1-process reference of the trainers."""
     out = tmp_path_factory.mktemp("dp")
-    done = torchrun(out, tiny_model_dir, TRAINERS)
+    mp = pytest.MonkeyPatch()
+    try:
+        save_resumable_parent(tiny_model_dir, out / "parent", mp)
+    finally:
+        mp.undo()
+    done = torchrun(out, tiny_model_dir, [*TRAINERS, *LED], DP_TEST_PARENT=str(out / "parent"))
     assert done.returncode == 0, done.stderr[-4000:]
     mp = pytest.MonkeyPatch()
     try:
@@ -454,37 +461,38 @@ def test_a_rank_killed_mid_step_fails_the_run_and_publishes_nothing(tiny_model_d
     assert not (tmp_path / "results-w2.json").exists() and not (tmp_path / "checkpoint").exists()
 
 
-def test_followers_mirror_an_adapter_bearing_policy(tiny_model_dir, tmp_path, monkeypatch):
+def test_followers_mirror_an_adapter_bearing_policy(runs, tiny_model_dir, monkeypatch):
     """A step's rank 1 joins rank 0's trainer on a copy of its policy (base, adapter layout and weights):
     the weights agree on both ranks after training (else `check_same_weights` fails the run) and the loss
     is the one-process loss."""
-    done = torchrun(tmp_path, tiny_model_dir, ["follow"])
-    assert done.returncode == 0, done.stderr[-4000:]
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("FLYWHEEL_TRAIN_MEMORY_GIB", raising=False)
     one = led_sft(tiny_model_dir, lead=False)
     loss_bound, _ = bounds_of("sft", tiny_model_dir)
-    assert abs(json.loads((tmp_path / "follow.json").read_text())["loss"] - one) <= loss_bound
+    assert abs(json.loads((runs[0] / "follow.json").read_text())["loss"] - one) <= loss_bound
 
 
-def test_followers_resume_the_saved_adamw_moments(tiny_model_dir, tmp_path, monkeypatch):
-    """A GSPO resuming its parent's AdamW moments: rank 0 sends them to the other ranks as tensors (not in
-    the pickled control message). A rank without them would take another step: its weights would differ
-    from rank 0's and the run fail (`check_same_weights`)."""
+def save_resumable_parent(model_dir: Path, parent: Path, monkeypatch) -> None:
+    """An adapter with its AdamW moments: the GSPO case's step in one process, saved to `parent`."""
     from outcome_flywheel.models.loader import load_backend
 
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("FLYWHEEL_TRAIN_MEMORY_GIB", raising=False)
-    backend = load_backend("torch", tiny_model_dir, device="cpu")
+    backend = load_backend("torch", model_dir, device="cpu")
     backend.framework.seed(1)
     cases()["gspo"](backend)[3](backend)
-    parent = tmp_path / "parent"
     backend.save(parent)
-    done = torchrun(tmp_path, tiny_model_dir, ["resume"], DP_TEST_PARENT=str(parent))
-    assert done.returncode == 0, done.stderr[-4000:]
-    one = resumed_gspo(tiny_model_dir, parent, lead=False)
+
+
+def test_followers_resume_the_saved_adamw_moments(runs, tiny_model_dir, monkeypatch):
+    """A GSPO resuming its parent's AdamW moments: rank 0 sends them to the other ranks as tensors (not in
+    the pickled control message). A rank without them would take another step: its weights would differ
+    from rank 0's and the run fail (`check_same_weights`)."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("FLYWHEEL_TRAIN_MEMORY_GIB", raising=False)
+    one = resumed_gspo(tiny_model_dir, runs[0] / "parent", lead=False)
     loss_bound, _ = bounds_of("gspo", tiny_model_dir)
-    two = json.loads((tmp_path / "resume.json").read_text())["loss"]
+    two = json.loads((runs[0] / "resume.json").read_text())["loss"]
     assert len(one) == len(two) and all(abs(a - b) <= loss_bound for a, b in zip(one, two))
 
 
@@ -684,19 +692,17 @@ def test_a_torchrun_daily_run_reaches_note_scorer_which_runs_as_one_process(tmp_
     assert res["warehouse"].exists("note_features", DAYS[0])  # the day's features: the scorer ran on it
 
 
-def test_two_processes_sample_the_one_process_notes(tiny_model_dir, tmp_path, monkeypatch):
+def test_two_processes_sample_the_one_process_notes(runs, tiny_model_dir, monkeypatch):
     """Rollout sampling shared out across a step's 2 ranks (`shards.sample_across_ranks`): rank 1 samples
     its headlines itself, on its copy of rank 0's adapter-bearing policy, and rank 0 gathers the notes one
     process samples from the same headlines and seeds: the same tokens, and behaviour log-probs within
     the fp32 bound of two forwards of different batch shapes (tests/tolerances.py)."""
+    import pandas as pd
+
     from outcome_flywheel.daily_rl.policy.rollouts import generation_seed
     from tests.tolerances import assert_logprobs_close, logprob_tolerances
 
-    done = torchrun(tmp_path, tiny_model_dir, ["sample"])
-    assert done.returncode == 0, done.stderr[-4000:]
-    import pandas as pd
-
-    two = pd.read_parquet(tmp_path / "rollouts-w2.parquet")
+    two = pd.read_parquet(runs[0] / "rollouts-w2.parquet")
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     one = sample_day(tiny_model_dir, lead=False)
     assert len(one) == len(two) == SAMPLED_HEADLINES * SAMPLES_PER_HEADLINE
@@ -712,9 +718,9 @@ def test_two_processes_sample_the_one_process_notes(tiny_model_dir, tmp_path, mo
         [list(x) for x in two["behavior_logprobs"]], [list(x) for x in one["behavior_logprobs"]], bounds
     )
     ids = list(one["headline_id"].drop_duplicates())
-    rank1 = sorted(json.loads((tmp_path / "rank1-seeds.json").read_text()))
+    rank1 = sorted(json.loads((runs[0] / "rank1-seeds.json").read_text()))
     assert rank1 == sorted(generation_seed(11, "2026-03-02", h) for h in ids[1::2])  # headlines 1 and 3
-    assert not list(tmp_path.glob("rank1-*.parquet"))
+    assert not list(runs[0].glob("rank1-*.parquet"))
 
 
 def test_a_wrong_sampling_shard_fails_the_run(tiny_model_dir, tmp_path):
