@@ -32,14 +32,14 @@ SMOKE: dict[str, list[str]] = {
     "gpu": ["--smoke"],
     "gspo_batching": ["--headlines", "1", "--rollouts", "2", "--batch-size", "2", "--max-new-tokens", "8"]
     + ["--repeats", "1"],
-    # one cell of two days (outcome_learning's run_world, as below, trains on its second day)
+    # one cell of two days (outcome_learning's run_world, as below: it trains on its second day)
     "learning_grid": [*LOOP, "--days", "2", "--train-days", "1", "--worlds", "news", "--world-seeds", "0"]
     + ["--train-seeds", "0"]
     + ["--parallel", "1", "--n-boot", "100", "--out-dir", "{tmp}/grid"],
     "logprob_memory": ["--batch", "1", "--prompt-tokens", "8", "--response-tokens", "8", "--frameworks", "torch"]
     + ["--device", "cpu"],
     "note_scorer": [*LOOP, "--days", "2"],
-    "outcome_learning": [*LOOP, "--days", "3", "--train-days", "2", "--worlds", "news", "--train-seeds", "0"]
+    "outcome_learning": [*LOOP, "--days", "2", "--train-days", "1", "--worlds", "news", "--train-seeds", "0"]
     + ["--out-dir", "{tmp}/worlds"],
     "partition_speed": ["--headlines", "1", "--rollouts", "2", "--max-new-tokens", "8"],
     "s3_round_trip": ["--repeats", "1"],
