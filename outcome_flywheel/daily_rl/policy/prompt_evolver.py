@@ -29,7 +29,6 @@ from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from outcome_flywheel.daily_rl.notes.structure import structure_score
 from outcome_flywheel.daily_rl.partitions import stable_seed
@@ -122,6 +121,8 @@ def interval(n: int, total: float, sq_total: float) -> tuple[float, float, float
     mean = total / n
     if n < 2:
         return mean, np.nan, np.nan
+    from scipy import stats  # here, not at the top: scipy.stats is ~1 s of every day step process's start
+
     sd = math.sqrt(max(sq_total - n * mean * mean, 0.0) / (n - 1))
     half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
