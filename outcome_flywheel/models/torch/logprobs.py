@@ -4,9 +4,10 @@
 At Qwen3's vocabulary (151,936), 16 responses of 512 tokens make fp32 logits of ~5 GB, and the
 textbook `log_softmax(logits).gather(...)` keeps a second tensor of that size for autograd. Here
 the log-prob of the chosen token is its logit minus a logsumexp (TRL's `selective_log_softmax`),
-taken as a per-token cross-entropy, and the logits themselves are made from the final hidden states a chunk of tokens at a time
-(`chunk_rows`); during training each chunk is recomputed in the backward pass (activation
-checkpointing), so autograd keeps only the hidden states, `[N, H]`, never `[N, V]`.
+taken as a per-token cross-entropy, and the logits themselves are made from the final hidden
+states a chunk of tokens at a time (`chunk_rows`); during training each chunk is recomputed in
+the backward pass (activation checkpointing), so autograd keeps only the hidden states, `[N, H]`,
+never `[N, V]`.
 
 `plain_token_logprobs` is the textbook computation, kept as the reference the tests compare with
 (tests/models/test_selective_logprobs.py) and the "before" of `benchmarks/logprob_memory.py`.
@@ -33,8 +34,10 @@ def chunk_rows(vocab_size: int, chunk_elements: int = CHUNK_ELEMENTS) -> int:
 
 
 def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """`log_softmax(logits / T)` at `index` along the last axis, as chosen logit minus logsumexp
-    (in fp32): no log-prob tensor of the logits' size is made. `logits [..., V]`, `index [...]`."""
+    """`log_softmax(logits / T)` at `index` along the last axis, the chosen logit minus a logsumexp (in
+    fp32), as a per-token cross-entropy, whose log-softmax autograd keeps for the backward: called on
+    a chunk under `token_logprobs`' checkpoint, that is recomputed there, and a chunk's backward holds
+    three float32 copies of its logits at most (`memory.HEAD_CHUNK_COPIES`). `logits [..., V]`, `index [...]`."""
     # As cross-entropy, whose backward is one fused softmax-minus-one-hot pass (a third faster on a
     # CPU than logsumexp's sub, exp and mul); the division runs in place on a fresh float32 copy.
     scaled = logits / temperature if logits.dtype == torch.float32 else logits.float().div_(temperature)
