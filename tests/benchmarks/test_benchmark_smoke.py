@@ -1,6 +1,6 @@
 """Every benchmark in benchmarks/ runs, so none rots unseen: each as `python -m benchmarks.<name>` with tiny
 arguments in its own process (one torch thread, a fresh data dir holding the cached tiny-local), which must exit 0
-and print one JSON object on its last line (the project's convention); two run at a time. The figures of such runs mean nothing; the
+and print one JSON object on its last line (the project's convention). The figures of such runs mean nothing; the
 code paths are what is checked. The CUDA benchmarks (gpu, training_profile) run their CPU smoke versions, and
 logprob_memory and data_parallel their CPU paths (data_parallel: gloo under torchrun): none needs CUDA.
 training_profile's CPU smoke runs three trainers x three plans on 2 x 2 sequences (no warm-ups) and profiles one
@@ -13,16 +13,13 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from outcome_flywheel.settings import PROJECT_ROOT
 
-TIMEOUT_S = 300  # each; on an idle 2-core box the slowest (the daily loop's) take ~20-35 s
-PARALLEL = 2  # smoke runs at once (`smoke_runs`)
-LONGEST = ("data_parallel", "outcome_learning", "daily_learning", "learning_grid", "tracking_cost", "note_scorer")
+TIMEOUT_S = 300  # each; on an idle 2-core box the slowest (the daily loop's) take ~25-60 s
 LOOP = ["--headlines", "2", "--max-new-tokens", "16"]  # days of the bundled archive, 2 headlines a day
 SMOKE: dict[str, list[str]] = {
     "ab_calibration": ["--runs", "6", "--power-runs", "2"],
@@ -79,32 +76,9 @@ def outputs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("benchmark-outputs")
 
 
-@pytest.fixture(scope="module")
-def smoke_runs(tmp_path_factory, tiny_model_dir, outputs) -> dict:
-    """Every benchmark's smoke run, `PARALLEL` at a time (the longest first), each on a data dir of its own holding
-    the cached tiny-local: a smoke run is one single-threaded process, so a second one uses the core the other test
-    worker leaves idle while it waits on its servers. Each name maps to its finished process or what stopped it."""
-    roots = {}
-    for name in SMOKE:
-        roots[name] = tmp_path_factory.mktemp(f"data-{name}")
-        (roots[name] / "models").mkdir()
-        os.symlink(tiny_model_dir, roots[name] / "models" / "tiny-local")
-
-    def run(name: str):
-        try:
-            return run_benchmark(name, SMOKE[name], roots[name], outputs)
-        except subprocess.TimeoutExpired as stopped:
-            return stopped
-
-    order = [*LONGEST, *sorted(set(SMOKE) - set(LONGEST))]
-    with ThreadPoolExecutor(PARALLEL) as pool:
-        return dict(zip(order, pool.map(run, order)))
-
-
 @pytest.mark.parametrize("name", sorted(SMOKE))
-def test_the_benchmark_runs_and_ends_with_one_json_object(name, smoke_runs):
-    done = smoke_runs[name]
-    assert not isinstance(done, subprocess.TimeoutExpired), f"benchmarks.{name} ran past {TIMEOUT_S} s"
+def test_the_benchmark_runs_and_ends_with_one_json_object(name, data_dir, outputs):
+    done = run_benchmark(name, SMOKE[name], data_dir, outputs)
     tail = (done.stdout[-3000:] + "\n--- stderr ---\n" + done.stderr[-3000:]).strip()
     assert done.returncode == 0, f"benchmarks.{name} exited {done.returncode}:\n{tail}"
     lines = done.stdout.strip().splitlines()
@@ -112,7 +86,7 @@ def test_the_benchmark_runs_and_ends_with_one_json_object(name, smoke_runs):
     assert isinstance(json.loads(lines[-1]), dict), f"benchmarks.{name}'s last line is not one JSON object:\n{tail}"
 
 
-def test_a_grid_resumes_and_other_arguments_are_refused(data_dir, outputs, smoke_runs):
+def test_a_grid_resumes_and_other_arguments_are_refused(data_dir, outputs):
     """The grid of the smoke run again: with its arguments it skips the cell it has; with others it refuses (run
     alone, the first call runs the cell)."""
     args = SMOKE["learning_grid"]
