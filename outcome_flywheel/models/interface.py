@@ -161,6 +161,9 @@ class Framework:
     # float32 logits one chunk of the head's log-softmax holds (`logprobs.CHUNK_ELEMENTS`): a fixed
     # part of a training step's memory (`train/memory.py`); None: not counted
     logit_chunk_elements: int | None = None
+    # float32 copies of one chunk's logits alive at once in the head's backward pass, as the framework
+    # computes the chosen token's log-prob (its `logprobs.py`; `train/memory.head_bytes`)
+    head_chunk_copies: int = 4
     # Data parallelism (torch under torchrun, `torch/training.py`): () -> (rank, world size) of the
     # initialised process group ((0, 1) without one), and obj -> every rank's obj in rank order. None: the
     # framework trains in one process only (mlx) and the trainers refuse WORLD_SIZE > 1 (`train/shards.py`).

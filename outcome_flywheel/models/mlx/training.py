@@ -205,4 +205,7 @@ FRAMEWORK = Framework(
     free_memory=free_memory,
     trainable_bytes=trainable_bytes,
     logit_chunk_elements=CHUNK_ELEMENTS,
+    # the chosen logit minus a logsumexp (mlx/logprobs.py): torch's count for that form before it became a
+    # cross-entropy (the scaled logits, the exp of the gradient and their product, gather's gradient)
+    head_chunk_copies=4,
 )

@@ -37,7 +37,7 @@ def selective_log_softmax(logits: torch.Tensor, index: torch.Tensor, temperature
     """`log_softmax(logits / T)` at `index` along the last axis, the chosen logit minus a logsumexp (in
     fp32), as a per-token cross-entropy, whose log-softmax autograd keeps for the backward: called on
     a chunk under `token_logprobs`' checkpoint, that is recomputed there, and a chunk's backward holds
-    three float32 copies of its logits at most (`memory.HEAD_CHUNK_COPIES`). `logits [..., V]`, `index [...]`."""
+    three float32 copies of its logits at most (`FRAMEWORK.head_chunk_copies`). `logits [..., V]`, `index [...]`."""
     # As cross-entropy, whose backward is one fused softmax-minus-one-hot pass (a third faster on a
     # CPU than logsumexp's sub, exp and mul); the division runs in place on a fresh float32 copy.
     scaled = logits / temperature if logits.dtype == torch.float32 else logits.float().div_(temperature)

@@ -117,12 +117,6 @@ def token_limit(backend: Any, recompute: bool = False) -> int | None:
     return max(1, int(tokens))
 
 
-# float32 copies of one chunk's logits alive at once in its backward pass (torch/logprobs.py): the
-# log-softmax its cross-entropy keeps, the one-hot gradient it receives and the gradient it returns;
-# counted live by tests/models/train/test_training_peak.py.
-HEAD_CHUNK_COPIES = 3
-
-
 def head_rows(backend: Any) -> int:
     """Tokens in one chunk of the head's log-softmax (at most the framework's `logit_chunk_elements`
     float32 logits); 0 when the framework does not say."""
@@ -137,7 +131,8 @@ def head_bytes(backend: Any, tokens: int | None = None) -> int:
     chunk at a time, recomputed in the backward pass, so one chunk's copies are alive at any moment
     however long the batch."""
     rows = head_rows(backend) if tokens is None else min(head_rows(backend), int(tokens))
-    return HEAD_CHUNK_COPIES * 4 * rows * int(model_config(backend).get("vocab_size") or 0)
+    copies = backend.framework.head_chunk_copies
+    return copies * 4 * rows * int(model_config(backend).get("vocab_size") or 0)
 
 
 def training_state_bytes(backend: Any) -> int:

@@ -372,18 +372,12 @@ def runs(tiny_model_dir, tmp_path_factory):
     """The 2-process run of every trainer (torchrun, gloo) and then of each led mode (`LED`; `resume` on a parent
     saved here), and the 1-process reference of the trainers."""
     out = tmp_path_factory.mktemp("dp")
-    mp = pytest.MonkeyPatch()
-    try:
+    with pytest.MonkeyPatch.context() as mp:
         save_resumable_parent(tiny_model_dir, out / "parent", mp)
-    finally:
-        mp.undo()
     done = torchrun(out, tiny_model_dir, [*TRAINERS, *LED], DP_TEST_PARENT=str(out / "parent"))
     assert done.returncode == 0, done.stderr[-4000:]
-    mp = pytest.MonkeyPatch()
-    try:
+    with pytest.MonkeyPatch.context() as mp:
         one = one_process(out, tiny_model_dir, TRAINERS, mp)
-    finally:
-        mp.undo()
     two = json.loads((out / "results-w2.json").read_text())
     return out, one, two
 

@@ -40,7 +40,7 @@ def recomputed(model_dir, monkeypatch, case: str, device: str):
     from outcome_flywheel.models.torch.training import FRAMEWORK
     from outcome_flywheel.models.train import gspo, memory, shards
 
-    # float32 logits of 128 tokens a chunk at this vocabulary: the head's three copies (25 MiB) below the layers'
+    # float32 logits of 128 tokens a chunk at this vocabulary: the head's three copies 24 MiB
     chunk = 2**21
     monkeypatch.setattr(torch_backend, "token_logprobs", partial(token_logprobs, chunk_elements=chunk))
     monkeypatch.setattr(TorchBackend, "framework", replace(FRAMEWORK, logit_chunk_elements=chunk))
