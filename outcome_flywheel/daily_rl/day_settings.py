@@ -79,6 +79,9 @@ class DailyUpdateSettings:
     price_replay_decay: float = field(
         default=MaturedConfig.replay_decay, metadata=MATURED_FIELDS["replay_decay"].metadata
     )
+    price_counterfactual_c: float = field(
+        default=MaturedConfig.counterfactual_c, metadata=MATURED_FIELDS["counterfactual_c"].metadata
+    )
     prompt_evolver: EvolverConfig = field(
         default_factory=EvolverConfig, metadata={"help": "The prompt evolver's bandit (tier 1b)."}
     )
@@ -95,6 +98,7 @@ class DailyUpdateSettings:
             replay_days=self.price_replay_days,
             replay_decay=self.price_replay_decay,
             span=self.credit.price_span,
+            counterfactual_c=self.price_counterfactual_c,
         )
 
     def sized(self, models: ModelLoader) -> tuple[DailyUpdateSettings, int, int]:
@@ -148,6 +152,8 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "price_baseline": "price_baseline",
     "price_replay_days": "price_replay_days",
     "price_replay_decay": "price_replay_decay",
+    "price_counterfactual_c": "price_counterfactual_c",
+    "counterfactual_epochs": "gspo.counterfactual_epochs",
     "prompt_evolver_enabled": "prompt_evolver.enabled",
     "prompt_evolver_epsilon": "prompt_evolver.epsilon",
     "prompt_evolver_trials_per_variant": "prompt_evolver.trials_per_variant",

@@ -145,6 +145,8 @@ class Framework:
         ..., "TrainStats"
     ]  # (model, optimizer, *, loss, iterate_batches, max_grad_norm); a batch may be `Accumulated`
     sft_loss: Callable[..., tuple[Any, dict]] | None = None  # (logp, mask) -> completion-only NLL (sft.py)
+    # (logp, side_mask, coefficients, normaliser) -> the counterfactual side term (train/counterfactual.py)
+    side_probability_loss: Callable[..., tuple[Any, dict]] | None = None
     # AdamW's moments kept across days beside the checkpoint (`ModelBackend.optimizer_tensors`):
     # (optimizer, model) -> {"<weight name as saved>.exp_avg" / ".exp_avg_sq": float32, "step": int64 []},
     # the names those of the checkpoint's files (PEFT adapter keys, or transformers names for full

@@ -100,12 +100,20 @@ class MaturedConfig:
     span: str = field(
         default="side", metadata={"help": "Tokens the price trains: side, ticker or call (credit.CreditConfig)."}
     )
+    counterfactual_c: float = field(
+        default=0.0,
+        metadata={
+            "help": "c of the counterfactual side term -c sum_a pi(a) (R(a) - R_bar) over a matured call's two sides, calls on the headline's company only (reward/counterfactual.py); 0 = off."
+        },
+    )
 
     def __post_init__(self):
         if self.baseline not in PRICE_BASELINES:
             raise ValueError(f"price_baseline must be one of {', '.join(PRICE_BASELINES)}, got {self.baseline!r}")
         if isinstance(self.replay_days, bool) or int(self.replay_days) != self.replay_days or self.replay_days < 0:
             raise ValueError(f"price_replay_days must be a whole number >= 0, got {self.replay_days!r}")
+        if not (isinstance(self.counterfactual_c, (int, float)) and 0.0 <= float(self.counterfactual_c) < float("inf")):
+            raise ValueError(f"price_counterfactual_c must be a finite number >= 0, got {self.counterfactual_c!r}")
         if not (isinstance(self.replay_decay, (int, float)) and 0.0 <= float(self.replay_decay) <= 1.0):
             raise ValueError(f"price_replay_decay must be in [0, 1], got {self.replay_decay!r}")
         if (
@@ -166,29 +174,37 @@ def price_advantages(values, config: MaturedConfig) -> np.ndarray:
     return loo_advantages(values) if config.baseline == "loo" else group_advantages(values)
 
 
-def _example(r, adv: float, tokenizer, span: str):
-    """A price example of rollout row `r`: the advantage on the call's `span` (every token without a
-    tokenizer); None when it would carry no gradient (no call line to credit, or no tokens)."""
+def _example(r, adv: float, value: float, tokenizer, config: MaturedConfig, weight: float = 1.0):
+    """A price example of rollout row `r`: the advantage on the call's `config.span` (every token without a
+    tokenizer), and its counterfactual side term (x the replay `weight`) where it has one; None when it would
+    carry no gradient (no call line to credit, or no tokens)."""
+    from outcome_flywheel.daily_rl.reward.counterfactual import side_counterfactual
     from outcome_flywheel.daily_rl.reward.credit import call_token_mask, price_token_advantages
     from outcome_flywheel.models.train.gspo_config import GSPOExample
 
-    if abs(adv) <= 1e-8 or not len(r.response_ids):
+    if not len(r.response_ids):
         return None
     ids = [int(t) for t in r.response_ids]
-    if tokenizer is not None:
-        mask = call_token_mask(tokenizer, ids, r.response, span)
-        if mask is None:  # no side to credit (no call line, no side phrase, text that does not round-trip)
-            return None
-    else:
-        mask = [True] * len(ids)
-    token_adv = price_token_advantages(len(ids), float(adv), mask)
+    headline = (getattr(r, "title", None), getattr(r, "summary", None))
+    c = float(config.counterfactual_c) * weight
+    counterfactual = (
+        side_counterfactual(tokenizer, ids, r.response, headline, value, config.price, config.cost_bps, c)
+        if c and tokenizer is not None
+        else None
+    )
+    if abs(adv) <= 1e-8 and counterfactual is None:
+        return None
+    mask = call_token_mask(tokenizer, ids, r.response, config.span) if tokenizer is not None else [True] * len(ids)
+    if mask is None and counterfactual is None:  # no side to credit (no call line, no side phrase, no round trip)
+        return None
     return GSPOExample(
         prompt=json.loads(r.prompt),
         response_ids=ids,
         behavior_logprobs=[float(x) for x in r.behavior_logprobs],
         advantage=0.0,
-        token_advantages=token_adv,
+        token_advantages=price_token_advantages(len(ids), float(adv), mask),
         token_part="price",
+        counterfactual=counterfactual,
     )
 
 
@@ -269,7 +285,7 @@ def matured_batch(
                     "advantage": np.nan,
                 }
             )
-        _add_group(batch, base, usable, values, advantages, reason, None, tokenizer, config.span)
+        _add_group(batch, base, usable, values, advantages, reason, None, tokenizer, config)
     if replays is not None and len(replays):
         replay_batch(batch, replays, day, parent_version, checkpoints, config, advantage_scale, temperature, tokenizer)
     return batch
@@ -299,13 +315,15 @@ def replay_batch(
         advantages = price_advantages(values, config) * advantage_scale * weight
         batch.replayed_groups += int(reason is None)
         why = f"replay of {trained_on}'s price group, weight {weight:.3g}"
-        _add_group(batch, base, group, values, advantages, reason, why, tokenizer, config.span)
+        _add_group(batch, base, group, values, advantages, reason, why, tokenizer, config, weight)
 
 
-def _add_group(batch: MaturedBatch, base: dict, rows, values, advantages, dropped: str | None, why, tokenizer, span):
+def _add_group(
+    batch: MaturedBatch, base: dict, rows, values, advantages, dropped: str | None, why, tokenizer, config, weight=1.0
+):
     """One ledger row per note of a group (`rows`: its rollout rows, in order of `values` and `advantages`):
     dropped with the reason `dropped`, else trained (with `why` as its reason) and, where it carries a
-    gradient, a price example."""
+    gradient, a price example (a replayed group's: its counterfactual term x `weight`)."""
     for r, value, adv in zip(rows.itertuples(), values, advantages):
         batch.ledger.append(
             {
@@ -317,7 +335,7 @@ def _add_group(batch: MaturedBatch, base: dict, rows, values, advantages, droppe
                 "advantage": np.nan if dropped else float(adv),
             }
         )
-        example = None if dropped else _example(r, float(adv), tokenizer, span)
+        example = None if dropped else _example(r, float(adv), float(value), tokenizer, config, weight)
         if example is not None:
             batch.examples.append(example)
             batch.example_keys.append((base["note_date"], base["headline_id"], int(r.rollout_index)))

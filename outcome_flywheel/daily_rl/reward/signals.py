@@ -197,6 +197,16 @@ class PriceReward:
             return None
         raise ValueError(f"unknown outcome status {status!r}")
 
+    def other_side(self, value: float, cost_bps: float) -> float:
+        """The signal the opposite call would have earned, from a matured call's `value`: the other side's
+        excess return is known once the call has matured, vs_spy(other) = -vs_spy - 2 cost (each side pays
+        the round trip), and vs_spy is the value's logit x scale (0 and 1, beyond float's reach, give 1 - value)."""
+        v = float(value)
+        if not 0.0 < v < 1.0:
+            return 1.0 - v
+        x = self.scale_pct * math.log(v / (1.0 - v))
+        return self.value("matured", -x - 2.0 * float(cost_bps) / 100.0)
+
 
 def mixed_reward(structure: float, outcome: float, structure_weight: float = STRUCTURE_WEIGHT) -> float:
     """R = w * structure + (1 - w) * judge rank reward (the default `RewardConfig`)."""

@@ -39,6 +39,15 @@ PRICE_TRAINING_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "is_ratio_max": ("float", "Its largest value."),
     "is_truncated_fraction": ("float", "Share of price examples whose IS ratio was above tis_cap (truncated)."),
     "clip_fraction": ("float", "GSPO clip fraction of D's whole update (judged and matured examples)."),
+    "counterfactual_notes": (
+        "int",
+        "Price examples carrying the counterfactual side term (calls on the headline's company; price_counterfactual_c > 0).",
+    ),
+    "side_probability_own": (
+        "float",
+        "Mean probability of those calls' own side phrase over the update's steps that carry the term.",
+    ),
+    "side_probability_other": ("float", "Mean probability of their opposite side phrase, teacher-forced, likewise."),
     "tis_cap": ("float", "The truncation cap C of the IS weight."),
     "max_staleness": ("float", "The staleness limit in policy updates."),
 }
@@ -102,10 +111,18 @@ def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
 
+def _step_mean(stats, name: str) -> float:
+    """The mean of a per-step metric over the steps that have it (NaN: a step without it, or none)."""
+    values = np.asarray(stats.extra.get(name, []) if stats else [], dtype=float)
+    values = values[np.isfinite(values)]
+    return float(values.mean()) if len(values) else float("nan")
+
+
 def price_training_row(day: str, ledger: pd.DataFrame, matured, stats, gspo, max_staleness: int | None) -> dict:
     """The day's delayed-step record: groups and notes trained / dropped / waiting, the mean price
     reward, staleness of the trained groups, the distribution of the sequence IS ratio over the price
-    examples (before truncation) and its truncated share, and the update's GSPO clip fraction."""
+    examples (before truncation) and its truncated share, the update's GSPO clip fraction, and the
+    counterfactual side term's notes and side probabilities."""
     price = ledger[ledger["step"] == "matured"]
     trained = price[price["status"] == "trained"]
     replayed = ledger[(ledger["step"] == "replay") & (ledger["status"] == "trained")]
@@ -135,6 +152,9 @@ def price_training_row(day: str, ledger: pd.DataFrame, matured, stats, gspo, max
         is_ratio_max=float(ratios.max()) if len(ratios) else nan,
         is_truncated_fraction=float((ratios > cap).mean()) if len(ratios) else nan,
         clip_fraction=float(np.mean(stats.extra.get("clip_fraction", [nan]))) if stats else nan,
+        counterfactual_notes=int(sum(e.counterfactual is not None for e in matured.examples)),
+        side_probability_own=_step_mean(stats, "side_probability_own"),
+        side_probability_other=_step_mean(stats, "side_probability_other"),
         tis_cap=float(cap),
         max_staleness=float(max_staleness) if max_staleness is not None else nan,
     )

@@ -188,3 +188,15 @@ def sft_loss(logp: mx.array, mask: mx.array) -> tuple[mx.array, dict[str, mx.arr
         "geometric_mean_token_prob": mx.stop_gradient(mx.exp(-loss)),
     }
     return loss, metrics
+
+
+def side_probability_loss(
+    logp: mx.array, side_mask: mx.array, coefficients: mx.array, normaliser: float
+) -> tuple[mx.array, dict[str, mx.array]]:
+    """The counterfactual side term: the mirror of torch's `side_probability_loss` (-sum_i c_i pi_i / Z)."""
+    probability = mx.exp((logp * side_mask.astype(logp.dtype)).sum(-1))
+    coefficients = coefficients.astype(logp.dtype)
+    loss = -(coefficients * probability).sum() / float(normaliser)
+    on = (coefficients != 0).astype(logp.dtype)
+    mean = mx.stop_gradient((probability * on).sum() / on.sum())  # NaN: no row has the term
+    return loss, {"side_probability": mean, "side_loss": mx.stop_gradient(loss)}

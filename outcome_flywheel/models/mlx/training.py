@@ -17,7 +17,7 @@ from mlx.utils import tree_flatten, tree_map
 from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
 from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS
 from outcome_flywheel.models.mlx.lora_convert import PEFT_PREFIX
-from outcome_flywheel.models.mlx.losses import gspo_loss, sft_loss, weighted_dpo_loss
+from outcome_flywheel.models.mlx.losses import gspo_loss, sft_loss, side_probability_loss, weighted_dpo_loss
 from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
 
 LossFn = Callable[[nn.Module, Any], tuple[mx.array, dict[str, mx.array]]]
@@ -200,6 +200,7 @@ FRAMEWORK = Framework(
     adamw=adamw,
     train=train,
     sft_loss=sft_loss,
+    side_probability_loss=side_probability_loss,
     optimizer_state=optimizer_state,
     load_optimizer_state=load_optimizer_state,
     free_memory=free_memory,

@@ -186,3 +186,19 @@ def sft_loss(logp: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict
     with torch.no_grad():
         metrics = {"completion_tokens": float(tokens), "geometric_mean_token_prob": float(torch.exp(-loss))}
     return loss, metrics
+
+
+def side_probability_loss(
+    logp: torch.Tensor, side_mask: torch.Tensor, coefficients: torch.Tensor, normaliser: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The counterfactual side term of one set of rows (`gspo_config.py`): pi_i = exp(sum_t m_it log pi_theta,it),
+    the side phrase's probability after row i's prefix, and loss = -sum_i c_i pi_i / Z. logp, side_mask: [B, T];
+    coefficients: [B] (0 on rows without the term); Z = `normaliser`, the minibatch's (Dr. GRPO's constant).
+    Metrics: side_probability, the mean pi_i over the rows with c_i != 0 (NaN: none), and side_loss, the loss."""
+    probability = torch.exp((logp * side_mask.to(logp.dtype)).sum(-1))
+    coefficients = coefficients.to(logp.dtype)
+    loss = -(coefficients * probability).sum() / float(normaliser)
+    with torch.no_grad():
+        on = (coefficients != 0).to(logp.dtype)
+        metrics = {"side_probability": float((probability * on).sum() / on.sum()), "side_loss": float(loss)}
+    return loss, metrics

@@ -53,6 +53,7 @@ class EncodedExample:
     index: int = -1  # position in the trainer's example list (per-example statistics)
     token_advantages: list[float] | None = None  # the span-scoped parts, per response token; None = none
     token_part: str = "relevance"  # which reward part the span-scoped advantages are (gradient shares)
+    counterfactual: Any = None  # gspo_config.SideCounterfactual: the counterfactual side term's rows; None = none
 
     def advantages_row(self) -> list[float]:
         """The span-scoped advantage of each response token (zeros when there is none)."""
@@ -75,6 +76,12 @@ def gspo_minibatches(
         token_advantages = getattr(ex, "token_advantages", None)
         if token_advantages is not None and len(token_advantages) != len(ex.response_ids):
             raise ValueError("token_advantages must have one value per response token")
+        counterfactual = getattr(ex, "counterfactual", None)
+        if counterfactual is not None and (
+            len(counterfactual.own_mask) != len(ex.response_ids)
+            or len(counterfactual.other_mask) != len(counterfactual.other_response_ids)
+        ):
+            raise ValueError("a counterfactual's masks must have one value per token of their rows")
         key = repr(ex.prompt)
         if key not in cache:
             cache[key] = prompt_ids(ex.prompt)
@@ -87,6 +94,7 @@ def gspo_minibatches(
                 position,
                 None if token_advantages is None else [float(a) for a in token_advantages],
                 str(getattr(ex, "token_part", "relevance")),
+                counterfactual,
             )
         )
     batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)

@@ -30,6 +30,7 @@ import numpy as np
 
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
+from outcome_flywheel.models.train.counterfactual import other_rows, side_term
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, split_by_cost
 from outcome_flywheel.models.train.shards import announce, gather, plan_figures, ranks, shard
 
@@ -76,6 +77,9 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
             f"objective {config.objective!r} takes one advantage per note, but some examples have span-scoped "
             "token advantages (price / relevance judge the call's line): use objective 'token'"
         )
+    counterfactual = any(b.counterfactual is not None for batch in batches for b in batch)
+    if counterfactual and config.objective != "token":
+        raise ValueError(f"the counterfactual side term trains with objective 'token', not {config.objective!r}")
     # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base).
     with_reference = config.kl_beta > 0 and backend.has_adapter
     old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(
@@ -101,6 +105,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     per_epoch = max(1, len(batches) // max(1, int(config.epochs)))
     minibatch_of = [k for k, parts in enumerate(parts_of) for _ in parts]
     span_on = [config.span_epochs is None or k // per_epoch < int(config.span_epochs) for k in minibatch_of]
+    side_on = [counterfactual and k // per_epoch < int(config.counterfactual_epochs) for k in minibatch_of]
     # Each part's advantages x Z / Z_part under `per_part` (1 under `shared`), from the whole minibatch
     scales = [part_scales(batch, longest, config.part_normaliser) for batch in batches]
 
@@ -110,7 +115,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         if config.objective == "token":  # span-scoped parts per token, the whole-note part per sequence
             parts = GRADIENT_PARTS if span_on[index] else ("note",)
             rows, sequence = part_advantages(batch, scales[minibatch_of[index]], parts)
-            return fw.gspo_loss(
+            value, metrics = fw.gspo_loss(
                 logp,
                 old_by_batch[index],
                 mask,
@@ -126,6 +131,10 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
                 fw.as_array(backend, sequence),
                 (config.sequence_epsilon_low, config.sequence_epsilon_high),
             )
+            if counterfactual:  # every step reports the term (0 outside its epochs), so the metrics line up
+                term, term_metrics = side_term(backend, batch, logp, logprobs, len(batch) * longest, side_on[index])
+                value, metrics = value + term, {**metrics, **term_metrics}
+            return value, metrics
         return fw.gspo_loss(
             logp,
             old_by_batch[index],
@@ -303,8 +312,9 @@ def gradient_shares(
 def part_tokens(costs: ForwardCosts) -> Callable[[list[EncodedExample]], float]:
     """A part's padded size in whole tokens (`memory.forward_tokens` at `costs`)."""
 
-    def cost(part: list[EncodedExample]) -> float:
-        return forward_tokens([b.prompt_ids for b in part], [len(b.response_ids) for b in part], *costs)
+    def cost(part: list[EncodedExample]) -> float:  # with the counterfactual side term's rows, held together
+        rows = [*part, *other_rows(part)]
+        return forward_tokens([b.prompt_ids for b in rows], [len(b.response_ids) for b in rows], *costs)
 
     return cost
 

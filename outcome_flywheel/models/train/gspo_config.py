@@ -42,6 +42,17 @@ their span; `daily_rl/reward/signals.py`) and go through the per-token ratio r_i
 with the paper's band 3e-4 / 4e-4 and w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap).
 A note's advantage must then be one number per note (the trainer refuses span-scoped parts).
 
+The counterfactual side term (`GSPOExample.counterfactual`, off unless `price_counterfactual_c` > 0): a
+matured call's other side has a known outcome too, so its side decision trains on both actions, the
+all-action policy gradient (Sutton et al. 2000, "Policy Gradient Methods for RL with Function
+Approximation", its sum over actions; Ciosek & Whiteson 2018, "Expected Policy Gradients"):
+
+    loss += -sum_i sum_{a in {own, other}} c_ia pi_theta(a | x_i, prefix_i) / Z,   c_i,own = -c_i,other
+
+pi_theta(a | ...) = the product of the side phrase's token probabilities after the note's own prefix,
+the other side's row teacher-forced (`daily_rl/reward/counterfactual.py`), in the first
+`counterfactual_epochs` epochs.
+
 Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
 is the policy the update starts from (recomputed); the TIS weight corrects for the sampler.
 """
@@ -122,6 +133,12 @@ class GSPOConfig:
             "help": "A per-day trust region for the span-scoped parts (price, relevance: the call's tokens): they train in the first N epochs only, the whole-note part in all of them; None = every epoch, the default: at 1 the sides did not learn on a 2 x 2 grid of 16 days on tiny-local (docs/daily_rl.md, the ablation)."
         },
     )
+    counterfactual_epochs: int = field(
+        default=1,
+        metadata={
+            "help": "Epochs (the first N) whose minibatches carry the counterfactual side term of the examples that have one (`price_counterfactual_c` > 0): a trust region on it, as the probe's arm asked (issue 46)."
+        },
+    )
     gradient_shares: bool = field(
         default=True,
         metadata={
@@ -189,6 +206,12 @@ class GSPOConfig:
             isinstance(self.span_epochs, bool) or int(self.span_epochs) != self.span_epochs or self.span_epochs < 1
         ):
             raise ValueError(f"span_epochs must be a whole number >= 1 (or None), got {self.span_epochs!r}")
+        if (
+            isinstance(self.counterfactual_epochs, bool)
+            or int(self.counterfactual_epochs) != self.counterfactual_epochs
+            or self.counterfactual_epochs < 1
+        ):
+            raise ValueError(f"counterfactual_epochs must be a whole number >= 1, got {self.counterfactual_epochs!r}")
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
 
@@ -199,6 +222,22 @@ class GSPOConfig:
             low if self.epsilon_low is None else float(self.epsilon_low),
             high if self.epsilon_high is None else float(self.epsilon_high),
         )
+
+
+@dataclass(frozen=True)
+class SideCounterfactual:
+    """A matured call's two sides, for the counterfactual side term (`daily_rl/reward/counterfactual.py`)."""
+
+    own_mask: list[bool] = field(metadata={"help": "Per response token: the sampled side phrase's tokens."})
+    other_response_ids: list[int] = field(
+        metadata={"help": "The note's tokens up to its side phrase, then the opposite phrase's (teacher-forced)."}
+    )
+    other_mask: list[bool] = field(metadata={"help": "Per other-row token: the opposite phrase's tokens."})
+    coefficient: float = field(
+        metadata={
+            "help": "c (R(own) - R_bar) x the replay weight, R_bar = the two sides' mean: the own side's coefficient; the other side's is its negative."
+        }
+    )
 
 
 @dataclass
@@ -226,4 +265,7 @@ class GSPOExample:
         metadata={
             "help": "Which reward part `token_advantages` carries: `relevance` (judged notes) or `price` (matured ones); for the gradient shares."
         },
+    )
+    counterfactual: SideCounterfactual | None = field(
+        default=None, metadata={"help": "The counterfactual side term's two rows (matured calls only); None = none."}
     )
