@@ -250,3 +250,18 @@ def test_matured_company_calls_carry_the_term_and_others_do_not(tokenizer):
     assert all(by_index[i].counterfactual is None for i in by_index if i >= 2)
     plain = matured_batch(notes, outcomes, *args, MaturedConfig(), 0.5, 0.8, tokenizer)
     assert plain.example_keys == batch.example_keys and all(e.counterfactual is None for e in plain.examples)
+
+
+def test_the_memory_plan_counts_the_other_rows(tokenizer):
+    """A part's cost holds the other-side rows its loss forwards beside its own (both alive until the backward)."""
+    from dataclasses import replace
+
+    from outcome_flywheel.models.train.batching import EncodedExample
+    from outcome_flywheel.models.train.gspo import part_tokens
+    from outcome_flywheel.models.train.memory import ForwardCosts
+
+    _, examples = _counterfactual_examples(tokenizer, 1.0)
+    e = examples[0]
+    carrier = EncodedExample([1, 2, 3], e.response_ids, e.behavior_logprobs, 0.0, counterfactual=e.counterfactual)
+    cost = part_tokens(ForwardCosts(None))  # every row runs its prompt: rows x the longest row
+    assert cost([carrier]) == 2 * cost([replace(carrier, counterfactual=None)])
