@@ -36,7 +36,6 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
-from scipy import stats
 
 LABELS = ("better", "no detectable difference", "worse", "not enough data")
 BETTER, NO_DIFFERENCE, WORSE, NOT_ENOUGH = LABELS
@@ -135,6 +134,8 @@ def _comparison(
 def _zero_spread_result(d: np.ndarray) -> tuple[float, float, float, str]:
     """(low, high, p, note) when every difference is the same c, where the t-test is undefined: c = 0 -> [0, 0],
     p = 1; c != 0 -> [c, c] with the exact sign test's p (n of n on one side), which is < 0.05 from n = 6 on."""
+    from scipy import stats  # imported where a test is taken: ~0.8 s off loading the definitions
+
     c = float(d.mean())
     if abs(c) <= 1e-12 * max(1.0, float(np.abs(d).max())):
         return 0.0, 0.0, 1.0, " (zero spread, all differences 0)"
@@ -156,6 +157,8 @@ def paired_comparison(
     Pairs with a NaN on either side are dropped; `n` counts the pairs used. Fewer than `min_n` pairs -> NaN interval
     and "not enough data". When every difference is the same the t-test is undefined: see `_zero_spread_result`.
     """
+    from scipy import stats  # imported where a test is taken: ~0.8 s off loading the definitions
+
     p = np.asarray(policy, dtype=float).ravel()
     b = np.asarray(base, dtype=float).ravel()
     if p.shape != b.shape:
@@ -220,6 +223,8 @@ def win_rate_comparison(
     (a Wilson interval does not: 4-0, p = 0.125, has a Wilson interval above 0.5). Fewer than `min_n` decisive pairs
     -> "not enough data" (with 5 of 5 the exact test cannot reach 5%). policy = win rate, base = 1 - win rate,
     difference = win rate - 0.5; `n` = wins + losses."""
+    from scipy import stats  # imported where a test is taken: ~0.8 s off loading the definitions
+
     wins, losses, ties = int(wins), int(losses), int(ties)
     if min(wins, losses, ties) < 0:
         raise ValueError("win_rate_comparison: counts must be >= 0")
@@ -246,6 +251,8 @@ def session_mean_interval(
     of the overall mean is bounded by sum_o (m_o / n) * sd_o / sqrt(m_o) (exact if the sub-series were perfectly
     correlated, larger than the truth otherwise), with a t of (shortest sub-series - 1) degrees of freedom.
     Fewer than `min_sessions` x h values -> NaN ("not enough data"); zero spread -> `_zero_spread_result`."""
+    from scipy import stats  # imported where a test is taken: ~0.8 s off loading the definitions
+
     x = np.asarray(values, dtype=float)
     x = x[~np.isnan(x)]
     h = max(int(horizon), 1)

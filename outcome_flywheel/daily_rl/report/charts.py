@@ -8,14 +8,24 @@ from __future__ import annotations
 
 import io
 import math
+from typing import TYPE_CHECKING
 
-import matplotlib.dates as mdates
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MAX_DATE_LABELS = 14
 WIDE = (7, 3.2)
+
+
+def _figure(size: tuple[float, float]) -> "Figure":
+    """A new figure; matplotlib is imported when the first chart is drawn, not by every process that loads
+    the definitions (code servers, run workers: ~0.4 s each)."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=size)
 
 
 def png(fig: Figure) -> bytes:
@@ -30,6 +40,8 @@ def _dates(frame: pd.DataFrame) -> pd.Series:
 
 def _date_axis(ax, dates: pd.Series) -> None:
     """One tick per day (a label every k-th day past MAX_DATE_LABELS days), half a day of margin."""
+    import matplotlib.dates as mdates
+
     n = int(dates.nunique()) if len(dates) else 0
     every = max(1, math.ceil(n / MAX_DATE_LABELS))
     ax.xaxis.set_major_locator(mdates.DayLocator(interval=every))
@@ -59,7 +71,7 @@ def _column(frame: pd.DataFrame, name: str) -> pd.Series:
 
 def reward_figure(summary: pd.DataFrame) -> bytes:
     """Mean reward of the scored rollouts (min-max band) and mean structure score of the day's rollouts."""
-    fig = Figure(figsize=WIDE)
+    fig = _figure(WIDE)
     ax = fig.subplots()
     x = _dates(summary)
     ax.fill_between(x, summary["reward_min"], summary["reward_max"], alpha=0.15, color="C0", label="reward min-max")
@@ -75,7 +87,7 @@ def reward_figure(summary: pd.DataFrame) -> bytes:
 
 def kl_figure(summary: pd.DataFrame) -> bytes:
     """Per-token KL(policy || base) on each day's own rollouts."""
-    fig = Figure(figsize=WIDE)
+    fig = _figure(WIDE)
     ax = fig.subplots()
     x = _dates(summary)
     ax.plot(x, summary["kl_to_base"], "o-", color="C3")
@@ -87,7 +99,7 @@ def kl_figure(summary: pd.DataFrame) -> bytes:
 
 def pass_through_figure(summary: pd.DataFrame) -> bytes:
     """Share of scored rollouts in groups the judge answered (the rest are not trained on)."""
-    fig = Figure(figsize=WIDE)
+    fig = _figure(WIDE)
     ax = fig.subplots()
     x = _dates(summary)
     share = summary["usable_share"]
@@ -118,7 +130,7 @@ AB_METRICS = {
 def ab_figure(evals: pd.DataFrame) -> bytes:
     """Per day and metric: the policy-minus-base difference with its 95% interval (for the judge: win
     rate - 0.5); a dashed zero line is "no difference"."""
-    fig = Figure(figsize=(12, 2.9))
+    fig = _figure((12, 2.9))
     axes = fig.subplots(1, len(AB_METRICS), sharex=True)
     for ax, (metric, title) in zip(axes, AB_METRICS.items()):
         rows = evals[evals["metric"] == metric].sort_values("date") if len(evals) else evals
@@ -153,7 +165,7 @@ def _calls_range(calls: pd.Series) -> str:
 def hit_rate_figure(by_day: pd.DataFrame) -> bytes:
     """Hit rate (share of matured calls with vs_spy_pct > 0) of each day's calls, policy and base; 0.5 is a coin
     flip; the legend says how many matured calls a day it is over. `by_day`: `summary.hit_rate_by_day`."""
-    fig = Figure(figsize=WIDE)
+    fig = _figure(WIDE)
     ax = fig.subplots()
     x = _dates(by_day)
     if len(by_day):
@@ -173,7 +185,7 @@ def hit_rate_figure(by_day: pd.DataFrame) -> bytes:
 
 def equity_figure(daily: pd.DataFrame) -> bytes:
     """Equity of the policy's book, the base's book and SPY over the back-test's days (start 1.0)."""
-    fig = Figure(figsize=WIDE)
+    fig = _figure(WIDE)
     ax = fig.subplots()
     x = _dates(daily)
     for column, label, style in (
@@ -200,7 +212,7 @@ def equity_figure(daily: pd.DataFrame) -> bytes:
 def price_reward_figure(price: pd.DataFrame) -> bytes:
     """Mean price reward of the notes trained on price each day (0.5 = a costless coin flip), with the number of
     notes trained and still waiting; a day with none trained says so."""
-    fig = Figure(figsize=WIDE)
+    fig = _figure(WIDE)
     ax = fig.subplots()
     x = _dates(price)
     if len(price):
@@ -229,7 +241,7 @@ def off_policy_figure(price: pd.DataFrame) -> bytes:
     """Left: staleness (policy updates between a note's sampler and the day's parent) of the groups trained on
     price, mean with a min-max band, and the limit past which groups are dropped. Right: the share of sequences
     whose IS ratio hit the TIS cap, and the GSPO clip fraction of the day's whole update (judged and matured notes)."""
-    fig = Figure(figsize=(12, 3.1))
+    fig = _figure((12, 3.1))
     left, right = fig.subplots(1, 2)
     x = _dates(price)
     if len(price):
