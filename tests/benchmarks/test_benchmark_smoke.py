@@ -1,6 +1,8 @@
 """Every benchmark in benchmarks/ runs, so none rots unseen: each as `python -m benchmarks.<name>` with tiny
 arguments in its own process (one torch thread, a fresh data dir holding the cached tiny-local), which must exit 0
-and print one JSON object on its last line (the project's convention). The figures of such runs mean nothing; the
+and print one JSON object on its last line (the project's convention). The processes are forked off a server that
+has imported torch, transformers, peft, dagster and the rest once (`fork_server.py`): each benchmark's own
+interpreter would spend ~6 CPU-s on them. The figures of such runs mean nothing; the
 code paths are what is checked. The CUDA benchmarks (gpu, training_profile) run their CPU smoke versions, and
 logprob_memory and data_parallel their CPU paths (data_parallel: gloo under torchrun): none needs CUDA.
 training_profile's CPU smoke runs three trainers x three plans on 2 x 2 sequences (no warm-ups) and profiles one
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from outcome_flywheel.settings import PROJECT_ROOT
+from tests.benchmarks.fork_server import ForkServer
 
 TIMEOUT_S = 300  # each; on an idle 2-core box the slowest (the daily loop's) take ~25-60 s
 LOOP = ["--headlines", "2", "--max-new-tokens", "16"]  # days of the bundled archive, 2 headlines a day
@@ -54,20 +57,36 @@ def test_every_benchmark_has_a_smoke_run():
     assert modules == set(SMOKE), f"give these a smoke run: {sorted(modules - set(SMOKE))}"
 
 
-def run_benchmark(name: str, args: list[str], data_dir: Path, tmp: Path) -> subprocess.CompletedProcess:
-    env = dict(
+def shared_env() -> dict[str, str]:
+    """What every benchmark's process shares, the fork server's own (what libraries read when imported)."""
+    return dict(
         os.environ,
-        FLYWHEEL_DATA_DIR=str(data_dir),
-        BENCHMARK_RESULTS_DIR=str(tmp / "results"),  # a smoke run never writes into benchmarks/results/
         OMP_NUM_THREADS="1",  # more threads than free cores slow a tiny step down many times over
         MKL_NUM_THREADS="1",
         TOKENIZERS_PARALLELISM="false",
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",  # torchrun, weed
     )
-    command = [sys.executable, "-m", f"benchmarks.{name}", *(a.replace("{tmp}", str(tmp)) for a in args)]
-    return subprocess.run(
-        command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+
+
+@pytest.fixture(scope="module")
+def server():
+    forks = ForkServer(shared_env(), PROJECT_ROOT)
+    yield forks
+    forks.close()
+
+
+def run_benchmark(
+    server: ForkServer, name: str, args: list[str], data_dir: Path, tmp: Path
+) -> subprocess.CompletedProcess:
+    env = dict(
+        shared_env(),
+        FLYWHEEL_DATA_DIR=str(data_dir),
+        BENCHMARK_RESULTS_DIR=str(tmp / "results"),  # a smoke run never writes into benchmarks/results/
     )
+    logs = tmp / "logs"
+    logs.mkdir(exist_ok=True)
+    arguments = [a.replace("{tmp}", str(tmp)) for a in args]
+    return server.run(f"benchmarks.{name}", arguments, PROJECT_ROOT, env, logs, TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +96,8 @@ def outputs(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
-def test_the_benchmark_runs_and_ends_with_one_json_object(name, data_dir, outputs):
-    done = run_benchmark(name, SMOKE[name], data_dir, outputs)
+def test_the_benchmark_runs_and_ends_with_one_json_object(name, server, data_dir, outputs):
+    done = run_benchmark(server, name, SMOKE[name], data_dir, outputs)
     tail = (done.stdout[-3000:] + "\n--- stderr ---\n" + done.stderr[-3000:]).strip()
     assert done.returncode == 0, f"benchmarks.{name} exited {done.returncode}:\n{tail}"
     lines = done.stdout.strip().splitlines()
@@ -86,15 +105,15 @@ def test_the_benchmark_runs_and_ends_with_one_json_object(name, data_dir, output
     assert isinstance(json.loads(lines[-1]), dict), f"benchmarks.{name}'s last line is not one JSON object:\n{tail}"
 
 
-def test_a_grid_resumes_and_other_arguments_are_refused(data_dir, outputs):
+def test_a_grid_resumes_and_other_arguments_are_refused(server, data_dir, outputs):
     """The grid of the smoke run again: with its arguments it skips the cell it has; with others it refuses (run
     alone, the first call runs the cell)."""
     args = SMOKE["learning_grid"]
     if not (outputs / "grid" / "cells" / "news-w0-t0.json").exists():
-        first = run_benchmark("learning_grid", args, data_dir, outputs)
+        first = run_benchmark(server, "learning_grid", args, data_dir, outputs)
         assert first.returncode == 0, first.stderr[-3000:]
-    again = run_benchmark("learning_grid", args, data_dir, outputs)
+    again = run_benchmark(server, "learning_grid", args, data_dir, outputs)
     assert again.returncode == 0 and "1 cells, 0 to run" in again.stdout, again.stdout[-2000:]
     assert json.loads(again.stdout.strip().splitlines()[-1])["cells"]["done"] == 1
-    other = run_benchmark("learning_grid", [*args, "--arm", "other"], data_dir, outputs)
+    other = run_benchmark(server, "learning_grid", [*args, "--arm", "other"], data_dir, outputs)
     assert other.returncode == 2 and "other arguments" in other.stderr
