@@ -31,6 +31,7 @@ def sigmoid(x: float) -> float:
 def approval_auc(scores: Sequence[float], approved: Sequence[bool]) -> float:
     """U / (n1 n2) from scipy's Mann-Whitney U of approved scores against the others; NaN with one class."""
     from scipy.stats import mannwhitneyu  # imported where it is used: scipy.stats is ~0.8 s of loading the definitions
+
     s = np.asarray(scores, dtype=float)
     a = np.asarray(approved, dtype=bool)
     pos, neg = s[a], s[~a]
