@@ -74,10 +74,14 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "grad_share_note": (
             "float",
-            "The whole-note part's share of the update's gradient norm (note + relevance + price), on a probe minibatch before the first step.",
+            "The whole-note part's share of the update's gradient norm (note + relevance + price + counterfactual), on a probe minibatch before the first step.",
         ),
         "grad_share_relevance": ("float", "The relevance part's share of it (the call's ticker tokens)."),
         "grad_share_price": ("float", "The price part's share of it (the call's side, matured and replayed notes)."),
+        "grad_share_counterfactual": (
+            "float",
+            "The counterfactual side term's share of it (price_counterfactual_c > 0; NaN when the probe holds no note that carries it).",
+        ),
         "objective": (
             "string",
             "token (token-level clipped surrogate, signal-scoped advantages), gspo or reward_weighted.",

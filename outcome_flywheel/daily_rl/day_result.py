@@ -25,7 +25,7 @@ from outcome_flywheel.daily_rl.reward.ledger import ledger_frame
 from outcome_flywheel.daily_rl.reward.rollout_scores import position_bias
 from outcome_flywheel.daily_rl.reward.training_record import judged_ledger, price_training_row
 from outcome_flywheel.models.loader import ModelLoader
-from outcome_flywheel.models.train.gspo import GRADIENT_PARTS
+from outcome_flywheel.models.train.gspo import SHARE_PARTS
 from outcome_flywheel.steps.metadata import counts_table, mapping_table, md, num, path, present
 
 
@@ -147,7 +147,7 @@ def training_summary(
         train_micro_batches=stats.micro_batches if stats else 0,
         train_recomputed=stats.layers_recomputed if stats else False,
         # each reward part's pull on the weights (models/train/gspo.py, gradient_shares)
-        **{f"grad_share_{p}": float(stats.extra.get(f"grad_share_{p}", nan)) if stats else nan for p in GRADIENT_PARTS},
+        **{f"grad_share_{p}": float(stats.extra.get(f"grad_share_{p}", nan)) if stats else nan for p in SHARE_PARTS},
         objective=gspo.objective,
         learning_rate=gspo.learning_rate,
         headlines=headlines,

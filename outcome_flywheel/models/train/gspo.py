@@ -218,6 +218,7 @@ def indexed_steps(
 
 
 GRADIENT_PARTS = ("note", "relevance", "price")
+SHARE_PARTS = (*GRADIENT_PARTS, "counterfactual")  # the gradient shares' parts: the span parts and the side term
 
 
 def part_scales(batch: Sequence[EncodedExample], longest: int, normaliser: str) -> dict[str, float]:
@@ -269,21 +270,25 @@ def gradient_shares(
 ) -> dict[str, float]:
     """Each reward part's pull on the weights before the first step: the gradient norm of the loss with
     only that part's advantages (`note` = the sequence part, `relevance` / `price` = the span parts of the
-    notes that carry them), at ratio 1 (pi_old = the current policy) and under the update's normaliser, on
-    a probe minibatch of up to `batch_size` examples taken at an even stride through the day's (so the
-    mix of judged and matured notes is the day's). `grad_share_<part>` = its norm over the sum of the three."""
+    notes that carry them, `counterfactual` = the side term, where the probe holds notes that carry it), at
+    ratio 1 (pi_old = the current policy) and under the update's normaliser, on a probe minibatch of up to
+    `batch_size` examples taken at an even stride through the day's (so the mix of judged and matured notes is
+    the day's). `grad_share_<part>` = its norm over the sum of the parts'."""
     fw = backend.framework
     stride = max(1, -(-len(examples) // max(1, config.batch_size)))
     probe = list(examples[::stride])
     if not probe:
         return {}
-    parts = split_by_cost(probe, part_tokens(memory.costs), memory.limit)
+    pieces = split_by_cost(probe, part_tokens(memory.costs), memory.limit)
     scale = part_scales(probe, longest, config.part_normaliser)
+    measured = [*GRADIENT_PARTS, *(["counterfactual"] if any(b.counterfactual is not None for b in probe) else [])]
 
     def only(part: str):
         def loss(model, piece):
             batch = piece
             logp, mask = logprobs(batch)
+            if part == "counterfactual":
+                return side_term(backend, batch, logp, logprobs, float(len(batch) * longest))
             old = fw.as_array(backend, fw.to_numpy(logp).astype(np.float32))  # ratio 1, no gradient through it
             rows, sequence = part_advantages(batch, scale, (part,))
             return fw.gspo_loss(
@@ -300,9 +305,9 @@ def gradient_shares(
 
         return loss
 
-    step = parts[0] if len(parts) == 1 else Accumulated(tuple(parts), tuple(len(p) / len(probe) for p in parts))
+    step = pieces[0] if len(pieces) == 1 else Accumulated(tuple(pieces), tuple(len(p) / len(probe) for p in pieces))
     with backend.recomputing(memory.recompute):
-        norms = {part: fw.gradient_norm(backend.model, only(part), step) for part in GRADIENT_PARTS}
+        norms = {part: fw.gradient_norm(backend.model, only(part), step) for part in measured}
     total = sum(norms.values())
     out = {f"grad_norm_{k}": float(v) for k, v in norms.items()}
     out.update({f"grad_share_{k}": (float(v) / total if total > 0 else float("nan")) for k, v in norms.items()})

@@ -142,7 +142,7 @@ class GSPOConfig:
     gradient_shares: bool = field(
         default=True,
         metadata={
-            "help": "Measure each reward part's share of the update's gradient (note, relevance, price) on a probe minibatch drawn across the day's examples, before the first step (3 extra backward passes); not under data parallel (each rank forwards its shard only)."
+            "help": "Measure each reward part's share of the update's gradient (note, relevance, price, and the counterfactual side term where notes carry it) on a probe minibatch drawn across the day's examples, before the first step (one extra backward pass a part); not under data parallel (each rank forwards its shard only)."
         },
     )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient norm clip."})

@@ -184,6 +184,8 @@ def test_the_term_moves_the_side_the_known_outcomes_favour(tiny_model_dir, token
         assert direction * (after[0] - before[0]) > 0 and direction * (after[1] - before[1]) < 0, (before, after)
         terms = stats.extra["counterfactual_loss"]
         assert len(terms) == 3 and terms[0] != 0.0 and terms[1:] == [0.0, 0.0]
+        # no advantage anywhere: the side term is the whole gradient (the others' are exactly 0)
+        assert stats.extra["grad_share_counterfactual"] == 1.0 and stats.extra["grad_norm_price"] == 0.0
         assert stats.extra["side_probability_own"][0] == pytest.approx(before[0], rel=1e-3)
         assert stats.extra["side_probability_other"][0] == pytest.approx(before[1], rel=1e-3)
 
