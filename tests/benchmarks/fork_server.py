@@ -70,16 +70,24 @@ class ForkServer:
             stdout=subprocess.PIPE,
             text=True,
         )
+        self._pending = b""  # what the server wrote past the last whole line read
         ready = json.loads(self._line(300))
         if ready.get("ready") != 1:
             raise RuntimeError(f"the fork server started threads on import: {ready}")
 
     def _line(self, timeout: float) -> str:
-        ready, _, _ = select.select([self.process.stdout], [], [], max(0.0, timeout))
-        line = self.process.stdout.readline() if ready else ""
-        if not line:
-            raise TimeoutError(f"the fork server said nothing within {timeout:.0f} s (exit {self.process.poll()})")
-        return line
+        """The server's next line, read from its pipe's file descriptor (a buffered reader could hold a line
+        select() no longer sees, and wait the whole timeout for it)."""
+        deadline = time.monotonic() + timeout
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self._pending:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(fd, 65536) if ready else b""
+            if not chunk:
+                raise TimeoutError(f"the fork server said nothing within {timeout:.0f} s (exit {self.process.poll()})")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line.decode()
 
     def run(
         self, module: str, args: list[str], cwd: Path, env: dict[str, str], out_dir: Path, timeout: float
@@ -95,7 +103,10 @@ class ForkServer:
         try:
             returncode = json.loads(self._line(timeout - (time.monotonic() - started)))["returncode"]
         except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended as the timeout ran out: its status is on the way
+                pass
             returncode = json.loads(self._line(60))["returncode"]
         return subprocess.CompletedProcess(
             [module, *args], returncode, stdout.read_text(errors="replace"), stderr.read_text(errors="replace")
