@@ -53,5 +53,9 @@ def token_char_ends(tokenizer: Any, token_ids: Sequence[int]) -> list[tuple[int,
 def span_token_mask(tokenizer: Any, token_ids: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[bool]:
     """True for each token whose characters overlap one of `spans` (character [start, end) ranges of
     the decoded response text)."""
-    chars = token_char_ends(tokenizer, token_ids)
+    return chars_in_spans(token_char_ends(tokenizer, token_ids), spans)
+
+
+def chars_in_spans(chars: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
+    """`span_token_mask` from the tokens' characters (`token_char_ends`), for a caller that needs them too."""
     return [any(start < b and a < end for a, b in spans) if end > start else False for start, end in chars]

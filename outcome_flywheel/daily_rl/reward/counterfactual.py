@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from outcome_flywheel.daily_rl.notes.calls import call_part_spans, parse_call
 from outcome_flywheel.daily_rl.notes.relevance import call_relevance
 from outcome_flywheel.daily_rl.reward.signals import PriceReward
-from outcome_flywheel.models.spans import span_token_mask, token_char_ends
+from outcome_flywheel.models.spans import chars_in_spans, token_char_ends
 from outcome_flywheel.models.train.gspo_config import SideCounterfactual
 
 # Each side phrase the parser reads (`notes.calls._LONG` / `_SHORT`) and a phrase that reads as the other side.
@@ -82,11 +82,11 @@ def side_counterfactual(
     if other_phrase is None or parse_call(response[:a] + other_phrase + response[b:]).side != FLIP[call.side]:
         return None
     ids = [int(t) for t in response_ids]
-    own = span_token_mask(tokenizer, ids, [(a, b)])
+    chars = token_char_ends(tokenizer, ids)
+    own = chars_in_spans(chars, [(a, b)])
     if not any(own):
         return None
     first, last = own.index(True), len(own) - own[::-1].index(True)  # the phrase's tokens, [first, last)
-    chars = token_char_ends(tokenizer, ids)
     start, end = chars[first][0], chars[last - 1][1]
     text = tokenizer.decode(ids, skip_special_tokens=True)
     if text != response or not start <= a < b <= end:  # offsets into another text than the parser read
