@@ -53,6 +53,7 @@ DEFAULTS: dict[str, str] = {
     "FLYWHEEL_DAILY_SCHEDULE": "auto",
     "FLYWHEEL_TRAIN_RECOMPUTE": "auto",
     "FLYWHEEL_ROLLOUTS_PER_HEADLINE": "8",
+    "FLYWHEEL_NOTE_FORMAT": "sections",
 }
 
 
@@ -239,6 +240,7 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_MIN_HEADLINES": integer(0),  # 0 turns the minimum_headlines check off
     "FLYWHEEL_ROLLOUTS_PER_HEADLINE": integer(2, 8),  # a group needs 2 to normalise; the judge's letters are A-H
     "FLYWHEEL_MAX_NEW_TOKENS": integer(1),
+    "FLYWHEEL_NOTE_FORMAT": one_of("sections", "call_first"),
     "FLYWHEEL_MARKET_DATA": one_of("file", "yfinance"),
     "FLYWHEEL_OUTCOME_HORIZON": integer(1, 60),
     "FLYWHEEL_OUTCOME_COST_BPS": Rule("a number >= 0 (basis points, round trip), e.g. 10", _non_negative_number),

@@ -46,6 +46,7 @@ BAD = [
     ("FLYWHEEL_ROLLOUTS_PER_HEADLINE", "9", ["integer", "2", "8"]),
     ("FLYWHEEL_ROLLOUTS_PER_HEADLINE", "1", ["integer", "2", "8"]),
     ("FLYWHEEL_MAX_NEW_TOKENS", "0", ["integer", ">= 1"]),
+    ("FLYWHEEL_NOTE_FORMAT", "prose", ["sections", "call_first"]),
     ("FLYWHEEL_MIN_NEW_PAIRS", "ten", ["integer", ">= 1"]),
     ("FLYWHEEL_TRAIN_COOLDOWN_S", "-5", ["integer", ">= 0"]),
 ]
@@ -75,6 +76,7 @@ GOOD = {
     "FLYWHEEL_MIN_HEADLINES": ["0", "1"],
     "FLYWHEEL_ROLLOUTS_PER_HEADLINE": ["2", "8"],
     "FLYWHEEL_MAX_NEW_TOKENS": ["1", "512"],
+    "FLYWHEEL_NOTE_FORMAT": ["sections", "call_first"],
     "FLYWHEEL_MIN_NEW_PAIRS": ["1", "10"],
     "FLYWHEEL_TRAIN_COOLDOWN_S": ["0", "3600"],
 }

@@ -3,6 +3,8 @@ the prompt format it will be asked in)."""
 
 from __future__ import annotations
 
+from outcome_flywheel.settings import env
+
 NOTE_SECTIONS: tuple[str, ...] = (
     "Trade Recommendation",
     "Rationale",
@@ -18,17 +20,32 @@ SYSTEM_PROMPT = "You are a markets analyst who writes short, actionable trading 
 BASE_PROMPT_VERSION = "base"
 
 
-def trading_note_messages(title: str, summary: str = "") -> list[dict[str, str]]:
+# FLYWHEEL_NOTE_FORMAT. `sections` asks for the six sections (what tiny-local is built on). `call_first` also asks
+# the note to open on its call: SmolLM2-135M-Instruct writes prose about the company under `sections` and calls it
+# in 1 note of 32, in 8 of 32 when asked this way (docs/models.md), and a price reward needs calls to train.
+NOTE_FORMATS: tuple[str, ...] = ("sections", "call_first")
+CALL_FIRST_LINE = "Begin with the line 'Trade Recommendation: Buy <ticker>' or 'Trade Recommendation: Sell <ticker>'."
+
+
+def trading_note_messages(title: str, summary: str = "", note_format: str | None = None) -> list[dict[str, str]]:
     """The prompt for one trading note about one headline; it asks for the six sections."""
-    return note_messages(title, summary, SYSTEM_PROMPT)
+    return note_messages(title, summary, SYSTEM_PROMPT, note_format)
 
 
-def note_messages(title: str, summary: str = "", system: str = SYSTEM_PROMPT) -> list[dict[str, str]]:
-    """`trading_note_messages` under another system prompt (a variant of the prompt evolver)."""
+def note_messages(
+    title: str, summary: str = "", system: str = SYSTEM_PROMPT, note_format: str | None = None
+) -> list[dict[str, str]]:
+    """`trading_note_messages` under another system prompt (a variant of the prompt evolver); `note_format`
+    None = FLYWHEEL_NOTE_FORMAT."""
+    note_format = note_format or env("FLYWHEEL_NOTE_FORMAT")
+    if note_format not in NOTE_FORMATS:
+        raise ValueError(f"note format {note_format!r} is not one of {', '.join(NOTE_FORMATS)}")
     body = f"Headline: {title.strip()}"
     if summary and summary.strip():
         body += f"\nSummary: {summary.strip()}"
     body += "\nWrite a trading note with these sections: " + ", ".join(NOTE_SECTIONS) + "."
+    if note_format == "call_first":
+        body += " " + CALL_FIRST_LINE
     return [{"role": "system", "content": system}, {"role": "user", "content": body}]
 
 

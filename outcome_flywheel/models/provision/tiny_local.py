@@ -183,7 +183,7 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
     examples = []
     for r in rows:
         prompt = tokenizer.apply_chat_template(
-            trading_note_messages(r["title"], r["summary"]), add_generation_prompt=True, tokenize=False
+            trading_note_messages(r["title"], r["summary"], "sections"), add_generation_prompt=True, tokenize=False
         )
         p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
         r_ids = tokenizer(r["note"], add_special_tokens=False)["input_ids"] + [eos_id]
