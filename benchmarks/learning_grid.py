@@ -10,7 +10,8 @@ headline-clustered bootstrap interval (`benchmarks/_grid_table.py` says which fi
 - Cells run `--parallel` at a time, each process with one torch thread; a cell's log goes to DIR/logs/<cell>.log and
   its result, when it ends, to DIR/cells/<world>-w<world seed>-t<training seed>.json (written atomically).
 - Resume: run the same command again with the same --out-dir; cells whose JSON exists are skipped. The grid's
-  arguments are recorded in DIR/grid.json and a run with other arguments is refused (use another --out-dir).
+  arguments and the FLYWHEEL_* variables its cells inherit (FLYWHEEL_NOTE_FORMAT, ...) are recorded in DIR/grid.json
+  and a run with other ones is refused (use another --out-dir).
 - DIR/results.json: the table (per world, each figure's policy, base and difference with 95% intervals, and the
   per-cell spread), the arm's config, the machine, the date and the git commit. `--record` also adds it to (or
   replaces the same arm and grid in) benchmarks/results/learning_grid.json.
@@ -55,7 +56,10 @@ GRID_KEYS = (
     "model",
     "synthetic_days",
     "device",
+    "settings",
 )
+# Variables a cell sets itself (its world's prices and archive, its data dir): not the grid's settings.
+CELL_VARIABLES = ("FLYWHEEL_PRICES_FILE", "FLYWHEEL_FEEDS_ARCHIVE", "FLYWHEEL_DATA_DIR")
 
 
 def _ints(text: str) -> list[int]:
@@ -63,15 +67,22 @@ def _ints(text: str) -> list[int]:
 
 
 def grid_of(args: argparse.Namespace) -> dict:
-    grid = {k: getattr(args, k) for k in GRID_KEYS}
+    grid = {k: getattr(args, k, None) for k in GRID_KEYS}
     grid.update(
         config=json.loads(args.config) if args.config else {},
         reward_weights=json.loads(args.reward_weights) if args.reward_weights else None,
         worlds=[w.strip() for w in args.worlds.split(",") if w.strip()],
         world_seeds=_ints(args.world_seeds),
         train_seeds=_ints(args.train_seeds),
+        settings=flywheel_settings(os.environ),
     )
     return grid
+
+
+def flywheel_settings(environ) -> dict:
+    """The FLYWHEEL_* variables the cells inherit (FLYWHEEL_NOTE_FORMAT, FLYWHEEL_ROLLOUTS_PER_HEADLINE, ...): they
+    shape what a cell computes as much as its arguments do."""
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("FLYWHEEL_") and k not in CELL_VARIABLES}
 
 
 def check_grid(out_dir: Path, grid: dict) -> str | None:
@@ -79,6 +90,8 @@ def check_grid(out_dir: Path, grid: dict) -> str | None:
     path = out_dir / "grid.json"
     if path.exists():
         recorded = json.loads(path.read_text())
+        # a grid recorded before its settings were: run without any
+        recorded.setdefault("settings", {})
         differ = {k: (recorded.get(k), grid.get(k)) for k in GRID_KEYS if recorded.get(k) != grid.get(k)}
         if differ:
             return (

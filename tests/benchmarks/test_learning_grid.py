@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -116,13 +117,23 @@ def _args(**overrides) -> argparse.Namespace:
     return argparse.Namespace(**values)
 
 
-def test_a_grid_resumes_with_its_arguments_and_refuses_others(tmp_path):
+def test_a_grid_resumes_with_its_arguments_and_refuses_others(tmp_path, monkeypatch):
+    for name in [k for k in os.environ if k.startswith("FLYWHEEL_")]:
+        monkeypatch.delenv(name)
     grid = lg.grid_of(_args())
     assert len(lg.cells_of(grid)) == 12
     assert lg.check_grid(tmp_path, grid) is None and (tmp_path / "grid.json").exists()
     assert lg.check_grid(tmp_path, lg.grid_of(_args())) is None  # the same arguments: resume
     problem = lg.check_grid(tmp_path, lg.grid_of(_args(config='{"epochs": 1}')))
     assert problem and "config" in problem
+    # the FLYWHEEL_* variables the cells inherit are the grid's too (not those a cell sets for itself)
+    monkeypatch.setenv("FLYWHEEL_PRICES_FILE", "/elsewhere/prices.csv")
+    assert lg.check_grid(tmp_path, lg.grid_of(_args())) is None
+    monkeypatch.setenv("FLYWHEEL_NOTE_FORMAT", "call_first")
+    assert lg.grid_of(_args())["settings"] == {"FLYWHEEL_NOTE_FORMAT": "call_first"}
+    problem = lg.check_grid(tmp_path, lg.grid_of(_args()))
+    assert problem and "FLYWHEEL_NOTE_FORMAT" in problem
+    monkeypatch.delenv("FLYWHEEL_NOTE_FORMAT")
     # the summary is over the cells that exist; the rest are listed as missing
     lg.write_json(tmp_path / "cells" / "news-w0-t0.json", _cell("news", 0, 0, 1.0))
     results = lg.summarise(tmp_path, grid, n_boot=100)
