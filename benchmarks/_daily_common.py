@@ -36,7 +36,7 @@ def resources(root: Path, max_headlines: int) -> dict:
         warehouse=Warehouse(data_dir=str(root)),
         model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
         feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
-        judge=Judge(),
+        judge=Judge(judge_model=os.environ.get("FLYWHEEL_JUDGE_MODEL", "")),  # as the assets' resource reads it
         market_data=MarketData(data_dir=str(root)),
         step_runner=StepRunnerResource(runner="in_process"),  # learning figures, not process starts
         tracking=Tracker(data_dir=str(root), tracking_uri="off"),  # tracking's cost: benchmarks/tracking_cost.py

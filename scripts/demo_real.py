@@ -7,7 +7,8 @@ mixes with `make demo`'s. Prints each part's wall time and the figures docs/mode
     DAGSTER_HOME=$PWD/.dagster-real python -m scripts.demo_real [--days 2] [--headlines 4] [--rollouts 4]
 
 Defaults (unless set): FLYWHEEL_BASE_MODEL=smollm2-135m-instruct, FLYWHEEL_DATA_DIR=./data-real,
-FLYWHEEL_JUDGE_MODEL=tiny-local (SmolLM2-135M as its own judge rarely answers with a letter: docs/models.md).
+FLYWHEEL_JUDGE_MODEL=tiny-local (SmolLM2-135M as its own judge rarely answers with a letter: docs/models.md),
+FLYWHEEL_NOTE_FORMAT=call_first (under `sections` it calls the headline's company in 1 note of 32: docs/models.md).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ DEFAULTS = {
     "FLYWHEEL_BASE_MODEL": "smollm2-135m-instruct",
     "FLYWHEEL_DATA_DIR": "./data-real",
     "FLYWHEEL_JUDGE_MODEL": "tiny-local",
+    "FLYWHEEL_NOTE_FORMAT": "call_first",
     "HF_HUB_OFFLINE": "1",  # nothing is fetched: the model comes from the wheel, tiny-local is built here
 }
 

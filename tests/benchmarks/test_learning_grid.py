@@ -150,3 +150,12 @@ def test_record_replaces_the_same_arm_and_grid(tmp_path):
     lg.record(dict(arm="a", grid={"days": 16}, x=3), path)
     lg.record(dict(arm="a", grid={"days": 26}, x=4), path)
     assert [(e["arm"], e["x"]) for e in json.loads(path.read_text())] == [("b", 2), ("a", 3), ("a", 4)]
+
+
+def test_the_daily_benchmarks_judge_with_flywheel_judge_model(tmp_path, monkeypatch):
+    from benchmarks._daily_common import resources
+
+    monkeypatch.delenv("FLYWHEEL_JUDGE_MODEL", raising=False)
+    assert resources(tmp_path, 2)["judge"].judge_model == ""  # the frozen base model
+    monkeypatch.setenv("FLYWHEEL_JUDGE_MODEL", "tiny-local")
+    assert resources(tmp_path, 2)["judge"].judge_model == "tiny-local"
