@@ -39,6 +39,8 @@ SMOKE: dict[str, list[str]] = {
     "learning_grid": [*LOOP, "--days", "2", "--train-days", "1", "--worlds", "news", "--world-seeds", "0"]
     + ["--train-seeds", "0"]
     + ["--parallel", "1", "--n-boot", "100", "--out-dir", "{tmp}/grid"],
+    "heldout_sides": ["--model", "tiny-local", "--checkpoint", "base", "--days", "2", "--train-days", "1"]
+    + ["--headlines", "1", "--notes", "2", "--max-new-tokens", "8", "--out-dir", "{tmp}/heldout"],
     "logprob_memory": ["--batch", "1", "--prompt-tokens", "8", "--response-tokens", "8", "--frameworks", "torch"]
     + ["--device", "cpu"],
     "note_scorer": [*LOOP, "--days", "2"],
