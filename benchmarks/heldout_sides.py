@@ -1,8 +1,9 @@
 """Which side does one policy checkpoint (or the base) take on headlines it never trained on? In a SYNTHETIC world
 (`flywheel make-world`) the right side of a call on the headline's company is its news' side (`news`) or the
 opposite one (`inverted`). This samples `--notes` notes per held-out headline (the archive days after the first
-`--train-days`, the `headlines` asset's own pick of `--headlines` a day) as the daily loop samples them
-(temperature 0.8, top-p 0.95, top-k 50, under FLYWHEEL_NOTE_FORMAT), reads their calls, and prints per world the
+`--train-days`, the `headlines` asset's own pick of `--headlines` a day) with the daily loop's sampling
+settings (`ROLLOUT_SAMPLING`: temperature 0.8, top-p 0.95, top-k 50; transformers' `generate`), under
+FLYWHEEL_NOTE_FORMAT, reads their calls, and prints per world the
 share of company calls on the right side, with a 95% interval clustered by headline, and the share of notes
 that call the headline's company.
 
@@ -52,6 +53,7 @@ def sample_notes(model_dir: Path, checkpoint: str, heads: pd.DataFrame, notes: i
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING
     from outcome_flywheel.models.prompts import trading_note_messages
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -73,9 +75,9 @@ def sample_notes(model_dir: Path, checkpoint: str, heads: pd.DataFrame, notes: i
             out = model.generate(
                 **{k: v.repeat(notes, 1) for k, v in prompt.items()},
                 do_sample=True,
-                temperature=0.8,
-                top_p=0.95,
-                top_k=50,
+                temperature=ROLLOUT_SAMPLING.temperature,
+                top_p=ROLLOUT_SAMPLING.top_p,
+                top_k=ROLLOUT_SAMPLING.top_k,
                 max_new_tokens=max_new_tokens,
                 pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
             )
