@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from outcome_flywheel.settings import PROJECT_ROOT
+from outcome_flywheel.settings import PROJECT_ROOT, env
 
 
 def tiny_local_data_dir(data_dir: str | None = None) -> Path:
@@ -36,7 +36,7 @@ def resources(root: Path, max_headlines: int) -> dict:
         warehouse=Warehouse(data_dir=str(root)),
         model_backend=ModelLoader(data_dir=str(root), base_model="tiny-local", backend="torch", device="cpu"),
         feeds=FeedSource(max_headlines=max_headlines, data_dir=str(root)),
-        judge=Judge(judge_model=os.environ.get("FLYWHEEL_JUDGE_MODEL", "")),  # as the assets' resource reads it
+        judge=Judge(judge_model=env("FLYWHEEL_JUDGE_MODEL", "")),  # as the assets' resource reads it
         market_data=MarketData(data_dir=str(root)),
         step_runner=StepRunnerResource(runner="in_process"),  # learning figures, not process starts
         tracking=Tracker(data_dir=str(root), tracking_uri="off"),  # tracking's cost: benchmarks/tracking_cost.py

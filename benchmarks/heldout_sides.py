@@ -29,10 +29,10 @@ import numpy as np
 import pandas as pd
 
 from benchmarks._daily_common import archive_days, resources
+from benchmarks._grid_table import RULE_SIGN, SIDE_SIGN
 from benchmarks._results import add_record_argument, finish
 
-RULE_SIGN = {"news": 1, "inverted": -1}  # the right side of a company call: its news' side times this
-SIDE_SIGN = {"long": 1, "short": -1}
+WORLDS = ("news", "inverted")  # the worlds with a right side (RULE_SIGN: the news' side times its sign)
 
 
 def held_out_headlines(root: Path, days: list[str], headlines: int) -> pd.DataFrame:
@@ -150,8 +150,8 @@ def main() -> None:
     from outcome_flywheel.settings import env
 
     worlds = [w.strip() for w in args.worlds.split(",") if w.strip()]
-    if not worlds or set(worlds) - set(RULE_SIGN):
-        parser.error(f"--worlds: choose from {', '.join(RULE_SIGN)}, got {args.worlds!r}")
+    if not worlds or set(worlds) - set(WORLDS):
+        parser.error(f"--worlds: choose from {', '.join(WORLDS)}, got {args.worlds!r}")
     if not 0 < args.train_days < args.days:
         parser.error(f"--train-days must be between 1 and --days - 1, got {args.train_days} of {args.days}")
     if args.checkpoint != "base" and not (Path(args.checkpoint) / "adapter_config.json").is_file():

@@ -57,6 +57,10 @@ DEFAULTS: dict[str, str] = {
 }
 
 
+# FLYWHEEL_NOTE_FORMAT's choices (models/prompts.py writes each; here so the rule and the prompt share them).
+NOTE_FORMATS: tuple[str, ...] = ("sections", "call_first")
+
+
 def env(name: str, default: str | None = None) -> str:
     """The variable's value, else `default`, else the project default."""
     value = os.environ.get(name)
@@ -240,7 +244,7 @@ RULES: dict[str, Rule] = {
     "FLYWHEEL_MIN_HEADLINES": integer(0),  # 0 turns the minimum_headlines check off
     "FLYWHEEL_ROLLOUTS_PER_HEADLINE": integer(2, 8),  # a group needs 2 to normalise; the judge's letters are A-H
     "FLYWHEEL_MAX_NEW_TOKENS": integer(1),
-    "FLYWHEEL_NOTE_FORMAT": one_of("sections", "call_first"),
+    "FLYWHEEL_NOTE_FORMAT": one_of(*NOTE_FORMATS),
     "FLYWHEEL_MARKET_DATA": one_of("file", "yfinance"),
     "FLYWHEEL_OUTCOME_HORIZON": integer(1, 60),
     "FLYWHEEL_OUTCOME_COST_BPS": Rule("a number >= 0 (basis points, round trip), e.g. 10", _non_negative_number),

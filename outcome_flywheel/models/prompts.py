@@ -3,7 +3,7 @@ the prompt format it will be asked in)."""
 
 from __future__ import annotations
 
-from outcome_flywheel.settings import env
+from outcome_flywheel.settings import NOTE_FORMATS, env
 
 NOTE_SECTIONS: tuple[str, ...] = (
     "Trade Recommendation",
@@ -23,7 +23,6 @@ BASE_PROMPT_VERSION = "base"
 # FLYWHEEL_NOTE_FORMAT. `sections` asks for the six sections (what tiny-local is built on). `call_first` also asks
 # the note to open on its call: SmolLM2-135M-Instruct writes prose about the company under `sections` and calls it
 # in 1 note of 32, in 8 of 32 when asked this way (docs/models.md), and a price reward needs calls to train.
-NOTE_FORMATS: tuple[str, ...] = ("sections", "call_first")
 CALL_FIRST_LINE = "Begin with the line 'Trade Recommendation: Buy <ticker>' or 'Trade Recommendation: Sell <ticker>'."
 
 
