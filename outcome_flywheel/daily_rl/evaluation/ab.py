@@ -227,9 +227,7 @@ def with_relevance(notes: pd.DataFrame) -> pd.DataFrame:
             f"the notes have {list(notes.columns)}"
         )
     text = notes[["response"]].assign(title=notes.get("title"), summary=notes.get("summary"))
-    calls = calls_frame(text)
-    symbol = calls["symbol"].where(calls["parse_status"] == "ok")
-    return notes.assign(relevance=relevance_column(calls.assign(symbol=symbol)))
+    return notes.assign(relevance=relevance_column(calls_frame(text)))
 
 
 def evaluate_day(

@@ -7,8 +7,10 @@ companies, or the summary's when the title names none (a summary often names riv
 well, the title names the subject). Only symbols the alias map knows count, so jargon in capitals
 ("CEO", "FDA") never makes a headline "about" something.
 
-relevance = 1.0  the call's symbol is one of the headline's companies
-          = 0.0  the call names another symbol, or none (no_trade, unparseable)
+relevance = 1.0  the note calls a side (parse_status "ok") on one of the headline's companies
+          = 0.0  the call is on another symbol, or the note takes no side: "No trade on Pfizer" names the
+                 headline's company but is not a call on it, so it scores 0 like an unparseable note (were
+                 it 1, the signal would pay abstaining on the company as much as calling it)
           = None the headline names no company the map knows: there is no right company to call,
                  so the signal is undefined and drops out of the reward like any sparse signal
 """
@@ -39,36 +41,41 @@ def headline_symbols(title: object, summary: object = None) -> tuple[str, ...]:
     return _named(title) or _named(summary)
 
 
-def call_relevance(headline_title: object, headline_summary: object, call_symbol: object) -> float | None:
-    """1.0 if the call is on one of the headline's companies, 0.0 if it is not (or names no symbol),
-    None if the headline names no company the alias map knows."""
+def _on(companies: tuple[str, ...], symbol: object, status: object) -> float:
+    if status != "ok" or not isinstance(symbol, str) or not symbol:
+        return 0.0  # no side taken (no_trade, no_side) or no call read: not a call on anything
+    return 1.0 if symbol.upper().replace(".", "-") in companies else 0.0
+
+
+def call_relevance(
+    headline_title: object, headline_summary: object, call_symbol: object, parse_status: object
+) -> float | None:
+    """1.0 if the call (its symbol and `parse_status`, as `calls.parse_call` reads them) takes a side on one
+    of the headline's companies, 0.0 if it is on another or takes none, None if the headline names no
+    company the alias map knows."""
     companies = headline_symbols(headline_title, headline_summary)
-    if not companies:
-        return None
-    if not isinstance(call_symbol, str) or not call_symbol:
-        return 0.0
-    return 1.0 if call_symbol.upper().replace(".", "-") in companies else 0.0
+    return _on(companies, call_symbol, parse_status) if companies else None
 
 
 def relevance_column(
-    frame: pd.DataFrame, title: str = "title", summary: str = "summary", symbol: str = "symbol"
+    frame: pd.DataFrame,
+    title: str = "title",
+    summary: str = "summary",
+    symbol: str = "symbol",
+    status: str = "parse_status",
 ) -> pd.Series:
     """`call_relevance` of each row as floats (NaN where the headline names no known company), on the
-    frame's index. The frame needs the headline's title and summary and the parsed call's symbol."""
-    missing = [c for c in (title, summary, symbol) if c not in frame.columns]
+    frame's index. The frame needs the headline's title and summary and the parsed call's symbol and
+    status (`calls.calls_frame` adds both)."""
+    missing = [c for c in (title, summary, symbol, status) if c not in frame.columns]
     if missing:
         raise ValueError(f"relevance needs columns {missing}; the frame has {list(frame.columns)}")
     cache: dict[tuple, tuple[str, ...]] = {}  # eight notes share each headline
     values = []
-    for t, s, sym in zip(frame[title], frame[summary], frame[symbol]):
+    for t, s, sym, st in zip(frame[title], frame[summary], frame[symbol], frame[status]):
         key = (t if isinstance(t, str) else None, s if isinstance(s, str) else None)
         companies = cache.setdefault(key, headline_symbols(*key))
-        if not companies:
-            values.append(math.nan)
-        elif not isinstance(sym, str) or not sym:
-            values.append(0.0)
-        else:
-            values.append(1.0 if sym.upper().replace(".", "-") in companies else 0.0)
+        values.append(_on(companies, sym, st) if companies else math.nan)
     return pd.Series(values, index=frame.index, dtype=float, name="relevance")
 
 

@@ -71,7 +71,7 @@ def side_counterfactual(
     if (
         call.parse_status != "ok"
         or call.side not in FLIP
-        or call_relevance(headline[0], headline[1], call.symbol) != 1.0
+        or call_relevance(headline[0], headline[1], call.symbol, call.parse_status) != 1.0
     ):
         return None
     spans = call_part_spans(response).get("side") or []

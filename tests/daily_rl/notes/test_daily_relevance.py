@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 
+from outcome_flywheel.daily_rl.notes.calls import calls_frame
 from outcome_flywheel.daily_rl.notes.relevance import (
     call_relevance,
     headline_symbols,
@@ -29,11 +30,28 @@ def test_capitalised_jargon_is_not_a_company():
 
 
 def test_call_relevance_values():
-    assert call_relevance("Apple beats estimates", "", "AAPL") == 1.0
-    assert call_relevance("Apple beats estimates", "", "MSFT") == 0.0
-    assert call_relevance("Apple beats estimates", "", None) == 0.0  # no_trade / unparseable
-    assert call_relevance("Markets wait for the Fed", "Stocks were flat.", "AAPL") is None
-    assert call_relevance("Berkshire Hathaway buys more shares", "", "BRK.B") == 1.0
+    assert call_relevance("Apple beats estimates", "", "AAPL", "ok") == 1.0
+    assert call_relevance("Apple beats estimates", "", "MSFT", "ok") == 0.0
+    assert call_relevance("Apple beats estimates", "", None, "no_symbol") == 0.0
+    assert call_relevance("Markets wait for the Fed", "Stocks were flat.", "AAPL", "ok") is None
+    assert call_relevance("Berkshire Hathaway buys more shares", "", "BRK.B", "ok") == 1.0
+
+
+@pytest.mark.parametrize(
+    "note",
+    [
+        "Trade Recommendation: No trade on Apple; wait for the open.",
+        "Trade Recommendation: Apple (AAPL), 2 days.",  # names the company, takes no side
+    ],
+)
+def test_naming_the_company_without_a_side_is_not_a_call_on_it(note):
+    """The parser keeps the symbol of a note that abstains ("No trade on Apple"), so relevance must read
+    the status too: scoring it 1 paid abstaining on the company as much as calling it."""
+    frame = calls_frame(pd.DataFrame({"response": [note, "Trade Recommendation: Long Apple (AAPL), 2 days."]}))
+    assert frame["symbol"].tolist() == ["AAPL", "AAPL"] and frame["parse_status"].iloc[0] != "ok"
+    assert call_relevance("Apple beats estimates", "", frame["symbol"][0], frame["parse_status"][0]) == 0.0
+    col = relevance_column(frame.assign(title="Apple beats estimates", summary=""))
+    assert col.tolist() == [0.0, 1.0]
 
 
 def test_relevance_column_and_share():
@@ -42,6 +60,7 @@ def test_relevance_column_and_share():
             "title": ["Apple beats estimates"] * 3 + ["Markets wait for the Fed"],
             "summary": ["", "", "", "Stocks were flat."],
             "symbol": ["AAPL", "MSFT", None, "AAPL"],
+            "parse_status": ["ok", "ok", "no_trade", "ok"],
         },
         index=[10, 11, 12, 13],
     )
@@ -52,3 +71,5 @@ def test_relevance_column_and_share():
     assert n == 3 and share == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="symbol"):
         relevance_column(frame.drop(columns="symbol"))
+    with pytest.raises(ValueError, match="parse_status"):
+        relevance_column(frame.drop(columns="parse_status"))

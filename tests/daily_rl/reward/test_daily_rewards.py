@@ -117,3 +117,28 @@ def test_score_table_takes_the_human_signal_of_rated_notes():
     assert list(plain["reward"]) == pytest.approx([1.0, 0.5]) and plain["human_signal"].isna().all()
     assert list(rated["reward"]) == pytest.approx([1.0, (0.5 + 0.0 + 0.5) / 1.5])  # people liked the judge's loser
     assert rated["human_signal"].iloc[1] == 1.0 and pd.isna(rated["human_signal"].iloc[0])
+
+
+def test_the_relevance_signal_pays_a_side_on_the_company_not_abstaining_on_it():
+    """rollout_scores' relevance: 1 for a call with a side on the headline's company, 0 for "No trade on
+    <company>" (which names it), 0 for a call on another company, None where the headline names none."""
+    import pandas as pd
+
+    from outcome_flywheel.daily_rl.reward.rollout_scores import relevance_signals
+
+    notes = [
+        "Trade Recommendation: Short Pfizer (PFE), 2 days.",
+        "Trade Recommendation: No trade on Pfizer; wait for the open.",
+        "Trade Recommendation: Long Apple (AAPL), 2 days.",
+        "Trade Recommendation: Long Pfizer (PFE), 2 days.",
+    ]
+    rollouts = pd.DataFrame(
+        {
+            "headline_id": ["h1"] * 3 + ["h2"],
+            "rollout_index": [0, 1, 2, 0],
+            "title": ["Pfizer cuts its outlook"] * 3 + ["Markets wait for the Fed"],
+            "summary": [""] * 3 + ["Stocks were flat."],
+            "response": notes,
+        }
+    )
+    assert relevance_signals(rollouts, None) == {("h1", 0): 1.0, ("h1", 1): 0.0, ("h1", 2): 0.0, ("h2", 0): None}
