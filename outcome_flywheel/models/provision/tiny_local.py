@@ -10,7 +10,13 @@
    the daily loop's judge. Its judgement is weak (it prefers notes with more sections whose
    direction matches the next day's move), but it answers in the expected form.
 
-Deterministic from the seed: same seed and corpus -> same weights (see `weights_sha256`).
+Deterministic from the seed, in two senses (both in `build_info.json`):
+- `recipe_sha256`: what the training consumed, on any machine: the config, the optimiser's settings,
+  and every step's token ids, loss mask and learning rate. Integer and Python arithmetic only.
+- `weights_sha256`: the weights, equal only under the same floating-point arithmetic. Another CPU
+  (its SIMD kernels), another torch or MKL build, or one thread instead of several rounds the
+  sums differently, and 440 steps carry a rounding into weights ~30% apart (relative L2), so
+  the weights hash holds per machine (`arithmetic` records which), the recipe holds everywhere.
 Saved as an ordinary Hugging Face model folder with a chat template, so both backends load it.
 
 Shipped built: `bundled/tiny-local/` holds the build of the default config (the demo's and the
@@ -85,6 +91,25 @@ class TinyLocalConfig:
     def fingerprint(self) -> str:
         payload = json.dumps(asdict(self), sort_keys=True) + _sha256_file(CORPUS)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+CLIP_NORM = 1.0
+
+
+def arithmetic() -> dict:
+    """What decides the rounding of a CPU build's sums, besides the code: torch (and the MKL in it), the
+    SIMD kernels it picked on this CPU, and its thread count (1 and 2 differ). Recorded beside the
+    weights hash: the same recipe gives the same weights only where this is the same."""
+    import platform
+
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+    }
 
 
 def _sha256_file(path: Path) -> str:
@@ -204,6 +229,8 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    optimiser = {k: opt.defaults[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad")}
+    recipe = hashlib.sha256(json.dumps([asdict(config), optimiser, CLIP_NORM], sort_keys=True).encode())
     losses = []
     for step in range(config.train_steps):
         pool = judge_batches if judge_batches and step % config.judge_every == config.judge_every - 1 else examples
@@ -219,10 +246,13 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
             input_ids[b, : len(seq)] = torch.tensor(seq)
             labels[b, len(p) : len(seq)] = torch.tensor(r)
             attn[b, : len(seq)] = 1
+        for part in (input_ids, labels, attn):
+            recipe.update(part.numpy().tobytes())
+        recipe.update(repr(sched.get_last_lr()).encode())
         loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
         opt.step()
         sched.step()
         losses.append(loss.item())
@@ -231,7 +261,14 @@ def build_tiny_local(out_dir: Path, config: TinyLocalConfig = TinyLocalConfig(),
 
     model.eval()
     model.generation_config = GenerationConfig(eos_token_id=[eos_id, pad_id], pad_token_id=pad_id)
-    head = {"name": NAME, "config": asdict(config), "fingerprint": config.fingerprint(), "final_loss": losses[-1]}
+    head = {
+        "name": NAME,
+        "config": asdict(config),
+        "fingerprint": config.fingerprint(),
+        "final_loss": losses[-1],
+        "recipe_sha256": recipe.hexdigest(),
+        "arithmetic": arithmetic(),
+    }
     return save_model_folder(out_dir, model, tokenizer, head, started)
 
 
@@ -293,8 +330,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{NAME} {info['fingerprint']}: {source} in {path}, weights {info['weights_sha256']}")
     shipped, why = bundle.find(NAME, config.fingerprint())
     if shipped is not None:
-        same = read_build_info(shipped)["weights_sha256"] == weights_sha256(path)
-        print(f"the bundled {shipped.name} has {'the same' if same else 'OTHER'} weights")
+        held = read_build_info(shipped)
+        same = held["weights_sha256"] == weights_sha256(path)
+        recipe = "the same" if held.get("recipe_sha256") == info.get("recipe_sha256") else "ANOTHER"
+        print(f"the bundled {shipped.name} has {'the same' if same else 'other'} weights and {recipe} recipe")
+        if not same:
+            print(f"  (its arithmetic: {held.get('arithmetic', 'not recorded')}; this build's: {arithmetic()})")
     else:
         print(why)
     if args.refresh_bundle:
