@@ -332,7 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     if shipped is not None:
         held = read_build_info(shipped)
         same = held["weights_sha256"] == weights_sha256(path)
-        recipe = "the same" if held.get("recipe_sha256") == info.get("recipe_sha256") else "ANOTHER"
+        recipes = (held.get("recipe_sha256"), info.get("recipe_sha256"))
+        recipe = "an unrecorded" if None in recipes else "the same" if recipes[0] == recipes[1] else "ANOTHER"
         print(f"the bundled {shipped.name} has {'the same' if same else 'other'} weights and {recipe} recipe")
         if not same:
             print(f"  (its arithmetic: {held.get('arithmetic', 'not recorded')}; this build's: {arithmetic()})")
