@@ -157,3 +157,20 @@ def test_a_fresh_build_of_the_default_config_is_the_shipped_bundles_recipe(tmp_p
     files = {k: v for k, v in _files(bundle.BUNDLED / NAME).items() if k not in weights}
     assert {k: v for k, v in _files(fresh).items() if k not in weights} == files
     print("weights", "equal" if info["weights_sha256"] == shipped["weights_sha256"] else "differ (other arithmetic)")
+
+
+def test_the_command_compares_a_rebuild_with_the_bundle(tmp_path, monkeypatch, capsys):
+    """`python -m ...tiny_local --rebuild` says whether the build has the bundled weights and recipe."""
+    from outcome_flywheel.models.provision import tiny_local
+
+    root = tmp_path / "bundled"
+    real_find = bundle.find
+    monkeypatch.setattr(tiny_local, "cache_dir", lambda name, fp: tmp_path / "cache" / f"{name}-{fp}")
+    monkeypatch.setattr(tiny_local.bundle, "find", lambda name, fp: real_find(name, fp, root))
+    args = ["--train-steps", "3", "--judge-examples", "8", "--rebuild"]
+    tiny_local.main(args)
+    assert "no bundled tiny-local" in capsys.readouterr().out
+    config = TinyLocalConfig(train_steps=3, judge_examples=8)
+    bundle.refresh_bundle(tmp_path / "cache" / f"{NAME}-{config.fingerprint()}", NAME, root=root, log=lambda *_: None)
+    tiny_local.main(args)
+    assert "has the same weights and the same recipe" in capsys.readouterr().out
