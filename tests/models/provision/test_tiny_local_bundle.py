@@ -122,10 +122,11 @@ def test_another_config_finds_no_bundle_and_builds(tmp_path, quick_bundle, monke
     assert calls == [other, QUICK, QUICK]
 
 
-def test_the_recipe_hash_is_the_same_under_other_arithmetic_and_the_weights_are_not(tmp_path):
+def test_the_recipe_hash_does_not_depend_on_the_thread_count(tmp_path):
     """One thread against two (and on another CPU, other SIMD kernels) rounds the training's sums
-    differently, so the weights may differ; what the training consumed may not."""
-    torch = pytest.importorskip("torch")
+    differently, so the weights may differ (here they do); what the training consumed may not."""
+    import torch
+
     threads = torch.get_num_threads()
     infos = []
     try:
@@ -138,7 +139,7 @@ def test_the_recipe_hash_is_the_same_under_other_arithmetic_and_the_weights_are_
     assert [i["arithmetic"]["threads"] for i in infos] == [1, 2]
     # another config is another recipe
     other = build_tiny_local(
-        tmp_path / "other", TinyLocalConfig(train_steps=3, judge_examples=8, batch_size=4, seed=5), log=print
+        tmp_path / "other", TinyLocalConfig(train_steps=3, judge_examples=8, batch_size=4, seed=5), log=lambda *_: None
     )
     assert other["recipe_sha256"] != infos[0]["recipe_sha256"]
 
