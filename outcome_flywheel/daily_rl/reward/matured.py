@@ -101,9 +101,9 @@ class MaturedConfig:
         default="side", metadata={"help": "Tokens the price trains: side, ticker or call (credit.CreditConfig)."}
     )
     counterfactual_c: float = field(
-        default=0.0,
+        default=1.0,
         metadata={
-            "help": "c of the counterfactual side term -c sum_a pi(a) (R(a) - R_bar) over a matured call's two sides, calls on the headline's company only (reward/counterfactual.py); 0 = off, the default: at 1 (one epoch) no detectable gain on a 2 x 2 grid of 16 days on tiny-local (docs/daily_rl.md, the ablation)."
+            "help": "c of the counterfactual side term -c sum_a pi(a) (R(a) - R_bar) over a matured call's two sides, calls on the headline's company only (reward/counterfactual.py); 0 = off. 1 (one epoch, `relevance` weighted 1.0) is the default: the ablation's winner on tiny-local (issue 46; docs/daily_rl.md, the ablation)."
         },
     )
 

@@ -57,8 +57,10 @@ SIGNAL_SPANS = {
 # into R (same span, same time), and each call-line signal on its own (one immediate, one delayed).
 PARTS = ("note", "relevance", "price")
 HUMAN_WEIGHT = 0.5
-RELEVANCE_WEIGHT = 0.5  # keeps calls on the headline's company while the price signal moves their side
-PRICE_WEIGHT = 1.0  # the note part (structure + judge_rank) weighs 1.0: price carries 40% of the credit
+# Relevance 1.0 (was 0.5) with the counterfactual side term on: the ablation's winner on tiny-local (issue 46,
+# docs/daily_rl.md "The ablation"); it keeps calls on the headline's company while price moves their side.
+RELEVANCE_WEIGHT = 1.0
+PRICE_WEIGHT = 1.0  # the note part (structure + judge_rank) weighs 1.0: each part carries a third of the credit
 
 
 def rank_reward(rank: int, n: int) -> float:

@@ -211,7 +211,7 @@ def test_sequence_objectives_refuse_the_term(tiny_model_dir, tokenizer):
 def test_matured_company_calls_carry_the_term_and_others_do_not(tokenizer):
     """Four notes of one group: long and short on the headline's company, long on another company, no call.
     With c > 0 the two company calls carry the term (coefficient c (R - R_other) / 2, signs by their side's
-    outcome), the others none; with c = 0 (the default) no example carries it."""
+    outcome), the others none; with c = 0 (off) no example carries it."""
     texts = [NOTE, NOTE.replace("Buy", "Sell"), NOTE.replace("Meta", "Apple"), "No view at all on this."]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     notes = pd.DataFrame(
@@ -250,7 +250,7 @@ def test_matured_company_calls_carry_the_term_and_others_do_not(tokenizer):
         assert by_index[i].counterfactual.coefficient == pytest.approx(expected, rel=1e-9)
     assert by_index[0].counterfactual.coefficient > 0 and by_index[1].counterfactual.coefficient < 0
     assert all(by_index[i].counterfactual is None for i in by_index if i >= 2)
-    plain = matured_batch(notes, outcomes, *args, MaturedConfig(), 0.5, 0.8, tokenizer)
+    plain = matured_batch(notes, outcomes, *args, MaturedConfig(counterfactual_c=0.0), 0.5, 0.8, tokenizer)
     assert plain.example_keys == batch.example_keys and all(e.counterfactual is None for e in plain.examples)
 
 

@@ -78,7 +78,8 @@ def test_a_note_without_a_call_line_gets_no_price_credit(tokenizer):
     assert call_token_mask(tokenizer, ids, text) is None
     assert call_token_mask(tokenizer, ids, text, "side") is None
     assert price_token_advantages(len(ids), 0.7, None) == [0.0] * len(ids)
-    assert judged_token_advantages(RewardConfig(), len(ids), 1.0, None) == pytest.approx([0.2] * len(ids))
+    reward = RewardConfig()
+    assert judged_token_advantages(reward, len(ids), 1.0, None) == pytest.approx([reward.share("relevance")] * len(ids))
 
 
 def test_the_price_trains_the_side_and_relevance_the_ticker(tokenizer):
@@ -110,7 +111,8 @@ def test_the_price_trains_the_side_and_relevance_the_ticker(tokenizer):
 
 # -- per-token advantages ---------------------------------------------------------------------
 def test_token_advantages_sum_share_times_advantage_over_the_parts_spans():
-    reward = RewardConfig()  # shares: note 0.4, relevance 0.2, price 0.4
+    # shares: note 0.4, relevance 0.2, price 0.4
+    reward = RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5, "relevance": 0.5, "price": 1.0})
     mask = [False, True, True, False]
     assert judged_token_advantages(reward, 4, relevance_advantage=-1.0, call_mask=mask) == pytest.approx(
         [0.0, -0.2, -0.2, 0.0]

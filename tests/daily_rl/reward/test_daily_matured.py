@@ -41,13 +41,13 @@ def test_price_transform_and_the_documented_values():
 
 def test_price_is_delayed_and_the_shares_are_the_documented_mixture():
     config = RewardConfig()
-    assert config.weights["price"] == 1.0 and config.weights["relevance"] == 0.5
+    assert config.weights["price"] == 1.0 and config.weights["relevance"] == 1.0
     # the note reward leaves the call-line signals out: the same as before they existed
     assert config.combine({"structure": 1.0, "judge_rank": 0.0}) == pytest.approx(0.5)
     assert config.combine({"structure": 1.0, "judge_rank": 0.0, "relevance": 0.0}) == pytest.approx(0.5)
-    # shares: note = structure + judge_rank (1.0; human is sparse, inside R), relevance 0.5, price 1.0
-    assert config.part_weights() == {"note": 1.0, "relevance": 0.5, "price": 1.0}
-    assert [config.share(p) for p in ("note", "relevance", "price")] == pytest.approx([0.4, 0.2, 0.4])
+    # shares: note = structure + judge_rank (1.0; human is sparse, inside R), relevance 1.0, price 1.0
+    assert config.part_weights() == {"note": 1.0, "relevance": 1.0, "price": 1.0}
+    assert [config.share(p) for p in ("note", "relevance", "price")] == pytest.approx([1 / 3, 1 / 3, 1 / 3])
     assert sum(config.share(p) for p in ("note", "relevance", "price")) == pytest.approx(1.0)
     assert RewardConfig(weights={"price": 1.0}).share("price") == 1.0
     whole_note = RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5})

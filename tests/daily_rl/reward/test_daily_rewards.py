@@ -68,7 +68,7 @@ def test_reward_config_weighs_named_signals_and_clips():
         {"structure": 0.5, "judge_rank": 1.0}
     ) == pytest.approx(0.0)
     assert RewardConfig().describe() == {
-        "reward_weights": '{"human": 0.5, "judge_rank": 0.5, "price": 1.0, "relevance": 0.5, "structure": 0.5}',
+        "reward_weights": '{"human": 0.5, "judge_rank": 0.5, "price": 1.0, "relevance": 1.0, "structure": 0.5}',
         "reward_clip": "[0.0, 1.0]",
     }
     for bad in (

@@ -9,9 +9,11 @@ held-out days' headlines, which neither trained on, with the same prompts and se
 on the headline's company the gap P(long | good news) - P(long | bad news) must have moved from the base's,
 up in `news` and down in `inverted`, by more than two headline-clustered standard errors of the difference.
 
-Measured (2026-11-28, the project's 2-core x86_64 CPU box, pooled price evidence and side credit):
-`news` policy 0.944 ± 0.014 (618 calls), `inverted` policy -0.803 ± 0.038 (550 calls), base -0.040 ±
-0.036 (632 calls); before (one training per price group, 2026-11-27) `news` gave 0.813 ± 0.024 and world
+Measured (2026-11-29, the project's 2-core x86_64 CPU box, beside a benchmark; the defaults after issue 46's
+ablation: the counterfactual side term on, `relevance` 1.0): `news` policy 0.948 ± 0.015 (623 calls),
+`inverted` policy -0.916 ± 0.017 (547 calls), base -0.040 ± 0.037 (632 calls). With the earlier defaults
+(2026-11-28, pooled price evidence and side credit): `news` 0.944 ± 0.014 (618 calls), `inverted` -0.803 ±
+0.038 (550 calls); before (one training per price group, 2026-11-27) `news` gave 0.813 ± 0.024 and world
 seeds 1-3 0.798, 0.464 and 0.191. On the bundled archive's own headlines (real news, clashes within a call
 window) the 11 days then left the gap within the noise (policy 0.010 ± 0.040, base -0.026 ± 0.044): the
 benchmarks (`benchmarks.outcome_learning`, `benchmarks.learning_grid`) measure that case (docs/daily_rl.md)."""
