@@ -178,11 +178,13 @@ def path_field(cls: type, path: str) -> tuple[type, str]:
 
 
 def _config_type(hint: Any) -> Any:
-    """The run-config type of a dataclass field's annotation: optional (left out = the default), and a
-    read-only `Mapping` as the `dict` Dagster's config knows."""
+    """The run-config type of a dataclass field's annotation: optional (left out = the default), a read-only
+    `Mapping` as the `dict` and a `tuple[X, ...]` as the `list[X]` Dagster's config knows."""
     base = _without_none(hint)
     if typing.get_origin(base) is collections.abc.Mapping:
         base = dict[typing.get_args(base)]
+    elif typing.get_origin(base) is tuple and typing.get_args(base)[1:] == (Ellipsis,):
+        base = list[typing.get_args(base)[0]]  # Dagster's config has lists, not tuples
     return Optional[base]
 
 

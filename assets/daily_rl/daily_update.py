@@ -91,6 +91,10 @@ class _DailyUpdateConfigBase(dg.Config):
 RUN_CONFIG_DESCRIPTIONS = {
     "lora_r": f"LoRA rank. Default: {field_default(LoraSettings, 'r')} (LoraSettings).",
     "lora_alpha": f"LoRA alpha (scale = alpha / r). Default: {field_default(LoraSettings, 'alpha')} (LoraSettings).",
+    "lora_target_modules": (
+        "Linear layers of each block a fresh LoRA adapter wraps (PEFT's target_modules; an adapter carried from the "
+        f"parent keeps its own). Default: {list(field_default(LoraSettings, 'target_modules'))} (LoraSettings)."
+    ),
     "reward_weights": (
         f"Weight of each named reward signal ({', '.join(f'{k}: {v}' for k, v in REWARD_SIGNALS.items())}). "
         f"Default: {dict(RewardConfig().weights)} (RewardConfig); recorded in rollout_scores."

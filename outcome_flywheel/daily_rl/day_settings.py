@@ -131,6 +131,7 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "full_fine_tune": None,
     "lora_r": "gspo.lora.r",
     "lora_alpha": "gspo.lora.alpha",
+    "lora_target_modules": "gspo.lora.target_modules",
     "reward_weights": "reward.weights",
     "reward_clip_min": "reward.clip_min",
     "reward_clip_max": "reward.clip_max",

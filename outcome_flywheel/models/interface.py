@@ -61,6 +61,12 @@ class LoraSettings:
     # Attention and MLP projections of Qwen-style blocks.
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
+    def __post_init__(self):
+        targets = self.target_modules
+        if isinstance(targets, str) or not all(isinstance(t, str) and t for t in targets) or not targets:
+            raise ValueError(f"LoRA target_modules must be a non-empty list of module names, got {targets!r}")
+        object.__setattr__(self, "target_modules", tuple(targets))  # a run config's list, hashable like the default
+
 
 @dataclass
 class TrainStats:

@@ -360,6 +360,8 @@ def _other_value(value, annotation):
             "loo": "group_std",
             "shared": "per_part",
         }.get(value, "2024-01-02")
+    if getattr(kind, "__origin__", None) is list:  # list[str]: the LoRA target modules (a tuple in the settings)
+        return ["gate_proj", "up_proj", "down_proj"]
     return {"structure": 1.0}  # dict[str, float]: the reward weights
 
 
@@ -392,8 +394,26 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
             else (help_text and help_text in description)
         ), name
         value = _other_value(at(defaults, path), DailyUpdateConfig.model_fields[name].annotation)
-        assert at(DailyUpdateConfig(**{name: value}).settings(), path) == value, name
-    assert DailyUpdateConfig(full_fine_tune=True, lora_r=4).settings().gspo.lora is None
+        expected = tuple(value) if isinstance(value, list) else value
+        assert at(DailyUpdateConfig(**{name: value}).settings(), path) == expected, name
+    assert DailyUpdateConfig(full_fine_tune=True, lora_r=4, lora_target_modules=["q_proj"]).settings().gspo.lora is None
+
+
+def test_lora_target_modules_from_the_run_config_are_checked():
+    """A run's `lora_target_modules` (a list in Dagster's config) becomes the adapter's tuple of names; an empty
+    list or a bare string is refused with the reason, before any model loads."""
+    import pytest
+
+    from assets.daily_rl.daily_update import DailyUpdateConfig
+
+    lora = DailyUpdateConfig(lora_target_modules=["gate_proj", "up_proj", "down_proj"]).settings().gspo.lora
+    assert lora.target_modules == ("gate_proj", "up_proj", "down_proj") and (lora.r, lora.alpha) == (8, 16)
+    with pytest.raises(ValueError, match="non-empty list of module names"):
+        DailyUpdateConfig(lora_target_modules=[]).settings()
+    from outcome_flywheel.models.interface import LoraSettings
+
+    with pytest.raises(ValueError, match="non-empty list of module names"):
+        LoraSettings(target_modules="q_proj")
 
 
 def test_the_gates_probe_is_capped_at_the_notes_budget():
