@@ -59,6 +59,10 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
             "string",
             "Whether AdamW's moments were resumed from the parent checkpoint (and after how many steps) or started fresh, and why.",
         ),
+        "lora_adapter": (
+            "string",
+            "What trained: a fresh LoRA adapter (its rank, alpha, dropout, targets), one carried from the parent (its own, and the configured ones if they differ: they apply to a fresh adapter only), or every weight.",
+        ),
         "behavior_logprob_gap_max": (
             "float",
             "Largest |stored behaviour log-prob - recomputed pi_old| (~1e-6 in fp32).",

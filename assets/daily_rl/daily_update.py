@@ -93,7 +93,8 @@ RUN_CONFIG_DESCRIPTIONS = {
     "lora_alpha": f"LoRA alpha (scale = alpha / r). Default: {field_default(LoraSettings, 'alpha')} (LoraSettings).",
     "lora_target_modules": (
         "Linear layers of each block a fresh LoRA adapter wraps (PEFT's target_modules; an adapter carried from the "
-        f"parent keeps its own). Default: {list(field_default(LoraSettings, 'target_modules'))} (LoraSettings)."
+        "parent keeps its own, and a warning says so when they differ). "
+        f"Default: {list(field_default(LoraSettings, 'target_modules'))} (LoraSettings)."
     ),
     "reward_weights": (
         f"Weight of each named reward signal ({', '.join(f'{k}: {v}' for k, v in REWARD_SIGNALS.items())}). "

@@ -141,6 +141,7 @@ def training_summary(
         kl_penalty=float(np.mean(stats.extra.get("kl", [np.nan]))) if stats else nan,
         kl_reference=str(stats.extra.get("kl_reference", "")) if stats else "",
         optimizer_moments=str(stats.extra.get("optimizer_moments", "")) if stats else "",
+        lora_adapter=str(stats.extra.get("lora_adapter", "")) if stats else "",
         behavior_logprob_gap_max=float(stats.extra.get("behavior_logprob_gap_max", np.nan)) if stats else nan,
         train_wall_s=stats.wall_s if stats else 0.0,
         # how the memory budget ran the steps (models/train/memory.py)

@@ -84,6 +84,9 @@ def run(pipes) -> None:
         f"daily_update {day}: gate {result.gate.verdict}, {len(result.rollouts)} rollouts, "
         f"{time.perf_counter() - started:.1f} s in the step"
     )
+    stats = result.update.stats
+    if stats is not None and stats.extra.get("lora_settings_ignored"):  # the run config's LoRA did not apply
+        pipes.log.warning(f"daily_update {day}: {stats.extra['lora_adapter']}")
     pipes.report_asset_materialization(
         asset_key="rollout_scores", metadata=scores_metadata(result, judge, models, settings)
     )

@@ -395,6 +395,10 @@ class ModelBackend(ABC):
     @abstractmethod
     def has_adapter(self) -> bool: ...
 
+    def adapter_settings(self) -> LoraSettings | None:
+        """The loaded adapter's rank, alpha, dropout and targets (None: no adapter, or not known)."""
+        return None
+
     @abstractmethod
     def save(self, path: Path) -> None:
         """Safetensors: the adapter (PEFT layout) if there is one, else the full weights."""

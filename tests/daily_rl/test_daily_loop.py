@@ -74,6 +74,10 @@ def test_three_days_in_order(loop):
     assert list(training["date"]) == DAYS and training["kl_to_base"].iloc[0] == 0.0
     # the memory budget's plan: none on the CPU, so a part a step and the layers' activations kept
     assert (training["train_micro_batches"] == training["steps"]).all() and not training["train_recomputed"].any()
+    # the first trained day adds a fresh adapter with the configured settings, the next trains the one it carries
+    trained = training[training["trained"]]["lora_adapter"].tolist()
+    assert trained[0].startswith("fresh LoRA: r 8, alpha 16") and "configured" not in "".join(trained)
+    assert all(t.startswith("LoRA carried from the parent: r 8, alpha 16") for t in trained[1:])
     report = wh.read("daily_report", DAYS[2])
     assert int(report["headlines"].iloc[0]) == 3 and int(report["rollouts"].iloc[0]) == 12
     assert (root / "reports" / "daily_rl" / DAYS[2] / "reward.png").read_bytes()[:4] == b"\x89PNG"
@@ -121,12 +125,21 @@ def test_override_rerun_scores_against_another_day(loop):
     override = {
         "ops": {
             "daily_update": {
-                "config": {**SMALL["ops"]["daily_update"]["config"], "outcome_headlines_date": "2025-11-06"}
+                # lora_r as well: day 3 trains the adapter it carries from day 2, whose rank stays 8
+                "config": {
+                    **SMALL["ops"]["daily_update"]["config"],
+                    "outcome_headlines_date": "2025-11-06",
+                    "lora_r": 4,
+                }
             }
         }
     }
-    result = _run(res, DAYS[2], run_config=override)
+    instance = dg.DagsterInstance.ephemeral()
+    result = _run(res, DAYS[2], run_config=override, instance=instance)
     assert result.success
+    carried = wh.read("policy_training", DAYS[2])["lora_adapter"].iloc[0]
+    assert carried.startswith("LoRA carried from the parent: r 8, alpha 16") and "the configured r 4" in carried
+    assert f"daily_update {DAYS[2]}: {carried}" in [e.user_message for e in instance.all_logs(result.run_id)]
     scores = wh.read("rollout_scores", DAYS[2])
     assert set(scores["outcome_headlines_date"]) == {"2025-11-06"} and set(scores["prediction_date"]) == {DAYS[1]}
     shown = {h for s in scores["outcome_headlines_shown"] for h in json.loads(s)}

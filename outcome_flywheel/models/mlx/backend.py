@@ -247,6 +247,9 @@ class MLXBackend(ChatTokenizer, ModelBackend):
     def has_adapter(self) -> bool:
         return bool(self.lora_modules())
 
+    def adapter_settings(self) -> LoraSettings | None:
+        return self.lora_settings if self.has_adapter else None
+
     def recomputing(self, on: bool = True):
         """Within: the decoder layers recompute their activations in the backward pass (`recompute.py`)."""
         return recomputing(self, on)

@@ -389,6 +389,13 @@ class TorchBackend(ChatTokenizer, ModelBackend):
 
         return isinstance(self.model, PeftModel)
 
+    def adapter_settings(self) -> LoraSettings | None:
+        if not self.has_adapter:
+            return None
+        cfg = self.model.peft_config["default"]
+        targets = [cfg.target_modules] if isinstance(cfg.target_modules, str) else sorted(cfg.target_modules)
+        return LoraSettings(r=cfg.r, alpha=cfg.lora_alpha, dropout=cfg.lora_dropout, target_modules=targets)
+
     @contextlib.contextmanager
     def adapter_disabled(self) -> Iterator[None]:
         """The base model's view: the reference policy for DPO and KL."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
+from outcome_flywheel.models.interface import Accumulated, LoraSettings, ModelBackend, TrainStats
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
 from outcome_flywheel.models.train.counterfactual import other_rows, side_term
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, split_by_cost
@@ -38,6 +38,29 @@ if TYPE_CHECKING:
     from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
 LogprobFn = Callable[[Sequence[EncodedExample]], tuple[Any, Any]]
+
+
+def lora_adapter(backend: ModelBackend, requested: LoraSettings | None) -> tuple[str, bool]:
+    """What the update trains, in words (`policy_training.lora_adapter`), and whether the configured LoRA
+    settings were set aside: an adapter carried from the parent keeps its own rank and targets, so a run
+    config's differ only for a fresh one."""
+
+    def spell(s: LoraSettings) -> str:
+        return f"r {s.r}, alpha {s.alpha:g}, dropout {s.dropout:g}, {' '.join(sorted(s.target_modules))}"
+
+    if not backend.has_adapter:
+        return ("fresh LoRA: " + spell(requested), False) if requested else ("every weight (no LoRA)", False)
+    carried = backend.adapter_settings()
+    if carried is None:
+        return "LoRA carried from the parent", False
+    text = "LoRA carried from the parent: " + spell(carried)
+    differs = requested is not None and (
+        (requested.r, float(requested.alpha), float(requested.dropout), set(requested.target_modules))
+        != (carried.r, float(carried.alpha), float(carried.dropout), set(carried.target_modules))
+    )
+    if differs:
+        text += f"; the configured {spell(requested)} applies to a fresh adapter only"
+    return text, differs
 
 
 def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config: "GSPOConfig") -> TrainStats:
@@ -51,6 +74,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     backend.prepare_for_training(keep_moments=True)
     fw = backend.framework
     batches = gspo_minibatches(examples, config, backend.prompt_ids)  # validates before any change
+    adapter, adapter_differs = lora_adapter(backend, config.lora)  # before a fresh one is added
     if config.lora is not None and not backend.has_adapter:
         backend.add_lora(config.lora)
     elif config.lora is None and not backend.has_adapter:
@@ -176,6 +200,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         if fw.optimizer_state is not None:  # saved with the checkpoint: the next day continues from them
             backend.optimizer_tensors = fw.optimizer_state(optimizer, backend.model)
     stats.extra.update(shares)
+    stats.extra["lora_adapter"], stats.extra["lora_settings_ignored"] = adapter, adapter_differs
     stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
     stats.extra["kl_reference"] = (
         "base (adapter off)"

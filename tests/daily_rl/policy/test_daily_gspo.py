@@ -1,6 +1,7 @@
 """GSPO loss by hand, and the trainer on tiny-local."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -119,6 +120,30 @@ def test_train_gspo_moves_likelihood_with_the_advantage(torch_policy):
     assert sum(d for d, ex in zip(delta, examples) if ex.advantage > 0) > sum(
         d for d, ex in zip(delta, examples) if ex.advantage < 0
     )
+
+
+def test_a_carried_adapter_keeps_its_settings_and_says_when_the_configured_ones_differ(torch_policy):
+    from outcome_flywheel.models.interface import LoraSettings
+
+    policy = torch_policy
+    examples, _ = _examples(policy, n=4)
+    mlp = LoraSettings(r=4, alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"])
+    one_step = dict(learning_rate=1e-3, batch_size=4, epochs=1, temperature=0.8)
+    fresh = train_gspo(policy, examples, GSPOConfig(lora=mlp, **one_step))
+    assert fresh.extra["lora_adapter"] == "fresh LoRA: r 4, alpha 8, dropout 0, down_proj gate_proj up_proj"
+    assert not fresh.extra["lora_settings_ignored"] and policy.adapter_settings() == replace(
+        mlp, target_modules=sorted(mlp.target_modules)
+    )
+    same = train_gspo(policy, examples, GSPOConfig(lora=mlp, **one_step))  # the next day, same settings
+    assert same.extra["lora_adapter"].startswith("LoRA carried from the parent: r 4, alpha 8")
+    assert not same.extra["lora_settings_ignored"]
+    other = train_gspo(policy, examples, GSPOConfig(lora=LoraSettings(), **one_step))  # the run config changed
+    assert other.extra["lora_settings_ignored"]
+    assert "; the configured r 8, alpha 16, dropout 0, down_proj gate_proj k_proj" in other.extra["lora_adapter"]
+    # the adapter trained is still the carried one: its targets, not the configured seven
+    assert policy.adapter_settings().target_modules == ("down_proj", "gate_proj", "up_proj")
+    trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n and "_proj" in n and "q_proj" not in n for n in trainable)
 
 
 def test_train_gspo_one_at_a_time_takes_one_step_per_example(torch_policy):

@@ -5,6 +5,7 @@ matrices, so a wrong transpose, key or scale shows up in the log-probs."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -149,6 +150,9 @@ def test_mlx_adapter_saved_in_peft_layout_scores_the_same_in_torch(tiny_model_di
     mlx_policy = MLXBackend(tiny_model_dir, adapter_path=mlx_saved_adapter)
     torch_policy = TorchBackend(tiny_model_dir, adapter_path=mlx_saved_adapter, device="cpu")
     assert mlx_policy.has_adapter and torch_policy.has_adapter
+    # both read the adapter's own settings back (what a carried adapter trains with)
+    saved = replace(SMALL_LORA, target_modules=sorted(SMALL_LORA.target_modules))
+    assert mlx_policy.adapter_settings() == torch_policy.adapter_settings() == saved
     assert mlx_policy.num_parameters(trainable_only=True) == torch_policy.num_parameters(trainable_only=True)
     adapted_mlx = mlx_policy.response_logprobs(PROMPTS, responses)
     adapted_torch = torch_policy.response_logprobs(PROMPTS, responses)
