@@ -61,7 +61,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "lora_adapter": (
             "string",
-            "What trained: a fresh LoRA adapter (its rank, alpha, dropout, targets), one carried from the parent (its own, and the configured ones if they differ: they apply to a fresh adapter only), or every weight.",
+            "What trained: a fresh LoRA adapter (its rank, alpha, dropout, targets), one carried from the parent (its own; then configured LoRA settings that differ, or full fine-tuning, are named as set aside: they apply to a fresh adapter, or a policy without one, only), or every weight.",
         ),
         "behavior_logprob_gap_max": (
             "float",

@@ -51,10 +51,10 @@ def lora_adapter(backend: ModelBackend, requested: LoraSettings | None) -> tuple
     if not backend.has_adapter:
         return ("fresh LoRA: " + spell(requested), False) if requested else ("every weight (no LoRA)", False)
     carried = backend.adapter_settings()
-    if carried is None:
-        return "LoRA carried from the parent", False
-    text = "LoRA carried from the parent: " + spell(carried)
-    differs = requested is not None and (
+    text = "LoRA carried from the parent" + (": " + spell(carried) if carried else "")
+    if requested is None:  # full fine-tuning was asked for, but the parent's adapter is what trains
+        return text + "; full fine-tuning applies to a policy without an adapter only", True
+    differs = carried is not None and (
         (requested.r, float(requested.alpha), float(requested.dropout), set(requested.target_modules))
         != (carried.r, float(carried.alpha), float(carried.dropout), set(carried.target_modules))
     )

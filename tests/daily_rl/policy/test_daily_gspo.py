@@ -140,6 +140,10 @@ def test_a_carried_adapter_keeps_its_settings_and_says_when_the_configured_ones_
     other = train_gspo(policy, examples, GSPOConfig(lora=LoraSettings(), **one_step))  # the run config changed
     assert other.extra["lora_settings_ignored"]
     assert "; the configured r 8, alpha 16, dropout 0, down_proj gate_proj k_proj" in other.extra["lora_adapter"]
+    full = train_gspo(policy, examples, GSPOConfig(lora=None, **one_step))  # full fine-tuning asked for
+    assert full.extra["lora_settings_ignored"] and full.extra["lora_adapter"].endswith(
+        "; full fine-tuning applies to a policy without an adapter only"
+    )
     # the adapter trained is still the carried one: its targets, not the configured seven
     assert policy.adapter_settings().target_modules == ("down_proj", "gate_proj", "up_proj")
     trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
