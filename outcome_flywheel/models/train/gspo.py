@@ -24,6 +24,7 @@ for the day's checkpoint.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -48,16 +49,16 @@ def lora_adapter(backend: ModelBackend, requested: LoraSettings | None) -> tuple
     def spell(s: LoraSettings) -> str:
         return f"r {s.r}, alpha {s.alpha:g}, dropout {s.dropout:g}, {' '.join(sorted(s.target_modules))}"
 
+    def in_order(s: LoraSettings) -> LoraSettings:  # LoraSettings' own equality, the targets as a set
+        return replace(s, target_modules=sorted(s.target_modules))
+
     if not backend.has_adapter:
         return ("fresh LoRA: " + spell(requested), False) if requested else ("every weight (no LoRA)", False)
     carried = backend.adapter_settings()
     text = "LoRA carried from the parent" + (": " + spell(carried) if carried else "")
     if requested is None:  # full fine-tuning was asked for, but the parent's adapter is what trains
         return text + "; full fine-tuning applies to a policy without an adapter only", True
-    differs = carried is not None and (
-        (requested.r, float(requested.alpha), float(requested.dropout), set(requested.target_modules))
-        != (carried.r, float(carried.alpha), float(carried.dropout), set(carried.target_modules))
-    )
+    differs = carried is not None and in_order(requested) != in_order(carried)
     if differs:
         text += f"; the configured {spell(requested)} applies to a fresh adapter only"
     return text, differs
