@@ -129,6 +129,7 @@ def score_notes(d: Day, inputs: DayInputs, models: ModelLoader, judge: Judge, se
         inputs.universe,
         human_signals(inputs.human),
         scorer if settings.reward.weighs("scorer") else None,
+        settings.credit.relevance_baseline,
     )
 
 

@@ -72,7 +72,7 @@ class DailyUpdateSettings:
     )
     credit: CreditConfig = field(
         default_factory=CreditConfig,
-        metadata={"help": "Which of the call's tokens the price and relevance parts train."},
+        metadata={"help": "Which of the call's tokens the price and relevance parts train; relevance's baseline."},
     )
     price_baseline: str = field(default=MaturedConfig.baseline, metadata=MATURED_FIELDS["baseline"].metadata)
     price_replay_days: int = field(default=MaturedConfig.replay_days, metadata=MATURED_FIELDS["replay_days"].metadata)
@@ -150,6 +150,7 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "gradient_shares": "gspo.gradient_shares",
     "price_span": "credit.price_span",
     "relevance_span": "credit.relevance_span",
+    "relevance_baseline": "credit.relevance_baseline",
     "price_baseline": "price_baseline",
     "price_replay_days": "price_replay_days",
     "price_replay_decay": "price_replay_decay",

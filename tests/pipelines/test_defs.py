@@ -351,7 +351,7 @@ def _other_value(value, annotation):
     if kind is float:
         return (value or 0.0) + 0.125
     if kind is str:
-        # another valid choice where the field has a fixed set (objective, credit spans, price baseline)
+        # another valid choice where the field has a fixed set (objective, credit spans, baselines)
         return {
             "token": "gspo",
             "gspo": "token",
@@ -359,6 +359,7 @@ def _other_value(value, annotation):
             "ticker": "side",
             "loo": "group_std",
             "shared": "per_part",
+            "group": "day",
         }.get(value, "2024-01-02")
     if getattr(kind, "__origin__", None) is list:  # list[str]: the LoRA target modules (a tuple in the settings)
         return ["gate_proj", "up_proj", "down_proj"]

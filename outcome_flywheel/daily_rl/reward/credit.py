@@ -22,11 +22,13 @@ from outcome_flywheel.daily_rl.reward.signals import RewardConfig, token_advanta
 from outcome_flywheel.models.spans import span_token_mask
 
 SPANS = ("side", "ticker", "call")
+# What the relevance advantage is measured against (`rollout_scores.relevance_advantages`).
+RELEVANCE_BASELINES = ("group", "day")
 
 
 @dataclass(frozen=True)
 class CreditConfig:
-    """Which tokens each call part trains."""
+    """Which tokens each call part trains, and the baseline of relevance's advantage."""
 
     price_span: str = field(
         default="side",
@@ -41,10 +43,21 @@ class CreditConfig:
         },
     )
 
+    relevance_baseline: str = field(
+        default="group",
+        metadata={
+            "help": "The relevance advantage: `group` = (r - the group's mean) / its std, 0 for a group whose notes all call the same name; `day` = (r - the day's mean) / the day's std over every judged group (REINFORCE++'s batch baseline), so a group that calls only other names still learns."
+        },
+    )
+
     def __post_init__(self):
         for name in ("price_span", "relevance_span"):
             if getattr(self, name) not in SPANS:
                 raise ValueError(f"{name} must be one of {', '.join(SPANS)}, got {getattr(self, name)!r}")
+        if self.relevance_baseline not in RELEVANCE_BASELINES:
+            raise ValueError(
+                f"relevance_baseline must be one of {', '.join(RELEVANCE_BASELINES)}, got {self.relevance_baseline!r}"
+            )
 
 
 def call_token_mask(

@@ -16,6 +16,7 @@ from outcome_flywheel.daily_rl.judge.ranking import GroupJudgement, JudgeGroup, 
 from outcome_flywheel.daily_rl.notes.calls import calls_frame
 from outcome_flywheel.daily_rl.notes.relevance import relevance_column
 from outcome_flywheel.daily_rl.partitions import stable_seed
+from outcome_flywheel.daily_rl.reward.credit import RELEVANCE_BASELINES
 from outcome_flywheel.daily_rl.reward.signals import RewardConfig, group_advantages, rank_reward, rank_rewards
 from outcome_flywheel.feedback.curation import note_ratings
 
@@ -70,10 +71,12 @@ SCORE_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "relevance_advantage": (
         "float",
         (
-            "The `relevance` part's group-normalised advantage (trained on the call's line, times its share); 0 where "
-            "relevance is not weighted or the headline names no company."
+            "The `relevance` part's advantage, normalised against the group or the day (`relevance_baseline`) and "
+            "trained on the call's span (`relevance_span`) times its share; 0 where relevance is not weighted or the "
+            "headline names no company."
         ),
     ),
+    "relevance_baseline": ("string", "What relevance_advantage was measured against: `group` or `day`."),
 }
 SCORE_COLUMNS = list(SCORE_COLUMN_SCHEMA)
 
@@ -116,11 +119,13 @@ def score_table(
     human: Mapping[tuple[str, int], float] | None = None,
     relevance: Mapping[tuple[str, int], float | None] | None = None,
     scorer: Mapping[tuple[str, int], float] | None = None,
+    relevance_baseline: str = "group",
 ) -> pd.DataFrame:
     """rollout_scores rows: rank -> rank reward, the configured weighted sum of the whole-note signals
     (default 0.5 structure + 0.5 rank reward, clipped to [0, 1]) and its group advantage (`advantage`),
-    the `relevance` part's own group advantage (`relevance_advantage`, 0 where it is not weighted or the
-    headline names no company); every row records the weights and clip it was made with.
+    the `relevance` part's own advantage (`relevance_advantage`, against `relevance_baseline`: see
+    `relevance_advantages`; 0 where it is not weighted or the headline names no company); every row records
+    the weights, clip and relevance baseline it was made with.
 
     Notes the judge never placed (it failed a round) share one rank reward (`rank_rewards`).
     Unusable groups (the judge never answered, or there was nothing to judge against) keep their
@@ -134,26 +139,30 @@ def score_table(
     relevance = relevance or {}
     scorer = scorer or {}
     recorded = reward_config.describe()
+    on_topic_by_group = [
+        [relevance.get((key, int(i))) for i in frame["rollout_index"]] for key, frame in zip(inputs.keys, inputs.frames)
+    ]
+    relevance_by_group = relevance_advantages(
+        on_topic_by_group,
+        [bool(j.usable) for j in judgements],
+        relevance_baseline if reward_config.weighs("relevance") else None,
+    )
     rows = []
-    for group, key, frame, judgement in zip(inputs.groups, inputs.keys, inputs.frames, judgements):
+    for group, key, frame, judgement, on_topic, relevance_adv in zip(
+        inputs.groups, inputs.keys, inputs.frames, judgements, on_topic_by_group, relevance_by_group
+    ):
         if not is_permutation(judgement.ranks):  # rank_groups guarantees it; never train on anything else
             raise AssertionError(f"ranks of {key} are not a permutation: {judgement.ranks}")
         n = len(judgement.ranks)
         structure = [float(s) for s in frame["structure_score"]]
         outcome = rank_rewards(judgement, rank_reward)
         people = [human.get((key, int(i))) for i in frame["rollout_index"]]
-        on_topic = [relevance.get((key, int(i))) for i in frame["rollout_index"]]
         rated = [scorer.get((key, int(i))) for i in frame["rollout_index"]]
         rewards = [
             reward_config.combine({"structure": s, "judge_rank": o, "human": h, "relevance": r, "scorer": c})
             for s, o, h, r, c in zip(structure, outcome, people, on_topic, rated)
         ]
         advantage = group_advantages(rewards) if judgement.usable else np.zeros(n)
-        # `relevance` is its own part (it judges the call's line): normalised within the group where defined.
-        defined = [r for r in on_topic if r is not None]
-        relevance_adv = np.zeros(n)
-        if judgement.usable and float(reward_config.weights.get("relevance", 0.0)) and len(defined) == n:
-            relevance_adv = group_advantages([float(r) for r in on_topic])
         placed = set(judgement.picks)
         for k, rollout_index in enumerate(frame["rollout_index"]):
             rows.append(
@@ -185,9 +194,41 @@ def score_table(
                     human_signal=people[k],
                     relevance_signal=on_topic[k],
                     relevance_advantage=float(relevance_adv[k]),
+                    relevance_baseline=relevance_baseline,
                 )
             )
     return pd.DataFrame(rows, columns=SCORE_COLUMNS)
+
+
+def relevance_advantages(
+    on_topic: Sequence[Sequence[float | None]], usable: Sequence[bool], baseline: str | None
+) -> list[np.ndarray]:
+    """Each group's `relevance` advantages (its own part: it judges the call's ticker), over the groups whose
+    judgement is usable and whose headline names a company (every note's signal defined); zeros elsewhere
+    and when `baseline` is None (relevance not weighted).
+
+    `group`: (r - the group's mean) / its std, GRPO's. A group whose notes all call another name gets
+    zeros, so nothing pulls it back to the headline's company. `day`: (r - m) / s with m, s the mean and
+    std over every such note of the day: REINFORCE++'s batch baseline (Hu 2025), so that group is pushed
+    back, and a group on the company everywhere is pushed further on."""
+    if baseline is not None and baseline not in RELEVANCE_BASELINES:
+        raise ValueError(f"relevance_baseline must be one of {', '.join(RELEVANCE_BASELINES)}, got {baseline!r}")
+    trained = [
+        baseline is not None and ok and all(r is not None for r in values) for values, ok in zip(on_topic, usable)
+    ]
+    out = [np.zeros(len(values)) for values in on_topic]
+    if baseline == "group":
+        for k, values in enumerate(on_topic):
+            if trained[k]:
+                out[k] = group_advantages([float(r) for r in values])
+    elif baseline == "day":
+        pooled = np.array([float(r) for values, t in zip(on_topic, trained) if t for r in values])
+        if pooled.size and pooled.std() >= 1e-8:
+            mean, std = pooled.mean(), pooled.std()
+            for k, values in enumerate(on_topic):
+                if trained[k]:
+                    out[k] = (np.array([float(r) for r in values]) - mean) / std
+    return out
 
 
 def position_bias(scores: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -215,6 +256,7 @@ def score_rollouts(
     universe: set[str] | None = None,
     human: Mapping[tuple[str, int], float] | None = None,
     scorer: Mapping[tuple[str, int], float] | None = None,
+    relevance_baseline: str = "group",
 ) -> pd.DataFrame:
     """rollout_scores(D): the judge's `judgements` of D-1's groups (`inputs`, `judge_inputs` over the outcome
     day's headlines, or a world's own follow-ups of the headlines' companies) made into rewards, with people's
@@ -223,7 +265,9 @@ def score_rollouts(
     if prev_rollouts.empty:
         return pd.DataFrame(columns=SCORE_COLUMNS)
     relevance = relevance_signals(prev_rollouts, universe)
-    return score_table(inputs, judgements, day, prediction_day, outcome_day, reward, human, relevance, scorer)
+    return score_table(
+        inputs, judgements, day, prediction_day, outcome_day, reward, human, relevance, scorer, relevance_baseline
+    )
 
 
 def relevance_signals(rollouts: pd.DataFrame, universe: set[str] | None) -> dict[tuple[str, int], float | None]:

@@ -142,3 +142,46 @@ def test_the_relevance_signal_pays_a_side_on_the_company_not_abstaining_on_it():
         }
     )
     assert relevance_signals(rollouts, None) == {("h1", 0): 1.0, ("h1", 1): 0.0, ("h1", 2): 0.0, ("h2", 0): None}
+
+
+def test_a_group_calling_only_other_names_learns_under_the_days_baseline_and_not_under_its_own():
+    """relevance_baseline: under `group` a group whose notes all call another company gets zero relevance
+    advantages (nothing pulls it back); under `day` it is measured against the day's mean and pushed back,
+    by the day's std. Groups the judge could not use, or whose headline names no company, stay at 0 and do
+    not enter the day's mean; an unknown baseline is refused."""
+    import pandas as pd
+
+    from outcome_flywheel.daily_rl.judge.ranking import GroupJudgement, JudgeGroup
+    from outcome_flywheel.daily_rl.reward.rollout_scores import ScoringInput, relevance_advantages, score_table
+
+    keys = ["mixed", "off", "unjudged", "no_company"]
+    frames = [pd.DataFrame({"rollout_index": [0, 1, 2, 3], "structure_score": [1.0] * 4}) for _ in keys]
+    inputs = ScoringInput(
+        groups=[JudgeGroup("t", ["o"], ["a", "b", "c", "d"], seed=1) for _ in keys], keys=keys, frames=frames
+    )
+    judged = [GroupJudgement(ranks=[1, 2, 3, 4], picks=[0, 1, 2, 3], rounds_answered=3) for _ in keys]
+    judged[2] = GroupJudgement(ranks=[1, 2, 3, 4], skipped="no outcome headlines")
+    on = {"mixed": [1, 1, 1, 0], "off": [0, 0, 0, 0], "unjudged": [1, 0, 1, 0], "no_company": [None] * 4}
+    relevance = {(k, i): on[k][i] for k in keys for i in range(4)}
+
+    def advantages(baseline):
+        table = score_table(inputs, judged, "d", "p", "o", relevance=relevance, relevance_baseline=baseline)
+        assert set(table["relevance_baseline"]) == {baseline}
+        return {k: list(g["relevance_advantage"]) for k, g in table.groupby("headline_id")}
+
+    group = advantages("group")
+    assert group["off"] == [0.0] * 4 and group["mixed"] == pytest.approx(list(group_advantages([1, 1, 1, 0])))
+    day = advantages("day")
+    pooled = np.array(on["mixed"] + on["off"], dtype=float)  # the two usable groups that name a company
+    expected = (pooled - pooled.mean()) / pooled.std()
+    assert day["mixed"] + day["off"] == pytest.approx(list(expected))
+    assert all(a < 0 for a in day["off"]) and all(a > 0 for a in day["mixed"][:3])
+    assert day["unjudged"] == day["no_company"] == [0.0] * 4
+    # relevance not weighted: nothing trains, whatever the baseline
+    unweighted = RewardConfig(weights={"structure": 0.5, "judge_rank": 0.5})
+    table = score_table(inputs, judged, "d", "p", "o", unweighted, relevance=relevance, relevance_baseline="day")
+    assert (table["relevance_advantage"] == 0).all()
+    # a day whose notes all call the company (or all do not) has no spread: zeros, not a division by 0
+    assert [list(a) for a in relevance_advantages([[1.0, 1.0], [1.0, 1.0]], [True, True], "day")] == [[0, 0], [0, 0]]
+    with pytest.raises(ValueError, match="relevance_baseline must be one of group, day"):
+        relevance_advantages([[1.0]], [True], "batch")
