@@ -125,11 +125,13 @@ def test_override_rerun_scores_against_another_day(loop):
     override = {
         "ops": {
             "daily_update": {
-                # lora_r as well: day 3 trains the adapter it carries from day 2, whose rank stays 8
+                # lora_r as well: day 3 trains the adapter it carries from day 2, whose rank stays 8;
+                # relevance_baseline: the scoring step takes the run's own setting
                 "config": {
                     **SMALL["ops"]["daily_update"]["config"],
                     "outcome_headlines_date": "2025-11-06",
                     "lora_r": 4,
+                    "relevance_baseline": "day",
                 }
             }
         }
@@ -142,6 +144,9 @@ def test_override_rerun_scores_against_another_day(loop):
     assert f"daily_update {DAYS[2]}: {carried}" in [e.user_message for e in instance.all_logs(result.run_id)]
     scores = wh.read("rollout_scores", DAYS[2])
     assert set(scores["outcome_headlines_date"]) == {"2025-11-06"} and set(scores["prediction_date"]) == {DAYS[1]}
+    assert set(scores["relevance_baseline"]) == {"day"} and set(
+        wh.read("rollout_scores", DAYS[1])["relevance_baseline"]
+    ) == {"group"}
     shown = {h for s in scores["outcome_headlines_shown"] for h in json.loads(s)}
     assert shown <= set(wh.read("headlines", "2025-11-06")["title"])
     meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
