@@ -360,6 +360,7 @@ def _other_value(value, annotation):
             "loo": "group_std",
             "shared": "per_part",
             "group": "day",
+            "note": "ticker",
         }.get(value, "2024-01-02")
     if getattr(kind, "__origin__", None) is list:  # list[str]: the LoRA target modules (a tuple in the settings)
         return ["gate_proj", "up_proj", "down_proj"]

@@ -72,6 +72,7 @@ def training_examples(
                 behavior_logprobs=[float(x) for x in r.behavior_logprobs],
                 advantage=float(r.advantage) * (reward.share("note") if reward is not None else 1.0),
                 token_advantages=token_adv,
+                name_mask=call_token_mask(tokenizer, ids, r.response, "ticker") if tokenizer is not None else None,
             )
         )
     if with_keys:

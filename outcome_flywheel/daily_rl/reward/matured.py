@@ -205,6 +205,7 @@ def _example(r, adv: float, value: float, tokenizer, config: MaturedConfig, weig
         token_advantages=price_token_advantages(len(ids), float(adv), mask),
         token_part="price",
         counterfactual=counterfactual,
+        name_mask=call_token_mask(tokenizer, ids, r.response, "ticker") if tokenizer is not None else None,
     )
 
 

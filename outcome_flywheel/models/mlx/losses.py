@@ -24,6 +24,7 @@ def gspo_loss(
     normaliser: float | None = None,
     sequence_advantages: "mx.array | None" = None,
     sequence_clip: tuple[float, float] = (3e-4, 4e-4),
+    kl_mask: "mx.array | None" = None,
 ) -> tuple[mx.array, dict[str, mx.array]]:
     """The mirror of torch's `gspo_loss`, formula for formula (formulas and papers: `gspo_config.py`).
 
@@ -108,10 +109,11 @@ def gspo_loss(
         q = mx.stop_gradient(ref_logp.astype(logp.dtype)) - logp
         kl_tokens = mx.exp(q) - 1.0 - q
         if kl_beta:
+            kl_m = maskf if kl_mask is None else kl_mask.astype(logp.dtype) * maskf
             if objective == "token":
-                loss = loss + float(kl_beta) * (kl_tokens * maskf).sum() / z
+                loss = loss + float(kl_beta) * (kl_tokens * kl_m).sum() / z
             else:
-                loss = loss + float(kl_beta) * ((kl_tokens * maskf).sum(axis=-1) / lengths).mean()
+                loss = loss + float(kl_beta) * ((kl_tokens * kl_m).sum(axis=-1) / lengths).mean()
     metrics = {
         "clip_fraction": ((low | high) & active).astype(mx.float32).sum()
         / mx.maximum(active.astype(mx.float32).sum(), 1.0),

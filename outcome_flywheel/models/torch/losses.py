@@ -24,6 +24,7 @@ def gspo_loss(
     normaliser: float | None = None,
     sequence_advantages: "torch.Tensor | None" = None,
     sequence_clip: tuple[float, float] = (3e-4, 4e-4),
+    kl_mask: "torch.Tensor | None" = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The daily loop's policy loss of a padded batch (formulas and papers: `gspo_config.py`).
 
@@ -40,7 +41,9 @@ def gspo_loss(
         s_i  = exp(mean_t(log pi_theta - log pi_old)),  w_i = min(exp(mean_t(log pi_old - log pi_behaviour)), tis_cap)
         loss = mean_i -w_i min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i) + beta mean_i mean_t k3_it
     objective "reward_weighted": loss = mean_i -A_i mean_t log pi_theta (the original loop), + the KL term.
-    k3_it = exp(q) - 1 - q, q = log pi_ref - log pi_theta (Schulman's estimator), when `ref_logp` is given.
+    k3_it = exp(q) - 1 - q, q = log pi_ref - log pi_theta (Schulman's estimator), when `ref_logp` is given;
+    `kl_mask` [B, T] (the call's ticker tokens, `GSPOConfig.kl_span`) takes the place of m_it in the beta term
+    only (the reported kl stays over every response token).
     The IS weight is used only with `behavior_logp` and `tis_cap`.
     logp, old_logp, mask (true on response tokens), behavior_logp, ref_logp: [B, T].
     Metrics: clip_fraction (tokens, or sequences for gspo, whose clipped term is the active one, TRL's
@@ -115,10 +118,11 @@ def gspo_loss(
         q = ref_logp.to(logp.dtype) - logp
         kl_tokens = torch.exp(q) - 1.0 - q  # k3, per token
         if kl_beta:
+            kl_m = maskf if kl_mask is None else kl_mask.to(logp.dtype) * maskf
             if objective == "token":
-                loss = loss + float(kl_beta) * (kl_tokens * maskf).sum() / z
+                loss = loss + float(kl_beta) * (kl_tokens * kl_m).sum() / z
             else:
-                loss = loss + float(kl_beta) * ((kl_tokens * maskf).sum(-1) / lengths).mean()
+                loss = loss + float(kl_beta) * ((kl_tokens * kl_m).sum(-1) / lengths).mean()
     with torch.no_grad():
         metrics = {
             "clip_fraction": float(((low | high) & active).sum() / active.sum().clamp(min=1)),

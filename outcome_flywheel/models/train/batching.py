@@ -54,6 +54,7 @@ class EncodedExample:
     token_advantages: list[float] | None = None  # the span-scoped parts, per response token; None = none
     token_part: str = "relevance"  # which reward part the span-scoped advantages are (gradient shares)
     counterfactual: Any = None  # gspo_config.SideCounterfactual: the counterfactual side term's rows; None = none
+    name_mask: list[bool] | None = None  # the call's ticker tokens (the `ticker` KL span); None = no name
 
     def advantages_row(self) -> list[float]:
         """The span-scoped advantage of each response token (zeros when there is none)."""
@@ -82,6 +83,9 @@ def gspo_minibatches(
             or len(counterfactual.other_mask) != len(counterfactual.other_response_ids)
         ):
             raise ValueError("a counterfactual's masks must have one value per token of their rows")
+        name_mask = getattr(ex, "name_mask", None)
+        if name_mask is not None and len(name_mask) != len(ex.response_ids):
+            raise ValueError("name_mask must have one value per response token")
         key = repr(ex.prompt)
         if key not in cache:
             cache[key] = prompt_ids(ex.prompt)
@@ -95,6 +99,7 @@ def gspo_minibatches(
                 None if token_advantages is None else [float(a) for a in token_advantages],
                 str(getattr(ex, "token_part", "relevance")),
                 counterfactual,
+                None if name_mask is None else [bool(m) for m in name_mask],
             )
         )
     batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)

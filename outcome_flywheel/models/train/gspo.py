@@ -123,6 +123,13 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         if tis
         else [None] * len(micros)
     )
+    # `kl_span` ticker: the KL term on the call's named symbol only (notes that name none take no KL)
+    kl_masks = [
+        fw.as_array(backend, padded([b.name_mask or [] for b in batch], max(len(b.response_ids) for b in batch)))
+        if with_reference and config.kl_span == "ticker"
+        else None
+        for batch in micros
+    ]
     # Dr. GRPO's constant normaliser: every minibatch divides by its sequences x the update's longest response.
     longest = max((len(b.response_ids) for batch in batches for b in batch), default=1)
 
@@ -155,6 +162,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
                 float(len(batch) * longest),
                 fw.as_array(backend, sequence),
                 (config.sequence_epsilon_low, config.sequence_epsilon_high),
+                kl_masks[index],
             )
             if counterfactual:  # every step reports the term (0 outside its epochs), so the metrics line up
                 term, term_metrics = side_term(backend, batch, logp, logprobs, len(batch) * longest, side_on[index])
@@ -172,6 +180,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
             config.tis_cap if tis else None,
             ref_by_batch[index],
             config.kl_beta if with_reference else 0.0,
+            kl_mask=kl_masks[index],
         )
 
     # Each part's pull, measured in one process (data parallel: each rank forwards its shard only, so the probe,
@@ -204,7 +213,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     stats.extra["lora_adapter"], stats.extra["lora_settings_ignored"] = adapter, adapter_differs
     stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
     stats.extra["kl_reference"] = (
-        "base (adapter off)"
+        "base (adapter off)" + ("; on the call's ticker only" if config.kl_span == "ticker" else "")
         if with_reference
         else ("none: kl_beta = 0" if not config.kl_beta else "none: a full fine-tune holds no base model in memory")
     )

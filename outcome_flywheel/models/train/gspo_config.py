@@ -68,6 +68,7 @@ OBJECTIVES = ("token", "gspo", "reward_weighted")
 DEFAULT_CLIP = {"token": (0.2, 0.28), "gspo": (3e-4, 4e-4), "reward_weighted": (3e-4, 4e-4)}
 OLD_LOGPROBS = ("auto", "stored", "recompute")
 PART_NORMALISERS = ("shared", "per_part")
+KL_SPANS = ("note", "ticker")  # the tokens the KL penalty covers (`kl_span`)
 
 
 @dataclass
@@ -112,6 +113,12 @@ class GSPOConfig:
         default=0.0,
         metadata={
             "help": 'Weight beta of the KL-to-base penalty (k3 estimator per token, pi_ref = the LoRA adapter switched off); 0 = none, the default: at 0.04 (TRL\'s old GRPO default) and 0.01 the sides did not move in 11 days of a `news` world on tiny-local (docs/daily_rl.md, "Credit"). A full fine-tune (lora=None) holds no base in memory and trains without it (recorded as kl_reference).'
+        },
+    )
+    kl_span: str = field(
+        default="note",
+        metadata={
+            "help": "Tokens the KL penalty covers: `note` (every response token) or `ticker` (the call's named symbol only, `GSPOExample.name_mask`): an anchor on which company the notes call that leaves the side and the prose free to move."
         },
     )
     batch_size: int = field(default=16, metadata={"help": "Sequences per padded minibatch (one AdamW step each)."})
@@ -194,6 +201,8 @@ class GSPOConfig:
             raise ValueError(f"tis_cap must be a finite number >= 1 (or None), got {self.tis_cap}")
         if not (isinstance(self.kl_beta, (int, float)) and 0.0 <= float(self.kl_beta) < float("inf")):
             raise ValueError(f"kl_beta must be a finite number >= 0, got {self.kl_beta!r}")
+        if self.kl_span not in KL_SPANS:
+            raise ValueError(f"kl_span must be one of {', '.join(KL_SPANS)}, got {self.kl_span!r}")
         for name in ("epsilon_low", "epsilon_high", "sequence_epsilon_low", "sequence_epsilon_high"):
             value = getattr(self, name)
             if value is not None and not (
@@ -268,4 +277,10 @@ class GSPOExample:
     )
     counterfactual: SideCounterfactual | None = field(
         default=None, metadata={"help": "The counterfactual side term's two rows (matured calls only); None = none."}
+    )
+    name_mask: list[bool] | None = field(
+        default=None,
+        metadata={
+            "help": "True on the call's ticker tokens (credit.call_token_mask, span `ticker`): what `kl_span` `ticker` penalises; None = the note names no symbol."
+        },
     )

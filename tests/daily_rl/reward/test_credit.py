@@ -174,10 +174,12 @@ ADV = [[0.0, 1.5, 0.0], [-0.5, -0.5, 9.0]]  # the padded position's advantage mu
 SEQ = [0.8, -1.1]  # the whole-note part of each note
 SEQ_CLIP = (0.04, 0.07)  # wide enough that one of the two sequences is clipped at these log-probs
 EPS_LOW, EPS_HIGH, CAP, BETA, Z = 0.2, 0.28, 2.0, 0.1, 6.0
+NAME = [[0, 1, 0], [1, 0, 1]]  # `kl_span` ticker: the KL on these tokens only (the padded one must not count)
 
 
-def hand_token_loss() -> tuple[float, list[list[float]]]:
-    """The token objective and d loss / d logp written out one token at a time."""
+def hand_token_loss(kl_mask=None) -> tuple[float, list[list[float]]]:
+    """The token objective and d loss / d logp written out one token at a time; `kl_mask`: the tokens the
+    KL term covers (None: every response token)."""
     total, grad = 0.0, [[0.0] * 3 for _ in range(2)]
     for i in range(2):
         for t in range(3):
@@ -189,8 +191,9 @@ def hand_token_loss() -> tuple[float, list[list[float]]]:
             w = min(math.exp(OLD[i][t] - BEHAVIOUR[i][t]), CAP)
             unclipped_active = r * a <= clipped * a
             q = REF[i][t] - LOGP[i][t]
-            total += -w * min(r * a, clipped * a) + BETA * (math.exp(q) - 1 - q)
-            grad[i][t] = ((-w * a * r) if unclipped_active else 0.0) + BETA * (1 - math.exp(q))
+            beta = BETA * (1 if kl_mask is None else kl_mask[i][t])
+            total += -w * min(r * a, clipped * a) + beta * (math.exp(q) - 1 - q)
+            grad[i][t] = ((-w * a * r) if unclipped_active else 0.0) + beta * (1 - math.exp(q))
     total, grad = total / Z, [[g / Z for g in row] for row in grad]
     for i in range(2):  # + sum_i |y_i| (-w_i min(s_i N_i, clip(s_i) N_i)) / Z: the same normaliser as the tokens'
         tokens = [t for t in range(3) if MASK[i][t]]
@@ -204,7 +207,8 @@ def hand_token_loss() -> tuple[float, list[list[float]]]:
     return total, grad
 
 
-def test_token_loss_by_hand_torch():
+@pytest.mark.parametrize("kl_mask", [None, NAME], ids=["kl_on_the_note", "kl_on_the_ticker"])
+def test_token_loss_by_hand_torch(kl_mask):
     import torch
 
     from outcome_flywheel.models.torch.losses import gspo_loss
@@ -226,9 +230,10 @@ def test_token_loss_by_hand_torch():
         Z,
         t(SEQ),
         SEQ_CLIP,
+        None if kl_mask is None else t(kl_mask),
     )
     loss.backward()
-    expected, grad = hand_token_loss()
+    expected, grad = hand_token_loss(kl_mask)
     # float64 throughout: a handful of exp and sums, so agreement to 1e-12 is the arithmetic's
     assert loss.item() == pytest.approx(expected, rel=1e-12)
     assert logp.grad.numpy() == pytest.approx(np.array(grad), rel=1e-12, abs=1e-15)
@@ -237,7 +242,8 @@ def test_token_loss_by_hand_torch():
     assert metrics["sequence_clip_fraction"] == pytest.approx(0.5)  # one of the two notes' sequence term is clipped
 
 
-def test_token_loss_by_hand_mlx():
+@pytest.mark.parametrize("kl_mask", [None, NAME], ids=["kl_on_the_note", "kl_on_the_ticker"])
+def test_token_loss_by_hand_mlx(kl_mask):
     mx = pytest.importorskip("mlx.core")
     from outcome_flywheel.models.mlx.losses import gspo_loss
 
@@ -259,11 +265,12 @@ def test_token_loss_by_hand_mlx():
             Z,
             a(SEQ),
             SEQ_CLIP,
+            None if kl_mask is None else a(kl_mask),
         )
 
     loss, metrics = f(a(LOGP))
     grad = mx.grad(lambda x: f(x)[0])(a(LOGP))
-    expected, hand_grad = hand_token_loss()
+    expected, hand_grad = hand_token_loss(kl_mask)
     # float32 over ~5 terms of size ~1: relative error of a few ulps (~1e-7), bounded by 1e-5
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert np.array(grad) == pytest.approx(np.array(hand_grad), rel=1e-5, abs=1e-7)
@@ -357,3 +364,57 @@ def test_sequence_objectives_refuse_span_scoped_advantages(tiny_model_dir):
         with pytest.raises(ValueError):
             GSPOConfig(**bad)
     assert GSPOConfig().clip_band() == (0.2, 0.28) and GSPOConfig(objective="gspo").clip_band() == (3e-4, 4e-4)
+
+
+def test_the_ticker_kl_span_penalises_the_named_symbol_only(tiny_model_dir, tokenizer):
+    """`kl_span` ticker: the KL term covers each example's `name_mask`. Trained from the same seed, a run whose
+    examples name no symbol (masks all False) ends where a run without the KL does, to the last bit; a run
+    with the KL on the note, or on real name masks, ends elsewhere; the training row says which."""
+    import torch
+
+    from outcome_flywheel.models.interface import LoraSettings
+    from outcome_flywheel.models.loader import ModelLoader
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
+
+    notes = [NOTE, NOTE.replace("Buy Meta", "Sell Apple"), NOTE.replace("Buy Meta", "Buy Pfizer")]
+
+    def trained(kl_beta: float, kl_span: str, named: bool) -> tuple[torch.Tensor, str]:
+        policy = ModelLoader(
+            data_dir=str(tiny_model_dir.parent), base_model=str(tiny_model_dir), backend="torch", device="cpu"
+        ).load()
+        examples = []
+        for k, text in enumerate(notes):
+            ids = policy.encode_response(text)
+            name = call_token_mask(tokenizer, ids, text, "ticker")
+            assert name is not None and any(name)
+            examples.append(
+                GSPOExample(
+                    prompt=[{"role": "user", "content": "x"}],
+                    response_ids=ids,
+                    behavior_logprobs=[-1.0] * len(ids),
+                    advantage=(1.0, -1.0, 0.5)[k],
+                    name_mask=name if named else [False] * len(ids),
+                )
+            )
+        config = GSPOConfig(
+            kl_beta=kl_beta,
+            kl_span=kl_span,
+            epochs=3,
+            batch_size=1,
+            learning_rate=5e-3,
+            lora=LoraSettings(r=2, alpha=4),
+        )
+        torch.manual_seed(0)  # the fresh adapter's random init
+        stats = train_gspo(policy, examples, config)
+        weights = torch.cat([p.detach().flatten() for n, p in policy.model.named_parameters() if "lora_" in n])
+        return weights, stats.extra["kl_reference"]
+
+    without, _ = trained(0.0, "note", True)
+    nothing_named, reference = trained(1.0, "ticker", False)
+    assert torch.equal(without, nothing_named) and reference == "base (adapter off); on the call's ticker only"
+    on_the_note, reference = trained(1.0, "note", True)
+    assert not torch.equal(without, on_the_note) and reference == "base (adapter off)"
+    on_the_names, _ = trained(1.0, "ticker", True)
+    assert not torch.equal(without, on_the_names) and not torch.equal(on_the_note, on_the_names)
+    with pytest.raises(ValueError, match="kl_span must be one of note, ticker"):
+        GSPOConfig(kl_span="side")
