@@ -114,6 +114,7 @@ def api_round(base: str, token: str) -> dict:
 def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 300) -> dict:
     """The whole walk-through against a service on `state` (its settings already in the environment,
     which the worker process inherits); screenshots into `shots`. Raises AssertionError on a failure."""
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -202,8 +203,17 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
         screenshot(driver, shots / "proposal.png")
 
         driver.get(f"{base}/status")
-        page = driver.page_source
-        both = "History: daily loop" in page and "History: preference adapters" in page
+
+        def both_loops(d) -> bool:
+            body = d.find_element(By.TAG_NAME, "body").text
+            return "History: daily loop" in body and "History: preference adapters" in body
+
+        # waited for, not read once: under load a single read once missed the second loop's section, which
+        # the page body held a moment later (a fresh-clone `make test` beside a grid, 2026-11-30)
+        try:
+            both = bool(WebDriverWait(driver, 60).until(both_loops))
+        except TimeoutException:
+            both = False
         check(
             both, "the status page shows both loops", seen="" if both else driver.find_element(By.TAG_NAME, "body").text
         )
