@@ -73,8 +73,10 @@ def clustered_gap(calls: pd.DataFrame) -> tuple[float, float, int]:
     return float(result["estimate"]), float(result["se"]), len(calls)
 
 
-@pytest.mark.slow  # 190-300 s each: the second CI stage (make test-slow)
-@pytest.mark.timeout(1500)
+# The second CI stage (make test-slow). On the 2-core box each took 481-529 s on 2026-11-29 and `news` ~23 min on
+# 2026-11-30 (the same defaults, nothing else running): the guard leaves room for that spread.
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
 @pytest.mark.parametrize("kind", ["news", "inverted"])
 def test_defaults_learn_the_world_through_the_assets(kind, tmp_path, tiny_model_dir, monkeypatch):
     import torch
