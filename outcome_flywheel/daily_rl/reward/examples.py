@@ -56,10 +56,11 @@ def training_examples(
     examples = []
     for r in merged.itertuples():
         ids = [int(t) for t in r.response_ids]
+        name = call_token_mask(tokenizer, ids, r.response, "ticker") if tokenizer is not None else None
         token_adv = None
         if reward is not None and reward.share("relevance") and float(r.relevance_advantage):
             mask = (
-                call_token_mask(tokenizer, ids, r.response, relevance_span)
+                (name if relevance_span == "ticker" else call_token_mask(tokenizer, ids, r.response, relevance_span))
                 or call_token_mask(tokenizer, ids, r.response)
                 if tokenizer is not None
                 else None
@@ -72,7 +73,7 @@ def training_examples(
                 behavior_logprobs=[float(x) for x in r.behavior_logprobs],
                 advantage=float(r.advantage) * (reward.share("note") if reward is not None else 1.0),
                 token_advantages=token_adv,
-                name_mask=call_token_mask(tokenizer, ids, r.response, "ticker") if tokenizer is not None else None,
+                name_mask=name,
             )
         )
     if with_keys:
