@@ -99,8 +99,11 @@ TEST_WORKERS ?= 3
 test: setup
 	PYTHONHASHSEED=0 PYTHONDONTWRITEBYTECODE= $(PY) -m pytest $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(PYTEST_ARGS)
 
+# TEST_SLOW_WORKERS processes for the slow loops, each test on whichever is free (`--dist load`: the two world
+# runs are one file and would otherwise queue on one worker), one torch thread each on 2 cores; 0 = one process.
+TEST_SLOW_WORKERS ?= 2
 test-slow: setup
-	PYTHONHASHSEED=0 $(PY) -m pytest -m slow
+	PYTHONHASHSEED=0 $(PY) -m pytest -m slow $(if $(filter-out 0,$(TEST_SLOW_WORKERS)),-n $(TEST_SLOW_WORKERS) --dist load) $(PYTEST_ARGS)
 
 ui: setup
 	$(VENV)/bin/dagster dev -w workspace.yaml
