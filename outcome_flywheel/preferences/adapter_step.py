@@ -86,6 +86,7 @@ def run(pipes) -> None:
             "dataset_fingerprint": found,
             "n_pairs": len(pairs),
             "steps": stats.steps,
+            "lora_adapter": stats.extra["lora_adapter"],  # a fresh adapter on the base, with the configured settings
             # How a new proposal's prompt must be rendered to be scored like these pairs.
             "prompt_context_keys": list(prompt_context_keys()),
             "losses": stats.losses,

@@ -223,10 +223,11 @@ def train(pipes, warehouse: Warehouse, models: ModelLoader, extras: dict) -> Non
 def phase_table(phases: list[dict]) -> str:
     rows = "".join(
         f"| {p['phase']} | {p['examples']} | {p['steps']} | {p.get('loss_first', float('nan')):.4f} | "
-        f"{p.get('loss_last', float('nan')):.4f} |\n"
+        f"{p.get('loss_last', float('nan')):.4f} | {p.get('lora_adapter', '')} |\n"
         for p in phases
     )
-    return "| phase | examples | steps | loss first | loss last |\n| --- | --- | --- | --- | --- |\n" + rows
+    head = "| phase | examples | steps | loss first | loss last | adapter trained |\n"
+    return head + "| --- | --- | --- | --- | --- | --- |\n" + rows
 
 
 if __name__ == "__main__":

@@ -198,6 +198,8 @@ def run_distillation(inputs: DistillInputs, models, run_id: str, config: Distill
             continue
         sft = SFTConfig(**{**config.sft.__dict__, "seed": config.sft.seed + n})
         stats = train_sft(policy, examples, sft)
+        if stats.extra["lora_settings_ignored"]:  # the adapter it has trains, with its own rank and targets
+            log(f"distillation {run_id}: phase {phase}: {stats.extra['lora_adapter']}")
         log(
             f"distillation {run_id}: phase {phase}, {len(examples)} examples, {stats.steps} steps, "
             f"loss {stats.losses[0]:.4f} -> {stats.losses[-1]:.4f}"
@@ -213,6 +215,7 @@ def run_distillation(inputs: DistillInputs, models, run_id: str, config: Distill
                 # the memory budget's plan (models/train/memory.py)
                 "micro_batches": stats.micro_batches,
                 "layers_recomputed": stats.layers_recomputed,
+                "lora_adapter": stats.extra["lora_adapter"],  # what trained: a fresh adapter or the one it had
             }
         )
         losses += stats.losses

@@ -108,8 +108,8 @@ def gspo_loss(
     if ref_logp is not None:
         q = mx.stop_gradient(ref_logp.astype(logp.dtype)) - logp
         kl_tokens = mx.exp(q) - 1.0 - q
+        kl_m = maskf if kl_mask is None else kl_mask.astype(logp.dtype) * maskf  # the tokens the term covers
         if kl_beta:
-            kl_m = maskf if kl_mask is None else kl_mask.astype(logp.dtype) * maskf
             if objective == "token":
                 loss = loss + float(kl_beta) * (kl_tokens * kl_m).sum() / z
             else:
@@ -123,7 +123,7 @@ def gspo_loss(
         "mean_logp": mx.stop_gradient(mean_logp).mean(),
     }
     if kl_tokens is not None:
-        metrics["kl"] = mx.stop_gradient((kl_tokens * maskf).sum() / mx.maximum(maskf.sum(), 1.0))
+        metrics["kl"] = mx.stop_gradient((kl_tokens * kl_m).sum() / mx.maximum(kl_m.sum(), 1.0))
     if seq_clipped is not None:
         metrics["sequence_clip_fraction"] = seq_clipped.astype(mx.float32).mean()
     if is_weight is not None:

@@ -43,7 +43,7 @@ def gspo_loss(
     objective "reward_weighted": loss = mean_i -A_i mean_t log pi_theta (the original loop), + the KL term.
     k3_it = exp(q) - 1 - q, q = log pi_ref - log pi_theta (Schulman's estimator), when `ref_logp` is given;
     `kl_mask` [B, T] (the call's ticker tokens, `GSPOConfig.kl_span`) takes the place of m_it in the beta term
-    only (the reported kl stays over every response token).
+    and in the reported kl (the mean k3 over the tokens the term covers).
     The IS weight is used only with `behavior_logp` and `tis_cap`.
     logp, old_logp, mask (true on response tokens), behavior_logp, ref_logp: [B, T].
     Metrics: clip_fraction (tokens, or sequences for gspo, whose clipped term is the active one, TRL's
@@ -117,8 +117,8 @@ def gspo_loss(
     if ref_logp is not None:
         q = ref_logp.to(logp.dtype) - logp
         kl_tokens = torch.exp(q) - 1.0 - q  # k3, per token
+        kl_m = maskf if kl_mask is None else kl_mask.to(logp.dtype) * maskf  # the tokens the term covers
         if kl_beta:
-            kl_m = maskf if kl_mask is None else kl_mask.to(logp.dtype) * maskf
             if objective == "token":
                 loss = loss + float(kl_beta) * (kl_tokens * kl_m).sum() / z
             else:
@@ -132,7 +132,7 @@ def gspo_loss(
             "mean_logp": float(mean_logp.mean()),
         }
         if kl_tokens is not None:
-            metrics["kl"] = float((kl_tokens * maskf).sum() / maskf.sum().clamp(min=1.0))
+            metrics["kl"] = float((kl_tokens * kl_m).sum() / kl_m.sum().clamp(min=1.0))
         if sequence_term is not None:
             metrics["sequence_clip_fraction"] = float(seq_clipped.float().mean())
         if is_weight is not None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
 from outcome_flywheel.models.segments import encode_segments
+from outcome_flywheel.models.train.adapter import lora_adapter
 from outcome_flywheel.models.train.batching import batch_plan
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens
 from outcome_flywheel.models.train.shards import announce, gather, ranks, train_budgeted
@@ -38,6 +39,7 @@ def train_weighted_dpo(
         raise ValueError("pair weights must be positive (swap chosen/rejected for a negative outcome weight)")
     fw = backend.framework
     fw.seed(int(config.seed))  # the LoRA init draws from the framework's generator
+    adapter, adapter_differs = lora_adapter(backend, config.lora, "LoRA already on the model")  # before add_lora
     backend.add_lora(config.lora)
     prompt_ids = [backend.prompt_ids(p.prompt) for p in pairs]
     chosen_ids = [encode_segments(backend.encode_response, p.chosen, config.completion_unit) for p in pairs]
@@ -82,6 +84,7 @@ def train_weighted_dpo(
     stats.extra["reference_batches_by_rank"] = gather(fw, reference_passes)
     stats.extra["config"] = config.as_dict()
     stats.extra["n_pairs"] = len(pairs)
+    stats.extra["lora_adapter"], stats.extra["lora_settings_ignored"] = adapter, adapter_differs
     return stats
 
 

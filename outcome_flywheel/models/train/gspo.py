@@ -24,12 +24,12 @@ for the day's checkpoint.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from outcome_flywheel.models.interface import Accumulated, LoraSettings, ModelBackend, TrainStats
+from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
+from outcome_flywheel.models.train.adapter import lora_adapter
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
 from outcome_flywheel.models.train.counterfactual import other_rows, side_term
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, split_by_cost
@@ -39,29 +39,6 @@ if TYPE_CHECKING:
     from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
 LogprobFn = Callable[[Sequence[EncodedExample]], tuple[Any, Any]]
-
-
-def lora_adapter(backend: ModelBackend, requested: LoraSettings | None) -> tuple[str, bool]:
-    """What the update trains, in words (`policy_training.lora_adapter`), and whether the configured LoRA
-    settings were set aside: an adapter carried from the parent keeps its own rank and targets, so a run
-    config's differ only for a fresh one."""
-
-    def spell(s: LoraSettings) -> str:
-        return f"r {s.r}, alpha {s.alpha:g}, dropout {s.dropout:g}, {' '.join(sorted(s.target_modules))}"
-
-    def in_order(s: LoraSettings) -> LoraSettings:  # LoraSettings' own equality, the targets as a set
-        return replace(s, target_modules=sorted(s.target_modules))
-
-    if not backend.has_adapter:
-        return ("fresh LoRA: " + spell(requested), False) if requested else ("every weight (no LoRA)", False)
-    carried = backend.adapter_settings()
-    text = "LoRA carried from the parent" + (": " + spell(carried) if carried else "")
-    if requested is None:  # full fine-tuning was asked for, but the parent's adapter is what trains
-        return text + "; full fine-tuning applies to a policy without an adapter only", True
-    differs = carried is not None and in_order(requested) != in_order(carried)
-    if differs:
-        text += f"; the configured {spell(requested)} applies to a fresh adapter only"
-    return text, differs
 
 
 def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config: "GSPOConfig") -> TrainStats:

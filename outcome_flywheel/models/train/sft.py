@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from outcome_flywheel.models.interface import ModelBackend, TrainStats
+from outcome_flywheel.models.train.adapter import lora_adapter
 from outcome_flywheel.models.train.batching import batch_plan
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens
 from outcome_flywheel.models.train.shards import announce, ranks, train_budgeted
@@ -52,6 +53,7 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
         raise ValueError("no SFT examples to train on")
     fw = backend.framework
     fw.seed(int(config.seed))
+    adapter, adapter_differs = lora_adapter(backend, config.lora, "LoRA already on the model")  # before add_lora
     backend.add_lora(config.lora)
     contexts, completions = encode_sft(backend, examples, config.max_completion_tokens)
 
@@ -72,5 +74,6 @@ def train_sft(backend: ModelBackend, examples: Sequence["SFTExample"], config: "
     stats = train_budgeted(backend, plan, loss, cost_at, share, False, config.learning_rate, config.max_grad_norm)
     stats.extra["config"] = config.as_dict()
     stats.extra["n_examples"] = len(examples)
+    stats.extra["lora_adapter"], stats.extra["lora_settings_ignored"] = adapter, adapter_differs
     stats.extra["completion_tokens"] = sum(len(c) for c in completions)
     return stats

@@ -30,7 +30,7 @@ from outcome_flywheel.models.prompts import trading_note_messages
 from outcome_flywheel.models.provision.tiny_local import TinyLocalConfig, cached_tiny_local
 from outcome_flywheel.models.train.dpo import train_weighted_dpo
 from outcome_flywheel.models.train.dpo_config import PreferencePair, WeightedDPOConfig
-from outcome_flywheel.models.train.sft import encode_sft, sft_batch_loss
+from outcome_flywheel.models.train.sft import encode_sft, sft_batch_loss, train_sft
 from outcome_flywheel.models.train.sft_config import SFTConfig, SFTExample
 from outcome_flywheel.training_audit import audited_training, read_audit
 from pipelines.daily_rl import distillation_sensor
@@ -84,6 +84,43 @@ def test_sft_loss_is_completion_only(tiny_model_dir):
     whole = nll.mean()
     assert abs(float(loss.detach()) - float(completion_only)) < 1e-4
     assert abs(float(whole) - float(completion_only)) > 0.1  # the check can tell a masked loss from an unmasked one
+
+
+def test_sft_and_dpo_say_when_the_adapter_they_train_is_not_the_configured_one(tiny_model_dir):
+    """A policy that holds an adapter trains that one: the stats say which, and that other configured LoRA
+    settings were set aside, instead of leaving them looking applied."""
+    from dataclasses import replace
+
+    from outcome_flywheel.models.interface import LoraSettings
+
+    backend = load_backend("torch", tiny_model_dir, device="cpu")
+    examples = [
+        SFTExample(trading_note_messages("Apple beats estimates", "Revenue up"), "Trade Recommendation: Buy AAPL")
+    ]
+    small = LoraSettings(r=4, alpha=8, target_modules=["gate_proj", "up_proj", "down_proj"])
+    one_step = dict(learning_rate=1e-3, epochs=1, batch_size=1)
+    fresh = train_sft(backend, examples, SFTConfig(lora=small, **one_step))
+    assert fresh.extra["lora_adapter"] == "fresh LoRA: r 4, alpha 8, dropout 0, down_proj gate_proj up_proj"
+    assert not fresh.extra["lora_settings_ignored"]
+    again = train_sft(
+        backend,
+        examples,
+        SFTConfig(lora=replace(small, target_modules=["up_proj", "down_proj", "gate_proj"]), **one_step),
+    )
+    assert (
+        again.extra["lora_adapter"] == "LoRA already on the model: r 4, alpha 8, dropout 0, down_proj gate_proj up_proj"
+    )
+    assert not again.extra["lora_settings_ignored"]  # the same settings, the targets in another order
+    other = train_sft(backend, examples, SFTConfig(**one_step))  # the default settings: r 8 on seven projections
+    assert other.extra["lora_settings_ignored"]
+    assert other.extra["lora_adapter"].endswith(
+        f"; the configured r {LoraSettings().r}, alpha {LoraSettings().alpha:g}, "
+        f"dropout {LoraSettings().dropout:g}, {' '.join(sorted(LoraSettings().target_modules))} applies to a fresh adapter only"
+    )
+    assert backend.adapter_settings().r == 4  # still the adapter it had
+    pair = PreferencePair(trading_note_messages("Apple beats", ""), "Buy AAPL", "Sell AAPL", 1.0)
+    dpo = train_weighted_dpo(backend, [pair], WeightedDPOConfig(learning_rate=1e-3, epochs=1, batch_size=1))
+    assert dpo.extra["lora_settings_ignored"] and dpo.extra["lora_adapter"].startswith("LoRA already on the model: r 4")
 
 
 def test_a_trace_with_reasoning_gives_three_samples_and_one_without_gives_one():
@@ -151,6 +188,11 @@ def test_phase_runs_are_gated_and_audited(day, teacher_folder):
         entry.gate_verdict = result.gate.verdict
     assert result.gate.verdict == "rejected", result.gate.reason
     assert [p["phase"] for p in result.phases if p["steps"]] == list(PHASES)  # each phase its own run
+    # the parent is the base: the first phase adds the configured adapter, the later ones train it on
+    adapters = [p["lora_adapter"] for p in result.phases if p["steps"]]
+    assert adapters[0].startswith("fresh LoRA: r 8") and all(
+        a.startswith("LoRA already on the model: r 8") and "configured" not in a for a in adapters[1:]
+    ), adapters
     assert (ckpts / "latest").resolve() == before and result.checkpoint == ""
 
     # Samples are used once: a second run right away has none.

@@ -207,6 +207,13 @@ def hand_token_loss(kl_mask=None) -> tuple[float, list[list[float]]]:
     return total, grad
 
 
+def hand_kl(kl_mask=None) -> float:
+    """The reported kl: the mean k3 over the tokens the KL term covers."""
+    covered = [(i, t) for i in range(2) for t in range(3) if MASK[i][t] and (kl_mask is None or kl_mask[i][t])]
+    k3 = [math.exp(REF[i][t] - LOGP[i][t]) - 1 - (REF[i][t] - LOGP[i][t]) for i, t in covered]
+    return sum(k3) / len(k3)
+
+
 @pytest.mark.parametrize("kl_mask", [None, NAME], ids=["kl_on_the_note", "kl_on_the_ticker"])
 def test_token_loss_by_hand_torch(kl_mask):
     import torch
@@ -238,7 +245,8 @@ def test_token_loss_by_hand_torch(kl_mask):
     assert loss.item() == pytest.approx(expected, rel=1e-12)
     assert logp.grad.numpy() == pytest.approx(np.array(grad), rel=1e-12, abs=1e-15)
     assert metrics["is_truncated_fraction"] == pytest.approx(1 / 5)  # exp(1.0) > 2 on one of the 5 tokens
-    assert 0 < metrics["clip_fraction"] <= 1 and metrics["kl"] > 0
+    assert 0 < metrics["clip_fraction"] <= 1 and metrics["kl"] == pytest.approx(hand_kl(kl_mask), rel=1e-12)
+    assert hand_kl(NAME) != pytest.approx(hand_kl(None), rel=1e-3)  # the two spans tell apart here
     assert metrics["sequence_clip_fraction"] == pytest.approx(0.5)  # one of the two notes' sequence term is clipped
 
 
@@ -275,6 +283,9 @@ def test_token_loss_by_hand_mlx(kl_mask):
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert np.array(grad) == pytest.approx(np.array(hand_grad), rel=1e-5, abs=1e-7)
     assert metrics["is_truncated_fraction"].item() == pytest.approx(1 / 5)
+    # k3 = exp(q) - 1 - q at |q| = 0.1 is ~5e-3, the difference of terms ~1: float32 leaves a few ulps of 1
+    # (~1e-7 each) absolute, ~1e-5 of the value relative, so the bound is absolute
+    assert metrics["kl"].item() == pytest.approx(hand_kl(kl_mask), abs=1e-6)
 
 
 def test_both_mirrors_agree_on_every_metric():
