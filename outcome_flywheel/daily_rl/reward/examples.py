@@ -59,12 +59,12 @@ def training_examples(
         name = call_token_mask(tokenizer, ids, r.response, "ticker") if tokenizer is not None else None
         token_adv = None
         if reward is not None and reward.share("relevance") and float(r.relevance_advantage):
-            mask = (
-                (name if relevance_span == "ticker" else call_token_mask(tokenizer, ids, r.response, relevance_span))
-                or call_token_mask(tokenizer, ids, r.response)
-                if tokenizer is not None
-                else None
-            )
+            mask = None
+            if tokenizer is not None:
+                span = (
+                    name if relevance_span == "ticker" else call_token_mask(tokenizer, ids, r.response, relevance_span)
+                )
+                mask = span or call_token_mask(tokenizer, ids, r.response)  # no such span: the whole call line
             token_adv = judged_token_advantages(reward, len(ids), float(r.relevance_advantage), mask)
         examples.append(
             GSPOExample(
