@@ -232,3 +232,53 @@ def print_table(results: dict) -> None:
             f"\n  news vs inverted, opposite sides: {fmt(opposite['share'])} over "
             f"{opposite['share']['clusters']} headlines; per pair {opposite['per_pair_spread']['values']}"
         )
+
+
+def _figure(x: dict | None) -> str:
+    """`estimate [low, high]` of one pooled figure, `-` where the grid has none."""
+    if not x or x.get("estimate") is None:
+        return "-"
+    low, high = (f"{v:.3f}" if v is not None else "-" for v in x["ci"])
+    return f"{x['estimate']:.3f} [{low}, {high}]"
+
+
+def ablation_rows(entries: list[dict]) -> list[dict]:
+    """One row per recorded arm and grid (`learning_grid.json`'s entries, in their order): the issue's figures, each
+    with its 95% interval. Side accuracy and hit rate are the policy's; calls on the company and the null world's
+    long-share gap are policy - base (the goals are relative to the base); opposite sides pairs news with inverted."""
+    rows = []
+    for e in entries:
+        worlds, grid = e.get("worlds") or {}, e["grid"]
+        row = dict(
+            arm=e["arm"],
+            grid=f"{grid['days']} d, {len(grid['world_seeds'])} w x {len(grid['train_seeds'])} t",
+            cells=f"{e['cells']['done']}/{e['cells']['expected']}",
+            date=str(e.get("date", ""))[:10],
+        )
+        for world in ("news", "inverted"):
+            table = worlds.get(world) or {}
+            row[f"side {world}"] = _figure((table.get("side_accuracy") or {}).get("policy"))
+            row[f"company {world}"] = _figure((table.get("company_share") or {}).get("difference"))
+            row[f"hit {world}"] = _figure((table.get("hit_rate") or {}).get("policy"))
+        row["opposite"] = _figure((e.get("opposite_sides") or {}).get("share"))
+        row["null gap"] = _figure(((worlds.get("null") or {}).get("long_gap_good_minus_bad") or {}).get("difference"))
+        labels = [
+            label
+            for table in worlds.values()
+            for label in (table.get("hit_rate_ab") or {}).get("per_cell_labels") or []
+            if label is not None
+        ]
+        row["better"] = f"{labels.count('better')}/{len(labels)}" if labels else "-"
+        row["rejections"] = sum(int((t.get("gate_rejections") or {}).get("total", 0)) for t in worlds.values())
+        rows.append(row)
+    return rows
+
+
+def ablation_markdown(rows: list[dict]) -> str:
+    """The rows as one markdown table (the closing note's and docs' form)."""
+    if not rows:
+        return ""
+    head = list(rows[0])
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in rows]
+    return "\n".join(lines)

@@ -6,6 +6,7 @@ headline-clustered bootstrap interval (`benchmarks/_grid_table.py` says which fi
     python -m benchmarks.learning_grid --out-dir DIR [--arm defaults] [--config '{"epochs": 1}']
         [--worlds news,inverted] [--world-seeds 0,1] [--train-seeds 0,1,2] [--days 26] [--train-days 11]
         [--parallel 2] [--record]
+    python -m benchmarks.learning_grid --ablation    # every recorded arm, one markdown row each
 
 - Cells run `--parallel` at a time, each process with one torch thread; a cell's log goes to DIR/logs/<cell>.log and
   its result, when it ends, to DIR/cells/<world>-w<world seed>-t<training seed>.json (written atomically).
@@ -15,6 +16,8 @@ headline-clustered bootstrap interval (`benchmarks/_grid_table.py` says which fi
 - DIR/results.json: the table (per world, each figure's policy, base and difference with 95% intervals, and the
   per-cell spread), the arm's config, the machine, the date and the git commit. `--record` also adds it to (or
   replaces the same arm and grid in) benchmarks/results/learning_grid.json.
+- `--ablation` runs nothing: it prints the recorded arms as one markdown table, each figure with its 95% interval
+  (`_grid_table.ablation_rows`), the table the ablation's notes quote.
 The last printed line is one JSON object (exit 1 when a cell failed; the figures are over the cells that ended).
 """
 
@@ -31,7 +34,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from benchmarks._grid_table import cell_name, opposite_sides, print_table, world_table
+from benchmarks._grid_table import ablation_markdown, ablation_rows, cell_name, opposite_sides, print_table, world_table
 from benchmarks._results import git_commit
 
 WORLDS = ("news", "inverted", "null")
@@ -267,7 +270,7 @@ def record(results: dict, path: Path = RECORD) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out-dir", required=True, help="the grid's folder (cells, logs, results.json); resumable")
+    parser.add_argument("--out-dir", default=None, help="the grid's folder (cells, logs, results.json); resumable")
     parser.add_argument("--arm", default="defaults", help="the run configuration's name, in the results")
     parser.add_argument("--config", default=None, help="JSON object of daily_update run-config fields (the arm)")
     parser.add_argument("--worlds", default="news,inverted", help="comma-separated, from news, inverted, null")
@@ -289,8 +292,16 @@ def main() -> None:
     parser.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples per interval")
     parser.add_argument("--record", action="store_true", help="also add the results to " + str(RECORD.name))
     parser.add_argument("--drop-runs", action="store_true", help="delete each cell's data dir once its JSON is written")
+    parser.add_argument("--ablation", action="store_true", help="print the recorded arms' table and exit")
     parser.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # world:world_seed:train_seed, in a child
     args = parser.parse_args()
+    if args.ablation:
+        rows = ablation_rows(json.loads(RECORD.read_text()) if RECORD.exists() else [])
+        print(ablation_markdown(rows))
+        print(json.dumps(dict(arms=len(rows), record=str(RECORD))))
+        return
+    if not args.out_dir:
+        parser.error("--out-dir is required (or --ablation)")
     out_dir = Path(args.out_dir).resolve()
     if args.cell:
         world, ws, ts = args.cell.split(":")

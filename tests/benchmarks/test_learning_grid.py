@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from benchmarks import learning_grid as lg
-from benchmarks._grid_table import cell_name, opposite_sides, world_table
+from benchmarks._grid_table import ablation_markdown, ablation_rows, cell_name, opposite_sides, world_table
 from benchmarks.outcome_learning import NOTE_COLUMNS
 
 
@@ -159,3 +159,32 @@ def test_the_daily_benchmarks_judge_with_flywheel_judge_model(tmp_path, monkeypa
     assert resources(tmp_path, 2)["judge"].judge_model == ""  # the frozen base model
     monkeypatch.setenv("FLYWHEEL_JUDGE_MODEL", "tiny-local")
     assert resources(tmp_path, 2)["judge"].judge_model == "tiny-local"
+
+
+def test_the_ablation_table_has_a_row_per_recorded_arm_with_its_intervals(tmp_path, monkeypatch, capsys):
+    """Each arm's figures as recorded, policy side accuracy and hit rate, calls on the company as policy - base,
+    opposite sides between worlds; an arm without a world shows `-`; `--ablation` prints the record's table."""
+    for name in [k for k in os.environ if k.startswith("FLYWHEEL_")]:
+        monkeypatch.delenv(name)
+    grid = lg.grid_of(_args(world_seeds="0", train_seeds="0"))
+    for cell in (_cell("news", 0, 0, 1.0), _cell("inverted", 0, 0, 0.0)):
+        lg.write_json(tmp_path / "cells" / f"{cell['name']}.json", cell)
+    both = lg.summarise(tmp_path, grid, n_boot=100)
+    only_news = lg.summarise(tmp_path, dict(grid, arm="news-only", worlds=["news"]), n_boot=100)
+    rows = ablation_rows([both, only_news])
+    assert [r["arm"] for r in rows] == ["defaults", "news-only"]
+    assert rows[0]["grid"] == "26 d, 1 w x 1 t" and rows[0]["cells"] == "2/2"
+    assert rows[0]["side news"].startswith("1.000 [") and rows[0]["side inverted"].startswith("1.000 [")
+    assert rows[0]["company news"].startswith("0.000 [")  # every note calls the company, as the base's do
+    assert rows[0]["opposite"].startswith("1.000 [") and rows[0]["rejections"] == 2
+    assert rows[0]["better"] == "2/2" and rows[0]["null gap"] == "-"
+    assert rows[1]["side inverted"] == "-" and rows[1]["opposite"] == "-" and rows[1]["cells"] == "1/1"
+    table = ablation_markdown(rows).splitlines()
+    assert len(table) == 4 and table[0].startswith("| arm | grid |") and table[2].startswith("| defaults |")
+    record = tmp_path / "learning_grid.json"
+    lg.record(both, record)
+    monkeypatch.setattr(lg, "RECORD", record)
+    monkeypatch.setattr("sys.argv", ["learning_grid", "--ablation"])
+    lg.main()
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[2].startswith("| defaults |") and json.loads(printed[-1])["arms"] == 1
