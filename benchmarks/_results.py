@@ -37,12 +37,36 @@ def results_dir() -> Path:
     return Path(os.environ.get(DIR_VARIABLE) or RESULTS)
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (`platform.processor()` is empty on Linux: /proc/cpuinfo's "model name" there)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() or None
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def cpu_capability() -> str | None:
+    """The vector kernels torch runs on this CPU (AVX512, AVX2, ...): two CPUs that differ here round
+    differently, so sampled runs of the same seeds part ways (benchmarks/results/learning_grid.json)."""
+    try:
+        import torch
+
+        return torch.backends.cpu.get_cpu_capability()
+    except Exception:  # no torch, or one without the query: unknown, as far as the record goes
+        return None
+
+
 def machine() -> dict:
     """What the figures were measured on: the parts that identify the machine (no load, no host name)."""
     found = dict(
         platform=platform.platform(),
         arch=platform.machine(),
         processor=platform.processor() or None,
+        cpu_model=cpu_model(),
+        cpu_capability=cpu_capability(),
         cpu_count=os.cpu_count(),
         python=platform.python_version(),
         gpu=None,

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks._grid_table import ablation_markdown, ablation_rows, cell_name, opposite_sides, print_table, world_table
-from benchmarks._results import git_commit
+from benchmarks._results import cpu_capability, cpu_model, git_commit
 
 WORLDS = ("news", "inverted", "null")
 PROJECT = Path(__file__).resolve().parents[1]
@@ -120,8 +120,12 @@ def cells_of(grid: dict) -> list[tuple[str, int, int]]:
 
 
 def machine() -> dict:
+    """The grid's machine: the CPU's model and torch's kernels on it are part of a cell's result (runs of the same
+    seeds on two CPUs part ways), so they are recorded with it."""
     return dict(
         processor=platform.processor(),
+        cpu_model=cpu_model(),
+        cpu_capability=cpu_capability(),
         uname=platform.uname()._asdict(),
         cpu_count=os.cpu_count(),
         python=platform.python_version(),

@@ -10,6 +10,7 @@ import os
 import pandas as pd
 import pytest
 
+from benchmarks import _results
 from benchmarks import learning_grid as lg
 from benchmarks._grid_table import ablation_markdown, ablation_rows, cell_name, opposite_sides, world_table
 from benchmarks.outcome_learning import NOTE_COLUMNS
@@ -140,6 +141,7 @@ def test_a_grid_resumes_with_its_arguments_and_refuses_others(tmp_path, monkeypa
     assert results["cells"]["done"] == 1 and len(results["cells"]["missing"]) == 11
     assert results["worlds"]["news"]["side_accuracy"]["policy"]["estimate"] == 1.0
     assert results["machine"]["cpu_count"] >= 1 and results["grid"]["train_seeds"] == [0, 1, 2]
+    assert results["machine"]["cpu_capability"] == _results.cpu_capability() and "cpu_model" in results["machine"]
     json.dumps(results)  # plain JSON all through
 
 
