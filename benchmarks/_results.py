@@ -49,8 +49,8 @@ def cpu_model() -> str | None:
 
 
 def cpu_capability() -> str | None:
-    """The vector kernels torch runs on this CPU (AVX512, AVX2, ...): two CPUs that differ here round
-    differently, so sampled runs of the same seeds part ways (benchmarks/results/learning_grid.json)."""
+    """The vector kernels torch runs on this CPU (AVX512, AVX2, ...). The kernels and the CPU decide how each sum
+    rounds, and a sampled run of the same seeds can part ways between machines (docs/daily_rl.md)."""
     try:
         import torch
 
