@@ -121,7 +121,7 @@ def cells_of(grid: dict) -> list[tuple[str, int, int]]:
 
 def machine() -> dict:
     """The grid's machine: the CPU's model and torch's kernels on it are part of a cell's result (runs of the same
-    seeds on two CPUs part ways), so they are recorded with it."""
+    seeds on two CPUs can part ways), so they are recorded with it."""
     return dict(
         processor=platform.processor(),
         cpu_model=cpu_model(),

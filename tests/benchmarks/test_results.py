@@ -34,7 +34,7 @@ def test_write_result_keeps_one_entry_per_arguments_and_machine(tmp_path):
     assert [(r["args"], r["result"]) for r in recorded["runs"]] == [(["--n", "2"], {"x": 2}), (["--n", "3"], {"x": 3})]
     run = recorded["runs"][0]
     assert run["machine"]["cpu_count"] == os.cpu_count() and run["machine"]["platform"] and "gpu" in run["machine"]
-    # the CPU itself and torch's kernels on it: sampled runs of the same seeds differ between CPUs
+    # the CPU itself and torch's kernels on it: sampled runs of the same seeds can differ between CPUs
     assert run["machine"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists() and "model name" in cpuinfo.read_text():
