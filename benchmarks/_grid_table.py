@@ -197,15 +197,16 @@ def opposite_sides(cells: list[dict], n_boot: int = 2000, seed: int = 0) -> dict
     )
 
 
+def _figure(x: dict | None) -> str:
+    """`estimate [low, high]` of one pooled figure, `-` where the grid has none."""
+    if not x or x.get("estimate") is None:
+        return "-"
+    low, high = (f"{v:.3f}" if v is not None else "-" for v in x["ci"])
+    return f"{x['estimate']:.3f} [{low}, {high}]"
+
+
 def print_table(results: dict) -> None:
     """The table in plain text: per world, each figure's policy, base and difference with their 95% intervals."""
-
-    def fmt(x: dict | None) -> str:
-        if not x or x.get("estimate") is None:
-            return "-"
-        low, high = x["ci"]
-        return f"{x['estimate']:.3f} [{'-' if low is None else f'{low:.3f}'}, {'-' if high is None else f'{high:.3f}'}]"
-
     print(f"\n== arm {results['arm']}: {results['cells']['done']} of {results['cells']['expected']} cells ==")
     for world, table in results["worlds"].items():
         print(f"\n-- {world} ({len(table.get('cells', []))} cells) --")
@@ -214,7 +215,7 @@ def print_table(results: dict) -> None:
             if isinstance(row, dict) and "policy" in row and isinstance(row["policy"], dict) and "ci" in row["policy"]:
                 cell = row["per_cell_policy"]
                 print(
-                    f"  {name:<26}{fmt(row['policy']):<26}{fmt(row['base']):<26}{fmt(row['difference']):<28}"
+                    f"  {name:<26}{_figure(row['policy']):<26}{_figure(row['base']):<26}{_figure(row['difference']):<28}"
                     f"[{cell['min']}, {cell['max']}]"
                 )
         ab = table.get("hit_rate_ab", {})
@@ -229,17 +230,9 @@ def print_table(results: dict) -> None:
     opposite = results.get("opposite_sides")
     if opposite:
         print(
-            f"\n  news vs inverted, opposite sides: {fmt(opposite['share'])} over "
+            f"\n  news vs inverted, opposite sides: {_figure(opposite['share'])} over "
             f"{opposite['share']['clusters']} headlines; per pair {opposite['per_pair_spread']['values']}"
         )
-
-
-def _figure(x: dict | None) -> str:
-    """`estimate [low, high]` of one pooled figure, `-` where the grid has none."""
-    if not x or x.get("estimate") is None:
-        return "-"
-    low, high = (f"{v:.3f}" if v is not None else "-" for v in x["ci"])
-    return f"{x['estimate']:.3f} [{low}, {high}]"
 
 
 def ablation_rows(entries: list[dict]) -> list[dict]:
