@@ -84,7 +84,19 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         "grad_share_price": ("float", "The price part's share of it (the call's side, matured and replayed notes)."),
         "grad_share_counterfactual": (
             "float",
-            "The counterfactual side term's share of it (price_counterfactual_c > 0; NaN when the probe holds no note that carries it).",
+            "The counterfactual term's share of it (sides: price_counterfactual_c > 0; names: relevance_counterfactual_c > 0; NaN when the probe holds no note that carries it).",
+        ),
+        "name_counterfactual_notes": (
+            "int",
+            "Judged notes carrying the counterfactual name term: calls on another company than the headline's (relevance_counterfactual_c > 0).",
+        ),
+        "name_probability_own": (
+            "float",
+            "Mean probability of those calls' own name over the update's steps that carry the term.",
+        ),
+        "name_probability_other": (
+            "float",
+            "Mean probability of the headline's company's name in its place, teacher-forced, likewise.",
         ),
         "objective": (
             "string",

@@ -23,7 +23,7 @@ from outcome_flywheel.daily_rl.policy.prompt_tables import variant_table
 from outcome_flywheel.daily_rl.policy.update import PolicyUpdate
 from outcome_flywheel.daily_rl.reward.ledger import ledger_frame
 from outcome_flywheel.daily_rl.reward.rollout_scores import position_bias
-from outcome_flywheel.daily_rl.reward.training_record import judged_ledger, price_training_row
+from outcome_flywheel.daily_rl.reward.training_record import judged_ledger, price_training_row, step_mean
 from outcome_flywheel.models.loader import ModelLoader
 from outcome_flywheel.models.train.gspo import SHARE_PARTS
 from outcome_flywheel.steps.metadata import counts_table, mapping_table, md, num, path, present
@@ -149,6 +149,9 @@ def training_summary(
         train_recomputed=stats.layers_recomputed if stats else False,
         # each reward part's pull on the weights (models/train/gspo.py, gradient_shares)
         **{f"grad_share_{p}": float(stats.extra.get(f"grad_share_{p}", nan)) if stats else nan for p in SHARE_PARTS},
+        name_counterfactual_notes=sum(e.counterfactual is not None and e.token_part == "relevance" for e in examples),
+        name_probability_own=step_mean(stats, "name_probability_own"),
+        name_probability_other=step_mean(stats, "name_probability_other"),
         objective=gspo.objective,
         learning_rate=gspo.learning_rate,
         headlines=headlines,

@@ -152,6 +152,7 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "price_span": "credit.price_span",
     "relevance_span": "credit.relevance_span",
     "relevance_baseline": "credit.relevance_baseline",
+    "relevance_counterfactual_c": "credit.relevance_counterfactual_c",
     "price_baseline": "price_baseline",
     "price_replay_days": "price_replay_days",
     "price_replay_decay": "price_replay_decay",

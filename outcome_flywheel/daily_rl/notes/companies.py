@@ -113,15 +113,16 @@ _TICKER_RE = re.compile(
 )
 
 
-def _candidates(text: str, universe: set[str] | None) -> list[tuple[int, str, bool, bool]]:
-    """(position, ticker, known, strong) for each symbol in `text`. Strong: a company name or a ticker form
-    ($X, (X), NYSE: X); a bare all-caps word is weak, as it may be jargon the lists do not cover."""
+def mentions(text: str) -> list[tuple[int, int, str, str]]:
+    """(start, end, ticker, form) for each symbol `text` writes, in order: `form` is "name" for a company
+    name (start, end: the name) or the ticker form ("ex", "dollar", "paren", "bare"; start, end: the symbol's
+    letters alone, so "$PFE" spans "PFE")."""
     found = []
     masked = list(text)
     for m in _NAME_RE.finditer(text):
         if m.group(0)[0].isalpha() and not m.group(0)[0].isupper():
             continue  # names are written capitalised; "apple" in prose is not Apple
-        found.append((m.start(), COMPANY_TICKERS[re.sub(r"\s+", " ", m.group(0).lower())], True))
+        found.append((m.start(), m.end(), COMPANY_TICKERS[re.sub(r"\s+", " ", m.group(0).lower())], "name"))
         masked[m.start() : m.end()] = " " * (m.end() - m.start())  # so "GE Vernova" is not also GE
     for m in _TICKER_RE.finditer("".join(masked)):
         form, sym = m.lastgroup, m.group(m.lastgroup)
@@ -131,5 +132,17 @@ def _candidates(text: str, universe: set[str] | None) -> list[tuple[int, str, bo
             continue
         if form == "paren" and len(sym) == 1 and (sym not in _TICKER_FORM_ONLY or sym == "A"):
             continue  # "(A)", "(B)" list items
-        found.append((m.start(), sym.replace(".", "-"), form != "bare"))
-    return [(p, s, universe is None or s in universe, strong) for p, s, strong in sorted(found)]
+        found.append((*m.span(form), sym.replace(".", "-"), form))
+    return sorted(found)
+
+
+def display_name(ticker: str) -> str | None:
+    """The company's first listed name as written ("Pfizer" for PFE); None for a ticker the lists lack."""
+    names = _NAMES.get(ticker)
+    return names.split("|")[0] if names else None
+
+
+def _candidates(text: str, universe: set[str] | None) -> list[tuple[int, str, bool, bool]]:
+    """(position, ticker, known, strong) for each symbol in `text`. Strong: a company name or a ticker form
+    ($X, (X), NYSE: X); a bare all-caps word is weak, as it may be jargon the lists do not cover."""
+    return [(a, s, universe is None or s in universe, form != "bare") for a, _, s, form in mentions(text)]

@@ -75,6 +75,7 @@ def update_policy(
         reward=settings.reward,
         tokenizer=policy.tokenizer if settings.gspo.objective == "token" else None,
         relevance_span=settings.credit.relevance_span,
+        name_c=settings.credit.relevance_counterfactual_c,
     )
     examples = judged + matured.examples
     off_policy = (

@@ -1,26 +1,31 @@
-"""Counterfactual credit for a matured call's side. Once a call has matured, what the opposite call would
-have earned is known without sampling it (vs_spy(other) = -vs_spy - 2 cost: `PriceReward.other_side`), so
-the side decision can train on both actions' rewards, whichever was sampled (the term's formula and papers:
-`models/train/gspo_config.py`):
+"""Counterfactual credit where the other action's reward is known without sampling it, so a decision trains
+on both actions whichever was sampled (the term's formula and papers: `models/train/gspo_config.py`):
 
     -c sum_{a in {own, other}} pi(a | x, prefix) (R(a) - R_bar),   R_bar = (R(own) + R(other)) / 2
 
-The other side's row is the note's own tokens up to its side phrase, then the opposite phrase's tokens
-(teacher-forced: the trainer reads its probability, nothing samples it). Only calls on the headline's
-company take the term: on another name the side's outcome says nothing about the headline (issue 46's
-probe: over every call, the term pulled calls off the company). A row is built only where the swap is
-exact: the opposite phrase flips what the call parser reads, and the tokens decode to the swapped text.
+- the side of a matured call (`side_counterfactual`): vs_spy(other) = -vs_spy - 2 cost
+  (`PriceReward.other_side`). Only calls on the headline's company take it: on another name the side's
+  outcome says nothing about the headline (issue 46's probe: over every call, the term pulled calls off the
+  company).
+- the name of a judged call on another company than the headline's (`name_counterfactual`): relevance is 0
+  for the written name and 1 for the headline's company, known for every note without a judge.
+
+The other action's row is the note's own tokens up to the decision, then the other action's tokens
+(teacher-forced: the trainer reads its probability, nothing samples it). A row is built only where the swap
+is exact: the other action changes what the call parser reads as it should, and the tokens decode to the
+swapped text.
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from outcome_flywheel.daily_rl.notes.calls import call_part_spans, parse_call
-from outcome_flywheel.daily_rl.notes.relevance import call_relevance
+from outcome_flywheel.daily_rl.notes.calls import call_part_spans, call_spans, parse_call
+from outcome_flywheel.daily_rl.notes.companies import display_name, mentions
+from outcome_flywheel.daily_rl.notes.relevance import call_relevance, headline_symbols
 from outcome_flywheel.daily_rl.reward.signals import PriceReward
 from outcome_flywheel.models.spans import chars_in_spans, token_char_ends
-from outcome_flywheel.models.train.gspo_config import SideCounterfactual
+from outcome_flywheel.models.train.gspo_config import Counterfactual
 
 # Each side phrase the parser reads (`notes.calls._LONG` / `_SHORT`) and a phrase that reads as the other side.
 OPPOSITE = {
@@ -60,7 +65,7 @@ def side_counterfactual(
     price: PriceReward,
     cost_bps: float,
     c: float,
-) -> SideCounterfactual | None:
+) -> Counterfactual | None:
     """The two rows of a matured call's side term, or None where it has none: c = 0, no side phrase, a call
     on another company than the headline's (`headline` = its title and summary), a swap that does not flip
     the parsed side, or tokens that do not decode to the swapped text. `value`: the call's price signal (the
@@ -81,6 +86,21 @@ def side_counterfactual(
     other_phrase = opposite_phrase(response[a:b])
     if other_phrase is None or parse_call(response[:a] + other_phrase + response[b:]).side != FLIP[call.side]:
         return None
+    rows = swapped_rows(tokenizer, response_ids, response, a, b, other_phrase)
+    if rows is None:
+        return None
+    r_own, r_other = float(value), price.other_side(value, cost_bps)
+    return Counterfactual(*rows, coefficient=float(c) * (r_own - r_other) / 2.0)
+
+
+def swapped_rows(
+    tokenizer: Any, response_ids: Sequence[int], response: str, a: int, b: int, replacement: str
+) -> tuple[list[bool], list[int], list[bool]] | None:
+    """(own mask, other row, other mask) for the action written at `response[a:b]` and the one `replacement`
+    would write there: the own mask covers the tokens that write [a, b); the other row is the note's tokens
+    before them, then the tokens of the same text with `replacement` in its place, up to the end of those
+    tokens (nothing after them). None where the tokens do not decode to `response` or the swap does not
+    re-tokenise to the swapped text."""
     ids = [int(t) for t in response_ids]
     chars = token_char_ends(tokenizer, ids)
     own = chars_in_spans(chars, [(a, b)])
@@ -91,15 +111,55 @@ def side_counterfactual(
     text = tokenizer.decode(ids, skip_special_tokens=True)
     if text != response or not start <= a < b <= end:  # offsets into another text than the parser read
         return None
-    swapped = text[start:a] + other_phrase + text[b:end]
-    tail = [int(t) for t in tokenizer.encode(swapped, add_special_tokens=False)]
-    other_ids = ids[:first] + tail
+    swapped = text[start:a] + replacement + text[b:end]
+    other_ids = ids[:first] + [int(t) for t in tokenizer.encode(swapped, add_special_tokens=False)]
     if tokenizer.decode(other_ids, skip_special_tokens=True) != text[:start] + swapped:
         return None
-    r_own, r_other = float(value), price.other_side(value, cost_bps)
-    return SideCounterfactual(
-        own_mask=[first <= t < last for t in range(len(ids))],
-        other_response_ids=other_ids,
-        other_mask=[t >= first for t in range(len(other_ids))],
-        coefficient=float(c) * (r_own - r_other) / 2.0,
+    return [first <= t < last for t in range(len(ids))], other_ids, [t >= first for t in range(len(other_ids))]
+
+
+def name_counterfactual(
+    tokenizer: Any, response_ids: Sequence[int], response: str, headline: tuple[Any, Any], c: float
+) -> Counterfactual | None:
+    """The two rows of a judged call's name term, or None where it has none: c = 0, a headline that names no
+    known company, a note without a side or a call already on the headline's company, or a swap that is not
+    exact. The name decision is the call line's first mention of the called symbol; the other action writes
+    the headline's first company there in the same form (a name as the headline writes it, else the alias
+    map's first name; a ticker form with the headline's ticker), and must make the parser read a call on the
+    headline's company. relevance(own) = 0 and relevance(other) = 1, so the own row's coefficient is
+    c (0 - 1/2) and the other's +c/2: -c sum_a pi(a) (R(a) - R_bar) over the two names."""
+    if not c or tokenizer is None:
+        return None
+    companies = headline_symbols(*headline)
+    call = parse_call(response)
+    if not companies or call.parse_status != "ok" or call_relevance(*headline, call.symbol, "ok") != 0.0:
+        return None
+    target = companies[0]
+    own = next(
+        (
+            (a + m0, a + m1, form)
+            for a, b in call_spans(response)
+            for m0, m1, sym, form in mentions(response[a:b])
+            if sym == call.symbol
+        ),
+        None,
     )
+    if own is None:
+        return None
+    a, b, form = own
+    if form == "name":  # the headline's own spelling of its company, else the alias map's
+        written = [
+            t[m0:m1]
+            for t in headline
+            if isinstance(t, str)
+            for m0, m1, sym, f in mentions(t)
+            if sym == target and f == "name"
+        ]
+        replacement = written[0] if written else display_name(target)
+    else:
+        replacement = target
+    swapped = parse_call(response[:a] + replacement + response[b:])
+    if not replacement or call_relevance(*headline, swapped.symbol, swapped.parse_status) != 1.0:
+        return None
+    rows = swapped_rows(tokenizer, response_ids, response, a, b, replacement)
+    return None if rows is None else Counterfactual(*rows, coefficient=-float(c) / 2.0)

@@ -50,7 +50,17 @@ class CreditConfig:
         },
     )
 
+    relevance_counterfactual_c: float = field(
+        default=0.0,
+        metadata={
+            "help": "c of the counterfactual name term -c sum_a pi(a) (R(a) - R_bar) over a judged call on another company than the headline's: its name against the headline's company's, relevance 0 and 1 (reward/counterfactual.py), in the first `counterfactual_epochs` epochs; 0 = off, the default."
+        },
+    )
+
     def __post_init__(self):
+        c = self.relevance_counterfactual_c
+        if isinstance(c, bool) or not (isinstance(c, (int, float)) and 0.0 <= float(c) < float("inf")):
+            raise ValueError(f"relevance_counterfactual_c must be a finite number >= 0, got {c!r}")
         for name in ("price_span", "relevance_span"):
             if getattr(self, name) not in SPANS:
                 raise ValueError(f"{name} must be one of {', '.join(SPANS)}, got {getattr(self, name)!r}")

@@ -4,14 +4,10 @@ log-probs and per-token advantages (the whole-note part and the call-line parts,
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from outcome_flywheel.daily_rl.reward.signals import RewardConfig
-
-if TYPE_CHECKING:
-    pass
 
 
 def training_examples(
@@ -22,6 +18,7 @@ def training_examples(
     reward: RewardConfig | None = None,
     tokenizer=None,
     relevance_span: str = "ticker",
+    name_c: float = 0.0,
 ):
     """GSPO examples from the usable scored rollouts (notes whose every token's advantage is 0 carry no
     gradient); with `with_keys`, also each example's (note date, headline_id, rollout_index).
@@ -29,7 +26,10 @@ def training_examples(
     Without `reward`: one advantage per note, `advantage` (whole-note signals only). With it and the
     policy's `tokenizer`: the note's advantage share(note) * advantage (the sequence part) and
     share(relevance) * relevance_advantage on the call's `relevance_span` (`credit.py`; the whole call line
-    where that span selects no token, the whole note where there is no call line)."""
+    where that span selects no token, the whole note where there is no call line). `name_c` > 0 (with a
+    tokenizer): a call on another company than the headline's also carries the counterfactual name term
+    (`counterfactual.name_counterfactual`), so such a note trains even where its advantages are 0."""
+    from outcome_flywheel.daily_rl.reward.counterfactual import name_counterfactual
     from outcome_flywheel.daily_rl.reward.credit import call_token_mask, judged_token_advantages
     from outcome_flywheel.models.train.gspo_config import GSPOExample
 
@@ -51,11 +51,20 @@ def training_examples(
         keep = (merged["advantage"].abs() * reward.share("note") > min_abs_advantage) | (
             merged["relevance_advantage"].abs() * reward.share("relevance") > min_abs_advantage
         )
-    merged = merged[merged["usable"] & keep]
-    merged = merged[merged["response_ids"].map(len) > 0].sort_values(["headline_id", "rollout_index"])
-    examples = []
-    for r in merged.itertuples():
+    merged = merged[merged["usable"] & merged["response_ids"].map(len).gt(0)]
+    merged = merged.sort_values(["headline_id", "rollout_index"])
+    examples, kept = [], []
+    for r, trains in zip(merged.itertuples(), keep.loc[merged.index]):
         ids = [int(t) for t in r.response_ids]
+        term = (
+            name_counterfactual(
+                tokenizer, ids, r.response, (getattr(r, "title", None), getattr(r, "summary", None)), name_c
+            )
+            if name_c and tokenizer is not None
+            else None
+        )
+        if not trains and term is None:
+            continue
         name = call_token_mask(tokenizer, ids, r.response, "ticker") if tokenizer is not None else None
         token_adv = None
         if reward is not None and reward.share("relevance") and float(r.relevance_advantage):
@@ -73,9 +82,9 @@ def training_examples(
                 behavior_logprobs=[float(x) for x in r.behavior_logprobs],
                 advantage=float(r.advantage) * (reward.share("note") if reward is not None else 1.0),
                 token_advantages=token_adv,
+                counterfactual=term,
                 name_mask=name,
             )
         )
-    if with_keys:
-        return examples, [(str(r.date), str(r.headline_id), int(r.rollout_index)) for r in merged.itertuples()]
-    return examples
+        kept.append((str(r.date), str(r.headline_id), int(r.rollout_index)))
+    return (examples, kept) if with_keys else examples

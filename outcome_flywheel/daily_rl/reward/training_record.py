@@ -111,7 +111,7 @@ def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
 
-def _step_mean(stats, name: str) -> float:
+def step_mean(stats, name: str) -> float:
     """The mean of a per-step metric over the steps that have it (NaN: a step without it, or none)."""
     values = np.asarray(stats.extra.get(name, []) if stats else [], dtype=float)
     values = values[np.isfinite(values)]
@@ -153,8 +153,8 @@ def price_training_row(day: str, ledger: pd.DataFrame, matured, stats, gspo, max
         is_truncated_fraction=float((ratios > cap).mean()) if len(ratios) else nan,
         clip_fraction=float(np.mean(stats.extra.get("clip_fraction", [nan]))) if stats else nan,
         counterfactual_notes=int(sum(e.counterfactual is not None for e in matured.examples)),
-        side_probability_own=_step_mean(stats, "side_probability_own"),
-        side_probability_other=_step_mean(stats, "side_probability_other"),
+        side_probability_own=step_mean(stats, "side_probability_own"),
+        side_probability_other=step_mean(stats, "side_probability_other"),
         tis_cap=float(cap),
         max_staleness=float(max_staleness) if max_staleness is not None else nan,
     )

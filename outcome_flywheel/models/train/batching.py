@@ -53,7 +53,7 @@ class EncodedExample:
     index: int = -1  # position in the trainer's example list (per-example statistics)
     token_advantages: list[float] | None = None  # the span-scoped parts, per response token; None = none
     token_part: str = "relevance"  # which reward part the span-scoped advantages are (gradient shares)
-    counterfactual: Any = None  # gspo_config.SideCounterfactual: the counterfactual side term's rows; None = none
+    counterfactual: Any = None  # gspo_config.Counterfactual: the counterfactual term's rows (side or name); None = none
     name_mask: list[bool] | None = None  # the call's ticker tokens (the `ticker` KL span); None = no name
 
     def advantages_row(self) -> list[float]:

@@ -1,6 +1,6 @@
-"""The counterfactual side term of a GSPO minibatch (formula and papers: `gspo_config.py`; the rows:
-`daily_rl/reward/counterfactual.py`), written once for torch and mlx: the own side's probability comes
-from the minibatch's own forward, the other side's from one more forward over the teacher-forced rows."""
+"""The counterfactual term of a GSPO minibatch (formula and papers: `gspo_config.py`; the rows:
+`daily_rl/reward/counterfactual.py`), written once for torch and mlx: the own action's probability comes
+from the minibatch's own forward, the other action's from one more forward over the teacher-forced rows."""
 
 from __future__ import annotations
 
@@ -22,7 +22,12 @@ def other_rows(batch: Sequence[EncodedExample]) -> list[EncodedExample]:
     ]
 
 
-def side_term(
+# The decision each example's term is about, by the reward part the example carries: the side of a matured call,
+# the name of a judged one (`daily_rl/reward/counterfactual.py`); reported apart, as `<decision>_probability_*`.
+DECISIONS = {"side": "price", "name": "relevance"}
+
+
+def counterfactual_term(
     backend: ModelBackend,
     batch: Sequence[EncodedExample],
     logp: Any,
@@ -32,32 +37,50 @@ def side_term(
 ) -> tuple[Any, dict[str, float]]:
     """-sum_i c_i (pi_theta(own_i) - pi_theta(other_i)) / Z over the batch's examples with a counterfactual
     (`logp`: the batch's own forward, [B, T]); a zero loss when none has one or the term is not `on` (past
-    `counterfactual_epochs`). Metrics (the framework's scalars):
-    the term's value and the mean own and other side probabilities (NaN where no example has the term)."""
+    `counterfactual_epochs`). Metrics (the framework's scalars): the term's value, and per decision (side,
+    name) the mean own and other action's probabilities (NaN where no example has that decision's term)."""
     fw = backend.framework
     if fw.side_probability_loss is None:
-        raise ValueError(f"the {fw.name} framework has no side_probability_loss for the counterfactual side term")
+        raise ValueError(f"the {fw.name} framework has no side_probability_loss for the counterfactual term")
     if not on:
         batch = [replace(b, counterfactual=None) for b in batch]
+    carriers = [b for b in batch if b.counterfactual is not None]
+
+    def term(rows_logp, masks, width, coefficients, parts):
+        """The term over some rows, its value as a metric, and each decision's mean probability on its rows."""
+        mask = fw.as_array(backend, padded(masks, width))
+        loss, metrics = fw.side_probability_loss(rows_logp, mask, fw.as_array(backend, coefficients), normaliser)
+        means = {
+            decision: fw.side_probability_loss(
+                rows_logp, mask, fw.as_array(backend, np.where(parts == part, coefficients, 0.0)), normaliser
+            )[1]["side_probability"]
+            for decision, part in DECISIONS.items()
+        }
+        return loss, metrics["side_loss"], means
+
     width = max(len(b.response_ids) for b in batch)
-    own_mask = padded([b.counterfactual.own_mask if b.counterfactual else [] for b in batch], width)
     coefficients = np.array([b.counterfactual.coefficient if b.counterfactual else 0.0 for b in batch], np.float32)
-    loss, own = fw.side_probability_loss(
-        logp, fw.as_array(backend, own_mask), fw.as_array(backend, coefficients), normaliser
+    loss, value, own = term(
+        logp,
+        [b.counterfactual.own_mask if b.counterfactual else [] for b in batch],
+        width,
+        coefficients,
+        np.array([b.token_part for b in batch]),
     )
-    others = other_rows(batch)
     other = own  # no carrier: a zero loss, NaN probabilities (the metrics keep their keys and types)
-    if others:
+    if carriers:
+        others = other_rows(carriers)
         other_logp, _ = logprobs(others)
-        carriers = [b.counterfactual for b in batch if b.counterfactual is not None]
-        other_mask = padded([c.other_mask for c in carriers], max(len(b.response_ids) for b in others))
-        other_coefficients = np.array([-c.coefficient for c in carriers], np.float32)
-        other_loss, other = fw.side_probability_loss(
-            other_logp, fw.as_array(backend, other_mask), fw.as_array(backend, other_coefficients), normaliser
+        other_loss, other_value, other = term(
+            other_logp,
+            [c.counterfactual.other_mask for c in carriers],
+            max(len(b.response_ids) for b in others),
+            np.array([-c.counterfactual.coefficient for c in carriers], np.float32),
+            np.array([c.token_part for c in carriers]),
         )
-        loss = loss + other_loss
-    return loss, {
-        "counterfactual_loss": own["side_loss"] + (other["side_loss"] if others else 0.0),
-        "side_probability_own": own["side_probability"],
-        "side_probability_other": other["side_probability"],
-    }
+        loss, value = loss + other_loss, value + other_value
+    metrics = {"counterfactual_loss": value}
+    for decision in DECISIONS:
+        metrics[f"{decision}_probability_own"] = own[decision]
+        metrics[f"{decision}_probability_other"] = other[decision]
+    return loss, metrics

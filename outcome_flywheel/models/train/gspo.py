@@ -31,7 +31,7 @@ import numpy as np
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
 from outcome_flywheel.models.train.adapter import lora_adapter
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
-from outcome_flywheel.models.train.counterfactual import other_rows, side_term
+from outcome_flywheel.models.train.counterfactual import counterfactual_term, other_rows
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, split_by_cost
 from outcome_flywheel.models.train.shards import announce, gather, plan_figures, ranks, shard
 
@@ -81,7 +81,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         )
     counterfactual = any(b.counterfactual is not None for batch in batches for b in batch)
     if counterfactual and config.objective != "token":
-        raise ValueError(f"the counterfactual side term trains with objective 'token', not {config.objective!r}")
+        raise ValueError(f"the counterfactual term trains with objective 'token', not {config.objective!r}")
     # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base).
     with_reference = config.kl_beta > 0 and backend.has_adapter
     old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(
@@ -114,7 +114,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     per_epoch = max(1, len(batches) // max(1, int(config.epochs)))
     minibatch_of = [k for k, parts in enumerate(parts_of) for _ in parts]
     span_on = [config.span_epochs is None or k // per_epoch < int(config.span_epochs) for k in minibatch_of]
-    side_on = [counterfactual and k // per_epoch < int(config.counterfactual_epochs) for k in minibatch_of]
+    term_on = [counterfactual and k // per_epoch < int(config.counterfactual_epochs) for k in minibatch_of]
     # Each part's advantages x Z / Z_part under `per_part` (1 under `shared`), from the whole minibatch
     scales = [part_scales(batch, longest, config.part_normaliser) for batch in batches]
 
@@ -142,7 +142,9 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
                 kl_masks[index],
             )
             if counterfactual:  # every step reports the term (0 outside its epochs), so the metrics line up
-                term, term_metrics = side_term(backend, batch, logp, logprobs, len(batch) * longest, side_on[index])
+                term, term_metrics = counterfactual_term(
+                    backend, batch, logp, logprobs, len(batch) * longest, term_on[index]
+                )
                 value, metrics = value + term, {**metrics, **term_metrics}
             return value, metrics
         return fw.gspo_loss(
@@ -230,7 +232,10 @@ def indexed_steps(
 
 
 GRADIENT_PARTS = ("note", "relevance", "price")
-SHARE_PARTS = (*GRADIENT_PARTS, "counterfactual")  # the gradient shares' parts: the span parts and the side term
+SHARE_PARTS = (
+    *GRADIENT_PARTS,
+    "counterfactual",
+)  # the gradient shares' parts: the span parts and the counterfactual term
 
 
 def part_scales(batch: Sequence[EncodedExample], longest: int, normaliser: str) -> dict[str, float]:
@@ -282,7 +287,7 @@ def gradient_shares(
 ) -> dict[str, float]:
     """Each reward part's pull on the weights before the first step: the gradient norm of the loss with
     only that part's advantages (`note` = the sequence part, `relevance` / `price` = the span parts of the
-    notes that carry them, `counterfactual` = the side term, where the probe holds notes that carry it), at
+    notes that carry them, `counterfactual` = the counterfactual term (sides and names), where the probe holds notes that carry it), at
     ratio 1 (pi_old = the current policy) and under the update's normaliser, on a probe minibatch of up to
     `batch_size` examples taken at an even stride through the day's (so the mix of judged and matured notes is
     the day's). `grad_share_<part>` = its norm over the sum of the parts'."""
@@ -300,7 +305,7 @@ def gradient_shares(
             batch = piece
             logp, mask = logprobs(batch)
             if part == "counterfactual":
-                return side_term(backend, batch, logp, logprobs, float(len(batch) * longest))
+                return counterfactual_term(backend, batch, logp, logprobs, float(len(batch) * longest))
             old = fw.as_array(backend, fw.to_numpy(logp).astype(np.float32))  # ratio 1, no gradient through it
             rows, sequence = part_advantages(batch, scale, (part,))
             return fw.gspo_loss(
@@ -329,7 +334,7 @@ def gradient_shares(
 def part_tokens(costs: ForwardCosts) -> Callable[[list[EncodedExample]], float]:
     """A part's padded size in whole tokens (`memory.forward_tokens` at `costs`)."""
 
-    def cost(part: list[EncodedExample]) -> float:  # with the counterfactual side term's rows, held together
+    def cost(part: list[EncodedExample]) -> float:  # with the counterfactual term's rows, held together
         rows = [*part, *other_rows(part)]
         return forward_tokens([b.prompt_ids for b in rows], [len(b.response_ids) for b in rows], *costs)
 

@@ -51,7 +51,9 @@ Approximation", its sum over actions; Ciosek & Whiteson 2018, "Expected Policy G
 
 pi_theta(a | ...) = the product of the side phrase's token probabilities after the note's own prefix,
 the other side's row teacher-forced (`daily_rl/reward/counterfactual.py`), in the first
-`counterfactual_epochs` epochs.
+`counterfactual_epochs` epochs. The same term over a judged call's name (off unless
+`relevance_counterfactual_c` > 0): a call on another company than the headline's, its name against the
+headline's company's (relevance 0 and 1), so the name trains toward the headline whatever was sampled.
 
 Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
 is the policy the update starts from (recomputed); the TIS weight corrects for the sampler.
@@ -143,7 +145,7 @@ class GSPOConfig:
     counterfactual_epochs: int = field(
         default=1,
         metadata={
-            "help": "Epochs (the first N) whose minibatches carry the counterfactual side term of the examples that have one (`price_counterfactual_c` > 0): a trust region on it, as the probe's arm asked (issue 46)."
+            "help": "Epochs (the first N) whose minibatches carry the counterfactual term of the examples that have one (the side: `price_counterfactual_c` > 0; the name: `relevance_counterfactual_c` > 0): a trust region on it, as the probe's arm asked (issue 46)."
         },
     )
     gradient_shares: bool = field(
@@ -234,17 +236,18 @@ class GSPOConfig:
 
 
 @dataclass(frozen=True)
-class SideCounterfactual:
-    """A matured call's two sides, for the counterfactual side term (`daily_rl/reward/counterfactual.py`)."""
+class Counterfactual:
+    """One decision's two actions, for the counterfactual term (`daily_rl/reward/counterfactual.py`): a matured
+    call's two sides (price examples) or a judged call's name and the headline's company (judged examples)."""
 
-    own_mask: list[bool] = field(metadata={"help": "Per response token: the sampled side phrase's tokens."})
+    own_mask: list[bool] = field(metadata={"help": "Per response token: the sampled action's tokens."})
     other_response_ids: list[int] = field(
-        metadata={"help": "The note's tokens up to its side phrase, then the opposite phrase's (teacher-forced)."}
+        metadata={"help": "The note's tokens up to the decision, then the other action's (teacher-forced)."}
     )
-    other_mask: list[bool] = field(metadata={"help": "Per other-row token: the opposite phrase's tokens."})
+    other_mask: list[bool] = field(metadata={"help": "Per other-row token: the other action's tokens."})
     coefficient: float = field(
         metadata={
-            "help": "c (R(own) - R_bar) x the replay weight, R_bar = the two sides' mean: the own side's coefficient; the other side's is its negative."
+            "help": "c (R(own) - R_bar), R_bar = the two actions' mean (a side's: x the replay weight): the own action's coefficient; the other's is its negative."
         }
     )
 
@@ -275,8 +278,11 @@ class GSPOExample:
             "help": "Which reward part `token_advantages` carries: `relevance` (judged notes) or `price` (matured ones); for the gradient shares."
         },
     )
-    counterfactual: SideCounterfactual | None = field(
-        default=None, metadata={"help": "The counterfactual side term's two rows (matured calls only); None = none."}
+    counterfactual: Counterfactual | None = field(
+        default=None,
+        metadata={
+            "help": "The counterfactual term's two rows: the side of a matured call on the headline's company (`token_part` price), the name of a judged call on another company (relevance); None = none."
+        },
     )
     name_mask: list[bool] | None = field(
         default=None,

@@ -199,7 +199,7 @@ def test_sequence_objectives_refuse_the_term(tiny_model_dir, tokenizer):
     examples = [
         type(e)(e.prompt, e.response_ids, e.behavior_logprobs, 0.5, None, "price", e.counterfactual) for e in examples
     ]
-    with pytest.raises(ValueError, match="counterfactual side term trains with objective 'token'"):
+    with pytest.raises(ValueError, match="counterfactual term trains with objective 'token'"):
         train_gspo(TorchBackend(tiny_model_dir, device="cpu"), examples, GSPOConfig(objective="gspo"))
     with pytest.raises(ValueError, match="counterfactual_epochs"):
         GSPOConfig(counterfactual_epochs=0)

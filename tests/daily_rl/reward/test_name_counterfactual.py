@@ -1,0 +1,169 @@
+"""The counterfactual name term: a judged call on another company than the headline's trains its name
+against the headline's company's (relevance 0 and 1, known for every note), its rows
+(`daily_rl/reward/counterfactual.name_counterfactual`), the judged examples that carry it
+(`reward/examples.py`) and what it does in the trainer, in both frameworks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from outcome_flywheel.daily_rl.reward.counterfactual import name_counterfactual
+
+NOTE = (
+    "Trade Recommendation: Buy Meta.\nRationale: The headline matters for Meta because demand is strong.\n"
+    "Risk Factors: Rates may stay higher.\nTimeframe: 1-2 weeks."
+)
+ON_META = ("Meta beats estimates", "Revenue rose.")
+ON_APPLE = ("Apple beats estimates", "iPhone sales rose.")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _rows(tokenizer, note, headline, c=1.0):
+    ids = _ids(tokenizer, note)
+    pair = name_counterfactual(tokenizer, ids, note, headline, c)
+    if pair is None:
+        return None
+    own = tokenizer.decode([t for t, m in zip(ids, pair.own_mask) if m]).strip()
+    other = tokenizer.decode(pair.other_response_ids, skip_special_tokens=True)
+    swapped = tokenizer.decode([t for t, m in zip(pair.other_response_ids, pair.other_mask) if m]).strip()
+    return own, other, swapped, pair
+
+
+@pytest.mark.parametrize(
+    ("written", "headline", "own", "other"),
+    [
+        ("Buy Meta.", ON_APPLE, "Meta", "Trade Recommendation: Buy Apple"),  # a name: the headline's name
+        ("Buy NVDA shares.", ON_APPLE, "NVDA", "Trade Recommendation: Buy AAPL"),  # a ticker: the headline's ticker
+        ("Buy Meta (META).", ON_APPLE, "Meta", "Trade Recommendation: Buy Apple"),  # the first mention decides
+        ("Sell $NVDA.", ON_APPLE, "NVDA", "Trade Recommendation: Sell $AAPL"),  # the form is kept
+        ("Buy META.", ON_APPLE, "META", "Trade Recommendation: Buy Apple"),  # "META" reads as the name Meta
+        ("Buy Meta.", ("Goldman beats estimates", "Fees rose."), "Meta", "Trade Recommendation: Buy Goldman"),
+        ("Buy Meta.", ("GS beats estimates", "Fees rose."), "Meta", "Trade Recommendation: Buy Goldman Sachs"),
+    ],
+)
+def test_a_call_on_another_company_gets_the_headlines_company_teacher_forced(
+    tokenizer, written, headline, own, other
+):
+    note = NOTE.replace("Buy Meta.", written)
+    got_own, got_other, swapped, pair = _rows(tokenizer, note, headline, c=2.0)
+    assert (got_own, got_other) == (own, other)
+    assert swapped and other.endswith(swapped) and swapped != own  # the other row's mask: the swapped mention
+    first = pair.own_mask.index(True)
+    assert pair.other_response_ids[:first] == _ids(tokenizer, note)[:first] and not any(pair.other_mask[:first])
+    # relevance 0 for the own name, 1 for the headline's: c (0 - 1/2) on the own row
+    assert pair.coefficient == pytest.approx(-1.0)
+
+
+def test_no_name_term_on_the_company_without_a_company_a_side_a_tokenizer_or_a_weight(tokenizer):
+    assert _rows(tokenizer, NOTE, ON_META) is None  # already on the headline's company
+    assert _rows(tokenizer, NOTE, ("Markets drift", "Nothing named.")) is None  # relevance undefined
+    assert _rows(tokenizer, NOTE.replace("Buy Meta.", "No trade on Meta."), ON_APPLE) is None  # no side taken
+    assert _rows(tokenizer, NOTE, ON_APPLE, c=0.0) is None
+    assert name_counterfactual(None, _ids(tokenizer, NOTE), NOTE, ON_APPLE, 1.0) is None
+
+
+def _judged(tokenizer, texts, headline, advantages):
+    ids = [_ids(tokenizer, t) for t in texts]
+    rollouts = pd.DataFrame(
+        {
+            "date": "2025-11-07",
+            "headline_id": "h1",
+            "rollout_index": range(len(texts)),
+            "prompt": json.dumps([{"role": "user", "content": "x"}]),
+            "response": texts,
+            "response_ids": ids,
+            "behavior_logprobs": [[-1.0] * len(i) for i in ids],
+            "title": headline[0],
+            "summary": headline[1],
+        }
+    )
+    scores = pd.DataFrame(
+        {
+            "headline_id": "h1",
+            "rollout_index": range(len(texts)),
+            "advantage": advantages,
+            "relevance_advantage": advantages,
+            "usable": True,
+        }
+    )
+    return rollouts, scores
+
+
+def test_judged_calls_on_another_company_carry_the_term_even_without_an_advantage(tokenizer):
+    """Three notes on an Apple headline: a call on Apple, one on Meta, one on Meta with no advantage at all.
+    With name_c > 0 both Meta calls carry the term (the one without an advantage trains on it alone), the
+    Apple call none; with name_c = 0 the note without an advantage is not an example."""
+    from outcome_flywheel.daily_rl.reward.examples import training_examples
+    from outcome_flywheel.daily_rl.reward.signals import RewardConfig
+
+    texts = [NOTE.replace("Meta", "Apple"), NOTE, NOTE.replace("Buy Meta.", "Sell Meta.")]
+    rollouts, scores = _judged(tokenizer, texts, ON_APPLE, [0.8, -0.8, 0.0])
+    args = dict(with_keys=True, reward=RewardConfig(), tokenizer=tokenizer)
+    examples, keys = training_examples(rollouts, scores, name_c=0.5, **args)
+    assert [k[2] for k in keys] == [0, 1, 2]
+    assert examples[0].counterfactual is None
+    assert [e.counterfactual.coefficient for e in examples[1:]] == [-0.25, -0.25]
+    assert all(e.token_part == "relevance" for e in examples)
+    plain, plain_keys = training_examples(rollouts, scores, **args)
+    assert [k[2] for k in plain_keys] == [0, 1] and all(e.counterfactual is None for e in plain)
+
+
+def _name_probabilities(policy, prompt, example) -> tuple[float, float]:
+    ids, pair = example.response_ids, example.counterfactual
+    prompt_ids = policy.prompt_ids(prompt)
+    logp, _ = policy.batch_logprobs([prompt_ids] * 2, [ids, pair.other_response_ids], 1.0)
+    logp = policy.framework.to_numpy(logp)
+    own = math.exp(sum(v for v, m in zip(logp[0], pair.own_mask) if m))
+    other = math.exp(sum(v for v, m in zip(logp[1], pair.other_mask) if m))
+    return own, other
+
+
+@pytest.mark.parametrize("framework", ["torch", "mlx"])
+def test_the_term_moves_the_name_to_the_headlines_company(tiny_model_dir, tokenizer, framework):
+    """Only the name term (no advantage anywhere), one epoch of two: the headline's company's name rises in
+    the call's place and the sampled other name falls; the step reports the name's probabilities, and no
+    side's (NaN: no example carries a side term)."""
+    from outcome_flywheel.models.interface import LoraSettings
+    from outcome_flywheel.models.prompts import trading_note_messages
+    from outcome_flywheel.models.train.gspo import train_gspo
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
+
+    if framework == "mlx":
+        pytest.importorskip("mlx.core")
+        from outcome_flywheel.models.mlx.backend import MLXBackend as Backend
+
+        policy = Backend(tiny_model_dir)
+    else:
+        from outcome_flywheel.models.torch.backend import TorchBackend as Backend
+
+        policy = Backend(tiny_model_dir, device="cpu")
+    policy.framework.seed(0)
+    prompt = trading_note_messages(*ON_APPLE)
+    ids = _ids(tokenizer, NOTE)
+    pair = name_counterfactual(tokenizer, ids, NOTE, ON_APPLE, 2.0)
+    examples = [GSPOExample(prompt, ids, [0.0] * len(ids), 0.0, [0.0] * len(ids), "relevance", pair)] * 2
+    before = _name_probabilities(policy, prompt, examples[0])
+    config = GSPOConfig(batch_size=2, epochs=2, learning_rate=5e-3, lora=LoraSettings(r=4, alpha=8))
+    stats = train_gspo(policy, examples, config)
+    after = _name_probabilities(policy, prompt, examples[0])
+    assert after[0] < before[0] and after[1] > before[1], (before, after)
+    assert stats.extra["counterfactual_loss"][0] != 0.0 and stats.extra["counterfactual_loss"][1] == 0.0
+    assert stats.extra["name_probability_own"][0] == pytest.approx(before[0], rel=1e-3)
+    assert stats.extra["name_probability_other"][0] == pytest.approx(before[1], rel=1e-3)
+    assert np.isnan(stats.extra["side_probability_own"][0])
+    assert stats.extra["grad_share_counterfactual"] == 1.0
