@@ -56,9 +56,7 @@ def _rows(tokenizer, note, headline, c=1.0):
         ("Buy Meta.", ("GS beats estimates", "Fees rose."), "Meta", "Trade Recommendation: Buy Goldman Sachs"),
     ],
 )
-def test_a_call_on_another_company_gets_the_headlines_company_teacher_forced(
-    tokenizer, written, headline, own, other
-):
+def test_a_call_on_another_company_gets_the_headlines_company_teacher_forced(tokenizer, written, headline, own, other):
     note = NOTE.replace("Buy Meta.", written)
     got_own, got_other, swapped, pair = _rows(tokenizer, note, headline, c=2.0)
     assert (got_own, got_other) == (own, other)
