@@ -165,3 +165,12 @@ def test_the_term_moves_the_name_to_the_headlines_company(tiny_model_dir, tokeni
     assert stats.extra["name_probability_other"][0] == pytest.approx(before[1], rel=1e-3)
     assert np.isnan(stats.extra["side_probability_own"][0])
     assert stats.extra["grad_share_counterfactual"] == 1.0
+
+
+def test_relevance_counterfactual_c_is_checked():
+    from outcome_flywheel.daily_rl.reward.credit import CreditConfig
+
+    assert CreditConfig(relevance_counterfactual_c=0.5).relevance_counterfactual_c == 0.5
+    for bad in (-1.0, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="relevance_counterfactual_c must be a finite number >= 0"):
+            CreditConfig(relevance_counterfactual_c=bad)
