@@ -88,7 +88,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "name_counterfactual_notes": (
             "int",
-            "Judged notes carrying the counterfactual name term: calls on another company than the headline's (relevance_counterfactual_c > 0).",
+            "Judged notes carrying the counterfactual name term (relevance_counterfactual_c > 0): calls with a side, set against the headline's company or a decoy.",
         ),
         "name_probability_own": (
             "float",
@@ -96,7 +96,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "name_probability_other": (
             "float",
-            "Mean probability of the headline's company's name in its place, teacher-forced, likewise.",
+            "Mean probability of the other company's name in its place (the headline's or a decoy), teacher-forced, likewise.",
         ),
         "objective": (
             "string",

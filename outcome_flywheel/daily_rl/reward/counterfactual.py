@@ -119,22 +119,36 @@ def swapped_rows(
 
 
 def name_counterfactual(
-    tokenizer: Any, response_ids: Sequence[int], response: str, headline: tuple[Any, Any], c: float
+    tokenizer: Any,
+    response_ids: Sequence[int],
+    response: str,
+    headline: tuple[Any, Any],
+    c: float,
+    decoys: Sequence[str] = (),
+    pick: int = 0,
 ) -> Counterfactual | None:
     """The two rows of a judged call's name term, or None where it has none: c = 0, a headline that names no
-    known company, a note without a side or a call already on the headline's company, or a swap that is not
-    exact. The name decision is the call line's first mention of the called symbol; the other action writes
-    the headline's first company there in the same form (a name as the headline writes it, else the alias
-    map's first name; a ticker form with the headline's ticker), and must make the parser read a call on the
-    headline's company. relevance(own) = 0 and relevance(other) = 1, so the own row's coefficient is
-    c (0 - 1/2) and the other's +c/2: -c sum_a pi(a) (R(a) - R_bar) over the two names."""
+    known company, a note without a side, or a swap that is not exact. The name decision is the call line's
+    first mention of the called symbol; the other action writes another company there in the same form (a
+    name as the headline spells it, else the alias map's first name; a ticker form with the ticker), and
+    must make the parser read a call on that company:
+    - a call on another company (relevance 0) against the headline's first company (relevance 1): the own
+      row's coefficient c (0 - 1/2), the other's +c/2;
+    - a call on the headline's company (relevance 1) against a decoy (relevance 0), `decoys`[`pick` mod n]
+      (the day's other headlines' companies, the first not on this headline), own +c/2, other -c/2; none
+      without a decoy. So a company is pushed down on other headlines where it is pushed up on its own:
+      the pull is toward the headline's name, not toward the name of a frequent headline everywhere."""
     if not c or tokenizer is None:
         return None
     companies = headline_symbols(*headline)
     call = parse_call(response)
-    if not companies or call.parse_status != "ok" or call_relevance(*headline, call.symbol, "ok") != 0.0:
+    relevance = call_relevance(*headline, call.symbol, call.parse_status)
+    if not companies or call.parse_status != "ok" or relevance is None:
         return None
-    target = companies[0]
+    others = [d for d in decoys if d not in companies]
+    if relevance == 1.0 and not others:
+        return None
+    target = companies[0] if relevance == 0.0 else others[pick % len(others)]
     own = next(
         (
             (a + m0, a + m1, form)
@@ -158,8 +172,8 @@ def name_counterfactual(
         replacement = written[0] if written else display_name(target)
     else:
         replacement = target
-    swapped = parse_call(response[:a] + replacement + response[b:])
-    if not replacement or call_relevance(*headline, swapped.symbol, swapped.parse_status) != 1.0:
+    swapped = parse_call(response[:a] + replacement + response[b:]) if replacement else None
+    if swapped is None or swapped.parse_status != "ok" or swapped.symbol != target:
         return None
     rows = swapped_rows(tokenizer, response_ids, response, a, b, replacement)
-    return None if rows is None else Counterfactual(*rows, coefficient=-float(c) / 2.0)
+    return None if rows is None else Counterfactual(*rows, coefficient=float(c) * (relevance - 0.5))

@@ -53,7 +53,7 @@ class CreditConfig:
     relevance_counterfactual_c: float = field(
         default=0.0,
         metadata={
-            "help": "c of the counterfactual name term -c sum_a pi(a) (R(a) - R_bar) over a judged call on another company than the headline's: its name against the headline's company's, relevance 0 and 1 (reward/counterfactual.py), in the first `counterfactual_epochs` epochs; 0 = off, the default."
+            "help": "c of the counterfactual name term -c sum_a pi(a) (R(a) - R_bar) over a judged call's name and another (relevance 0 and 1): a call on another company against the headline's, one on the headline's company against a decoy, another headline's company of the day (reward/counterfactual.py); in the first `counterfactual_epochs` epochs; 0 = off, the default."
         },
     )
 

@@ -4,6 +4,7 @@ log-probs and per-token advantages (the whole-note part and the call-line parts,
 from __future__ import annotations
 
 import json
+import zlib
 
 import pandas as pd
 
@@ -27,8 +28,9 @@ def training_examples(
     policy's `tokenizer`: the note's advantage share(note) * advantage (the sequence part) and
     share(relevance) * relevance_advantage on the call's `relevance_span` (`credit.py`; the whole call line
     where that span selects no token, the whole note where there is no call line). `name_c` > 0 (with a
-    tokenizer): a call on another company than the headline's also carries the counterfactual name term
-    (`counterfactual.name_counterfactual`), so such a note trains even where its advantages are 0."""
+    tokenizer): a call with a side carries the counterfactual name term (`counterfactual.name_counterfactual`:
+    a call on another company against the headline's, one on the headline's company against a decoy, one of
+    the day's other headlines' companies picked by the note's key), so it trains even where its advantages are 0."""
     from outcome_flywheel.daily_rl.reward.counterfactual import name_counterfactual
     from outcome_flywheel.daily_rl.reward.credit import call_token_mask, judged_token_advantages
     from outcome_flywheel.models.train.gspo_config import GSPOExample
@@ -51,6 +53,7 @@ def training_examples(
         keep = (merged["advantage"].abs() * reward.share("note") > min_abs_advantage) | (
             merged["relevance_advantage"].abs() * reward.share("relevance") > min_abs_advantage
         )
+    decoys = day_companies(rollouts) if name_c and tokenizer is not None else []
     merged = merged[merged["usable"] & merged["response_ids"].map(len).gt(0)]
     merged = merged.sort_values(["headline_id", "rollout_index"])
     examples, kept = [], []
@@ -58,7 +61,13 @@ def training_examples(
         ids = [int(t) for t in r.response_ids]
         term = (
             name_counterfactual(
-                tokenizer, ids, r.response, (getattr(r, "title", None), getattr(r, "summary", None)), name_c
+                tokenizer,
+                ids,
+                r.response,
+                (getattr(r, "title", None), getattr(r, "summary", None)),
+                name_c,
+                decoys,
+                zlib.crc32(f"{r.headline_id}/{r.rollout_index}".encode()),
             )
             if name_c and tokenizer is not None
             else None
@@ -88,3 +97,13 @@ def training_examples(
         )
         kept.append((str(r.date), str(r.headline_id), int(r.rollout_index)))
     return (examples, kept) if with_keys else examples
+
+
+def day_companies(rollouts: pd.DataFrame) -> list[str]:
+    """The first company each of the day's headlines names (`relevance.headline_symbols`), each once, sorted:
+    the name term's decoys."""
+    from outcome_flywheel.daily_rl.notes.relevance import headline_symbols
+
+    heads = rollouts.drop_duplicates("headline_id")
+    named = (headline_symbols(t, s) for t, s in zip(heads.get("title", []), heads.get("summary", [])))
+    return sorted({found[0] for found in named if found})

@@ -52,8 +52,9 @@ Approximation", its sum over actions; Ciosek & Whiteson 2018, "Expected Policy G
 pi_theta(a | ...) = the product of the side phrase's token probabilities after the note's own prefix,
 the other side's row teacher-forced (`daily_rl/reward/counterfactual.py`), in the first
 `counterfactual_epochs` epochs. The same term over a judged call's name (off unless
-`relevance_counterfactual_c` > 0): a call on another company than the headline's, its name against the
-headline's company's (relevance 0 and 1), so the name trains toward the headline whatever was sampled.
+`relevance_counterfactual_c` > 0): a judged call's name against another company's (relevance 1 and 0: the
+headline's company for a call on another one, a decoy of the day for a call on it), so the name trains
+toward the headline whatever was sampled.
 
 Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
 is the policy the update starts from (recomputed); the TIS weight corrects for the sampler.

@@ -67,20 +67,35 @@ def test_a_call_on_another_company_gets_the_headlines_company_teacher_forced(tok
     assert pair.coefficient == pytest.approx(-1.0)
 
 
-def test_no_name_term_on_the_company_without_a_company_a_side_a_tokenizer_or_a_weight(tokenizer):
-    assert _rows(tokenizer, NOTE, ON_META) is None  # already on the headline's company
+def test_a_call_on_the_headlines_company_gets_a_decoy_of_the_day_teacher_forced(tokenizer):
+    """A call on the headline's company (relevance 1) against a decoy (relevance 0): the day's other headlines'
+    companies, the one `pick` points at among those not on this headline; own +c/2, the decoy -c/2."""
+    decoys = ["AAPL", "META", "NVDA"]
+    for pick, other in ((0, "Trade Recommendation: Buy Apple"), (1, "Trade Recommendation: Buy Nvidia")):
+        ids = _ids(tokenizer, NOTE)
+        pair = name_counterfactual(tokenizer, ids, NOTE, ON_META, 2.0, decoys, pick)
+        assert tokenizer.decode(pair.other_response_ids, skip_special_tokens=True) == other
+        assert pair.coefficient == pytest.approx(1.0)
+    ticker = NOTE.replace("Buy Meta.", "Buy META (META).")  # "META" reads as the name: the decoy's name
+    pair = name_counterfactual(tokenizer, _ids(tokenizer, ticker), ticker, ON_META, 2.0, ["NVDA"], 7)
+    assert tokenizer.decode(pair.other_response_ids, skip_special_tokens=True) == "Trade Recommendation: Buy Nvidia"
+
+
+def test_no_name_term_without_a_decoy_a_company_a_side_a_tokenizer_or_a_weight(tokenizer):
+    assert _rows(tokenizer, NOTE, ON_META) is None  # on the headline's company, and no decoy
+    assert name_counterfactual(tokenizer, _ids(tokenizer, NOTE), NOTE, ON_META, 1.0, ["META"]) is None
     assert _rows(tokenizer, NOTE, ("Markets drift", "Nothing named.")) is None  # relevance undefined
     assert _rows(tokenizer, NOTE.replace("Buy Meta.", "No trade on Meta."), ON_APPLE) is None  # no side taken
     assert _rows(tokenizer, NOTE, ON_APPLE, c=0.0) is None
     assert name_counterfactual(None, _ids(tokenizer, NOTE), NOTE, ON_APPLE, 1.0) is None
 
 
-def _judged(tokenizer, texts, headline, advantages):
+def _judged(tokenizer, texts, headline, advantages, headline_id="h1"):
     ids = [_ids(tokenizer, t) for t in texts]
     rollouts = pd.DataFrame(
         {
             "date": "2025-11-07",
-            "headline_id": "h1",
+            "headline_id": headline_id,
             "rollout_index": range(len(texts)),
             "prompt": json.dumps([{"role": "user", "content": "x"}]),
             "response": texts,
@@ -92,7 +107,7 @@ def _judged(tokenizer, texts, headline, advantages):
     )
     scores = pd.DataFrame(
         {
-            "headline_id": "h1",
+            "headline_id": headline_id,
             "rollout_index": range(len(texts)),
             "advantage": advantages,
             "relevance_advantage": advantages,
@@ -102,23 +117,33 @@ def _judged(tokenizer, texts, headline, advantages):
     return rollouts, scores
 
 
-def test_judged_calls_on_another_company_carry_the_term_even_without_an_advantage(tokenizer):
-    """Three notes on an Apple headline: a call on Apple, one on Meta, one on Meta with no advantage at all.
-    With name_c > 0 both Meta calls carry the term (the one without an advantage trains on it alone), the
-    Apple call none; with name_c = 0 the note without an advantage is not an example."""
-    from outcome_flywheel.daily_rl.reward.examples import training_examples
+def test_judged_calls_carry_the_term_even_without_an_advantage(tokenizer):
+    """Three notes on an Apple headline: a call on Apple, one on Meta, one on Meta with no advantage at all;
+    a Nvidia headline's call on Nvidia. With name_c > 0 the Meta calls carry the term against Apple (the one
+    without an advantage trains on it alone), the Apple call against the day's other company (Nvidia) and
+    the Nvidia call against Apple; with name_c = 0 the note without an advantage is not an example."""
+    from outcome_flywheel.daily_rl.reward.examples import day_companies, training_examples
     from outcome_flywheel.daily_rl.reward.signals import RewardConfig
 
     texts = [NOTE.replace("Meta", "Apple"), NOTE, NOTE.replace("Buy Meta.", "Sell Meta.")]
-    rollouts, scores = _judged(tokenizer, texts, ON_APPLE, [0.8, -0.8, 0.0])
+    apple = _judged(tokenizer, texts, ON_APPLE, [0.8, -0.8, 0.0])
+    nvidia = _judged(tokenizer, [NOTE.replace("Meta", "Nvidia")], ("Nvidia wins a contract", ""), [0.5], "h2")
+    rollouts, scores = (pd.concat([a, b], ignore_index=True) for a, b in zip(apple, nvidia))
+    assert day_companies(rollouts) == ["AAPL", "NVDA"]
     args = dict(with_keys=True, reward=RewardConfig(), tokenizer=tokenizer)
     examples, keys = training_examples(rollouts, scores, name_c=0.5, **args)
-    assert [k[2] for k in keys] == [0, 1, 2]
-    assert examples[0].counterfactual is None
-    assert [e.counterfactual.coefficient for e in examples[1:]] == [-0.25, -0.25]
+    assert [k[1:] for k in keys] == [("h1", 0), ("h1", 1), ("h1", 2), ("h2", 0)]
+    assert [e.counterfactual.coefficient for e in examples] == [0.25, -0.25, -0.25, 0.25]
+    decoded = [_tail(tokenizer, e.counterfactual.other_response_ids) for e in examples]
+    assert decoded == ["Buy Nvidia", "Buy Apple", "Sell Apple", "Buy Apple"]
     assert all(e.token_part == "relevance" for e in examples)
     plain, plain_keys = training_examples(rollouts, scores, **args)
-    assert [k[2] for k in plain_keys] == [0, 1] and all(e.counterfactual is None for e in plain)
+    assert [k[1:] for k in plain_keys] == [("h1", 0), ("h1", 1), ("h2", 0)]
+    assert all(e.counterfactual is None for e in plain)
+
+
+def _tail(tokenizer, ids) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True).split(": ", 1)[1]
 
 
 def _name_probabilities(policy, prompt, example) -> tuple[float, float]:
