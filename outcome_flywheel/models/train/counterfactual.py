@@ -16,7 +16,7 @@ from outcome_flywheel.models.train.batching import EncodedExample, padded
 def other_rows(batch: Sequence[EncodedExample]) -> list[EncodedExample]:
     """The teacher-forced other-side rows of the examples that carry the term, in batch order."""
     return [
-        replace(b, response_ids=list(b.counterfactual.other_response_ids), counterfactual=None)
+        replace(b, response_ids=list(b.counterfactual.other_response_ids), counterfactual=None, name_mask=None)
         for b in batch
         if b.counterfactual is not None
     ]

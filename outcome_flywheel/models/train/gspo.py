@@ -60,9 +60,13 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     share = shares_prefix(config)
 
     def logprobs(batch: Sequence[EncodedExample]):
-        return backend.batch_logprobs(
+        logp, mask = backend.batch_logprobs(
             [b.prompt_ids for b in batch], [b.response_ids for b in batch], config.temperature, shared_prefix=share
         )
+        if config.frozen_span == "ticker" and any(b.name_mask for b in batch):  # no part trains the names
+            names = padded([b.name_mask or [] for b in batch], max(len(b.response_ids) for b in batch))
+            mask = mask * fw.as_array(backend, 1.0 - names)
+        return logp, mask
 
     # This rank's shard of each minibatch (whole prompt groups, shards.py), within the memory budget in
     # parts whose gradients add up to its own (memory.py)

@@ -72,6 +72,7 @@ DEFAULT_CLIP = {"token": (0.2, 0.28), "gspo": (3e-4, 4e-4), "reward_weighted": (
 OLD_LOGPROBS = ("auto", "stored", "recompute")
 PART_NORMALISERS = ("shared", "per_part")
 KL_SPANS = ("note", "ticker")  # the tokens the KL penalty covers (`kl_span`)
+FROZEN_SPANS = (None, "ticker")  # tokens no part of the loss trains (`frozen_span`)
 
 
 @dataclass
@@ -122,6 +123,12 @@ class GSPOConfig:
         default="note",
         metadata={
             "help": "Tokens the KL penalty covers: `note` (every response token) or `ticker` (the call's named symbol only, `GSPOExample.name_mask`): an anchor on which company the notes call that leaves the side and the prose free to move."
+        },
+    )
+    frozen_span: str | None = field(
+        default=None,
+        metadata={
+            "help": "Tokens no part of the loss trains: `ticker` (the call's named symbol, `GSPOExample.name_mask`) leaves them out of every part's tokens, so the names the policy writes move only through what the other tokens' updates share; None = none, the default. The relevance part, which trains the ticker, then trains only notes without a call line."
         },
     )
     batch_size: int = field(default=16, metadata={"help": "Sequences per padded minibatch (one AdamW step each)."})
@@ -206,6 +213,8 @@ class GSPOConfig:
             raise ValueError(f"kl_beta must be a finite number >= 0, got {self.kl_beta!r}")
         if self.kl_span not in KL_SPANS:
             raise ValueError(f"kl_span must be one of {', '.join(KL_SPANS)}, got {self.kl_span!r}")
+        if self.frozen_span not in FROZEN_SPANS:
+            raise ValueError(f"frozen_span must be one of {FROZEN_SPANS}, got {self.frozen_span!r}")
         for name in ("epsilon_low", "epsilon_high", "sequence_epsilon_low", "sequence_epsilon_high"):
             value = getattr(self, name)
             if value is not None and not (
