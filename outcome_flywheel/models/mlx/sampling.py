@@ -90,7 +90,8 @@ def sample_batch(
 
     grouped: list[list[Sample]] = [[] for _ in prompt_ids]
     for r, (i, _) in enumerate(rows):
-        finished = bool(tokens[r]) and tokens[r][-1] in backend.stop_ids
+        # under ignore_eos nothing stops a row: a stop id it drew as its last token is not an end of turn
+        finished = not cfg.ignore_eos and bool(tokens[r]) and tokens[r][-1] in backend.stop_ids
         grouped[i].append(
             Sample(text=backend.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished)
         )

@@ -203,7 +203,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
                     text=self.decode(ids),
                     token_ids=ids,
                     logprobs=logps,
-                    finished=bool(ids) and ids[-1] in self.stop_ids,
+                    finished=not cfg.ignore_eos and bool(ids) and ids[-1] in self.stop_ids,
                 )
                 for ids, logps in group
             ]

@@ -83,7 +83,7 @@ def sample_batch(
             )
         else:
             decoded = _decode(backend, rows, n, cfg, outputs, attention, positions, uniforms)
-    return _grouped(backend, prompt_ids, rows, *decoded)
+    return _grouped(backend, prompt_ids, rows, cfg.ignore_eos, *decoded)
 
 
 def _decode(
@@ -152,7 +152,13 @@ def _decode(
 
 
 def _grouped(
-    backend, prompt_ids, rows, step_tokens: torch.Tensor, step_logps: torch.Tensor, step_alive: torch.Tensor
+    backend,
+    prompt_ids,
+    rows,
+    ignore_eos: bool,
+    step_tokens: torch.Tensor,
+    step_logps: torch.Tensor,
+    step_alive: torch.Tensor,
 ) -> list[list[Sample]]:
     """Per prompt, its samples: each row's tokens and log-probs while it was alive."""
     # One device->host copy at the end instead of per-token reads inside the loop.
@@ -164,7 +170,8 @@ def _grouped(
     logps = [[lp for lp, a in zip(all_logps[r], alive[r]) if a] for r in range(total)]
     grouped: list[list[Sample]] = [[] for _ in prompt_ids]
     for r, (i, _) in enumerate(rows):
-        finished = bool(tokens[r]) and tokens[r][-1] in backend.stop_ids
+        # under ignore_eos nothing stops a row: a stop id it drew as its last token is not an end of turn
+        finished = not ignore_eos and bool(tokens[r]) and tokens[r][-1] in backend.stop_ids
         grouped[i].append(
             Sample(text=backend.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished)
         )
