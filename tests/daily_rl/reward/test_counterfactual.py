@@ -148,7 +148,8 @@ def _counterfactual_examples(tokenizer, coefficient: float):
     return prompt, [GSPOExample(prompt, ids, [0.0] * len(ids), 0.0, [0.0] * len(ids), "price", pair)] * 2
 
 
-def _side_probabilities(policy, prompt, example) -> tuple[float, float]:
+def action_probabilities(policy, prompt, example) -> tuple[float, float]:
+    """The probabilities of the example's own action and of the other one (its counterfactual rows)."""
     ids, pair = example.response_ids, example.counterfactual
     prompt_ids = policy.prompt_ids(prompt)
     logp, _ = policy.batch_logprobs([prompt_ids] * 2, [ids, pair.other_response_ids], 1.0)
@@ -177,9 +178,9 @@ def test_the_term_moves_the_side_the_known_outcomes_favour(tiny_model_dir, token
         policy = Backend(tiny_model_dir) if framework == "mlx" else Backend(tiny_model_dir, device="cpu")
         policy.framework.seed(0)
         prompt, examples = _counterfactual_examples(tokenizer, coefficient)
-        before = _side_probabilities(policy, prompt, examples[0])
+        before = action_probabilities(policy, prompt, examples[0])
         stats = train_gspo(policy, examples, config)
-        after = _side_probabilities(policy, prompt, examples[0])
+        after = action_probabilities(policy, prompt, examples[0])
         direction = 1 if coefficient > 0 else -1
         assert direction * (after[0] - before[0]) > 0 and direction * (after[1] - before[1]) < 0, (before, after)
         terms = stats.extra["counterfactual_loss"]

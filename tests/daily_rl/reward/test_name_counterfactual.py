@@ -6,27 +6,13 @@ against the headline's company's (relevance 0 and 1, known for every note), its 
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from outcome_flywheel.daily_rl.reward.counterfactual import name_counterfactual
-
-NOTE = (
-    "Trade Recommendation: Buy Meta.\nRationale: The headline matters for Meta because demand is strong.\n"
-    "Risk Factors: Rates may stay higher.\nTimeframe: 1-2 weeks."
-)
-ON_META = ("Meta beats estimates", "Revenue rose.")
-ON_APPLE = ("Apple beats estimates", "iPhone sales rose.")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
+from tests.daily_rl.reward.test_counterfactual import NOTE, ON_APPLE, ON_META, action_probabilities, tokenizer  # noqa: F401
 
 
 def _ids(tokenizer, text):
@@ -146,16 +132,6 @@ def _tail(tokenizer, ids) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True).split(": ", 1)[1]
 
 
-def _name_probabilities(policy, prompt, example) -> tuple[float, float]:
-    ids, pair = example.response_ids, example.counterfactual
-    prompt_ids = policy.prompt_ids(prompt)
-    logp, _ = policy.batch_logprobs([prompt_ids] * 2, [ids, pair.other_response_ids], 1.0)
-    logp = policy.framework.to_numpy(logp)
-    own = math.exp(sum(v for v, m in zip(logp[0], pair.own_mask) if m))
-    other = math.exp(sum(v for v, m in zip(logp[1], pair.other_mask) if m))
-    return own, other
-
-
 @pytest.mark.parametrize("framework", ["torch", "mlx"])
 def test_the_term_moves_the_name_to_the_headlines_company(tiny_model_dir, tokenizer, framework):
     """Only the name term (no advantage anywhere), one epoch of two: the headline's company's name rises in
@@ -180,10 +156,10 @@ def test_the_term_moves_the_name_to_the_headlines_company(tiny_model_dir, tokeni
     ids = _ids(tokenizer, NOTE)
     pair = name_counterfactual(tokenizer, ids, NOTE, ON_APPLE, 2.0)
     examples = [GSPOExample(prompt, ids, [0.0] * len(ids), 0.0, [0.0] * len(ids), "relevance", pair)] * 2
-    before = _name_probabilities(policy, prompt, examples[0])
+    before = action_probabilities(policy, prompt, examples[0])
     config = GSPOConfig(batch_size=2, epochs=2, learning_rate=5e-3, lora=LoraSettings(r=4, alpha=8))
     stats = train_gspo(policy, examples, config)
-    after = _name_probabilities(policy, prompt, examples[0])
+    after = action_probabilities(policy, prompt, examples[0])
     assert after[0] < before[0] and after[1] > before[1], (before, after)
     assert stats.extra["counterfactual_loss"][0] != 0.0 and stats.extra["counterfactual_loss"][1] == 0.0
     assert stats.extra["name_probability_own"][0] == pytest.approx(before[0], rel=1e-3)
