@@ -134,17 +134,18 @@ def name_counterfactual(
     must make the parser read a call on that company:
     - a call on another company (relevance 0) against the headline's first company (relevance 1): the own
       row's coefficient c (0 - 1/2), the other's +c/2;
-    - a call on the headline's company (relevance 1) against a decoy (relevance 0), `decoys`[`pick` mod n]
-      (the day's other headlines' companies, the first not on this headline), own +c/2, other -c/2; none
-      without a decoy. So a company is pushed down on other headlines where it is pushed up on its own:
-      the pull is toward the headline's name, not toward the name of a frequent headline everywhere."""
+    - a call on the headline's company (relevance 1) against a decoy (relevance 0): of `decoys` (the day's
+      headlines' companies) those not on this headline, the one at `pick` mod their count; own +c/2, other
+      -c/2; none without a decoy. The aim: a company pushed up on its own headlines is pushed down on others',
+      so the pull is toward the headline's name, not toward a frequent headline's name everywhere (on tiny-local
+      it did not stop that drift: docs/daily_rl.md, the ablation)."""
     if not c or tokenizer is None:
         return None
-    companies = headline_symbols(*headline)
     call = parse_call(response)
-    relevance = call_relevance(*headline, call.symbol, call.parse_status)
-    if not companies or call.parse_status != "ok" or relevance is None:
+    relevance = call_relevance(*headline, call.symbol, call.parse_status)  # None: the headline names no company
+    if relevance is None or call.parse_status != "ok":
         return None
+    companies = headline_symbols(*headline)
     others = [d for d in decoys if d not in companies]
     if relevance == 1.0 and not others:
         return None

@@ -53,25 +53,15 @@ def training_examples(
         keep = (merged["advantage"].abs() * reward.share("note") > min_abs_advantage) | (
             merged["relevance_advantage"].abs() * reward.share("relevance") > min_abs_advantage
         )
-    decoys = day_companies(rollouts) if name_c and tokenizer is not None else []
+    decoys = day_companies(rollouts) if name_c else []
     merged = merged[merged["usable"] & merged["response_ids"].map(len).gt(0)]
     merged = merged.sort_values(["headline_id", "rollout_index"])
     examples, kept = [], []
     for r, trains in zip(merged.itertuples(), keep.loc[merged.index]):
         ids = [int(t) for t in r.response_ids]
-        term = (
-            name_counterfactual(
-                tokenizer,
-                ids,
-                r.response,
-                (getattr(r, "title", None), getattr(r, "summary", None)),
-                name_c,
-                decoys,
-                zlib.crc32(f"{r.headline_id}/{r.rollout_index}".encode()),
-            )
-            if name_c and tokenizer is not None
-            else None
-        )
+        headline = (getattr(r, "title", None), getattr(r, "summary", None))
+        pick = zlib.crc32(f"{r.headline_id}/{r.rollout_index}".encode())
+        term = name_counterfactual(tokenizer, ids, r.response, headline, name_c, decoys, pick)
         if not trains and term is None:
             continue
         name = call_token_mask(tokenizer, ids, r.response, "ticker") if tokenizer is not None else None
