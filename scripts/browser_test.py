@@ -71,6 +71,23 @@ def check(condition: bool, what: str, seen: str = "") -> None:
     print(f"ok  {what}", flush=True)
 
 
+def submit(driver, button, timeout: float = 20) -> str:
+    """Click a form's `button` and return the flash message of the page the post redirects to. The old page
+    must go first: waiting for `#flash` alone once matched the page before the click, which already had one,
+    and the read after it hit the next page mid-load (CI, 2026-11-30). An `#error` fails with its text."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    button.click()
+    wait = WebDriverWait(driver, timeout)
+    wait.until(expected_conditions.staleness_of(old))
+    shown = wait.until(lambda d: d.find_elements(By.ID, "flash") or d.find_elements(By.ID, "error"))[0]
+    check(shown.get_attribute("id") == "flash", "the form post answers with a message, not an error", seen=shown.text)
+    return shown.text
+
+
 def api_round(base: str, token: str) -> dict:
     """Every endpoint once on the demo's data; returns status codes by endpoint."""
     import httpx
@@ -142,9 +159,8 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
         card.find_element(By.CSS_SELECTOR, "input[name=thumbs][value=down]").click()
         card.find_element(By.NAME, "correction").send_keys(CORRECTION)
         card.find_element(By.NAME, "reviewer").send_keys("ana")
-        card.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-        WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.ID, "flash"))
-        check("feedback" in driver.find_element(By.ID, "flash").text, f"feedback on {card_id} saved (the page says so)")
+        flash = submit(driver, card.find_element(By.CSS_SELECTOR, "button[type=submit]"))
+        check("feedback" in flash, f"feedback on {card_id} saved (the page says so)")
 
         driver.get(f"{base}/curation")
         correction = driver.find_element(By.CSS_SELECTOR, "pre.correction")
@@ -153,19 +169,14 @@ def run_in_browser(state, token: str, shots: Path, materialize_timeout: float = 
         screenshot(driver, shots / "curation.png")
         form = driver.find_element(By.CSS_SELECTOR, "form.verify-form")
         form.find_element(By.NAME, "curator").send_keys("cu")
-        form.find_element(By.CSS_SELECTOR, "button[value=approve]").click()
-        WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.ID, "flash"))
+        flash = submit(driver, form.find_element(By.CSS_SELECTOR, "button[value=approve]"))
         check(
-            "approve" in driver.find_element(By.ID, "flash").text and driver.find_elements(By.ID, "queue-empty"),
+            "approve" in flash and driver.find_elements(By.ID, "queue-empty"),
             "the curator approved it; the queue is empty",
         )
 
-        driver.find_element(By.ID, "materialize").click()
-        WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.ID, "flash"))
-        check(
-            "launched" in driver.find_element(By.ID, "flash").text,
-            "note_feedback and feedback_pairs launched from the page",
-        )
+        flash = submit(driver, driver.find_element(By.ID, "materialize"), timeout=60)
+        check("launched" in flash, "note_feedback and feedback_pairs launched from the page")
         deadline = time.time() + materialize_timeout
         while time.time() < deadline:
             driver.get(f"{base}/curation")
