@@ -52,7 +52,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "kl_penalty": (
             "float",
-            "Mean k3 estimate of KL(policy || base) per token over the update's steps, on the tokens the loss's KL term covers (`kl_span`: every response token, or the call's ticker), before beta.",
+            "Mean KL(policy || base) per token over the update's steps, on the tokens the loss's KL term covers (`kl_span`: every response token, or the call's ticker), before beta: the k3 estimate on the sampled token, or the exact sum over the vocabulary (`kl_estimator`).",
         ),
         "kl_reference": ("string", "What the KL term was taken against: the base (adapter off), or none and why."),
         "optimizer_moments": (

@@ -127,6 +127,7 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "epochs": "gspo.epochs",
     "kl_beta": "gspo.kl_beta",
     "kl_span": "gspo.kl_span",
+    "kl_estimator": "gspo.kl_estimator",
     "frozen_span": "gspo.frozen_span",
     "epsilon_low": "gspo.epsilon_low",
     "epsilon_high": "gspo.epsilon_high",

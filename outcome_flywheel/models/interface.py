@@ -29,11 +29,9 @@ class SamplingConfig:
     top_p: float = 0.95
     top_k: int = 50
     max_new_tokens: int = 128
-    # Prompts sampled in one forward batch: batch rows = prompts_per_batch * n.
-    prompts_per_batch: int = 32
-    # The chat template's `enable_thinking` (Qwen3). Off: the prompt closes an empty think block
-    # and the think tokens are never sampled, so a note never holds one. On: the judge may reason
-    # first; its answer is read after `</think>`.
+    prompts_per_batch: int = 32  # prompts sampled in one forward batch: batch rows = prompts_per_batch * n
+    # The chat template's `enable_thinking` (Qwen3). Off: the prompt closes an empty think block and the think
+    # tokens are never sampled, so a note never holds one. On: the judge may reason first; its answer follows.
     enable_thinking: bool = False
     # Always write `max_new_tokens` (benchmarks at a fixed load, as vLLM's `ignore_eos`).
     ignore_eos: bool = False
@@ -82,8 +80,7 @@ class TrainStats:
 
     @property
     def micro_batches(self) -> int:
-        """Forward-backward parts over every step and rank (`shards.plan_figures`); a trainer that
-        records no plan ran each step whole, one part a step."""
+        """Forward-backward parts over every step and rank (`shards.plan_figures`); no plan: one a step."""
         return int(self.extra.get("micro_batches", self.steps))
 
     @property
@@ -102,9 +99,8 @@ class TrainStats:
 
 @dataclass(frozen=True)
 class Accumulated:
-    """One optimiser step over a minibatch taken in parts (gradient accumulation, `memory.py`): the
-    step's loss and gradient are sum_k scales[k] * loss(part k), the minibatch's own when each part's
-    loss is scaled to its share (the trainers' job: sequences or tokens of the part over the minibatch's)."""
+    """One optimiser step over a minibatch in parts (gradient accumulation, `memory.py`): the step's loss and
+    gradient are sum_k scales[k] * loss(part k), each part scaled to its share of the minibatch (the trainers')."""
 
     parts: tuple
     scales: tuple
@@ -116,8 +112,7 @@ def step_parts(batch: Any) -> tuple[tuple, tuple]:
 
 
 def merged_metrics(scaled: Sequence[tuple[float, Mapping[str, float]]]) -> dict[str, float]:
-    """The step's metrics from its parts': the scale-weighted mean (the scales add up to 1), the
-    least of `*_min` and the most of `*_max`."""
+    """The step's metrics from its parts': the scale-weighted mean (scales add up to 1), least `*_min`, most `*_max`."""
     if len(scaled) == 1:
         return {k: float(v) for k, v in scaled[0][1].items()}
     merged: dict[str, float] = {}
@@ -153,6 +148,7 @@ class Framework:
     sft_loss: Callable[..., tuple[Any, dict]] | None = None  # (logp, mask) -> completion-only NLL (sft.py)
     # (logp, side_mask, coefficients, normaliser) -> the counterfactual side term (train/counterfactual.py)
     side_probability_loss: Callable[..., tuple[Any, dict]] | None = None
+    exact_kl_loss: Callable[..., tuple[Any, dict]] | None = None  # (kl [N], beta, Z) -> train/exact_kl.py's term
     # AdamW's moments kept across days beside the checkpoint (`ModelBackend.optimizer_tensors`):
     # (optimizer, model) -> {"<weight name as saved>.exp_avg" / ".exp_avg_sq": float32, "step": int64 []},
     # the names those of the checkpoint's files (PEFT adapter keys, or transformers names for full
@@ -380,6 +376,11 @@ class ModelBackend(ABC):
     ) -> list[np.ndarray]:
         """Exact KL(self || reference) over the vocabulary at each response position, both at
         `temperature`, one array per response; `reference` None = self with its adapter off."""
+
+    @abstractmethod
+    def position_kl(self, prompt_ids: Sequence, response_ids: Sequence, covered: Any, temperature: float) -> Any:
+        """Differentiable exact KL(self || self with its adapter off) over the vocabulary at the `covered` response
+        positions (bool, one per token of the responses in order), `[N]`; the base takes no gradient."""
 
     def greedy(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
         """Greedy completions (used by the judge's retry)."""

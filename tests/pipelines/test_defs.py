@@ -361,6 +361,7 @@ def _other_value(value, annotation):
             "shared": "per_part",
             "group": "day",
             "note": "ticker",
+            "k3": "exact",
         }.get(value, "2024-01-02")
     if getattr(kind, "__origin__", None) is list:  # list[str]: the LoRA target modules (a tuple in the settings)
         return ["gate_proj", "up_proj", "down_proj"]
@@ -401,7 +402,8 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
             else _other_value(at(defaults, path), DailyUpdateConfig.model_fields[name].annotation)
         )
         expected = tuple(value) if isinstance(value, list) else value
-        assert at(DailyUpdateConfig(**{name: value}).settings(), path) == expected, name
+        beside = {"kl_span": "ticker"} if name == "kl_estimator" else {}  # `exact` takes the ticker span
+        assert at(DailyUpdateConfig(**{name: value, **beside}).settings(), path) == expected, name
     assert DailyUpdateConfig(full_fine_tune=True, lora_r=4, lora_target_modules=["q_proj"]).settings().gspo.lora is None
 
 

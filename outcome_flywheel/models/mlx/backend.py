@@ -34,7 +34,7 @@ from outcome_flywheel.models.interface import (
     SamplingConfig,
 )
 from outcome_flywheel.models.mlx import lora_convert
-from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS, token_kl, token_logprobs
+from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS, plain_token_kl, token_kl, token_logprobs
 from outcome_flywheel.models.mlx.recompute import recomputing
 from outcome_flywheel.models.mlx.sampling import sample_batch
 from outcome_flywheel.models.mlx.training import FRAMEWORK
@@ -104,6 +104,15 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         hidden = self.model.model(mx.array(inputs))[:, -keep:, :]
         picked = mx.take_along_axis(hidden, mx.array(gather_pos)[:, :, None], axis=1)  # [B, R, H]
         return picked.reshape(-1, picked.shape[-1])[mx.array(np.flatnonzero(mask.reshape(-1)))]
+
+    def position_kl(self, prompt_ids, response_ids, covered, temperature: float = 1.0) -> mx.array:
+        """Differentiable exact KL(policy || base) at the `covered` positions, `[N]` (as torch's): the base's
+        hidden states are built with the adapter off and take no gradient; full logits at those N positions only."""
+        keep = mx.array(np.flatnonzero(np.asarray(covered, dtype=bool)).astype(np.int32))
+        with self.adapter_disabled():
+            base = mx.stop_gradient(self.response_hidden(prompt_ids, response_ids)[keep])
+        hidden = self.response_hidden(prompt_ids, response_ids)[keep]
+        return plain_token_kl(self.lm_head(hidden), self.lm_head(base), temperature)
 
     def token_kl(
         self,

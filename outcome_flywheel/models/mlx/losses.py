@@ -202,3 +202,9 @@ def side_probability_loss(
     on = (coefficients != 0).astype(logp.dtype)
     mean = mx.stop_gradient((probability * on).sum() / on.sum())  # NaN: no row has the term
     return loss, {"side_probability": mean, "side_loss": mx.stop_gradient(loss)}
+
+
+def exact_kl_loss(kl: mx.array, beta: float, normaliser: float) -> tuple[mx.array, dict[str, mx.array]]:
+    """The exact KL penalty: the mirror of torch's `exact_kl_loss` (beta * sum_n KL_n / Z)."""
+    loss = kl.sum() * (float(beta) / float(normaliser))
+    return loss, {"kl": mx.stop_gradient(kl.mean())}

@@ -17,7 +17,13 @@ from mlx.utils import tree_flatten, tree_map
 from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
 from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS
 from outcome_flywheel.models.mlx.lora_convert import PEFT_PREFIX
-from outcome_flywheel.models.mlx.losses import gspo_loss, sft_loss, side_probability_loss, weighted_dpo_loss
+from outcome_flywheel.models.mlx.losses import (
+    exact_kl_loss,
+    gspo_loss,
+    sft_loss,
+    side_probability_loss,
+    weighted_dpo_loss,
+)
 from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
 
 LossFn = Callable[[nn.Module, Any], tuple[mx.array, dict[str, mx.array]]]
@@ -201,6 +207,7 @@ FRAMEWORK = Framework(
     train=train,
     sft_loss=sft_loss,
     side_probability_loss=side_probability_loss,
+    exact_kl_loss=exact_kl_loss,
     optimizer_state=optimizer_state,
     load_optimizer_state=load_optimizer_state,
     free_memory=free_memory,

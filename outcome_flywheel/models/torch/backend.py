@@ -327,6 +327,15 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         rows, cols, targets, mask = self._response_layout(prompt_ids, response_ids)
         return hidden[rows, cols], targets, mask
 
+    def position_kl(self, prompt_ids, response_ids, covered, temperature: float = 1.0) -> torch.Tensor:
+        """Differentiable exact KL(policy || base) at the `covered` positions, `[N]` (`ModelBackend`): the
+        policy's forward with gradients, the base's (adapter off) without; `logprobs.token_kl` on both."""
+        keep = torch.as_tensor(covered, dtype=torch.bool, device=self.device)
+        with torch.no_grad(), self.adapter_disabled():
+            base = self.response_hidden(prompt_ids, response_ids)[keep]
+        hidden = self.response_hidden(prompt_ids, response_ids)[keep]
+        return token_kl(hidden, self._head, base, self._head, temperature, self.vocab_size)
+
     @torch.no_grad()
     def token_kl(
         self,

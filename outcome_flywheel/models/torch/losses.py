@@ -206,3 +206,13 @@ def side_probability_loss(
         on = (coefficients != 0).to(logp.dtype)
         metrics = {"side_probability": float((probability * on).sum() / on.sum()), "side_loss": float(loss)}
     return loss, metrics
+
+
+def exact_kl_loss(kl: torch.Tensor, beta: float, normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The exact KL penalty (`GSPOConfig.kl_estimator` exact): beta * sum_n KL_n / Z, KL_n = sum_v pi_theta(v)
+    (log pi_theta(v) - log pi_ref(v)) at each covered position n (`kl`: [N], the backend's `position_kl`), Z the
+    minibatch's normaliser (Dr. GRPO's constant, as the k3 term's). Metric kl: the mean KL_n."""
+    loss = kl.sum() * (float(beta) / float(normaliser))
+    with torch.no_grad():
+        metrics = {"kl": float(kl.mean())}
+    return loss, metrics

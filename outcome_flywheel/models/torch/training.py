@@ -18,7 +18,13 @@ import torch.distributed as dist
 
 from outcome_flywheel.models.interface import Framework, TrainStats, merged_metrics, step_parts
 from outcome_flywheel.models.torch.logprobs import CHUNK_ELEMENTS
-from outcome_flywheel.models.torch.losses import gspo_loss, sft_loss, side_probability_loss, weighted_dpo_loss
+from outcome_flywheel.models.torch.losses import (
+    exact_kl_loss,
+    gspo_loss,
+    sft_loss,
+    side_probability_loss,
+    weighted_dpo_loss,
+)
 from outcome_flywheel.models.train.optimizer_state import MOMENTS, check_state, flat_state
 
 LossFn = Callable[[torch.nn.Module, Any], tuple[torch.Tensor, dict[str, float]]]
@@ -344,6 +350,7 @@ FRAMEWORK = Framework(
     train=train,
     sft_loss=sft_loss,
     side_probability_loss=side_probability_loss,
+    exact_kl_loss=exact_kl_loss,
     optimizer_state=optimizer_state,
     load_optimizer_state=load_optimizer_state,
     free_memory=free_memory,

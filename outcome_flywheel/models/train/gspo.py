@@ -32,6 +32,7 @@ from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainSt
 from outcome_flywheel.models.train.adapter import lora_adapter
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
 from outcome_flywheel.models.train.counterfactual import counterfactual_term, other_rows
+from outcome_flywheel.models.train.exact_kl import exact_kl_term, named
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, split_by_cost
 from outcome_flywheel.models.train.shards import announce, gather, plan_figures, ranks, shard
 
@@ -71,8 +72,13 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     # This rank's shard of each minibatch (whole prompt groups, shards.py), within the memory budget in
     # parts whose gradients add up to its own (memory.py)
     mine = [shard(batch, [tuple(b.prompt_ids) for b in batch], rank, world) for batch in batches]
-    memory = memory_plan(backend, mine, part_tokens, share)
-    parts_of = [split_by_cost(own, part_tokens(memory.costs), memory.limit) for own in mine]
+    # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base). k3 reads
+    # it from the no-grad pass below; the exact anchor runs it beside each step's forward (exact_kl.py).
+    with_reference = config.kl_beta > 0 and backend.has_adapter
+    exact = with_reference and config.kl_estimator == "exact"
+    cost = lambda costs: part_tokens(costs, exact)  # noqa: E731
+    memory = memory_plan(backend, mine, cost, share)
+    parts_of = [split_by_cost(own, cost(memory.costs), memory.limit) for own in mine]
     micros = [part for parts in parts_of for part in parts]
     recompute = config.old_logprobs == "recompute" or (
         config.old_logprobs == "auto" and not computes_in_float32(backend)
@@ -86,11 +92,8 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     counterfactual = any(b.counterfactual is not None for batch in batches for b in batch)
     if counterfactual and config.objective != "token":
         raise ValueError(f"the counterfactual term trains with objective 'token', not {config.objective!r}")
-    # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base).
-    with_reference = config.kl_beta > 0 and backend.has_adapter
-    old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(
-        backend, micros, logprobs, recompute, with_reference
-    )
+    k3 = with_reference and not exact
+    old_by_batch, behavior_gaps, is_ratios, ref_by_batch = old_logprobs(backend, micros, logprobs, recompute, k3)
     if world > 1:  # the statistics over every rank's examples
         gathered = gather(fw, (behavior_gaps, is_ratios))
         behavior_gaps = [g for gaps, _ in gathered for g in gaps]
@@ -107,7 +110,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     # `kl_span` ticker: the KL term on the call's named symbol only (notes that name none take no KL)
     kl_masks = [
         fw.as_array(backend, padded([b.name_mask or [] for b in batch], max(len(b.response_ids) for b in batch)))
-        if with_reference and config.kl_span == "ticker"
+        if k3 and config.kl_span == "ticker"
         else None
         for batch in micros
     ]
@@ -139,7 +142,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
                 behavior_by_batch[index],
                 config.tis_cap if tis else None,
                 ref_by_batch[index],
-                config.kl_beta if with_reference else 0.0,
+                config.kl_beta if k3 else 0.0,
                 float(len(batch) * longest),
                 fw.as_array(backend, sequence),
                 (config.sequence_epsilon_low, config.sequence_epsilon_high),
@@ -150,21 +153,25 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
                     backend, batch, logp, logprobs, len(batch) * longest, term_on[index]
                 )
                 value, metrics = value + term, {**metrics, **term_metrics}
-            return value, metrics
-        return fw.gspo_loss(
-            logp,
-            old_by_batch[index],
-            mask,
-            fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32)),
-            eps_low,
-            eps_high,
-            config.objective,
-            behavior_by_batch[index],
-            config.tis_cap if tis else None,
-            ref_by_batch[index],
-            config.kl_beta if with_reference else 0.0,
-            kl_mask=kl_masks[index],
-        )
+        else:
+            value, metrics = fw.gspo_loss(
+                logp,
+                old_by_batch[index],
+                mask,
+                fw.as_array(backend, np.array([b.advantage for b in batch], dtype=np.float32)),
+                eps_low,
+                eps_high,
+                config.objective,
+                behavior_by_batch[index],
+                config.tis_cap if tis else None,
+                ref_by_batch[index],
+                config.kl_beta if k3 else 0.0,
+                kl_mask=kl_masks[index],
+            )
+        if exact:  # the anchor on the names, under Dr. GRPO's constant normaliser whatever the objective
+            term, term_metrics = exact_kl_term(backend, batch, config.kl_beta, config.temperature, len(batch) * longest)
+            value, metrics = value + term, {**metrics, **term_metrics}
+        return value, metrics
 
     # Each part's pull, measured in one process (data parallel: each rank forwards its shard only, so the probe,
     # a minibatch of its own, is not taken there; the day's row then has NaN shares)
@@ -196,7 +203,9 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     stats.extra["lora_adapter"], stats.extra["lora_settings_ignored"] = adapter, adapter_differs
     stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
     stats.extra["kl_reference"] = (
-        "base (adapter off)" + ("; on the call's ticker only" if config.kl_span == "ticker" else "")
+        "base (adapter off)"
+        + ("; on the call's ticker only" if config.kl_span == "ticker" else "")
+        + ("; exact over the vocabulary" if exact else "")
         if with_reference
         else ("none: kl_beta = 0" if not config.kl_beta else "none: a full fine-tune holds no base model in memory")
     )
@@ -335,11 +344,12 @@ def gradient_shares(
     return out
 
 
-def part_tokens(costs: ForwardCosts) -> Callable[[list[EncodedExample]], float]:
-    """A part's padded size in whole tokens (`memory.forward_tokens` at `costs`)."""
+def part_tokens(costs: ForwardCosts, exact_kl: bool = False) -> Callable[[list[EncodedExample]], float]:
+    """A part's padded size in whole tokens (`memory.forward_tokens` at `costs`), with the rows its other terms
+    forward: the counterfactual term's teacher-forced rows, and with `exact_kl` the named notes once more."""
 
-    def cost(part: list[EncodedExample]) -> float:  # with the counterfactual term's rows, held together
-        rows = [*part, *other_rows(part)]
+    def cost(part: list[EncodedExample]) -> float:
+        rows = [*part, *other_rows(part), *(named(part) if exact_kl else [])]
         return forward_tokens([b.prompt_ids for b in rows], [len(b.response_ids) for b in rows], *costs)
 
     return cost

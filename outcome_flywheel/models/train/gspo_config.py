@@ -72,6 +72,7 @@ DEFAULT_CLIP = {"token": (0.2, 0.28), "gspo": (3e-4, 4e-4), "reward_weighted": (
 OLD_LOGPROBS = ("auto", "stored", "recompute")
 PART_NORMALISERS = ("shared", "per_part")
 KL_SPANS = ("note", "ticker")  # the tokens the KL penalty covers (`kl_span`)
+KL_ESTIMATORS = ("k3", "exact")  # how it is taken there (`kl_estimator`)
 FROZEN_SPANS = (None, "ticker")  # tokens no part of the loss trains (`frozen_span`)
 
 
@@ -123,6 +124,12 @@ class GSPOConfig:
         default="note",
         metadata={
             "help": "Tokens the KL penalty covers: `note` (every response token) or `ticker` (the call's named symbol only, `GSPOExample.name_mask`): an anchor on which company the notes call that leaves the side and the prose free to move."
+        },
+    )
+    kl_estimator: str = field(
+        default="k3",
+        metadata={
+            "help": "How the KL penalty is taken: `k3` (Schulman's estimator on the sampled token, from the no-grad pass of the base) or `exact` (KL(pi_theta || pi_ref) summed over the whole vocabulary at each position, the sampled token's rivals included; one more forward of the policy and of the base over the notes that name a symbol). `exact` takes `kl_span: ticker`: an anchor on the whole distribution of names, where k3's pull on a name the policy pushed far below the base grows as exp(log pi_ref - log pi) (docs/daily_rl.md)."
         },
     )
     frozen_span: str | None = field(
@@ -213,6 +220,13 @@ class GSPOConfig:
             raise ValueError(f"kl_beta must be a finite number >= 0, got {self.kl_beta!r}")
         if self.kl_span not in KL_SPANS:
             raise ValueError(f"kl_span must be one of {', '.join(KL_SPANS)}, got {self.kl_span!r}")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}, got {self.kl_estimator!r}")
+        if self.kl_estimator == "exact" and self.kl_span != "ticker":
+            raise ValueError(
+                f"kl_estimator 'exact' takes kl_span 'ticker' (the call's name), not {self.kl_span!r}: over every "
+                "token of a note the whole vocabulary's log-probs would not fit the memory plan"
+            )
         if self.frozen_span not in FROZEN_SPANS:
             raise ValueError(f"frozen_span must be one of {FROZEN_SPANS}, got {self.frozen_span!r}")
         for name in ("epsilon_low", "epsilon_high", "sequence_epsilon_low", "sequence_epsilon_high"):

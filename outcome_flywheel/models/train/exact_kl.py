@@ -1,0 +1,36 @@
+"""The exact KL anchor on the call's name (`GSPOConfig.kl_estimator` exact, `kl_span` ticker), written once for
+torch and mlx: KL(pi_theta || pi_ref) summed over the whole vocabulary at each of the name's positions, pi_ref the
+base (the adapter off). Schulman's k3 sees the sampled name only, and its pull on a name the policy pushed far
+below the base grows as exp(log pi_ref - log pi); the exact sum also sees the names the policy raised but did not
+sample there (tiny-local's held-out notes drifted to names frequent in training, docs/daily_rl.md)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from outcome_flywheel.models.interface import ModelBackend
+from outcome_flywheel.models.train.batching import EncodedExample
+
+
+def named(batch: Sequence[EncodedExample]) -> list[EncodedExample]:
+    """The examples whose call names a symbol (`name_mask` with a True): the only ones the anchor covers."""
+    return [b for b in batch if b.name_mask and any(b.name_mask)]
+
+
+def exact_kl_term(
+    backend: ModelBackend, batch: Sequence[EncodedExample], beta: float, temperature: float, normaliser: float
+) -> tuple[Any, dict[str, Any]]:
+    """beta * sum_n KL_n / Z over the name positions of the batch's named examples (one more forward of the policy
+    and of the base over them; `fw.exact_kl_loss`); Z = the minibatch's normaliser. Metric kl: the mean KL_n."""
+    fw = backend.framework
+    if fw.exact_kl_loss is None:
+        raise ValueError(f"the {fw.name} framework has no exact_kl_loss for kl_estimator 'exact'")
+    rows = named(batch)
+    if not rows:  # no name in this part: a zero term, the metric's key kept (no empty array: mlx's eval of a
+        zero = fw.as_array(backend, np.zeros((), dtype=np.float32))  # zero-size sum hung now and then)
+        return zero, {"kl": zero}
+    covered = np.array([m for b in rows for m in b.name_mask], dtype=bool)  # one per response token (batching)
+    kl = backend.position_kl([b.prompt_ids for b in rows], [b.response_ids for b in rows], covered, temperature)
+    return fw.exact_kl_loss(kl, beta, normaliser)
