@@ -45,6 +45,12 @@ def row_seed(seed: int, sample_index: int) -> int:
     return (int(seed) * 1_000_003 + sample_index * 7919 + 1) % (2**63 - 1)
 
 
+def ended_by_stop(token_ids, stop_ids, ignore_eos: bool) -> bool:
+    """`Sample.finished`: the row's last token is a stop id, unless `ignore_eos` (vLLM's), under which nothing
+    stops a row, so a stop id it drew as its last token is not an end of turn (the reply was cut by length)."""
+    return not ignore_eos and bool(token_ids) and token_ids[-1] in stop_ids
+
+
 def candidate_count(top_k: int, vocab_size: int) -> int:
     """How many of the largest logits can survive top-k: k, or the whole vocabulary."""
     return int(top_k) if top_k and 0 < top_k < vocab_size else int(vocab_size)

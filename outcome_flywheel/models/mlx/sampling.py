@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 
 from outcome_flywheel.models.interface import Sample, SamplingConfig
-from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
+from outcome_flywheel.models.sampling import candidate_count, ended_by_stop, keep_thresholds, row_seed, uses_nucleus
 
 
 def filter_logits(logits: mx.array, top_k: int, top_p: float) -> mx.array:
@@ -90,8 +90,7 @@ def sample_batch(
 
     grouped: list[list[Sample]] = [[] for _ in prompt_ids]
     for r, (i, _) in enumerate(rows):
-        # under ignore_eos nothing stops a row: a stop id it drew as its last token is not an end of turn
-        finished = not cfg.ignore_eos and bool(tokens[r]) and tokens[r][-1] in backend.stop_ids
+        finished = ended_by_stop(tokens[r], backend.stop_ids, cfg.ignore_eos)
         grouped[i].append(
             Sample(text=backend.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished)
         )

@@ -22,6 +22,7 @@ from outcome_flywheel.models.interface import (
     Sample,
     SamplingConfig,
 )
+from outcome_flywheel.models.sampling import ended_by_stop
 from outcome_flywheel.models.segments import flatten_segments
 from outcome_flywheel.models.torch.fused_decode import DecodeKernels
 from outcome_flywheel.models.torch.graph_sampler import GraphSampler
@@ -203,7 +204,7 @@ class TorchBackend(ChatTokenizer, ModelBackend):
                     text=self.decode(ids),
                     token_ids=ids,
                     logprobs=logps,
-                    finished=not cfg.ignore_eos and bool(ids) and ids[-1] in self.stop_ids,
+                    finished=ended_by_stop(ids, self.stop_ids, cfg.ignore_eos),
                 )
                 for ids, logps in group
             ]

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from outcome_flywheel.models.interface import Sample, SamplingConfig
-from outcome_flywheel.models.sampling import candidate_count, keep_thresholds, row_seed, uses_nucleus
+from outcome_flywheel.models.sampling import candidate_count, ended_by_stop, keep_thresholds, row_seed, uses_nucleus
 from outcome_flywheel.models.torch.graph_sampler import inverse_cdf, sampling_rule
 from outcome_flywheel.models.torch.static_cache import attention_kernels
 
@@ -170,8 +170,7 @@ def _grouped(
     logps = [[lp for lp, a in zip(all_logps[r], alive[r]) if a] for r in range(total)]
     grouped: list[list[Sample]] = [[] for _ in prompt_ids]
     for r, (i, _) in enumerate(rows):
-        # under ignore_eos nothing stops a row: a stop id it drew as its last token is not an end of turn
-        finished = not ignore_eos and bool(tokens[r]) and tokens[r][-1] in backend.stop_ids
+        finished = ended_by_stop(tokens[r], backend.stop_ids, ignore_eos)
         grouped[i].append(
             Sample(text=backend.decode(tokens[r]), token_ids=tokens[r], logprobs=logps[r], finished=finished)
         )
