@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from benchmarks._grid_table import ablation_markdown, ablation_rows, cell_name, opposite_sides, print_table, world_table
-from benchmarks._results import cpu_capability, cpu_model, git_commit
+from benchmarks._results import git_commit, machine
 
 WORLDS = ("news", "inverted", "null")
 PROJECT = Path(__file__).resolve().parents[1]
@@ -117,19 +116,6 @@ def write_json(path: Path, value) -> None:
 
 def cells_of(grid: dict) -> list[tuple[str, int, int]]:
     return [(w, ws, ts) for ws in grid["world_seeds"] for ts in grid["train_seeds"] for w in grid["worlds"]]
-
-
-def machine() -> dict:
-    """The grid's machine: the CPU's model and torch's kernels on it are part of a cell's result (runs of the same
-    seeds on two CPUs can part ways), so they are recorded with it."""
-    return dict(
-        processor=platform.processor(),
-        cpu_model=cpu_model(),
-        cpu_capability=cpu_capability(),
-        uname=platform.uname()._asdict(),
-        cpu_count=os.cpu_count(),
-        python=platform.python_version(),
-    )
 
 
 # -- one cell, in its own process -------------------------------------------------------------------------------------
