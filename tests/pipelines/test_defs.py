@@ -362,6 +362,7 @@ def _other_value(value, annotation):
             "group": "day",
             "note": "ticker",
             "k3": "exact",
+            "exact": "k3",
         }.get(value, "2024-01-02")
     if getattr(kind, "__origin__", None) is list:  # list[str]: the LoRA target modules (a tuple in the settings)
         return ["gate_proj", "up_proj", "down_proj"]
@@ -396,13 +397,12 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
             if name in RUN_CONFIG_DESCRIPTIONS
             else (help_text and help_text in description)
         ), name
-        value = (
-            "ticker"  # a fixed set of choices whose default is None: its one other valid value
-            if name == "frozen_span"
-            else _other_value(at(defaults, path), DailyUpdateConfig.model_fields[name].annotation)
-        )
+        value = {  # fixed sets of choices where the general rule picks no valid other value
+            "frozen_span": "ticker",  # default None: its one other valid value
+            "kl_span": "note",  # default ticker, whose general other value is a credit span
+        }.get(name) or _other_value(at(defaults, path), DailyUpdateConfig.model_fields[name].annotation)
         expected = tuple(value) if isinstance(value, list) else value
-        beside = {"kl_span": "ticker"} if name == "kl_estimator" else {}  # `exact` takes the ticker span
+        beside = {"kl_estimator": "k3"} if name == "kl_span" else {}  # the exact KL takes the ticker span only
         assert at(DailyUpdateConfig(**{name: value, **beside}).settings(), path) == expected, name
     assert DailyUpdateConfig(full_fine_tune=True, lora_r=4, lora_target_modules=["q_proj"]).settings().gspo.lora is None
 

@@ -410,6 +410,7 @@ def test_the_ticker_kl_span_penalises_the_named_symbol_only(tiny_model_dir, toke
         config = GSPOConfig(
             kl_beta=kl_beta,
             kl_span=kl_span,
+            kl_estimator="k3",  # the sampled-token estimator, the one that can cover the whole note
             epochs=3,
             batch_size=1,
             learning_rate=5e-3,
