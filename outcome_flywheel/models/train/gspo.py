@@ -74,7 +74,9 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     mine = [shard(batch, [tuple(b.prompt_ids) for b in batch], rank, world) for batch in batches]
     # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base). k3 reads
     # it from the no-grad pass below; the exact anchor runs it beside each step's forward (exact_kl.py).
-    with_reference = config.kl_beta > 0 and backend.has_adapter
+    # Frozen names (`frozen_span` ticker) take no KL either: a KL on the ticker alone then has nothing to act on.
+    frozen_anchor = config.frozen_span == "ticker" and config.kl_span == "ticker"
+    with_reference = config.kl_beta > 0 and backend.has_adapter and not frozen_anchor
     exact = with_reference and config.kl_estimator == "exact"
     cost = lambda costs: part_tokens(costs, exact)  # noqa: E731
     memory = memory_plan(backend, mine, cost, share)
@@ -207,7 +209,11 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         + ("; on the call's ticker only" if config.kl_span == "ticker" else "")
         + ("; exact over the vocabulary" if exact else "")
         if with_reference
-        else ("none: kl_beta = 0" if not config.kl_beta else "none: a full fine-tune holds no base model in memory")
+        else "none: kl_beta = 0"
+        if not config.kl_beta
+        else "none: the names it would cover are frozen (frozen_span ticker)"
+        if frozen_anchor
+        else "none: a full fine-tune holds no base model in memory"
     )
     if behavior_gaps:
         # How far the sampler's stored log-probs sit from the training forward (per-sequence mean).

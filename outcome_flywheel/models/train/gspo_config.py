@@ -135,7 +135,7 @@ class GSPOConfig:
     frozen_span: str | None = field(
         default=None,
         metadata={
-            "help": "Tokens no part of the loss trains: `ticker` (the call's named symbol, `GSPOExample.name_mask`) leaves them out of every part's tokens, so the names the policy writes move only through what the other tokens' updates share; None = none, the default. The relevance part, which trains the ticker, then trains only notes without a call line."
+            "help": "Tokens no part of the loss trains: `ticker` (the call's named symbol, `GSPOExample.name_mask`) leaves them out of every part's tokens, so the names the policy writes move only through what the other tokens' updates share; None = none, the default. The relevance part, which trains the ticker, then trains only notes without a call line, and the KL anchor on the names (`kl_span` ticker) is off."
         },
     )
     batch_size: int = field(default=16, metadata={"help": "Sequences per padded minibatch (one AdamW step each)."})
