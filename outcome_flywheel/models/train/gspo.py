@@ -204,17 +204,16 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
     stats.extra.update(shares)
     stats.extra["lora_adapter"], stats.extra["lora_settings_ignored"] = adapter, adapter_differs
     stats.extra["old_logprobs"] = "recomputed" if recompute else "stored"
-    stats.extra["kl_reference"] = (
-        "base (adapter off)"
-        + ("; on the call's ticker only" if config.kl_span == "ticker" else "")
-        + ("; exact over the vocabulary" if exact else "")
-        if with_reference
-        else "none: kl_beta = 0"
-        if not config.kl_beta
-        else "none: the names it would cover are frozen (frozen_span ticker)"
-        if frozen_anchor
-        else "none: a full fine-tune holds no base model in memory"
-    )
+    if with_reference:
+        reference = "base (adapter off)" + ("; on the call's ticker only" if config.kl_span == "ticker" else "")
+        reference += "; exact over the vocabulary" if exact else ""
+    elif not config.kl_beta:
+        reference = "none: kl_beta = 0"
+    elif frozen_anchor:
+        reference = "none: the names it would cover are frozen (frozen_span ticker)"
+    else:
+        reference = "none: a full fine-tune holds no base model in memory"
+    stats.extra["kl_reference"] = reference
     if behavior_gaps:
         # How far the sampler's stored log-probs sit from the training forward (per-sequence mean).
         stats.extra["behavior_logprob_gap_max"] = float(max(behavior_gaps))
