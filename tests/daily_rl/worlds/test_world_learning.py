@@ -15,9 +15,9 @@ exact KL anchor on the names at kl_beta 0.25): `news` policy 0.962 ± 0.011 (640
 side term on, `relevance` 1.0): `news` 0.948 ± 0.015 (623 calls), `inverted` -0.916 ± 0.017 (547 calls).
 With the earlier defaults (2026-11-28, pooled price evidence and side credit): `news` 0.944 ± 0.014 (618
 calls), `inverted` -0.803 ± 0.038 (550 calls); before (one training per price group, 2026-11-27) `news` gave
-0.813 ± 0.024 and world seeds 1-3 0.798, 0.464 and 0.191. On the bundled archive's own headlines (real news, clashes within a call
-window) the 11 days then left the gap within the noise (policy 0.010 ± 0.040, base -0.026 ± 0.044): the
-benchmarks (`benchmarks.outcome_learning`, `benchmarks.learning_grid`) measure that case (docs/daily_rl.md)."""
+0.813 ± 0.024 and world seeds 1-3 0.798, 0.464 and 0.191. On the bundled archive's own headlines (real news,
+clashes within a call window) the 11 days then left the gap within the noise (policy 0.010 ± 0.040, base -0.026
+± 0.044): the benchmarks (`benchmarks.outcome_learning`, `benchmarks.learning_grid`) measure that case (docs/daily_rl.md)."""
 
 from __future__ import annotations
 
