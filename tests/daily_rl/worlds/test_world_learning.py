@@ -17,7 +17,8 @@ With the earlier defaults (2026-11-28, pooled price evidence and side credit): `
 calls), `inverted` -0.803 ± 0.038 (550 calls); before (one training per price group, 2026-11-27) `news` gave
 0.813 ± 0.024 and world seeds 1-3 0.798, 0.464 and 0.191. On the bundled archive's own headlines (real news,
 clashes within a call window) the 11 days then left the gap within the noise (policy 0.010 ± 0.040, base -0.026
-± 0.044): the benchmarks (`benchmarks.outcome_learning`, `benchmarks.learning_grid`) measure that case (docs/daily_rl.md)."""
+± 0.044): the benchmarks (`benchmarks.outcome_learning`, `benchmarks.learning_grid`) measure that case
+(docs/daily_rl.md)."""
 
 from __future__ import annotations
 
