@@ -142,7 +142,7 @@ def test_config_defaults_and_validation():
         g.one_at_a_time,
         g.old_logprobs,
         (g.kl_beta, g.kl_span, g.kl_estimator),
-    ) == ("token", 2e-3, None, None, 16, 4, 1.0, 0, 1.0, True, False, "recompute", (0.25, "ticker", "exact"))
+    ) == ("token", 2e-3, None, None, 16, 4, 1.0, 0, 1.0, True, False, "recompute", (0.1, "ticker", "exact"))
     assert g.clip_band() == (0.2, 0.28) and (g.sequence_epsilon_low, g.sequence_epsilon_high) == (3e-4, 4e-4)
     assert g.lora is not None and g.lora.r == 8
     for bad in ({"objective": "ppo"}, {"old_logprobs": "cached"}, {"temperature": 0.0}, {"kl_span": "note"}):

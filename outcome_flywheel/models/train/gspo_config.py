@@ -115,9 +115,9 @@ class GSPOConfig:
         metadata={"help": "`token` objective: upper band of the whole-note part's sequence ratio (the paper's 4e-4)."},
     )
     kl_beta: float = field(
-        default=0.25,
+        default=0.1,
         metadata={
-            "help": "Weight beta of the KL-to-base penalty (pi_ref = the LoRA adapter switched off; where it is taken: `kl_span`, how: `kl_estimator`); 0 = none. The default 0.25 on the call's name, exactly: issue 46's ablation (docs/daily_rl.md, \"The ablation\") chose it over no anchor, which let held-out calls leave the headline's company, and over beta 1, which cost more side; k3 over every token at 0.04 (TRL's old GRPO default) and 0.01 left the sides unmoved in 11 days. A full fine-tune (lora=None) holds no base in memory and trains without it (recorded as kl_reference)."
+            "help": "Weight beta of the KL-to-base penalty (pi_ref = the LoRA adapter switched off; where it is taken: `kl_span`, how: `kl_estimator`); 0 = none. The default 0.1 on the call's name, exactly: issue 46's ablation (docs/daily_rl.md, \"The ablation\") chose it over no anchor, which let held-out calls leave the headline's company, and over beta 0.25 and 1, which held the side down (opposite sides 0.76 and 0.70 against 0.815); k3 over every token at 0.04 (TRL's old GRPO default) and 0.01 left the sides unmoved in 11 days. A full fine-tune (lora=None) holds no base in memory and trains without it (recorded as kl_reference)."
         },
     )
     kl_span: str = field(
