@@ -9,16 +9,16 @@ held-out days' headlines, which neither trained on, with the same prompts and se
 on the headline's company the gap P(long | good news) - P(long | bad news) must have moved from the base's,
 up in `news` and down in `inverted`, by more than two headline-clustered standard errors of the difference.
 
-Measured (2026-12-01, the project's 2-core x86_64 CPU box, beside the suite and a grid; the defaults with the
-exact KL anchor on the names at kl_beta 0.25): `news` policy 0.962 ± 0.011 (640 calls), `inverted` policy
--0.912 ± 0.016 (636 calls), base -0.040 ± 0.037 (632 calls). Before the anchor (2026-11-29; the counterfactual
-side term on, `relevance` 1.0): `news` 0.948 ± 0.015 (623 calls), `inverted` -0.916 ± 0.017 (547 calls).
-With the earlier defaults (2026-11-28, pooled price evidence and side credit): `news` 0.944 ± 0.014 (618
-calls), `inverted` -0.803 ± 0.038 (550 calls); before (one training per price group, 2026-11-27) `news` gave
-0.813 ± 0.024 and world seeds 1-3 0.798, 0.464 and 0.191. On the bundled archive's own headlines (real news,
-clashes within a call window) the 11 days then left the gap within the noise (policy 0.010 ± 0.040, base -0.026
-± 0.044): the benchmarks (`benchmarks.outcome_learning`, `benchmarks.learning_grid`) measure that case
-(docs/daily_rl.md)."""
+Measured (2026-12-01, the project's 2-core x86_64 CPU box, nothing else running; the defaults with the exact KL
+anchor on the names at kl_beta 0.1): `news` policy 0.947 ± 0.013 (643 calls), `inverted` policy -0.940 ± 0.015 (639
+calls), base -0.040 ± 0.037 (632 calls). At kl_beta 0.25 (the same day, beside the suite and a grid): `news` 0.962
+± 0.011 (640 calls), `inverted` -0.912 ± 0.016 (636 calls). Before the anchor (2026-11-29; the counterfactual side
+term on, `relevance` 1.0): `news` 0.948 ± 0.015 (623 calls), `inverted` -0.916 ± 0.017 (547 calls). With the
+earlier defaults (2026-11-28, pooled price evidence and side credit): `news` 0.944 ± 0.014 (618 calls), `inverted`
+-0.803 ± 0.038 (550 calls); before (one training per price group, 2026-11-27) `news` gave 0.813 ± 0.024 and world
+seeds 1-3 0.798, 0.464 and 0.191. On the bundled archive's own headlines (real news, clashes within a call window)
+the 11 days then left the gap within the noise (policy 0.010 ± 0.040, base -0.026 ± 0.044): the benchmarks
+(`benchmarks.outcome_learning`, `benchmarks.learning_grid`) measure that case (docs/daily_rl.md)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def clustered_gap(calls: pd.DataFrame) -> tuple[float, float, int]:
 # The second CI stage (make test-slow, whose two workers run the two worlds side by side). On the 2-core box each
 # took 481-529 s on 2026-11-29 and `news` ~23 min on 2026-11-30 (the same defaults, nothing else running), and
 # 1334 and 1690 s under make test-slow beside a two-cell grid (2026-11-30), 1649 and 1778 s beside a grid and the
-# suite (2026-12-01): the guard leaves room for that spread.
+# suite, and 635 and 626 s side by side with nothing else running (2026-12-01): the guard leaves room for that spread.
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 @pytest.mark.parametrize("kind", ["news", "inverted"])
