@@ -266,8 +266,8 @@ def run_world(
     for i, day in enumerate(days):
         t0 = time.perf_counter()
         phase = "train" if i < train_days else "held_out"
-        # Held out: learning rate 0 freezes the weights, and without the price weight the delayed step
-        # (which could only train at learning rate 0) is skipped rather than computed for nothing.
+        # Held out: learning rate 0 freezes the policy (no step, no gate: `update_policy`), and without the
+        # price weight the delayed step is skipped rather than computed for nothing.
         day_weights = weights if phase == "train" else {k: v for k, v in weights.items() if k != "price"}
         settings = {"learning_rate": learning_rate if phase == "train" else 0.0, "max_new_tokens": max_new_tokens}
         settings.update({"epochs": epochs} if epochs else {})

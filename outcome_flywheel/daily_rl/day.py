@@ -34,6 +34,7 @@ from outcome_flywheel.daily_rl.policy.rollouts import (
     generate_rollouts,
     kl_to_base,
     sampling_temperature,
+    spread_sample,
 )
 from outcome_flywheel.daily_rl.policy.update import update_policy
 from outcome_flywheel.daily_rl.policy.verify import verify_day
@@ -85,7 +86,8 @@ def run_daily_update(
         )
     with timed(timings, "kl_s"):  # exact KL(policy || base) per token, at the positions the new policy sampled
         is_base = rollouts.empty or staged.info["kind"] == "base"
-        kl = 0.0 if is_base else kl_to_base(policy, rollouts, base=None if policy.has_adapter else models.load())
+        measured = spread_sample(rollouts, settings.kl_to_base_rollouts)
+        kl = 0.0 if is_base else kl_to_base(policy, measured, base=None if policy.has_adapter else models.load())
     del policy
 
     ledger, price_row, training_row = day_record_tables(

@@ -58,6 +58,15 @@ class DailyUpdateSettings:
         default_factory=RewardConfig, metadata={"help": "How each note's reward is made from its signals."}
     )
     gate: GateConfig = field(default_factory=GateConfig, metadata={"help": "The evaluation gate's thresholds."})
+    kl_to_base_rollouts: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+                "How many of D's notes the recorded kl_to_base is measured on (the first notes of every headline, spread "
+                "evenly); None = all. Each measure is two forwards of its notes: minutes a day for a real model on a CPU."
+            )
+        },
+    )
     price: PriceReward = field(
         default_factory=PriceReward,
         metadata={"help": "The price signal's transform and no_trade / unparseable values."},
@@ -85,6 +94,10 @@ class DailyUpdateSettings:
     prompt_evolver: EvolverConfig = field(
         default_factory=EvolverConfig, metadata={"help": "The prompt evolver's bandit (tier 1b)."}
     )
+
+    def __post_init__(self):
+        if self.kl_to_base_rollouts is not None and self.kl_to_base_rollouts < 1:
+            raise ValueError(f"kl_to_base_rollouts must be at least 1 or None, got {self.kl_to_base_rollouts}")
 
     def matured(self) -> MaturedConfig:
         """The delayed step's settings: the price transform, the staleness limit, the outcome horizon and cost."""
@@ -143,6 +156,8 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "gate_max_kl_to_base": "gate.max_kl_to_base",
     "gate_max_probe_regression": "gate.max_probe_regression",
     "gate_probe_headlines": "gate.probe_headlines",
+    "gate_kl_rollouts": "gate.kl_rollouts",
+    "kl_to_base_rollouts": "kl_to_base_rollouts",
     "price_scale_pct": "price.scale_pct",
     "price_no_trade": "price.no_trade",
     "price_unparseable": "price.unparseable",

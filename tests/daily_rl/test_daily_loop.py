@@ -102,6 +102,52 @@ def test_two_days_in_bf16_pass_the_checkpoint_check_against_a_float32_reload(tmp
     assert info["kind"] == "lora" and info["verified"]
 
 
+def test_a_day_at_learning_rate_0_keeps_the_parent_and_measures_its_kl_on_a_spread_sample(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """A held-out day (learning rate 0) takes no step and no gate: checkpoint D holds the parent's weights
+    (the same hash in its version), and its notes come from them. `kl_to_base_rollouts` measures the day's KL on that many
+    notes spread over the headlines: the figure equals the exact KL recomputed on that sample."""
+    from outcome_flywheel.daily_rl.policy.checkpoints import load_policy
+    from outcome_flywheel.daily_rl.policy.rollouts import kl_to_base, spread_sample
+
+    root = linked_data_dir(tmp_path, tiny_model_dir)
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(root))
+    res = daily_resources(root)
+    for day in DAYS[:2]:
+        assert _run(res, day, assets=(headlines, daily_update)).success
+    frozen = {**SMALL["ops"]["daily_update"]["config"], "learning_rate": 0.0, "kl_to_base_rollouts": 5}
+    config = {"ops": {"daily_update": {"config": frozen}}}
+    assert _run(res, DAYS[2], run_config=config, assets=(headlines, daily_update)).success
+    ckpt = root / "checkpoints" / "policy"
+    parent, day = (json.loads((ckpt / d / "checkpoint.json").read_text()) for d in DAYS[1:])
+    assert parent["trained"] and not day["trained"] and day["verified"]
+    assert day["policy_version"] == f"{DAYS[2]}@{parent['policy_version'].split('@')[1]}"  # the same weights
+    wh = res["warehouse"]
+    row = wh.read("policy_training", DAYS[2]).iloc[0]
+    assert row["gate"] == "not_trained" and row["gate_reason"] == "learning rate 0: the policy is frozen"
+    rollouts = wh.read("rollouts", DAYS[2])
+    assert set(rollouts["policy_version"]) == {day["policy_version"]}
+    sample = spread_sample(rollouts, 5)
+    # every headline's first note, then the second notes of the first two headlines
+    assert (
+        sorted(zip(sample["rollout_index"], sample["headline_id"]))
+        == sorted(zip(rollouts["rollout_index"], rollouts["headline_id"]))[:5]
+        and sample["headline_id"].nunique() == 3
+    )
+    policy = load_policy(res["model_backend"], ckpt / DAYS[2], day)
+    assert row["kl_to_base"] > 0 and row["kl_to_base"] == pytest.approx(kl_to_base(policy, sample), rel=1e-6)
+    assert row["kl_to_base"] != pytest.approx(kl_to_base(policy, rollouts), rel=1e-6)
+
+
+def test_kl_to_base_rollouts_below_one_is_refused():
+    from assets.daily_rl.daily_update import DailyUpdateConfig
+
+    with pytest.raises(ValueError, match="kl_to_base_rollouts must be at least 1"):
+        DailyUpdateConfig(kl_to_base_rollouts=0).settings()
+    assert DailyUpdateConfig(kl_to_base_rollouts=1).settings().kl_to_base_rollouts == 1
+
+
 def test_rerun_of_a_partition_keeps_row_counts_and_scores(loop):
     root, res, _ = loop
     wh = res["warehouse"]

@@ -160,6 +160,14 @@ def check_behaviour_policy(
         )
 
 
+def spread_sample(rollouts: pd.DataFrame, n: int | None) -> pd.DataFrame:
+    """At most `n` rollouts taken across the headlines: every headline's first note, then every second...
+    (None: all). A measure on a sample of the day then sees each headline, not the first few groups."""
+    if n is None or len(rollouts) <= n:
+        return rollouts
+    return rollouts.sort_values(["rollout_index", "headline_id"]).head(n).sort_values(["headline_id", "rollout_index"])
+
+
 def kl_to_base(policy: "ModelBackend", rollouts: pd.DataFrame, base: "ModelBackend | None" = None) -> float:
     """Mean exact KL(policy || base) per token, over the vocabulary, at every position of the
     sampled responses, both at the rollouts' sampling temperature (the distributions GSPO trains).

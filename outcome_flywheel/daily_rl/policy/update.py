@@ -1,7 +1,8 @@
 """The day's update of the policy: GSPO on D-1's judged notes and the matured notes, then the gate.
 
 `update_policy` takes the parent loaded as a trainable policy and returns what checkpoint D holds
-(the trained candidate, or the parent when the gate rejected it or there was nothing to train on),
+(the trained candidate, or the parent when the gate rejected it, there was nothing to train on or the
+learning rate is 0),
 with the training's figures and each trained note's truncated importance weight (for the ledger).
 """
 
@@ -91,8 +92,15 @@ def update_policy(
         # parent recomputed, for the truncated IS weight
         old_logprobs="recompute" if matured.examples or off_policy else settings.gspo.old_logprobs,
     )
-    if not examples:
-        reason = "nothing to train on" if parent else "first day: the base policy"
+    if not examples or settings.gspo.learning_rate == 0:
+        # learning rate 0 freezes the policy (a held-out day): no step could move it, so none is taken
+        reason = (
+            "first day: the base policy"
+            if not parent
+            else "nothing to train on"
+            if not examples
+            else "learning rate 0: the policy is frozen"
+        )
         return PolicyUpdate(policy, gspo, None, not_trained(reason), [])
     # LoRA init and anything random in the trainer draw from the framework's generator: a re-run repeats them.
     policy.framework.seed(stable_seed(seed, day, "train") % (2**31))

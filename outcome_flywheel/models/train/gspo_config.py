@@ -89,7 +89,7 @@ class GSPOConfig:
     learning_rate: float = field(
         default=2e-3,
         metadata={
-            "help": "AdamW learning rate. LoRA on tiny-local needs a large step to move in one epoch a day (benchmarks/daily_learning.py); for a 0.6B+ model start near 1e-5 (full) / 1e-4 (LoRA)."
+            "help": "AdamW learning rate. LoRA on tiny-local needs a large step to move in one epoch a day (benchmarks/daily_learning.py); for a 0.6B+ model start near 1e-5 (full) / 1e-4 (LoRA). In the daily loop 0 freezes the policy: the day takes no step and no gate, and records not_trained."
         },
     )
     epsilon_low: float | None = field(
