@@ -9,7 +9,9 @@ headline-clustered bootstrap interval (`benchmarks/_grid_table.py` says which fi
     python -m benchmarks.learning_grid --ablation    # every recorded arm, one markdown row each
 
 - Cells run `--parallel` at a time, each process with one torch thread; a cell's log goes to DIR/logs/<cell>.log and
-  its result, when it ends, to DIR/cells/<world>-w<world seed>-t<training seed>.json (written atomically).
+  its result, when it ends, to DIR/cells/<world>-w<world seed>-t<training seed>.json (written atomically). The CPU
+  sets no training memory budget: give a real model's cells one (FLYWHEEL_TRAIN_MEMORY_GIB=4 for SmolLM2 at 8 x 8
+  notes; without it one cell's GSPO step reached 12 GB and two cells ran out of 24 GiB, docs/models.md).
 - Resume: run the same command again with the same --out-dir; cells whose JSON exists are skipped. The grid's
   arguments and the FLYWHEEL_* variables its cells inherit (FLYWHEEL_NOTE_FORMAT, ...) are recorded in DIR/grid.json
   and a run with other ones is refused (use another --out-dir).
