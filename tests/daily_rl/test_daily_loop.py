@@ -105,9 +105,10 @@ def test_two_days_in_bf16_pass_the_checkpoint_check_against_a_float32_reload(tmp
 def test_a_day_at_learning_rate_0_keeps_the_parent_and_measures_its_kl_on_a_spread_sample(
     tmp_path, tiny_model_dir, monkeypatch
 ):
-    """A held-out day (learning rate 0) takes no step and no gate: checkpoint D holds the parent's weights
-    (the same hash in its version), and its notes come from them. `kl_to_base_rollouts` measures the day's KL on that many
-    notes spread over the headlines: the figure equals the exact KL recomputed on that sample."""
+    """A held-out day (learning rate 0) takes no step and no gate: checkpoint D holds the parent's weights (the
+    same hash in its version), and its notes come from them. `kl_to_base_rollouts` measures the day's KL on that
+    many notes spread over the headlines: the figure equals the exact KL recomputed on that sample (the same
+    weights and batch, so only float rounding may differ)."""
     from outcome_flywheel.daily_rl.policy.checkpoints import load_policy
     from outcome_flywheel.daily_rl.policy.rollouts import kl_to_base, spread_sample
 
