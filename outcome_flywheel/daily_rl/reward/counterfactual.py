@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import numpy as np
+
 from outcome_flywheel.daily_rl.notes.calls import call_part_spans, call_spans, parse_call
 from outcome_flywheel.daily_rl.notes.companies import display_name, mentions
 from outcome_flywheel.daily_rl.notes.relevance import call_relevance, headline_symbols
@@ -91,6 +93,23 @@ def side_counterfactual(
         return None
     r_own, r_other = float(value), price.other_side(value, cost_bps)
     return Counterfactual(*rows, coefficient=float(c) * (r_own - r_other) / 2.0)
+
+
+def other_side_advantages(rows: Any, values: Sequence[float], price: PriceReward, cost_bps: float) -> np.ndarray:
+    """The `other_side` price advantage of a group's notes (`rows`: rollout rows with `response`, `title`,
+    `summary`; `values`: their price signals): A_i = p_i - p_i(other side) = 2 (p_i - R_bar_i), the sampled
+    side against its own other side, whose outcome is known, for a call on the headline's company; 0 for the
+    rest (no side, another company: what a side earns there says nothing about the headline). The group's
+    baseline (`loo`) also credits the side with making a call at all, which relevance judges: beside notes
+    without a company call every company call gets a positive advantage, and the side written more often
+    gains the most (SmolLM2's notes drifted to Buy in both worlds, docs/models.md)."""
+    out = np.zeros(len(values))
+    for i, (r, value) in enumerate(zip(rows.itertuples(), values)):
+        call = parse_call(r.response)
+        title, summary = getattr(r, "title", None), getattr(r, "summary", None)
+        if call.side in FLIP and call_relevance(title, summary, call.symbol, call.parse_status) == 1.0:
+            out[i] = float(value) - price.other_side(value, cost_bps)
+    return out
 
 
 def swapped_rows(

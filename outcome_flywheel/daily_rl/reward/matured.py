@@ -28,7 +28,9 @@ pending, so the next day trains them anew.
 Advantage (`price_baseline`): `loo` (default), A_i = 2 (p_i - mean_{j != i} p_j), the leave-one-out
 baseline (RLOO, Ahmadian et al. 2024) in units of the signal's half-range and, as Dr. GRPO (Liu et al.
 2025), no per-group std: a group whose spread is only other tickers' noise keeps its small advantages
-instead of being scaled up to full size; `group_std` = (p - mean) / std, GRPO's.
+instead of being scaled up to full size; `group_std` = (p - mean) / std, GRPO's; `other_side` = p_i - p_i(other
+side) on calls on the headline's company, 0 elsewhere (`counterfactual.other_side_advantages`): the side judged
+against its own other side only, not against the notes that made no call.
 
 Staleness rule, named: *policy updates since sampling*, as NeMo-RL's trajectory age and TRL's
 `max_staleness` count versions, not days: the number of times the checkpoint weights changed between
@@ -59,7 +61,7 @@ from outcome_flywheel.daily_rl.reward.signals import PriceReward, group_advantag
 from outcome_flywheel.trading_sessions import nyse_calendar
 
 DEFAULT_MAX_STALENESS = 4
-PRICE_BASELINES = ("loo", "group_std")
+PRICE_BASELINES = ("loo", "group_std", "other_side")
 NEW_YORK = "America/New_York"
 
 
@@ -85,7 +87,7 @@ class MaturedConfig:
     baseline: str = field(
         default="loo",
         metadata={
-            "help": "The price advantage: `loo` = 2 (p_i - mean of the others), no std (RLOO, Dr. GRPO); `group_std` = (p - mean) / std (GRPO)."
+            "help": "The price advantage: `loo` = 2 (p_i - mean of the others), no std (RLOO, Dr. GRPO); `group_std` = (p - mean) / std (GRPO); `other_side` = p_i - p_i(other side) on calls on the headline's company, 0 elsewhere (the side against its own known other side)."
         },
     )
     replay_days: int = field(
@@ -169,8 +171,12 @@ class MaturedBatch:
     window: tuple[str, str] | None = None
 
 
-def price_advantages(values, config: MaturedConfig) -> np.ndarray:
-    """The group's price advantages under `config.baseline`."""
+def price_advantages(values, config: MaturedConfig, rows) -> np.ndarray:
+    """The group's price advantages under `config.baseline` (`rows`: the group's rollout rows, in order)."""
+    if config.baseline == "other_side":
+        from outcome_flywheel.daily_rl.reward.counterfactual import other_side_advantages
+
+        return other_side_advantages(rows, values, config.price, config.cost_bps)
     return loo_advantages(values) if config.baseline == "loo" else group_advantages(values)
 
 
@@ -270,7 +276,7 @@ def matured_batch(
         usable = group[group["o_status"] != "no_data"]
         values = [config.price.value(s, v, p) for s, v, p in zip(usable["o_status"], usable["o_vs"], usable["o_parse"])]
         advantages = (
-            price_advantages(values, config) * advantage_scale
+            price_advantages(values, config, usable) * advantage_scale
             if reason is None and len(values)
             else np.zeros(len(values))
         )
@@ -313,7 +319,7 @@ def replay_batch(
         age = (date.fromisoformat(day) - date.fromisoformat(trained_on)).days
         weight = float(config.replay_decay) ** age
         values = group["signal_value"].to_numpy(dtype=float)
-        advantages = price_advantages(values, config) * advantage_scale * weight
+        advantages = price_advantages(values, config, group) * advantage_scale * weight
         batch.replayed_groups += int(reason is None)
         why = f"replay of {trained_on}'s price group, weight {weight:.3g}"
         _add_group(batch, base, group, values, advantages, reason, why, tokenizer, config, weight)

@@ -209,10 +209,9 @@ def test_sequence_objectives_refuse_the_term(tiny_model_dir, tokenizer):
 
 
 # -- the delayed step -------------------------------------------------------------------------
-def test_matured_company_calls_carry_the_term_and_others_do_not(tokenizer):
-    """Four notes of one group: long and short on the headline's company, long on another company, no call.
-    With c > 0 the two company calls carry the term (coefficient c (R - R_other) / 2, signs by their side's
-    outcome), the others none; with c = 0 (off) no example carries it."""
+def _company_group(tokenizer):
+    """Four notes of one group on Meta's headline (long and short on Meta, long on Apple, no call) and their
+    outcomes: Meta rose, so the long won and the short lost."""
     texts = [NOTE, NOTE.replace("Buy", "Sell"), NOTE.replace("Meta", "Apple"), "No view at all on this."]
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     notes = pd.DataFrame(
@@ -239,6 +238,13 @@ def test_matured_company_calls_carry_the_term_and_others_do_not(tokenizer):
             "reason": [None, None, None, "no side"],
         }
     )
+    return notes, outcomes, vs
+
+
+def test_matured_company_calls_carry_the_term_and_others_do_not(tokenizer):
+    """With c > 0 the two company calls carry the term (coefficient c (R - R_other) / 2, signs by their side's
+    outcome), the others none; with c = 0 (off) no example carries it."""
+    notes, outcomes, vs = _company_group(tokenizer)
     checkpoints = {"2025-11-07": "2025-11-07@aaa"}
     args = ("2025-11-10", "2025-11-07@aaa", checkpoints)
     config = MaturedConfig(counterfactual_c=0.5)
@@ -253,6 +259,34 @@ def test_matured_company_calls_carry_the_term_and_others_do_not(tokenizer):
     assert all(by_index[i].counterfactual is None for i in by_index if i >= 2)
     plain = matured_batch(notes, outcomes, *args, MaturedConfig(counterfactual_c=0.0), 0.5, 0.8, tokenizer)
     assert plain.example_keys == batch.example_keys and all(e.counterfactual is None for e in plain.examples)
+
+
+def test_the_other_side_baseline_judges_a_company_calls_side_against_its_own_other_side(tokenizer):
+    """`price_baseline: other_side`: a call on the headline's company gets p - p(other side) on its side
+    tokens, whatever the rest of the group did; a call on another company and a note without a call get 0 and
+    no example. The same holds for a replayed group (its stored signals, x the replay weight)."""
+    from outcome_flywheel.daily_rl.reward.matured import MaturedBatch, replay_batch
+
+    notes, outcomes, vs = _company_group(tokenizer)
+    checkpoints = {"2025-11-07": "2025-11-07@aaa"}
+    config = MaturedConfig(baseline="other_side", counterfactual_c=0.0)
+    price = config.price
+    values = [price.value("matured", v) for v in vs[:3]]
+    expected = [v - price.other_side(v, config.cost_bps) for v in values[:2]] + [0.0, 0.0]
+    assert expected[0] > 0 > expected[1]
+    batch = matured_batch(notes, outcomes, "2025-11-10", "2025-11-07@aaa", checkpoints, config, 0.5, 0.8, tokenizer)
+    assert [r["advantage"] for r in batch.ledger] == pytest.approx([0.5 * a for a in expected], rel=1e-9)
+    assert [k[2] for k in batch.example_keys] == [0, 1]  # only the company calls carry a gradient
+    for example, a in zip(batch.examples, expected):  # on the side's tokens ("Buy" / "Sell"), nowhere else
+        on = [t for t, x in enumerate(example.token_advantages) if x]
+        assert tokenizer.decode([example.response_ids[t] for t in on]).strip() in ("Buy", "Sell")
+        assert [example.token_advantages[t] for t in on] == pytest.approx([0.5 * a] * len(on), rel=1e-6)
+    stored = [*values, price.value("no_call", np.nan, "no_side")]
+    replays = notes.assign(trained_on="2025-11-10", signal_value=stored)
+    again = MaturedBatch()
+    replay_batch(again, replays, "2025-11-11", "2025-11-10@bbb", checkpoints, config, 0.5, 0.8, tokenizer)
+    weight = config.replay_decay
+    assert [r["advantage"] for r in again.ledger] == pytest.approx([0.5 * weight * a for a in expected], rel=1e-9)
 
 
 def test_the_memory_plan_counts_the_other_rows(tokenizer):
