@@ -175,6 +175,7 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "price_replay_decay": "price_replay_decay",
     "price_counterfactual_c": "price_counterfactual_c",
     "counterfactual_epochs": "gspo.counterfactual_epochs",
+    "counterfactual_form": "gspo.counterfactual_form",
     "prompt_evolver_enabled": "prompt_evolver.enabled",
     "prompt_evolver_epsilon": "prompt_evolver.epsilon",
     "prompt_evolver_trials_per_variant": "prompt_evolver.trials_per_variant",

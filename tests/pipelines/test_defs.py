@@ -363,6 +363,7 @@ def _other_value(value, annotation):
             "note": "ticker",
             "k3": "exact",
             "exact": "k3",
+            "probability": "pair",
         }.get(value, "2024-01-02")
     if getattr(kind, "__origin__", None) is list:  # list[str]: the LoRA target modules (a tuple in the settings)
         return ["gate_proj", "up_proj", "down_proj"]

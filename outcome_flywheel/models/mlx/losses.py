@@ -204,6 +204,25 @@ def side_probability_loss(
     return loss, {"side_probability": mean, "side_loss": mx.stop_gradient(loss)}
 
 
+def side_pair_loss(
+    own_logp: mx.array,
+    own_mask: mx.array,
+    rows: mx.array,
+    other_logp: mx.array,
+    other_mask: mx.array,
+    coefficients: mx.array,
+    normaliser: float,
+) -> tuple[mx.array, dict[str, mx.array]]:
+    """The counterfactual term's `pair` form: the mirror of torch's `side_pair_loss`
+    (-sum_i |c_i| log sigmoid(sign(c_i) (l_own,i - l_other,i)) / Z); log sigmoid(x) = -logaddexp(0, -x)."""
+    own = mx.take((own_logp * own_mask.astype(own_logp.dtype)).sum(-1), rows.astype(mx.int32))
+    other = (other_logp * other_mask.astype(other_logp.dtype)).sum(-1)
+    c = coefficients.astype(own_logp.dtype)
+    margin = mx.sign(c) * (own - other)
+    loss = (mx.abs(c) * mx.logaddexp(mx.zeros_like(margin), -margin)).sum() / float(normaliser)
+    return loss, {"side_loss": mx.stop_gradient(loss)}
+
+
 def exact_kl_loss(kl: mx.array, beta: float, normaliser: float) -> tuple[mx.array, dict[str, mx.array]]:
     """The exact KL penalty: the mirror of torch's `exact_kl_loss` (beta * sum_n KL_n / Z)."""
     loss = kl.sum() * (float(beta) / float(normaliser))

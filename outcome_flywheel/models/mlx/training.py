@@ -21,6 +21,7 @@ from outcome_flywheel.models.mlx.losses import (
     exact_kl_loss,
     gspo_loss,
     sft_loss,
+    side_pair_loss,
     side_probability_loss,
     weighted_dpo_loss,
 )
@@ -207,6 +208,7 @@ FRAMEWORK = Framework(
     train=train,
     sft_loss=sft_loss,
     side_probability_loss=side_probability_loss,
+    side_pair_loss=side_pair_loss,
     exact_kl_loss=exact_kl_loss,
     optimizer_state=optimizer_state,
     load_optimizer_state=load_optimizer_state,

@@ -208,6 +208,28 @@ def side_probability_loss(
     return loss, metrics
 
 
+def side_pair_loss(
+    own_logp: torch.Tensor,
+    own_mask: torch.Tensor,
+    rows: torch.Tensor,
+    other_logp: torch.Tensor,
+    other_mask: torch.Tensor,
+    coefficients: torch.Tensor,
+    normaliser: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The counterfactual term's `pair` form (`GSPOConfig.counterfactual_form`): a logistic loss on the decision's
+    two actions, the better one preferred, loss = -sum_i |c_i| log sigmoid(sign(c_i) (l_own,i - l_other,i)) / Z,
+    l = sum_t m_t log pi_theta,t over the action's tokens (DPO's pair loss, Rafailov et al. 2023, without its
+    reference). own_logp, own_mask: [B, T], the minibatch's rows; rows: [C] the carriers' indices in it;
+    other_logp, other_mask: [C, T'], their other actions' rows; coefficients: [C], c_i = the own row's. Unlike
+    the `probability` form, its pull on a rare action does not shrink with that action's probability."""
+    own = (own_logp * own_mask.to(own_logp.dtype)).sum(-1)[rows]
+    other = (other_logp * other_mask.to(other_logp.dtype)).sum(-1)
+    c = coefficients.to(own_logp.dtype)
+    loss = -(c.abs() * torch.nn.functional.logsigmoid(torch.sign(c) * (own - other))).sum() / float(normaliser)
+    return loss, {"side_loss": float(loss.detach())}
+
+
 def exact_kl_loss(kl: torch.Tensor, beta: float, normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
     """The exact KL penalty (`GSPOConfig.kl_estimator` exact): beta * sum_n KL_n / Z, KL_n = sum_v pi_theta(v)
     (log pi_theta(v) - log pi_ref(v)) at each covered position n (`kl`: [N], the backend's `position_kl`), Z the

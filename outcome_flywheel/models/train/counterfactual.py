@@ -34,9 +34,11 @@ def counterfactual_term(
     logprobs: Callable[[Sequence[EncodedExample]], tuple[Any, Any]],
     normaliser: float,
     on: bool = True,
+    form: str = "probability",
 ) -> tuple[Any, dict[str, float]]:
     """-sum_i c_i (pi_theta(own_i) - pi_theta(other_i)) / Z over the batch's examples with a counterfactual
-    (`logp`: the batch's own forward, [B, T]); a zero loss when none has one or the term is not `on` (past
+    (`logp`: the batch's own forward, [B, T]), or under `form` `pair` the logistic loss on each pair
+    (`fw.side_pair_loss`); a zero loss when none has one or the term is not `on` (past
     `counterfactual_epochs`). Metrics (the framework's scalars): the term's value, and per decision (side,
     name) the mean own and other action's probabilities (NaN where no example has that decision's term)."""
     fw = backend.framework
@@ -46,9 +48,8 @@ def counterfactual_term(
         batch = [replace(b, counterfactual=None) for b in batch]
     carriers = [b for b in batch if b.counterfactual is not None]
 
-    def term(rows_logp, masks, width, coefficients, parts):
+    def term(rows_logp, mask, coefficients, parts):
         """The term over some rows, its value as a metric, and each decision's mean probability on its rows."""
-        mask = fw.as_array(backend, padded(masks, width))
         loss, metrics = fw.side_probability_loss(rows_logp, mask, fw.as_array(backend, coefficients), normaliser)
         means = {
             decision: fw.side_probability_loss(
@@ -60,25 +61,35 @@ def counterfactual_term(
 
     width = max(len(b.response_ids) for b in batch)
     coefficients = np.array([b.counterfactual.coefficient if b.counterfactual else 0.0 for b in batch], np.float32)
-    loss, value, own = term(
-        logp,
-        [b.counterfactual.own_mask if b.counterfactual else [] for b in batch],
-        width,
-        coefficients,
-        np.array([b.token_part for b in batch]),
+    own_mask = fw.as_array(
+        backend, padded([b.counterfactual.own_mask if b.counterfactual else [] for b in batch], width)
     )
+    loss, value, own = term(logp, own_mask, coefficients, np.array([b.token_part for b in batch]))
     other = own  # no carrier: a zero loss, NaN probabilities (the metrics keep their keys and types)
     if carriers:
         others = other_rows(carriers)
         other_logp, _ = logprobs(others)
+        other_width = max(len(b.response_ids) for b in others)
+        other_mask = fw.as_array(backend, padded([c.counterfactual.other_mask for c in carriers], other_width))
+        other_coefficients = np.array([-c.counterfactual.coefficient for c in carriers], np.float32)
         other_loss, other_value, other = term(
-            other_logp,
-            [c.counterfactual.other_mask for c in carriers],
-            max(len(b.response_ids) for b in others),
-            np.array([-c.counterfactual.coefficient for c in carriers], np.float32),
-            np.array([c.token_part for c in carriers]),
+            other_logp, other_mask, other_coefficients, np.array([c.token_part for c in carriers])
         )
         loss, value = loss + other_loss, value + other_value
+        if form == "pair":  # the probabilities above stay as metrics; the pair's logistic loss is what trains
+            if fw.side_pair_loss is None:
+                raise ValueError(f"the {fw.name} framework has no side_pair_loss for counterfactual_form 'pair'")
+            rows = np.array([i for i, b in enumerate(batch) if b.counterfactual is not None], dtype=np.int64)
+            loss, pair = fw.side_pair_loss(
+                logp,
+                own_mask,
+                fw.as_array(backend, rows),
+                other_logp,
+                other_mask,
+                fw.as_array(backend, coefficients[rows]),
+                normaliser,
+            )
+            value = pair["side_loss"]
     metrics = {"counterfactual_loss": value}
     for decision in DECISIONS:
         metrics[f"{decision}_probability_own"] = own[decision]

@@ -152,7 +152,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
             )
             if counterfactual:  # every step reports the term (0 outside its epochs), so the metrics line up
                 term, term_metrics = counterfactual_term(
-                    backend, batch, logp, logprobs, len(batch) * longest, term_on[index]
+                    backend, batch, logp, logprobs, len(batch) * longest, term_on[index], config.counterfactual_form
                 )
                 value, metrics = value + term, {**metrics, **term_metrics}
         else:
@@ -323,7 +323,9 @@ def gradient_shares(
             batch = piece
             logp, mask = logprobs(batch)
             if part == "counterfactual":
-                return counterfactual_term(backend, batch, logp, logprobs, float(len(batch) * longest))
+                return counterfactual_term(
+                    backend, batch, logp, logprobs, float(len(batch) * longest), form=config.counterfactual_form
+                )
             old = fw.as_array(backend, fw.to_numpy(logp).astype(np.float32))  # ratio 1, no gradient through it
             rows, sequence = part_advantages(batch, scale, (part,))
             return fw.gspo_loss(

@@ -56,6 +56,16 @@ the other side's row teacher-forced (`daily_rl/reward/counterfactual.py`), in th
 headline's company for a call on another one, a decoy of the day for a call on it), so the name trains
 toward the headline whatever was sampled.
 
+`counterfactual_form` `pair` trains the same two rows through a logistic loss on the pair instead, the better
+action preferred (DPO's pair loss, Rafailov et al. 2023, "Direct Preference Optimization", without a reference):
+
+    loss += -sum_i |c_i| log sigmoid(sign(c_i) (log pi_theta(own_i | ...) - log pi_theta(other_i | ...))) / Z
+
+The all-action gradient on an action is proportional to its probability: a side the policy seldom writes (0.05
+against 0.3-0.5 for the one it favours, SmolLM2's notes) barely moves, whatever its outcome. The pair's pull is
+(1 - the better action's share of the two) times |c|, so it does not shrink with a rare action's probability and
+stops once the better action holds the pair.
+
 Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
 is the policy the update starts from (recomputed); the TIS weight corrects for the sampler.
 """
@@ -71,6 +81,7 @@ OBJECTIVES = ("token", "gspo", "reward_weighted")
 DEFAULT_CLIP = {"token": (0.2, 0.28), "gspo": (3e-4, 4e-4), "reward_weighted": (3e-4, 4e-4)}
 OLD_LOGPROBS = ("auto", "stored", "recompute")
 PART_NORMALISERS = ("shared", "per_part")
+COUNTERFACTUAL_FORMS = ("probability", "pair")  # how the counterfactual term trains its two rows
 KL_SPANS = ("note", "ticker")  # the tokens the KL penalty covers (`kl_span`)
 KL_ESTIMATORS = ("k3", "exact")  # how it is taken there (`kl_estimator`)
 FROZEN_SPANS = (None, "ticker")  # tokens no part of the loss trains (`frozen_span`)
@@ -163,6 +174,12 @@ class GSPOConfig:
             "help": "Epochs (the first N) whose minibatches carry the counterfactual term of the examples that have one (the side: `price_counterfactual_c` > 0; the name: `relevance_counterfactual_c` > 0): a trust region on it, as the probe's arm asked (issue 46)."
         },
     )
+    counterfactual_form: str = field(
+        default="probability",
+        metadata={
+            "help": "How the counterfactual term trains a decision's two rows: `probability` = -c sum_a pi(a) (R(a) - R_bar), the all-action policy gradient, whose pull on an action shrinks with its probability (the default: issue 46's ablation on tiny-local); `pair` = -|c| log sigmoid(+-(log pi(own) - log pi(other))), the better action preferred (DPO's pair loss without a reference), whose pull does not."
+        },
+    )
     gradient_shares: bool = field(
         default=True,
         metadata={
@@ -248,6 +265,10 @@ class GSPOConfig:
             or self.counterfactual_epochs < 1
         ):
             raise ValueError(f"counterfactual_epochs must be a whole number >= 1, got {self.counterfactual_epochs!r}")
+        if self.counterfactual_form not in COUNTERFACTUAL_FORMS:
+            raise ValueError(
+                f"counterfactual_form must be one of {', '.join(COUNTERFACTUAL_FORMS)}, got {self.counterfactual_form!r}"
+            )
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
 

@@ -135,6 +135,63 @@ def test_side_probability_loss_by_hand_mlx():
     assert metrics["side_probability"].item() == pytest.approx(np.mean(p), rel=1e-6)
 
 
+OTHER_LOGP = [[-1.5, -3.0, -0.2], [-0.4, -0.9, -2.5]]
+OTHER_SIDE = [[0, 1, 0], [0, 1, 1]]
+
+
+def hand_pair_loss():
+    """-sum_i |c_i| log sigmoid(x_i) / Z, x_i = sign(c_i) (l_own,i - l_other,i), and its gradients: on the own
+    row's side tokens -|c_i| sigmoid(-x_i) sign(c_i) / Z, on the other row's the opposite."""
+    own = [sum(m * lp for m, lp in zip(mask, row)) for mask, row in zip(SIDE, LOGP)]
+    other = [sum(m * lp for m, lp in zip(mask, row)) for mask, row in zip(OTHER_SIDE, OTHER_LOGP)]
+    x = [math.copysign(1.0, c) * (a - b) for c, a, b in zip(COEF, own, other)]
+    loss = -sum(abs(c) * -math.log1p(math.exp(-v)) for c, v in zip(COEF, x)) / Z
+    pull = [-c * (1 / (1 + math.exp(v))) / Z for c, v in zip(COEF, x)]  # |c| sign(c) = c
+    own_grad = [[g * m for m in mask] for g, mask in zip(pull, SIDE)]
+    other_grad = [[-g * m for m in mask] for g, mask in zip(pull, OTHER_SIDE)]
+    return loss, own_grad, other_grad
+
+
+def test_side_pair_loss_by_hand_torch():
+    import torch
+
+    from outcome_flywheel.models.torch.losses import side_pair_loss
+
+    own = torch.tensor(LOGP, dtype=torch.float64, requires_grad=True)
+    other = torch.tensor(OTHER_LOGP, dtype=torch.float64, requires_grad=True)
+    loss, metrics = side_pair_loss(
+        own,
+        torch.tensor(SIDE, dtype=torch.float64),
+        torch.tensor([0, 1]),
+        other,
+        torch.tensor(OTHER_SIDE, dtype=torch.float64),
+        torch.tensor(COEF, dtype=torch.float64),
+        Z,
+    )
+    loss.backward()
+    expected, own_grad, other_grad = hand_pair_loss()
+    # float64: a log1p and an exp per row and a few sums, so 1e-12 relative is the arithmetic's
+    assert loss.item() == pytest.approx(expected, rel=1e-12) and metrics["side_loss"] == pytest.approx(expected)
+    assert own.grad.numpy() == pytest.approx(np.array(own_grad), rel=1e-12, abs=1e-15)
+    assert other.grad.numpy() == pytest.approx(np.array(other_grad), rel=1e-12, abs=1e-15)
+
+
+def test_side_pair_loss_by_hand_mlx():
+    mx = pytest.importorskip("mlx.core")
+    from outcome_flywheel.models.mlx.losses import side_pair_loss
+
+    def f(own, other):
+        args = (mx.array(SIDE), mx.array([0, 1]), other, mx.array(OTHER_SIDE), mx.array(COEF), Z)
+        return side_pair_loss(own, *args)[0]
+
+    loss, (own_grad, other_grad) = mx.value_and_grad(f, argnums=(0, 1))(mx.array(LOGP), mx.array(OTHER_LOGP))
+    expected, hand_own, hand_other = hand_pair_loss()
+    # float32: each value within a few ulps (2^-23 relative) of the float64 figure
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert np.array(own_grad) == pytest.approx(np.array(hand_own), rel=1e-6, abs=1e-8)
+    assert np.array(other_grad) == pytest.approx(np.array(hand_other), rel=1e-6, abs=1e-8)
+
+
 # -- the trainer ------------------------------------------------------------------------------
 def _counterfactual_examples(tokenizer, coefficient: float):
     from outcome_flywheel.models.prompts import trading_note_messages
@@ -159,11 +216,12 @@ def action_probabilities(policy, prompt, example) -> tuple[float, float]:
     return own, other
 
 
+@pytest.mark.parametrize("form", ["probability", "pair"])
 @pytest.mark.parametrize("framework", ["torch", "mlx"])
-def test_the_term_moves_the_side_the_known_outcomes_favour(tiny_model_dir, tokenizer, framework):
-    """Only the counterfactual term, one epoch of three (counterfactual_epochs 1): a positive coefficient
-    (the sampled side won) raises the sampled side's probability and lowers the other's; a negative one does
-    the opposite; the later epochs' steps carry a zero term."""
+def test_the_term_moves_the_side_the_known_outcomes_favour(tiny_model_dir, tokenizer, framework, form):
+    """Only the counterfactual term, one epoch of three (counterfactual_epochs 1), in either form: a positive
+    coefficient (the sampled side won) raises the sampled side's probability and lowers the other's; a negative
+    one does the opposite; the later epochs' steps carry a zero term."""
     from outcome_flywheel.models.interface import LoraSettings
     from outcome_flywheel.models.train.gspo import train_gspo
     from outcome_flywheel.models.train.gspo_config import GSPOConfig
@@ -173,7 +231,9 @@ def test_the_term_moves_the_side_the_known_outcomes_favour(tiny_model_dir, token
         from outcome_flywheel.models.mlx.backend import MLXBackend as Backend
     else:
         from outcome_flywheel.models.torch.backend import TorchBackend as Backend
-    config = GSPOConfig(batch_size=2, epochs=3, learning_rate=5e-3, lora=LoraSettings(r=4, alpha=8))
+    config = GSPOConfig(
+        batch_size=2, epochs=3, learning_rate=5e-3, lora=LoraSettings(r=4, alpha=8), counterfactual_form=form
+    )
     for coefficient in (1.0, -1.0):
         policy = Backend(tiny_model_dir) if framework == "mlx" else Backend(tiny_model_dir, device="cpu")
         policy.framework.seed(0)
@@ -204,6 +264,8 @@ def test_sequence_objectives_refuse_the_term(tiny_model_dir, tokenizer):
         train_gspo(TorchBackend(tiny_model_dir, device="cpu"), examples, GSPOConfig(objective="gspo"))
     with pytest.raises(ValueError, match="counterfactual_epochs"):
         GSPOConfig(counterfactual_epochs=0)
+    with pytest.raises(ValueError, match="counterfactual_form must be one of probability, pair"):
+        GSPOConfig(counterfactual_form="logprob")
     with pytest.raises(ValueError, match="price_counterfactual_c"):
         MaturedConfig(counterfactual_c=-1.0)
 
