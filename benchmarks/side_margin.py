@@ -1,0 +1,154 @@
+"""Which side does a checkpoint lean to on each held-out headline, read without sampling? For every held-out
+headline (`heldout_sides`' pick: the archive days after the first `--train-days`, `--headlines` a day) the
+margin m = log pi(" Buy") - log pi(" Sell") right after "Trade Recommendation:", the line FLYWHEEL_NOTE_FORMAT
+`call_first` asks the note to begin with (each side phrase's whole token sequence: SmolLM2 writes " Sell" in two).
+
+Per checkpoint: the mean margin on good-news and on bad-news headlines and their gap (good - bad; the `news`
+rule wants it above 0, `inverted` below), and the forced-choice side accuracy under each rule (sign(m) against
+the rule's side). Each checkpoint after the first gets the change of its gap from the first one's (the base by
+default) with a 95% bootstrap interval over headlines, paired: the same headlines for both.
+
+A sampled note's side is what `heldout_sides` and the loop's held-out days measure; this reads the lean behind it
+in seconds, so a run's every checkpoint can be read, and a lean too small to flip a sampled side still shows.
+
+    python -m benchmarks.side_margin --checkpoints base,DIR[,DIR...] [--model smollm2-135m-instruct]
+        [--days 26] [--train-days 11] [--headlines 8] [--n-boot 2000] [--record]
+
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from benchmarks._daily_common import archive_days
+from benchmarks._results import add_record_argument, finish
+from benchmarks.heldout_sides import held_out_headlines
+
+OPENING = "Trade Recommendation:"
+SIDES = (" Buy", " Sell")
+
+
+def side_margins(model_dir: Path, checkpoint: str, heads: pd.DataFrame) -> np.ndarray:
+    """log pi(" Buy") - log pi(" Sell") after `OPENING`, one per headline of `heads`, from the base at
+    `model_dir` with the LoRA adapter at `checkpoint` on it unless that is `base`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from outcome_flywheel.models.prompts import trading_note_messages
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if checkpoint != "base":
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, checkpoint).eval()
+    sides = [tokenizer.encode(s, add_special_tokens=False) for s in SIDES]
+    out = []
+    for title, summary in zip(heads["title"], heads["summary"]):
+        text = tokenizer.apply_chat_template(
+            trading_note_messages(title, summary), add_generation_prompt=True, tokenize=False
+        )
+        prefix = tokenizer(text + OPENING, add_special_tokens=False)["input_ids"]
+        logp = []
+        for side in sides:
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([prefix + side])).logits[0, len(prefix) - 1 : -1]
+            logp.append(float(torch.log_softmax(logits.double(), -1)[range(len(side)), side].sum()))
+        out.append(logp[0] - logp[1])
+    return np.array(out)
+
+
+def lean_table(margins: np.ndarray, news: np.ndarray) -> dict:
+    """The mean margin on good (news > 0) and bad (< 0) headlines, their gap, and the forced-choice side
+    accuracy under the `news` and `inverted` rules (headlines without news left out)."""
+    good, bad, judged = margins[news > 0], margins[news < 0], news != 0
+    right = np.sign(margins[judged]) == news[judged]
+    return dict(
+        good=round(float(good.mean()), 4) if len(good) else None,
+        bad=round(float(bad.mean()), 4) if len(bad) else None,
+        gap=round(float(good.mean() - bad.mean()), 4) if len(good) and len(bad) else None,
+        accuracy={"news": round(float(right.mean()), 4), "inverted": round(float(1 - right.mean()), 4)}
+        if judged.any()
+        else None,
+        headlines=int(judged.sum()),
+    )
+
+
+def gap_change(first: np.ndarray, other: np.ndarray, news: np.ndarray, n_boot: int, seed: int = 0) -> dict:
+    """other's gap minus first's, and its 95% bootstrap interval over headlines (the same draws for both)."""
+
+    def gap(m, idx):
+        n = news[idx]
+        return m[idx][n > 0].mean() - m[idx][n < 0].mean()
+
+    judged = np.flatnonzero(news != 0)
+    draws = np.random.default_rng(seed).choice(judged, size=(n_boot, len(judged)))
+    changes = [gap(other, d) - gap(first, d) for d in draws if (news[d] > 0).any() and (news[d] < 0).any()]
+    low, high = np.percentile(changes, [2.5, 97.5]) if changes else (np.nan, np.nan)
+    estimate = gap(other, judged) - gap(first, judged)
+    return {"estimate": round(float(estimate), 4), "low": round(float(low), 4), "high": round(float(high), 4)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoints", required=True, help="comma-separated: base and checkpoints/policy/<day> dirs")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="tiny-local, smollm2-135m-instruct")
+    parser.add_argument("--days", type=int, default=26, help="archive days from its first (as the run's)")
+    parser.add_argument("--train-days", type=int, default=11, help="the run's training days; the rest are held out")
+    parser.add_argument("--headlines", type=int, default=8, help="headlines a day (as the run's world planted)")
+    parser.add_argument("--n-boot", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--out-dir", default=None, help="where the headlines' data dir goes (default: a temp folder)")
+    add_record_argument(parser)
+    args = parser.parse_args()
+    import torch
+
+    from benchmarks.outcome_learning import model_data_dir
+    from outcome_flywheel.cli_arguments import quiet_libraries
+    from outcome_flywheel.daily_rl.worlds.news import news_direction
+
+    checkpoints = [c.strip() for c in args.checkpoints.split(",") if c.strip()]
+    for c in checkpoints:
+        if c != "base" and not (Path(c) / "adapter_config.json").is_file():
+            parser.error(f"--checkpoints {c}: not a LoRA checkpoint folder (no adapter_config.json), nor base")
+    if not checkpoints:
+        parser.error("--checkpoints: give base or at least one checkpoint folder")
+    if not 0 < args.train_days < args.days:
+        parser.error(f"--train-days must be between 1 and --days - 1, got {args.train_days} of {args.days}")
+    torch.set_num_threads(args.threads)
+    quiet_libraries()
+    root = Path(args.out_dir or tempfile.mkdtemp(prefix="flywheel-margin-")) / "data"
+    data = model_data_dir(root, args.model)
+    days = archive_days(args.days)[args.train_days :]
+    started = time.perf_counter()
+    heads = held_out_headlines(data, days, args.headlines)
+    news = np.array([news_direction(t, s) for t, s in zip(heads["title"], heads["summary"])])
+    margins = {c: side_margins(data / "models" / args.model, c, heads) for c in checkpoints}
+    first = checkpoints[0]
+    rows = {
+        c: {
+            **lean_table(m, news),
+            **({} if c == first else {"gap_change": gap_change(margins[first], m, news, args.n_boot)}),
+        }
+        for c, m in margins.items()
+    }
+    result = dict(
+        model=args.model,
+        opening=OPENING,
+        held_out_days=days,
+        headlines=len(heads),
+        checkpoints=rows,
+        seconds=round(time.perf_counter() - started, 1),
+    )
+    finish("side_margin", result, args.record)
+
+
+if __name__ == "__main__":
+    main()
