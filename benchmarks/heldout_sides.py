@@ -126,46 +126,55 @@ def side_table(notes: pd.DataFrame, heads: pd.DataFrame, world: str, n_boot: int
     )
 
 
+def add_held_out_arguments(parser: argparse.ArgumentParser, days: int, headlines: int) -> None:
+    """The arguments naming a run's held-out headlines and the model that reads them (this and side_margin)."""
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="tiny-local, smollm2-135m-instruct")
+    parser.add_argument("--days", type=int, default=days, help="archive days from its first (as the run's)")
+    parser.add_argument("--train-days", type=int, default=11, help="the run's training days; the rest are held out")
+    parser.add_argument("--headlines", type=int, default=headlines, help="headlines a day (as the run's world planted)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--out-dir", default=None, help="where the headlines' data dir goes (default: a temp folder)")
+
+
+def held_out_set(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[Path, list[str], pd.DataFrame]:
+    """(the model's folder, the held-out days, their headlines) for `add_held_out_arguments`' arguments."""
+    import torch
+
+    from benchmarks.outcome_learning import model_data_dir
+    from outcome_flywheel.cli_arguments import quiet_libraries
+
+    if not 0 < args.train_days < args.days:
+        parser.error(f"--train-days must be between 1 and --days - 1, got {args.train_days} of {args.days}")
+    torch.set_num_threads(args.threads)
+    quiet_libraries()
+    root = Path(args.out_dir or tempfile.mkdtemp(prefix="flywheel-heldout-")) / "data"
+    data = model_data_dir(root, args.model)
+    days = archive_days(args.days)[args.train_days :]
+    return data / "models" / args.model, days, held_out_headlines(data, days, args.headlines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--checkpoint", required=True, help="a checkpoints/policy/<day> folder (a LoRA adapter) or base"
     )
     parser.add_argument("--worlds", default="news,inverted", help="comma-separated: news, inverted")
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="tiny-local, smollm2-135m-instruct")
-    parser.add_argument("--days", type=int, default=16, help="archive days from its first (as the run's)")
-    parser.add_argument("--train-days", type=int, default=11, help="the run's training days; the rest are held out")
-    parser.add_argument("--headlines", type=int, default=4, help="headlines a day (as the run's world planted)")
+    add_held_out_arguments(parser, days=16, headlines=4)
     parser.add_argument("--notes", type=int, default=16, help="notes sampled per headline")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--out-dir", default=None, help="where the headlines' data dir goes (default: a temp folder)")
     add_record_argument(parser)
     args = parser.parse_args()
-    import torch
-
-    from benchmarks.outcome_learning import model_data_dir
-    from outcome_flywheel.cli_arguments import quiet_libraries
     from outcome_flywheel.settings import env
 
     worlds = [w.strip() for w in args.worlds.split(",") if w.strip()]
     if not worlds or set(worlds) - set(WORLDS):
         parser.error(f"--worlds: choose from {', '.join(WORLDS)}, got {args.worlds!r}")
-    if not 0 < args.train_days < args.days:
-        parser.error(f"--train-days must be between 1 and --days - 1, got {args.train_days} of {args.days}")
     if args.checkpoint != "base" and not (Path(args.checkpoint) / "adapter_config.json").is_file():
         parser.error(f"--checkpoint {args.checkpoint}: not a LoRA checkpoint folder (no adapter_config.json), nor base")
-    torch.set_num_threads(args.threads)
-    quiet_libraries()
-    root = Path(args.out_dir or tempfile.mkdtemp(prefix="flywheel-heldout-")) / "data"
-    data = model_data_dir(root, args.model)
-    days = archive_days(args.days)[args.train_days :]
     started = time.perf_counter()
-    heads = held_out_headlines(data, days, args.headlines)
-    notes = sample_notes(
-        data / "models" / args.model, args.checkpoint, heads, args.notes, args.max_new_tokens, args.seed
-    )
+    model_dir, days, heads = held_out_set(parser, args)
+    notes = sample_notes(model_dir, args.checkpoint, heads, args.notes, args.max_new_tokens, args.seed)
     result = dict(
         checkpoint=args.checkpoint,
         model=args.model,

@@ -20,16 +20,14 @@ The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from benchmarks._daily_common import archive_days
 from benchmarks._results import add_record_argument, finish
-from benchmarks.heldout_sides import held_out_headlines
+from benchmarks.heldout_sides import add_held_out_arguments, held_out_set
 
 OPENING = "Trade Recommendation:"
 SIDES = (" Buy", " Sell")
@@ -99,38 +97,22 @@ def gap_change(first: np.ndarray, other: np.ndarray, news: np.ndarray, n_boot: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoints", required=True, help="comma-separated: base and checkpoints/policy/<day> dirs")
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="tiny-local, smollm2-135m-instruct")
-    parser.add_argument("--days", type=int, default=26, help="archive days from its first (as the run's)")
-    parser.add_argument("--train-days", type=int, default=11, help="the run's training days; the rest are held out")
-    parser.add_argument("--headlines", type=int, default=8, help="headlines a day (as the run's world planted)")
+    add_held_out_arguments(parser, days=26, headlines=8)
     parser.add_argument("--n-boot", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--out-dir", default=None, help="where the headlines' data dir goes (default: a temp folder)")
     add_record_argument(parser)
     args = parser.parse_args()
-    import torch
-
-    from benchmarks.outcome_learning import model_data_dir
-    from outcome_flywheel.cli_arguments import quiet_libraries
     from outcome_flywheel.daily_rl.worlds.news import news_direction
 
     checkpoints = [c.strip() for c in args.checkpoints.split(",") if c.strip()]
+    if not checkpoints:
+        parser.error("--checkpoints: give base or at least one checkpoint folder")
     for c in checkpoints:
         if c != "base" and not (Path(c) / "adapter_config.json").is_file():
             parser.error(f"--checkpoints {c}: not a LoRA checkpoint folder (no adapter_config.json), nor base")
-    if not checkpoints:
-        parser.error("--checkpoints: give base or at least one checkpoint folder")
-    if not 0 < args.train_days < args.days:
-        parser.error(f"--train-days must be between 1 and --days - 1, got {args.train_days} of {args.days}")
-    torch.set_num_threads(args.threads)
-    quiet_libraries()
-    root = Path(args.out_dir or tempfile.mkdtemp(prefix="flywheel-margin-")) / "data"
-    data = model_data_dir(root, args.model)
-    days = archive_days(args.days)[args.train_days :]
     started = time.perf_counter()
-    heads = held_out_headlines(data, days, args.headlines)
+    model_dir, days, heads = held_out_set(parser, args)
     news = np.array([news_direction(t, s) for t, s in zip(heads["title"], heads["summary"])])
-    margins = {c: side_margins(data / "models" / args.model, c, heads) for c in checkpoints}
+    margins = {c: side_margins(model_dir, c, heads) for c in checkpoints}
     first = checkpoints[0]
     rows = {
         c: {
