@@ -58,6 +58,14 @@ def opposite_phrase(phrase: str) -> str | None:
     return other.capitalize() if phrase[:1].isupper() else other
 
 
+def company_side_call(response: str, headline: tuple[Any, Any]):
+    """The note's parsed call where it takes a side on the headline's company (`headline` = its title and
+    summary), else None: only there does the side's outcome say something about the headline."""
+    call = parse_call(response)
+    on = call_relevance(headline[0], headline[1], call.symbol, call.parse_status) == 1.0
+    return call if call.parse_status == "ok" and call.side in FLIP and on else None
+
+
 def side_counterfactual(
     tokenizer: Any,
     response_ids: Sequence[int],
@@ -74,12 +82,8 @@ def side_counterfactual(
     replay weight already in `c`)."""
     if not c or tokenizer is None:
         return None
-    call = parse_call(response)
-    if (
-        call.parse_status != "ok"
-        or call.side not in FLIP
-        or call_relevance(headline[0], headline[1], call.symbol, call.parse_status) != 1.0
-    ):
+    call = company_side_call(response, headline)
+    if call is None:
         return None
     spans = call_part_spans(response).get("side") or []
     if not spans:
@@ -105,9 +109,7 @@ def other_side_advantages(rows: Any, values: Sequence[float], price: PriceReward
     gains the most (SmolLM2's notes drifted to Buy in both worlds, docs/models.md)."""
     out = np.zeros(len(values))
     for i, (r, value) in enumerate(zip(rows.itertuples(), values)):
-        call = parse_call(r.response)
-        title, summary = getattr(r, "title", None), getattr(r, "summary", None)
-        if call.side in FLIP and call_relevance(title, summary, call.symbol, call.parse_status) == 1.0:
+        if company_side_call(r.response, (getattr(r, "title", None), getattr(r, "summary", None))) is not None:
             out[i] = float(value) - price.other_side(value, cost_bps)
     return out
 
