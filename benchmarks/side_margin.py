@@ -79,8 +79,11 @@ def lean_table(margins: np.ndarray, news: np.ndarray) -> dict:
     )
 
 
-def gap_change(first: np.ndarray, other: np.ndarray, news: np.ndarray, n_boot: int, seed: int = 0) -> dict:
-    """other's gap minus first's, and its 95% bootstrap interval over headlines (the same draws for both)."""
+def gap_change(first: np.ndarray, other: np.ndarray, news: np.ndarray, n_boot: int, seed: int = 0) -> dict | None:
+    """other's gap minus first's, and its 95% bootstrap interval over headlines (the same draws for both); None
+    without both good and bad news (no gap to change)."""
+    if not ((news > 0).any() and (news < 0).any()):
+        return None
 
     def gap(m, idx):
         n = news[idx]

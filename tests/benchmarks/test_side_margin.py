@@ -44,3 +44,4 @@ def test_the_lean_table_and_a_checkpoint_against_itself():
     assert same == {"estimate": 0.0, "low": 0.0, "high": 0.0}
     leaned = gap_change(margins, margins - 2 * (news < 0), news, n_boot=200)  # bad news pushed to Sell
     assert leaned["estimate"] == pytest.approx(2.0) and leaned["low"] == pytest.approx(2.0)
+    assert gap_change(margins, margins, np.array([1, 1, 0, 0, 0]), n_boot=10) is None  # no bad news: no gap
