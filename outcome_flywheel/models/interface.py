@@ -379,9 +379,13 @@ class ModelBackend(ABC):
         `temperature`, one array per response; `reference` None = self with its adapter off."""
 
     @abstractmethod
-    def position_kl(self, prompt_ids: Sequence, response_ids: Sequence, covered: Any, temperature: float) -> Any:
+    def position_kl(
+        self, prompt_ids: Sequence, response_ids: Sequence, covered: Any, temperature: float, policy_hidden: Any = None
+    ) -> Any:
         """Differentiable exact KL(self || self with its adapter off) over the vocabulary at the `covered` response
-        positions (bool, one per token of the responses in order), `[N]`; the base takes no gradient."""
+        positions (bool, one per token of the responses in order), `[N]`; the base takes no gradient.
+        `policy_hidden`: the policy's final hidden states at those positions, `[N, H]`, from the caller's own
+        forward (`batch_logprobs_hidden`); None = one more forward of the policy here."""
 
     def greedy(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
         """Greedy completions (used by the judge's retry)."""
@@ -418,6 +422,18 @@ class ModelBackend(ABC):
         shared_prefix: bool = False,
     ) -> tuple[Any, Any]:
         """Differentiable teacher-forced log-probs at `temperature`: `(logp, mask)`, `[B, max_len]`."""
+
+    @abstractmethod
+    def batch_logprobs_hidden(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        shared_prefix: bool = False,
+    ) -> tuple[Any, Any, Any]:
+        """`batch_logprobs`' `(logp, mask)` and the final hidden states that predicted each response token,
+        `[sum |r|, H]` in the mask's order (response 0's tokens first), from the same forward: a term that needs
+        the whole vocabulary there (the exact KL anchor, `position_kl`) reads them instead of forwarding again."""
 
     @abstractmethod
     def sequence_logps(

@@ -30,6 +30,8 @@ SMOKE: dict[str, list[str]] = {
     + ["--torch-device", "cpu"],
     "daily_learning": [*LOOP, "--days", "2"],  # the second day trains on the first's scores
     "data_parallel": ["--processes", "2", "--examples", "4", "--headlines", "2", "--device", "cpu"],
+    "exact_anchor": ["--model", "tiny-local", "--headlines", "1", "--notes", "2", "--max-new-tokens", "8"]
+    + ["--repeats", "1"],
     "flywheel_auc": ["--operators", "random", "--n", "40", "--threads", "1"],
     "generation": ["--prompts", "1", "--samples", "2", "--max-new-tokens", "8"],
     "gpu": ["--smoke"],

@@ -105,13 +105,16 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         picked = mx.take_along_axis(hidden, mx.array(gather_pos)[:, :, None], axis=1)  # [B, R, H]
         return picked.reshape(-1, picked.shape[-1])[mx.array(np.flatnonzero(mask.reshape(-1)))]
 
-    def position_kl(self, prompt_ids, response_ids, covered, temperature: float = 1.0) -> mx.array:
+    def position_kl(
+        self, prompt_ids, response_ids, covered, temperature: float = 1.0, policy_hidden: mx.array | None = None
+    ) -> mx.array:
         """Differentiable exact KL(policy || base) at the `covered` positions, `[N]` (as torch's): the base's
-        hidden states are built with the adapter off and take no gradient; full logits at those N positions only."""
+        hidden states are built with the adapter off and take no gradient, the policy's here unless the caller's
+        forward hands them in (`policy_hidden`); full logits at those N positions only."""
         keep = mx.array(np.flatnonzero(np.asarray(covered, dtype=bool)).astype(np.int32))
         with self.adapter_disabled():
             base = mx.stop_gradient(self.response_hidden(prompt_ids, response_ids)[keep])
-        hidden = self.response_hidden(prompt_ids, response_ids)[keep]
+        hidden = self.response_hidden(prompt_ids, response_ids)[keep] if policy_hidden is None else policy_hidden
         return plain_token_kl(self.lm_head(hidden), self.lm_head(base), temperature)
 
     def token_kl(
@@ -187,6 +190,17 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         a time (`logprobs.py`). `shared_prefix` is accepted for the interface: mlx runs every
         row's prompt, which gives the same values as torch's once-per-prompt pass.
         """
+        logp, mask, _ = self.batch_logprobs_hidden(prompt_ids, response_ids, temperature)
+        return logp, mask
+
+    def batch_logprobs_hidden(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        shared_prefix: bool = False,
+    ) -> tuple[mx.array, mx.array, mx.array]:
+        """`batch_logprobs`' `(logp, mask)` and the final hidden states they came from (`ModelBackend`)."""
         inputs, gather_pos, targets, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
         hidden = self._hidden_at(inputs, gather_pos, mask, keep)
         flat = token_logprobs(
@@ -196,7 +210,7 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         slots = np.full(mask.shape, int(mask.sum()), dtype=np.int32)
         slots[mask] = np.arange(int(mask.sum()), dtype=np.int32)
         logp = mx.concatenate([flat, mx.zeros((1,), dtype=flat.dtype)])[mx.array(slots)]
-        return logp, mx.array(mask)
+        return logp, mx.array(mask), hidden
 
     @property
     def vocab_size(self) -> int:

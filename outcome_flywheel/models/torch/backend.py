@@ -225,26 +225,29 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         Only the final hidden states that predict response tokens go through the head, a chunk at
         a time, and each token's log-prob is its logit minus a logsumexp (`logprobs.py`): no
         `[B, L, V]` tensor at any vocabulary. `shared_prefix`: the same values, each distinct
-        prompt run once (`shared_prefix_logprobs`).
+        prompt run once (`prefix_cache.py`).
         """
-        if shared_prefix:
-            return self.shared_prefix_logprobs(prompt_ids, response_ids, temperature)
-        hidden, targets, mask = self._response_forward(prompt_ids, response_ids)
+        logp, mask, _ = self.batch_logprobs_hidden(prompt_ids, response_ids, temperature, shared_prefix)
+        return logp, mask
+
+    def batch_logprobs_hidden(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        shared_prefix: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`batch_logprobs`' `(logp, mask)` and the final hidden states they came from (`ModelBackend`)."""
+        if shared_prefix:  # each distinct prompt once with a cache, the responses on top of it
+            from outcome_flywheel.models.torch.prefix_cache import shared_prefix_hidden  # imports transformers
+
+            with self.forward_precision(), attention_kernels(self.device):
+                hidden, responses, mask = shared_prefix_hidden(self, prompt_ids, response_ids)
+            hidden, targets = hidden[mask], responses[mask]
+        else:
+            hidden, targets, mask = self._response_forward(prompt_ids, response_ids)
         flat = token_logprobs(hidden, self._head, targets, temperature, self.vocab_size)
-        return self._scatter_rows(flat, mask), mask
-
-    def shared_prefix_logprobs(
-        self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], temperature: float = 1.0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Same result as `batch_logprobs` (`(logp, mask)`, `[B, T]`), computing each distinct prompt
-        once: the prompts run left-padded with a KV cache, the cache rows are gathered per response
-        (differentiable indexing), then the responses run on top of it."""
-        from outcome_flywheel.models.torch.prefix_cache import shared_prefix_hidden  # imports transformers
-
-        with self.forward_precision(), attention_kernels(self.device):
-            hidden, responses, mask = shared_prefix_hidden(self, prompt_ids, response_ids)
-        flat = token_logprobs(hidden[mask], self._head, responses[mask], temperature, self.vocab_size)
-        return self._scatter_rows(flat, mask), mask
+        return self._scatter_rows(flat, mask), mask, hidden
 
     def _response_layout(
         self, prompt_ids, response_ids
@@ -328,13 +331,16 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         rows, cols, targets, mask = self._response_layout(prompt_ids, response_ids)
         return hidden[rows, cols], targets, mask
 
-    def position_kl(self, prompt_ids, response_ids, covered, temperature: float = 1.0) -> torch.Tensor:
+    def position_kl(
+        self, prompt_ids, response_ids, covered, temperature: float = 1.0, policy_hidden: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Differentiable exact KL(policy || base) at the `covered` positions, `[N]` (`ModelBackend`): the
-        policy's forward with gradients, the base's (adapter off) without; `logprobs.token_kl` on both."""
+        base's forward (adapter off) without gradients, the policy's with them unless the caller's own
+        forward hands its hidden states at those positions in (`policy_hidden`); `logprobs.token_kl` on both."""
         keep = torch.as_tensor(covered, dtype=torch.bool, device=self.device)
         with torch.no_grad(), self.adapter_disabled():
             base = self.response_hidden(prompt_ids, response_ids)[keep]
-        hidden = self.response_hidden(prompt_ids, response_ids)[keep]
+        hidden = self.response_hidden(prompt_ids, response_ids)[keep] if policy_hidden is None else policy_hidden
         return token_kl(hidden, self._head, base, self._head, temperature, self.vocab_size)
 
     @torch.no_grad()

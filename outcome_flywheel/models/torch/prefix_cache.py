@@ -1,7 +1,7 @@
 """A shared prompt's keys and values as the response rows of a teacher-forced forward read them,
 and as its own forward makes them.
 
-`TorchBackend.shared_prefix_logprobs` runs each distinct prompt once with a cache, then every
+`TorchBackend.batch_logprobs(shared_prefix=True)` runs each distinct prompt once with a cache, then every
 response on top of its prompt (`shared_prefix_hidden`). Handed transformers' own cache, the
 responses' forward would grow it at every layer (`DynamicLayer.update` concatenates and stores):
 keys and values of every row's prompt and response, alive until the forward returns, 2 x

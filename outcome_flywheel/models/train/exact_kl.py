@@ -16,14 +16,25 @@ from outcome_flywheel.models.train.batching import EncodedExample
 
 def named(batch: Sequence[EncodedExample]) -> list[EncodedExample]:
     """The examples whose call names a symbol (`name_mask` with a True): the only ones the anchor covers."""
-    return [b for b in batch if b.name_mask and any(b.name_mask)]
+    return [b for b in batch if names_a_symbol(b)]
+
+
+def names_a_symbol(example: EncodedExample) -> bool:
+    return bool(example.name_mask and any(example.name_mask))
 
 
 def exact_kl_term(
-    backend: ModelBackend, batch: Sequence[EncodedExample], beta: float, temperature: float, normaliser: float
+    backend: ModelBackend,
+    batch: Sequence[EncodedExample],
+    beta: float,
+    temperature: float,
+    normaliser: float,
+    policy_hidden: Any = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """beta * sum_n KL_n / Z over the name positions of the batch's named examples (one more forward of the policy
-    and of the base over them; `fw.exact_kl_loss`); Z = the minibatch's normaliser. Metric kl: the mean KL_n."""
+    """beta * sum_n KL_n / Z over the name positions of the batch's named examples (`fw.exact_kl_loss`); Z = the
+    minibatch's normaliser. `policy_hidden`: the policy's final hidden states at every response position of the
+    batch (the step's own forward, `batch_logprobs_hidden`), so that only the base forwards again (its rows take
+    no gradient); None = the policy forwards the named notes once more. Metric kl: the mean KL_n."""
     fw = backend.framework
     if fw.exact_kl_loss is None:
         raise ValueError(f"the {fw.name} framework has no exact_kl_loss for kl_estimator 'exact'")
@@ -32,5 +43,12 @@ def exact_kl_term(
         zero = fw.as_array(backend, np.zeros((), dtype=np.float32))  # with that, mlx's eval hung once in ~10 runs
         return zero, {"kl": zero}
     covered = np.array([m for b in rows for m in b.name_mask], dtype=bool)  # one per response token (batching)
-    kl = backend.position_kl([b.prompt_ids for b in rows], [b.response_ids for b in rows], covered, temperature)
+    if policy_hidden is not None:  # the named notes' name positions among the whole batch's response tokens
+        at = np.concatenate(
+            [np.asarray(b.name_mask if names_a_symbol(b) else [False] * len(b.response_ids), bool) for b in batch]
+        )
+        policy_hidden = policy_hidden[fw.as_array(backend, np.flatnonzero(at).astype(np.int32))]
+    kl = backend.position_kl(
+        [b.prompt_ids for b in rows], [b.response_ids for b in rows], covered, temperature, policy_hidden
+    )
     return fw.exact_kl_loss(kl, beta, normaliser)

@@ -32,7 +32,7 @@ from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainSt
 from outcome_flywheel.models.train.adapter import lora_adapter
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
 from outcome_flywheel.models.train.counterfactual import counterfactual_term, other_rows
-from outcome_flywheel.models.train.exact_kl import exact_kl_term, named
+from outcome_flywheel.models.train.exact_kl import exact_kl_term
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, split_by_cost
 from outcome_flywheel.models.train.shards import announce, gather, plan_figures, ranks, shard
 
@@ -60,27 +60,31 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         backend.use_master_weights()  # fp32 weights: small steps are not rounded away
     share = shares_prefix(config)
 
-    def logprobs(batch: Sequence[EncodedExample]):
-        logp, mask = backend.batch_logprobs(
+    def forward(batch: Sequence[EncodedExample]):
+        """(logp, mask, the final hidden states): the exact anchor reads the policy's from this forward."""
+        logp, mask, hidden = backend.batch_logprobs_hidden(
             [b.prompt_ids for b in batch], [b.response_ids for b in batch], config.temperature, shared_prefix=share
         )
         if config.frozen_span == "ticker" and any(b.name_mask for b in batch):  # no part trains the names
             names = padded([b.name_mask or [] for b in batch], max(len(b.response_ids) for b in batch))
             mask = mask * fw.as_array(backend, 1.0 - names)
-        return logp, mask
+        return logp, mask, hidden
+
+    def logprobs(batch: Sequence[EncodedExample]):
+        return forward(batch)[:2]
 
     # This rank's shard of each minibatch (whole prompt groups, shards.py), within the memory budget in
     # parts whose gradients add up to its own (memory.py)
     mine = [shard(batch, [tuple(b.prompt_ids) for b in batch], rank, world) for batch in batches]
     # pi_ref for the KL term: the base, i.e. the adapter switched off (a full fine-tune holds no base). k3 reads
-    # it from the no-grad pass below; the exact anchor runs it beside each step's forward (exact_kl.py).
+    # it from the no-grad pass below; the exact anchor runs it (no grad) beside each step's forward, whose hidden
+    # states give the policy's side of the KL (exact_kl.py).
     # Frozen names (`frozen_span` ticker) take no KL either: a KL on the ticker alone then has nothing to act on.
     frozen_anchor = config.frozen_span == "ticker" and config.kl_span == "ticker"
     with_reference = config.kl_beta > 0 and backend.has_adapter and not frozen_anchor
     exact = with_reference and config.kl_estimator == "exact"
-    cost = lambda costs: part_tokens(costs, exact)  # noqa: E731
-    memory = memory_plan(backend, mine, cost, share)
-    parts_of = [split_by_cost(own, cost(memory.costs), memory.limit) for own in mine]
+    memory = memory_plan(backend, mine, part_tokens, share)
+    parts_of = [split_by_cost(own, part_tokens(memory.costs), memory.limit) for own in mine]
     micros = [part for parts in parts_of for part in parts]
     recompute = config.old_logprobs == "recompute" or (
         config.old_logprobs == "auto" and not computes_in_float32(backend)
@@ -129,7 +133,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
 
     def loss(model, indexed_batch):  # a part of a minibatch: its loss as a whole minibatch's (scaled by the caller)
         index, batch = indexed_batch
-        logp, mask = logprobs(batch)
+        logp, mask, hidden = forward(batch)
         if config.objective == "token":  # span-scoped parts per token, the whole-note part per sequence
             parts = GRADIENT_PARTS if span_on[index] else ("note",)
             rows, sequence = part_advantages(batch, scales[minibatch_of[index]], parts)
@@ -171,7 +175,9 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
                 kl_mask=kl_masks[index],
             )
         if exact:  # the anchor on the names, under Dr. GRPO's constant normaliser whatever the objective
-            term, term_metrics = exact_kl_term(backend, batch, config.kl_beta, config.temperature, len(batch) * longest)
+            term, term_metrics = exact_kl_term(
+                backend, batch, config.kl_beta, config.temperature, len(batch) * longest, policy_hidden=hidden
+            )
             value, metrics = value + term, {**metrics, **term_metrics}
         return value, metrics
 
@@ -351,12 +357,13 @@ def gradient_shares(
     return out
 
 
-def part_tokens(costs: ForwardCosts, exact_kl: bool = False) -> Callable[[list[EncodedExample]], float]:
+def part_tokens(costs: ForwardCosts) -> Callable[[list[EncodedExample]], float]:
     """A part's padded size in whole tokens (`memory.forward_tokens` at `costs`), with the rows its other terms
-    forward: the counterfactual term's teacher-forced rows, and with `exact_kl` the named notes once more."""
+    forward with gradients: the counterfactual term's teacher-forced rows (the exact anchor's base forward keeps
+    nothing for the backward pass, and its policy side is the part's own forward)."""
 
     def cost(part: list[EncodedExample]) -> float:
-        rows = [*part, *other_rows(part), *(named(part) if exact_kl else [])]
+        rows = [*part, *other_rows(part)]
         return forward_tokens([b.prompt_ids for b in rows], [len(b.response_ids) for b in rows], *costs)
 
     return cost

@@ -205,7 +205,7 @@ def attention_widths(config: dict) -> tuple[int, int]:
 
 def prompt_row_share(backend: Any) -> float | None:
     """A shared prompt's token, per response row, as a share of a whole token's cost: with the prompt
-    run once (`shared_prefix_logprobs`), each row keeps only its keys and values (the cache the
+    run once (`batch_logprobs`' shared_prefix), each row keeps only its keys and values (the cache the
     responses attend to, repeated to the query heads under the mask: 2 x q e a layer); the prompt's
     own activations are counted once per distinct prompt. None where the backend runs every row's
     prompt (`ModelBackend.runs_shared_prefix`)."""

@@ -68,7 +68,7 @@ def spy(backend, seen: list) -> None:
     SFT's responses, DPO's rejected completions (the second half of its one forward over both)."""
     import torch
 
-    for name in ("batch_logprobs", "sequence_logps"):
+    for name in ("batch_logprobs", "batch_logprobs_hidden", "sequence_logps"):  # a row seen twice counts once
         original = getattr(backend, name)
 
         def wrapped(prompts, rows, *args, _original=original, _name=name, **kwargs):

@@ -85,10 +85,16 @@ def test_position_kl_is_the_evaluations_kl_at_the_covered_positions(tiny_model_d
 
 
 @pytest.mark.parametrize("framework", ["torch", "mlx"])
-def test_the_exact_anchor_pulls_the_names_back_to_the_base_and_covers_nothing_else(tiny_model_dir, framework):
+def test_the_exact_anchor_pulls_the_names_back_to_the_base_and_covers_nothing_else(
+    tiny_model_dir, framework, monkeypatch
+):
     from outcome_flywheel.models.interface import LoraSettings
     from outcome_flywheel.models.train.gspo import train_gspo
     from outcome_flywheel.models.train.gspo_config import GSPOConfig
+    from outcome_flywheel.models.train.memory import MEMORY_VARIABLE
+
+    monkeypatch.delenv(MEMORY_VARIABLE, raising=False)  # each step one part
+    forwards = []  # the anchor's own forwards (`response_hidden`) during the training
 
     def trained(named: bool, estimator: str, beta: float = 1.0):
         backend = _backend(tiny_model_dir, framework)
@@ -103,11 +109,17 @@ def test_the_exact_anchor_pulls_the_names_back_to_the_base_and_covers_nothing_el
             kl_span="ticker",
             kl_estimator=estimator,
         )
+        own_forward = type(backend).response_hidden
+        monkeypatch.setattr(
+            type(backend), "response_hidden", lambda self, *a: forwards.append(1) or own_forward(self, *a)
+        )
         stats = train_gspo(backend, examples, config)
+        monkeypatch.setattr(type(backend), "response_hidden", own_forward)
         return before, _name_kl(backend, examples[0] if named else _examples(backend, True)[0]), stats
 
     before, after, stats = trained(True, "exact")
     assert stats.extra["kl_reference"] == "base (adapter off); on the call's ticker only; exact over the vocabulary"
+    assert len(forwards) == stats.steps == 8  # the base's, one a step: the policy's side is the step's own forward
     assert stats.extra["kl"][0] == pytest.approx(float(before.mean()), rel=1e-4)  # the first step's is the start's
     assert after.sum() < 0.5 * before.sum(), (before, after)  # eight steps of the term alone halve it at least
     _, untouched, stats = trained(False, "exact")  # no name covered: no loss, no gradient, the adapter unmoved
@@ -122,3 +134,55 @@ def test_the_exact_estimator_is_checked():
         GSPOConfig(kl_span="note")
     with pytest.raises(ValueError, match="kl_estimator must be one of k3, exact"):
         GSPOConfig(kl_span="ticker", kl_estimator="k2")
+
+
+@pytest.mark.parametrize("framework, shared_prefix", [("torch", False), ("torch", True), ("mlx", False)])
+def test_the_anchor_on_the_steps_own_forward_is_the_anchor_on_a_forward_of_its_own(
+    tiny_model_dir, framework, shared_prefix
+):
+    """The trainer hands the anchor the hidden states of the step's forward over the whole batch; on a batch of
+    an unnamed, shorter note between two named ones under different prompts, the term and its gradient are those
+    of a forward of the named notes alone."""
+    from outcome_flywheel.models.prompts import trading_note_messages
+    from outcome_flywheel.models.train.batching import EncodedExample
+    from outcome_flywheel.models.train.exact_kl import exact_kl_term
+
+    backend = _backend(tiny_model_dir, framework)
+    fw = backend.framework
+    example = _examples(backend, named=True)[0]
+    other = backend.prompt_ids(trading_note_messages("Boeing recalls products", ""))
+
+    def encoded(prompt_ids, ids, name_mask):
+        return EncodedExample(prompt_ids, ids, [-1.0] * len(ids), 0.0, name_mask=name_mask)
+
+    ids, name = example.response_ids, example.name_mask
+    batch = [
+        encoded(backend.prompt_ids(example.prompt), ids, name),
+        encoded(other, ids[:5], None),
+        encoded(other, ids, name),
+    ]
+
+    def term(shared: bool):
+        def loss(model, part):
+            hidden = None
+            if shared:
+                prompts, responses = [b.prompt_ids for b in part], [b.response_ids for b in part]
+                hidden = backend.batch_logprobs_hidden(prompts, responses, 1.0, shared_prefix=shared_prefix)[2]
+            return exact_kl_term(backend, part, 1.0, 1.0, 10.0, policy_hidden=hidden)
+
+        return loss
+
+    own, shared = (float(fw.to_numpy(term(s)(backend.model, batch)[0])) for s in (False, True))
+    assert own > 1e-3  # the moved adapter: a term to see
+    # The same float32 function of the same weights, the hidden states from batches of other shapes (and, with
+    # shared prefixes, a cached prompt): rounding moves it by ulps; a wrong row or position moves it by its size.
+    assert shared == pytest.approx(own, rel=1e-4)
+
+    def difference(model, part):
+        (a, _), (b, _) = term(True)(model, part), term(False)(model, part)
+        return a - b, {}
+
+    # the gradient of the difference against the gradient itself: rounding gives ~1e-5, a wrong path order 1
+    assert fw.gradient_norm(backend.model, difference, batch) < 1e-3 * fw.gradient_norm(
+        backend.model, term(False), batch
+    )
