@@ -180,73 +180,6 @@ class Framework:
     gradient_norm: Callable[[Any, Callable, Any], float] | None = None
 
 
-class ChatTokenizer:
-    """The text side both backends share: one Hugging Face tokenizer and its chat template, so
-    torch and mlx see identical prompt and response ids."""
-
-    model_path: Path
-
-    def _load_tokenizer(self) -> None:
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.stop_ids = self._stop_ids()
-        self.think_ids = self._token_ids(THINK_TOKENS)
-
-    def _token_ids(self, tokens: Sequence[str]) -> set[int]:
-        """Ids of those of `tokens` the vocabulary has as single tokens."""
-        ids = set()
-        for tok in tokens:
-            tid = self.tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
-                ids.add(tid)
-        return ids
-
-    def banned_ids(self, config: SamplingConfig) -> list[int]:
-        """Token ids never sampled under `config`: the think tokens unless thinking is on."""
-        return [] if config.enable_thinking else sorted(self.think_ids)
-
-    @property
-    def context_length(self) -> int | None:
-        """The model's context in tokens (config.json `max_position_embeddings`), if it says."""
-        import json
-
-        config = Path(self.model_path) / "config.json"
-        value = json.loads(config.read_text()).get("max_position_embeddings") if config.exists() else None
-        return int(value) if value else None
-
-    def _stop_ids(self) -> set[int]:
-        """End-of-turn ids: the tokenizer's eos, ChatML's end tokens, and generation_config's eos."""
-        import json
-
-        ids = {self.tokenizer.eos_token_id} | self._token_ids(("<|im_end|>", "<|endoftext|>"))
-        gen_config = Path(self.model_path) / "generation_config.json"
-        gen_eos = json.loads(gen_config.read_text()).get("eos_token_id") if gen_config.exists() else None
-        if isinstance(gen_eos, int):
-            ids.add(gen_eos)
-        elif gen_eos:
-            ids.update(gen_eos)
-        return {i for i in ids if i is not None}
-
-    def prompt_ids(self, messages: Messages, enable_thinking: bool = False) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, enable_thinking=enable_thinking
-        )
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def text_ids(self, text: str) -> list[int]:
-        """Token ids of plain text (no template, no special tokens)."""
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
-    def encode_response(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-
-
 class ModelBackend(ABC):
     """One loaded policy. Implementations: `TorchBackend`, `MLXBackend`."""
 
@@ -383,9 +316,8 @@ class ModelBackend(ABC):
         self, prompt_ids: Sequence, response_ids: Sequence, covered: Any, temperature: float, policy_hidden: Any = None
     ) -> Any:
         """Differentiable exact KL(self || self with its adapter off) over the vocabulary at the `covered` response
-        positions (bool, one per token of the responses in order), `[N]`; the base takes no gradient.
-        `policy_hidden`: the policy's final hidden states at those positions, `[N, H]`, from the caller's own
-        forward (`batch_logprobs_hidden`); None = one more forward of the policy here."""
+        positions (bool, one per token of the responses in order), `[N]`; the base takes no gradient. `policy_hidden`:
+        the policy's hidden states there, `[N, H]`, from the caller's forward; None = a forward of the policy here."""
 
     def greedy(self, prompts: Sequence[Messages], max_new_tokens: int) -> list[str]:
         """Greedy completions (used by the judge's retry)."""
@@ -413,27 +345,20 @@ class ModelBackend(ABC):
     def num_parameters(self, trainable_only: bool = False) -> int: ...
 
     # -- training (the trainers are framework-neutral; see `Framework`) -----------------------
-    @abstractmethod
-    def batch_logprobs(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        response_ids: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-        shared_prefix: bool = False,
-    ) -> tuple[Any, Any]:
+    def batch_logprobs(self, prompt_ids, response_ids, temperature=1.0, shared_prefix=False) -> tuple[Any, Any]:
         """Differentiable teacher-forced log-probs at `temperature`: `(logp, mask)`, `[B, max_len]`."""
+        return self.batch_logprobs_hidden(prompt_ids, response_ids, temperature, shared_prefix)[:2]
 
     @abstractmethod
     def batch_logprobs_hidden(
         self,
         prompt_ids: Sequence[Sequence[int]],
         response_ids: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-        shared_prefix: bool = False,
+        temperature=1.0,
+        shared_prefix=False,
     ) -> tuple[Any, Any, Any]:
-        """`batch_logprobs`' `(logp, mask)` and the final hidden states that predicted each response token,
-        `[sum |r|, H]` in the mask's order (response 0's tokens first), from the same forward: a term that needs
-        the whole vocabulary there (the exact KL anchor, `position_kl`) reads them instead of forwarding again."""
+        """`batch_logprobs` and the final hidden states that predicted each response token, `[sum |r|, H]` in the
+        mask's order, from the same forward: the exact KL anchor's policy side (`position_kl`)."""
 
     @abstractmethod
     def sequence_logps(

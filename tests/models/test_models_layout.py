@@ -106,7 +106,7 @@ def test_both_backends_lend_their_framework_and_log_prob_functions():
         tree = ast.parse((MODELS / name / "backend.py").read_text())
         [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef)]
         methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
-        assert {"batch_logprobs", "sequence_logps", "use_master_weights", "add_lora", "save"} <= methods, name
+        assert {"batch_logprobs_hidden", "sequence_logps", "use_master_weights", "add_lora", "save"} <= methods, name
         assert not {"train_gspo", "train_weighted_dpo"} & methods, name  # written once, in interface.ModelBackend
         assert any(isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "framework" for n in cls.body), (
             name

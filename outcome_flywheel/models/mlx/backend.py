@@ -25,14 +25,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from outcome_flywheel.models.interface import (
-    ChatTokenizer,
-    LoraSettings,
-    Messages,
-    ModelBackend,
-    Sample,
-    SamplingConfig,
-)
+from outcome_flywheel.models.chat_tokenizer import ChatTokenizer
+from outcome_flywheel.models.interface import LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
 from outcome_flywheel.models.mlx import lora_convert
 from outcome_flywheel.models.mlx.logprobs import CHUNK_ELEMENTS, plain_token_kl, token_kl, token_logprobs
 from outcome_flywheel.models.mlx.recompute import recomputing
@@ -175,24 +169,6 @@ class MLXBackend(ChatTokenizer, ModelBackend):
             mask[b, :k] = True
         return inputs, gather_pos, targets, mask, keep
 
-    def batch_logprobs(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        response_ids: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-        shared_prefix: bool = False,
-    ) -> tuple[mx.array, mx.array]:
-        """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
-        `(logp, mask)`, both `[B, max_response_len]`.
-
-        Right-padded (causal attention makes the padding invisible to real tokens), as torch; only
-        the hidden states predicting response tokens go through the head, a checkpointed chunk at
-        a time (`logprobs.py`). `shared_prefix` is accepted for the interface: mlx runs every
-        row's prompt, which gives the same values as torch's once-per-prompt pass.
-        """
-        logp, mask, _ = self.batch_logprobs_hidden(prompt_ids, response_ids, temperature)
-        return logp, mask
-
     def batch_logprobs_hidden(
         self,
         prompt_ids: Sequence[Sequence[int]],
@@ -200,7 +176,14 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         temperature: float = 1.0,
         shared_prefix: bool = False,
     ) -> tuple[mx.array, mx.array, mx.array]:
-        """`batch_logprobs`' `(logp, mask)` and the final hidden states they came from (`ModelBackend`)."""
+        """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T), `(logp, mask)`,
+        both `[B, max_response_len]`, and the final hidden states they came from (`ModelBackend`).
+
+        Right-padded (causal attention makes the padding invisible to real tokens), as torch; only
+        the hidden states predicting response tokens go through the head, a checkpointed chunk at
+        a time (`logprobs.py`). `shared_prefix` is accepted for the interface: mlx runs every
+        row's prompt, which gives the same values as torch's once-per-prompt pass.
+        """
         inputs, gather_pos, targets, mask, keep = self._teacher_forcing_layout(prompt_ids, response_ids)
         hidden = self._hidden_at(inputs, gather_pos, mask, keep)
         flat = token_logprobs(

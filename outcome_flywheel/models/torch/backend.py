@@ -14,14 +14,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from outcome_flywheel.models.interface import (
-    ChatTokenizer,
-    LoraSettings,
-    Messages,
-    ModelBackend,
-    Sample,
-    SamplingConfig,
-)
+from outcome_flywheel.models.chat_tokenizer import ChatTokenizer
+from outcome_flywheel.models.interface import LoraSettings, Messages, ModelBackend, Sample, SamplingConfig
 from outcome_flywheel.models.sampling import ended_by_stop
 from outcome_flywheel.models.segments import flatten_segments
 from outcome_flywheel.models.torch.fused_decode import DecodeKernels
@@ -211,25 +205,6 @@ class TorchBackend(ChatTokenizer, ModelBackend):
             for group in grouped
         ]
 
-    def batch_logprobs(
-        self,
-        prompt_ids: Sequence[Sequence[int]],
-        response_ids: Sequence[Sequence[int]],
-        temperature: float = 1.0,
-        shared_prefix: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T):
-        `(logp, mask)`, both `[B, max_response_len]`.
-
-        Sequences are right-padded (causal attention makes the padding invisible to real tokens).
-        Only the final hidden states that predict response tokens go through the head, a chunk at
-        a time, and each token's log-prob is its logit minus a logsumexp (`logprobs.py`): no
-        `[B, L, V]` tensor at any vocabulary. `shared_prefix`: the same values, each distinct
-        prompt run once (`prefix_cache.py`).
-        """
-        logp, mask, _ = self.batch_logprobs_hidden(prompt_ids, response_ids, temperature, shared_prefix)
-        return logp, mask
-
     def batch_logprobs_hidden(
         self,
         prompt_ids: Sequence[Sequence[int]],
@@ -237,7 +212,15 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         temperature: float = 1.0,
         shared_prefix: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`batch_logprobs`' `(logp, mask)` and the final hidden states they came from (`ModelBackend`)."""
+        """Differentiable teacher-forced log-probs at `temperature` (log-softmax of logits / T), `(logp, mask)`,
+        both `[B, max_response_len]`, and the final hidden states they came from (`ModelBackend`).
+
+        Sequences are right-padded (causal attention makes the padding invisible to real tokens).
+        Only the final hidden states that predict response tokens go through the head, a chunk at
+        a time, and each token's log-prob is its logit minus a logsumexp (`logprobs.py`): no
+        `[B, L, V]` tensor at any vocabulary. `shared_prefix`: the same values, each distinct
+        prompt run once (`prefix_cache.py`).
+        """
         if shared_prefix:  # each distinct prompt once with a cache, the responses on top of it
             from outcome_flywheel.models.torch.prefix_cache import shared_prefix_hidden  # imports transformers
 
