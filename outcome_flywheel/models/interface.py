@@ -298,7 +298,6 @@ class ModelBackend(ABC):
     ) -> list[np.ndarray]:
         """Teacher-forced per-token log-probs of each response given its prompt, at `temperature`."""
 
-    @abstractmethod
     def token_kl(
         self,
         prompts: Sequence[Messages],
@@ -310,6 +309,20 @@ class ModelBackend(ABC):
     ) -> list[np.ndarray]:
         """Exact KL(self || reference) over the vocabulary at each response position, both at
         `temperature`, one array per response; `reference` None = self with its adapter off."""
+        return self.token_kls(prompts, responses, [(self, reference)], temperature, batch_size, chunk_elements)[0]
+
+    @abstractmethod
+    def token_kls(
+        self,
+        prompts: Sequence[Messages],
+        responses: Sequence[Sequence[int]],
+        pairs: Sequence[tuple["ModelBackend | None", "ModelBackend | None"]],
+        temperature: float = 1.0,
+        batch_size: int = 16,
+        chunk_elements: int = 2**25,
+    ) -> list[list[np.ndarray]]:
+        """`token_kl` for each (p, q) of `pairs` (None = self with its adapter off) on the same responses, each
+        model's forward once however many pairs it is in (the gate's three KLs take three forwards, not six)."""
 
     @abstractmethod
     def position_kl(

@@ -28,7 +28,7 @@ import pandas as pd
 
 from outcome_flywheel.daily_rl.notes.structure import structure_score
 from outcome_flywheel.daily_rl.policy.checkpoints import load_policy
-from outcome_flywheel.daily_rl.policy.rollouts import kl_to_base
+from outcome_flywheel.daily_rl.policy.rollouts import mean_token_kls
 from outcome_flywheel.models.prompts import trading_note_messages
 
 if TYPE_CHECKING:
@@ -150,19 +150,25 @@ def evaluate_update(
             else "no training loss: no training step ran",
         )
     sample = trained_on.sort_values(["headline_id", "rollout_index"]).head(config.kl_rollouts)
-    kl = kl_to_base(candidate, sample, base=parent)  # exact KL to `parent`, per token
+    # exact KLs per token, the candidate's to `parent` and, with the bound, the candidate's and the parent's to the
+    # base (None: the candidate's adapter off), from one forward of each model; on the first trained day the parent
+    # is the base itself (no adapter, no base given), 0 from it
+    bound = config.max_kl_to_base is not None
+    parent_is_base = not parent.has_adapter and base is None
+    pairs = [
+        (candidate, parent),
+        *([(candidate, base)] if bound else []),
+        *([(parent, base)] if bound and not parent_is_base else []),
+    ]
+    kl, *to_base = mean_token_kls(candidate, sample, pairs)
     probe = probe_prompts(headlines, config.probe_headlines)
     notes = candidate.greedy(probe, config.probe_max_new_tokens) if probe else []
     parent_notes = parent.greedy(probe, config.probe_max_new_tokens) if probe else []
     ours = float(np.mean([structure_score(t) for t in notes])) if notes else float("nan")
     theirs = float(np.mean([structure_score(t) for t in parent_notes])) if parent_notes else float("nan")
     result = GateResult("accepted", "", kl, ours, theirs, notes)
-    if config.max_kl_to_base is not None:
-        result.kl_to_base = kl_to_base(candidate, sample, base=base)
-        # the parent is the base itself on the first trained day: no adapter and no base given
-        result.parent_kl_to_base = (
-            kl_to_base(parent, sample, base=base) if (parent.has_adapter or base is not None) else 0.0
-        )
+    if bound:
+        result.kl_to_base, result.parent_kl_to_base = to_base[0], 0.0 if parent_is_base else to_base[1]
     if not math.isfinite(kl):  # NaN compares false with any budget: a broken candidate, said as such
         result.verdict = "rejected"
         result.reason = f"KL to the parent is not a finite number ({kl}): the candidate's distribution is broken"

@@ -172,10 +172,18 @@ def kl_to_base(policy: "ModelBackend", rollouts: pd.DataFrame, base: "ModelBacke
     """Mean exact KL(policy || base) per token, over the vocabulary, at every position of the
     sampled responses, both at the rollouts' sampling temperature (the distributions GSPO trains).
     `base` None = the policy with its adapter off."""
+    return mean_token_kls(policy, rollouts, [(policy, base)])[0]
+
+
+def mean_token_kls(policy: "ModelBackend", rollouts: pd.DataFrame, pairs: list[tuple]) -> list[float]:
+    """`kl_to_base`'s mean per token for each (p, q) of `pairs` (None = `policy` with its adapter off) on the
+    same rollouts, each model's forward once (`ModelBackend.token_kls`)."""
     if rollouts.empty:
-        return 0.0
+        return [0.0] * len(pairs)
     prompts = [json.loads(p) for p in rollouts["prompt"]]
     responses = [list(r) for r in rollouts["response_ids"]]
-    per_token = policy.token_kl(prompts, responses, temperature=sampling_temperature(rollouts), reference=base)
-    tokens = sum(len(k) for k in per_token)
-    return float(sum(float(np.sum(k)) for k in per_token) / tokens) if tokens else 0.0
+    tokens = sum(len(r) for r in responses)
+    if not tokens:
+        return [0.0] * len(pairs)
+    per_pair = policy.token_kls(prompts, responses, pairs, temperature=sampling_temperature(rollouts))
+    return [float(sum(float(np.sum(k)) for k in per_token) / tokens) for per_token in per_pair]

@@ -111,39 +111,40 @@ class MLXBackend(ChatTokenizer, ModelBackend):
         hidden = self.response_hidden(prompt_ids, response_ids)[keep] if policy_hidden is None else policy_hidden
         return plain_token_kl(self.lm_head(hidden), self.lm_head(base), temperature)
 
-    def token_kl(
+    def token_kls(
         self,
         prompts: Sequence[Messages],
         responses: Sequence[Sequence[int]],
+        pairs: Sequence[tuple["MLXBackend | None", "MLXBackend | None"]],
         temperature: float = 1.0,
-        reference: "MLXBackend | None" = None,
         batch_size: int = 16,
         chunk_elements: int = CHUNK_ELEMENTS,
-    ) -> list[np.ndarray]:
-        """Exact KL(self || reference) over the vocabulary at every response position, at
-        `temperature`, one array per response (as `TorchBackend.token_kl`). `reference` None =
-        this policy with its adapter off (the base). Logits are made `chunk_elements // V` positions
-        at a time from the final hidden states, so a 150k vocabulary never needs `[B, T, V]`."""
-        out: list[np.ndarray] = []
-        ref = reference or self
+    ) -> list[list[np.ndarray]]:
+        """Exact KL(p || q) over the vocabulary at every response position, at `temperature`, for each
+        (p, q) of `pairs` (None = this policy with its adapter off), each model's forward once a batch
+        (as `TorchBackend.token_kls`). Logits are made `chunk_elements // V` positions at a time from the
+        final hidden states, so a 150k vocabulary never needs `[B, T, V]`."""
+        out: list[list[np.ndarray]] = [[] for _ in pairs]
+        models = list(dict.fromkeys(m for pair in pairs for m in pair))  # each once, in order
         with self._eval_mode():
             for start in range(0, len(prompts), batch_size):
                 p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
                 r_ids = [list(r) for r in responses[start : start + batch_size]]
                 if not any(r_ids):
-                    out += [np.zeros(0, dtype=np.float32) for _ in r_ids]
+                    out = [kls + [np.zeros(0, dtype=np.float32) for _ in r_ids] for kls in out]
                     continue
-                hidden = self.response_hidden(p_ids, r_ids)
-                with self.adapter_disabled() if reference is None else contextlib.nullcontext():
-                    ref_hidden = ref.response_hidden(p_ids, r_ids)
-                    mx.eval(ref_hidden)  # while the adapter is off
-                flat = np.array(
-                    token_kl(
-                        hidden, self.lm_head, ref_hidden, ref.lm_head, temperature, self.vocab_size, chunk_elements
-                    )
-                )
+                hidden = {}
+                for model in models:
+                    with self.adapter_disabled() if model is None else contextlib.nullcontext():
+                        hidden[model] = (self if model is None else model).response_hidden(p_ids, r_ids)
+                        mx.eval(hidden[model])  # while the adapter is off
                 bounds = np.cumsum([0] + [len(r) for r in r_ids])
-                out += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
+                for kls, (p, q) in zip(out, pairs):
+                    head_p, head_q = (self if p is None else p).lm_head, (self if q is None else q).lm_head
+                    flat = np.array(
+                        token_kl(hidden[p], head_p, hidden[q], head_q, temperature, self.vocab_size, chunk_elements)
+                    )
+                    kls += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
         return out
 
     def _teacher_forcing_layout(self, prompt_ids, response_ids):

@@ -327,39 +327,40 @@ class TorchBackend(ChatTokenizer, ModelBackend):
         return token_kl(hidden, self._head, base, self._head, temperature, self.vocab_size)
 
     @torch.no_grad()
-    def token_kl(
+    def token_kls(
         self,
         prompts: Sequence[Messages],
         responses: Sequence[Sequence[int]],
+        pairs: Sequence[tuple["TorchBackend | None", "TorchBackend | None"]],
         temperature: float = 1.0,
-        reference: "TorchBackend | None" = None,
         batch_size: int = 16,
         chunk_elements: int = CHUNK_ELEMENTS,
-    ) -> list[np.ndarray]:
-        """Exact KL(self || reference) = sum_v p(v) (log p(v) - log q(v)) over the vocabulary at
-        every response position, both distributions at `temperature`; one array per response.
-
-        `reference` None = this policy with its adapter off (the base). Logits are made from the
-        final hidden states `chunk_elements // V` positions at a time (`logprobs.token_kl`), so a
-        150k vocabulary never needs a `[B, T, V]` tensor.
+    ) -> list[list[np.ndarray]]:
+        """Exact KL(p || q) = sum_v p(v) (log p(v) - log q(v)) over the vocabulary at every response
+        position, both at `temperature`, for each (p, q) of `pairs` (None = this policy with its adapter
+        off, the base): per pair, one array per response (`ModelBackend`). Each model's forward runs once
+        a batch whatever the pairs it is in. Logits are made from the final hidden states
+        `chunk_elements // V` positions at a time (`logprobs.token_kl`), so a 150k vocabulary never
+        needs a `[B, T, V]` tensor.
         """
-        out: list[np.ndarray] = []
-        ref = reference or self
+        out: list[list[np.ndarray]] = [[] for _ in pairs]
+        models = list(dict.fromkeys(m for pair in pairs for m in pair))  # each once, in order
         for start in range(0, len(prompts), batch_size):
             p_ids = [self.prompt_ids(p) for p in prompts[start : start + batch_size]]
             r_ids = [list(r) for r in responses[start : start + batch_size]]
             if not any(r_ids):
-                out += [np.zeros(0, dtype=np.float32) for _ in r_ids]
+                out = [kls + [np.zeros(0, dtype=np.float32) for _ in r_ids] for kls in out]
                 continue
-            hidden = self.response_hidden(p_ids, r_ids)
-            with self.adapter_disabled() if reference is None else contextlib.nullcontext():
-                ref_hidden = ref.response_hidden(p_ids, r_ids)
-            per_token = token_kl(
-                hidden, self._head, ref_hidden, ref._head, temperature, self.vocab_size, chunk_elements
-            )
-            flat = per_token.cpu().double().numpy()
+            hidden = {}
+            for model in models:
+                with self.adapter_disabled() if model is None else contextlib.nullcontext():
+                    hidden[model] = (self if model is None else model).response_hidden(p_ids, r_ids)
             bounds = np.cumsum([0] + [len(r) for r in r_ids])
-            out += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
+            for kls, (p, q) in zip(out, pairs):
+                head_p, head_q = (self if p is None else p)._head, (self if q is None else q)._head
+                per_token = token_kl(hidden[p], head_p, hidden[q], head_q, temperature, self.vocab_size, chunk_elements)
+                flat = per_token.cpu().double().numpy()
+                kls += [flat[bounds[i] : bounds[i + 1]] for i in range(len(r_ids))]
         return out
 
     @torch.no_grad()

@@ -32,6 +32,10 @@ class FakePolicy:
         self.kl_reference = reference
         return [np.full(len(r), self.kl_per_token) for r in responses]
 
+    def token_kls(self, prompts, responses, pairs, temperature=1.0, **_):
+        """Each (p, q) as p's `token_kl` to q (None: the base the fakes share)."""
+        return [p.token_kl(prompts, responses, temperature, reference=q) for p, q in pairs]
+
     def greedy(self, prompts, max_new_tokens):
         return [self.note] * len(prompts)
 
