@@ -358,7 +358,13 @@ class ModelBackend(ABC):
     def num_parameters(self, trainable_only: bool = False) -> int: ...
 
     # -- training (the trainers are framework-neutral; see `Framework`) -----------------------
-    def batch_logprobs(self, prompt_ids, response_ids, temperature=1.0, shared_prefix=False) -> tuple[Any, Any]:
+    def batch_logprobs(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        response_ids: Sequence[Sequence[int]],
+        temperature: float = 1.0,
+        shared_prefix: bool = False,
+    ) -> tuple[Any, Any]:
         """Differentiable teacher-forced log-probs at `temperature`: `(logp, mask)`, `[B, max_len]`."""
         return self.batch_logprobs_hidden(prompt_ids, response_ids, temperature, shared_prefix)[:2]
 
@@ -367,8 +373,8 @@ class ModelBackend(ABC):
         self,
         prompt_ids: Sequence[Sequence[int]],
         response_ids: Sequence[Sequence[int]],
-        temperature=1.0,
-        shared_prefix=False,
+        temperature: float = 1.0,
+        shared_prefix: bool = False,
     ) -> tuple[Any, Any, Any]:
         """`batch_logprobs` and the final hidden states that predicted each response token, `[sum |r|, H]` in the
         mask's order, from the same forward: the exact KL anchor's policy side (`position_kl`)."""
