@@ -1,7 +1,10 @@
 """Which side does a checkpoint lean to on each held-out headline, read without sampling? For every held-out
 headline (`heldout_sides`' pick: the archive days after the first `--train-days`, `--headlines` a day) the
-margin m = log pi(" Buy") - log pi(" Sell") right after "Trade Recommendation:", the line FLYWHEEL_NOTE_FORMAT
-`call_first` asks the note to begin with (each side phrase's whole token sequence: SmolLM2 writes " Sell" in two).
+margin m = log pi(" Buy") - log pi(" Sell") right after "Trade Recommendation:", the line the `call_first` note
+format asks the note to begin with (each side phrase's whole token sequence: SmolLM2 writes " Sell" in two).
+The prompt is `--note-format`'s (default `call_first`, the prompt the CPU runs train under), not the shell's
+FLYWHEEL_NOTE_FORMAT: read under another prompt than its policy's, a checkpoint's lean is off its own path
+(the base leaned 1.08 / 0.31 nats on good / bad news under `sections`, 1.60 / 0.87 under `call_first`).
 
 Per checkpoint: the mean margin on good-news and on bad-news headlines and their gap (good - bad; the `news`
 rule wants it above 0, `inverted` below), and the forced-choice side accuracy under each rule (sign(m) against
@@ -12,7 +15,7 @@ A sampled note's side is what `heldout_sides` and the loop's held-out days measu
 in seconds, so a run's every checkpoint can be read, and a lean too small to flip a sampled side still shows.
 
     python -m benchmarks.side_margin --checkpoints base,DIR[,DIR...] [--model smollm2-135m-instruct]
-        [--days 26] [--train-days 11] [--headlines 8] [--n-boot 2000] [--record]
+        [--note-format call_first] [--days 26] [--train-days 11] [--headlines 8] [--n-boot 2000] [--record]
 
 The last line is one JSON object.
 """
@@ -28,14 +31,15 @@ import pandas as pd
 
 from benchmarks._results import add_record_argument, finish
 from benchmarks.heldout_sides import add_held_out_arguments, held_out_set
+from outcome_flywheel.settings import NOTE_FORMATS
 
 OPENING = "Trade Recommendation:"
 SIDES = (" Buy", " Sell")
 
 
-def side_margins(model_dir: Path, checkpoint: str, heads: pd.DataFrame) -> np.ndarray:
-    """log pi(" Buy") - log pi(" Sell") after `OPENING`, one per headline of `heads`, from the base at
-    `model_dir` with the LoRA adapter at `checkpoint` on it unless that is `base`."""
+def side_margins(model_dir: Path, checkpoint: str, heads: pd.DataFrame, note_format: str = "call_first") -> np.ndarray:
+    """log pi(" Buy") - log pi(" Sell") after `OPENING`, one per headline of `heads` under the `note_format`
+    prompt, from the base at `model_dir` with the LoRA adapter at `checkpoint` on it unless that is `base`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -51,7 +55,7 @@ def side_margins(model_dir: Path, checkpoint: str, heads: pd.DataFrame) -> np.nd
     out = []
     for title, summary in zip(heads["title"], heads["summary"]):
         text = tokenizer.apply_chat_template(
-            trading_note_messages(title, summary), add_generation_prompt=True, tokenize=False
+            trading_note_messages(title, summary, note_format), add_generation_prompt=True, tokenize=False
         )
         prefix = tokenizer(text + OPENING, add_special_tokens=False)["input_ids"]
         logp = []
@@ -100,6 +104,12 @@ def gap_change(first: np.ndarray, other: np.ndarray, news: np.ndarray, n_boot: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--checkpoints", required=True, help="comma-separated: base and checkpoints/policy/<day> dirs")
+    parser.add_argument(
+        "--note-format",
+        choices=NOTE_FORMATS,
+        default="call_first",
+        help="the prompt the margins are read under: the one the checkpoints were trained under (default call_first)",
+    )
     add_held_out_arguments(parser, days=26, headlines=8)
     parser.add_argument("--n-boot", type=int, default=2000)
     add_record_argument(parser)
@@ -115,7 +125,7 @@ def main() -> None:
     started = time.perf_counter()
     model_dir, days, heads = held_out_set(parser, args)
     news = np.array([news_direction(t, s) for t, s in zip(heads["title"], heads["summary"])])
-    margins = {c: side_margins(model_dir, c, heads) for c in checkpoints}
+    margins = {c: side_margins(model_dir, c, heads, args.note_format) for c in checkpoints}
     first = checkpoints[0]
     rows = {
         c: {
@@ -126,6 +136,7 @@ def main() -> None:
     }
     result = dict(
         model=args.model,
+        note_format=args.note_format,
         opening=OPENING,
         held_out_days=days,
         headlines=len(heads),

@@ -50,8 +50,8 @@ SMOKE: dict[str, list[str]] = {
     + ["--out-dir", "{tmp}/worlds"],
     "partition_speed": ["--headlines", "1", "--rollouts", "2", "--max-new-tokens", "8"],
     "s3_round_trip": ["--repeats", "1"],
-    "side_margin": ["--model", "tiny-local", "--checkpoints", "base,base", "--days", "2", "--train-days", "1"]
-    + ["--headlines", "2", "--n-boot", "50", "--out-dir", "{tmp}/margin"],
+    "side_margin": ["--model", "tiny-local", "--checkpoints", "base,base", "--note-format", "sections", "--days", "2"]
+    + ["--train-days", "1", "--headlines", "2", "--n-boot", "50", "--out-dir", "{tmp}/margin"],
     "tiny_local_calls": ["--samples", "1", "--headlines", "2"],
     "tracking_cost": ["--headlines", "1", "--rollouts", "2", "--max-new-tokens", "8"],
     "training_profile": ["--smoke", "--no-warm-up"],

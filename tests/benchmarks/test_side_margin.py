@@ -14,18 +14,23 @@ HEADS = pd.DataFrame(
 )
 
 
-def test_the_margin_is_the_two_sides_log_probabilities_after_the_opening(tiny_model_dir):
+@pytest.mark.parametrize("note_format", ["call_first", "sections"])
+def test_the_margin_is_the_two_sides_log_probabilities_after_the_opening(tiny_model_dir, note_format, monkeypatch):
     """The same figure from the project's own backend: the opening and each side as the response, the side's
-    tokens summed. Both run the float32 model; the backend's log-softmax is float32, ours float64 over float32
-    logits, so each token's log-prob agrees to a few float32 ulps of the logits' size, far under 1e-4."""
+    tokens summed, under the prompt asked for whatever the shell's FLYWHEEL_NOTE_FORMAT says. Both run the
+    float32 model; the backend's log-softmax is float32, ours float64 over float32 logits, so each token's
+    log-prob agrees to a few float32 ulps of the logits' size, far under 1e-4."""
     from outcome_flywheel.models.prompts import trading_note_messages
     from outcome_flywheel.models.torch.backend import TorchBackend
 
-    margins = side_margins(tiny_model_dir, "base", HEADS)
+    other = {"call_first": "sections", "sections": "call_first"}[note_format]
+    monkeypatch.setenv("FLYWHEEL_NOTE_FORMAT", other)
+    margins = side_margins(tiny_model_dir, "base", HEADS, note_format)
+    assert not np.allclose(margins, side_margins(tiny_model_dir, "base", HEADS, other), atol=1e-3)
     backend = TorchBackend(tiny_model_dir, device="cpu")
     opening = backend.text_ids(OPENING)
     for (title, summary), margin in zip(zip(HEADS["title"], HEADS["summary"]), margins):
-        prompt = backend.prompt_ids(trading_note_messages(title, summary))
+        prompt = backend.prompt_ids(trading_note_messages(title, summary, note_format))
         sides = [backend.text_ids(s) for s in SIDES]
         logp, _ = backend.batch_logprobs([prompt] * 2, [opening + s for s in sides])
         logp = logp.detach().double().numpy()
