@@ -37,7 +37,7 @@ OPENING = "Trade Recommendation:"
 SIDES = (" Buy", " Sell")
 
 
-def side_margins(model_dir: Path, checkpoint: str, heads: pd.DataFrame, note_format: str = "call_first") -> np.ndarray:
+def side_margins(model_dir: Path, checkpoint: str, heads: pd.DataFrame, note_format: str) -> np.ndarray:
     """log pi(" Buy") - log pi(" Sell") after `OPENING`, one per headline of `heads` under the `note_format`
     prompt, from the base at `model_dir` with the LoRA adapter at `checkpoint` on it unless that is `base`."""
     import torch
