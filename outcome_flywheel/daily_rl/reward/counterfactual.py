@@ -96,7 +96,8 @@ def side_counterfactual(
     if rows is None:
         return None
     r_own, r_other = float(value), price.other_side(value, cost_bps)
-    return Counterfactual(*rows, coefficient=float(c) * (r_own - r_other) / 2.0)
+    direction = 1 if call.side == "long" else -1
+    return Counterfactual(*rows, coefficient=float(c) * (r_own - r_other) / 2.0, direction=direction)
 
 
 def other_side_advantages(rows: Any, values: Sequence[float], price: PriceReward, cost_bps: float) -> np.ndarray:

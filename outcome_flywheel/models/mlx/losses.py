@@ -212,13 +212,19 @@ def side_pair_loss(
     other_mask: mx.array,
     coefficients: mx.array,
     normaliser: float,
+    directions: mx.array | None = None,
 ) -> tuple[mx.array, dict[str, mx.array]]:
     """The counterfactual term's `pair` form: the mirror of torch's `side_pair_loss`
-    (-sum_i |c_i| log sigmoid(sign(c_i) (l_own,i - l_other,i)) / Z); log sigmoid(x) = -logaddexp(0, -x)."""
+    (-sum_i |c_i| log sigmoid(sign(c_i) (l_own,i - l_other,i)) / Z, `directions` centring the side pairs as
+    there: `centered_pair`); log sigmoid(x) = -logaddexp(0, -x)."""
     own = mx.take((own_logp * own_mask.astype(own_logp.dtype)).sum(-1), rows.astype(mx.int32))
     other = (other_logp * other_mask.astype(other_logp.dtype)).sum(-1)
     c = coefficients.astype(own_logp.dtype)
-    margin = mx.sign(c) * (own - other)
+    x = own - other
+    if directions is not None:
+        d = directions.astype(own_logp.dtype)
+        x = x - d * (d * x).sum() / mx.maximum(mx.abs(d).sum(), 1.0)
+    margin = mx.sign(c) * x
     loss = (mx.abs(c) * mx.logaddexp(mx.zeros_like(margin), -margin)).sum() / float(normaliser)
     return loss, {"side_loss": mx.stop_gradient(loss)}
 

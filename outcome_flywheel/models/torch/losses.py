@@ -216,17 +216,24 @@ def side_pair_loss(
     other_mask: torch.Tensor,
     coefficients: torch.Tensor,
     normaliser: float,
+    directions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The counterfactual term's `pair` form (`GSPOConfig.counterfactual_form`): a logistic loss on the decision's
     two actions, the better one preferred, loss = -sum_i |c_i| log sigmoid(sign(c_i) (l_own,i - l_other,i)) / Z,
     l = sum_t m_t log pi_theta,t over the action's tokens (DPO's pair loss, Rafailov et al. 2023, without its
     reference). own_logp, own_mask: [B, T], the minibatch's rows; rows: [C] the carriers' indices in it;
     other_logp, other_mask: [C, T'], their other actions' rows; coefficients: [C], c_i = the own row's. Unlike
-    the `probability` form, its pull on a rare action does not shrink with that action's probability."""
+    the `probability` form, its pull on a rare action does not shrink with that action's probability.
+    `directions` ([C]: +1 the own action is long, -1 short, 0 not a side) makes it `centered_pair`: each side
+    pair's margin toward long, d_i (l_own,i - l_other,i), less the mean over the side pairs (d != 0)."""
     own = (own_logp * own_mask.to(own_logp.dtype)).sum(-1)[rows]
     other = (other_logp * other_mask.to(other_logp.dtype)).sum(-1)
     c = coefficients.to(own_logp.dtype)
-    loss = -(c.abs() * torch.nn.functional.logsigmoid(torch.sign(c) * (own - other))).sum() / float(normaliser)
+    x = own - other
+    if directions is not None:  # x_i - d_i mean_j(d_j x_j) = d_i (m_i - mean m), as d_i^2 = 1 on side pairs
+        d = directions.to(own_logp.dtype)
+        x = x - d * (d * x).sum() / d.abs().sum().clamp(min=1.0)
+    loss = -(c.abs() * torch.nn.functional.logsigmoid(torch.sign(c) * x)).sum() / float(normaliser)
     return loss, {"side_loss": float(loss.detach())}
 
 

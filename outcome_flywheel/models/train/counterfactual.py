@@ -38,7 +38,7 @@ def counterfactual_term(
 ) -> tuple[Any, dict[str, float]]:
     """-sum_i c_i (pi_theta(own_i) - pi_theta(other_i)) / Z over the batch's examples with a counterfactual
     (`logp`: the batch's own forward, [B, T]), or under `form` `pair` the logistic loss on each pair
-    (`fw.side_pair_loss`); a zero loss when none has one or the term is not `on` (past
+    (`fw.side_pair_loss`; `centered_pair`: on the side pairs' margins less their mean); a zero loss when none has one or the term is not `on` (past
     `counterfactual_epochs`). Metrics (the framework's scalars): the term's value, and per decision (side,
     name) the mean own and other action's probabilities (NaN where no example has that decision's term)."""
     fw = backend.framework
@@ -76,10 +76,11 @@ def counterfactual_term(
             other_logp, other_mask, other_coefficients, np.array([c.token_part for c in carriers])
         )
         loss, value = loss + other_loss, value + other_value
-        if form == "pair":  # the probabilities above stay as metrics; the pair's logistic loss is what trains
+        if form in ("pair", "centered_pair"):  # the probabilities above stay as metrics; the pair's loss trains
             if fw.side_pair_loss is None:
-                raise ValueError(f"the {fw.name} framework has no side_pair_loss for counterfactual_form 'pair'")
+                raise ValueError(f"the {fw.name} framework has no side_pair_loss for counterfactual_form {form!r}")
             rows = np.array([i for i, b in enumerate(batch) if b.counterfactual is not None], dtype=np.int64)
+            directions = np.array([c.counterfactual.direction for c in carriers], np.float32)
             loss, pair = fw.side_pair_loss(
                 logp,
                 own_mask,
@@ -88,6 +89,7 @@ def counterfactual_term(
                 other_mask,
                 fw.as_array(backend, coefficients[rows]),
                 normaliser,
+                fw.as_array(backend, directions) if form == "centered_pair" else None,
             )
             value = pair["side_loss"]
     metrics = {"counterfactual_loss": value}

@@ -66,6 +66,15 @@ against 0.3-0.5 for the one it favours, SmolLM2's notes) barely moves, whatever 
 (1 - the better action's share of the two) times |c|, so it does not shrink with a rare action's probability and
 stops once the better action holds the pair.
 
+`centered_pair` takes the same pair on the side's margin toward long, m_i = d_i (l_own,i - l_other,i) (d_i = +1
+where the sampled side is long, -1 short), less the minibatch's mean over its side pairs:
+
+    loss += -sum_i |c_i| log sigmoid(sign(c_i) d_i (m_i - mean_j m_j)) / Z
+
+Adding the same delta to every m_i leaves it unchanged, so its gradient along a shift of every side margin is 0:
+it trains how the side differs between headlines, and no lean (under `pair`, SmolLM2's `inverted` notes went to
+Sell on every headline rather than reverse: docs/models.md). Name pairs (d = 0) stay uncentred.
+
 Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
 is the policy the update starts from (recomputed); the TIS weight corrects for the sampler.
 """
@@ -81,7 +90,7 @@ OBJECTIVES = ("token", "gspo", "reward_weighted")
 DEFAULT_CLIP = {"token": (0.2, 0.28), "gspo": (3e-4, 4e-4), "reward_weighted": (3e-4, 4e-4)}
 OLD_LOGPROBS = ("auto", "stored", "recompute")
 PART_NORMALISERS = ("shared", "per_part")
-COUNTERFACTUAL_FORMS = ("probability", "pair")  # how the counterfactual term trains its two rows
+COUNTERFACTUAL_FORMS = ("probability", "pair", "centered_pair")  # how the counterfactual term trains its two rows
 KL_SPANS = ("note", "ticker")  # the tokens the KL penalty covers (`kl_span`)
 KL_ESTIMATORS = ("k3", "exact")  # how it is taken there (`kl_estimator`)
 FROZEN_SPANS = (None, "ticker")  # tokens no part of the loss trains (`frozen_span`)
@@ -177,7 +186,7 @@ class GSPOConfig:
     counterfactual_form: str = field(
         default="probability",
         metadata={
-            "help": "How the counterfactual term trains a decision's two rows: `probability` = -c sum_a pi(a) (R(a) - R_bar), the all-action policy gradient, whose pull on an action shrinks with its probability (the default: issue 46's ablation on tiny-local); `pair` = -|c| log sigmoid(+-(log pi(own) - log pi(other))), the better action preferred (DPO's pair loss without a reference), whose pull does not."
+            "help": "How the counterfactual term trains a decision's two rows: `probability` = -c sum_a pi(a) (R(a) - R_bar), the all-action policy gradient, whose pull on an action shrinks with its probability (the default: issue 46's ablation on tiny-local); `pair` = -|c| log sigmoid(+-(log pi(own) - log pi(other))), the better action preferred (DPO's pair loss without a reference), whose pull does not; `centered_pair` = the pair on each side's long-minus-short margin less the minibatch's mean one (name pairs uncentred): a shift of every side margin at once leaves it unchanged, so it trains only how the side differs between headlines, not a lean to one side."
         },
     )
     gradient_shares: bool = field(
@@ -295,6 +304,12 @@ class Counterfactual:
         metadata={
             "help": "c (R(own) - R_bar), R_bar = the two actions' mean (a side's: x the replay weight): the own action's coefficient; the other's is its negative."
         }
+    )
+    direction: int = field(
+        default=0,
+        metadata={
+            "help": "+1 where the own action is the long side, -1 the short side, 0 not a side (a name): the axis `centered_pair` centres the side's margins on."
+        },
     )
 
 

@@ -65,11 +65,12 @@ def test_a_company_call_gets_its_other_side_row_teacher_forced(tokenizer):
     assert pair.other_response_ids[:first] == ids[:first] and not any(pair.other_mask[:first])
     r_other = PriceReward().value("matured", -1.2 - 0.2)
     assert pair.coefficient == pytest.approx(2.0 * (value - r_other) / 2.0, rel=1e-9)
-    assert pair.coefficient > 0  # the sampled long won: the term pushes its side up
+    assert pair.coefficient > 0 and pair.direction == 1  # the sampled long won: the term pushes its side up
     short = NOTE.replace("Buy", "Sell")
     short_ids = tokenizer(short, add_special_tokens=False)["input_ids"]
     flipped = side_counterfactual(tokenizer, short_ids, short, ON_META, 1 - value, PriceReward(), 10.0, 2.0)
     assert tokenizer.decode(flipped.other_response_ids) == "Trade Recommendation: Buy" and flipped.coefficient < 0
+    assert flipped.direction == -1  # the sampled side is short: its margin toward long is l_other - l_own
 
 
 def test_no_row_for_another_company_no_side_no_tokenizer_or_no_weight(tokenizer):
@@ -264,7 +265,7 @@ def test_sequence_objectives_refuse_the_term(tiny_model_dir, tokenizer):
         train_gspo(TorchBackend(tiny_model_dir, device="cpu"), examples, GSPOConfig(objective="gspo"))
     with pytest.raises(ValueError, match="counterfactual_epochs"):
         GSPOConfig(counterfactual_epochs=0)
-    with pytest.raises(ValueError, match="counterfactual_form must be one of probability, pair"):
+    with pytest.raises(ValueError, match="counterfactual_form must be one of probability, pair, centered_pair"):
         GSPOConfig(counterfactual_form="logprob")
     with pytest.raises(ValueError, match="price_counterfactual_c"):
         MaturedConfig(counterfactual_c=-1.0)
