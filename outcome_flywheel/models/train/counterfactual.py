@@ -39,8 +39,9 @@ def counterfactual_term(
     """-sum_i c_i (pi_theta(own_i) - pi_theta(other_i)) / Z over the batch's examples with a counterfactual
     (`logp`: the batch's own forward, [B, T]), or under `form` `pair` the logistic loss on each pair
     (`fw.side_pair_loss`; `centered_pair`: on the side pairs' margins less their mean, so a minibatch with one
-    side pair trains none); a zero loss when none has one or the term is not `on` (past `counterfactual_epochs`). Metrics (the framework's scalars): the term's value, and per decision (side,
-    name) the mean own and other action's probabilities (NaN where no example has that decision's term)."""
+    side pair trains none); a zero loss when none has one or the term is not `on` (past `counterfactual_epochs`).
+    Metrics (the framework's scalars): the term's value, and per decision (side, name) the mean own and other
+    action's probabilities (NaN where no example has that decision's term)."""
     fw = backend.framework
     if fw.side_probability_loss is None:
         raise ValueError(f"the {fw.name} framework has no side_probability_loss for the counterfactual term")
