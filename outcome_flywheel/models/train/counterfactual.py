@@ -81,7 +81,9 @@ def counterfactual_term(
             if fw.side_pair_loss is None:
                 raise ValueError(f"the {fw.name} framework has no side_pair_loss for counterfactual_form {form!r}")
             rows = np.array([i for i, b in enumerate(batch) if b.counterfactual is not None], dtype=np.int64)
-            directions = np.array([c.counterfactual.direction for c in carriers], np.float32)
+            centring = None  # `centered_pair`: each carrier's side direction (0 on a name pair)
+            if form == "centered_pair":
+                centring = fw.as_array(backend, np.array([c.counterfactual.direction for c in carriers], np.float32))
             loss, pair = fw.side_pair_loss(
                 logp,
                 own_mask,
@@ -90,7 +92,7 @@ def counterfactual_term(
                 other_mask,
                 fw.as_array(backend, coefficients[rows]),
                 normaliser,
-                fw.as_array(backend, directions) if form == "centered_pair" else None,
+                centring,
             )
             value = pair["side_loss"]
     metrics = {"counterfactual_loss": value}
