@@ -43,14 +43,21 @@ def side_margins(model_dir: Path, checkpoint: str, heads: pd.DataFrame, note_for
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from outcome_flywheel.models.prompts import trading_note_messages
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     if checkpoint != "base":
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, checkpoint).eval()
+    return margins_of(model, tokenizer, heads, note_format)
+
+
+def margins_of(model, tokenizer, heads: pd.DataFrame, note_format: str) -> np.ndarray:
+    """`side_margins` of a model already in memory (a transformers causal LM, with or without its adapter)."""
+    import torch
+
+    from outcome_flywheel.models.prompts import trading_note_messages
+
     sides = [tokenizer.encode(s, add_special_tokens=False) for s in SIDES]
     out = []
     for title, summary in zip(heads["title"], heads["summary"]):

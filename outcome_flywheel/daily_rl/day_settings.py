@@ -176,6 +176,7 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "price_counterfactual_c": "price_counterfactual_c",
     "counterfactual_epochs": "gspo.counterfactual_epochs",
     "counterfactual_form": "gspo.counterfactual_form",
+    "side_lean_anchor": "gspo.side_lean_anchor",
     "share_prompt_prefix": "gspo.share_prompt_prefix",
     "prompt_evolver_enabled": "prompt_evolver.enabled",
     "prompt_evolver_epsilon": "prompt_evolver.epsilon",

@@ -43,6 +43,10 @@ SMOKE: dict[str, list[str]] = {
     + ["--parallel", "1", "--n-boot", "100", "--out-dir", "{tmp}/grid"],
     "heldout_sides": ["--model", "tiny-local", "--checkpoint", "base", "--days", "2", "--train-days", "1"]
     + ["--headlines", "1", "--notes", "2", "--max-new-tokens", "8", "--out-dir", "{tmp}/heldout"],
+    # a day of the learning grid's smoke cell replayed (its second day: trained on the first's notes)
+    "lean_source": ["--model", "tiny-local", "--run", "{tmp}/grid/runs/news-w0-t0/news", "--day", "2025-11-04"]
+    + ["--arms", "all,relevance", "--days", "2", "--train-days", "1", "--headlines", "1", "--n-boot", "50"]
+    + ["--out-dir", "{tmp}/lean"],
     "logprob_memory": ["--batch", "1", "--prompt-tokens", "8", "--response-tokens", "8", "--frameworks", "torch"]
     + ["--device", "cpu"],
     "note_scorer": [*LOOP, "--days", "2"],
@@ -103,6 +107,8 @@ def outputs(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_the_benchmark_runs_and_ends_with_one_json_object(name, server, data_dir, outputs):
+    if name == "lean_source":  # it replays the grid's cell (sorted first, or run alone: the grid runs here)
+        grid_cell(server, data_dir, outputs)
     done = run_benchmark(server, name, SMOKE[name], data_dir, outputs)
     tail = (done.stdout[-3000:] + "\n--- stderr ---\n" + done.stderr[-3000:]).strip()
     assert done.returncode == 0, f"benchmarks.{name} exited {done.returncode}:\n{tail}"
@@ -111,13 +117,18 @@ def test_the_benchmark_runs_and_ends_with_one_json_object(name, server, data_dir
     assert isinstance(json.loads(lines[-1]), dict), f"benchmarks.{name}'s last line is not one JSON object:\n{tail}"
 
 
+def grid_cell(server: ForkServer, data_dir: Path, outputs: Path) -> None:
+    """The learning grid's smoke cell, run unless it is there."""
+    if not (outputs / "grid" / "cells" / "news-w0-t0.json").exists():
+        first = run_benchmark(server, "learning_grid", SMOKE["learning_grid"], data_dir, outputs)
+        assert first.returncode == 0, first.stderr[-3000:]
+
+
 def test_a_grid_resumes_and_other_arguments_are_refused(server, data_dir, outputs):
     """The grid of the smoke run again: with its arguments it skips the cell it has; with others it refuses (run
     alone, the first call runs the cell)."""
     args = SMOKE["learning_grid"]
-    if not (outputs / "grid" / "cells" / "news-w0-t0.json").exists():
-        first = run_benchmark(server, "learning_grid", args, data_dir, outputs)
-        assert first.returncode == 0, first.stderr[-3000:]
+    grid_cell(server, data_dir, outputs)
     again = run_benchmark(server, "learning_grid", args, data_dir, outputs)
     assert again.returncode == 0 and "1 cells, 0 to run" in again.stdout, again.stdout[-2000:]
     assert json.loads(again.stdout.strip().splitlines()[-1])["cells"]["done"] == 1

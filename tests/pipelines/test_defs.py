@@ -403,7 +403,10 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
             "kl_span": "note",  # default ticker, whose general other value is a credit span
         }.get(name) or _other_value(at(defaults, path), DailyUpdateConfig.model_fields[name].annotation)
         expected = tuple(value) if isinstance(value, list) else value
-        beside = {"kl_estimator": "k3"} if name == "kl_span" else {}  # the exact KL takes the ticker span only
+        beside = {  # the exact KL takes the ticker span only; the lean anchor holds the pair forms' side pairs
+            "kl_span": {"kl_estimator": "k3"},
+            "side_lean_anchor": {"counterfactual_form": "pair"},
+        }.get(name, {})
         assert at(DailyUpdateConfig(**{name: value, **beside}).settings(), path) == expected, name
     assert DailyUpdateConfig(full_fine_tune=True, lora_r=4, lora_target_modules=["q_proj"]).settings().gspo.lora is None
 

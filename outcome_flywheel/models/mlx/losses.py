@@ -229,6 +229,26 @@ def side_pair_loss(
     return loss, {"side_loss": mx.stop_gradient(loss)}
 
 
+def side_lean_loss(
+    own_logp: mx.array,
+    own_mask: mx.array,
+    rows: mx.array,
+    other_logp: mx.array,
+    other_mask: mx.array,
+    directions: mx.array,
+    old_margins: mx.array,
+    weight: float,
+) -> tuple[mx.array, dict[str, mx.array]]:
+    """The lean anchor: the mirror of torch's `side_lean_loss` (weight * lean^2, lean = the side pairs' mean
+    d_i (x_i - x_old,i))."""
+    own = mx.take((own_logp * own_mask.astype(own_logp.dtype)).sum(-1), rows.astype(mx.int32))
+    other = (other_logp * other_mask.astype(other_logp.dtype)).sum(-1)
+    d = directions.astype(own_logp.dtype)
+    lean = (d * (own - other - old_margins.astype(own_logp.dtype))).sum() / mx.maximum(mx.abs(d).sum(), 1.0)
+    loss = float(weight) * mx.square(lean)
+    return loss, {"side_lean": mx.stop_gradient(lean)}
+
+
 def exact_kl_loss(kl: mx.array, beta: float, normaliser: float) -> tuple[mx.array, dict[str, mx.array]]:
     """The exact KL penalty: the mirror of torch's `exact_kl_loss` (beta * sum_n KL_n / Z)."""
     loss = kl.sum() * (float(beta) / float(normaliser))

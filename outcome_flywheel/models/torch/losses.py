@@ -237,6 +237,28 @@ def side_pair_loss(
     return loss, {"side_loss": float(loss.detach())}
 
 
+def side_lean_loss(
+    own_logp: torch.Tensor,
+    own_mask: torch.Tensor,
+    rows: torch.Tensor,
+    other_logp: torch.Tensor,
+    other_mask: torch.Tensor,
+    directions: torch.Tensor,
+    old_margins: torch.Tensor,
+    weight: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The lean anchor (`GSPOConfig.side_lean_anchor`): weight * lean^2, lean = the mean over the side pairs
+    (d_i != 0) of d_i (x_i - x_old,i), x = l_own - l_other as in `side_pair_loss` and x_old the same at pi_old
+    ([C], no gradient): how far the pairs' margins toward long moved together since the day began. Rows and
+    masks as `side_pair_loss`'s; a minibatch without a side pair has lean 0. Metric side_lean: the lean."""
+    own = (own_logp * own_mask.to(own_logp.dtype)).sum(-1)[rows]
+    other = (other_logp * other_mask.to(other_logp.dtype)).sum(-1)
+    d = directions.to(own_logp.dtype)
+    lean = (d * (own - other - old_margins.to(own_logp.dtype))).sum() / d.abs().sum().clamp(min=1.0)
+    loss = float(weight) * lean.square()
+    return loss, {"side_lean": float(lean.detach())}
+
+
 def exact_kl_loss(kl: torch.Tensor, beta: float, normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:
     """The exact KL penalty (`GSPOConfig.kl_estimator` exact): beta * sum_n KL_n / Z, KL_n = sum_v pi_theta(v)
     (log pi_theta(v) - log pi_ref(v)) at each covered position n (`kl`: [N], the backend's `position_kl`), Z the

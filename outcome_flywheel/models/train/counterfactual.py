@@ -22,6 +22,41 @@ def other_rows(batch: Sequence[EncodedExample]) -> list[EncodedExample]:
     ]
 
 
+def old_side_margins(
+    backend: ModelBackend,
+    batches: Sequence[Sequence[EncodedExample]],
+    old_by_batch: Sequence[Any],
+    logprobs: Callable[[Sequence[EncodedExample]], tuple[Any, Any]],
+) -> list[np.ndarray]:
+    """Per batch, x_old = l_own - l_other at pi_old for each example that carries the term (in batch order, as
+    `other_rows`), for the lean anchor: the own rows' from `old_by_batch` (pi_old, [B, T]), the other rows' from a
+    no-grad forward now, before any step; empty for a batch without a carrier."""
+    fw = backend.framework
+    out: list[np.ndarray] = []
+    with fw.inference(backend):
+        for batch, old in zip(batches, old_by_batch):
+            carriers = [b for b in batch if b.counterfactual is not None]
+            if not carriers:
+                out.append(np.zeros(0))
+                continue
+            old = fw.to_numpy(old).astype(np.float64)
+            own = [
+                float((old[k, : len(b.response_ids)] * np.asarray(b.counterfactual.own_mask, np.float64)).sum())
+                for k, b in enumerate(batch)
+                if b.counterfactual is not None
+            ]
+            other_logp, _ = logprobs(other_rows(carriers))
+            other_logp = fw.to_numpy(other_logp).astype(np.float64)
+            other = [
+                float(
+                    (other_logp[k, : len(c.counterfactual.other_mask)] * np.asarray(c.counterfactual.other_mask)).sum()
+                )
+                for k, c in enumerate(carriers)
+            ]
+            out.append(np.array(own) - np.array(other))
+    return out
+
+
 # The decision each example's term is about, by the reward part the example carries: the side of a matured call,
 # the name of a judged one (`daily_rl/reward/counterfactual.py`); reported apart, as `<decision>_probability_*`.
 DECISIONS = {"side": "price", "name": "relevance"}
@@ -35,13 +70,16 @@ def counterfactual_term(
     normaliser: float,
     on: bool = True,
     form: str = "probability",
+    lean: tuple[np.ndarray, float] | None = None,
 ) -> tuple[Any, dict[str, float]]:
     """-sum_i c_i (pi_theta(own_i) - pi_theta(other_i)) / Z over the batch's examples with a counterfactual
     (`logp`: the batch's own forward, [B, T]), or under `form` `pair` the logistic loss on each pair
     (`fw.side_pair_loss`; `centered_pair`: on the side pairs' margins less their mean, so a minibatch with one
     side pair trains none); a zero loss when none has one or the term is not `on` (past `counterfactual_epochs`).
     Metrics (the framework's scalars): the term's value, and per decision (side, name) the mean own and other
-    action's probabilities (NaN where no example has that decision's term)."""
+    action's probabilities (NaN where no example has that decision's term). `lean`: (x_old of the carriers at
+    pi_old, `old_side_margins`; lambda) adds the lean anchor on the side pairs (`fw.side_lean_loss`) while the
+    term is on, and its metric `side_lean` (0 where it is off or the batch has no side pair)."""
     fw = backend.framework
     if fw.side_probability_loss is None:
         raise ValueError(f"the {fw.name} framework has no side_probability_loss for the counterfactual term")
@@ -67,6 +105,7 @@ def counterfactual_term(
     )
     loss, value, own = term(logp, own_mask, coefficients, np.array([b.token_part for b in batch]))
     other = own  # no carrier: a zero loss, NaN probabilities (the metrics keep their keys and types)
+    drift = 0.0
     if carriers:
         others = other_rows(carriers)
         other_logp, _ = logprobs(others)
@@ -95,7 +134,24 @@ def counterfactual_term(
                 centring,
             )
             value = pair["side_loss"]
+            if lean is not None:
+                if fw.side_lean_loss is None:
+                    raise ValueError(f"the {fw.name} framework has no side_lean_loss for side_lean_anchor")
+                directions = np.array([c.counterfactual.direction for c in carriers], np.float32)
+                anchor, anchor_metrics = fw.side_lean_loss(
+                    logp,
+                    own_mask,
+                    fw.as_array(backend, rows),
+                    other_logp,
+                    other_mask,
+                    fw.as_array(backend, directions),
+                    fw.as_array(backend, np.asarray(lean[0], np.float32)),
+                    lean[1],
+                )
+                loss, drift = loss + anchor, anchor_metrics["side_lean"]
     metrics = {"counterfactual_loss": value}
+    if lean is not None:
+        metrics["side_lean"] = drift
     for decision in DECISIONS:
         metrics[f"{decision}_probability_own"] = own[decision]
         metrics[f"{decision}_probability_other"] = other[decision]

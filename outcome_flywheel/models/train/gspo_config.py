@@ -75,6 +75,15 @@ Adding the same delta to every m_i leaves it unchanged, so its gradient along a 
 it trains how the side differs between headlines, and no lean (under `pair`, SmolLM2's `inverted` notes went to
 Sell on every headline rather than reverse: docs/models.md). Name pairs (d = 0) stay uncentred.
 
+Neither form holds the lean in practice: replayed one day at a time (`benchmarks/lean_source.py`), the pair term
+alone moved every held-out side margin by 2-3 nats at once, centred or not (AdamW scales each weight's step
+by its own history, so a gradient with no component along the lean still takes a step with one). The lean anchor
+(`side_lean_anchor` = lambda > 0, under either pair form) penalises that move itself:
+
+    loss += lambda (mean_j d_j (x_j - x_old,j))^2,   x = l_own - l_other,  x_old: the same at pi_old
+
+over the minibatch's side pairs, so what the earlier steps of the day moved every side by is pulled back.
+
 Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
 is the policy the update starts from (recomputed); the TIS weight corrects for the sampler.
 """
@@ -189,6 +198,12 @@ class GSPOConfig:
             "help": "How the counterfactual term trains a decision's two rows: `probability` = -c sum_a pi(a) (R(a) - R_bar), the all-action policy gradient, whose pull on an action shrinks with its probability (the default: issue 46's ablation on tiny-local); `pair` = -|c| log sigmoid(+-(log pi(own) - log pi(other))), the better action preferred (DPO's pair loss without a reference), whose pull does not; `centered_pair` = the pair on each side's long-minus-short margin less the minibatch's mean one (name pairs uncentred): a shift of every side margin at once leaves it unchanged, so it trains only how the side differs between headlines, not a lean to one side."
         },
     )
+    side_lean_anchor: float = field(
+        default=0.0,
+        metadata={
+            "help": "lambda of the lean anchor (`pair` and `centered_pair` forms): lambda (mean over the minibatch's side pairs of d_i (x_i - x_old,i))^2, x = log pi(own side) - log pi(other side) now and x_old at pi_old, d_i = +1 own long, -1 own short: pulls back the move of every side margin toward one side that the pair term's steps make (2-3 nats a day on SmolLM2, centred or not: docs/models.md); costs one no-grad forward of the other sides' rows. 0 = off, the default."
+        },
+    )
     gradient_shares: bool = field(
         default=True,
         metadata={
@@ -277,6 +292,13 @@ class GSPOConfig:
         if self.counterfactual_form not in COUNTERFACTUAL_FORMS:
             raise ValueError(
                 f"counterfactual_form must be one of {', '.join(COUNTERFACTUAL_FORMS)}, got {self.counterfactual_form!r}"
+            )
+        if not (0.0 <= float(self.side_lean_anchor) < float("inf")):
+            raise ValueError(f"side_lean_anchor must be a finite number >= 0, got {self.side_lean_anchor!r}")
+        if self.side_lean_anchor and self.counterfactual_form not in ("pair", "centered_pair"):
+            raise ValueError(
+                f"side_lean_anchor holds the side pairs' margins: use counterfactual_form 'pair' or 'centered_pair', "
+                f"not {self.counterfactual_form!r}"
             )
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
