@@ -120,34 +120,18 @@ def counterfactual_term(
             if fw.side_pair_loss is None:
                 raise ValueError(f"the {fw.name} framework has no side_pair_loss for counterfactual_form {form!r}")
             rows = np.array([i for i, b in enumerate(batch) if b.counterfactual is not None], dtype=np.int64)
-            centring = None  # `centered_pair`: each carrier's side direction (0 on a name pair)
-            if form == "centered_pair":
-                centring = fw.as_array(backend, np.array([c.counterfactual.direction for c in carriers], np.float32))
-            loss, pair = fw.side_pair_loss(
-                logp,
-                own_mask,
-                fw.as_array(backend, rows),
-                other_logp,
-                other_mask,
-                fw.as_array(backend, coefficients[rows]),
-                normaliser,
-                centring,
-            )
+            pairs = (logp, own_mask, fw.as_array(backend, rows), other_logp, other_mask)  # both rows of each pair
+            directions = None  # each carrier's side (0 on a name pair): what `centered_pair` and the anchor read
+            if form == "centered_pair" or lean is not None:
+                directions = fw.as_array(backend, np.array([c.counterfactual.direction for c in carriers], np.float32))
+            centring = directions if form == "centered_pair" else None
+            loss, pair = fw.side_pair_loss(*pairs, fw.as_array(backend, coefficients[rows]), normaliser, centring)
             value = pair["side_loss"]
             if lean is not None:
                 if fw.side_lean_loss is None:
                     raise ValueError(f"the {fw.name} framework has no side_lean_loss for side_lean_anchor")
-                directions = np.array([c.counterfactual.direction for c in carriers], np.float32)
-                anchor, anchor_metrics = fw.side_lean_loss(
-                    logp,
-                    own_mask,
-                    fw.as_array(backend, rows),
-                    other_logp,
-                    other_mask,
-                    fw.as_array(backend, directions),
-                    fw.as_array(backend, np.asarray(lean[0], np.float32)),
-                    lean[1],
-                )
+                old = fw.as_array(backend, np.asarray(lean[0], np.float32))
+                anchor, anchor_metrics = fw.side_lean_loss(*pairs, directions, old, lean[1])
                 loss, drift = loss + anchor, anchor_metrics["side_lean"]
     metrics = {"counterfactual_loss": value}
     if lean is not None:

@@ -10,14 +10,20 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from outcome_flywheel.daily_rl.reward.counterfactual import side_counterfactual
-from outcome_flywheel.daily_rl.reward.signals import PriceReward
+from tests.daily_rl.reward.side_pairs import (
+    DIRECTIONS,
+    OTHER_LOGP,
+    OTHER_MASK,
+    OWN_LOGP,
+    OWN_MASK,
+    action_sums,
+    long_calls,
+    long_margins,
+    policy_on,
+    term_only,
+    torch_rows,
+)
 
-# three pairs: two sides (own long, own short) and one name pair (d = 0, never centred)
-OWN_LOGP = [[-0.5, -1.0, -0.25, 0.0], [-2.0, -0.1, -0.3, -0.7], [-0.9, -0.2, -1.1, -0.4]]
-OWN_MASK = [[0, 1, 1, 0], [1, 0, 0, 0], [0, 0, 1, 0]]
-OTHER_LOGP = [[-1.5, -3.0, -0.2], [-0.4, -0.9, -2.5], [-0.6, -1.7, -0.3]]
-OTHER_MASK = [[0, 1, 0], [0, 1, 1], [1, 0, 0]]
 COEF = [0.8, -0.3, 0.5]
 DIRECTIONS = [1.0, -1.0, 0.0]
 Z = 8.0
@@ -27,8 +33,7 @@ def hand_centered():
     """x_i = l_own,i - l_other,i; on side pairs x~_i = x_i - d_i mean_j(d_j x_j) (the mean over d != 0), on the
     name pair x~ = x; loss = -sum_i |c_i| log sigmoid(sign(c_i) x~_i) / Z. Gradient: g_i = dloss/dx~_i =
     -c_i sigmoid(-sign(c_i) x~_i) / Z; dloss/dx_j = g_j - d_j mean_i(d_i g_i) on side pairs, g_j on the name."""
-    own = [sum(m * lp for m, lp in zip(mask, row)) for mask, row in zip(OWN_MASK, OWN_LOGP)]
-    other = [sum(m * lp for m, lp in zip(mask, row)) for mask, row in zip(OTHER_MASK, OTHER_LOGP)]
+    own, other = action_sums()
     x = [a - b for a, b in zip(own, other)]
     sides = [i for i, d in enumerate(DIRECTIONS) if d]
     mean = sum(DIRECTIONS[i] * x[i] for i in sides) / len(sides)
@@ -47,18 +52,10 @@ def torch_loss(own_logp, directions=DIRECTIONS):
 
     from outcome_flywheel.models.torch.losses import side_pair_loss
 
-    other = torch.tensor(OTHER_LOGP, dtype=torch.float64, requires_grad=True)
-    loss, _ = side_pair_loss(
-        own_logp,
-        torch.tensor(OWN_MASK, dtype=torch.float64),
-        torch.tensor([0, 1, 2]),
-        other,
-        torch.tensor(OTHER_MASK, dtype=torch.float64),
-        torch.tensor(COEF, dtype=torch.float64),
-        Z,
-        None if directions is None else torch.tensor(directions, dtype=torch.float64),
-    )
-    return loss, other
+    rows = torch_rows(own_logp)
+    centring = None if directions is None else torch.tensor(directions, dtype=torch.float64)
+    loss, _ = side_pair_loss(*rows, torch.tensor(COEF, dtype=torch.float64), Z, centring)
+    return loss, rows[3]
 
 
 def test_centered_pair_by_hand_torch():
@@ -114,22 +111,8 @@ def test_centered_pair_by_hand_mlx():
 
 
 # -- the trainer ------------------------------------------------------------------------------
-NOTE = (
-    "Trade Recommendation: Buy Meta.\nRationale: The headline matters for Meta because demand is strong.\n"
-    "Risk Factors: Rates may stay higher.\nTimeframe: 1-2 weeks.\nPosition Size: 1% of the portfolio.\n"
-    "Stop Loss: 3% below entry."
-)
 BEAT = ("Meta beats estimates", "Revenue rose.")
 MISS = ("Meta misses estimates", "Revenue fell.")
-
-
-def long_margin(policy, prompt, example) -> float:
-    """log pi(Buy) - log pi(Sell) at the note's side, the example being a long call and its other row a short."""
-    ids, pair = example.response_ids, example.counterfactual
-    logp, _ = policy.batch_logprobs([policy.prompt_ids(prompt)] * 2, [ids, pair.other_response_ids], 1.0)
-    logp = policy.framework.to_numpy(logp)
-    own = sum(v for v, m in zip(logp[0], pair.own_mask) if m)
-    return own - sum(v for v, m in zip(logp[1], pair.other_mask) if m)
 
 
 @pytest.mark.parametrize("framework", ["torch", "mlx"])
@@ -139,41 +122,14 @@ def test_the_centred_pair_widens_the_side_between_a_headline_where_long_won_and_
     """Only the counterfactual term (no advantage anywhere), one minibatch of both headlines' long calls: long
     won on the beat (vs_spy +2 %) and lost on the miss (-2 %). The centred pair raises the beat's long margin
     against the miss's; the term is the whole gradient."""
-    from transformers import AutoTokenizer
-
-    from outcome_flywheel.models.interface import LoraSettings
-    from outcome_flywheel.models.prompts import trading_note_messages
     from outcome_flywheel.models.train.gspo import train_gspo
-    from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
-    if framework == "mlx":
-        pytest.importorskip("mlx.core")
-        from outcome_flywheel.models.mlx.backend import MLXBackend as Backend
-    else:
-        from outcome_flywheel.models.torch.backend import TorchBackend as Backend
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids = tokenizer(NOTE, add_special_tokens=False)["input_ids"]
-    examples = []
-    for headline, vs_spy in ((BEAT, 2.0), (MISS, -2.0)):
-        value = PriceReward().value("matured", vs_spy)
-        pair = side_counterfactual(tokenizer, ids, NOTE, headline, value, PriceReward(), 10.0, 4.0)
-        assert pair.direction == 1 and (pair.coefficient > 0) == (vs_spy > 0)
-        prompt = trading_note_messages(*headline)
-        examples.append(GSPOExample(prompt, ids, [0.0] * len(ids), 0.0, [0.0] * len(ids), "price", pair))
-    config = GSPOConfig(
-        batch_size=2,
-        epochs=2,
-        learning_rate=5e-3,
-        lora=LoraSettings(r=4, alpha=8),
-        counterfactual_form="centered_pair",
-        counterfactual_epochs=2,
-        share_prompt_prefix=False,
-    )
-    policy = Backend(tiny_model_dir) if framework == "mlx" else Backend(tiny_model_dir, device="cpu")
-    policy.framework.seed(0)
-    before = [long_margin(policy, e.prompt, e) for e in examples]
+    examples = long_calls(tiny_model_dir, ((BEAT, 2.0), (MISS, -2.0)))
+    config = term_only("centered_pair", 2)
+    policy = policy_on(framework, tiny_model_dir)
+    before = long_margins(policy, examples)
     stats = train_gspo(policy, examples, config)
-    after = [long_margin(policy, e.prompt, e) for e in examples]
+    after = long_margins(policy, examples)
     assert (after[0] - after[1]) - (before[0] - before[1]) > 0, (before, after)
     assert stats.extra["grad_share_counterfactual"] == 1.0 and stats.extra["grad_norm_price"] == 0.0
     assert all(term != 0.0 for term in stats.extra["counterfactual_loss"])
@@ -181,5 +137,5 @@ def test_the_centred_pair_widens_the_side_between_a_headline_where_long_won_and_
     # sequences x the note's tokens), where the uncentred pair's would be the model's; float32 sums of a few
     # dozen log-probs of size ~1-10 leave x~ within ~1e-5 of 0, a relative 1e-5 on log 2
     twice = train_gspo(policy, [examples[0]] * 2, replace(config, epochs=1, counterfactual_epochs=1))
-    expected = 2 * abs(examples[0].counterfactual.coefficient) * math.log(2) / (2 * len(ids))
+    expected = 2 * abs(examples[0].counterfactual.coefficient) * math.log(2) / (2 * len(examples[0].response_ids))
     assert twice.extra["counterfactual_loss"][0] == pytest.approx(expected, rel=1e-5)
