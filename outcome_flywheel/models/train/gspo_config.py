@@ -201,7 +201,7 @@ class GSPOConfig:
     side_lean_anchor: float = field(
         default=0.0,
         metadata={
-            "help": "lambda of the lean anchor (`pair` and `centered_pair` forms): lambda (mean over the minibatch's side pairs of d_i (x_i - x_old,i))^2, x = log pi(own side) - log pi(other side) now and x_old at pi_old, d_i = +1 own long, -1 own short: pulls back the move of every side margin toward one side that the pair term's steps make (2-3 nats a day on SmolLM2, centred or not: docs/models.md); costs one no-grad forward of the other sides' rows. Under AdamW a controller, not a soft bound: at lr 1e-3 on SmolLM2, lambda 0.1 and above overshot (the minibatch's lean swung +-3.7 nats a step), 0.01 held it; mixed on the gap, so 0 = off, the default."
+            "help": "lambda of the lean anchor (`pair` and `centered_pair` forms): lambda (mean over the minibatch's side pairs of d_i (x_i - x_old,i))^2, x = log pi(own side) - log pi(other side) now and x_old at pi_old, d_i = +1 own long, -1 own short: pulls back the move of every side margin toward one side that the pair term's steps make (2-3 nats a day on SmolLM2, centred or not: docs/models.md); costs one no-grad forward of the other sides' rows. Under AdamW a controller, not a soft bound: at lr 1e-3 on SmolLM2, lambda 0.1 and above overshot (the minibatch's lean swung +-3.7 nats a step); 0.01 kept it within +-1.7 nats and took the held-out lean out on two of four replayed days, made one on another and cost gap on two: mixed, so 0 = off, the default."
         },
     )
     gradient_shares: bool = field(
