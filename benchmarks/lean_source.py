@@ -28,7 +28,7 @@ import argparse
 import json
 import os
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +59,11 @@ def only_part(example, arm: str):
         token_advantages=example.token_advantages if keep["span"] else None,
         counterfactual=keep["counterfactual"],
     )
+
+
+def side_mean(margins: np.ndarray, where: np.ndarray) -> float | None:
+    """The mean margin over the headlines `where` picks (good or bad news); None where it picks none."""
+    return round(float(margins[where].mean()), 4) if where.any() else None
 
 
 def mean_change(first: np.ndarray, other: np.ndarray, n_boot: int, seed: int = 0) -> dict:
@@ -162,6 +167,15 @@ def main() -> None:
     from outcome_flywheel.daily_rl.policy.checkpoints import load_policy
     from outcome_flywheel.daily_rl.worlds.news import news_direction
     from outcome_flywheel.models.train.gspo import train_gspo
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig
+
+    try:
+        overrides = json.loads(args.gspo)
+    except ValueError as err:
+        parser.error(f"--gspo: not JSON: {err}")
+    names = {f.name for f in fields(GSPOConfig)}
+    if not isinstance(overrides, dict) or set(overrides) - names:  # the values are checked with the day's config
+        parser.error(f"--gspo: a JSON object of GSPOConfig fields, got {args.gspo!r}")
 
     started = time.perf_counter()
     _, held_days, heads = held_out_set(parser, args)
@@ -169,8 +183,8 @@ def main() -> None:
     grid = json.loads(grid_file.read_text())
     models, (parent_dir, parent_info), gspo, examples, train_seed = day_examples(run, args.day, grid, args.model)
     try:
-        gspo = replace(gspo, **json.loads(args.gspo))
-    except (TypeError, ValueError) as err:
+        gspo = replace(gspo, **overrides)
+    except ValueError as err:
         parser.error(f"--gspo: {err}")
 
     def read(policy) -> np.ndarray:
@@ -200,8 +214,8 @@ def main() -> None:
             examples=len(kept),
             lean=mean_change(first, margins, args.n_boot),
             gap_change=gap_change(first, margins, news, args.n_boot),
-            good=round(float(margins[news > 0].mean()), 4),
-            bad=round(float(margins[news < 0].mean()), 4),
+            good=side_mean(margins, news > 0),
+            bad=side_mean(margins, news < 0),
             seconds=round(time.perf_counter() - t0, 1),
         )
         if "side_lean" in stats.extra:  # the anchor's view: each step's mean move of its side pairs since pi_old
@@ -213,8 +227,8 @@ def main() -> None:
         model=args.model,
         held_out_days=held_days,
         headlines=len(heads),
-        gspo=json.loads(args.gspo),
-        parent={"good": round(float(first[news > 0].mean()), 4), "bad": round(float(first[news < 0].mean()), 4)},
+        gspo=overrides,
+        parent={"good": side_mean(first, news > 0), "bad": side_mean(first, news < 0)},
         arms=rows,
         seconds=round(time.perf_counter() - started, 1),
     )
