@@ -43,7 +43,7 @@ SMOKE: dict[str, list[str]] = {
     + ["--parallel", "1", "--n-boot", "100", "--out-dir", "{tmp}/grid"],
     "heldout_sides": ["--model", "tiny-local", "--checkpoint", "base", "--days", "2", "--train-days", "1"]
     + ["--headlines", "1", "--notes", "2", "--max-new-tokens", "8", "--out-dir", "{tmp}/heldout"],
-    # a day of the learning grid's smoke cell replayed (its second day: trained on the first's notes)
+    # the learning grid's smoke cell's second day (held out there) replayed at the grid's rate on the first's notes
     "lean_source": ["--model", "tiny-local", "--run", "{tmp}/grid/runs/news-w0-t0/news", "--day", "2025-11-04"]
     + ["--arms", "all,relevance", "--days", "2", "--train-days", "1", "--headlines", "1", "--n-boot", "50"]
     + ["--out-dir", "{tmp}/lean"],
