@@ -75,8 +75,8 @@ def mean_change(first: np.ndarray, other: np.ndarray, n_boot: int, seed: int = 0
 
 
 def day_examples(run: Path, day: str, grid: dict, model: str):
-    """(the models' loader, the day's parent (folder, info), the `GSPOConfig` the day trained under, its examples):
-    the day's stages up to the update (`daily_rl/day.py`), read-only."""
+    """(the models' loader, the day's parent (folder, info), the `GSPOConfig` the day trained under, its examples,
+    the trainer's seed): the day's stages up to the update (`daily_rl/day.py`, `update.training_plan`), read-only."""
     from assets.daily_rl.daily_update import world_follow_ups
     from outcome_flywheel.daily_rl.day import matured_notes, score_notes
     from outcome_flywheel.daily_rl.day_settings import RUN_CONFIG_PATHS, DailyUpdateSettings
@@ -85,7 +85,7 @@ def day_examples(run: Path, day: str, grid: dict, model: str):
     from outcome_flywheel.daily_rl.partitions import stable_seed
     from outcome_flywheel.daily_rl.policy.checkpoints import load_policy
     from outcome_flywheel.daily_rl.policy.rollouts import ROLLOUT_SAMPLING, sampling_temperature
-    from outcome_flywheel.daily_rl.reward.examples import training_examples
+    from outcome_flywheel.daily_rl.policy.update import training_plan
     from outcome_flywheel.market_data import MarketData
     from outcome_flywheel.models.loader import ModelLoader
     from outcome_flywheel.settings import env
@@ -113,30 +113,9 @@ def day_examples(run: Path, day: str, grid: dict, model: str):
         policy = load_policy(models, d.parent_dir, d.parent_info)
         tokenizer = policy.tokenizer if settings.gspo.objective == "token" else None
         matured = matured_notes(d, inputs, store.market_data, settings, temperature, tokenizer)
-        judged = training_examples(
-            prev,
-            scores,
-            reward=settings.reward,
-            tokenizer=tokenizer,
-            relevance_span=settings.credit.relevance_span,
-            name_c=settings.credit.relevance_counterfactual_c,
-        )
+        examples, _, gspo = training_plan(policy, d.parent, inputs, scores, matured, settings, temperature, d.seed, day)
     del policy
-    # as `update_policy` configures the day's trainer (matured notes: pi_old recomputed)
-    gspo = replace(
-        settings.gspo,
-        seed=stable_seed(d.seed, day, "shuffle") % (2**31),
-        temperature=temperature,
-        old_logprobs="recompute" if matured.examples else settings.gspo.old_logprobs,
-    )
-    return models, (d.parent_dir, d.parent_info), gspo, judged + matured.examples, stable_seed(d.seed, day, "train")
-
-
-def margins_of_checkpoint(models, folder: Path, heads, note_format: str) -> np.ndarray:
-    """`side_margin`'s margins of a published LoRA checkpoint, loaded as the loop loads it."""
-    policy = models.load(adapter_path=folder)
-    policy.model.eval()
-    return margins_of(policy.model, policy.tokenizer, heads, note_format)
+    return models, (d.parent_dir, d.parent_info), gspo, examples, stable_seed(d.seed, day, "train")
 
 
 def main() -> None:
@@ -197,7 +176,7 @@ def main() -> None:
     rows = {}
     published = run / "data" / "checkpoints" / "policy" / args.day
     if (published / "adapter_config.json").is_file():  # what the run's own update made: `all` should match it
-        recorded = margins_of_checkpoint(models, published, heads, args.note_format)
+        recorded = read(models.load(adapter_path=published))
         rows["recorded"] = dict(
             lean=mean_change(first, recorded, args.n_boot), gap_change=gap_change(first, recorded, news, args.n_boot)
         )

@@ -61,13 +61,10 @@ def trained_notes(
     return pd.concat([trained, older], ignore_index=True)  # note_rollouts is in day order
 
 
-def update_policy(
-    policy, models, parent, inputs, scores, matured: MaturedBatch, settings, temperature: float, seed: int, day: str
-) -> PolicyUpdate:
-    """GSPO (`models/train/gspo.py`) from the parent on the usable scores of D-1 and the matured notes, then
-    the gate (`gate.py`). `policy`: the parent, loaded; `inputs`: the day's `DayInputs` (D-1's notes, D's
-    headlines for the gate's probe, the earlier notes that matured); `settings`: its `DailyUpdateSettings`;
-    `temperature`: the one D-1's notes were sampled at."""
+def training_plan(policy, parent, inputs, scores, matured: MaturedBatch, settings, temperature: float, seed, day):
+    """(the examples, their keys, the trainer's `GSPOConfig`) of the day's update: D-1's usable scores made into
+    examples beside the matured notes, and the settings' trainer seeded for the day (`update_policy`; a replay of
+    the day, `benchmarks/lean_source.py`, takes the same plan)."""
     prev_rollouts = inputs.prev_rollouts
     judged, judged_keys = training_examples(
         prev_rollouts,
@@ -92,6 +89,17 @@ def update_policy(
         # parent recomputed, for the truncated IS weight
         old_logprobs="recompute" if matured.examples or off_policy else settings.gspo.old_logprobs,
     )
+    return examples, judged_keys + matured.example_keys, gspo
+
+
+def update_policy(
+    policy, models, parent, inputs, scores, matured: MaturedBatch, settings, temperature: float, seed: int, day: str
+) -> PolicyUpdate:
+    """GSPO (`models/train/gspo.py`) from the parent on the usable scores of D-1 and the matured notes, then
+    the gate (`gate.py`). `policy`: the parent, loaded; `inputs`: the day's `DayInputs` (D-1's notes, D's
+    headlines for the gate's probe, the earlier notes that matured); `settings`: its `DailyUpdateSettings`;
+    `temperature`: the one D-1's notes were sampled at."""
+    examples, keys, gspo = training_plan(policy, parent, inputs, scores, matured, settings, temperature, seed, day)
     if not examples or settings.gspo.learning_rate == 0:
         # learning rate 0 freezes the policy (a held-out day): no step could move it, so none is taken
         reason = (
@@ -105,7 +113,7 @@ def update_policy(
     # LoRA init and anything random in the trainer draw from the framework's generator: a re-run repeats them.
     policy.framework.seed(stable_seed(seed, day, "train") % (2**31))
     stats = train_gspo(policy, examples, gspo)
-    trained_on = trained_notes(prev_rollouts, scores, matured, inputs.note_rollouts)
+    trained_on = trained_notes(inputs.prev_rollouts, scores, matured, inputs.note_rollouts)
     policy, gate = gate_update(models, policy, parent, stats, trained_on, inputs.headlines, settings.gate)
-    is_ratios = dict(zip(judged_keys + matured.example_keys, stats.extra.get("is_ratio_by_example", [])))
+    is_ratios = dict(zip(keys, stats.extra.get("is_ratio_by_example", [])))
     return PolicyUpdate(policy, gspo, stats, gate, examples, is_ratios)
