@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from outcome_flywheel.daily_rl.reward.counterfactual import name_counterfactual
+from tests.daily_rl.reward.side_pairs import policy_on
 from tests.daily_rl.reward.test_counterfactual import NOTE, ON_APPLE, ON_META, action_probabilities, tokenizer  # noqa: F401
 
 
@@ -142,16 +143,7 @@ def test_the_term_moves_the_name_to_the_headlines_company(tiny_model_dir, tokeni
     from outcome_flywheel.models.train.gspo import train_gspo
     from outcome_flywheel.models.train.gspo_config import GSPOConfig, GSPOExample
 
-    if framework == "mlx":
-        pytest.importorskip("mlx.core")
-        from outcome_flywheel.models.mlx.backend import MLXBackend as Backend
-
-        policy = Backend(tiny_model_dir)
-    else:
-        from outcome_flywheel.models.torch.backend import TorchBackend as Backend
-
-        policy = Backend(tiny_model_dir, device="cpu")
-    policy.framework.seed(0)
+    policy = policy_on(framework, tiny_model_dir)
     prompt = trading_note_messages(*ON_APPLE)
     ids = _ids(tokenizer, NOTE)
     pair = name_counterfactual(tokenizer, ids, NOTE, ON_APPLE, 2.0)
