@@ -77,9 +77,8 @@ def mean_change(first: np.ndarray, other: np.ndarray, n_boot: int, seed: int = 0
 def day_examples(run: Path, day: str, grid: dict, model: str):
     """(the models' loader, the day's parent (folder, info), the `GSPOConfig` the day trained under, its examples,
     the trainer's seed): the day's stages up to the update (`daily_rl/day.py`, `update.training_plan`), read-only."""
-    from assets.daily_rl.daily_update import world_follow_ups
+    from assets.daily_rl.daily_update import DailyUpdateConfig, world_follow_ups
     from outcome_flywheel.daily_rl.day import matured_notes, score_notes
-    from outcome_flywheel.daily_rl.day_settings import RUN_CONFIG_PATHS, DailyUpdateSettings
     from outcome_flywheel.daily_rl.day_store import DayStore
     from outcome_flywheel.daily_rl.judge.llm_judge import Judge
     from outcome_flywheel.daily_rl.partitions import stable_seed
@@ -90,15 +89,16 @@ def day_examples(run: Path, day: str, grid: dict, model: str):
     from outcome_flywheel.models.loader import ModelLoader
     from outcome_flywheel.settings import env
     from outcome_flywheel.storage import Warehouse
-    from resources.settings import nested_dataclass
 
     prices, data = run / "prices.csv", run / "data"
     os.environ["FLYWHEEL_PRICES_FILE"] = str(prices)
-    config = {"learning_rate": grid["learning_rate"], "max_new_tokens": grid["max_new_tokens"]}
+    config = {"max_new_tokens": grid["max_new_tokens"]}
+    config.update({"learning_rate": grid["learning_rate"]} if grid.get("learning_rate") is not None else {})
     config.update({"epochs": grid["epochs"]} if grid.get("epochs") else {})
     config.update({"reward_weights": grid["reward_weights"]} if grid.get("reward_weights") else {})
     config.update(grid.get("config") or {})
-    settings = nested_dataclass(DailyUpdateSettings, {RUN_CONFIG_PATHS[k]: v for k, v in config.items()})
+    # as the run's days made theirs: the given fields over the model's own defaults
+    settings = DailyUpdateConfig(**config).settings(model)
     train_seed = int(run.name.rsplit("-", 1)[-1]) if "-train-seed-" in run.name else 0
     models = ModelLoader(data_dir=str(data), base_model=model, backend="torch", device="cpu", seed=train_seed)
     warehouse, market = Warehouse(data_dir=str(data)), MarketData(prices_file=str(prices), data_dir=str(data))

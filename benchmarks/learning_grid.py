@@ -125,9 +125,8 @@ def run_cell(out_dir: Path, world: str, world_seed: int, train_seed: int) -> Non
     import pandas as pd
     import torch
 
-    from benchmarks.outcome_learning import prepare_days, run_world
+    from benchmarks.outcome_learning import model_weights, prepare_days, run_world
     from outcome_flywheel.cli_arguments import quiet_libraries
-    from outcome_flywheel.daily_rl.reward.signals import RewardConfig
 
     torch.set_num_threads(1)  # two cells share the box's cores
     quiet_libraries()
@@ -137,7 +136,7 @@ def run_cell(out_dir: Path, world: str, world_seed: int, train_seed: int) -> Non
     shutil.rmtree(root, ignore_errors=True)  # a cell cut off before it wrote its JSON starts again
     root.mkdir(parents=True)
     days, archive = prepare_days(root, grid["days"], grid["headlines"], world_seed, grid["synthetic_days"])
-    weights = dict(RewardConfig().weights if grid["reward_weights"] is None else grid["reward_weights"])
+    weights = model_weights(grid["model"]) if grid["reward_weights"] is None else dict(grid["reward_weights"])
     started = time.perf_counter()
     result = run_world(
         world,
@@ -272,9 +271,13 @@ def main() -> None:
     parser.add_argument("--train-days", type=int, default=11, help="the first N days train; the rest are held out")
     parser.add_argument("--headlines", type=int, default=8, help="headlines per day")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument(
+        "--learning-rate", type=float, default=None, help="the model's own (MODEL_RUN_DEFAULTS), else GSPOConfig's"
+    )
     parser.add_argument("--epochs", type=int, default=None, help="passes over each day's examples (GSPOConfig's)")
-    parser.add_argument("--reward-weights", default=None, help="JSON object, signal -> weight (RewardConfig's)")
+    parser.add_argument(
+        "--reward-weights", default=None, help="JSON object, signal -> weight (the model's own, else RewardConfig's)"
+    )
     parser.add_argument("--move-pct", type=float, default=2.0)
     parser.add_argument("--noise-pct", type=float, default=1.0)
     parser.add_argument("--model", default="tiny-local", help="tiny-local, smollm2-135m-instruct or a folder")

@@ -3,7 +3,8 @@
 outcome_flywheel/daily_rl/worlds/prices.py): `news` (the headline's company moves with its news), `inverted`
 (against it) and `null` (random walks). Same archive days, headlines, seeds and settings in every world;
 only the price file differs. The settings are the project's defaults (what anyone running the assets
-gets: `RewardConfig`, `GSPOConfig`), unless `--reward-weights`, `--epochs` or `--config` say otherwise.
+gets: the model's own, `MODEL_RUN_DEFAULTS`, over `RewardConfig` and `GSPOConfig`), unless
+`--reward-weights`, `--learning-rate`, `--epochs` or `--config` say otherwise.
 `--train-seeds` repeats each world per training seed (FLYWHEEL_SEED: sampling, minibatch order, LoRA
 init) and prints each figure's mean and range over them; `--synthetic-days N` runs on a SYNTHETIC
 archive of N days made from the bundled one's event templates (`worlds/synthetic_feeds.py`) instead.
@@ -212,6 +213,23 @@ def model_data_dir(data_dir: Path, model: str) -> Path:
     return data
 
 
+def model_weights(model: str) -> dict:
+    """The reward weights a run on `model` gets when none are given: its own (`MODEL_RUN_DEFAULTS`), else
+    `RewardConfig`'s."""
+    from outcome_flywheel.daily_rl.day_settings import MODEL_RUN_DEFAULTS
+    from outcome_flywheel.daily_rl.reward.signals import RewardConfig
+
+    return dict(MODEL_RUN_DEFAULTS.get(model, {}).get("reward_weights", RewardConfig().weights))
+
+
+def model_learning_rate(model: str) -> float:
+    """The learning rate a run on `model` trains at when none is given: its own, else `GSPOConfig`'s."""
+    from outcome_flywheel.daily_rl.day_settings import MODEL_RUN_DEFAULTS
+    from outcome_flywheel.models.train.gspo_config import GSPOConfig
+
+    return float(MODEL_RUN_DEFAULTS.get(model, {}).get("learning_rate", GSPOConfig.learning_rate))
+
+
 def run_world(
     kind: str,
     root: Path,
@@ -222,7 +240,7 @@ def run_world(
     move_pct: float,
     noise_pct: float,
     weights: dict,
-    learning_rate: float,
+    learning_rate: float | None,
     max_new_tokens: int,
     epochs: int | None = None,
     model: str = "tiny-local",
@@ -234,7 +252,6 @@ def run_world(
     import dagster as dg
 
     from outcome_flywheel.daily_rl.feeds.source import FeedSource
-    from outcome_flywheel.daily_rl.reward.signals import RewardConfig
     from outcome_flywheel.daily_rl.worlds.prices import WorldConfig, make_world, write_world
     from outcome_flywheel.market_data import MarketData
     from outcome_flywheel.models.loader import ModelLoader
@@ -261,7 +278,7 @@ def run_world(
         data_dir=str(data), base_model=model, backend="torch", device=device, seed=train_seed
     )
     warehouse = res["warehouse"]
-    default_weights = dict(RewardConfig().weights)
+    default_weights = model_weights(model)
     per_day, started = [], time.perf_counter()
     for i, day in enumerate(days):
         t0 = time.perf_counter()
@@ -269,7 +286,9 @@ def run_world(
         # Held out: learning rate 0 freezes the policy (no step, no gate: `update_policy`), and without the
         # price weight the delayed step is skipped rather than computed for nothing.
         day_weights = weights if phase == "train" else {k: v for k, v in weights.items() if k != "price"}
-        settings = {"learning_rate": learning_rate if phase == "train" else 0.0, "max_new_tokens": max_new_tokens}
+        settings = {"max_new_tokens": max_new_tokens}
+        if phase != "train" or learning_rate is not None:  # None: the model's own learning rate, else GSPOConfig's
+            settings["learning_rate"] = learning_rate if phase == "train" else 0.0
         settings.update({"epochs": epochs} if epochs else {})
         settings.update({"reward_weights": day_weights} if day_weights != default_weights else {})
         settings.update({k: v for k, v in (extra_config or {}).items() if phase == "train" or k != "learning_rate"})
@@ -377,7 +396,7 @@ def run(
     move_pct: float = 2.0,
     noise_pct: float = 1.0,
     weights: dict | None = None,
-    learning_rate: float = 2e-3,
+    learning_rate: float | None = None,
     max_new_tokens: int = 128,
     out_dir: str | None = None,
     epochs: int | None = None,
@@ -387,11 +406,9 @@ def run(
     synthetic_days: int = 0,
     device: str = "cpu",
 ) -> dict:
-    from outcome_flywheel.daily_rl.reward.signals import RewardConfig
-
     if not 0 < train_days < days:
         raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
-    weights = dict(RewardConfig().weights if weights is None else weights)
+    weights = model_weights(model) if weights is None else dict(weights)
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="flywheel-worlds-"))
     day_list, archive = prepare_days(root, days, headlines, seed, synthetic_days)
     started = time.perf_counter()
@@ -456,7 +473,7 @@ def run(
         move_pct=move_pct,
         noise_pct=noise_pct,
         reward_weights=weights,
-        learning_rate=learning_rate,
+        learning_rate=model_learning_rate(model) if learning_rate is None else learning_rate,
         epochs=epochs,
         max_new_tokens=max_new_tokens,
         train_seeds=list(train_seeds),
@@ -525,9 +542,16 @@ def main() -> None:
     parser.add_argument("--move-pct", type=float, default=2.0)
     parser.add_argument("--noise-pct", type=float, default=1.0)
     parser.add_argument(
-        "--reward-weights", default=None, help="JSON object, signal -> weight (default: the project's, RewardConfig)"
+        "--reward-weights",
+        default=None,
+        help="JSON object, signal -> weight (default: the model's own, else RewardConfig's)",
     )
-    parser.add_argument("--learning-rate", type=float, default=2e-3)
+    parser.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="default: the model's own (MODEL_RUN_DEFAULTS), else GSPOConfig's",
+    )
     parser.add_argument(
         "--epochs", type=int, default=None, help="passes over each training day's examples (default: GSPOConfig's)"
     )

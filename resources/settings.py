@@ -196,9 +196,9 @@ def run_config_fields(
 ) -> dict[str, tuple[Any, Any]]:
     """The (type, pydantic Field) of each field of a flat run config over dataclass `cls`, in `paths`' order.
 
-    A field of `cls` itself keeps its default (None there means "decided when the run starts", which its
-    help says); a field of a nested section defaults to None and its description names the section's
-    default (`mirrored(optional=True)`). `own`: the fields whose path is None, declared by the caller;
+    Every field defaults to None (left out) and its description names the dataclass's default
+    (`mirrored(optional=True)`), so a run config's given fields can be told from the rest, which may take
+    another layer's default (a model's own). `own`: the fields whose path is None, declared by the caller;
     `descriptions`: a description instead of the dataclass's help, for fields that carry none."""
     own, descriptions = own or {}, descriptions or {}
     if {name for name, path in paths.items() if path is None} != set(own):
@@ -213,7 +213,7 @@ def run_config_fields(
         if name in descriptions:
             fields[name] = (hint, Field(default=None, description=descriptions[name]))
         else:
-            fields[name] = (hint, mirrored(owner, leaf, optional="." in path))
+            fields[name] = (hint, mirrored(owner, leaf, optional=True))
     return fields
 
 

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, check_specs, column_names, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.day_settings import RUN_CONFIG_PATHS, DailyUpdateSettings
+from outcome_flywheel.daily_rl.day_settings import RUN_CONFIG_PATHS, DailyUpdateSettings, model_run_defaults
 from outcome_flywheel.daily_rl.day_step import STEP as DAILY_UPDATE_STEP
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.daily_rl.partitions import previous_day
@@ -78,10 +78,10 @@ _TABLES = {
 class _DailyUpdateConfigBase(dg.Config):
     """What `DailyUpdateConfig` does with its fields (declared below, from `RUN_CONFIG_PATHS`)."""
 
-    def settings(self) -> DailyUpdateSettings:
+    def settings(self, base_model: str) -> DailyUpdateSettings:
         """The day's settings: each field given overrides its `DailyUpdateSettings` field; the rest keep
-        their defaults."""
-        overrides = run_config_overrides(self, RUN_CONFIG_PATHS)
+        `base_model`'s own defaults (`MODEL_RUN_DEFAULTS`), else the dataclasses'."""
+        overrides = model_run_defaults(base_model) | run_config_overrides(self, RUN_CONFIG_PATHS)
         if self.full_fine_tune:  # no LoRA adapter: its rank and alpha do not apply
             overrides = {k: v for k, v in overrides.items() if not k.startswith("gspo.lora.")} | {"gspo.lora": None}
         return nested_dataclass(DailyUpdateSettings, overrides)
@@ -106,7 +106,10 @@ DailyUpdateConfig = pydantic.create_model(
     "DailyUpdateConfig",
     __base__=_DailyUpdateConfigBase,
     __module__=__name__,
-    __doc__="Run config of `daily_update`; a field left out falls back to `DailyUpdateSettings` / `GSPOConfig`.",
+    __doc__=(
+        "Run config of `daily_update`; a field left out falls back to the base model's own defaults "
+        "(`MODEL_RUN_DEFAULTS`: smollm2-135m-instruct has some), else to `DailyUpdateSettings` / `GSPOConfig`."
+    ),
     **run_config_fields(
         DailyUpdateSettings,
         RUN_CONFIG_PATHS,
@@ -158,9 +161,12 @@ def daily_update(
     notes whose price matured), generate today's rollouts: as a step process (`step_runner`), whose
     metadata and checks come back through Dagster Pipes; the step records the day in MLflow (`tracking`)."""
     try:
-        settings = config.settings()
+        settings = config.settings(model_backend.base_model)
     except ValueError as err:  # a bad run config (reward weights, gate thresholds): refused before any process starts
         raise dg.Failure(str(err)) from err
+    own = model_run_defaults(model_backend.base_model)
+    if own:
+        context.log.info(f"{model_backend.base_model}'s own defaults, under the run config's fields: {own}")
     extras = {
         "warehouse": to_payload(warehouse),
         "models": to_payload(model_backend),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any, Mapping
 
 from outcome_flywheel.daily_rl.partitions import DailyUpdateError
 from outcome_flywheel.daily_rl.policy.gate import GateConfig
@@ -183,6 +184,41 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "prompt_evolver_trials_per_variant": "prompt_evolver.trials_per_variant",
     "prompt_evolver_heldout_samples": "prompt_evolver.heldout_samples",
 }
+
+
+# A model's own defaults, in run-config fields: what its runs chose where DailyUpdateSettings' defaults (chosen on
+# tiny-local by issue 46's ablation) did not serve it. A run config's fields override them; a model not named
+# here (a hub id, a folder) keeps DailyUpdateSettings' defaults. docs/models.md, "SmolLM2's own defaults", gives
+# the runs behind each value.
+MODEL_RUN_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+    "smollm2-135m-instruct": {
+        # The update goes to the call's name and side, the two parts the price worlds reward: structure and the
+        # judge's rank carry no weight (SmolLM2 ignores the six sections either way: structure ~0.1).
+        "reward_weights": {"structure": 0.0, "judge_rank": 0.0, "human": 0.5, "relevance": 1.0, "price": 1.0},
+        # A company call's side against its own other side (with `loo` both sides were pushed up, Buy most).
+        "price_baseline": "other_side",
+        # The side's pair term sets most of the update's direction: at c = 1 it was one part among equals.
+        "price_counterfactual_c": 20.0,
+        "counterfactual_form": "centered_pair",
+        # Single notes shuffled into a minibatch, so the pair's centre is over several headlines.
+        "share_prompt_prefix": False,
+        # One epoch: a day at 4 took 728 s against ~480 s at 1 on a 2-core CPU. 1e-3: at 3e-3 the lean to Buy grew
+        # on good and bad news alike and erased the news' conditioning.
+        "learning_rate": 1e-3,
+        "epochs": 1,
+        # The gate's probe compares structure, which carries no weight here: on 4 headlines it refused updates on
+        # noise (0.000 against 0.333). The KL bounds stay the safety net.
+        "gate_max_probe_regression": 1.0,
+        # Its runs had the evolver off: testing a candidate prompt added 120-220 s to a day on a 2-core CPU.
+        "prompt_evolver_enabled": False,
+    }
+}
+
+
+def model_run_defaults(base_model: str) -> dict[str, Any]:
+    """dotted `DailyUpdateSettings` path -> value of each of `base_model`'s own defaults (`MODEL_RUN_DEFAULTS`);
+    empty for a model that has none."""
+    return {RUN_CONFIG_PATHS[name]: value for name, value in MODEL_RUN_DEFAULTS.get(base_model, {}).items()}
 
 
 def check_objective(settings: DailyUpdateSettings) -> None:

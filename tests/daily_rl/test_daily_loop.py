@@ -145,8 +145,8 @@ def test_kl_to_base_rollouts_below_one_is_refused():
     from assets.daily_rl.daily_update import DailyUpdateConfig
 
     with pytest.raises(ValueError, match="kl_to_base_rollouts must be at least 1"):
-        DailyUpdateConfig(kl_to_base_rollouts=0).settings()
-    assert DailyUpdateConfig(kl_to_base_rollouts=1).settings().kl_to_base_rollouts == 1
+        DailyUpdateConfig(kl_to_base_rollouts=0).settings("tiny-local")
+    assert DailyUpdateConfig(kl_to_base_rollouts=1).settings("tiny-local").kl_to_base_rollouts == 1
 
 
 def test_rerun_of_a_partition_keeps_row_counts_and_scores(loop):

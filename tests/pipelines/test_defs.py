@@ -385,7 +385,7 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
         return functools.reduce(getattr, path.split("."), settings)
 
     assert list(DailyUpdateConfig.model_fields) == list(RUN_CONFIG_PATHS)
-    defaults = DailyUpdateConfig().settings()
+    defaults = DailyUpdateConfig().settings("tiny-local")
     assert defaults == DailyUpdateSettings()
     for name, path in RUN_CONFIG_PATHS.items():
         if path is None:
@@ -407,8 +407,54 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
             "kl_span": {"kl_estimator": "k3"},
             "side_lean_anchor": {"counterfactual_form": "pair"},
         }.get(name, {})
-        assert at(DailyUpdateConfig(**{name: value, **beside}).settings(), path) == expected, name
-    assert DailyUpdateConfig(full_fine_tune=True, lora_r=4, lora_target_modules=["q_proj"]).settings().gspo.lora is None
+        assert at(DailyUpdateConfig(**{name: value, **beside}).settings("tiny-local"), path) == expected, name
+    assert (
+        DailyUpdateConfig(full_fine_tune=True, lora_r=4, lora_target_modules=["q_proj"])
+        .settings("tiny-local")
+        .gspo.lora
+        is None
+    )
+
+
+def test_a_models_own_defaults_sit_under_the_run_config_and_over_the_dataclasses(tmp_path, monkeypatch):
+    """smollm2-135m-instruct's own defaults (`MODEL_RUN_DEFAULTS`) apply where a run config leaves a field out,
+    each differs from the dataclasses' (else it is no default of its own), a given field overrides them, and a
+    model without any (tiny-local, a hub id) keeps the dataclasses'. The asset takes them from the models
+    resource: a default of its own that breaks a rule fails the run before any process starts."""
+    import functools
+
+    import dagster as dg
+
+    from assets.daily_rl.daily_update import DailyUpdateConfig, daily_update
+    from assets.daily_rl.headlines import headlines
+    from outcome_flywheel.daily_rl.day_settings import MODEL_RUN_DEFAULTS, RUN_CONFIG_PATHS, DailyUpdateSettings
+    from tests.daily_fixtures import daily_resources
+
+    def at(settings, name):
+        value = functools.reduce(getattr, RUN_CONFIG_PATHS[name].split("."), settings)
+        return dict(value) if name == "reward_weights" else value
+
+    own = MODEL_RUN_DEFAULTS["smollm2-135m-instruct"]
+    smol, plain = DailyUpdateConfig().settings("smollm2-135m-instruct"), DailyUpdateSettings()
+    assert own and set(own) <= set(RUN_CONFIG_PATHS)
+    for name, value in own.items():
+        assert at(smol, name) == value and at(plain, name) != value, name
+    given = DailyUpdateConfig(learning_rate=5e-4, price_baseline="loo", reward_weights={"structure": 1.0})
+    mixed = given.settings("smollm2-135m-instruct")
+    assert (mixed.gspo.learning_rate, mixed.price_baseline, dict(mixed.reward.weights)) == (
+        5e-4,
+        "loo",
+        {"structure": 1.0},
+    )
+    assert mixed.gspo.epochs == own["epochs"] and mixed.gspo.counterfactual_form == own["counterfactual_form"]
+    assert DailyUpdateConfig().settings("tiny-local") == plain == DailyUpdateConfig().settings("Qwen/Qwen3-0.6B")
+
+    monkeypatch.setitem(MODEL_RUN_DEFAULTS, "tiny-local", {"kl_to_base_rollouts": 0})
+    res = daily_resources(tmp_path)
+    result = dg.materialize([headlines, daily_update], partition_key="2025-11-03", resources=res, raise_on_error=False)
+    failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
+    assert "kl_to_base_rollouts must be at least 1" in str(failure.event_specific_data.error), failure
+    assert not res["warehouse"].exists("rollouts", "2025-11-03")
 
 
 def test_lora_target_modules_from_the_run_config_are_checked():
@@ -418,10 +464,10 @@ def test_lora_target_modules_from_the_run_config_are_checked():
 
     from assets.daily_rl.daily_update import DailyUpdateConfig
 
-    lora = DailyUpdateConfig(lora_target_modules=["gate_proj", "up_proj", "down_proj"]).settings().gspo.lora
+    lora = DailyUpdateConfig(lora_target_modules=["gate_proj", "up_proj", "down_proj"]).settings("tiny-local").gspo.lora
     assert lora.target_modules == ("gate_proj", "up_proj", "down_proj") and (lora.r, lora.alpha) == (8, 16)
     with pytest.raises(ValueError, match="non-empty list of module names"):
-        DailyUpdateConfig(lora_target_modules=[]).settings()
+        DailyUpdateConfig(lora_target_modules=[]).settings("tiny-local")
     from outcome_flywheel.models.interface import LoraSettings
 
     with pytest.raises(ValueError, match="non-empty list of module names"):

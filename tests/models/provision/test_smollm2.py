@@ -269,9 +269,13 @@ def test_daily_loop_two_days_on_smollm2(smol_data_dir, offline, backend):
     from assets.daily_rl.headlines import headlines
     from assets.daily_rl.outcomes import rollout_outcomes
     from assets.daily_rl.policy_eval import policy_eval
+    from outcome_flywheel.daily_rl.day_settings import MODEL_RUN_DEFAULTS
 
     res = _daily_resources(smol_data_dir, backend, judge_model="tiny-local")
-    run_config = {"ops": {"daily_update": {"config": SMALL}}}
+    # SmolLM2's own defaults weigh only the call's name and side, which 2 notes of 16 tokens rarely write ("nothing
+    # to train on"): the whole-note signals make the day train. Its other own defaults stay, unlike tiny-local's.
+    whole_note = {"reward_weights": {"structure": 0.5, "judge_rank": 0.5}}
+    run_config = {"ops": {"daily_update": {"config": {**SMALL, **whole_note}}}}
     assets = [
         headlines,
         daily_update,
@@ -296,6 +300,7 @@ def test_daily_loop_two_days_on_smollm2(smol_data_dir, offline, backend):
     assert len(scores) == len(wh.read("rollouts", DAY1)) and scores["reward"].between(0, 1).all()
     training = wh.read("policy_training", DAY2).iloc[0]
     assert bool(training["trained"]) and training["steps"] >= 1 and np.isfinite(training["loss"])
+    assert training["learning_rate"] == MODEL_RUN_DEFAULTS[NAME]["learning_rate"]  # not given: the model's own
     assert training["gate"] in ("accepted", "rejected") and training["gate_reason"]
     ckpt = wh.path("checkpoints", "policy", DAY2)
     assert json.loads((ckpt / "checkpoint.json").read_text())["verified"]
