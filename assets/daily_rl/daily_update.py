@@ -12,10 +12,16 @@ step process `outcome_flywheel.daily_rl.day_step` where the `step_runner` resour
 import dagster as dg
 import pydantic
 from pydantic import Field
+from pydantic.fields import FieldInfo
 
 from assets.catalog import MODEL_KINDS, OWNERS, TABLE_KINDS, check_specs, column_names, table_metadata
 from assets.partitions import daily_rl_partitions
-from outcome_flywheel.daily_rl.day_settings import RUN_CONFIG_PATHS, DailyUpdateSettings, model_run_defaults
+from outcome_flywheel.daily_rl.day_settings import (
+    MODEL_RUN_DEFAULTS,
+    RUN_CONFIG_PATHS,
+    DailyUpdateSettings,
+    model_run_defaults,
+)
 from outcome_flywheel.daily_rl.day_step import STEP as DAILY_UPDATE_STEP
 from outcome_flywheel.daily_rl.judge.llm_judge import Judge
 from outcome_flywheel.daily_rl.partitions import previous_day
@@ -101,6 +107,21 @@ RUN_CONFIG_DESCRIPTIONS = {
         f"Default: {dict(RewardConfig().weights)} (RewardConfig); recorded in rollout_scores."
     ),
 }
+
+
+def with_model_defaults(fields: dict) -> dict:
+    """`fields` with each description naming the models that have a default of their own for it (the launchpad
+    shows a field's description, and a left-out field takes the base model's own default)."""
+    described = {}
+    for name, (hint, info) in fields.items():
+        own = [f"{model}: {defaults[name]!r}" for model, defaults in MODEL_RUN_DEFAULTS.items() if name in defaults]
+        if own:  # a FieldInfo made anew (pydantic builds the model from the attributes a Field was given)
+            text = f"{info.description} Own default of {'; '.join(own)} (MODEL_RUN_DEFAULTS)."
+            info = FieldInfo.merge_field_infos(info, description=text)
+        described[name] = (hint, info)
+    return described
+
+
 # Run config of `daily_update`: its fields derived from `RUN_CONFIG_PATHS` and the dataclass fields they override.
 DailyUpdateConfig = pydantic.create_model(
     "DailyUpdateConfig",
@@ -110,13 +131,18 @@ DailyUpdateConfig = pydantic.create_model(
         "Run config of `daily_update`; a field left out falls back to the base model's own defaults "
         "(`MODEL_RUN_DEFAULTS`: smollm2-135m-instruct has some), else to `DailyUpdateSettings` / `GSPOConfig`."
     ),
-    **run_config_fields(
-        DailyUpdateSettings,
-        RUN_CONFIG_PATHS,
-        descriptions=RUN_CONFIG_DESCRIPTIONS,
-        own={
-            "full_fine_tune": (bool, Field(default=False, description="Train every weight instead of a LoRA adapter."))
-        },
+    **with_model_defaults(
+        run_config_fields(
+            DailyUpdateSettings,
+            RUN_CONFIG_PATHS,
+            descriptions=RUN_CONFIG_DESCRIPTIONS,
+            own={
+                "full_fine_tune": (
+                    bool,
+                    Field(default=False, description="Train every weight instead of a LoRA adapter."),
+                )
+            },
+        )
     ),
 )
 

@@ -394,7 +394,7 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
         help_text = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(owner)}[leaf]
         description = DailyUpdateConfig.model_fields[name].description
         assert (
-            description == RUN_CONFIG_DESCRIPTIONS[name]
+            description.startswith(RUN_CONFIG_DESCRIPTIONS[name])
             if name in RUN_CONFIG_DESCRIPTIONS
             else (help_text and help_text in description)
         ), name
@@ -420,7 +420,8 @@ def test_a_models_own_defaults_sit_under_the_run_config_and_over_the_dataclasses
     """smollm2-135m-instruct's own defaults (`MODEL_RUN_DEFAULTS`) apply where a run config leaves a field out,
     each differs from the dataclasses' (else it is no default of its own), a given field overrides them, and a
     model without any (tiny-local, a hub id) keeps the dataclasses'. The asset takes them from the models
-    resource: a default of its own that breaks a rule fails the run before any process starts."""
+    resource: a default of its own that breaks a rule fails the run before any process starts. The launchpad's
+    description of each such field names the model's own default."""
     import functools
 
     import dagster as dg
@@ -439,6 +440,7 @@ def test_a_models_own_defaults_sit_under_the_run_config_and_over_the_dataclasses
     assert own and set(own) <= set(RUN_CONFIG_PATHS)
     for name, value in own.items():
         assert at(smol, name) == value and at(plain, name) != value, name
+        assert f"smollm2-135m-instruct: {value!r}" in DailyUpdateConfig.model_fields[name].description, name
     given = DailyUpdateConfig(learning_rate=5e-4, price_baseline="loo", reward_weights={"structure": 1.0})
     mixed = given.settings("smollm2-135m-instruct")
     assert (mixed.gspo.learning_rate, mixed.price_baseline, dict(mixed.reward.weights)) == (
