@@ -202,8 +202,8 @@ MODEL_RUN_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
         "counterfactual_form": "centered_pair",
         # Single notes shuffled into a minibatch, so the pair's centre is over several headlines.
         "share_prompt_prefix": False,
-        # One epoch: a day at 4 took 728 s against ~480 s at 1 on a 2-core CPU. 1e-3: at 3e-3 the lean to Buy grew
-        # on good and bad news alike and erased the news' conditioning.
+        # One epoch: a day at 4 took 728 s against ~480 s at 1 on a 2-core CPU. 1e-3: at 3e-3 (relevance 0) the lean
+        # to Buy grew on good and bad news alike and erased the news' conditioning.
         "learning_rate": 1e-3,
         "epochs": 1,
         # The gate's probe compares structure, which carries no weight here: on 4 headlines it refused updates on
