@@ -125,7 +125,7 @@ def run_cell(out_dir: Path, world: str, world_seed: int, train_seed: int) -> Non
     import pandas as pd
     import torch
 
-    from benchmarks.outcome_learning import model_weights, prepare_days, run_world
+    from benchmarks.outcome_learning import model_settings, prepare_days, run_world
     from outcome_flywheel.cli_arguments import quiet_libraries
 
     torch.set_num_threads(1)  # two cells share the box's cores
@@ -136,7 +136,8 @@ def run_cell(out_dir: Path, world: str, world_seed: int, train_seed: int) -> Non
     shutil.rmtree(root, ignore_errors=True)  # a cell cut off before it wrote its JSON starts again
     root.mkdir(parents=True)
     days, archive = prepare_days(root, grid["days"], grid["headlines"], world_seed, grid["synthetic_days"])
-    weights = model_weights(grid["model"]) if grid["reward_weights"] is None else dict(grid["reward_weights"])
+    own = model_settings(grid["model"]).reward.weights
+    weights = dict(own if grid["reward_weights"] is None else grid["reward_weights"])
     started = time.perf_counter()
     result = run_world(
         world,

@@ -213,21 +213,12 @@ def model_data_dir(data_dir: Path, model: str) -> Path:
     return data
 
 
-def model_weights(model: str) -> dict:
-    """The reward weights a run on `model` gets when none are given: its own (`MODEL_RUN_DEFAULTS`), else
-    `RewardConfig`'s."""
-    from outcome_flywheel.daily_rl.day_settings import MODEL_RUN_DEFAULTS
-    from outcome_flywheel.daily_rl.reward.signals import RewardConfig
+def model_settings(model: str):
+    """The `DailyUpdateSettings` a day on `model` gets from an empty run config, resolved as the asset resolves
+    them: the model's own defaults (`MODEL_RUN_DEFAULTS`) over the dataclasses'."""
+    from assets.daily_rl.daily_update import DailyUpdateConfig
 
-    return dict(MODEL_RUN_DEFAULTS.get(model, {}).get("reward_weights", RewardConfig().weights))
-
-
-def model_learning_rate(model: str) -> float:
-    """The learning rate a run on `model` trains at when none is given: its own, else `GSPOConfig`'s."""
-    from outcome_flywheel.daily_rl.day_settings import MODEL_RUN_DEFAULTS
-    from outcome_flywheel.models.train.gspo_config import GSPOConfig
-
-    return float(MODEL_RUN_DEFAULTS.get(model, {}).get("learning_rate", GSPOConfig.learning_rate))
+    return DailyUpdateConfig().settings(model)
 
 
 def run_world(
@@ -278,7 +269,7 @@ def run_world(
         data_dir=str(data), base_model=model, backend="torch", device=device, seed=train_seed
     )
     warehouse = res["warehouse"]
-    default_weights = model_weights(model)
+    default_weights = dict(model_settings(model).reward.weights)
     per_day, started = [], time.perf_counter()
     for i, day in enumerate(days):
         t0 = time.perf_counter()
@@ -408,7 +399,7 @@ def run(
 ) -> dict:
     if not 0 < train_days < days:
         raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
-    weights = model_weights(model) if weights is None else dict(weights)
+    weights = dict(model_settings(model).reward.weights if weights is None else weights)
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="flywheel-worlds-"))
     day_list, archive = prepare_days(root, days, headlines, seed, synthetic_days)
     started = time.perf_counter()
@@ -473,7 +464,7 @@ def run(
         move_pct=move_pct,
         noise_pct=noise_pct,
         reward_weights=weights,
-        learning_rate=model_learning_rate(model) if learning_rate is None else learning_rate,
+        learning_rate=model_settings(model).gspo.learning_rate if learning_rate is None else learning_rate,
         epochs=epochs,
         max_new_tokens=max_new_tokens,
         train_seeds=list(train_seeds),
