@@ -65,7 +65,7 @@ COLUMNS: dict[str, dict[str, tuple[str, str]]] = {
         ),
         "behavior_logprob_gap_max": (
             "float",
-            "Largest |stored behaviour log-prob - recomputed pi_old| (~1e-6 in fp32).",
+            "Largest |stored behaviour log-prob - recomputed pi_old| per note, over its forwarded tokens (~1e-6 in fp32).",
         ),
         "train_wall_s": ("float", "Seconds spent in the trainer."),
         "train_micro_batches": (

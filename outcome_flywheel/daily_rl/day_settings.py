@@ -179,6 +179,7 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "counterfactual_form": "gspo.counterfactual_form",
     "side_lean_anchor": "gspo.side_lean_anchor",
     "share_prompt_prefix": "gspo.share_prompt_prefix",
+    "trim_unread_tail": "gspo.trim_unread_tail",
     "prompt_evolver_enabled": "prompt_evolver.enabled",
     "prompt_evolver_epsilon": "prompt_evolver.epsilon",
     "prompt_evolver_trials_per_variant": "prompt_evolver.trials_per_variant",

@@ -59,6 +59,8 @@ SMOKE: dict[str, list[str]] = {
     "tiny_local_calls": ["--samples", "1", "--headlines", "2"],
     "tracking_cost": ["--headlines", "1", "--rollouts", "2", "--max-new-tokens", "8"],
     "training_profile": ["--smoke", "--no-warm-up"],
+    # the same replayed day as lean_source's, trained with the trim on and off
+    "trim_speed": ["--model", "tiny-local", "--run", "{tmp}/grid/runs/news-w0-t0/news", "--day", "2025-11-04"],
 }
 
 
@@ -107,7 +109,7 @@ def outputs(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("name", sorted(SMOKE))
 def test_the_benchmark_runs_and_ends_with_one_json_object(name, server, data_dir, outputs):
-    if name == "lean_source":  # it replays the grid's cell (sorted first, or run alone: the grid runs here)
+    if name in ("lean_source", "trim_speed"):  # they replay the grid's cell (run alone: the grid runs here)
         grid_cell(server, data_dir, outputs)
     done = run_benchmark(server, name, SMOKE[name], data_dir, outputs)
     tail = (done.stdout[-3000:] + "\n--- stderr ---\n" + done.stderr[-3000:]).strip()

@@ -31,7 +31,10 @@ PRICE_TRAINING_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
     "staleness_max": ("float", "Most of it over the trained groups."),
     "is_ratio_mean": (
         "float",
-        ("Mean sequence IS ratio pi_parent / pi_behaviour of the price examples (before truncation)."),
+        (
+            "Mean sequence IS ratio pi_parent / pi_behaviour of the price examples (before truncation), over the "
+            "tokens the update forwarded (the call line under trim_unread_tail)."
+        ),
     ),
     "is_ratio_p05": ("float", "Its 5th percentile."),
     "is_ratio_p50": ("float", "Its median."),

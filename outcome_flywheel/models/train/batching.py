@@ -10,7 +10,7 @@ prompt prefix is run once) or single items (weighted DPO's pairs; GSPO with
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
@@ -55,6 +55,12 @@ class EncodedExample:
     token_part: str = "relevance"  # which reward part the span-scoped advantages are (gradient shares)
     counterfactual: Any = None  # gspo_config.Counterfactual: the counterfactual term's rows (side or name); None = none
     name_mask: list[bool] | None = None  # the call's ticker tokens (the `ticker` KL span); None = no name
+    sampled_length: int | None = None  # the response's length before `trim_unread_tail` cut it; None = not cut
+
+    @property
+    def length(self) -> int:
+        """The sampled response's length: what Dr. GRPO's normaliser and the note part's tokens count."""
+        return len(self.response_ids) if self.sampled_length is None else self.sampled_length
 
     def advantages_row(self) -> list[float]:
         """The span-scoped advantage of each response token (zeros when there is none)."""
@@ -90,16 +96,19 @@ def gspo_minibatches(
         if key not in cache:
             cache[key] = prompt_ids(ex.prompt)
         encoded.append(
-            EncodedExample(
-                cache[key],
-                list(ex.response_ids),
-                list(ex.behavior_logprobs),
-                float(ex.advantage),
-                position,
-                None if token_advantages is None else [float(a) for a in token_advantages],
-                str(getattr(ex, "token_part", "relevance")),
-                counterfactual,
-                None if name_mask is None else [bool(m) for m in name_mask],
+            trimmed(
+                EncodedExample(
+                    cache[key],
+                    list(ex.response_ids),
+                    list(ex.behavior_logprobs),
+                    float(ex.advantage),
+                    position,
+                    None if token_advantages is None else [float(a) for a in token_advantages],
+                    str(getattr(ex, "token_part", "relevance")),
+                    counterfactual,
+                    None if name_mask is None else [bool(m) for m in name_mask],
+                ),
+                reads_span_only(config),
             )
         )
     batch_size = 1 if config.one_at_a_time else max(1, config.batch_size)
@@ -111,6 +120,46 @@ def gspo_minibatches(
         group_by_prompt=shares_prefix(config),
     )
     return [[encoded[i] for i in index] for index in plan]
+
+
+def reads_span_only(config: Any) -> bool:
+    """Whether `trim_unread_tail` is on and no term of the update reads a note's every token but the whole-note
+    part: the token objective (`gspo` / `reward_weighted` average every token's log-ratio) and no k3 KL over the
+    note (`kl_span` note)."""
+    return bool(
+        getattr(config, "trim_unread_tail", False)
+        and config.objective == "token"
+        and not (config.kl_beta > 0 and config.kl_span == "note")
+    )
+
+
+def trimmed(example: EncodedExample, span_only: bool) -> EncodedExample:
+    """`example` cut after the last response token a loss term reads (a span advantage, the counterfactual's own
+    action, the call's name for the KL anchor), when `span_only` and its whole-note advantage is 0, so nothing
+    reads the rest. The model is causal: the kept tokens' log-probs are the uncut forward's, and the cut tail's
+    terms were zero, so the loss and its gradient stay the same while the forward runs over fewer tokens (under
+    `call_first` the call line opens the note). `sampled_length` keeps the sampled length for the normaliser."""
+    if not span_only or example.advantage != 0.0:
+        return example
+    read = [i for i, a in enumerate(example.advantages_row()) if a != 0.0]
+    read += [i for i, m in enumerate(example.name_mask or []) if m]
+    if example.counterfactual is not None:
+        read += [i for i, m in enumerate(example.counterfactual.own_mask) if m]
+    cut = max(read, default=0) + 1  # a note nothing reads keeps its first token: a row of the batch all the same
+    if cut >= len(example.response_ids):
+        return example
+    counterfactual = example.counterfactual
+    if counterfactual is not None:
+        counterfactual = replace(counterfactual, own_mask=list(counterfactual.own_mask[:cut]))
+    return replace(
+        example,
+        response_ids=example.response_ids[:cut],
+        behavior_logprobs=example.behavior_logprobs[:cut],
+        token_advantages=None if example.token_advantages is None else example.token_advantages[:cut],
+        counterfactual=counterfactual,
+        name_mask=None if example.name_mask is None else example.name_mask[:cut],
+        sampled_length=example.length,
+    )
 
 
 def shares_prefix(config: Any) -> bool:
@@ -127,7 +176,12 @@ def padded(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
 
 
 def epoch_sizes(batches: Sequence[Sequence[EncodedExample]], epochs: int) -> dict[str, int]:
-    """Examples and response tokens of one epoch (the plan repeats every example once an epoch)."""
+    """Examples, sampled response tokens and the ones forwarded (`trim_unread_tail`) of one epoch (the plan repeats
+    every example once an epoch)."""
     rows = [b for batch in batches for b in batch]
     per_epoch = max(1, int(epochs))
-    return {"examples": len(rows) // per_epoch, "response_tokens": sum(len(b.response_ids) for b in rows) // per_epoch}
+    return {
+        "examples": len(rows) // per_epoch,
+        "response_tokens": sum(b.length for b in rows) // per_epoch,
+        "response_tokens_forwarded": sum(len(b.response_ids) for b in rows) // per_epoch,
+    }

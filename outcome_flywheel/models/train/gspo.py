@@ -123,7 +123,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         for batch in micros
     ]
     # Dr. GRPO's constant normaliser: every minibatch divides by its sequences x the update's longest response.
-    longest = max((len(b.response_ids) for batch in batches for b in batch), default=1)
+    longest = max((b.length for batch in batches for b in batch), default=1)  # sampled, before any trim
 
     # The trust region of the span parts: the epoch each part belongs to, and whether it still trains them.
     per_epoch = max(1, len(batches) // max(1, int(config.epochs)))
@@ -278,7 +278,7 @@ def part_scales(batch: Sequence[EncodedExample], longest: int, normaliser: str) 
     tokens = dict.fromkeys(GRADIENT_PARTS, 0)
     for b in batch:
         if b.token_part != "price":  # a judged note: the whole-note part is on all its tokens
-            tokens["note"] += len(b.response_ids)
+            tokens["note"] += b.length
         if b.token_advantages is not None:
             tokens[b.token_part] += sum(1 for a in b.token_advantages if a != 0.0)
     return {part: (z / n if n else 1.0) for part, n in tokens.items()}

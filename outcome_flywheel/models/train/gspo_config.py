@@ -233,6 +233,12 @@ class GSPOConfig:
             "help": "A headline's rollouts share its prompt: keep a prompt group in one minibatch and (torch) run the prompt once, expanding its KV cache (gradients flow through it)."
         },
     )
+    trim_unread_tail: bool = field(
+        default=True,
+        metadata={
+            "help": "Forward each note only up to the last token a loss term reads (its span advantages, the counterfactual's own action, the call's name) when nothing reads the rest: objective `token`, a whole-note advantage of 0 (its part off or flat), no KL over the whole note (`kl_span` note). The model is causal and Dr. GRPO's normaliser keeps the sampled lengths, so the loss and gradient are the uncut ones (to float rounding) for fewer tokens: under `call_first` the call line opens a note. Per-sequence diagnostics (`behavior_logprob_gap_max`, the replayed notes' IS ratios, ratio_mean, mean_logp) then cover the kept tokens. False = every note whole."
+        },
+    )
     one_at_a_time: bool = field(
         default=False,
         metadata={"help": "The original loop's way, one sequence per forward and step (for the benchmark)."},
