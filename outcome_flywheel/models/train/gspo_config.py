@@ -234,9 +234,9 @@ class GSPOConfig:
         },
     )
     trim_unread_tail: bool = field(
-        default=True,
+        default=False,
         metadata={
-            "help": "Forward each note only up to the last token a loss term reads (its span advantages, the counterfactual's own action, the call's name) when nothing reads the rest: objective `token`, a whole-note advantage of 0 (its part off or flat), no KL over the whole note (`kl_span` note). The model is causal and Dr. GRPO's normaliser keeps the sampled lengths, so the loss and gradient are the uncut ones (to float rounding) for fewer tokens: under `call_first` the call line opens a note. Per-sequence diagnostics (`behavior_logprob_gap_max`, the replayed notes' IS ratios, ratio_mean, mean_logp) then cover the kept tokens. False = every note whole."
+            "help": "Forward each note only up to the last token a loss term reads (its span advantages, the counterfactual's own action, the call's name) when nothing reads the rest: objective `token`, a whole-note advantage of 0 (its part off or flat), no KL over the whole note (`kl_span` note). The model is causal and Dr. GRPO's normaliser keeps the sampled lengths, so the loss and gradient are the uncut ones (to float rounding) for fewer tokens: under `call_first` the call line opens a note. Per-sequence diagnostics (`behavior_logprob_gap_max`, the replayed notes' IS ratios, ratio_mean, mean_logp) then cover the kept tokens. Off by default: a minibatch is padded to its longest note, and on SmolLM2's days (2-core CPU) a note without a call, kept whole, sat in nearly every one, so two replayed days took no less time (docs/models.md)."
         },
     )
     one_at_a_time: bool = field(

@@ -50,11 +50,11 @@ def test_a_note_is_cut_after_the_last_token_a_term_reads():
 
 def test_the_trim_is_off_where_a_term_reads_every_token():
     """`gspo` / `reward_weighted` average every token's log-ratio, a k3 KL over the note covers every token."""
-    assert reads_span_only(GSPOConfig())
-    assert not reads_span_only(GSPOConfig(trim_unread_tail=False))
-    assert not reads_span_only(GSPOConfig(objective="gspo"))
-    assert not reads_span_only(GSPOConfig(kl_span="note", kl_estimator="k3"))
-    assert reads_span_only(GSPOConfig(kl_span="note", kl_estimator="k3", kl_beta=0.0))
+    on = GSPOConfig(trim_unread_tail=True)
+    assert reads_span_only(on) and not reads_span_only(GSPOConfig())  # off by default
+    assert not reads_span_only(replace(on, objective="gspo"))
+    assert not reads_span_only(replace(on, kl_span="note", kl_estimator="k3"))
+    assert reads_span_only(replace(on, kl_span="note", kl_estimator="k3", kl_beta=0.0))
 
 
 def day_examples(tiny_model_dir) -> list:
@@ -120,17 +120,17 @@ def test_the_trimmed_update_is_the_whole_notes_update(tiny_model_dir, framework,
 
 
 def test_the_minibatches_carry_the_cut_notes(tiny_model_dir):
-    """`gspo_minibatches` cuts the calls and keeps the judged note whole under the default config; off, none."""
+    """`gspo_minibatches` cuts the calls and keeps the judged note whole with the trim on; off (the default), none."""
     from outcome_flywheel.models.torch.backend import TorchBackend
 
     policy = TorchBackend(tiny_model_dir, device="cpu")
     examples = day_examples(tiny_model_dir)
-    on = [b for batch in gspo_minibatches(examples, GSPOConfig(epochs=1), policy.prompt_ids) for b in batch]
-    off = [
+    on = [
         b
-        for batch in gspo_minibatches(examples, GSPOConfig(epochs=1, trim_unread_tail=False), policy.prompt_ids)
+        for batch in gspo_minibatches(examples, GSPOConfig(epochs=1, trim_unread_tail=True), policy.prompt_ids)
         for b in batch
     ]
+    off = [b for batch in gspo_minibatches(examples, GSPOConfig(epochs=1), policy.prompt_ids) for b in batch]
     by_index = {b.index: b for b in on}
     assert by_index[2].sampled_length is None
     for i in (0, 1):
