@@ -145,7 +145,7 @@ def trimmed(example: EncodedExample, span_only: bool) -> EncodedExample:
     read += [i for i, m in enumerate(example.name_mask or []) if m]
     if example.counterfactual is not None:
         read += [i for i, m in enumerate(example.counterfactual.own_mask) if m]
-    cut = max(read, default=0) + 1  # a note nothing reads keeps its first token: a row of the batch all the same
+    cut = max(read, default=0) + 1  # a note nothing reads keeps its first token: it stays a row of its minibatch
     if cut >= len(example.response_ids):
         return example
     counterfactual = example.counterfactual
