@@ -399,7 +399,8 @@ def run(
 ) -> dict:
     if not 0 < train_days < days:
         raise ValueError(f"--train-days must be between 1 and --days - 1, got {train_days} of {days}")
-    weights = dict(model_settings(model).reward.weights if weights is None else weights)
+    own = model_settings(model)  # where the weights or the learning rate are not given
+    weights = dict(own.reward.weights if weights is None else weights)
     root = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix="flywheel-worlds-"))
     day_list, archive = prepare_days(root, days, headlines, seed, synthetic_days)
     started = time.perf_counter()
@@ -464,7 +465,7 @@ def run(
         move_pct=move_pct,
         noise_pct=noise_pct,
         reward_weights=weights,
-        learning_rate=model_settings(model).gspo.learning_rate if learning_rate is None else learning_rate,
+        learning_rate=own.gspo.learning_rate if learning_rate is None else learning_rate,
         epochs=epochs,
         max_new_tokens=max_new_tokens,
         train_seeds=list(train_seeds),

@@ -31,9 +31,7 @@ from benchmarks.lean_source import day_examples
 
 def trained_weights(policy) -> np.ndarray:
     """Every trainable weight of the policy (the LoRA adapter's on a LoRA policy), flattened, in float64."""
-    return np.concatenate(
-        [p.detach().double().flatten().cpu().numpy() for p in policy.model.parameters() if p.requires_grad]
-    )
+    return np.concatenate([p.detach().double().flatten().cpu().numpy() for p in policy.trainable_parameters()])
 
 
 def relative_gap(a: list[float], b: list[float]) -> list[float]:
