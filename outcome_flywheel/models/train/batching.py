@@ -127,7 +127,7 @@ def reads_span_only(config: Any) -> bool:
     part: the token objective (`gspo` / `reward_weighted` average every token's log-ratio) and no k3 KL over the
     note (`kl_span` note)."""
     return bool(
-        getattr(config, "trim_unread_tail", False)
+        config.trim_unread_tail
         and config.objective == "token"
         and not (config.kl_beta > 0 and config.kl_span == "note")
     )
