@@ -178,6 +178,7 @@ RUN_CONFIG_PATHS: dict[str, str | None] = {
     "counterfactual_epochs": "gspo.counterfactual_epochs",
     "counterfactual_form": "gspo.counterfactual_form",
     "side_lean_anchor": "gspo.side_lean_anchor",
+    "side_lean_target": "gspo.side_lean_target",
     "share_prompt_prefix": "gspo.share_prompt_prefix",
     "trim_unread_tail": "gspo.trim_unread_tail",
     "prompt_evolver_enabled": "prompt_evolver.enabled",

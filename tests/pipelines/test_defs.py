@@ -403,9 +403,11 @@ def test_each_daily_update_run_config_field_sets_the_settings_field_it_is_derive
             "kl_span": "note",  # default ticker, whose general other value is a credit span
         }.get(name) or _other_value(at(defaults, path), DailyUpdateConfig.model_fields[name].annotation)
         expected = tuple(value) if isinstance(value, list) else value
-        beside = {  # the exact KL takes the ticker span only; the lean anchor holds the pair forms' side pairs
+        # the exact KL takes the ticker span only; the lean anchor and target hold the pair forms' side pairs
+        beside = {
             "kl_span": {"kl_estimator": "k3"},
             "side_lean_anchor": {"counterfactual_form": "pair"},
+            "side_lean_target": {"counterfactual_form": "pair"},
         }.get(name, {})
         assert at(DailyUpdateConfig(**{name: value, **beside}).settings("tiny-local"), path) == expected, name
     assert (

@@ -3,6 +3,8 @@ tests/models/test_models_parity.py). Formulas and references: `gspo_config.py`, 
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -236,17 +238,33 @@ def side_lean_loss(
     other_logp: mx.array,
     other_mask: mx.array,
     directions: mx.array,
-    old_margins: mx.array,
+    old_margins: mx.array | None,
     weight: float,
+    long_share: float | None = None,
+    target_weight: float = 0.0,
 ) -> tuple[mx.array, dict[str, mx.array]]:
-    """The lean anchor: the mirror of torch's `side_lean_loss` (weight * lean^2, lean = the side pairs' mean
-    d_i (x_i - x_old,i))."""
+    """The side pairs' lean terms: the mirror of torch's `side_lean_loss` (the anchor weight * lean^2, lean = the
+    side pairs' mean d_i (x_i - x_old,i); the target target_weight * KL(p || sigmoid(mean d_i x_i)));
+    log sigmoid(x) = -logaddexp(0, -x)."""
     own = mx.take((own_logp * own_mask.astype(own_logp.dtype)).sum(-1), rows.astype(mx.int32))
     other = (other_logp * other_mask.astype(other_logp.dtype)).sum(-1)
     d = directions.astype(own_logp.dtype)
-    lean = (d * (own - other - old_margins.astype(own_logp.dtype))).sum() / mx.maximum(mx.abs(d).sum(), 1.0)
-    loss = float(weight) * mx.square(lean)
-    return loss, {"side_lean": mx.stop_gradient(lean)}
+    sides = mx.abs(d).sum()
+    loss, metrics = mx.zeros((), dtype=own_logp.dtype), {}
+    if old_margins is not None:
+        lean = (d * (own - other - old_margins.astype(own_logp.dtype))).sum() / mx.maximum(sides, 1.0)
+        loss = loss + float(weight) * mx.square(lean)
+        metrics["side_lean"] = mx.stop_gradient(lean)
+    if long_share is not None:
+        p = float(long_share)
+        margin = (d * (own - other)).sum() / mx.maximum(sides, 1.0)
+        zero = mx.zeros_like(margin)
+        kl = p * (math.log(p) + mx.logaddexp(zero, -margin)) + (1.0 - p) * (
+            math.log(1.0 - p) + mx.logaddexp(zero, margin)
+        )
+        loss = loss + float(target_weight) * kl * (sides > 0).astype(kl.dtype)
+        metrics["side_lean_margin"] = mx.where(sides > 0, mx.stop_gradient(margin), mx.array(float("nan")))
+    return loss, metrics
 
 
 def exact_kl_loss(kl: mx.array, beta: float, normaliser: float) -> tuple[mx.array, dict[str, mx.array]]:

@@ -3,6 +3,8 @@ tests: tests/models/test_models_parity.py). Formulas and references: `gspo_confi
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -244,19 +246,34 @@ def side_lean_loss(
     other_logp: torch.Tensor,
     other_mask: torch.Tensor,
     directions: torch.Tensor,
-    old_margins: torch.Tensor,
+    old_margins: torch.Tensor | None,
     weight: float,
+    long_share: float | None = None,
+    target_weight: float = 0.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The lean anchor (`GSPOConfig.side_lean_anchor`): weight * lean^2, lean = the mean over the side pairs
-    (d_i != 0) of d_i (x_i - x_old,i), x = l_own - l_other as in `side_pair_loss` and x_old the same at pi_old
-    ([C], no gradient): how far the pairs' margins toward long moved together since the day began. Rows and
-    masks as `side_pair_loss`'s; a minibatch without a side pair has lean 0. Metric side_lean: the lean."""
+    """The side pairs' lean terms, on x = l_own - l_other as in `side_pair_loss` over the side pairs (d_i != 0).
+    The anchor (`GSPOConfig.side_lean_anchor`, where `old_margins` is given): weight * lean^2, lean = the mean of
+    d_i (x_i - x_old,i), x_old at pi_old ([C], no gradient): how far the margins toward long moved together since
+    the day began. The target (`GSPOConfig.side_lean_target`, where `long_share` p is given): target_weight *
+    KL(p || sigmoid(M)), M = the mean margin toward long d_i x_i: its minimum puts M at logit(p), the share of
+    the update's side pairs where long did better. Rows and masks as `side_pair_loss`'s; a minibatch without a
+    side pair takes 0 from both. Metrics: side_lean (the anchor's lean), side_lean_margin (M; NaN: no side pair)."""
     own = (own_logp * own_mask.to(own_logp.dtype)).sum(-1)[rows]
     other = (other_logp * other_mask.to(other_logp.dtype)).sum(-1)
     d = directions.to(own_logp.dtype)
-    lean = (d * (own - other - old_margins.to(own_logp.dtype))).sum() / d.abs().sum().clamp(min=1.0)
-    loss = float(weight) * lean.square()
-    return loss, {"side_lean": float(lean.detach())}
+    sides = d.abs().sum()
+    loss, metrics = own.new_zeros(()), {}
+    if old_margins is not None:
+        lean = (d * (own - other - old_margins.to(own_logp.dtype))).sum() / sides.clamp(min=1.0)
+        loss = loss + float(weight) * lean.square()
+        metrics["side_lean"] = float(lean.detach())
+    if long_share is not None:
+        p = float(long_share)
+        margin = (d * (own - other)).sum() / sides.clamp(min=1.0)
+        kl = p * (math.log(p) - F.logsigmoid(margin)) + (1.0 - p) * (math.log(1.0 - p) - F.logsigmoid(-margin))
+        loss = loss + float(target_weight) * kl * (sides > 0).to(kl.dtype)
+        metrics["side_lean_margin"] = float(margin.detach()) if float(sides) > 0 else float("nan")
+    return loss, metrics
 
 
 def exact_kl_loss(kl: torch.Tensor, beta: float, normaliser: float) -> tuple[torch.Tensor, dict[str, float]]:

@@ -31,7 +31,7 @@ import numpy as np
 from outcome_flywheel.models.interface import Accumulated, ModelBackend, TrainStats
 from outcome_flywheel.models.train.adapter import lora_adapter
 from outcome_flywheel.models.train.batching import EncodedExample, epoch_sizes, gspo_minibatches, padded, shares_prefix
-from outcome_flywheel.models.train.counterfactual import counterfactual_term, old_side_margins, other_rows
+from outcome_flywheel.models.train.counterfactual import counterfactual_term, other_rows, side_leans
 from outcome_flywheel.models.train.exact_kl import exact_kl_term
 from outcome_flywheel.models.train.memory import ForwardCosts, forward_tokens, memory_plan, split_by_cost
 from outcome_flywheel.models.train.shards import announce, gather, plan_figures, ranks, shard
@@ -104,8 +104,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
         gathered = gather(fw, (behavior_gaps, is_ratios))
         behavior_gaps = [g for gaps, _ in gathered for g in gaps]
         is_ratios = {i: r for _, ratios in gathered for i, r in ratios.items()}
-    anchored = counterfactual and config.side_lean_anchor > 0  # the lean anchor starts from pi_old's margins
-    old_margins = old_side_margins(backend, micros, old_by_batch, logprobs) if anchored else []
+    leans = side_leans(backend, config, examples, micros, old_by_batch, logprobs) if counterfactual else None
     tis = config.tis_cap is not None and recompute  # with stored pi_old the IS ratio is 1 by construction
     behavior_by_batch = (
         [
@@ -157,7 +156,7 @@ def train_gspo(backend: ModelBackend, examples: Sequence["GSPOExample"], config:
                 kl_masks[index],
             )
             if counterfactual:  # every step reports the term (0 outside its epochs), so the metrics line up
-                lean = (old_margins[index], config.side_lean_anchor) if anchored else None
+                lean = leans[index] if leans else None  # the lean anchor and target (counterfactual.side_leans)
                 term, term_metrics = counterfactual_term(
                     backend, batch, logp, logprobs, len(batch) * longest, term_on[index], config.counterfactual_form, lean
                 )  # fmt: skip

@@ -84,6 +84,15 @@ by its own history, so a gradient with no component along the lean still takes a
 
 over the minibatch's side pairs, so what the earlier steps of the day moved every side by is pulled back.
 
+The anchor holds the lean where the day began, which is the base's lean after a few days. The lean target
+(`side_lean_target` = mu > 0, either pair form) trains the lean from the outcomes instead:
+
+    loss += mu KL(p || sigmoid(mean_j d_j x_j))
+
+p = the share of the update's side pairs where long did better (one win and one loss added), the mean margin
+toward long pulled to logit(p): the lean the day's matured calls (and the pooled older ones) ask for, where
+`centered_pair` trains how each headline's side differs from it.
+
 Off-policy by days (notes trained when their price matures, sampled by an older checkpoint): pi_old
 is the policy the update starts from (recomputed); the TIS weight corrects for the sampler.
 """
@@ -204,6 +213,12 @@ class GSPOConfig:
             "help": "lambda of the lean anchor (`pair` and `centered_pair` forms): lambda (mean over the minibatch's side pairs of d_i (x_i - x_old,i))^2, x = log pi(own side) - log pi(other side) now and x_old at pi_old, d_i = +1 own long, -1 own short: pulls back the move of every side margin toward one side that the pair term's steps make (2-3 nats a day on SmolLM2, centred or not: docs/models.md); costs one no-grad forward of the other sides' rows. Under AdamW a controller, not a soft bound: at lr 1e-3 on SmolLM2, lambda 0.1 and above overshot (the minibatch's lean swung +-3.7 nats a step); 0.01 kept it within +-1.7 nats and took the held-out lean out on two of four replayed days, made one on another and cost gap on two: mixed, so 0 = off, the default."
         },
     )
+    side_lean_target: float = field(
+        default=0.0,
+        metadata={
+            "help": "mu of the lean target (`pair` and `centered_pair` forms): mu KL(p || sigmoid(M)), M = the minibatch's mean side margin toward long (mean over its side pairs of d_i (log pi(own side) - log pi(other side))), p = the share of the update's side pairs where long did better, with one win and one loss added: the lean is trained toward logit(p), what the outcomes ask for, instead of left to the pair term's walk or held where the day began (the anchor). 0 = off, the default."
+        },
+    )
     gradient_shares: bool = field(
         default=True,
         metadata={
@@ -305,6 +320,13 @@ class GSPOConfig:
             raise ValueError(
                 f"side_lean_anchor holds the side pairs' margins: use counterfactual_form 'pair' or 'centered_pair', "
                 f"not {self.counterfactual_form!r}"
+            )
+        if not (0.0 <= float(self.side_lean_target) < float("inf")):
+            raise ValueError(f"side_lean_target must be a finite number >= 0, got {self.side_lean_target!r}")
+        if self.side_lean_target and self.counterfactual_form not in ("pair", "centered_pair"):
+            raise ValueError(
+                f"side_lean_target trains the side pairs' mean margin: use counterfactual_form 'pair' or "
+                f"'centered_pair', not {self.counterfactual_form!r}"
             )
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
