@@ -199,6 +199,9 @@ def main() -> None:
         )
         if "side_lean" in stats.extra:  # the anchor's view: each step's mean move of its side pairs since pi_old
             rows[arm]["side_lean_by_step"] = [round(v, 4) for v in stats.extra["side_lean"]]
+        if "side_lean_margin" in stats.extra:  # the target's view: each step's mean side margin toward long, and p
+            rows[arm]["side_lean_margin_by_step"] = [round(v, 4) for v in stats.extra["side_lean_margin"]]
+            rows[arm]["side_lean_share"] = stats.extra["side_lean_share"][0]
         print(json.dumps({"arm": arm, **rows[arm]}), flush=True)
     result = dict(
         run=str(run),

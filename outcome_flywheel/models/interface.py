@@ -149,7 +149,7 @@ class Framework:
     # (logp, side_mask, coefficients, normaliser) -> the counterfactual side term (train/counterfactual.py)
     side_probability_loss: Callable[..., tuple[Any, dict]] | None = None
     side_pair_loss: Callable[..., tuple[Any, dict]] | None = None  # the counterfactual term's `pair` form
-    side_lean_loss: Callable[..., tuple[Any, dict]] | None = None  # the side pairs' lean anchor (`pair` forms)
+    side_lean_loss: Callable[..., tuple[Any, dict]] | None = None  # the side pairs' lean anchor and target
     exact_kl_loss: Callable[..., tuple[Any, dict]] | None = None  # (kl [N], beta, Z) -> train/exact_kl.py's term
     # AdamW's moments kept across days beside the checkpoint (`ModelBackend.optimizer_tensors`):
     # (optimizer, model) -> {"<weight name as saved>.exp_avg" / ".exp_avg_sq": float32, "step": int64 []},
