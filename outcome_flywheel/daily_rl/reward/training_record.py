@@ -51,6 +51,15 @@ PRICE_TRAINING_COLUMN_SCHEMA: dict[str, tuple[str, str]] = {
         "Mean probability of those calls' own side phrase over the update's steps that carry the term.",
     ),
     "side_probability_other": ("float", "Mean probability of their opposite side phrase, teacher-forced, likewise."),
+    "side_lean_share": (
+        "float",
+        "The lean target's p (side_lean_target > 0): the share of the update's side pairs where long did better, one win and one loss added (NaN: off or no side pair).",
+    ),
+    "side_lean_margin_first": (
+        "float",
+        "The side pairs' mean margin toward long, log pi(long) - log pi(short), on the update's first step that read it (lean target on; NaN: off).",
+    ),
+    "side_lean_margin_last": ("float", "The same on the update's last step that read it: where the day left the lean."),
     "tis_cap": ("float", "The truncation cap C of the IS weight."),
     "max_staleness": ("float", "The staleness limit in policy updates."),
 }
@@ -121,11 +130,18 @@ def step_mean(stats, name: str) -> float:
     return float(values.mean()) if len(values) else float("nan")
 
 
+def step_value(stats, name: str, index: int) -> float:
+    """A per-step metric at `index` of the steps that have it (0: the first, -1: the last; NaN: none)."""
+    values = np.asarray(stats.extra.get(name, []) if stats else [], dtype=float)
+    values = values[np.isfinite(values)]
+    return float(values[index]) if len(values) else float("nan")
+
+
 def price_training_row(day: str, ledger: pd.DataFrame, matured, stats, gspo, max_staleness: int | None) -> dict:
     """The day's delayed-step record: groups and notes trained / dropped / waiting, the mean price
     reward, staleness of the trained groups, the distribution of the sequence IS ratio over the price
     examples (before truncation) and its truncated share, the update's GSPO clip fraction, and the
-    counterfactual side term's notes and side probabilities."""
+    counterfactual side term's notes and side probabilities, and the lean target's p and margins."""
     price = ledger[ledger["step"] == "matured"]
     trained = price[price["status"] == "trained"]
     replayed = ledger[(ledger["step"] == "replay") & (ledger["status"] == "trained")]
@@ -158,6 +174,9 @@ def price_training_row(day: str, ledger: pd.DataFrame, matured, stats, gspo, max
         counterfactual_notes=int(sum(e.counterfactual is not None for e in matured.examples)),
         side_probability_own=step_mean(stats, "side_probability_own"),
         side_probability_other=step_mean(stats, "side_probability_other"),
+        side_lean_share=step_mean(stats, "side_lean_share"),
+        side_lean_margin_first=step_value(stats, "side_lean_margin", 0),
+        side_lean_margin_last=step_value(stats, "side_lean_margin", -1),
         tis_cap=float(cap),
         max_staleness=float(max_staleness) if max_staleness is not None else nan,
     )

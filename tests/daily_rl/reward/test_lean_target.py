@@ -182,3 +182,17 @@ def test_the_target_takes_the_mean_side_margin_toward_the_outcomes_lean(tiny_mod
     start = abs(base - goal)
     assert distance["target"] < start - 0.05, (base, goal, distance)
     assert distance["target"] < distance["plain"] - 0.05, (base, goal, distance)
+
+
+def test_the_days_record_keeps_the_first_and_last_margin_that_a_step_read():
+    """`price_training`'s side_lean_margin_first / _last: the first and last finite step values (a step whose
+    minibatch had no side pair reports NaN and is skipped); NaN where the target was off."""
+    from types import SimpleNamespace
+
+    from outcome_flywheel.daily_rl.reward.training_record import step_mean, step_value
+
+    stats = SimpleNamespace(extra={"side_lean_margin": [float("nan"), 0.8, 0.1, -0.4, float("nan")]})
+    assert step_value(stats, "side_lean_margin", 0) == 0.8 and step_value(stats, "side_lean_margin", -1) == -0.4
+    assert math.isnan(step_value(SimpleNamespace(extra={}), "side_lean_margin", 0))
+    assert math.isnan(step_value(None, "side_lean_margin", -1))
+    assert step_mean(SimpleNamespace(extra={"side_lean_share": [0.25, 0.25]}), "side_lean_share") == 0.25
