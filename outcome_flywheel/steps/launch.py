@@ -139,15 +139,37 @@ LAUNCH_ROOT_CAUSE = re.compile(
 REASON_CHARS = 1500  # of a rank's exception, in a failure's first line
 
 
+# Each process entry of the summary ("[k]:" then its fields), the root cause's and the other failures'
+LAUNCH_FAILURE = re.compile(
+    r"^\[\d+\]:\s*$.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(.*?)(?=^\[\d+\]:\s*$|^-{3,}\s*$|^=+\s*$|\Z)",
+    re.DOTALL | re.MULTILINE,
+)
+
+
 def launch_root_cause(launcher_output: str) -> str | None:
     """The process a multi-process launch lost first, in words, with its exception when it recorded one
     ("rank 1 exited with status 1 first: StepError: ...", "rank 1 was killed by SIGKILL ... first"), from
-    the launcher's summary at the end of its output; None when there is none (one process, no launcher)."""
+    the launcher's summary at the end of its output; None when there is none (one process, no launcher).
+
+    torchrun orders failures by time, and a rank's time is when it wrote its error file, else when torchrun saw
+    it die: a rank whose collective broke when its peer was killed can record that before torchrun notices the
+    kill, and torchrun then stops it with SIGTERM. So a root cause stopped by SIGTERM yields to a failure in the
+    summary that was not (the launcher's own SIGTERM is never what went wrong first)."""
     found = LAUNCH_ROOT_CAUSE.search(launcher_output or "")
     if not found:
         return None
-    cause = f"rank {found.group(1)} {exit_status(int(found.group(2)))} first"
-    reason = recorded_exception(found.group(3))
+    rank, code, details = found.group(1), int(found.group(2)), found.group(3)
+    if code in (-signal.SIGTERM, 128 + signal.SIGTERM):
+        summary = launcher_output[max(0, launcher_output.rfind("Failures:", 0, found.start())) : found.start()]
+        others = [
+            m
+            for m in LAUNCH_FAILURE.finditer(summary)
+            if int(m.group(2)) not in (-signal.SIGTERM, 128 + signal.SIGTERM)
+        ]
+        if others:
+            rank, code, details = others[0].group(1), int(others[0].group(2)), others[0].group(3)
+    cause = f"rank {rank} {exit_status(code)} first"
+    reason = recorded_exception(details)
     return f"{cause}: {reason}" if reason else cause
 
 

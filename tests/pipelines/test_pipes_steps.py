@@ -365,6 +365,56 @@ def test_payloads_round_trip_and_refuse_what_cannot_travel():
         from_payload(DailyUpdateSettings, {"rollouts": 3})
 
 
+# torchrun's summary of a launch where rank 1 was killed and rank 0's collective broke (recorded in its error
+# file) before torchrun saw the kill; torchrun then stopped rank 0 with SIGTERM and named it first by time
+TORCHRUN_SUMMARY = """============================================================
+outcome_flywheel.daily_rl.day_step FAILED
+------------------------------------------------------------
+Failures:
+[0]:
+  time      : 2026-12-02_18:28:59
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 18905)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 18905
+------------------------------------------------------------
+Root Cause (first observed failure):
+[1]:
+  time      : 2026-12-02_18:28:58
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 18904)  (SIGTERM)
+  error_file: /tmp/torchelastic/attempt_0/0/error.json
+  traceback : Traceback (most recent call last):
+    File "outcome_flywheel/models/torch/training.py", line 300, in reduce_gradients
+      dist.all_reduce(has, op=dist.ReduceOp.MAX)
+  RuntimeError: Connection closed by peer [127.0.0.1]:42124.
+  
+============================================================
+"""
+
+
+def test_a_rank_the_launcher_stopped_does_not_lead_the_root_cause():
+    """The SIGTERM'd rank 0 is torchrun's own stop, so the killed rank 1 leads; with no other kind of failure in
+    the summary (every rank SIGTERM'd, or the root cause not SIGTERM'd) torchrun's root cause stands."""
+    from outcome_flywheel.steps.launch import launch_root_cause
+
+    assert (
+        launch_root_cause(TORCHRUN_SUMMARY)
+        == "rank 1 was killed by SIGKILL (out of memory, or killed), exit status -9 first"
+    )
+    all_stopped = TORCHRUN_SUMMARY.replace("exitcode  : -9 (pid: 18905)  (SIGKILL)", "exitcode  : -15 (pid: 18905)")
+    assert launch_root_cause(all_stopped).startswith(
+        "rank 0 was killed by SIGTERM, exit status -15 first: RuntimeError"
+    )
+    failed = TORCHRUN_SUMMARY.replace("exitcode  : -15 (pid: 18904)  (SIGTERM)", "exitcode  : 1 (pid: 18904)")
+    assert (
+        launch_root_cause(failed)
+        == "rank 0 exited with status 1 first: RuntimeError: Connection closed by peer [127.0.0.1]:42124."
+    )
+
+
 def test_exit_status_names_kills():
     assert exit_status(-9) == "was killed by SIGKILL (out of memory, or killed), exit status -9"
     assert exit_status(137).startswith("was killed by SIGKILL") and exit_status(1) == "exited with status 1"
