@@ -4,6 +4,7 @@ sides, own long and own short, and one name pair), a long call on Meta, and the 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from outcome_flywheel.daily_rl.reward.counterfactual import side_counterfactual
 from outcome_flywheel.daily_rl.reward.signals import PriceReward
@@ -30,6 +31,38 @@ def torch_rows(own_logp):
     other = torch.tensor(OTHER_LOGP, dtype=torch.float64, requires_grad=True)
     mask = torch.tensor(OWN_MASK, dtype=torch.float64)
     return own_logp, mask, torch.tensor([0, 1, 2]), other, torch.tensor(OTHER_MASK, dtype=torch.float64)
+
+
+def own_leaf():
+    """The own rows' log-probs as a float64 leaf that takes a gradient."""
+    import torch
+
+    return torch.tensor(OWN_LOGP, dtype=torch.float64, requires_grad=True)
+
+
+def assert_torch_by_hand(loss, own, other, expected: float, own_grad, other_grad) -> None:
+    """Backward from `loss`; it and both rows' gradients against the hand figures in float64 (a handful of sums,
+    logs and exps a row, so 1e-12 relative is the arithmetic's)."""
+    loss.backward()
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert own.grad.numpy() == pytest.approx(np.array(own_grad), rel=1e-12, abs=1e-15)
+    assert other.grad.numpy() == pytest.approx(np.array(other_grad), rel=1e-12, abs=1e-15)
+
+
+def mlx_loss_and_grads(loss_fn, *rest) -> np.ndarray:
+    """`loss_fn(own_logp, own mask, rows, other_logp, *rest)`'s loss at the hand-made pairs and its gradients on
+    both rows' log-probs, in mlx (float32), as one vector: the loss first (`hand_vector`'s order)."""
+    import mlx.core as mx
+
+    fixed = (mx.array(OWN_MASK), mx.array([0, 1, 2]))
+    grad_fn = mx.value_and_grad(lambda own, other: loss_fn(own, *fixed, other, *rest)[0], argnums=(0, 1))
+    loss, grads = grad_fn(mx.array(OWN_LOGP), mx.array(OTHER_LOGP))
+    return np.concatenate([[loss.item()], *(np.array(g).ravel() for g in grads)])
+
+
+def hand_vector(loss: float, own_grad, other_grad) -> np.ndarray:
+    """The hand figures in `mlx_loss_and_grads`' order."""
+    return np.concatenate([[loss], np.ravel(own_grad), np.ravel(other_grad)])
 
 
 NOTE = (

@@ -7,18 +7,20 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from tests.daily_rl.reward.side_pairs import (
     DIRECTIONS,
-    OTHER_LOGP,
     OTHER_MASK,
     OWN_LOGP,
     OWN_MASK,
     action_sums,
+    assert_torch_by_hand,
+    hand_vector,
     long_calls,
     long_margins,
+    mlx_loss_and_grads,
+    own_leaf,
     policy_on,
     term_only,
     torch_rows,
@@ -59,16 +61,9 @@ def torch_loss(own_logp, directions=DIRECTIONS):
 
 
 def test_centered_pair_by_hand_torch():
-    import torch
-
-    own = torch.tensor(OWN_LOGP, dtype=torch.float64, requires_grad=True)
+    own = own_leaf()
     loss, other = torch_loss(own)
-    loss.backward()
-    expected, own_grad, other_grad = hand_centered()
-    # float64: a log1p, an exp and a few sums a row, so 1e-12 relative is the arithmetic's
-    assert loss.item() == pytest.approx(expected, rel=1e-12)
-    assert own.grad.numpy() == pytest.approx(np.array(own_grad), rel=1e-12, abs=1e-15)
-    assert other.grad.numpy() == pytest.approx(np.array(other_grad), rel=1e-12, abs=1e-15)
+    assert_torch_by_hand(loss, own, other, *hand_centered())
 
 
 def test_a_shift_of_every_side_margin_leaves_the_centred_loss_and_not_the_pairs():
@@ -99,15 +94,9 @@ def test_centered_pair_by_hand_mlx():
     mx = pytest.importorskip("mlx.core")
     from outcome_flywheel.models.mlx.losses import side_pair_loss
 
-    fixed = (mx.array(OWN_MASK), mx.array([0, 1, 2]))
-    rest = (mx.array(OTHER_MASK), mx.array(COEF), Z, mx.array(DIRECTIONS))
-    grad_fn = mx.value_and_grad(lambda own, other: side_pair_loss(own, *fixed, other, *rest)[0], argnums=(0, 1))
-    loss, grads = grad_fn(mx.array(OWN_LOGP), mx.array(OTHER_LOGP))
-    got = np.concatenate([[loss.item()], *(np.array(g).ravel() for g in grads)])
-    expected, hand_own, hand_other = hand_centered()
-    want = np.concatenate([[expected], np.ravel(hand_own), np.ravel(hand_other)])
+    got = mlx_loss_and_grads(side_pair_loss, mx.array(OTHER_MASK), mx.array(COEF), Z, mx.array(DIRECTIONS))
     # float32: each value within a few ulps (2^-23 relative) of the float64 figure
-    assert got == pytest.approx(want, rel=1e-6, abs=1e-8)
+    assert got == pytest.approx(hand_vector(*hand_centered()), rel=1e-6, abs=1e-8)
 
 
 # -- the trainer ------------------------------------------------------------------------------

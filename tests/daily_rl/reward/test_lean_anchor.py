@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from outcome_flywheel.models.train.gspo_config import GSPOConfig
@@ -41,18 +40,12 @@ def torch_lean(own_logp, old=OLD):
 
 
 def test_lean_anchor_by_hand_torch():
-    import torch
-
-    own = torch.tensor(sp.OWN_LOGP, dtype=torch.float64, requires_grad=True)
+    own = sp.own_leaf()
     loss, metrics, other = torch_lean(own)
-    loss.backward()
     expected, lean, own_grad, other_grad = hand_lean()
     assert abs(lean) > 0.1  # the case moves: the figures below are not all zero
-    # float64: a handful of sums and one square, so 1e-12 relative is the arithmetic's
-    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    sp.assert_torch_by_hand(loss, own, other, expected, own_grad, other_grad)
     assert metrics["side_lean"] == pytest.approx(lean, rel=1e-12)
-    assert own.grad.numpy() == pytest.approx(np.array(own_grad), rel=1e-12, abs=1e-15)
-    assert other.grad.numpy() == pytest.approx(np.array(other_grad), rel=1e-12, abs=1e-15)
 
 
 def test_lean_anchor_is_zero_with_no_gradient_where_the_day_began():
@@ -74,15 +67,10 @@ def test_lean_anchor_by_hand_mlx():
     mx = pytest.importorskip("mlx.core")
     from outcome_flywheel.models.mlx.losses import side_lean_loss
 
-    fixed = (mx.array(sp.OWN_MASK), mx.array([0, 1, 2]))
-    rest = (mx.array(sp.OTHER_MASK), mx.array(sp.DIRECTIONS), mx.array(OLD), WEIGHT)
-    grad_fn = mx.value_and_grad(lambda own, other: side_lean_loss(own, *fixed, other, *rest)[0], argnums=(0, 1))
-    loss, grads = grad_fn(mx.array(sp.OWN_LOGP), mx.array(sp.OTHER_LOGP))
-    got = np.concatenate([[loss.item()], *(np.array(g).ravel() for g in grads)])
+    got = sp.mlx_loss_and_grads(side_lean_loss, mx.array(sp.OTHER_MASK), mx.array(sp.DIRECTIONS), mx.array(OLD), WEIGHT)
     expected, _, hand_own, hand_other = hand_lean()
-    want = np.concatenate([[expected], np.ravel(hand_own), np.ravel(hand_other)])
     # float32: each value within a few ulps (2^-23 relative) of the float64 figure
-    assert got == pytest.approx(want, rel=1e-6, abs=1e-8)
+    assert got == pytest.approx(sp.hand_vector(expected, hand_own, hand_other), rel=1e-6, abs=1e-8)
 
 
 @pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf")])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import numpy as np
 import pytest
 
 from outcome_flywheel.models.train.counterfactual import long_win_share
@@ -47,19 +46,13 @@ def torch_target(own_logp, share=SHARE, directions=sp.DIRECTIONS, old=None, weig
 
 
 def test_lean_target_by_hand_torch():
-    import torch
-
-    own = torch.tensor(sp.OWN_LOGP, dtype=torch.float64, requires_grad=True)
+    own = sp.own_leaf()
     loss, metrics, other = torch_target(own)
-    loss.backward()
     expected, margin, own_grad, other_grad = hand_target()
     assert expected > 0.05 and abs(own_grad[0][1]) > 1e-3  # the case moves: the figures below are not all zero
-    # float64: a handful of sums, one sigmoid and two logs, so 1e-12 relative is the arithmetic's
-    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    sp.assert_torch_by_hand(loss, own, other, expected, own_grad, other_grad)
     assert metrics["side_lean_margin"] == pytest.approx(margin, rel=1e-12)
     assert "side_lean" not in metrics  # the anchor is off (no x_old)
-    assert own.grad.numpy() == pytest.approx(np.array(own_grad), rel=1e-12, abs=1e-15)
-    assert other.grad.numpy() == pytest.approx(np.array(other_grad), rel=1e-12, abs=1e-15)
 
 
 def test_lean_target_is_zero_with_no_gradient_at_the_outcomes_lean():
@@ -95,21 +88,18 @@ def test_lean_target_adds_to_the_anchor_and_takes_nothing_without_a_side_pair():
 
 
 def test_lean_target_by_hand_mlx():
-    """The mlx mirror against the same figures, in float32: loss and both rows' gradients as one vector."""
+    """The mlx mirror against the same figures, in float32: loss and both rows' gradients as one vector, and M."""
     mx = pytest.importorskip("mlx.core")
     from outcome_flywheel.models.mlx.losses import side_lean_loss
 
-    fixed = (mx.array(sp.OWN_MASK), mx.array([0, 1, 2]))
     rest = (mx.array(sp.OTHER_MASK), mx.array(sp.DIRECTIONS), None, 0.0, SHARE, MU)
-    grad_fn = mx.value_and_grad(lambda own, other: side_lean_loss(own, *fixed, other, *rest)[0], argnums=(0, 1))
-    loss, grads = grad_fn(mx.array(sp.OWN_LOGP), mx.array(sp.OTHER_LOGP))
-    got = np.concatenate([[loss.item()], *(np.array(g).ravel() for g in grads)])
+    got = sp.mlx_loss_and_grads(side_lean_loss, *rest)
     expected, margin, hand_own, hand_other = hand_target()
-    want = np.concatenate([[expected], np.ravel(hand_own), np.ravel(hand_other)])
     # float32: each value within a few ulps (2^-23 relative) of the float64 figure; the KL's two logs of ~0.3-0.7
     # subtract to ~0.1, which costs about a digit of relative precision on the loss
-    assert got == pytest.approx(want, rel=1e-5, abs=1e-7)
-    metric = side_lean_loss(mx.array(sp.OWN_LOGP), *fixed, mx.array(sp.OTHER_LOGP), *rest)[1]["side_lean_margin"]
+    assert got == pytest.approx(sp.hand_vector(expected, hand_own, hand_other), rel=1e-5, abs=1e-7)
+    own, fixed = mx.array(sp.OWN_LOGP), (mx.array(sp.OWN_MASK), mx.array([0, 1, 2]))
+    metric = side_lean_loss(own, *fixed, mx.array(sp.OTHER_LOGP), *rest)[1]["side_lean_margin"]
     assert metric.item() == pytest.approx(margin, rel=1e-6)
 
 
