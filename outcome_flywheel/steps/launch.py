@@ -154,7 +154,8 @@ def launch_root_cause(launcher_output: str) -> str | None:
     torchrun orders failures by time, and a rank's time is when it wrote its error file, else when torchrun saw
     it die: a rank whose collective broke when its peer was killed can record that before torchrun notices the
     kill, and torchrun then stops it with SIGTERM. So a root cause stopped by SIGTERM yields to a failure in the
-    summary that was not (the launcher's own SIGTERM is never what went wrong first)."""
+    summary that was not (SIGTERM is how torchrun stops the survivors; a rank SIGTERM'd from outside, whose peers
+    then fail on the broken collective, is named after them: the rarer case, told apart by nothing in the summary)."""
     found = LAUNCH_ROOT_CAUSE.search(launcher_output or "")
     if not found:
         return None
