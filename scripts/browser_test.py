@@ -75,14 +75,29 @@ def submit(driver, button, timeout: float = 20) -> str:
     """Click a form's `button` and return the flash message of the page the post redirects to. The old page
     must go first: waiting for `#flash` alone once matched the page before the click, which already had one,
     and the read after it hit the next page mid-load (CI, 2026-11-30). An `#error` fails with its text."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = driver.find_element(By.TAG_NAME, "html")
     button.click()
+
+    def gone(_driver) -> bool:
+        """The old page's root no longer answers. Read mid-unload, chromedriver can say so as an "unknown error"
+        ("Node with given id does not belong to the document", a fresh clone's suite, 2026-12-02) rather than
+        as a stale reference: both mean the old document is gone."""
+        try:
+            old.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as error:
+            if "does not belong to the document" in str(error):
+                return True
+            raise
+        return False
+
     wait = WebDriverWait(driver, timeout)
-    wait.until(expected_conditions.staleness_of(old))
+    wait.until(gone)
     shown = wait.until(lambda d: d.find_elements(By.ID, "flash") or d.find_elements(By.ID, "error"))[0]
     check(shown.get_attribute("id") == "flash", "the form post answers with a message, not an error", seen=shown.text)
     return shown.text
