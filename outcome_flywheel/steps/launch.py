@@ -160,13 +160,10 @@ def launch_root_cause(launcher_output: str) -> str | None:
     if not found:
         return None
     rank, code, details = found.group(1), int(found.group(2)), found.group(3)
-    if code in (-signal.SIGTERM, 128 + signal.SIGTERM):
+    sigterm = (-signal.SIGTERM, 128 + signal.SIGTERM)  # the launcher's stop, as a status or a shell's code
+    if code in sigterm:
         summary = launcher_output[max(0, launcher_output.rfind("Failures:", 0, found.start())) : found.start()]
-        others = [
-            m
-            for m in LAUNCH_FAILURE.finditer(summary)
-            if int(m.group(2)) not in (-signal.SIGTERM, 128 + signal.SIGTERM)
-        ]
+        others = [m for m in LAUNCH_FAILURE.finditer(summary) if int(m.group(2)) not in sigterm]
         if others:
             rank, code, details = others[0].group(1), int(others[0].group(2)), others[0].group(3)
     cause = f"rank {rank} {exit_status(code)} first"

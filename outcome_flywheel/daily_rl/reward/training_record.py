@@ -123,17 +123,21 @@ def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and value != value)
 
 
-def step_mean(stats, name: str) -> float:
-    """The mean of a per-step metric over the steps that have it (NaN: a step without it, or none)."""
+def finite_steps(stats, name: str) -> np.ndarray:
+    """A per-step metric's values over the steps that have it (a step without it reports NaN)."""
     values = np.asarray(stats.extra.get(name, []) if stats else [], dtype=float)
-    values = values[np.isfinite(values)]
+    return values[np.isfinite(values)]
+
+
+def step_mean(stats, name: str) -> float:
+    """The mean of a per-step metric over the steps that have it (NaN: none)."""
+    values = finite_steps(stats, name)
     return float(values.mean()) if len(values) else float("nan")
 
 
 def step_value(stats, name: str, index: int) -> float:
     """A per-step metric at `index` of the steps that have it (0: the first, -1: the last; NaN: none)."""
-    values = np.asarray(stats.extra.get(name, []) if stats else [], dtype=float)
-    values = values[np.isfinite(values)]
+    values = finite_steps(stats, name)
     return float(values[index]) if len(values) else float("nan")
 
 

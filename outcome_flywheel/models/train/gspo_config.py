@@ -314,20 +314,18 @@ class GSPOConfig:
             raise ValueError(
                 f"counterfactual_form must be one of {', '.join(COUNTERFACTUAL_FORMS)}, got {self.counterfactual_form!r}"
             )
-        if not (0.0 <= float(self.side_lean_anchor) < float("inf")):
-            raise ValueError(f"side_lean_anchor must be a finite number >= 0, got {self.side_lean_anchor!r}")
-        if self.side_lean_anchor and self.counterfactual_form not in ("pair", "centered_pair"):
-            raise ValueError(
-                f"side_lean_anchor holds the side pairs' margins: use counterfactual_form 'pair' or 'centered_pair', "
-                f"not {self.counterfactual_form!r}"
-            )
-        if not (0.0 <= float(self.side_lean_target) < float("inf")):
-            raise ValueError(f"side_lean_target must be a finite number >= 0, got {self.side_lean_target!r}")
-        if self.side_lean_target and self.counterfactual_form not in ("pair", "centered_pair"):
-            raise ValueError(
-                f"side_lean_target trains the side pairs' mean margin: use counterfactual_form 'pair' or "
-                f"'centered_pair', not {self.counterfactual_form!r}"
-            )
+        # The lean terms read the side pairs' margins, which only the pair forms build
+        for name, what in (
+            ("side_lean_anchor", "holds the side pairs' margins"),
+            ("side_lean_target", "trains the side pairs' mean margin"),
+        ):
+            weight = getattr(self, name)
+            if not (0.0 <= float(weight) < float("inf")):
+                raise ValueError(f"{name} must be a finite number >= 0, got {weight!r}")
+            if weight and self.counterfactual_form not in ("pair", "centered_pair"):
+                raise ValueError(
+                    f"{name} {what}: use counterfactual_form 'pair' or 'centered_pair', not {self.counterfactual_form!r}"
+                )
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0 (the rollouts' sampling temperature), got {self.temperature}")
 

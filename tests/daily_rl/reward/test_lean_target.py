@@ -118,16 +118,21 @@ def test_the_share_counts_side_pairs_where_long_did_better_with_one_win_and_one_
     assert long_win_share(examples[3:]) is None
 
 
+LEAN_TERMS = ("side_lean_anchor", "side_lean_target")
+
+
+@pytest.mark.parametrize("name", LEAN_TERMS)
 @pytest.mark.parametrize("bad", [-0.1, float("nan"), float("inf")])
-def test_lean_target_refuses_a_negative_or_non_finite_weight(bad):
-    with pytest.raises(ValueError, match="side_lean_target"):
-        GSPOConfig(counterfactual_form="pair", side_lean_target=bad)
+def test_a_lean_term_refuses_a_negative_or_non_finite_weight(name, bad):
+    with pytest.raises(ValueError, match=name):
+        GSPOConfig(counterfactual_form="pair", **{name: bad})
 
 
-def test_lean_target_wants_a_pair_form():
-    with pytest.raises(ValueError, match="counterfactual_form 'pair' or"):
-        GSPOConfig(counterfactual_form="probability", side_lean_target=1.0)
-    assert GSPOConfig(counterfactual_form="centered_pair", side_lean_target=1.0).side_lean_target == 1.0
+@pytest.mark.parametrize("name", LEAN_TERMS)
+def test_a_lean_term_wants_a_pair_form(name):
+    with pytest.raises(ValueError, match=f"{name} .*counterfactual_form 'pair' or 'centered_pair'"):
+        GSPOConfig(counterfactual_form="probability", **{name: 1.0})
+    assert getattr(GSPOConfig(counterfactual_form="centered_pair", **{name: 1.0}), name) == 1.0
 
 
 # -- the trainer ------------------------------------------------------------------------------
